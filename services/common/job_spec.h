@@ -1,0 +1,133 @@
+// Job specification: the YAML a user submits, parsed and validated.
+// No LibTorch here: the coordinator and CLI parse specs without it.
+#ifndef STAGEWISE_SERVICES_COMMON_JOB_SPEC_H_
+#define STAGEWISE_SERVICES_COMMON_JOB_SPEC_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace stagewise {
+
+// model: which zoo network and its size knobs.
+struct ModelSpec {
+  std::string name;                  // mlp | resnet | revnet
+  int depth = 0;                     // resnet: 20/32/56/110 (cifar) or 18/34/50;
+                                     // revnet: 18/34/50; mlp: unused
+  std::string style = "cifar";       // resnet only: cifar | imagenet
+  bool small_input = true;           // imagenet/revnet: 3x3 stem, no max-pool
+  int width = 0;                     // base channels (0 = the paper's default)
+  std::vector<int> blocks;           // per-stage block counts; overrides depth
+  std::vector<int> hidden = {256};   // mlp: hidden layer sizes
+  // Filled from the data section when parsing: [C, H, W] and class count.
+  std::vector<int64_t> input_shape;
+  int num_classes = 0;
+};
+
+// data: where samples come from and how they are augmented.
+struct DataSpec {
+  std::string dataset;               // fashion_mnist | cifar10 | cifar100 | synthetic
+  std::string path;                  // directory; empty = the dataset's default
+  bool augment = false;              // random crop with padding + horizontal flip
+  int crop_padding = 4;
+  bool horizontal_flip = true;
+  bool normalize = true;
+  // synthetic only
+  int64_t train_size = 4096;
+  int64_t test_size = 1024;
+  std::vector<int64_t> shape = {3, 32, 32};
+  int classes = 10;
+  // optional caps on the number of samples used (0 = all); handy for smoke runs.
+  int64_t limit_train = 0;
+  int64_t limit_test = 0;
+};
+
+// algorithm: name plus its parameters, checked against a per-algorithm schema.
+struct AlgorithmSpec {
+  std::string name = "backprop";     // backprop | delayed | features_replay | petra | nwise | auxnet
+  // Every parameter of the algorithm, defaults filled in, as canonical strings.
+  std::map<std::string, std::string> params;
+
+  int64_t GetInt(const std::string& key) const;
+  double GetDouble(const std::string& key) const;
+  bool GetBool(const std::string& key) const;
+  const std::string& GetString(const std::string& key) const;
+};
+
+// stages: how many stages and which global blocks each holds.
+struct StagesSpec {
+  int count = 1;
+  std::string partition = "even";    // even | auto | explicit
+  // explicit: [begin, end) global block ranges, contiguous and covering the model.
+  std::vector<std::pair<int, int>> ranges;
+};
+
+struct OptimizerSpec {
+  std::string name = "sgd";          // sgd | adam
+  double lr = 0.1;
+  double momentum = 0.9;
+  bool nesterov = false;
+  double weight_decay = 0.0;
+  bool exclude_bn_and_bias = true;   // no weight decay on BN parameters and biases
+  double beta1 = 0.9;                // adam
+  double beta2 = 0.999;              // adam
+  double eps = 1e-8;                 // adam
+  bool scale_lr_by_batch = false;    // Goyal rule: lr * batch_size * k / 256
+};
+
+struct ScheduleSpec {
+  std::string name = "constant";     // constant | multistep | cosine
+  double warmup_epochs = 0;          // linear warm-up from 0 (fractional allowed)
+  std::vector<double> milestones;    // multistep: epochs at which lr *= gamma
+  double gamma = 0.1;
+  double min_lr = 0.0;               // cosine: final lr
+};
+
+struct EvalSpec {
+  int every_epochs = 1;              // 0 = only at the end
+  int64_t every_steps = 0;           // 0 = off
+  bool at_end = true;
+};
+
+struct CheckpointSpec {
+  std::string dir;                   // empty = no checkpoints
+  int every_epochs = 0;
+  int64_t every_steps = 0;
+  int keep = 3;
+};
+
+struct JobSpec {
+  std::string name;
+  int64_t seed = 0;
+  std::string device = "cpu";
+  ModelSpec model;
+  DataSpec data;
+  AlgorithmSpec algorithm;
+  StagesSpec stages;
+  OptimizerSpec optimizer;
+  ScheduleSpec schedule;
+  int64_t batch_size = 128;
+  int64_t eval_batch_size = 0;       // 0 = batch_size
+  double epochs = 0;                 // exactly one of epochs / steps is > 0
+  int64_t steps = 0;
+  EvalSpec eval;
+  CheckpointSpec checkpoint;
+};
+
+// Parses and validates a job. Errors are INVALID_ARGUMENT naming the key path,
+// e.g. "optimizer.momentum: must be in [0, 1), got 1.5".
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text);
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
+
+// The number of classes and the per-sample input shape of a dataset as named in
+// a DataSpec (fashion_mnist: [1,28,28]/10, cifar10: [3,32,32]/10, ...).
+absl::Status FillDataShape(const DataSpec& data, ModelSpec* model);
+
+}  // namespace stagewise
+
+#endif  // STAGEWISE_SERVICES_COMMON_JOB_SPEC_H_

@@ -1,0 +1,38 @@
+// torch::Tensor <-> stagewise.v1.TensorProto.
+#ifndef STAGEWISE_SERVICES_TENSOR_CODEC_H_
+#define STAGEWISE_SERVICES_TENSOR_CODEC_H_
+
+#include <cstdint>
+
+#include <torch/types.h>
+
+#include "absl/status/statusor.h"
+#include "stagewise/v1/tensor.pb.h"
+
+namespace stagewise {
+
+// Default cap on the decoded payload of one tensor (1 GiB).
+inline constexpr int64_t kDefaultMaxTensorBytes = int64_t{1} << 30;
+
+struct EncodeOptions {
+  // Lossy wire compression of float32 tensors; other dtypes are sent as they are.
+  v1::Compression compression = v1::COMPRESSION_NONE;
+};
+
+// Encodes a tensor (any device; copied to CPU, made contiguous) into `out`.
+// Unsupported dtypes are INVALID_ARGUMENT.
+absl::Status EncodeTensor(const torch::Tensor& tensor, v1::TensorProto* out,
+                          const EncodeOptions& options = {});
+
+// Checks a proto without decoding it: known dtype and compression, rank <= 8,
+// non-negative dims, numel * itemsize == data.size(), size <= max_bytes.
+absl::Status ValidateTensorProto(const v1::TensorProto& proto,
+                                 int64_t max_bytes = kDefaultMaxTensorBytes);
+
+// Validates, then decodes into a new CPU tensor that owns its memory.
+absl::StatusOr<torch::Tensor> DecodeTensor(const v1::TensorProto& proto,
+                                           int64_t max_bytes = kDefaultMaxTensorBytes);
+
+}  // namespace stagewise
+
+#endif  // STAGEWISE_SERVICES_TENSOR_CODEC_H_
