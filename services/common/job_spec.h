@@ -128,6 +128,19 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
 // a DataSpec (fashion_mnist: [1,28,28]/10, cifar10: [3,32,32]/10, ...).
 absl::Status FillDataShape(const DataSpec& data, ModelSpec* model);
 
+// Checks spec->name and every parameter against that algorithm's schema, writes
+// each value in canonical form and fills in the defaults, so the Get* accessors
+// work for every parameter afterwards. ParseJobSpec calls it; code that builds
+// an AlgorithmSpec by hand (tests, planners) calls it too. Errors name the key,
+// e.g. "algorithm.accumulation: must be >= 1, got 0".
+absl::Status CompleteAlgorithmSpec(AlgorithmSpec* spec);
+
+// The semantic checks of ParseJobSpec on an already built spec: value ranges,
+// cross-field rules (nesterov needs momentum, nwise n <= stages.count, ...).
+// The algorithm parameters are checked as CompleteAlgorithmSpec would; missing
+// ones count as their defaults.
+absl::Status ValidateJobSpec(const JobSpec& spec);
+
 }  // namespace stagewise
 
 #endif  // STAGEWISE_SERVICES_COMMON_JOB_SPEC_H_

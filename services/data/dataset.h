@@ -3,11 +3,14 @@
 #define STAGEWISE_SERVICES_DATA_DATASET_H_
 
 #include <cstdint>
+#include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include <torch/types.h>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "services/common/job_spec.h"
 
@@ -84,15 +87,46 @@ class BatchSampler {
 
  private:
   std::vector<int64_t> Permutation(int64_t epoch) const;
+  // Shuffling 60k indices costs more than assembling a batch, so the
+  // permutations of recent epochs are kept; shared by copies of the sampler,
+  // which draw identical permutations anyway.
+  struct PermutationCache;
+  std::shared_ptr<const std::vector<int64_t>> CachedPermutation(int64_t epoch) const;
   ImageSet set_;
   SamplerOptions options_;
+  std::shared_ptr<PermutationCache> cache_;
 };
 
 // Augmentation primitives, exposed for tests. `images` is float [B, C, H, W].
+// RandomCrop and RandomHorizontalFlip also accept any integer dtype (the sampler
+// applies them to uint8 before conversion) and return the input's dtype.
+// RandomCrop shifts each sample by its own offsets in [-padding, padding],
+// filling with zeros (torchvision's pad-then-crop). RandomHorizontalFlip
+// mirrors each sample with probability 0.5.
 torch::Tensor RandomCrop(const torch::Tensor& images, int padding, uint64_t seed);
 torch::Tensor RandomHorizontalFlip(const torch::Tensor& images, uint64_t seed);
+// `images` holds pixel values in [0, 255]; returns float32
+// (images / 255 - mean[c]) / std[c]. Empty mean/std only rescale to [0, 1];
+// a single entry applies to every channel. Other sizes throw c10::Error.
 torch::Tensor Normalize(const torch::Tensor& images, const std::vector<double>& mean,
                         const std::vector<double>& std);
+
+// Checks what BatchSampler assumes of its options: batch_size > 0,
+// crop_padding >= 0, mean/std both empty or of size 1 or C with std > 0, and a
+// set of uint8 images [N, C, H, W] with int64 labels [N]. Errors name the field.
+absl::Status ValidateSamplerOptions(const ImageSet& set, const SamplerOptions& options);
+
+// Exact per-channel mean and (population) std, in [0, 1] units, of uint8
+// images [N, C, H, W].
+absl::Status ComputeMeanStd(const torch::Tensor& images, std::vector<double>* mean,
+                            std::vector<double>* std);
+
+// Platform-independent randomness: std::mt19937_64 is fully specified by the
+// standard, the std:: distributions are not, so draws go through these.
+// MixSeed hashes a seed with up to three stream/epoch/index values.
+uint64_t MixSeed(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0);
+// Uniform in [0, n), unbiased; n > 0.
+uint64_t UniformInt(std::mt19937_64& rng, uint64_t n);
 
 }  // namespace stagewise::data
 

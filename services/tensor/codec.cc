@@ -1,1 +1,290 @@
-// placeholder
+#include "services/tensor/codec.h"
+
+#include <torch/torch.h>
+
+#include <cstring>
+#include <exception>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+// The wire format is little-endian and we memcpy element bytes verbatim, which
+// is only correct on a little-endian host. Every platform we target (x86-64,
+// aarch64) is; a big-endian port would need byte swapping here.
+#if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__)
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "stagewise tensor codec assumes a little-endian host");
+#else
+#error "cannot determine host byte order; the tensor codec needs little-endian"
+#endif
+
+namespace stagewise {
+namespace {
+
+// Mirrors proto/stagewise/v1/tensor.proto: DType_MAX is checked so a new enum
+// value without a codec entry fails to build instead of being rejected at
+// runtime as "unknown".
+constexpr int kMaxRank = 8;
+static_assert(v1::DType_MAX == v1::DTYPE_BOOL,
+              "tensor.proto gained a dtype; add it to kDTypes");
+
+struct DTypeInfo {
+  v1::DType wire;
+  c10::ScalarType torch;
+  int64_t itemsize;
+  const char* name;  // Short name used in error messages.
+};
+
+constexpr DTypeInfo kDTypes[] = {
+    {v1::DTYPE_FLOAT32, c10::ScalarType::Float, 4, "float32"},
+    {v1::DTYPE_FLOAT64, c10::ScalarType::Double, 8, "float64"},
+    {v1::DTYPE_FLOAT16, c10::ScalarType::Half, 2, "float16"},
+    {v1::DTYPE_BFLOAT16, c10::ScalarType::BFloat16, 2, "bfloat16"},
+    {v1::DTYPE_INT64, c10::ScalarType::Long, 8, "int64"},
+    {v1::DTYPE_INT32, c10::ScalarType::Int, 4, "int32"},
+    {v1::DTYPE_UINT8, c10::ScalarType::Byte, 1, "uint8"},
+    {v1::DTYPE_BOOL, c10::ScalarType::Bool, 1, "bool"},
+};
+
+// Compressed float32 travels as 2-byte elements of this torch dtype.
+constexpr int64_t kCompressedItemsize = 2;
+
+const DTypeInfo* FindByWire(int wire) {
+  for (const DTypeInfo& info : kDTypes) {
+    if (info.wire == wire) return &info;
+  }
+  return nullptr;
+}
+
+const DTypeInfo* FindByTorch(c10::ScalarType type) {
+  for (const DTypeInfo& info : kDTypes) {
+    if (info.torch == type) return &info;
+  }
+  return nullptr;
+}
+
+std::string ShapeString(const v1::TensorProto& proto) {
+  return absl::StrCat("[", absl::StrJoin(proto.shape(), ", "), "]");
+}
+
+std::string CompressionName(int compression) {
+  return v1::Compression_IsValid(compression)
+             ? v1::Compression_Name(static_cast<v1::Compression>(compression))
+             : absl::StrCat(compression);
+}
+
+std::string LayoutName(c10::Layout layout) {
+  std::ostringstream name;
+  name << layout;
+  return name.str();
+}
+
+// Checked int64 multiply; false on overflow.
+bool CheckedMul(int64_t a, int64_t b, int64_t* out) {
+  return !__builtin_mul_overflow(a, b, out);
+}
+
+// Rejects bool bytes other than 0/1: LibTorch assumes a bool byte is exactly
+// 0 or 1, and other values give inconsistent results in comparisons/reductions.
+absl::Status CheckBoolBytes(const std::string& data) {
+  for (size_t i = 0; i < data.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(data[i]);
+    if (byte > 1) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tensor.data: byte %d of a bool tensor is %d, expected 0 or 1", i,
+          byte));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EncodeImpl(const torch::Tensor& tensor, v1::TensorProto* out,
+                        const EncodeOptions& options) {
+  if (!tensor.defined()) {
+    return absl::InvalidArgumentError(
+        "tensor: cannot encode an undefined tensor");
+  }
+  if (tensor.layout() != c10::kStrided) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor: layout ", LayoutName(tensor.layout()),
+                     " is not supported; only dense (strided) tensors are"));
+  }
+  const DTypeInfo* info = FindByTorch(tensor.scalar_type());
+  if (info == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor: dtype ", c10::toString(tensor.scalar_type()),
+                     " is not supported on the wire"));
+  }
+  if (tensor.dim() > kMaxRank) {
+    // The decoder would reject it; fail on the sending side where the bug is.
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensor: rank %d exceeds the maximum of %d", tensor.dim(), kMaxRank));
+  }
+  if (!v1::Compression_IsValid(options.compression)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.compression: unknown compression ",
+                     static_cast<int>(options.compression)));
+  }
+
+  // resolve_* materialise lazy neg/conj views, whose raw bytes would otherwise
+  // be the un-negated storage even after contiguous().
+  torch::Tensor cpu =
+      tensor.detach().to(torch::kCPU).resolve_conj().resolve_neg();
+  v1::Compression compression = v1::COMPRESSION_NONE;
+  if (info->wire == v1::DTYPE_FLOAT32 &&
+      options.compression != v1::COMPRESSION_NONE) {
+    // Out-of-range values saturate to inf under fp16; bf16 keeps float32's
+    // exponent range. That trade-off is the caller's choice.
+    compression = options.compression;
+    cpu = cpu.to(compression == v1::COMPRESSION_FP16 ? torch::kHalf
+                                                     : torch::kBFloat16);
+  }
+  cpu = cpu.contiguous();
+
+  out->Clear();
+  out->set_dtype(info->wire);
+  out->set_compression(compression);
+  for (int64_t dim : cpu.sizes()) out->add_shape(dim);
+  const size_t nbytes = static_cast<size_t>(cpu.numel()) * cpu.element_size();
+  if (nbytes > 0) {
+    out->mutable_data()->assign(static_cast<const char*>(cpu.data_ptr()),
+                                nbytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<torch::Tensor> DecodeImpl(const v1::TensorProto& proto) {
+  const DTypeInfo* info = FindByWire(proto.dtype());
+  const std::vector<int64_t> shape(proto.shape().begin(), proto.shape().end());
+  c10::ScalarType wire_type = info->torch;
+  if (proto.compression() == v1::COMPRESSION_FP16) wire_type = torch::kHalf;
+  if (proto.compression() == v1::COMPRESSION_BF16) wire_type = torch::kBFloat16;
+
+  // Copy out of the proto so the tensor outlives the message that carried it.
+  torch::Tensor tensor =
+      torch::empty(shape, torch::TensorOptions().dtype(wire_type));
+  const std::string& data = proto.data();
+  if (!data.empty()) std::memcpy(tensor.data_ptr(), data.data(), data.size());
+  if (wire_type != info->torch) tensor = tensor.to(info->torch);
+  return tensor;
+}
+
+}  // namespace
+
+absl::Status EncodeTensor(const torch::Tensor& tensor, v1::TensorProto* out,
+                          const EncodeOptions& options) {
+  if (out == nullptr) {
+    return absl::InvalidArgumentError("out: must not be null");
+  }
+  try {
+    return EncodeImpl(tensor, out, options);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("EncodeTensor: LibTorch error: ",
+                                            e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("EncodeTensor: ", e.what()));
+  }
+}
+
+absl::Status ValidateTensorProto(const v1::TensorProto& proto,
+                                 int64_t max_bytes) {
+  // proto3 enums are open: an unknown number from a newer peer parses fine and
+  // must be rejected here.
+  if (proto.dtype() == v1::DTYPE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        "tensor.dtype: dtype is DTYPE_UNSPECIFIED");
+  }
+  const DTypeInfo* info = FindByWire(proto.dtype());
+  if (info == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor.dtype: unknown dtype ", static_cast<int>(proto.dtype())));
+  }
+  if (!v1::Compression_IsValid(proto.compression())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor.compression: unknown compression ",
+                     static_cast<int>(proto.compression())));
+  }
+  if (proto.compression() != v1::COMPRESSION_NONE &&
+      info->wire != v1::DTYPE_FLOAT32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor.compression: ", CompressionName(proto.compression()),
+        " requires dtype float32, got ", info->name));
+  }
+  if (proto.shape_size() > kMaxRank) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tensor.shape: rank %d exceeds the maximum of %d",
+                        proto.shape_size(), kMaxRank));
+  }
+
+  // LibTorch computes contiguous strides and storage sizes as products of
+  // max(dim, 1), so bound that product (times the item size) rather than
+  // numel alone: a shape like [2^62, 2^62, 0] has no elements yet would
+  // overflow torch's stride arithmetic.
+  int64_t numel = 1;
+  int64_t bound = 1;
+  for (int i = 0; i < proto.shape_size(); ++i) {
+    const int64_t dim = proto.shape(i);
+    if (dim < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tensor.shape[%d]: dimension %d is negative", i, dim));
+    }
+    if (!CheckedMul(bound, dim == 0 ? 1 : dim, &bound)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor.shape: element count of shape ",
+                       ShapeString(proto), " overflows int64"));
+    }
+    numel *= dim;  // Cannot overflow: numel <= bound, checked just above.
+  }
+  int64_t bound_bytes = 0;
+  if (!CheckedMul(bound, info->itemsize, &bound_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor.shape: byte size of shape ", ShapeString(proto),
+                     " ", info->name, " overflows int64"));
+  }
+  const int64_t decoded_bytes = numel * info->itemsize;  // <= bound_bytes.
+  if (decoded_bytes > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensor: decoded size %d bytes for shape %s %s exceeds the limit of "
+        "%d bytes",
+        decoded_bytes, ShapeString(proto), info->name, max_bytes));
+  }
+
+  const bool compressed = proto.compression() != v1::COMPRESSION_NONE;
+  // Compressed elements are 2 bytes, smaller than float32's 4: no overflow.
+  const int64_t expected_bytes =
+      compressed ? numel * kCompressedItemsize : decoded_bytes;
+  if (static_cast<uint64_t>(proto.data().size()) !=
+      static_cast<uint64_t>(expected_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor.data: ", proto.data().size(), " bytes, expected ",
+        expected_bytes, " for shape ", ShapeString(proto), " ", info->name,
+        compressed ? absl::StrCat(" (", CompressionName(proto.compression()),
+                                  ", 2 bytes per element)")
+                   : ""));
+  }
+  if (info->wire == v1::DTYPE_BOOL) return CheckBoolBytes(proto.data());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<torch::Tensor> DecodeTensor(const v1::TensorProto& proto,
+                                           int64_t max_bytes) {
+  if (absl::Status status = ValidateTensorProto(proto, max_bytes);
+      !status.ok()) {
+    return status;
+  }
+  try {
+    return DecodeImpl(proto);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("DecodeTensor: LibTorch error: ",
+                                            e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("DecodeTensor: ", e.what()));
+  }
+}
+
+}  // namespace stagewise

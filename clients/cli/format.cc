@@ -1,0 +1,83 @@
+#include "clients/cli/format.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace stagewise::cli {
+
+std::string HumanCount(int64_t n) {
+  if (n >= 1000000000) return absl::StrFormat("%.2fG", n / 1e9);
+  if (n >= 1000000) return absl::StrFormat("%.2fM", n / 1e6);
+  if (n >= 1000) return absl::StrFormat("%.1fk", n / 1e3);
+  return absl::StrCat(n);
+}
+
+std::string HumanDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<int64_t>(std::llround(seconds));
+  if (s >= 3600) return absl::StrFormat("%dh%02dm", s / 3600, (s / 60) % 60);
+  if (s >= 60) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%ds", s);
+}
+
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += absl::StrFormat("\\u%04x", c);
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out;
+}
+
+std::string ProgressLine(const training::Progress& p) {
+  return absl::StrFormat("epoch %.2f  step %d/%d  loss %.4f  lr %.4g  %.0f samples/s  ETA %s",
+                         p.epoch, p.step, p.total_steps, p.loss, p.lr, p.samples_per_second,
+                         HumanDuration(p.eta_seconds));
+}
+
+std::string ResultTable(const JobSpec& spec, const training::TrainResult& r) {
+  std::string out;
+  auto row = [&](const std::string& k, const std::string& v) {
+    absl::StrAppend(&out, absl::StrFormat("%-16s %s\n", k, v));
+  };
+  row("job", spec.name);
+  row("model", absl::StrCat(spec.model.name, " (", HumanCount(r.num_parameters), " parameters)"));
+  row("steps", absl::StrFormat("%d (%.2f epochs)", r.steps, r.epochs));
+  row("train loss", absl::StrFormat("%.4f", r.train_loss));
+  row("test loss", absl::StrFormat("%.4f", r.test.loss));
+  row("test accuracy", absl::StrFormat("%.2f%%", 100.0 * r.test.accuracy));
+  row("train time", HumanDuration(r.seconds));
+  row("throughput", absl::StrFormat("%.0f samples/s", r.samples_per_second));
+  if (!r.last_checkpoint.empty()) row("checkpoint", r.last_checkpoint);
+  return out;
+}
+
+std::string ResultJson(const JobSpec& spec, const training::TrainResult& r) {
+  std::string evals;
+  for (const auto& e : r.evals) {
+    if (!evals.empty()) evals += ",";
+    absl::StrAppend(&evals, absl::StrFormat(R"({"step":%d,"loss":%.6f,"accuracy":%.6f})", e.step,
+                                            e.loss, e.accuracy));
+  }
+  return absl::StrFormat(
+      R"({"job":"%s","model":"%s","parameters":%d,"steps":%d,"epochs":%.4f,"train_loss":%.6f,)"
+      R"("test_loss":%.6f,"test_accuracy":%.6f,"train_seconds":%.3f,"samples_per_second":%.2f,)"
+      R"("checkpoint":"%s","evals":[%s]})",
+      JsonEscape(spec.name), JsonEscape(spec.model.name), r.num_parameters, r.steps, r.epochs,
+      r.train_loss, r.test.loss, r.test.accuracy, r.seconds, r.samples_per_second,
+      JsonEscape(r.last_checkpoint), evals);
+}
+
+}  // namespace stagewise::cli

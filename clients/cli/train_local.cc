@@ -1,0 +1,83 @@
+// `stagewise train-local`: the single-process reference trainer.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "clients/cli/commands.h"
+#include "clients/cli/format.h"
+#include "services/common/job_spec.h"
+#include "services/training/reference_trainer.h"
+
+namespace stagewise::cli {
+
+int TrainLocal(const TrainLocalArgs& args, std::ostream& out, std::ostream& err) {
+  auto spec = LoadJobSpec(args.job_path);
+  if (!spec.ok()) {
+    err << "error: " << args.job_path << ": " << spec.status().message() << "\n";
+    return kExitInvalid;
+  }
+  if (args.steps >= 0) {
+    spec->steps = args.steps;
+    spec->epochs = 0;
+  }
+  if (args.epochs >= 0) {
+    spec->epochs = args.epochs;
+    spec->steps = 0;
+  }
+  if (spec->steps <= 0 && spec->epochs <= 0) {
+    err << "error: --steps/--epochs: nothing to train (both are 0)\n";
+    return kExitInvalid;
+  }
+  const int threads =
+      args.threads > 0 ? args.threads : static_cast<int>(std::thread::hardware_concurrency());
+  torch::set_num_threads(std::max(1, threads));
+
+  const bool json = args.output == "json";
+  const bool tty = isatty(fileno(stderr)) != 0;
+  if (!args.quiet) {
+    err << absl::StrFormat("loading %s data and building %s ...\n", spec->data.dataset,
+                           spec->model.name);
+  }
+  auto trainer = training::ReferenceTrainer::Create(*spec);
+  if (!trainer.ok()) {
+    err << "error: " << trainer.status().message() << "\n";
+    return trainer.status().code() == absl::StatusCode::kInvalidArgument ? kExitInvalid
+                                                                          : kExitFailed;
+  }
+  if (!args.quiet) {
+    err << absl::StrFormat("job %s: %s, %d blocks, %s parameters, %d steps of batch %d on %s\n",
+                           spec->name, spec->model.name, (*trainer)->model().size(),
+                           HumanCount((*trainer)->model().num_parameters()),
+                           (*trainer)->total_steps(), spec->batch_size, spec->device);
+  }
+  training::TrainOptions opts;
+  opts.log_every_steps = std::max<int64_t>(1, args.log_every);
+  opts.resume = args.resume;
+  if (!args.quiet) {
+    opts.on_progress = [&](const training::Progress& p) {
+      err << (tty ? "\r\033[K" : "") << ProgressLine(p) << (tty ? "" : "\n");
+      err.flush();
+    };
+    opts.on_eval = [&](const training::EvalResult& r) {
+      err << (tty ? "\n" : "")
+          << absl::StrFormat("eval at step %d: test loss %.4f, test accuracy %.2f%% (%d samples)\n",
+                             r.step, r.loss, 100.0 * r.accuracy, r.samples);
+    };
+  }
+  auto result = (*trainer)->Run(opts);
+  if (!result.ok()) {
+    err << (tty ? "\n" : "") << "error: " << result.status().message() << "\n";
+    return kExitFailed;
+  }
+  if (json) {
+    out << ResultJson(*spec, *result) << "\n";
+  } else {
+    out << ResultTable(*spec, *result);
+  }
+  return kExitOk;
+}
+
+}  // namespace stagewise::cli

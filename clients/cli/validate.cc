@@ -1,0 +1,69 @@
+// `stagewise validate`: parse a job, plan its model and partition, print both.
+#include <iostream>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "clients/cli/commands.h"
+#include "clients/cli/format.h"
+#include "services/common/job_spec.h"
+#include "services/models/model.h"
+
+namespace stagewise::cli {
+namespace {
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
+}
+
+}  // namespace
+
+int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err) {
+  auto spec = LoadJobSpec(args.job_path);
+  if (!spec.ok()) {
+    err << "error: " << args.job_path << ": " << spec.status().message() << "\n";
+    return kExitInvalid;
+  }
+  auto plan = models::PlanModel(spec->model);
+  if (!plan.ok()) {
+    err << "error: " << args.job_path << ": " << plan.status().message() << "\n";
+    return kExitInvalid;
+  }
+  auto ranges = models::ResolvePartition(spec->stages, static_cast<int>(plan->size()));
+  if (!ranges.ok()) {
+    err << "error: " << args.job_path << ": " << ranges.status().message() << "\n";
+    return kExitInvalid;
+  }
+  auto stage_of = [&](int block) {
+    for (size_t j = 0; j < ranges->size(); ++j) {
+      if (block >= (*ranges)[j].first && block < (*ranges)[j].second) return static_cast<int>(j);
+    }
+    return -1;
+  };
+  if (args.output == "json") {
+    std::string blocks;
+    for (const auto& b : *plan) {
+      if (!blocks.empty()) blocks += ",";
+      absl::StrAppend(&blocks, absl::StrFormat(
+                                   R"({"index":%d,"kind":"%s","reversible":%s,"in":%s,"out":%s,"stage":%d})",
+                                   b.index, b.kind, b.reversible ? "true" : "false",
+                                   ShapeString(b.in_shape), ShapeString(b.out_shape), stage_of(b.index)));
+    }
+    out << absl::StrFormat(R"({"job":"%s","algorithm":"%s","stages":%d,"blocks":[%s]})",
+                           JsonEscape(spec->name), spec->algorithm.name, ranges->size(), blocks)
+        << "\n";
+    return kExitOk;
+  }
+  out << absl::StrFormat("job %s is valid: %s on %s, algorithm %s, %d stage(s)\n", spec->name,
+                         spec->model.name, spec->data.dataset, spec->algorithm.name,
+                         ranges->size());
+  out << absl::StrFormat("%-6s %-6s %-11s %-4s %-16s %-16s\n", "block", "stage", "kind", "rev",
+                         "input", "output");
+  for (const auto& b : *plan) {
+    out << absl::StrFormat("%-6d %-6d %-11s %-4s %-16s %-16s\n", b.index, stage_of(b.index), b.kind,
+                           b.reversible ? "yes" : "no", ShapeString(b.in_shape),
+                           ShapeString(b.out_shape));
+  }
+  return kExitOk;
+}
+
+}  // namespace stagewise::cli

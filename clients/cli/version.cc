@@ -1,0 +1,12 @@
+#include <torch/version.h>
+
+#include "absl/strings/str_cat.h"
+#include "clients/cli/commands.h"
+
+namespace stagewise::cli {
+
+std::string VersionString() {
+  return absl::StrCat("stagewise ", STAGEWISE_VERSION, " (LibTorch ", TORCH_VERSION, ")");
+}
+
+}  // namespace stagewise::cli

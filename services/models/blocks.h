@@ -1,0 +1,102 @@
+// The concrete blocks of the zoo.
+#ifndef STAGEWISE_SERVICES_MODELS_BLOCKS_H_
+#define STAGEWISE_SERVICES_MODELS_BLOCKS_H_
+
+#include <torch/torch.h>
+
+#include "services/models/batch_norm.h"
+#include "services/models/block.h"
+
+namespace stagewise::models {
+
+// The residual function of a ResNet block, without the skip connection:
+// basic (conv3x3-BN-ReLU-conv3x3-BN) or bottleneck (1x1-3x3-1x1, stride on 3x3).
+class ResidualBodyImpl : public torch::nn::Module {
+ public:
+  ResidualBodyImpl(int64_t in, int64_t mid, int64_t out, int64_t stride, bool bottleneck);
+  torch::Tensor forward(torch::Tensor x);
+
+ private:
+  torch::nn::Sequential layers_{nullptr};
+};
+TORCH_MODULE(ResidualBody);
+
+// Optional-linear stack for MLPs: [flatten] -> linear -> [ReLU].
+class LinearBlock : public Block {
+ public:
+  explicit LinearBlock(const BlockInfo& info);
+  torch::Tensor forward(const torch::Tensor& x) override;
+
+ private:
+  torch::nn::Linear linear_{nullptr};
+};
+
+// Non-reversible input layer: 3x3 conv (small inputs) or 7x7/2 conv + max-pool,
+// then BN and ReLU.
+class StemBlock : public Block {
+ public:
+  explicit StemBlock(const BlockInfo& info);
+  torch::Tensor forward(const torch::Tensor& x) override;
+
+ private:
+  torch::nn::Conv2d conv_{nullptr};
+  BatchNorm bn_{nullptr};
+};
+
+// ResNet block: ReLU(body(x) + shortcut(x)); the shortcut is a 1x1 conv + BN
+// when the shape changes. kind "downsample" when stride > 1.
+class ResidualBlock : public Block {
+ public:
+  explicit ResidualBlock(const BlockInfo& info);
+  torch::Tensor forward(const torch::Tensor& x) override;
+
+ private:
+  ResidualBody body_{nullptr};
+  torch::nn::Conv2d proj_{nullptr};
+  BatchNorm proj_bn_{nullptr};
+};
+
+// RevNet downsampling on a channel-split pair (x, x~), not reversible:
+// y = ResNet downsampling block(x), y~ = BN(conv1x1/2(x~)). Per stream this has
+// the parameters of the ResNet block it replaces plus one projection, which
+// keeps RevNet parameter counts close to ResNet's (PETRA Tab. 2).
+class PairDownsampleBlock : public Block {
+ public:
+  explicit PairDownsampleBlock(const BlockInfo& info);
+  torch::Tensor forward(const torch::Tensor& x) override;
+
+ private:
+  std::shared_ptr<ResidualBlock> first_;
+  torch::nn::Conv2d proj_{nullptr};
+  BatchNorm proj_bn_{nullptr};
+};
+
+// Reversible coupling on a channel-split pair (PETRA Fig. 2, eq. as in
+// ALGORITHMS.md): (x, x~) -> (y, y~) with y = x~ + F(x), y~ = x, where F is a
+// residual body on one stream. Inverse: x = y~, x~ = y - F(y~).
+// Input and output are the pair concatenated along channels.
+class ReversibleBlock : public Block {
+ public:
+  explicit ReversibleBlock(const BlockInfo& info);
+  torch::Tensor forward(const torch::Tensor& x) override;
+  torch::Tensor inverse(const torch::Tensor& y) override;
+  // The coupling function F, for algorithms that rebuild and differentiate in one go.
+  torch::Tensor F(const torch::Tensor& stream) { return body_->forward(stream); }
+
+ private:
+  ResidualBody body_{nullptr};
+};
+
+// Global average pool (images) + linear classifier; plain linear for vectors.
+class HeadBlock : public Block {
+ public:
+  explicit HeadBlock(const BlockInfo& info);
+  torch::Tensor forward(const torch::Tensor& x) override;
+
+ private:
+  torch::nn::Linear fc_{nullptr};
+};
+
+}  // namespace stagewise::models
+
+#endif  // STAGEWISE_SERVICES_MODELS_BLOCKS_H_

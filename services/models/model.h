@@ -1,0 +1,58 @@
+// A model (or one stage of it): an ordered run of blocks [begin, end).
+#ifndef STAGEWISE_SERVICES_MODELS_MODEL_H_
+#define STAGEWISE_SERVICES_MODELS_MODEL_H_
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+#include "services/common/job_spec.h"
+#include "services/models/block.h"
+
+namespace stagewise::models {
+
+class Model : public torch::nn::Module {
+ public:
+  // `blocks` must be contiguous in global index. Submodules are named by the
+  // global block index, so parameter names agree across partitions
+  // ("7.body.layers.0.weight" is the same tensor whichever stage holds block 7).
+  explicit Model(std::vector<std::shared_ptr<Block>> blocks);
+
+  torch::Tensor forward(const torch::Tensor& x);
+  int begin() const { return begin_; }
+  int end() const { return end_; }
+  int size() const { return static_cast<int>(blocks_.size()); }
+  const std::vector<std::shared_ptr<Block>>& blocks() const { return blocks_; }
+  // Blocks [begin, end) (global indices) of this model, sharing parameters.
+  std::shared_ptr<Model> Slice(int begin, int end) const;
+  int64_t num_parameters() const;
+
+ private:
+  std::vector<std::shared_ptr<Block>> blocks_;
+  int begin_ = 0;
+  int end_ = 0;
+};
+
+// Describes every block of the network `spec` names, without building it.
+absl::StatusOr<std::vector<BlockInfo>> PlanModel(const ModelSpec& spec);
+
+// Seed of global block `index` for a job seeded `job_seed` (splitmix64 mix).
+uint64_t BlockSeed(uint64_t job_seed, int index);
+
+// Builds blocks [begin, end) (end < 0: to the last block). Each block is
+// initialised from BlockSeed(seed, index), so any partition of the same spec
+// and seed holds exactly the weights of the whole model.
+absl::StatusOr<std::shared_ptr<Model>> BuildModel(const ModelSpec& spec, uint64_t seed,
+                                                  int begin = 0, int end = -1);
+
+// The [begin, end) block range of every stage: explicit ranges are checked
+// against the model, "even" splits blocks as evenly as possible.
+absl::StatusOr<std::vector<std::pair<int, int>>> ResolvePartition(const StagesSpec& stages,
+                                                                  int num_blocks);
+
+}  // namespace stagewise::models
+
+#endif  // STAGEWISE_SERVICES_MODELS_MODEL_H_

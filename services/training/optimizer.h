@@ -1,0 +1,35 @@
+// Optimizers and learning-rate schedules from a job spec. Shared by the
+// reference trainer and every stage worker so both step identically.
+#ifndef STAGEWISE_SERVICES_TRAINING_OPTIMIZER_H_
+#define STAGEWISE_SERVICES_TRAINING_OPTIMIZER_H_
+
+#include <memory>
+
+#include <torch/torch.h>
+
+#include "services/common/job_spec.h"
+
+namespace stagewise::training {
+
+// SGD (momentum, Nesterov, weight decay) or Adam over `module`'s parameters.
+// With exclude_bn_and_bias, parameters of rank <= 1 (biases, BN scale/shift)
+// form a second group without weight decay (Goyal et al. 2017, PETRA Sec. 4.1).
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const OptimizerSpec& spec,
+                                                       torch::nn::Module& module);
+
+// Sets the learning rate of every parameter group.
+void SetLearningRate(torch::optim::Optimizer& optimizer, double lr);
+
+// The peak learning rate: spec.lr, times batch_size * accumulation / 256 under
+// the Goyal rule (scale_lr_by_batch).
+double BaseLearningRate(const OptimizerSpec& spec, int64_t batch_size, int64_t accumulation = 1);
+
+// Learning rate at optimizer step `step` (0-based): linear warm-up over
+// warmup_epochs, then constant, multi-step (x gamma at each milestone epoch) or
+// cosine decay to min_lr at total_steps.
+double LearningRateAt(const ScheduleSpec& schedule, double base_lr, int64_t step,
+                      int64_t steps_per_epoch, int64_t total_steps);
+
+}  // namespace stagewise::training
+
+#endif  // STAGEWISE_SERVICES_TRAINING_OPTIMIZER_H_

@@ -1,0 +1,271 @@
+#include "services/training/reference_trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "services/training/optimizer.h"
+
+namespace stagewise::training {
+namespace fs = std::filesystem;
+
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+std::vector<std::string> Checkpoints(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && entry.path().extension() == ".pt") {
+      out.push_back(entry.path().string());
+    }
+  }
+  std::sort(out.begin(), out.end());  // zero-padded step numbers sort by step
+  return out;
+}
+
+}  // namespace
+
+std::string NewestCheckpoint(const std::string& dir) {
+  auto all = Checkpoints(dir);
+  return all.empty() ? "" : all.back();
+}
+
+absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(const JobSpec& spec) {
+  std::unique_ptr<ReferenceTrainer> t(new ReferenceTrainer());
+  t->spec_ = spec;
+  try {
+    t->device_ = torch::Device(spec.device);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("device: '", spec.device, "' is not a device"));
+  }
+  if (t->device_.is_cuda() && !torch::cuda::is_available()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device: ", spec.device, " requested but this LibTorch sees no CUDA device"));
+  }
+  auto data = data::LoadDatasets(spec.data, static_cast<uint64_t>(spec.seed));
+  if (!data.ok()) return data.status();
+  t->data_ = std::move(*data);
+
+  data::SamplerOptions train_opts;
+  train_opts.batch_size = spec.batch_size;
+  train_opts.shuffle = true;
+  train_opts.drop_last = true;
+  train_opts.seed = static_cast<uint64_t>(spec.seed);
+  train_opts.augment = spec.data.augment;
+  train_opts.crop_padding = spec.data.crop_padding;
+  train_opts.horizontal_flip = spec.data.horizontal_flip;
+  if (spec.data.normalize) {
+    train_opts.mean = t->data_.mean;
+    train_opts.std = t->data_.std;
+  }
+  data::SamplerOptions test_opts = train_opts;
+  test_opts.batch_size = spec.eval_batch_size > 0 ? spec.eval_batch_size : spec.batch_size;
+  test_opts.shuffle = false;
+  test_opts.drop_last = false;
+  test_opts.augment = false;
+  t->train_ = std::make_unique<data::BatchSampler>(t->data_.train, train_opts);
+  t->test_ = std::make_unique<data::BatchSampler>(t->data_.test, test_opts);
+  if (t->train_->batches_per_epoch() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("batch_size: ", spec.batch_size,
+                                                   " is larger than the training set (",
+                                                   t->data_.train.size(), " samples)"));
+  }
+
+  auto model = models::BuildModel(spec.model, static_cast<uint64_t>(spec.seed));
+  if (!model.ok()) return model.status();
+  t->model_ = *model;
+  try {
+    t->model_->to(t->device_);
+    t->optimizer_ = MakeOptimizer(spec.optimizer, *t->model_);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("setting up the model: ", e.what()));
+  }
+  const int64_t per_epoch = t->train_->batches_per_epoch();
+  t->total_steps_ = spec.steps > 0 ? spec.steps
+                                   : static_cast<int64_t>(std::ceil(spec.epochs * per_epoch));
+  t->base_lr_ = BaseLearningRate(spec.optimizer, spec.batch_size);
+  return t;
+}
+
+double ReferenceTrainer::Step(const data::Batch& batch, double lr) {
+  model_->train();
+  SetLearningRate(*optimizer_, lr);
+  optimizer_->zero_grad();
+  torch::Tensor logits = model_->forward(batch.x.to(device_));
+  torch::Tensor loss = torch::cross_entropy_loss(logits, batch.y.to(device_));
+  loss.backward();
+  optimizer_->step();
+  return loss.item<double>();
+}
+
+EvalResult ReferenceTrainer::Evaluate() {
+  torch::NoGradGuard no_grad;
+  model_->eval();
+  EvalResult r;
+  r.step = step_;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  for (int64_t i = 0; i < test_->batches_per_epoch(); ++i) {
+    data::Batch b = test_->Get(0, i);
+    torch::Tensor y = b.y.to(device_);
+    torch::Tensor logits = model_->forward(b.x.to(device_));
+    loss_sum += torch::cross_entropy_loss(logits, y, {}, at::Reduction::Sum).item<double>();
+    correct += logits.argmax(1).eq(y).sum().item<int64_t>();
+    r.samples += y.size(0);
+  }
+  model_->train();
+  if (r.samples > 0) {
+    r.loss = loss_sum / static_cast<double>(r.samples);
+    r.accuracy = static_cast<double>(correct) / static_cast<double>(r.samples);
+  }
+  return r;
+}
+
+absl::Status ReferenceTrainer::SaveCheckpoint(const std::string& path) const {
+  try {
+    torch::serialize::OutputArchive archive;
+    model_->save(archive);
+    torch::serialize::OutputArchive opt;
+    optimizer_->save(opt);
+    archive.write("optimizer", opt);
+    archive.write("step", torch::tensor(step_));
+    // Write a temporary file, then rename: a crash never leaves a torn checkpoint.
+    const std::string tmp = path + ".tmp";
+    archive.save_to(tmp);
+    fs::rename(tmp, path);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("saving checkpoint ", path, ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReferenceTrainer::LoadCheckpoint(const std::string& path) {
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(path, device_);
+    model_->load(archive);
+    torch::serialize::InputArchive opt;
+    archive.read("optimizer", opt);
+    optimizer_->load(opt);
+    torch::Tensor step;
+    archive.read("step", step);
+    step_ = step.item<int64_t>();
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat("loading checkpoint ", path, ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReferenceTrainer::MaybeCheckpoint(bool force, std::string* written) {
+  const CheckpointSpec& c = spec_.checkpoint;
+  if (c.dir.empty()) return absl::OkStatus();
+  const int64_t per_epoch = train_->batches_per_epoch();
+  const bool due = force || (c.every_steps > 0 && step_ % c.every_steps == 0) ||
+                   (c.every_epochs > 0 && step_ % (c.every_epochs * per_epoch) == 0);
+  if (!due) return absl::OkStatus();
+  std::error_code ec;
+  fs::create_directories(c.dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("checkpoint.dir: cannot create ", c.dir, ": ", ec.message()));
+  }
+  const std::string path = (fs::path(c.dir) / absl::StrFormat("step-%09d.pt", step_)).string();
+  if (absl::Status s = SaveCheckpoint(path); !s.ok()) return s;
+  *written = path;
+  auto all = Checkpoints(c.dir);
+  for (size_t i = 0; i + static_cast<size_t>(c.keep) < all.size(); ++i) fs::remove(all[i], ec);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainResult> ReferenceTrainer::Run(const TrainOptions& options) {
+  TrainResult result;
+  result.num_parameters = model_->num_parameters();
+  const int64_t per_epoch = train_->batches_per_epoch();
+  if (options.resume && !spec_.checkpoint.dir.empty()) {
+    const std::string newest = NewestCheckpoint(spec_.checkpoint.dir);
+    if (!newest.empty()) {
+      if (absl::Status s = LoadCheckpoint(newest); !s.ok()) return s;
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  double eval_seconds = 0;
+  auto window_start = start;
+  double window_loss = 0;
+  int64_t window_steps = 0;
+  const int64_t first_step = step_;
+  try {
+    auto evaluate = [&]() {
+      const auto t0 = std::chrono::steady_clock::now();
+      EvalResult r = Evaluate();
+      eval_seconds += Seconds(t0);
+      result.evals.push_back(r);
+      if (options.on_eval) options.on_eval(r);
+    };
+    while (step_ < total_steps_) {
+      const double lr = LearningRateAt(spec_.schedule, base_lr_, step_, per_epoch, total_steps_);
+      data::Batch batch = train_->Get(step_ / per_epoch, step_ % per_epoch);
+      const double loss = Step(batch, lr);
+      if (!std::isfinite(loss)) {
+        return absl::AbortedError(absl::StrCat("training diverged: loss is ", loss, " at step ",
+                                               step_, " (lower optimizer.lr?)"));
+      }
+      ++step_;
+      window_loss += loss;
+      ++window_steps;
+      const bool last = step_ == total_steps_;
+      if (step_ % options.log_every_steps == 0 || last) {
+        result.train_loss = window_loss / static_cast<double>(window_steps);
+        if (options.on_progress) {
+          Progress p;
+          p.step = step_;
+          p.total_steps = total_steps_;
+          p.epoch = static_cast<double>(step_) / static_cast<double>(per_epoch);
+          p.loss = result.train_loss;
+          p.lr = lr;
+          p.elapsed_seconds = Seconds(start) - eval_seconds;
+          const double window = Seconds(window_start);
+          p.samples_per_second = window > 0 ? window_steps * spec_.batch_size / window : 0;
+          const double per_step = p.elapsed_seconds / static_cast<double>(step_ - first_step);
+          p.eta_seconds = per_step * static_cast<double>(total_steps_ - step_);
+          options.on_progress(p);
+        }
+        window_loss = 0;
+        window_steps = 0;
+        window_start = std::chrono::steady_clock::now();
+      }
+      const bool epoch_end = step_ % per_epoch == 0;
+      if (!last && ((spec_.eval.every_steps > 0 && step_ % spec_.eval.every_steps == 0) ||
+                    (spec_.eval.every_epochs > 0 && epoch_end &&
+                     (step_ / per_epoch) % spec_.eval.every_epochs == 0))) {
+        evaluate();
+      }
+      if (!last) {
+        if (absl::Status s = MaybeCheckpoint(false, &result.last_checkpoint); !s.ok()) return s;
+      }
+    }
+    result.seconds = Seconds(start) - eval_seconds;
+    if (absl::Status s = MaybeCheckpoint(true, &result.last_checkpoint); !s.ok()) return s;
+    if (spec_.eval.at_end || spec_.eval.every_epochs > 0 || spec_.eval.every_steps > 0) evaluate();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("training step ", step_, ": ", e.what()));
+  }
+  result.steps = step_;
+  result.epochs = static_cast<double>(step_) / static_cast<double>(per_epoch);
+  if (!result.evals.empty()) result.test = result.evals.back();
+  const int64_t done = step_ - first_step;
+  result.samples_per_second =
+      result.seconds > 0 ? static_cast<double>(done * spec_.batch_size) / result.seconds : 0;
+  return result;
+}
+
+}  // namespace stagewise::training

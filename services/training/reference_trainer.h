@@ -1,0 +1,102 @@
+// The single-process reference trainer: plain backpropagation of a whole zoo
+// model on one device. It is the oracle every distributed algorithm is checked
+// against, so it stays short and obvious.
+#ifndef STAGEWISE_SERVICES_TRAINING_REFERENCE_TRAINER_H_
+#define STAGEWISE_SERVICES_TRAINING_REFERENCE_TRAINER_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+#include "services/common/job_spec.h"
+#include "services/data/dataset.h"
+#include "services/models/model.h"
+
+namespace stagewise::training {
+
+struct Progress {
+  int64_t step = 0;          // optimizer steps done
+  int64_t total_steps = 0;
+  double epoch = 0;          // fractional epochs done
+  double loss = 0;           // mean training loss since the last report
+  double lr = 0;
+  double samples_per_second = 0;
+  double elapsed_seconds = 0;
+  double eta_seconds = 0;
+};
+
+struct EvalResult {
+  int64_t step = 0;
+  double loss = 0;
+  double accuracy = 0;       // in [0, 1]
+  int64_t samples = 0;
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  double epochs = 0;
+  double train_loss = 0;     // mean over the last reporting window
+  EvalResult test;           // final evaluation
+  std::vector<EvalResult> evals;
+  double seconds = 0;        // training time, evaluation excluded
+  double samples_per_second = 0;
+  int64_t num_parameters = 0;
+  std::string last_checkpoint;
+};
+
+struct TrainOptions {
+  int64_t log_every_steps = 50;
+  std::function<void(const Progress&)> on_progress;
+  std::function<void(const EvalResult&)> on_eval;
+  bool resume = true;        // continue from the newest checkpoint in checkpoint.dir
+};
+
+class ReferenceTrainer {
+ public:
+  // Loads the data and builds the whole model on spec.device.
+  static absl::StatusOr<std::unique_ptr<ReferenceTrainer>> Create(const JobSpec& spec);
+
+  // Trains for spec.epochs or spec.steps, evaluating and checkpointing as the
+  // spec asks.
+  absl::StatusOr<TrainResult> Run(const TrainOptions& options = {});
+
+  // One step of plain backprop on `batch` at learning rate `lr`; returns the loss.
+  double Step(const data::Batch& batch, double lr);
+  // Forward-only pass over the test set in eval mode.
+  EvalResult Evaluate();
+
+  models::Model& model() { return *model_; }
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  const data::BatchSampler& train_sampler() const { return *train_; }
+  int64_t total_steps() const { return total_steps_; }
+  int64_t step() const { return step_; }
+
+  absl::Status SaveCheckpoint(const std::string& path) const;
+  absl::Status LoadCheckpoint(const std::string& path);
+
+ private:
+  ReferenceTrainer() = default;
+  absl::Status MaybeCheckpoint(bool force, std::string* written);
+
+  JobSpec spec_;
+  torch::Device device_{torch::kCPU};
+  data::Datasets data_;
+  std::unique_ptr<data::BatchSampler> train_;
+  std::unique_ptr<data::BatchSampler> test_;
+  std::shared_ptr<models::Model> model_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  int64_t total_steps_ = 0;
+  int64_t step_ = 0;
+  double base_lr_ = 0;
+};
+
+// Newest "step-<N>.pt" in `dir`, or "" when there is none.
+std::string NewestCheckpoint(const std::string& dir);
+
+}  // namespace stagewise::training
+
+#endif  // STAGEWISE_SERVICES_TRAINING_REFERENCE_TRAINER_H_
