@@ -50,6 +50,8 @@ absl::StatusOr<Datasets> LoadCifar(const std::string& dir, int num_classes);
 
 // Learnable random data for benchmarks and tests: every class has a fixed random
 // prototype image; samples are prototype + noise, clamped to uint8.
+// Requires shape [C, H, W] with positive entries, num_classes >= 1 and sizes
+// >= 0, else throws c10::Error (LoadDatasets checks these and returns a status).
 Datasets MakeSynthetic(int64_t train_size, int64_t test_size,
                        const std::vector<int64_t>& shape, int num_classes, uint64_t seed);
 

@@ -1,5 +1,6 @@
 // IDX reader (the MNIST family's format): magic 0x00 0x00 <type> <rank>, then
 // <rank> big-endian int32 dims, then the big-endian elements in row-major order.
+#include <torch/torch.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -13,8 +14,6 @@
 #include <string>
 #include <system_error>
 #include <vector>
-
-#include <torch/torch.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -46,13 +45,26 @@ struct ElementType {
 
 bool LookUpType(uint8_t code, ElementType* out) {
   switch (code) {
-    case 0x08: *out = {torch::kUInt8, 1, "ubyte"}; return true;
-    case 0x09: *out = {torch::kInt8, 1, "sbyte"}; return true;
-    case 0x0B: *out = {torch::kInt16, 2, "short"}; return true;
-    case 0x0C: *out = {torch::kInt32, 4, "int"}; return true;
-    case 0x0D: *out = {torch::kFloat32, 4, "float"}; return true;
-    case 0x0E: *out = {torch::kFloat64, 8, "double"}; return true;
-    default: return false;
+    case 0x08:
+      *out = {torch::kUInt8, 1, "ubyte"};
+      return true;
+    case 0x09:
+      *out = {torch::kInt8, 1, "sbyte"};
+      return true;
+    case 0x0B:
+      *out = {torch::kInt16, 2, "short"};
+      return true;
+    case 0x0C:
+      *out = {torch::kInt32, 4, "int"};
+      return true;
+    case 0x0D:
+      *out = {torch::kFloat32, 4, "float"};
+      return true;
+    case 0x0E:
+      *out = {torch::kFloat64, 8, "double"};
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -82,8 +94,7 @@ std::string GzErrorMessage(gzFile_s* f) {
 }
 
 // Reads exactly `n` bytes, or fewer if the file ends; a read error is a status.
-absl::StatusOr<uint64_t> ReadUpTo(gzFile_s* f, const std::string& path, uint8_t* dst,
-                                  uint64_t n) {
+absl::StatusOr<uint64_t> ReadUpTo(gzFile_s* f, const std::string& path, uint8_t* dst, uint64_t n) {
   uint64_t got = 0;
   while (got < n) {
     // gzread takes an unsigned and returns an int: stay below INT_MAX per call.
@@ -99,7 +110,8 @@ absl::StatusOr<uint64_t> ReadUpTo(gzFile_s* f, const std::string& path, uint8_t*
 absl::StatusOr<torch::Tensor> ReadIdxOrThrow(const std::string& path) {
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);
-  if (!std::filesystem::exists(st)) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+  if (!std::filesystem::exists(st))
+    return absl::NotFoundError(absl::StrCat(path, ": no such file"));
   if (std::filesystem::is_directory(st)) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, expected an IDX file"));
   }
@@ -120,9 +132,9 @@ absl::StatusOr<torch::Tensor> ReadIdxOrThrow(const std::string& path) {
         absl::StrCat(path, ": truncated header: ", *got, " of 4 magic bytes"));
   }
   if (magic[0] != 0 || magic[1] != 0) {
-    return absl::DataLossError(absl::StrFormat(
-        "%s: bad magic 0x%02x%02x%02x%02x (an IDX file starts with two zero bytes)", path,
-        magic[0], magic[1], magic[2], magic[3]));
+    return absl::DataLossError(
+        absl::StrFormat("%s: bad magic 0x%02x%02x%02x%02x (an IDX file starts with two zero bytes)",
+                        path, magic[0], magic[1], magic[2], magic[3]));
   }
   ElementType type;
   if (!LookUpType(magic[2], &type)) {
@@ -193,9 +205,15 @@ absl::StatusOr<torch::Tensor> ReadIdxOrThrow(const std::string& path) {
     case 1:
       if (expected > 0) std::memcpy(out.data_ptr(), payload.data(), expected);
       break;
-    case 2: DecodeBigEndian<uint16_t>(payload.data(), numel, out.data_ptr()); break;
-    case 4: DecodeBigEndian<uint32_t>(payload.data(), numel, out.data_ptr()); break;
-    case 8: DecodeBigEndian<uint64_t>(payload.data(), numel, out.data_ptr()); break;
+    case 2:
+      DecodeBigEndian<uint16_t>(payload.data(), numel, out.data_ptr());
+      break;
+    case 4:
+      DecodeBigEndian<uint32_t>(payload.data(), numel, out.data_ptr());
+      break;
+    case 8:
+      DecodeBigEndian<uint64_t>(payload.data(), numel, out.data_ptr());
+      break;
   }
   return out;
 }

@@ -103,7 +103,9 @@ TEST(RpcStatusTest, EmptyMessagePreserved) {
 
 TEST(RpcStatusTest, UnrecognisedGrpcCodeStaysAnError) {
   // A newer peer could send a number we do not know; it must not become OK.
-  const grpc::Status odd(static_cast<grpc::StatusCode>(42), "from the future");
+  // 20 stays inside grpc::StatusCode's value range (no fixed underlying type,
+  // so e.g. 42 would be UB to even store).
+  const grpc::Status odd(static_cast<grpc::StatusCode>(20), "from the future");
   const absl::Status converted = FromGrpcStatus(odd);
   EXPECT_EQ(converted.code(), absl::StatusCode::kUnknown);
   EXPECT_EQ(converted.message(), "from the future");

@@ -1,0 +1,128 @@
+// Optimizers and learning-rate schedules.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "services/training/optimizer.h"
+
+namespace stagewise::training {
+namespace {
+
+TEST(LearningRateAt, ConstantWithWarmup) {
+  ScheduleSpec s;
+  s.warmup_epochs = 1;
+  EXPECT_DOUBLE_EQ(LearningRateAt(s, 0.5, 0, 10, 100), 0.05);
+  EXPECT_DOUBLE_EQ(LearningRateAt(s, 0.5, 4, 10, 100), 0.25);
+  EXPECT_DOUBLE_EQ(LearningRateAt(s, 0.5, 9, 10, 100), 0.5);
+  EXPECT_DOUBLE_EQ(LearningRateAt(s, 0.5, 99, 10, 100), 0.5);
+  s.warmup_epochs = 0;
+  EXPECT_DOUBLE_EQ(LearningRateAt(s, 0.5, 0, 10, 100), 0.5);
+}
+
+TEST(LearningRateAt, MultiStepDropsAtMilestoneEpochs) {
+  ScheduleSpec s;
+  s.name = "multistep";
+  s.milestones = {2, 4};
+  s.gamma = 0.1;
+  EXPECT_DOUBLE_EQ(LearningRateAt(s, 1.0, 19, 10, 100), 1.0);
+  EXPECT_NEAR(LearningRateAt(s, 1.0, 20, 10, 100), 0.1, 1e-12);
+  EXPECT_NEAR(LearningRateAt(s, 1.0, 39, 10, 100), 0.1, 1e-12);
+  EXPECT_NEAR(LearningRateAt(s, 1.0, 40, 10, 100), 0.01, 1e-12);
+}
+
+TEST(LearningRateAt, CosineFromPeakToMinimum) {
+  ScheduleSpec s;
+  s.name = "cosine";
+  s.warmup_epochs = 1;
+  s.min_lr = 0.1;
+  EXPECT_NEAR(LearningRateAt(s, 1.0, 10, 10, 110), 1.0, 1e-12);
+  EXPECT_NEAR(LearningRateAt(s, 1.0, 60, 10, 110), 0.55, 1e-12);
+  EXPECT_NEAR(LearningRateAt(s, 1.0, 110, 10, 110), 0.1, 1e-12);
+  EXPECT_LT(LearningRateAt(s, 1.0, 80, 10, 110), LearningRateAt(s, 1.0, 70, 10, 110));
+}
+
+TEST(BaseLearningRate, GoyalRule) {
+  OptimizerSpec o;
+  o.lr = 0.1;
+  EXPECT_DOUBLE_EQ(BaseLearningRate(o, 512, 2), 0.1);
+  o.scale_lr_by_batch = true;
+  EXPECT_DOUBLE_EQ(BaseLearningRate(o, 512, 2), 0.4);
+  EXPECT_DOUBLE_EQ(BaseLearningRate(o, 128), 0.05);
+}
+
+// A module with one matrix (decayed) and one bias (not decayed).
+struct TwoParams : torch::nn::Module {
+  TwoParams() {
+    w = register_parameter("w", torch::full({2, 2}, 1.0));
+    b = register_parameter("b", torch::full({2}, 1.0));
+  }
+  torch::Tensor w, b;
+};
+
+TEST(MakeOptimizer, WeightDecaySkipsBiasesAndNormParameters) {
+  TwoParams m;
+  OptimizerSpec o;
+  o.lr = 0.1;
+  o.momentum = 0;
+  o.weight_decay = 0.5;
+  auto opt = MakeOptimizer(o, m);
+  ASSERT_EQ(opt->param_groups().size(), 2u);
+  // Zero gradients: only weight decay moves parameters.
+  m.w.mutable_grad() = torch::zeros_like(m.w);
+  m.b.mutable_grad() = torch::zeros_like(m.b);
+  opt->step();
+  EXPECT_TRUE(torch::allclose(m.w, torch::full({2, 2}, 1.0 - 0.1 * 0.5)));
+  EXPECT_TRUE(torch::equal(m.b, torch::full({2}, 1.0)));
+
+  TwoParams all;
+  o.exclude_bn_and_bias = false;
+  auto opt_all = MakeOptimizer(o, all);
+  all.w.mutable_grad() = torch::zeros_like(all.w);
+  all.b.mutable_grad() = torch::zeros_like(all.b);
+  opt_all->step();
+  EXPECT_TRUE(torch::allclose(all.b, torch::full({2}, 0.95)));
+}
+
+TEST(MakeOptimizer, NesterovMomentumMatchesTheFormula) {
+  TwoParams m;
+  OptimizerSpec o;
+  o.lr = 0.1;
+  o.momentum = 0.9;
+  o.nesterov = true;
+  auto opt = MakeOptimizer(o, m);
+  torch::Tensor g = torch::tensor({{1.0, -2.0}, {0.5, 3.0}});
+  torch::Tensor p = m.w.detach().clone(), v = torch::zeros_like(p);
+  for (int step = 0; step < 3; ++step) {
+    m.w.mutable_grad() = g.clone();
+    m.b.mutable_grad() = torch::zeros_like(m.b);
+    opt->step();
+    v = step == 0 ? g.clone() : 0.9 * v + g;  // PyTorch: first step v = g
+    p = p - 0.1 * (g + 0.9 * v);
+  }
+  EXPECT_TRUE(torch::allclose(m.w, p, 1e-6, 1e-7));
+}
+
+TEST(MakeOptimizer, AdamFirstStepMovesByLearningRate) {
+  TwoParams m;
+  OptimizerSpec o;
+  o.name = "adam";
+  o.lr = 0.01;
+  auto opt = MakeOptimizer(o, m);
+  m.w.mutable_grad() = torch::tensor({{3.0, -2.0}, {0.5, -7.0}});
+  m.b.mutable_grad() = torch::zeros_like(m.b);
+  opt->step();
+  // Bias-corrected first Adam step is lr * sign(g).
+  EXPECT_TRUE(torch::allclose(m.w, torch::tensor({{0.99, 1.01}, {0.99, 1.01}}), 1e-5, 1e-6));
+  EXPECT_TRUE(torch::equal(m.b, torch::full({2}, 1.0)));
+}
+
+TEST(SetLearningRate, ChangesEveryGroup) {
+  TwoParams m;
+  OptimizerSpec o;
+  o.weight_decay = 1e-4;
+  auto opt = MakeOptimizer(o, m);
+  SetLearningRate(*opt, 0.0125);
+  for (auto& g : opt->param_groups()) EXPECT_DOUBLE_EQ(g.options().get_lr(), 0.0125);
+}
+
+}  // namespace
+}  // namespace stagewise::training
