@@ -10,8 +10,8 @@ namespace stagewise::cli {
 
 // Exit codes shared by every command.
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitFailed = 1;       // the job ran and failed
-inline constexpr int kExitInvalid = 2;      // bad spec or arguments
+inline constexpr int kExitFailed = 1;   // the job ran and failed
+inline constexpr int kExitInvalid = 2;  // bad spec or arguments
 
 struct TrainLocalArgs {
   std::string job_path;

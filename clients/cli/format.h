@@ -10,8 +10,8 @@
 
 namespace stagewise::cli {
 
-std::string HumanCount(int64_t n);             // 1234567 -> "1.23M"
-std::string HumanDuration(double seconds);     // 75 -> "1m15s"
+std::string HumanCount(int64_t n);          // 1234567 -> "1.23M"
+std::string HumanDuration(double seconds);  // 75 -> "1m15s"
 std::string JsonEscape(const std::string& s);
 std::string ProgressLine(const training::Progress& p);
 std::string ResultTable(const JobSpec& spec, const training::TrainResult& r);

@@ -1,8 +1,7 @@
 // stagewise: the command-line client. Parses flags and dispatches; the
 // commands live in the stagewise_cli library.
-#include <iostream>
-
 #include <CLI/CLI.hpp>
+#include <iostream>
 
 #include "clients/cli/commands.h"
 
@@ -22,14 +21,18 @@ int main(int argc, char** argv) {
   auto* train_cmd = app.add_subcommand(
       "train-local",
       "Train a job in this process with plain backpropagation (the reference trainer)");
-  train_cmd->add_option("job", train.job_path, "Job spec (YAML)")->required()->check(CLI::ExistingFile);
+  train_cmd->add_option("job", train.job_path, "Job spec (YAML)")
+      ->required()
+      ->check(CLI::ExistingFile);
   train_cmd->add_option("-o,--output", train.output, "Result format")
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
   train_cmd->add_option("--threads", train.threads, "CPU threads for LibTorch (0 = all cores)")
       ->capture_default_str();
-  train_cmd->add_option("--steps", train.steps, "Train this many steps instead of the spec's budget");
-  train_cmd->add_option("--epochs", train.epochs, "Train this many epochs instead of the spec's budget");
+  train_cmd->add_option("--steps", train.steps,
+                        "Train this many steps instead of the spec's budget");
+  train_cmd->add_option("--epochs", train.epochs,
+                        "Train this many epochs instead of the spec's budget");
   train_cmd->add_option("--log-every", train.log_every, "Steps between progress lines")
       ->capture_default_str();
   train_cmd->add_flag("!--no-resume", train.resume,
@@ -39,7 +42,9 @@ int main(int argc, char** argv) {
   ValidateArgs validate;
   auto* validate_cmd = app.add_subcommand(
       "validate", "Check a job spec and print its model's blocks and stage partition");
-  validate_cmd->add_option("job", validate.job_path, "Job spec (YAML)")->required()->check(CLI::ExistingFile);
+  validate_cmd->add_option("job", validate.job_path, "Job spec (YAML)")
+      ->required()
+      ->check(CLI::ExistingFile);
   validate_cmd->add_option("-o,--output", validate.output, "Output format")
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();

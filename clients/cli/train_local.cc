@@ -45,7 +45,7 @@ int TrainLocal(const TrainLocalArgs& args, std::ostream& out, std::ostream& err)
   if (!trainer.ok()) {
     err << "error: " << trainer.status().message() << "\n";
     return trainer.status().code() == absl::StatusCode::kInvalidArgument ? kExitInvalid
-                                                                          : kExitFailed;
+                                                                         : kExitFailed;
   }
   if (!args.quiet) {
     err << absl::StrFormat("job %s: %s, %d blocks, %s parameters, %d steps of batch %d on %s\n",

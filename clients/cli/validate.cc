@@ -43,10 +43,11 @@ int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err) {
     std::string blocks;
     for (const auto& b : *plan) {
       if (!blocks.empty()) blocks += ",";
-      absl::StrAppend(&blocks, absl::StrFormat(
-                                   R"({"index":%d,"kind":"%s","reversible":%s,"in":%s,"out":%s,"stage":%d})",
-                                   b.index, b.kind, b.reversible ? "true" : "false",
-                                   ShapeString(b.in_shape), ShapeString(b.out_shape), stage_of(b.index)));
+      absl::StrAppend(
+          &blocks,
+          absl::StrFormat(R"({"index":%d,"kind":"%s","reversible":%s,"in":%s,"out":%s,"stage":%d})",
+                          b.index, b.kind, b.reversible ? "true" : "false", ShapeString(b.in_shape),
+                          ShapeString(b.out_shape), stage_of(b.index)));
     }
     out << absl::StrFormat(R"({"job":"%s","algorithm":"%s","stages":%d,"blocks":[%s]})",
                            JsonEscape(spec->name), spec->algorithm.name, ranges->size(), blocks)

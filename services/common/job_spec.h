@@ -16,14 +16,14 @@ namespace stagewise {
 
 // model: which zoo network and its size knobs.
 struct ModelSpec {
-  std::string name;                  // mlp | resnet | revnet
-  int depth = 0;                     // resnet: 20/32/56/110 (cifar) or 18/34/50;
-                                     // revnet: 18/34/50; mlp: unused
-  std::string style = "cifar";       // resnet only: cifar | imagenet
-  bool small_input = true;           // imagenet/revnet: 3x3 stem, no max-pool
-  int width = 0;                     // base channels (0 = the paper's default)
-  std::vector<int> blocks;           // per-stage block counts; overrides depth
-  std::vector<int> hidden = {256};   // mlp: hidden layer sizes
+  std::string name;                 // mlp | resnet | revnet
+  int depth = 0;                    // resnet: 20/32/56/110 (cifar) or 18/34/50;
+                                    // revnet: 18/34/50; mlp: unused
+  std::string style = "cifar";      // resnet only: cifar | imagenet
+  bool small_input = true;          // imagenet/revnet: 3x3 stem, no max-pool
+  int width = 0;                    // base channels (0 = the paper's default)
+  std::vector<int> blocks;          // per-stage block counts; overrides depth
+  std::vector<int> hidden = {256};  // mlp: hidden layer sizes
   // Filled from the data section when parsing: [C, H, W] and class count.
   std::vector<int64_t> input_shape;
   int num_classes = 0;
@@ -31,9 +31,9 @@ struct ModelSpec {
 
 // data: where samples come from and how they are augmented.
 struct DataSpec {
-  std::string dataset;               // fashion_mnist | cifar10 | cifar100 | synthetic
-  std::string path;                  // directory; empty = the dataset's default
-  bool augment = false;              // random crop with padding + horizontal flip
+  std::string dataset;   // fashion_mnist | cifar10 | cifar100 | synthetic
+  std::string path;      // directory; empty = the dataset's default
+  bool augment = false;  // random crop with padding + horizontal flip
   int crop_padding = 4;
   bool horizontal_flip = true;
   bool normalize = true;
@@ -49,7 +49,7 @@ struct DataSpec {
 
 // algorithm: name plus its parameters, checked against a per-algorithm schema.
 struct AlgorithmSpec {
-  std::string name = "backprop";     // backprop | delayed | features_replay | petra | nwise | auxnet
+  std::string name = "backprop";  // backprop | delayed | features_replay | petra | nwise | auxnet
   // Every parameter of the algorithm, defaults filled in, as canonical strings.
   std::map<std::string, std::string> params;
 
@@ -62,40 +62,40 @@ struct AlgorithmSpec {
 // stages: how many stages and which global blocks each holds.
 struct StagesSpec {
   int count = 1;
-  std::string partition = "even";    // even | auto | explicit
+  std::string partition = "even";  // even | auto | explicit
   // explicit: [begin, end) global block ranges, contiguous and covering the model.
   std::vector<std::pair<int, int>> ranges;
 };
 
 struct OptimizerSpec {
-  std::string name = "sgd";          // sgd | adam
+  std::string name = "sgd";  // sgd | adam
   double lr = 0.1;
   double momentum = 0.9;
   bool nesterov = false;
   double weight_decay = 0.0;
-  bool exclude_bn_and_bias = true;   // no weight decay on BN parameters and biases
-  double beta1 = 0.9;                // adam
-  double beta2 = 0.999;              // adam
-  double eps = 1e-8;                 // adam
-  bool scale_lr_by_batch = false;    // Goyal rule: lr * batch_size * k / 256
+  bool exclude_bn_and_bias = true;  // no weight decay on BN parameters and biases
+  double beta1 = 0.9;               // adam
+  double beta2 = 0.999;             // adam
+  double eps = 1e-8;                // adam
+  bool scale_lr_by_batch = false;   // Goyal rule: lr * batch_size * k / 256
 };
 
 struct ScheduleSpec {
-  std::string name = "constant";     // constant | multistep | cosine
-  double warmup_epochs = 0;          // linear warm-up from 0 (fractional allowed)
-  std::vector<double> milestones;    // multistep: epochs at which lr *= gamma
+  std::string name = "constant";   // constant | multistep | cosine
+  double warmup_epochs = 0;        // linear warm-up from 0 (fractional allowed)
+  std::vector<double> milestones;  // multistep: epochs at which lr *= gamma
   double gamma = 0.1;
-  double min_lr = 0.0;               // cosine: final lr
+  double min_lr = 0.0;  // cosine: final lr
 };
 
 struct EvalSpec {
-  int every_epochs = 1;              // 0 = only at the end
-  int64_t every_steps = 0;           // 0 = off
+  int every_epochs = 1;     // 0 = only at the end
+  int64_t every_steps = 0;  // 0 = off
   bool at_end = true;
 };
 
 struct CheckpointSpec {
-  std::string dir;                   // empty = no checkpoints
+  std::string dir;  // empty = no checkpoints
   int every_epochs = 0;
   int64_t every_steps = 0;
   int keep = 3;
@@ -112,8 +112,8 @@ struct JobSpec {
   OptimizerSpec optimizer;
   ScheduleSpec schedule;
   int64_t batch_size = 128;
-  int64_t eval_batch_size = 0;       // 0 = batch_size
-  double epochs = 0;                 // exactly one of epochs / steps is > 0
+  int64_t eval_batch_size = 0;  // 0 = batch_size
+  double epochs = 0;            // exactly one of epochs / steps is > 0
   int64_t steps = 0;
   EvalSpec eval;
   CheckpointSpec checkpoint;

@@ -2,13 +2,13 @@
 #ifndef STAGEWISE_SERVICES_DATA_DATASET_H_
 #define STAGEWISE_SERVICES_DATA_DATASET_H_
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -52,8 +52,8 @@ absl::StatusOr<Datasets> LoadCifar(const std::string& dir, int num_classes);
 // prototype image; samples are prototype + noise, clamped to uint8.
 // Requires shape [C, H, W] with positive entries, num_classes >= 1 and sizes
 // >= 0, else throws c10::Error (LoadDatasets checks these and returns a status).
-Datasets MakeSynthetic(int64_t train_size, int64_t test_size,
-                       const std::vector<int64_t>& shape, int num_classes, uint64_t seed);
+Datasets MakeSynthetic(int64_t train_size, int64_t test_size, const std::vector<int64_t>& shape,
+                       int num_classes, uint64_t seed);
 
 // Dispatches on spec.dataset, applies limit_train/limit_test.
 absl::StatusOr<Datasets> LoadDatasets(const DataSpec& spec, uint64_t seed);
@@ -70,10 +70,10 @@ struct SamplerOptions {
   bool shuffle = true;
   bool drop_last = true;
   uint64_t seed = 0;
-  bool augment = false;        // random crop with padding + optional flip
+  bool augment = false;  // random crop with padding + optional flip
   int crop_padding = 4;
   bool horizontal_flip = true;
-  std::vector<double> mean;    // empty = no normalisation
+  std::vector<double> mean;  // empty = no normalisation
   std::vector<double> std;
 };
 

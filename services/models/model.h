@@ -2,11 +2,11 @@
 #ifndef STAGEWISE_SERVICES_MODELS_MODEL_H_
 #define STAGEWISE_SERVICES_MODELS_MODEL_H_
 
+#include <torch/torch.h>
+
 #include <memory>
 #include <utility>
 #include <vector>
-
-#include <torch/torch.h>
 
 #include "absl/status/statusor.h"
 #include "services/common/job_spec.h"

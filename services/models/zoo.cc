@@ -94,9 +94,8 @@ absl::StatusOr<std::vector<int>> StageBlocks(const ModelSpec& spec, size_t group
                                              const std::vector<int>& from_depth) {
   if (spec.blocks.empty()) return from_depth;
   if (spec.blocks.size() != groups) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.blocks: ", spec.name, " needs ", groups, " entries, got ",
-                     spec.blocks.size()));
+    return absl::InvalidArgumentError(absl::StrCat("model.blocks: ", spec.name, " needs ", groups,
+                                                   " entries, got ", spec.blocks.size()));
   }
   for (int n : spec.blocks) {
     if (n < 1) return absl::InvalidArgumentError("model.blocks: every entry must be >= 1");
@@ -260,9 +259,9 @@ absl::StatusOr<std::vector<BlockInfo>> PlanModel(const ModelSpec& spec) {
     return PlanMlp(spec);
   }
   if (spec.input_shape.size() != 3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.name: ", spec.name, " needs image input [C, H, W], got rank ",
-        spec.input_shape.size()));
+    return absl::InvalidArgumentError(absl::StrCat("model.name: ", spec.name,
+                                                   " needs image input [C, H, W], got rank ",
+                                                   spec.input_shape.size()));
   }
   if (spec.name == "resnet") return PlanResNet(spec);
   if (spec.name == "revnet") return PlanRevNet(spec);
@@ -278,8 +277,8 @@ uint64_t BlockSeed(uint64_t job_seed, int index) {
   return (z ^ (z >> 31)) & 0x7FFFFFFFFFFFFFFFULL;
 }
 
-absl::StatusOr<std::shared_ptr<Model>> BuildModel(const ModelSpec& spec, uint64_t seed,
-                                                  int begin, int end) {
+absl::StatusOr<std::shared_ptr<Model>> BuildModel(const ModelSpec& spec, uint64_t seed, int begin,
+                                                  int end) {
   auto plan = PlanModel(spec);
   if (!plan.ok()) return plan.status();
   const int n = static_cast<int>(plan->size());
@@ -311,8 +310,8 @@ absl::StatusOr<std::vector<std::pair<int, int>>> ResolvePartition(const StagesSp
       const auto& [b, e] = stages.ranges[j];
       if (b != expect || e <= b) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "stages.partition[", j, "]: ranges must be contiguous and non-empty, got [", b, ", ",
-            e, ") after ", expect));
+            "stages.partition[", j, "]: ranges must be contiguous and non-empty, got [", b, ", ", e,
+            ") after ", expect));
       }
       expect = e;
     }
@@ -325,9 +324,9 @@ absl::StatusOr<std::vector<std::pair<int, int>>> ResolvePartition(const StagesSp
   }
   const int j = stages.count;
   if (j < 1 || j > num_blocks) {
-    return absl::InvalidArgumentError(absl::StrCat("stages.count: ", j,
-                                                   " stages for a model of ", num_blocks,
-                                                   " blocks (need 1..", num_blocks, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("stages.count: ", j, " stages for a model of ",
+                                                   num_blocks, " blocks (need 1..", num_blocks,
+                                                   ")"));
   }
   // Even split; the first (num_blocks % j) stages take one block more.
   int begin = 0;

@@ -104,8 +104,7 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   // A non-OK grpc code we do not recognise maps to kUnknown, which is still an
   // error: absl::Status(kOk, ...) would silently turn a failure into success.
-  return absl::Status(FromGrpcCode(status.error_code()),
-                      status.error_message());
+  return absl::Status(FromGrpcCode(status.error_code()), status.error_message());
 }
 
 }  // namespace stagewise::rpc

@@ -30,8 +30,7 @@ namespace {
 // value without a codec entry fails to build instead of being rejected at
 // runtime as "unknown".
 constexpr int kMaxRank = 8;
-static_assert(v1::DType_MAX == v1::DTYPE_BOOL,
-              "tensor.proto gained a dtype; add it to kDTypes");
+static_assert(v1::DType_MAX == v1::DTYPE_BOOL, "tensor.proto gained a dtype; add it to kDTypes");
 
 struct DTypeInfo {
   v1::DType wire;
@@ -85,9 +84,7 @@ std::string LayoutName(c10::Layout layout) {
 }
 
 // Checked int64 multiply; false on overflow.
-bool CheckedMul(int64_t a, int64_t b, int64_t* out) {
-  return !__builtin_mul_overflow(a, b, out);
-}
+bool CheckedMul(int64_t a, int64_t b, int64_t* out) { return !__builtin_mul_overflow(a, b, out); }
 
 // Rejects bool bytes other than 0/1: LibTorch assumes a bool byte is exactly
 // 0 or 1, and other values give inconsistent results in comparisons/reductions.
@@ -95,9 +92,8 @@ absl::Status CheckBoolBytes(const std::string& data) {
   for (size_t i = 0; i < data.size(); ++i) {
     const auto byte = static_cast<unsigned char>(data[i]);
     if (byte > 1) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "tensor.data: byte %d of a bool tensor is %d, expected 0 or 1", i,
-          byte));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("tensor.data: byte %d of a bool tensor is %d, expected 0 or 1", i, byte));
     }
   }
   return absl::OkStatus();
@@ -106,8 +102,7 @@ absl::Status CheckBoolBytes(const std::string& data) {
 absl::Status EncodeImpl(const torch::Tensor& tensor, v1::TensorProto* out,
                         const EncodeOptions& options) {
   if (!tensor.defined()) {
-    return absl::InvalidArgumentError(
-        "tensor: cannot encode an undefined tensor");
+    return absl::InvalidArgumentError("tensor: cannot encode an undefined tensor");
   }
   if (tensor.layout() != c10::kStrided) {
     return absl::InvalidArgumentError(
@@ -116,33 +111,28 @@ absl::Status EncodeImpl(const torch::Tensor& tensor, v1::TensorProto* out,
   }
   const DTypeInfo* info = FindByTorch(tensor.scalar_type());
   if (info == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor: dtype ", c10::toString(tensor.scalar_type()),
-                     " is not supported on the wire"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor: dtype ", c10::toString(tensor.scalar_type()), " is not supported on the wire"));
   }
   if (tensor.dim() > kMaxRank) {
     // The decoder would reject it; fail on the sending side where the bug is.
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "tensor: rank %d exceeds the maximum of %d", tensor.dim(), kMaxRank));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tensor: rank %d exceeds the maximum of %d", tensor.dim(), kMaxRank));
   }
   if (!v1::Compression_IsValid(options.compression)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("options.compression: unknown compression ",
-                     static_cast<int>(options.compression)));
+    return absl::InvalidArgumentError(absl::StrCat("options.compression: unknown compression ",
+                                                   static_cast<int>(options.compression)));
   }
 
   // resolve_* materialise lazy neg/conj views, whose raw bytes would otherwise
   // be the un-negated storage even after contiguous().
-  torch::Tensor cpu =
-      tensor.detach().to(torch::kCPU).resolve_conj().resolve_neg();
+  torch::Tensor cpu = tensor.detach().to(torch::kCPU).resolve_conj().resolve_neg();
   v1::Compression compression = v1::COMPRESSION_NONE;
-  if (info->wire == v1::DTYPE_FLOAT32 &&
-      options.compression != v1::COMPRESSION_NONE) {
+  if (info->wire == v1::DTYPE_FLOAT32 && options.compression != v1::COMPRESSION_NONE) {
     // Out-of-range values saturate to inf under fp16; bf16 keeps float32's
     // exponent range. That trade-off is the caller's choice.
     compression = options.compression;
-    cpu = cpu.to(compression == v1::COMPRESSION_FP16 ? torch::kHalf
-                                                     : torch::kBFloat16);
+    cpu = cpu.to(compression == v1::COMPRESSION_FP16 ? torch::kHalf : torch::kBFloat16);
   }
   cpu = cpu.contiguous();
 
@@ -152,8 +142,7 @@ absl::Status EncodeImpl(const torch::Tensor& tensor, v1::TensorProto* out,
   for (int64_t dim : cpu.sizes()) out->add_shape(dim);
   const size_t nbytes = static_cast<size_t>(cpu.numel()) * cpu.element_size();
   if (nbytes > 0) {
-    out->mutable_data()->assign(static_cast<const char*>(cpu.data_ptr()),
-                                nbytes);
+    out->mutable_data()->assign(static_cast<const char*>(cpu.data_ptr()), nbytes);
   }
   return absl::OkStatus();
 }
@@ -166,8 +155,7 @@ absl::StatusOr<torch::Tensor> DecodeImpl(const v1::TensorProto& proto) {
   if (proto.compression() == v1::COMPRESSION_BF16) wire_type = torch::kBFloat16;
 
   // Copy out of the proto so the tensor outlives the message that carried it.
-  torch::Tensor tensor =
-      torch::empty(shape, torch::TensorOptions().dtype(wire_type));
+  torch::Tensor tensor = torch::empty(shape, torch::TensorOptions().dtype(wire_type));
   const std::string& data = proto.data();
   if (!data.empty()) std::memcpy(tensor.data_ptr(), data.data(), data.size());
   if (wire_type != info->torch) tensor = tensor.to(info->torch);
@@ -184,41 +172,36 @@ absl::Status EncodeTensor(const torch::Tensor& tensor, v1::TensorProto* out,
   try {
     return EncodeImpl(tensor, out, options);
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("EncodeTensor: LibTorch error: ",
-                                            e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat("EncodeTensor: LibTorch error: ", e.what_without_backtrace()));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("EncodeTensor: ", e.what()));
   }
 }
 
-absl::Status ValidateTensorProto(const v1::TensorProto& proto,
-                                 int64_t max_bytes) {
+absl::Status ValidateTensorProto(const v1::TensorProto& proto, int64_t max_bytes) {
   // proto3 enums are open: an unknown number from a newer peer parses fine and
   // must be rejected here.
   if (proto.dtype() == v1::DTYPE_UNSPECIFIED) {
-    return absl::InvalidArgumentError(
-        "tensor.dtype: dtype is DTYPE_UNSPECIFIED");
+    return absl::InvalidArgumentError("tensor.dtype: dtype is DTYPE_UNSPECIFIED");
   }
   const DTypeInfo* info = FindByWire(proto.dtype());
   if (info == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor.dtype: unknown dtype ", static_cast<int>(proto.dtype())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor.dtype: unknown dtype ", static_cast<int>(proto.dtype())));
   }
   if (!v1::Compression_IsValid(proto.compression())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor.compression: unknown compression ",
-                     static_cast<int>(proto.compression())));
+    return absl::InvalidArgumentError(absl::StrCat("tensor.compression: unknown compression ",
+                                                   static_cast<int>(proto.compression())));
   }
-  if (proto.compression() != v1::COMPRESSION_NONE &&
-      info->wire != v1::DTYPE_FLOAT32) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor.compression: ", CompressionName(proto.compression()),
-        " requires dtype float32, got ", info->name));
+  if (proto.compression() != v1::COMPRESSION_NONE && info->wire != v1::DTYPE_FLOAT32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor.compression: ", CompressionName(proto.compression()),
+                     " requires dtype float32, got ", info->name));
   }
   if (proto.shape_size() > kMaxRank) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("tensor.shape: rank %d exceeds the maximum of %d",
-                        proto.shape_size(), kMaxRank));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensor.shape: rank %d exceeds the maximum of %d", proto.shape_size(), kMaxRank));
   }
 
   // LibTorch computes contiguous strides and storage sizes as products of
@@ -230,58 +213,53 @@ absl::Status ValidateTensorProto(const v1::TensorProto& proto,
   for (int i = 0; i < proto.shape_size(); ++i) {
     const int64_t dim = proto.shape(i);
     if (dim < 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "tensor.shape[%d]: dimension %d is negative", i, dim));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("tensor.shape[%d]: dimension %d is negative", i, dim));
     }
     if (!CheckedMul(bound, dim == 0 ? 1 : dim, &bound)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor.shape: element count of shape ",
-                       ShapeString(proto), " overflows int64"));
+      return absl::InvalidArgumentError(absl::StrCat("tensor.shape: element count of shape ",
+                                                     ShapeString(proto), " overflows int64"));
     }
     numel *= dim;  // Cannot overflow: numel <= bound, checked just above.
   }
   int64_t bound_bytes = 0;
   if (!CheckedMul(bound, info->itemsize, &bound_bytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor.shape: byte size of shape ", ShapeString(proto),
-                     " ", info->name, " overflows int64"));
+    return absl::InvalidArgumentError(absl::StrCat("tensor.shape: byte size of shape ",
+                                                   ShapeString(proto), " ", info->name,
+                                                   " overflows int64"));
   }
   const int64_t decoded_bytes = numel * info->itemsize;  // <= bound_bytes.
   if (decoded_bytes > max_bytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "tensor: decoded size %d bytes for shape %s %s exceeds the limit of "
-        "%d bytes",
-        decoded_bytes, ShapeString(proto), info->name, max_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tensor: decoded size %d bytes for shape %s %s exceeds the limit of "
+                        "%d bytes",
+                        decoded_bytes, ShapeString(proto), info->name, max_bytes));
   }
 
   const bool compressed = proto.compression() != v1::COMPRESSION_NONE;
   // Compressed elements are 2 bytes, smaller than float32's 4: no overflow.
-  const int64_t expected_bytes =
-      compressed ? numel * kCompressedItemsize : decoded_bytes;
-  if (static_cast<uint64_t>(proto.data().size()) !=
-      static_cast<uint64_t>(expected_bytes)) {
+  const int64_t expected_bytes = compressed ? numel * kCompressedItemsize : decoded_bytes;
+  if (static_cast<uint64_t>(proto.data().size()) != static_cast<uint64_t>(expected_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "tensor.data: ", proto.data().size(), " bytes, expected ",
-        expected_bytes, " for shape ", ShapeString(proto), " ", info->name,
-        compressed ? absl::StrCat(" (", CompressionName(proto.compression()),
-                                  ", 2 bytes per element)")
-                   : ""));
+        "tensor.data: ", proto.data().size(), " bytes, expected ", expected_bytes, " for shape ",
+        ShapeString(proto), " ", info->name,
+        compressed
+            ? absl::StrCat(" (", CompressionName(proto.compression()), ", 2 bytes per element)")
+            : ""));
   }
   if (info->wire == v1::DTYPE_BOOL) return CheckBoolBytes(proto.data());
   return absl::OkStatus();
 }
 
-absl::StatusOr<torch::Tensor> DecodeTensor(const v1::TensorProto& proto,
-                                           int64_t max_bytes) {
-  if (absl::Status status = ValidateTensorProto(proto, max_bytes);
-      !status.ok()) {
+absl::StatusOr<torch::Tensor> DecodeTensor(const v1::TensorProto& proto, int64_t max_bytes) {
+  if (absl::Status status = ValidateTensorProto(proto, max_bytes); !status.ok()) {
     return status;
   }
   try {
     return DecodeImpl(proto);
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("DecodeTensor: LibTorch error: ",
-                                            e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat("DecodeTensor: LibTorch error: ", e.what_without_backtrace()));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("DecodeTensor: ", e.what()));
   }

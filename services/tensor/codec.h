@@ -2,9 +2,9 @@
 #ifndef STAGEWISE_SERVICES_TENSOR_CODEC_H_
 #define STAGEWISE_SERVICES_TENSOR_CODEC_H_
 
-#include <cstdint>
-
 #include <torch/types.h>
+
+#include <cstdint>
 
 #include "absl/status/statusor.h"
 #include "stagewise/v1/tensor.pb.h"

@@ -14,11 +14,10 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const OptimizerSpec& spec
   }
   if (spec.name == "adam") {
     auto make = [&](double wd) {
-      return std::make_unique<torch::optim::AdamOptions>(
-          torch::optim::AdamOptions(spec.lr)
-              .betas({spec.beta1, spec.beta2})
-              .eps(spec.eps)
-              .weight_decay(wd));
+      return std::make_unique<torch::optim::AdamOptions>(torch::optim::AdamOptions(spec.lr)
+                                                             .betas({spec.beta1, spec.beta2})
+                                                             .eps(spec.eps)
+                                                             .weight_decay(wd));
     };
     std::vector<torch::optim::OptimizerParamGroup> groups;
     groups.emplace_back(decay, make(spec.weight_decay));

@@ -3,9 +3,9 @@
 #ifndef STAGEWISE_SERVICES_TRAINING_OPTIMIZER_H_
 #define STAGEWISE_SERVICES_TRAINING_OPTIMIZER_H_
 
-#include <memory>
-
 #include <torch/torch.h>
+
+#include <memory>
 
 #include "services/common/job_spec.h"
 

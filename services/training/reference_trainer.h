@@ -4,12 +4,12 @@
 #ifndef STAGEWISE_SERVICES_TRAINING_REFERENCE_TRAINER_H_
 #define STAGEWISE_SERVICES_TRAINING_REFERENCE_TRAINER_H_
 
+#include <torch/torch.h>
+
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <torch/torch.h>
 
 #include "absl/status/statusor.h"
 #include "services/common/job_spec.h"
@@ -19,10 +19,10 @@
 namespace stagewise::training {
 
 struct Progress {
-  int64_t step = 0;          // optimizer steps done
+  int64_t step = 0;  // optimizer steps done
   int64_t total_steps = 0;
-  double epoch = 0;          // fractional epochs done
-  double loss = 0;           // mean training loss since the last report
+  double epoch = 0;  // fractional epochs done
+  double loss = 0;   // mean training loss since the last report
   double lr = 0;
   double samples_per_second = 0;
   double elapsed_seconds = 0;
@@ -32,17 +32,17 @@ struct Progress {
 struct EvalResult {
   int64_t step = 0;
   double loss = 0;
-  double accuracy = 0;       // in [0, 1]
+  double accuracy = 0;  // in [0, 1]
   int64_t samples = 0;
 };
 
 struct TrainResult {
   int64_t steps = 0;
   double epochs = 0;
-  double train_loss = 0;     // mean over the last reporting window
-  EvalResult test;           // final evaluation
+  double train_loss = 0;  // mean over the last reporting window
+  EvalResult test;        // final evaluation
   std::vector<EvalResult> evals;
-  double seconds = 0;        // training time, evaluation excluded
+  double seconds = 0;  // training time, evaluation excluded
   double samples_per_second = 0;
   int64_t num_parameters = 0;
   std::string last_checkpoint;
@@ -52,7 +52,7 @@ struct TrainOptions {
   int64_t log_every_steps = 50;
   std::function<void(const Progress&)> on_progress;
   std::function<void(const EvalResult&)> on_eval;
-  bool resume = true;        // continue from the newest checkpoint in checkpoint.dir
+  bool resume = true;  // continue from the newest checkpoint in checkpoint.dir
 };
 
 class ReferenceTrainer {

@@ -1,9 +1,9 @@
 // Per-block forward/backward time of a zoo model (not a test: prints a table).
 //   build/bin/stagewise_model_bench JOB.yaml [batch] [repeats]
+#include <torch/torch.h>
+
 #include <chrono>
 #include <iostream>
-
-#include <torch/torch.h>
 
 #include "absl/strings/str_format.h"
 #include "services/common/job_spec.h"

@@ -139,7 +139,8 @@ TEST_F(Cli, CheckpointsAreWrittenAndResumed) {
 }
 
 TEST_F(Cli, ValidatePrintsBlocksAndStages) {
-  Result r = Stagewise(std::string("validate ") + STAGEWISE_SOURCE_DIR + "/examples/quickstart.yaml");
+  Result r =
+      Stagewise(std::string("validate ") + STAGEWISE_SOURCE_DIR + "/examples/quickstart.yaml");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("reversible"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("head"), std::string::npos);
@@ -154,6 +155,20 @@ TEST_F(Cli, EveryExampleValidates) {
     ++n;
   }
   EXPECT_GE(n, 1);
+}
+
+// Examples run as written (shortened to two steps here; the README notes
+// full-length results).
+TEST_F(Cli, EveryExampleTrainsTwoSteps) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(std::string(STAGEWISE_SOURCE_DIR) + "/examples")) {
+    if (e.path().extension() != ".yaml") continue;
+    Result r = Stagewise("train-local -q -o json --no-resume --steps 2 " + e.path().string());
+    EXPECT_EQ(r.code, 0) << e.path() << ": " << r.err;
+    EXPECT_NE(r.out.find("\"steps\":2"), std::string::npos) << e.path() << ": " << r.out;
+    ++n;
+  }
+  EXPECT_GE(n, 3);
 }
 
 }  // namespace

@@ -16,6 +16,8 @@ struct Case {
   std::vector<std::pair<int, int>> partition;
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name << c.depth; }
+
 class PartitionComposition : public ::testing::TestWithParam<Case> {};
 
 TEST_P(PartitionComposition, StagesComposeToTheWholeModel) {
@@ -78,17 +80,17 @@ TEST_P(PartitionComposition, StagesComposeToTheWholeModel) {
   EXPECT_EQ(compared, reference.size());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Zoo, PartitionComposition,
-    ::testing::Values(Case{"revnet", 18, {}, {{0, 3}, {3, 7}, {7, 10}}},
-                      Case{"revnet", 18, {}, {{0, 1}, {1, 2}, {2, 9}, {9, 10}}},
-                      Case{"revnet", 50, {1, 1, 1, 1}, {{0, 2}, {2, 6}}},
-                      Case{"resnet", 20, {}, {{0, 5}, {5, 11}}},
-                      Case{"mlp", 0, {}, {{0, 1}, {1, 2}, {2, 4}}}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      return info.param.name + std::to_string(info.param.depth) + "_" +
-             std::to_string(info.param.partition.size()) + "stages";
-    });
+INSTANTIATE_TEST_SUITE_P(Zoo, PartitionComposition,
+                         ::testing::Values(Case{"revnet", 18, {}, {{0, 3}, {3, 7}, {7, 10}}},
+                                           Case{
+                                               "revnet", 18, {}, {{0, 1}, {1, 2}, {2, 9}, {9, 10}}},
+                                           Case{"revnet", 50, {1, 1, 1, 1}, {{0, 2}, {2, 6}}},
+                                           Case{"resnet", 20, {}, {{0, 5}, {5, 11}}},
+                                           Case{"mlp", 0, {}, {{0, 1}, {1, 2}, {2, 4}}}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name + std::to_string(info.param.depth) + "_" +
+                                  std::to_string(info.param.partition.size()) + "stages";
+                         });
 
 }  // namespace
 }  // namespace stagewise::models

@@ -1,5 +1,7 @@
 // Oracle for the oracle: the reference trainer's step is plain SGD on the
 // autograd gradient of the whole model, and checkpoint/resume is exact.
+#include "services/training/reference_trainer.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -7,7 +9,6 @@
 
 #include "services/common/job_spec.h"
 #include "services/models/model.h"
-#include "services/training/reference_trainer.h"
 
 namespace stagewise::training {
 namespace {
@@ -72,8 +73,8 @@ TEST(ReferenceTrainer, LearnsTheSyntheticTask) {
 }
 
 TEST(ReferenceTrainer, ResumeFromCheckpointIsExact) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("stagewise_ckpt_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("stagewise_ckpt_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   JobSpec spec = SmallJob("revnet");
   spec.optimizer.momentum = 0.9;  // optimizer state must survive the restart

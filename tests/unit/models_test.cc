@@ -31,8 +31,8 @@ TEST(PlanModel, RevNet18HasPetraLayout) {
   std::vector<std::string> kinds;
   for (const auto& b : *plan) kinds.push_back(b.kind);
   EXPECT_EQ(kinds, (std::vector<std::string>{"stem", "reversible", "reversible", "downsample",
-                                             "reversible", "downsample", "reversible",
-                                             "downsample", "reversible", "head"}));
+                                             "reversible", "downsample", "reversible", "downsample",
+                                             "reversible", "head"}));
   EXPECT_EQ((*plan)[0].out_shape, (std::vector<int64_t>{16, 32, 32}));  // 2 streams of 8
   EXPECT_EQ((*plan)[8].out_shape, (std::vector<int64_t>{128, 4, 4}));
   EXPECT_EQ(plan->back().out_shape, (std::vector<int64_t>{10}));
@@ -110,10 +110,9 @@ TEST(BuildModel, ParameterCountsMatchThePapers) {
 }
 
 TEST(BuildModel, EveryBlockProducesItsPlannedShape) {
-  std::vector<ModelSpec> specs = {Spec("mlp", 0, 0, {1, 28, 28}, 10),
-                                  Spec("resnet", 20, 4, {3, 32, 32}, 10),
-                                  Spec("revnet", 18, 4, {1, 28, 28}, 10),
-                                  Spec("revnet", 50, 2, {3, 32, 32}, 100)};
+  std::vector<ModelSpec> specs = {
+      Spec("mlp", 0, 0, {1, 28, 28}, 10), Spec("resnet", 20, 4, {3, 32, 32}, 10),
+      Spec("revnet", 18, 4, {1, 28, 28}, 10), Spec("revnet", 50, 2, {3, 32, 32}, 100)};
   ModelSpec imagenet = Spec("resnet", 50, 4, {3, 64, 64}, 10);
   imagenet.style = "imagenet";
   imagenet.small_input = false;

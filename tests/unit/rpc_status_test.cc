@@ -13,32 +13,25 @@ namespace {
 // Spelled out pair by pair so a mapping that is merely "some bijection" (e.g.
 // off by one) fails, not only one that loses codes.
 const std::vector<std::pair<absl::StatusCode, grpc::StatusCode>>& AllCodes() {
-  static const auto* codes =
-      new std::vector<std::pair<absl::StatusCode, grpc::StatusCode>>{
-          {absl::StatusCode::kOk, grpc::StatusCode::OK},
-          {absl::StatusCode::kCancelled, grpc::StatusCode::CANCELLED},
-          {absl::StatusCode::kUnknown, grpc::StatusCode::UNKNOWN},
-          {absl::StatusCode::kInvalidArgument,
-           grpc::StatusCode::INVALID_ARGUMENT},
-          {absl::StatusCode::kDeadlineExceeded,
-           grpc::StatusCode::DEADLINE_EXCEEDED},
-          {absl::StatusCode::kNotFound, grpc::StatusCode::NOT_FOUND},
-          {absl::StatusCode::kAlreadyExists, grpc::StatusCode::ALREADY_EXISTS},
-          {absl::StatusCode::kPermissionDenied,
-           grpc::StatusCode::PERMISSION_DENIED},
-          {absl::StatusCode::kResourceExhausted,
-           grpc::StatusCode::RESOURCE_EXHAUSTED},
-          {absl::StatusCode::kFailedPrecondition,
-           grpc::StatusCode::FAILED_PRECONDITION},
-          {absl::StatusCode::kAborted, grpc::StatusCode::ABORTED},
-          {absl::StatusCode::kOutOfRange, grpc::StatusCode::OUT_OF_RANGE},
-          {absl::StatusCode::kUnimplemented, grpc::StatusCode::UNIMPLEMENTED},
-          {absl::StatusCode::kInternal, grpc::StatusCode::INTERNAL},
-          {absl::StatusCode::kUnavailable, grpc::StatusCode::UNAVAILABLE},
-          {absl::StatusCode::kDataLoss, grpc::StatusCode::DATA_LOSS},
-          {absl::StatusCode::kUnauthenticated,
-           grpc::StatusCode::UNAUTHENTICATED},
-      };
+  static const auto* codes = new std::vector<std::pair<absl::StatusCode, grpc::StatusCode>>{
+      {absl::StatusCode::kOk, grpc::StatusCode::OK},
+      {absl::StatusCode::kCancelled, grpc::StatusCode::CANCELLED},
+      {absl::StatusCode::kUnknown, grpc::StatusCode::UNKNOWN},
+      {absl::StatusCode::kInvalidArgument, grpc::StatusCode::INVALID_ARGUMENT},
+      {absl::StatusCode::kDeadlineExceeded, grpc::StatusCode::DEADLINE_EXCEEDED},
+      {absl::StatusCode::kNotFound, grpc::StatusCode::NOT_FOUND},
+      {absl::StatusCode::kAlreadyExists, grpc::StatusCode::ALREADY_EXISTS},
+      {absl::StatusCode::kPermissionDenied, grpc::StatusCode::PERMISSION_DENIED},
+      {absl::StatusCode::kResourceExhausted, grpc::StatusCode::RESOURCE_EXHAUSTED},
+      {absl::StatusCode::kFailedPrecondition, grpc::StatusCode::FAILED_PRECONDITION},
+      {absl::StatusCode::kAborted, grpc::StatusCode::ABORTED},
+      {absl::StatusCode::kOutOfRange, grpc::StatusCode::OUT_OF_RANGE},
+      {absl::StatusCode::kUnimplemented, grpc::StatusCode::UNIMPLEMENTED},
+      {absl::StatusCode::kInternal, grpc::StatusCode::INTERNAL},
+      {absl::StatusCode::kUnavailable, grpc::StatusCode::UNAVAILABLE},
+      {absl::StatusCode::kDataLoss, grpc::StatusCode::DATA_LOSS},
+      {absl::StatusCode::kUnauthenticated, grpc::StatusCode::UNAUTHENTICATED},
+  };
   return *codes;
 }
 
@@ -53,8 +46,7 @@ TEST(RpcStatusTest, TableCoversEveryCanonicalCodeWithSameNumber) {
 TEST(RpcStatusTest, EveryAbslCodeMapsToGrpcAndBack) {
   for (const auto& [absl_code, grpc_code] : AllCodes()) {
     SCOPED_TRACE(absl::StatusCodeToString(absl_code));
-    const std::string message =
-        "boom: " + absl::StatusCodeToString(absl_code) + " \xe2\x9c\x93";
+    const std::string message = "boom: " + absl::StatusCodeToString(absl_code) + " \xe2\x9c\x93";
     const absl::Status original(absl_code, message);
 
     const grpc::Status wire = ToGrpcStatus(original);

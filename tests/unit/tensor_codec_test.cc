@@ -42,6 +42,10 @@ struct ShapeCase {
   const char* name;
 };
 
+// Names for ctest instead of gtest's byte dumps (which hold pointers).
+void PrintTo(const DTypeCase& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const ShapeCase& c, std::ostream* os) { *os << c.name; }
+
 const ShapeCase kShapeCases[] = {
     {{}, "scalar"}, {{0}, "empty"},     {{3, 0, 2}, "zero_dim_in_middle"},
     {{1}, "one"},   {{7, 5}, "matrix"}, {{2, 1, 3, 1, 2, 2, 1, 3}, "rank8"},
@@ -49,14 +53,12 @@ const ShapeCase kShapeCases[] = {
 
 // Random values of `dtype`, with the float specials (NaN, +-inf, -0) and
 // integer extremes planted at the front so round trips must preserve them.
-torch::Tensor MakeRandom(c10::ScalarType dtype,
-                         const std::vector<int64_t>& shape) {
+torch::Tensor MakeRandom(c10::ScalarType dtype, const std::vector<int64_t>& shape) {
   torch::Tensor t;
   if (c10::isFloatingType(dtype)) {
     t = torch::randn(shape, torch::kFloat64).mul_(100).to(dtype);
     auto flat = t.view({-1});
-    const double specials[] = {std::nan(""),
-                               std::numeric_limits<double>::infinity(),
+    const double specials[] = {std::nan(""), std::numeric_limits<double>::infinity(),
                                -std::numeric_limits<double>::infinity(), -0.0};
     for (int64_t i = 0; i < std::min<int64_t>(flat.numel(), 4); ++i) {
       flat[i] = specials[i];
@@ -83,8 +85,7 @@ torch::Tensor MakeRandom(c10::ScalarType dtype,
 
 // Bit-exact comparison: unlike torch::equal this treats identical NaNs as
 // equal and tells -0.0 from +0.0.
-void ExpectSameBytes(const torch::Tensor& actual,
-                     const torch::Tensor& expected) {
+void ExpectSameBytes(const torch::Tensor& actual, const torch::Tensor& expected) {
   ASSERT_EQ(actual.scalar_type(), expected.scalar_type());
   ASSERT_EQ(actual.sizes(), expected.sizes());
   const torch::Tensor a = actual.contiguous();
@@ -110,8 +111,7 @@ torch::Tensor RoundTrip(const torch::Tensor& t, const EncodeOptions& opts = {},
 // ---------------------------------------------------------------------------
 // Round trips across dtype x shape.
 
-class RoundTripTest
-    : public ::testing::TestWithParam<std::tuple<DTypeCase, ShapeCase>> {};
+class RoundTripTest : public ::testing::TestWithParam<std::tuple<DTypeCase, ShapeCase>> {};
 
 TEST_P(RoundTripTest, BitExact) {
   const auto& [dtype, shape] = GetParam();
@@ -122,10 +122,8 @@ TEST_P(RoundTripTest, BitExact) {
   ASSERT_TRUE(EncodeTensor(original, &proto).ok());
   EXPECT_EQ(proto.dtype(), dtype.wire);
   EXPECT_EQ(proto.compression(), v1::COMPRESSION_NONE);
-  EXPECT_EQ(std::vector<int64_t>(proto.shape().begin(), proto.shape().end()),
-            shape.shape);
-  EXPECT_EQ(static_cast<int64_t>(proto.data().size()),
-            original.numel() * original.element_size());
+  EXPECT_EQ(std::vector<int64_t>(proto.shape().begin(), proto.shape().end()), shape.shape);
+  EXPECT_EQ(static_cast<int64_t>(proto.data().size()), original.numel() * original.element_size());
   EXPECT_TRUE(ValidateTensorProto(proto).ok());
 
   absl::StatusOr<torch::Tensor> decoded = DecodeTensor(proto);
@@ -141,14 +139,13 @@ TEST_P(RoundTripTest, BitExact) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllDTypesAndShapes, RoundTripTest,
-    ::testing::Combine(::testing::ValuesIn(kDTypeCases),
-                       ::testing::ValuesIn(kShapeCases)),
-    [](const ::testing::TestParamInfo<RoundTripTest::ParamType>& info) {
-      return absl::StrCat(std::get<0>(info.param).name, "_",
-                          std::get<1>(info.param).name);
-    });
+INSTANTIATE_TEST_SUITE_P(AllDTypesAndShapes, RoundTripTest,
+                         ::testing::Combine(::testing::ValuesIn(kDTypeCases),
+                                            ::testing::ValuesIn(kShapeCases)),
+                         [](const ::testing::TestParamInfo<RoundTripTest::ParamType>& info) {
+                           return absl::StrCat(std::get<0>(info.param).name, "_",
+                                               std::get<1>(info.param).name);
+                         });
 
 TEST(TensorCodecTest, ScalarHasEmptyShapeAndOneElement) {
   v1::TensorProto proto;
@@ -166,8 +163,7 @@ TEST(TensorCodecTest, WireBytesAreLittleEndianRowMajor) {
   v1::TensorProto proto;
   const auto t = torch::tensor({{1, 2}, {3, 0x01020304}}, torch::kInt32);
   ASSERT_TRUE(EncodeTensor(t, &proto).ok());
-  const std::string expected("\x01\0\0\0\x02\0\0\0\x03\0\0\0\x04\x03\x02\x01",
-                             16);
+  const std::string expected("\x01\0\0\0\x02\0\0\0\x03\0\0\0\x04\x03\x02\x01", 16);
   EXPECT_EQ(proto.data(), expected);
 }
 
@@ -190,8 +186,7 @@ TEST(TensorCodecTest, DecodedTensorOwnsItsMemory) {
   ASSERT_TRUE(decoded.ok());
   const char* buf = proto.data().data();
   const char* ptr = static_cast<const char*>(decoded->data_ptr());
-  EXPECT_TRUE(ptr + decoded->nbytes() <= buf ||
-              ptr >= buf + proto.data().size());
+  EXPECT_TRUE(ptr + decoded->nbytes() <= buf || ptr >= buf + proto.data().size());
   // Scribbling over and then freeing the proto must not touch the tensor.
   std::memset(proto.mutable_data()->data(), 0xff, proto.data().size());
   proto.Clear();
@@ -244,8 +239,7 @@ TEST(TensorCodecTest, SteppedSliceRoundTrips) {
 TEST(TensorCodecTest, ExpandedAndPermutedInputsRoundTrip) {
   const torch::Tensor expanded = torch::randn({1, 4}).expand({3, 4});
   EXPECT_TRUE(torch::equal(RoundTrip(expanded), expanded));
-  const torch::Tensor permuted =
-      torch::randn({2, 3, 4}).permute({2, 0, 1}).to(torch::kBFloat16);
+  const torch::Tensor permuted = torch::randn({2, 3, 4}).permute({2, 0, 1}).to(torch::kBFloat16);
   ExpectSameBytes(RoundTrip(permuted), permuted);
   const torch::Tensor offset_scalar = torch::arange(10, torch::kInt32)[7];
   EXPECT_EQ(RoundTrip(offset_scalar).item<int32_t>(), 7);
@@ -273,8 +267,7 @@ TEST(TensorCodecTest, Fp16CompressionHalvesBytesWithinTolerance) {
   torch::manual_seed(3);
   const torch::Tensor x = torch::rand({64, 33}) * 2 - 1;  // [-1, 1].
   v1::TensorProto proto;
-  ASSERT_TRUE(
-      EncodeTensor(x, &proto, EncodeOptions{v1::COMPRESSION_FP16}).ok());
+  ASSERT_TRUE(EncodeTensor(x, &proto, EncodeOptions{v1::COMPRESSION_FP16}).ok());
   EXPECT_EQ(proto.dtype(), v1::DTYPE_FLOAT32);
   EXPECT_EQ(proto.compression(), v1::COMPRESSION_FP16);
   EXPECT_EQ(static_cast<int64_t>(proto.data().size()), x.numel() * 2);
@@ -294,8 +287,7 @@ TEST(TensorCodecTest, Bf16CompressionHalvesBytesWithinTolerance) {
   torch::manual_seed(4);
   const torch::Tensor x = (torch::rand({1000}) * 2 - 1).t();
   v1::TensorProto proto;
-  ASSERT_TRUE(
-      EncodeTensor(x, &proto, EncodeOptions{v1::COMPRESSION_BF16}).ok());
+  ASSERT_TRUE(EncodeTensor(x, &proto, EncodeOptions{v1::COMPRESSION_BF16}).ok());
   EXPECT_EQ(proto.dtype(), v1::DTYPE_FLOAT32);
   EXPECT_EQ(proto.compression(), v1::COMPRESSION_BF16);
   EXPECT_EQ(proto.data().size(), 2000u);
@@ -305,8 +297,7 @@ TEST(TensorCodecTest, Bf16CompressionHalvesBytesWithinTolerance) {
   EXPECT_EQ(decoded->scalar_type(), torch::kFloat32);
   // bf16 keeps 8 significant bits: relative error <= 2^-8.
   EXPECT_TRUE(torch::allclose(*decoded, x, /*rtol=*/1e-2, /*atol=*/0));
-  EXPECT_TRUE(
-      torch::equal(*decoded, x.to(torch::kBFloat16).to(torch::kFloat32)));
+  EXPECT_TRUE(torch::equal(*decoded, x.to(torch::kBFloat16).to(torch::kFloat32)));
   // bf16 is coarser than fp16: the error must exceed fp16's bound somewhere.
   EXPECT_FALSE(torch::allclose(*decoded, x, /*rtol=*/1e-3, /*atol=*/0));
 }
@@ -314,9 +305,7 @@ TEST(TensorCodecTest, Bf16CompressionHalvesBytesWithinTolerance) {
 TEST(TensorCodecTest, CompressionOfNonContiguousAndSpecials) {
   const float inf = std::numeric_limits<float>::infinity();
   const torch::Tensor base =
-      torch::tensor({0.5f, inf, -inf, std::nanf(""), 1.0f, -0.25f})
-          .view({2, 3})
-          .t();
+      torch::tensor({0.5f, inf, -inf, std::nanf(""), 1.0f, -0.25f}).view({2, 3}).t();
   for (v1::Compression c : {v1::COMPRESSION_FP16, v1::COMPRESSION_BF16}) {
     SCOPED_TRACE(v1::Compression_Name(c));
     v1::TensorProto proto;
@@ -348,8 +337,7 @@ TEST(TensorCodecTest, CompressionIgnoredForNonFloat32) {
 
 TEST(TensorCodecTest, EncodeRejectsUnsupportedDtype) {
   v1::TensorProto proto;
-  const absl::Status s =
-      EncodeTensor(torch::zeros({2}, torch::kComplexFloat), &proto);
+  const absl::Status s = EncodeTensor(torch::zeros({2}, torch::kComplexFloat), &proto);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("ComplexFloat"));
   const absl::Status s8 = EncodeTensor(torch::zeros({2}, torch::kInt8), &proto);
@@ -359,17 +347,14 @@ TEST(TensorCodecTest, EncodeRejectsUnsupportedDtype) {
 
 TEST(TensorCodecTest, EncodeRejectsUndefinedSparseAndRank9) {
   v1::TensorProto proto;
-  EXPECT_EQ(EncodeTensor(torch::Tensor(), &proto).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EncodeTensor(torch::Tensor(), &proto).code(), absl::StatusCode::kInvalidArgument);
   const absl::Status sparse = EncodeTensor(torch::eye(3).to_sparse(), &proto);
   EXPECT_EQ(sparse.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(sparse.message(), HasSubstr("layout"));
-  const absl::Status rank9 =
-      EncodeTensor(torch::zeros({1, 1, 1, 1, 1, 1, 1, 1, 1}), &proto);
+  const absl::Status rank9 = EncodeTensor(torch::zeros({1, 1, 1, 1, 1, 1, 1, 1, 1}), &proto);
   EXPECT_EQ(rank9.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(rank9.message(), HasSubstr("rank 9"));
-  EXPECT_EQ(EncodeTensor(torch::zeros({1}), nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EncodeTensor(torch::zeros({1}), nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // ---------------------------------------------------------------------------
@@ -386,8 +371,7 @@ v1::TensorProto ValidProto() {
 
 // Both entry points must reject `proto` with INVALID_ARGUMENT mentioning
 // every string in `words`.
-void ExpectInvalid(const v1::TensorProto& proto,
-                   const std::vector<std::string>& words,
+void ExpectInvalid(const v1::TensorProto& proto, const std::vector<std::string>& words,
                    int64_t max_bytes = kDefaultMaxTensorBytes) {
   const absl::Status v = ValidateTensorProto(proto, max_bytes);
   EXPECT_EQ(v.code(), absl::StatusCode::kInvalidArgument) << v;
@@ -447,8 +431,7 @@ TEST(TensorCodecValidateTest, NegativeDim) {
 TEST(TensorCodecValidateTest, TooFewBytes) {
   v1::TensorProto p = ValidProto();
   p.set_data(std::string(12, '\0'));
-  ExpectInvalid(
-      p, {"tensor.data: 12 bytes, expected 16 for shape [2, 2] float32"});
+  ExpectInvalid(p, {"tensor.data: 12 bytes, expected 16 for shape [2, 2] float32"});
 }
 
 TEST(TensorCodecValidateTest, TooManyBytes) {
@@ -556,8 +539,8 @@ TEST(TensorCodecFuzzTest, MutatedProtosDecodeOrAreRejected) {
   torch::manual_seed(11);
   std::vector<v1::TensorProto> seeds;
   for (const DTypeCase& d : kDTypeCases) {
-    for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{
-             {}, {3}, {2, 3}, {2, 0, 2}, {1, 2, 1, 2}}) {
+    for (const std::vector<int64_t>& shape :
+         std::vector<std::vector<int64_t>>{{}, {3}, {2, 3}, {2, 0, 2}, {1, 2, 1, 2}}) {
       v1::TensorProto p;
       ASSERT_TRUE(EncodeTensor(MakeRandom(d.torch, shape), &p).ok());
       seeds.push_back(p);
@@ -587,8 +570,7 @@ TEST(TensorCodecFuzzTest, MutatedProtosDecodeOrAreRejected) {
           p.set_dtype(static_cast<v1::DType>(static_cast<int>(rng() % 12) - 2));
           break;
         case 1:
-          p.set_compression(
-              static_cast<v1::Compression>(static_cast<int>(rng() % 5) - 1));
+          p.set_compression(static_cast<v1::Compression>(static_cast<int>(rng() % 5) - 1));
           break;
         case 2:
           if (p.shape_size() < 10) p.add_shape(kDims[rng() % std::size(kDims)]);
@@ -598,8 +580,7 @@ TEST(TensorCodecFuzzTest, MutatedProtosDecodeOrAreRejected) {
           break;
         case 4:
           if (p.shape_size() > 0) {
-            p.set_shape(rng() % p.shape_size(),
-                        kDims[rng() % std::size(kDims)]);
+            p.set_shape(rng() % p.shape_size(), kDims[rng() % std::size(kDims)]);
           }
           break;
         case 5:
@@ -610,20 +591,17 @@ TEST(TensorCodecFuzzTest, MutatedProtosDecodeOrAreRejected) {
           break;
         case 7:
           if (!p.data().empty()) {
-            (*p.mutable_data())[rng() % p.data().size()] =
-                static_cast<char>(rng());
+            (*p.mutable_data())[rng() % p.data().size()] = static_cast<char>(rng());
           }
           break;
       }
     }
-    SCOPED_TRACE(absl::StrCat("iter ", iter, " dtype ", p.dtype(), " comp ",
-                              p.compression(), " shape [",
-                              absl::StrJoin(p.shape(), ","), "] bytes ",
+    SCOPED_TRACE(absl::StrCat("iter ", iter, " dtype ", p.dtype(), " comp ", p.compression(),
+                              " shape [", absl::StrJoin(p.shape(), ","), "] bytes ",
                               p.data().size()));
     const absl::StatusOr<torch::Tensor> d = DecodeTensor(p, kMaxBytes);
     if (!d.ok()) {
-      ASSERT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument)
-          << d.status();
+      ASSERT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << d.status();
       ++rejected;
       continue;
     }
@@ -631,11 +609,10 @@ TEST(TensorCodecFuzzTest, MutatedProtosDecodeOrAreRejected) {
     ASSERT_TRUE(ValidateTensorProto(p, kMaxBytes).ok());
     int64_t numel = 1;
     for (int64_t dim : p.shape()) numel *= dim;
-    ASSERT_EQ(d->sizes(), c10::IntArrayRef(std::vector<int64_t>(
-                              p.shape().begin(), p.shape().end())));
+    ASSERT_EQ(d->sizes(),
+              c10::IntArrayRef(std::vector<int64_t>(p.shape().begin(), p.shape().end())));
     ASSERT_EQ(static_cast<int64_t>(d->nbytes()), numel * ItemSize(p.dtype()));
-    const int64_t wire_itemsize =
-        p.compression() == v1::COMPRESSION_NONE ? ItemSize(p.dtype()) : 2;
+    const int64_t wire_itemsize = p.compression() == v1::COMPRESSION_NONE ? ItemSize(p.dtype()) : 2;
     ASSERT_EQ(static_cast<int64_t>(p.data().size()), numel * wire_itemsize);
     ASSERT_TRUE(d->device().is_cpu());
     // Re-encoding an uncompressed decode reproduces the bytes exactly.
