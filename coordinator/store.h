@@ -1,0 +1,85 @@
+// Durable coordinator state in an embedded SQLite file (WAL): jobs, their
+// state transitions and their metric history. Every transition is written
+// here before the coordinator acts on it, so a restarted coordinator can
+// resume. No LibTorch.
+#ifndef STAGEWISE_COORDINATOR_STORE_H_
+#define STAGEWISE_COORDINATOR_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "stagewise/v1/coordinator.pb.h"
+
+namespace stagewise::coordinator {
+
+struct JobRecord {
+  v1::JobStatus status;   // status.job_id is the key
+  std::string spec_yaml;  // the job as submitted
+};
+
+struct MetricPoint {
+  int64_t step = 0;
+  std::string name;       // e.g. "train_loss", "eval_accuracy", "samples_per_second"
+  double value = 0;
+  int64_t unix_ms = 0;
+};
+
+struct TransitionRecord {
+  v1::JobState from = v1::JOB_STATE_UNSPECIFIED;
+  v1::JobState to = v1::JOB_STATE_UNSPECIFIED;
+  std::string reason;
+  int64_t unix_ms = 0;
+};
+
+// True for SUCCEEDED, FAILED, CANCELLED.
+bool IsTerminal(v1::JobState state);
+// Whether the state machine allows from -> to (ARCHITECTURE.md):
+// PENDING -> PROFILING | CONFIGURING | CANCELLED | FAILED; PROFILING -> CONFIGURING | ...;
+// CONFIGURING -> RUNNING | FAILED | CANCELLED | PENDING; RUNNING <-> CHECKPOINTING;
+// RUNNING -> SUCCEEDED | FAILED | CANCELLED | RECOVERING; RECOVERING -> CONFIGURING | FAILED |
+// CANCELLED; terminal states go nowhere.
+bool IsAllowedTransition(v1::JobState from, v1::JobState to);
+
+class JobStore {
+ public:
+  // Opens (creating if needed) the database at `path`; ":memory:" for tests.
+  // Creates or migrates the schema; enables WAL and foreign keys.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  ~JobStore();
+
+  // New job in state PENDING. ALREADY_EXISTS if the id is taken.
+  absl::Status CreateJob(const JobRecord& record);
+  // Replaces the stored status (progress fields: step, losses, ...) without a
+  // state change; INVALID_ARGUMENT if it would change the state.
+  absl::Status UpdateStatus(const v1::JobStatus& status);
+  // Moves a job to `to` atomically with the transition log entry;
+  // FAILED_PRECONDITION naming both states if the machine forbids it.
+  absl::StatusOr<v1::JobStatus> Transition(const std::string& job_id, v1::JobState to,
+                                           const std::string& reason);
+  absl::StatusOr<JobRecord> GetJob(const std::string& job_id) const;
+  // Newest first; limit <= 0 means all.
+  absl::StatusOr<std::vector<v1::JobStatus>> ListJobs(int limit) const;
+  // Jobs not in a terminal state, oldest first (what a restarted coordinator resumes).
+  absl::StatusOr<std::vector<JobRecord>> UnfinishedJobs() const;
+  absl::StatusOr<std::vector<TransitionRecord>> Transitions(const std::string& job_id) const;
+
+  absl::Status AppendMetrics(const std::string& job_id, const std::vector<MetricPoint>& points);
+  // All points of a job in insertion order, optionally only one name.
+  absl::StatusOr<std::vector<MetricPoint>> Metrics(const std::string& job_id,
+                                                   const std::string& name = "") const;
+
+  // A fresh job id: "job-" + 8 random hex digits, not yet used.
+  std::string NewJobId() const;
+
+ private:
+  struct Impl;
+  explicit JobStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace stagewise::coordinator
+
+#endif  // STAGEWISE_COORDINATOR_STORE_H_

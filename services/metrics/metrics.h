@@ -1,0 +1,101 @@
+// Prometheus metrics for every stagewise process: one registry per process,
+// families built once, names stagewise_<component>_<name>_<unit>, an HTTP
+// /metrics endpoint. No LibTorch.
+#ifndef STAGEWISE_SERVICES_METRICS_METRICS_H_
+#define STAGEWISE_SERVICES_METRICS_METRICS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace prometheus {
+class Registry;
+class Exposer;
+}  // namespace prometheus
+
+namespace stagewise::metrics {
+
+// The process registry plus its HTTP exposer.
+class MetricsServer {
+ public:
+  // Serves /metrics on `bind_address` ("127.0.0.1:0" picks a free port).
+  // An empty address creates the registry without an HTTP endpoint.
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& bind_address);
+  ~MetricsServer();
+  int port() const;  // 0 without an endpoint
+  prometheus::Registry& registry();
+
+ private:
+  MetricsServer() = default;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+};
+
+// What a stage reports (labels job, stage, algorithm on every series):
+//   stagewise_stage_compute_seconds{phase}        histogram (forward, backward, recompute, step, eval)
+//   stagewise_stage_idle_seconds_total            counter: compute thread waiting for a message
+//   stagewise_stage_inbox_depth                   gauge
+//   stagewise_transport_bytes_total{direction}    counter: sent | received
+//   stagewise_transport_messages_total{direction} counter
+//   stagewise_stage_staleness_steps               gauge: steps between a sample's forward and backward
+//   stagewise_stage_memory_bytes{kind}            gauge: inputs | activations | parameters | gradients
+//   stagewise_stage_steps_total                   counter: optimizer steps
+// Thread-safe; cheap enough to call per message.
+class StageMetrics {
+ public:
+  StageMetrics(prometheus::Registry& registry, const std::string& job, int stage,
+               const std::string& algorithm);
+  ~StageMetrics();
+  void ObserveCompute(const std::string& phase, double seconds);
+  void AddIdle(double seconds);
+  void SetInboxDepth(int64_t depth);
+  void AddBytes(bool sent, int64_t bytes);  // also counts one message
+  void SetStaleness(int64_t steps);
+  void SetMemory(const std::string& kind, int64_t bytes);
+  void IncSteps();
+  // Totals for summaries and tests.
+  double idle_seconds() const;
+  int64_t bytes(bool sent) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// What the coordinator reports:
+//   stagewise_job_train_loss{job}, stagewise_job_eval_loss{job}, stagewise_job_eval_accuracy{job}
+//   stagewise_job_samples_per_second{job}, stagewise_job_step{job}       gauges
+//   stagewise_coordinator_jobs{state}                                      gauge per state
+//   stagewise_coordinator_workers{state}                                   gauge: idle | busy
+//   stagewise_coordinator_job_transitions_total{to}                        counter
+class CoordinatorMetrics {
+ public:
+  explicit CoordinatorMetrics(prometheus::Registry& registry);
+  ~CoordinatorMetrics();
+  void SetJobProgress(const std::string& job, int64_t step, double train_loss,
+                      double samples_per_second);
+  void SetJobEval(const std::string& job, double loss, double accuracy);
+  void SetJobsInState(const std::string& state, int64_t count);
+  void SetWorkers(int64_t idle, int64_t busy);
+  void CountTransition(const std::string& to_state);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// GET http://host:port/metrics over a plain socket (tests, `stagewise local`).
+absl::StatusOr<std::string> Scrape(const std::string& host, int port);
+
+// Value of the first sample of `name` whose labels include every pair in
+// `labels` in Prometheus text exposition `text`; NOT_FOUND otherwise.
+absl::StatusOr<double> FindSample(const std::string& text, const std::string& name,
+                                  const std::map<std::string, std::string>& labels = {});
+
+}  // namespace stagewise::metrics
+
+#endif  // STAGEWISE_SERVICES_METRICS_METRICS_H_
