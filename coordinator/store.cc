@@ -1,1 +1,712 @@
-// placeholder
+#include "coordinator/store.h"
+
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "google/protobuf/message_lite.h"
+
+namespace stagewise::coordinator {
+namespace {
+
+// Schema migrations: kMigrations[i] takes PRAGMA user_version i to i + 1.
+// Append new entries; never edit a released one.
+constexpr const char* kMigrations[] = {
+    // 0 -> 1: initial schema. `status` is a serialized v1::JobStatus; `state`
+    // and the timestamps are copied out of it so they can be queried.
+    R"sql(
+CREATE TABLE jobs (
+  job_id     TEXT PRIMARY KEY NOT NULL,
+  name       TEXT NOT NULL,
+  state      INTEGER NOT NULL,
+  spec_yaml  TEXT NOT NULL,
+  status     BLOB NOT NULL,
+  created_ms INTEGER NOT NULL,
+  updated_ms INTEGER NOT NULL
+);
+CREATE INDEX jobs_by_state ON jobs(state);
+CREATE TABLE transitions (
+  id         INTEGER PRIMARY KEY,
+  job_id     TEXT NOT NULL REFERENCES jobs(job_id) ON DELETE CASCADE,
+  from_state INTEGER NOT NULL,
+  to_state   INTEGER NOT NULL,
+  reason     TEXT NOT NULL,
+  unix_ms    INTEGER NOT NULL
+);
+CREATE INDEX transitions_by_job ON transitions(job_id);
+CREATE TABLE metrics (
+  id      INTEGER PRIMARY KEY,
+  job_id  TEXT NOT NULL REFERENCES jobs(job_id) ON DELETE CASCADE,
+  step    INTEGER NOT NULL,
+  name    TEXT NOT NULL,
+  value   REAL,  -- NULL is NaN: SQLite stores a bound NaN as NULL
+  unix_ms INTEGER NOT NULL
+);
+CREATE INDEX metrics_by_job_name ON metrics(job_id, name);
+)sql",
+};
+static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == JobStore::kSchemaVersion,
+              "one migration per schema version");
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+std::string StateName(v1::JobState state) {
+  if (v1::JobState_IsValid(state)) return v1::JobState_Name(state);
+  return absl::StrCat("JobState(", static_cast<int>(state), ")");
+}
+
+// The one place an sqlite result code becomes an absl::Status.
+absl::Status SqliteError(sqlite3* db, int rc, absl::string_view op) {
+  const char* message = sqlite3_errstr(rc);
+  // errmsg is more specific ("UNIQUE constraint failed: ...") but only
+  // describes the most recent call on the connection.
+  if (db != nullptr && sqlite3_extended_errcode(db) == rc) message = sqlite3_errmsg(db);
+  std::string text = absl::StrCat(op, ": ", message, " (sqlite error ", rc, ")");
+  switch (rc & 0xff) {
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+      return absl::UnavailableError(std::move(text));
+    default:
+      return absl::InternalError(std::move(text));
+  }
+}
+
+// Runs constant SQL (no user data: that always goes through Stmt binds).
+absl::Status Exec(sqlite3* db, const char* sql, absl::string_view op) {
+  const int rc = sqlite3_exec(db, sql, nullptr, nullptr, nullptr);
+  if (rc != SQLITE_OK) return SqliteError(db, rc, op);
+  return absl::OkStatus();
+}
+
+// A prepared statement, finalized on scope exit. Bind errors are kept and
+// reported by the next Step(), so call sites stay linear.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, absl::string_view op) : db_(db), op_(op) {}
+  ~Stmt() { sqlite3_finalize(stmt_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+
+  absl::Status Prepare(absl::string_view sql) {
+    const int rc =
+        sqlite3_prepare_v2(db_, sql.data(), static_cast<int>(sql.size()), &stmt_, nullptr);
+    if (rc != SQLITE_OK) return SqliteError(db_, rc, op_);
+    return absl::OkStatus();
+  }
+
+  void BindInt64(int index, int64_t value) { Check(sqlite3_bind_int64(stmt_, index, value)); }
+  void BindDouble(int index, double value) { Check(sqlite3_bind_double(stmt_, index, value)); }
+  // A null data pointer would bind SQL NULL, hence the "" for empty views.
+  void BindText(int index, absl::string_view value) {
+    Check(sqlite3_bind_text64(stmt_, index, value.empty() ? "" : value.data(), value.size(),
+                              SQLITE_TRANSIENT, SQLITE_UTF8));
+  }
+  void BindBlob(int index, absl::string_view value) {
+    Check(sqlite3_bind_blob64(stmt_, index, value.empty() ? "" : value.data(), value.size(),
+                              SQLITE_TRANSIENT));
+  }
+
+  // True when a row is ready, false when the statement is done.
+  absl::StatusOr<bool> Step() {
+    if (!bind_status_.ok()) return bind_status_;
+    const int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    return SqliteError(db_, rc, op_);
+  }
+  // For statements that return no rows.
+  absl::Status Run() {
+    absl::StatusOr<bool> row = Step();
+    if (!row.ok()) return row.status();
+    return absl::OkStatus();
+  }
+  // Rewinds for another execution with new binds.
+  void Reset() {
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+  }
+
+  int64_t Int64(int column) const { return sqlite3_column_int64(stmt_, column); }
+  double DoubleOrNaN(int column) const {
+    if (sqlite3_column_type(stmt_, column) == SQLITE_NULL) {
+      return std::numeric_limits<double>::quiet_NaN();
+    }
+    return sqlite3_column_double(stmt_, column);
+  }
+  std::string Text(int column) const {
+    const unsigned char* text = sqlite3_column_text(stmt_, column);
+    const int size = sqlite3_column_bytes(stmt_, column);
+    if (text == nullptr) return std::string();
+    return std::string(reinterpret_cast<const char*>(text), size);
+  }
+  bool ParseProto(int column, google::protobuf::MessageLite* message) const {
+    const void* data = sqlite3_column_blob(stmt_, column);
+    const int size = sqlite3_column_bytes(stmt_, column);
+    return message->ParseFromArray(data == nullptr ? "" : data, size);
+  }
+
+ private:
+  void Check(int rc) {
+    if (rc != SQLITE_OK && bind_status_.ok()) bind_status_ = SqliteError(db_, rc, op_);
+  }
+
+  sqlite3* db_;
+  std::string op_;
+  sqlite3_stmt* stmt_ = nullptr;
+  absl::Status bind_status_;
+};
+
+// BEGIN IMMEDIATE ... COMMIT, rolled back on scope exit unless committed.
+// IMMEDIATE takes the write lock up front, so a read-then-write transaction
+// never fails half-way on a lock upgrade (and waits out busy_timeout instead).
+class WriteTxn {
+ public:
+  WriteTxn(sqlite3* db, absl::string_view op) : db_(db), op_(op) {}
+  ~WriteTxn() {
+    if (active_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+  WriteTxn(const WriteTxn&) = delete;
+  WriteTxn& operator=(const WriteTxn&) = delete;
+
+  absl::Status Begin() {
+    if (absl::Status s = Exec(db_, "BEGIN IMMEDIATE", absl::StrCat(op_, " (begin)")); !s.ok()) {
+      return s;
+    }
+    active_ = true;
+    return absl::OkStatus();
+  }
+  absl::Status Commit() {
+    if (absl::Status s = Exec(db_, "COMMIT", absl::StrCat(op_, " (commit)")); !s.ok()) return s;
+    active_ = false;
+    return absl::OkStatus();
+  }
+
+ private:
+  sqlite3* db_;
+  std::string op_;
+  bool active_ = false;
+};
+
+absl::StatusOr<std::string> Serialize(const v1::JobStatus& status, absl::string_view op) {
+  std::string bytes;
+  if (!status.SerializeToString(&bytes)) {
+    return absl::InternalError(absl::StrCat(op, ": cannot serialize JobStatus"));
+  }
+  return bytes;
+}
+
+absl::Status CorruptStatus(absl::string_view op, absl::string_view job_id) {
+  return absl::DataLossError(
+      absl::StrCat(op, ": stored status of job '", job_id, "' is not a valid JobStatus"));
+}
+
+absl::Status JobNotFound(absl::string_view job_id) {
+  return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+}
+
+absl::Status CheckJobId(absl::string_view job_id, absl::string_view field) {
+  if (job_id.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+bool IsAllowedTransition(v1::JobState from, v1::JobState to) {
+  if (!v1::JobState_IsValid(from) || !v1::JobState_IsValid(to)) return false;
+  if (from == v1::JOB_STATE_UNSPECIFIED || to == v1::JOB_STATE_UNSPECIFIED) return false;
+  if (IsTerminal(from) || from == to) return false;
+  // Any live job can fail or be cancelled.
+  if (to == v1::FAILED || to == v1::CANCELLED) return true;
+  switch (from) {
+    case v1::PENDING:
+      return to == v1::PROFILING || to == v1::CONFIGURING;
+    case v1::PROFILING:
+      return to == v1::CONFIGURING || to == v1::PENDING;
+    case v1::CONFIGURING:
+      return to == v1::RUNNING || to == v1::PENDING;
+    case v1::RUNNING:
+      return to == v1::CHECKPOINTING || to == v1::SUCCEEDED || to == v1::RECOVERING;
+    case v1::CHECKPOINTING:
+      return to == v1::RUNNING || to == v1::RECOVERING;
+    case v1::RECOVERING:
+      return to == v1::CONFIGURING;
+    default:
+      return false;
+  }
+}
+
+struct JobStore::Impl {
+  explicit Impl(sqlite3* connection) : db(connection) {}
+  ~Impl() {
+    absl::MutexLock lock(&mu);
+    // _v2 closes even with (leaked) unfinalized statements; on the last
+    // close SQLite checkpoints the WAL into the main file.
+    sqlite3_close_v2(db);
+  }
+
+  // Reads one job row inside the caller's transaction (or alone).
+  struct Row {
+    v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
+    v1::JobStatus status;
+    std::string spec_yaml;
+  };
+  absl::StatusOr<Row> ReadJob(absl::string_view job_id, absl::string_view op)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    Stmt select(db, op);
+    if (absl::Status s = select.Prepare(
+            "SELECT state, status, spec_yaml, created_ms, updated_ms FROM jobs WHERE job_id = ?1");
+        !s.ok()) {
+      return s;
+    }
+    select.BindText(1, job_id);
+    absl::StatusOr<bool> row = select.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) return JobNotFound(job_id);
+    Row out;
+    out.state = static_cast<v1::JobState>(select.Int64(0));
+    if (!select.ParseProto(1, &out.status)) return CorruptStatus(op, job_id);
+    out.spec_yaml = select.Text(2);
+    // The columns are authoritative; the blob carries the rest.
+    out.status.set_state(out.state);
+    out.status.set_created_unix_ms(select.Int64(3));
+    out.status.set_updated_unix_ms(select.Int64(4));
+    return out;
+  }
+
+  absl::StatusOr<bool> JobExists(absl::string_view job_id, absl::string_view op)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    Stmt select(db, op);
+    if (absl::Status s = select.Prepare("SELECT 1 FROM jobs WHERE job_id = ?1"); !s.ok()) {
+      return s;
+    }
+    select.BindText(1, job_id);
+    return select.Step();
+  }
+
+  // Writes state, status blob and timestamps of an existing job.
+  absl::Status WriteStatus(const v1::JobStatus& status, absl::string_view op)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    absl::StatusOr<std::string> bytes = Serialize(status, op);
+    if (!bytes.ok()) return bytes.status();
+    Stmt update(db, op);
+    if (absl::Status s =
+            update.Prepare("UPDATE jobs SET name = ?2, state = ?3, status = ?4, updated_ms = ?5 "
+                           "WHERE job_id = ?1");
+        !s.ok()) {
+      return s;
+    }
+    update.BindText(1, status.job_id());
+    update.BindText(2, status.name());
+    update.BindInt64(3, status.state());
+    update.BindBlob(4, *bytes);
+    update.BindInt64(5, status.updated_unix_ms());
+    return update.Run();
+  }
+
+  absl::Mutex mu;
+  sqlite3* db ABSL_GUARDED_BY(mu);
+  absl::BitGen bitgen ABSL_GUARDED_BY(mu);
+};
+
+namespace {
+
+// Brings the schema to kSchemaVersion, one migration per transaction.
+absl::Status Migrate(sqlite3* db) {
+  constexpr absl::string_view kOp = "JobStore::Open (migrate schema)";
+  for (;;) {
+    WriteTxn txn(db, kOp);
+    if (absl::Status s = txn.Begin(); !s.ok()) return s;
+    // Read inside the write transaction: another process may have migrated
+    // the file since we looked.
+    Stmt query(db, kOp);
+    if (absl::Status s = query.Prepare("PRAGMA user_version"); !s.ok()) return s;
+    absl::StatusOr<bool> row = query.Step();
+    if (!row.ok()) return row.status();
+    const int64_t version = *row ? query.Int64(0) : 0;
+    if (version == JobStore::kSchemaVersion) return txn.Commit();
+    if (version < 0 || version > JobStore::kSchemaVersion) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "database schema version ", version,
+          " is not supported by this binary (newest known: ", JobStore::kSchemaVersion, ")"));
+    }
+    if (absl::Status s = Exec(db, kMigrations[version], kOp); !s.ok()) return s;
+    // The version is our own integer, not user data; PRAGMA takes no binds.
+    const std::string set_version = absl::StrCat("PRAGMA user_version = ", version + 1);
+    if (absl::Status s = Exec(db, set_version.c_str(), kOp); !s.ok()) return s;
+    if (absl::Status s = txn.Commit(); !s.ok()) return s;
+  }
+}
+
+absl::Status Configure(sqlite3* db, const JobStoreOptions& options) {
+  sqlite3_extended_result_codes(db, 1);
+  const int64_t busy_ms = absl::ToInt64Milliseconds(options.busy_timeout);
+  const int rc = sqlite3_busy_timeout(
+      db, static_cast<int>(
+              std::min<int64_t>(std::max<int64_t>(busy_ms, 0), std::numeric_limits<int>::max())));
+  if (rc != SQLITE_OK) return SqliteError(db, rc, "JobStore::Open (busy_timeout)");
+  if (sqlite3_db_readonly(db, "main") == 1) {
+    return absl::PermissionDeniedError("JobStore::Open: database is read-only");
+  }
+
+  // WAL: readers (ListJobs, the CLI) never block the writer, and a commit is
+  // one sequential append. An in-memory database reports "memory" instead.
+  {
+    Stmt wal(db, "JobStore::Open (journal_mode=WAL)");
+    if (absl::Status s = wal.Prepare("PRAGMA journal_mode = WAL"); !s.ok()) return s;
+    absl::StatusOr<bool> row = wal.Step();
+    if (!row.ok()) return row.status();
+    const std::string mode = *row ? wal.Text(0) : std::string();
+    if (mode != "wal" && mode != "memory") {
+      return absl::FailedPreconditionError(
+          absl::StrCat("JobStore::Open: cannot enable WAL (journal_mode is '", mode, "')"));
+    }
+  }
+  // FULL, not NORMAL: in WAL mode NORMAL may lose the last commits on power
+  // loss. The coordinator acts on a transition (starts workers, reports
+  // SUCCEEDED) right after Transition() returns, so a committed transition
+  // must be on disk by then. Commits are rare (transitions, batched metrics),
+  // so the extra fsync per commit is cheap.
+  if (absl::Status s = Exec(db, "PRAGMA synchronous = FULL", "JobStore::Open (synchronous)");
+      !s.ok()) {
+    return s;
+  }
+  // Per connection, and must be set outside a transaction.
+  if (absl::Status s = Exec(db, "PRAGMA foreign_keys = ON", "JobStore::Open (foreign_keys)");
+      !s.ok()) {
+    return s;
+  }
+  return Migrate(db);
+}
+
+}  // namespace
+
+JobStore::JobStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+JobStore::~JobStore() = default;
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+  return Open(path, JobStoreOptions());
+}
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path,
+                                                         const JobStoreOptions& options) {
+  // SQLite would silently make a private temporary database of "".
+  if (path.empty()) return absl::InvalidArgumentError("JobStore::Open: path is empty");
+  sqlite3* db = nullptr;
+  // NOMUTEX: the connection is only used under Impl::mu.
+  const int rc = sqlite3_open_v2(
+      path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
+  // From here `impl` owns (and closes) the handle, which SQLite allocates
+  // even when the open fails.
+  auto impl = std::make_unique<Impl>(db);
+  if (rc != SQLITE_OK) {
+    const absl::Status s = SqliteError(db, rc, "JobStore::Open");
+    return absl::Status(s.code(),
+                        absl::StrCat("cannot open job store '", path, "': ", s.message()));
+  }
+  absl::Status configured;
+  {
+    absl::MutexLock lock(&impl->mu);
+    configured = Configure(impl->db, options);
+  }
+  if (!configured.ok()) {
+    return absl::Status(configured.code(),
+                        absl::StrCat("cannot open job store '", path, "': ", configured.message()));
+  }
+  return std::unique_ptr<JobStore>(new JobStore(std::move(impl)));
+}
+
+absl::Status JobStore::CreateJob(const JobRecord& record) {
+  constexpr absl::string_view kOp = "JobStore::CreateJob";
+  if (absl::Status s = CheckJobId(record.status.job_id(), "status.job_id"); !s.ok()) return s;
+  v1::JobStatus status = record.status;
+  status.set_state(v1::PENDING);
+  const int64_t now = NowMs();
+  if (status.created_unix_ms() == 0) status.set_created_unix_ms(now);
+  if (status.updated_unix_ms() == 0) status.set_updated_unix_ms(now);
+  absl::StatusOr<std::string> bytes = Serialize(status, kOp);
+  if (!bytes.ok()) return bytes.status();
+
+  absl::MutexLock lock(&impl_->mu);
+  Stmt insert(impl_->db, kOp);
+  if (absl::Status s = insert.Prepare(
+          "INSERT INTO jobs (job_id, name, state, spec_yaml, status, created_ms, updated_ms) "
+          "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
+      !s.ok()) {
+    return s;
+  }
+  insert.BindText(1, status.job_id());
+  insert.BindText(2, status.name());
+  insert.BindInt64(3, status.state());
+  insert.BindText(4, record.spec_yaml);
+  insert.BindBlob(5, *bytes);
+  insert.BindInt64(6, status.created_unix_ms());
+  insert.BindInt64(7, status.updated_unix_ms());
+  absl::Status inserted = insert.Run();
+  if (!inserted.ok() && sqlite3_extended_errcode(impl_->db) == SQLITE_CONSTRAINT_PRIMARYKEY) {
+    return absl::AlreadyExistsError(absl::StrCat("job '", status.job_id(), "' already exists"));
+  }
+  return inserted;
+}
+
+absl::Status JobStore::UpdateStatus(const v1::JobStatus& status) {
+  constexpr absl::string_view kOp = "JobStore::UpdateStatus";
+  if (absl::Status s = CheckJobId(status.job_id(), "status.job_id"); !s.ok()) return s;
+
+  absl::MutexLock lock(&impl_->mu);
+  WriteTxn txn(impl_->db, kOp);
+  if (absl::Status s = txn.Begin(); !s.ok()) return s;
+  absl::StatusOr<Impl::Row> current = impl_->ReadJob(status.job_id(), kOp);
+  if (!current.ok()) return current.status();
+  if (status.state() != v1::JOB_STATE_UNSPECIFIED && status.state() != current->state) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "status.state: UpdateStatus cannot move job '", status.job_id(), "' from ",
+        StateName(current->state), " to ", StateName(status.state()), "; use Transition"));
+  }
+  v1::JobStatus updated = status;
+  updated.set_state(current->state);
+  updated.set_created_unix_ms(current->status.created_unix_ms());
+  updated.set_updated_unix_ms(NowMs());
+  if (absl::Status s = impl_->WriteStatus(updated, kOp); !s.ok()) return s;
+  return txn.Commit();
+}
+
+absl::StatusOr<v1::JobStatus> JobStore::Transition(const std::string& job_id, v1::JobState to,
+                                                   const std::string& reason) {
+  constexpr absl::string_view kOp = "JobStore::Transition";
+  if (absl::Status s = CheckJobId(job_id, "job_id"); !s.ok()) return s;
+  if (!v1::JobState_IsValid(to) || to == v1::JOB_STATE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(absl::StrCat("to: not a job state: ", StateName(to)));
+  }
+
+  absl::MutexLock lock(&impl_->mu);
+  WriteTxn txn(impl_->db, kOp);
+  if (absl::Status s = txn.Begin(); !s.ok()) return s;
+  absl::StatusOr<Impl::Row> current = impl_->ReadJob(job_id, kOp);
+  if (!current.ok()) return current.status();
+  const v1::JobState from = current->state;
+  if (!IsAllowedTransition(from, to)) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "': transition ",
+                                                      StateName(from), " -> ", StateName(to),
+                                                      " is not allowed"));
+  }
+  const int64_t now = NowMs();
+  v1::JobStatus status = std::move(current->status);
+  status.set_state(to);
+  status.set_reason(reason);
+  status.set_updated_unix_ms(now);
+  if (absl::Status s = impl_->WriteStatus(status, kOp); !s.ok()) return s;
+
+  Stmt log(impl_->db, kOp);
+  if (absl::Status s =
+          log.Prepare("INSERT INTO transitions (job_id, from_state, to_state, reason, unix_ms) "
+                      "VALUES (?1, ?2, ?3, ?4, ?5)");
+      !s.ok()) {
+    return s;
+  }
+  log.BindText(1, job_id);
+  log.BindInt64(2, from);
+  log.BindInt64(3, to);
+  log.BindText(4, reason);
+  log.BindInt64(5, now);
+  if (absl::Status s = log.Run(); !s.ok()) return s;
+  if (absl::Status s = txn.Commit(); !s.ok()) return s;
+  return status;
+}
+
+absl::StatusOr<JobRecord> JobStore::GetJob(const std::string& job_id) const {
+  absl::MutexLock lock(&impl_->mu);
+  absl::StatusOr<Impl::Row> row = impl_->ReadJob(job_id, "JobStore::GetJob");
+  if (!row.ok()) return row.status();
+  JobRecord record;
+  record.status = std::move(row->status);
+  record.spec_yaml = std::move(row->spec_yaml);
+  return record;
+}
+
+absl::StatusOr<std::vector<v1::JobStatus>> JobStore::ListJobs(int limit) const {
+  constexpr absl::string_view kOp = "JobStore::ListJobs";
+  absl::MutexLock lock(&impl_->mu);
+  Stmt select(impl_->db, kOp);
+  if (absl::Status s =
+          select.Prepare("SELECT job_id, state, status, created_ms, updated_ms FROM jobs "
+                         "ORDER BY created_ms DESC, rowid DESC LIMIT ?1");
+      !s.ok()) {
+    return s;
+  }
+  select.BindInt64(1, limit > 0 ? limit : -1);  // a negative LIMIT means none
+  std::vector<v1::JobStatus> jobs;
+  for (;;) {
+    absl::StatusOr<bool> row = select.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    v1::JobStatus& status = jobs.emplace_back();
+    if (!select.ParseProto(2, &status)) return CorruptStatus(kOp, select.Text(0));
+    status.set_state(static_cast<v1::JobState>(select.Int64(1)));
+    status.set_created_unix_ms(select.Int64(3));
+    status.set_updated_unix_ms(select.Int64(4));
+  }
+  return jobs;
+}
+
+absl::StatusOr<std::vector<JobRecord>> JobStore::UnfinishedJobs() const {
+  constexpr absl::string_view kOp = "JobStore::UnfinishedJobs";
+  absl::MutexLock lock(&impl_->mu);
+  Stmt select(impl_->db, kOp);
+  if (absl::Status s = select.Prepare(
+          "SELECT job_id, state, status, spec_yaml, created_ms, updated_ms FROM jobs "
+          "WHERE state NOT IN (?1, ?2, ?3) ORDER BY created_ms ASC, rowid ASC");
+      !s.ok()) {
+    return s;
+  }
+  select.BindInt64(1, v1::SUCCEEDED);
+  select.BindInt64(2, v1::FAILED);
+  select.BindInt64(3, v1::CANCELLED);
+  std::vector<JobRecord> jobs;
+  for (;;) {
+    absl::StatusOr<bool> row = select.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    JobRecord& record = jobs.emplace_back();
+    if (!select.ParseProto(2, &record.status)) return CorruptStatus(kOp, select.Text(0));
+    record.status.set_state(static_cast<v1::JobState>(select.Int64(1)));
+    record.spec_yaml = select.Text(3);
+    record.status.set_created_unix_ms(select.Int64(4));
+    record.status.set_updated_unix_ms(select.Int64(5));
+  }
+  return jobs;
+}
+
+absl::StatusOr<std::vector<TransitionRecord>> JobStore::Transitions(
+    const std::string& job_id) const {
+  constexpr absl::string_view kOp = "JobStore::Transitions";
+  absl::MutexLock lock(&impl_->mu);
+  absl::StatusOr<bool> exists = impl_->JobExists(job_id, kOp);
+  if (!exists.ok()) return exists.status();
+  if (!*exists) return JobNotFound(job_id);
+  Stmt select(impl_->db, kOp);
+  if (absl::Status s =
+          select.Prepare("SELECT from_state, to_state, reason, unix_ms FROM transitions "
+                         "WHERE job_id = ?1 ORDER BY id");
+      !s.ok()) {
+    return s;
+  }
+  select.BindText(1, job_id);
+  std::vector<TransitionRecord> transitions;
+  for (;;) {
+    absl::StatusOr<bool> row = select.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    TransitionRecord& t = transitions.emplace_back();
+    t.from = static_cast<v1::JobState>(select.Int64(0));
+    t.to = static_cast<v1::JobState>(select.Int64(1));
+    t.reason = select.Text(2);
+    t.unix_ms = select.Int64(3);
+  }
+  return transitions;
+}
+
+absl::Status JobStore::AppendMetrics(const std::string& job_id,
+                                     const std::vector<MetricPoint>& points) {
+  constexpr absl::string_view kOp = "JobStore::AppendMetrics";
+  if (absl::Status s = CheckJobId(job_id, "job_id"); !s.ok()) return s;
+  for (size_t i = 0; i < points.size(); ++i) {
+    if (points[i].name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("points[", i, "].name is empty"));
+    }
+  }
+  const int64_t now = NowMs();
+
+  absl::MutexLock lock(&impl_->mu);
+  // One transaction for the batch: one fsync, and all-or-nothing.
+  WriteTxn txn(impl_->db, kOp);
+  if (absl::Status s = txn.Begin(); !s.ok()) return s;
+  absl::StatusOr<bool> exists = impl_->JobExists(job_id, kOp);
+  if (!exists.ok()) return exists.status();
+  if (!*exists) return JobNotFound(job_id);
+  Stmt insert(impl_->db, kOp);
+  if (absl::Status s = insert.Prepare(
+          "INSERT INTO metrics (job_id, step, name, value, unix_ms) VALUES (?1, ?2, ?3, ?4, ?5)");
+      !s.ok()) {
+    return s;
+  }
+  for (const MetricPoint& point : points) {
+    insert.Reset();
+    insert.BindText(1, job_id);
+    insert.BindInt64(2, point.step);
+    insert.BindText(3, point.name);
+    insert.BindDouble(4, point.value);
+    insert.BindInt64(5, point.unix_ms != 0 ? point.unix_ms : now);
+    if (absl::Status s = insert.Run(); !s.ok()) return s;
+  }
+  return txn.Commit();
+}
+
+absl::StatusOr<std::vector<MetricPoint>> JobStore::Metrics(const std::string& job_id,
+                                                           const std::string& name) const {
+  constexpr absl::string_view kOp = "JobStore::Metrics";
+  absl::MutexLock lock(&impl_->mu);
+  absl::StatusOr<bool> exists = impl_->JobExists(job_id, kOp);
+  if (!exists.ok()) return exists.status();
+  if (!*exists) return JobNotFound(job_id);
+  Stmt select(impl_->db, kOp);
+  // Two statements rather than "(?2 = '' OR name = ?2)", which would keep
+  // the planner off the (job_id, name) index.
+  if (absl::Status s =
+          select.Prepare(name.empty() ? "SELECT step, name, value, unix_ms FROM metrics "
+                                        "WHERE job_id = ?1 ORDER BY id"
+                                      : "SELECT step, name, value, unix_ms FROM metrics "
+                                        "WHERE job_id = ?1 AND name = ?2 ORDER BY id");
+      !s.ok()) {
+    return s;
+  }
+  select.BindText(1, job_id);
+  if (!name.empty()) select.BindText(2, name);
+  std::vector<MetricPoint> points;
+  for (;;) {
+    absl::StatusOr<bool> row = select.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    MetricPoint& point = points.emplace_back();
+    point.step = select.Int64(0);
+    point.name = select.Text(1);
+    point.value = select.DoubleOrNaN(2);
+    point.unix_ms = select.Int64(3);
+  }
+  return points;
+}
+
+std::string JobStore::NewJobId() const {
+  absl::MutexLock lock(&impl_->mu);
+  std::string id;
+  // 2^32 ids: a collision is rare, a second one in a row rarer still. If the
+  // lookup itself fails the id is returned unchecked; CreateJob still
+  // rejects a duplicate with ALREADY_EXISTS.
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    id = absl::StrFormat("job-%08x", absl::Uniform<uint32_t>(impl_->bitgen));
+    absl::StatusOr<bool> taken = impl_->JobExists(id, "JobStore::NewJobId");
+    if (!taken.ok() || !*taken) break;
+  }
+  return id;
+}
+
+}  // namespace stagewise::coordinator

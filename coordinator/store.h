@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "stagewise/v1/coordinator.pb.h"
 
 namespace stagewise::coordinator {
@@ -22,7 +23,7 @@ struct JobRecord {
 
 struct MetricPoint {
   int64_t step = 0;
-  std::string name;       // e.g. "train_loss", "eval_accuracy", "samples_per_second"
+  std::string name;  // e.g. "train_loss", "eval_accuracy", "samples_per_second"
   double value = 0;
   int64_t unix_ms = 0;
 };
@@ -41,13 +42,27 @@ bool IsTerminal(v1::JobState state);
 // CONFIGURING -> RUNNING | FAILED | CANCELLED | PENDING; RUNNING <-> CHECKPOINTING;
 // RUNNING -> SUCCEEDED | FAILED | CANCELLED | RECOVERING; RECOVERING -> CONFIGURING | FAILED |
 // CANCELLED; terminal states go nowhere.
+// Also: every non-terminal state -> FAILED | CANCELLED; PROFILING -> PENDING
+// (like CONFIGURING -> PENDING: the workers went away before placement);
+// CHECKPOINTING -> RECOVERING (a worker lost mid-checkpoint). No self-loops,
+// nothing to or from JOB_STATE_UNSPECIFIED.
 bool IsAllowedTransition(v1::JobState from, v1::JobState to);
+
+struct JobStoreOptions {
+  // How long a write waits for another connection's lock before the call
+  // fails with UNAVAILABLE.
+  absl::Duration busy_timeout = absl::Seconds(5);
+};
 
 class JobStore {
  public:
   // Opens (creating if needed) the database at `path`; ":memory:" for tests.
   // Creates or migrates the schema; enables WAL and foreign keys.
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path,
+                                                        const JobStoreOptions& options);
+  // PRAGMA user_version of a database this binary created or migrated.
+  static constexpr int kSchemaVersion = 1;
   ~JobStore();
 
   // New job in state PENDING. ALREADY_EXISTS if the id is taken.

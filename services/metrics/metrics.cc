@@ -1,1 +1,530 @@
-// placeholder
+// MetricsServer, StageMetrics and CoordinatorMetrics on prometheus-cpp.
+//
+// Families are built once per registry and shared through a process-wide
+// cache keyed by Registry*. Cache entries are reference counted by the
+// StageMetrics/CoordinatorMetrics objects using them; when the last one goes
+// the families are removed from the registry, so a later registry at the same
+// address never sees stale pointers and a registry that throws on duplicate
+// names can be reused.
+#include "services/metrics/metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <exception>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/memory/memory.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+
+namespace stagewise::metrics {
+namespace {
+
+using prometheus::Counter;
+using prometheus::Family;
+using prometheus::Gauge;
+using prometheus::Histogram;
+using prometheus::Labels;
+using prometheus::Registry;
+
+// Exponential buckets for compute seconds: 100 us * 2^k up to ~26 s.
+Histogram::BucketBoundaries ComputeBuckets() {
+  Histogram::BucketBoundaries buckets;
+  for (double b = 1e-4; b < 30.0; b *= 2.0) buckets.push_back(b);
+  return buckets;
+}
+
+const Histogram::BucketBoundaries& ComputeBucketsOnce() {
+  static const auto* const kBuckets = new Histogram::BucketBoundaries(ComputeBuckets());
+  return *kBuckets;
+}
+
+// One Shared (a group of families plus its series) per registry, reference
+// counted. Shared must have a constructor from Registry& and
+// Unregister(Registry&).
+template <typename Shared>
+class RegistryCache {
+ public:
+  Shared& Acquire(Registry& registry) {
+    absl::MutexLock lock(&mu_);
+    Entry& entry = entries_[&registry];
+    if (entry.shared == nullptr) {
+      try {
+        entry.shared = std::make_unique<Shared>(registry);
+      } catch (...) {
+        entries_.erase(&registry);
+        throw;
+      }
+    }
+    ++entry.refs;
+    return *entry.shared;
+  }
+
+  void Release(Registry& registry) {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(&registry);
+    if (it == entries_.end()) return;
+    if (--it->second.refs == 0) {
+      it->second.shared->Unregister(registry);
+      entries_.erase(it);
+    }
+  }
+
+ private:
+  struct Entry {
+    std::unique_ptr<Shared> shared;
+    int refs = 0;
+  };
+  absl::Mutex mu_;
+  std::map<Registry*, Entry> entries_ ABSL_GUARDED_BY(mu_);
+};
+
+// Looks a child up by key under a reader lock; creates it under the writer
+// lock on first use.
+template <typename T, typename Make>
+T* LookupOrAdd(absl::Mutex& mu, std::map<std::string, T*, std::less<>>& children,
+               absl::string_view key, Make make) {
+  {
+    absl::ReaderMutexLock lock(&mu);
+    auto it = children.find(key);
+    if (it != children.end()) return it->second;
+  }
+  absl::MutexLock lock(&mu);
+  auto it = children.find(key);
+  if (it != children.end()) return it->second;
+  T* child = make();
+  children.emplace(std::string(key), child);
+  return child;
+}
+
+Labels With(Labels labels, const std::string& key, const std::string& value) {
+  labels[key] = value;
+  return labels;
+}
+
+// ---------------------------------------------------------------- stage ----
+
+// The series of one (job, stage, algorithm).
+struct StageSeries {
+  Labels base;
+  int refs = 0;
+  Counter* idle = nullptr;
+  Gauge* inbox = nullptr;
+  Counter* bytes_sent = nullptr;
+  Counter* bytes_received = nullptr;
+  Counter* messages_sent = nullptr;
+  Counter* messages_received = nullptr;
+  Gauge* staleness = nullptr;
+  Counter* steps = nullptr;
+  absl::Mutex mu;
+  std::map<std::string, Histogram*, std::less<>> compute;  // by phase
+  std::map<std::string, Gauge*, std::less<>> memory;       // by kind
+};
+
+class StageFamilies {
+ public:
+  explicit StageFamilies(Registry& registry)
+      : compute_(prometheus::BuildHistogram()
+                     .Name("stagewise_stage_compute_seconds")
+                     .Help("Seconds a stage spends computing one unit of work, by phase "
+                           "(forward, backward, recompute, step, eval).")
+                     .Register(registry)),
+        idle_(prometheus::BuildCounter()
+                  .Name("stagewise_stage_idle_seconds_total")
+                  .Help("Seconds the stage compute thread spent waiting for a message.")
+                  .Register(registry)),
+        inbox_(prometheus::BuildGauge()
+                   .Name("stagewise_stage_inbox_depth")
+                   .Help("Messages queued in the stage inbox.")
+                   .Register(registry)),
+        bytes_(prometheus::BuildCounter()
+                   .Name("stagewise_transport_bytes_total")
+                   .Help("Payload bytes moved by the stage transport, by direction (sent, "
+                         "received).")
+                   .Register(registry)),
+        messages_(prometheus::BuildCounter()
+                      .Name("stagewise_transport_messages_total")
+                      .Help("Messages moved by the stage transport, by direction (sent, "
+                            "received).")
+                      .Register(registry)),
+        staleness_(prometheus::BuildGauge()
+                       .Name("stagewise_stage_staleness_steps")
+                       .Help("Optimizer steps between a sample's forward and its backward.")
+                       .Register(registry)),
+        memory_(prometheus::BuildGauge()
+                    .Name("stagewise_stage_memory_bytes")
+                    .Help("Bytes the stage holds, by kind (inputs, activations, parameters, "
+                          "gradients).")
+                    .Register(registry)),
+        steps_(prometheus::BuildCounter()
+                   .Name("stagewise_stage_steps_total")
+                   .Help("Optimizer steps taken by the stage.")
+                   .Register(registry)) {}
+
+  void Unregister(Registry& registry) {
+    registry.Remove(compute_);
+    registry.Remove(idle_);
+    registry.Remove(inbox_);
+    registry.Remove(bytes_);
+    registry.Remove(messages_);
+    registry.Remove(staleness_);
+    registry.Remove(memory_);
+    registry.Remove(steps_);
+  }
+
+  StageSeries* AcquireSeries(const Labels& base) {
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<StageSeries>& slot = series_[base];
+    if (slot == nullptr) {
+      auto series = std::make_unique<StageSeries>();
+      series->base = base;
+      series->idle = &idle_.Add(base);
+      series->inbox = &inbox_.Add(base);
+      series->bytes_sent = &bytes_.Add(With(base, "direction", "sent"));
+      series->bytes_received = &bytes_.Add(With(base, "direction", "received"));
+      series->messages_sent = &messages_.Add(With(base, "direction", "sent"));
+      series->messages_received = &messages_.Add(With(base, "direction", "received"));
+      series->staleness = &staleness_.Add(base);
+      series->steps = &steps_.Add(base);
+      slot = std::move(series);
+    }
+    ++slot->refs;
+    return slot.get();
+  }
+
+  void ReleaseSeries(StageSeries* series) {
+    absl::MutexLock lock(&mu_);
+    auto it = series_.find(series->base);
+    if (it == series_.end() || --it->second->refs > 0) return;
+    idle_.Remove(series->idle);
+    inbox_.Remove(series->inbox);
+    bytes_.Remove(series->bytes_sent);
+    bytes_.Remove(series->bytes_received);
+    messages_.Remove(series->messages_sent);
+    messages_.Remove(series->messages_received);
+    staleness_.Remove(series->staleness);
+    steps_.Remove(series->steps);
+    {
+      absl::MutexLock series_lock(&series->mu);
+      for (const auto& [phase, histogram] : series->compute) compute_.Remove(histogram);
+      for (const auto& [kind, gauge] : series->memory) memory_.Remove(gauge);
+    }
+    series_.erase(it);
+  }
+
+  Histogram* Compute(StageSeries& series, absl::string_view phase) {
+    return LookupOrAdd(series.mu, series.compute, phase, [&] {
+      return &compute_.Add(With(series.base, "phase", std::string(phase)), ComputeBucketsOnce());
+    });
+  }
+
+  Gauge* Memory(StageSeries& series, absl::string_view kind) {
+    return LookupOrAdd(series.mu, series.memory, kind,
+                       [&] { return &memory_.Add(With(series.base, "kind", std::string(kind))); });
+  }
+
+ private:
+  Family<Histogram>& compute_;
+  Family<Counter>& idle_;
+  Family<Gauge>& inbox_;
+  Family<Counter>& bytes_;
+  Family<Counter>& messages_;
+  Family<Gauge>& staleness_;
+  Family<Gauge>& memory_;
+  Family<Counter>& steps_;
+  absl::Mutex mu_;
+  std::map<Labels, std::unique_ptr<StageSeries>> series_ ABSL_GUARDED_BY(mu_);
+};
+
+RegistryCache<StageFamilies>& StageCache() {
+  static auto* const cache = new RegistryCache<StageFamilies>();
+  return *cache;
+}
+
+// ---------------------------------------------------------- coordinator ----
+
+class CoordinatorFamilies {
+ public:
+  explicit CoordinatorFamilies(Registry& registry)
+      : train_loss_(prometheus::BuildGauge()
+                        .Name("stagewise_job_train_loss")
+                        .Help("Latest training loss of a job.")
+                        .Register(registry)),
+        eval_loss_(prometheus::BuildGauge()
+                       .Name("stagewise_job_eval_loss")
+                       .Help("Latest evaluation loss of a job.")
+                       .Register(registry)),
+        eval_accuracy_(prometheus::BuildGauge()
+                           .Name("stagewise_job_eval_accuracy")
+                           .Help("Latest evaluation accuracy of a job (0..1).")
+                           .Register(registry)),
+        samples_per_second_(prometheus::BuildGauge()
+                                .Name("stagewise_job_samples_per_second")
+                                .Help("Training throughput of a job in samples per second.")
+                                .Register(registry)),
+        step_(prometheus::BuildGauge()
+                  .Name("stagewise_job_step")
+                  .Help("Latest optimizer step of a job.")
+                  .Register(registry)),
+        jobs_(prometheus::BuildGauge()
+                  .Name("stagewise_coordinator_jobs")
+                  .Help("Jobs known to the coordinator, by state.")
+                  .Register(registry)),
+        workers_(prometheus::BuildGauge()
+                     .Name("stagewise_coordinator_workers")
+                     .Help("Registered workers, by state (idle, busy).")
+                     .Register(registry)),
+        transitions_(prometheus::BuildCounter()
+                         .Name("stagewise_coordinator_job_transitions_total")
+                         .Help("Job state transitions, by target state.")
+                         .Register(registry)) {}
+
+  void Unregister(Registry& registry) {
+    registry.Remove(train_loss_);
+    registry.Remove(eval_loss_);
+    registry.Remove(eval_accuracy_);
+    registry.Remove(samples_per_second_);
+    registry.Remove(step_);
+    registry.Remove(jobs_);
+    registry.Remove(workers_);
+    registry.Remove(transitions_);
+  }
+
+  void SetJobProgress(const std::string& job, int64_t step, double train_loss,
+                      double samples_per_second) {
+    absl::MutexLock lock(&mu_);
+    JobGauges& gauges = job_gauges_[job];
+    Get(step_, job, gauges.step)->Set(static_cast<double>(step));
+    Get(train_loss_, job, gauges.train_loss)->Set(train_loss);
+    Get(samples_per_second_, job, gauges.samples_per_second)->Set(samples_per_second);
+  }
+
+  void SetJobEval(const std::string& job, double loss, double accuracy) {
+    absl::MutexLock lock(&mu_);
+    JobGauges& gauges = job_gauges_[job];
+    Get(eval_loss_, job, gauges.eval_loss)->Set(loss);
+    Get(eval_accuracy_, job, gauges.eval_accuracy)->Set(accuracy);
+  }
+
+  void RemoveJob(const std::string& job) {
+    absl::MutexLock lock(&mu_);
+    auto it = job_gauges_.find(job);
+    if (it == job_gauges_.end()) return;
+    const JobGauges& gauges = it->second;
+    if (gauges.train_loss != nullptr) train_loss_.Remove(gauges.train_loss);
+    if (gauges.eval_loss != nullptr) eval_loss_.Remove(gauges.eval_loss);
+    if (gauges.eval_accuracy != nullptr) eval_accuracy_.Remove(gauges.eval_accuracy);
+    if (gauges.samples_per_second != nullptr) {
+      samples_per_second_.Remove(gauges.samples_per_second);
+    }
+    if (gauges.step != nullptr) step_.Remove(gauges.step);
+    job_gauges_.erase(it);
+  }
+
+  void SetJobsInState(const std::string& state, int64_t count) {
+    absl::MutexLock lock(&mu_);
+    Gauge*& gauge = jobs_by_state_[state];
+    if (gauge == nullptr) gauge = &jobs_.Add({{"state", state}});
+    gauge->Set(static_cast<double>(count));
+  }
+
+  void SetWorkers(int64_t idle, int64_t busy) {
+    absl::MutexLock lock(&mu_);
+    if (workers_idle_ == nullptr) workers_idle_ = &workers_.Add({{"state", "idle"}});
+    if (workers_busy_ == nullptr) workers_busy_ = &workers_.Add({{"state", "busy"}});
+    workers_idle_->Set(static_cast<double>(idle));
+    workers_busy_->Set(static_cast<double>(busy));
+  }
+
+  void CountTransition(const std::string& to_state) {
+    absl::MutexLock lock(&mu_);
+    Counter*& counter = transitions_by_state_[to_state];
+    if (counter == nullptr) counter = &transitions_.Add({{"to", to_state}});
+    counter->Increment();
+  }
+
+ private:
+  struct JobGauges {
+    Gauge* train_loss = nullptr;
+    Gauge* eval_loss = nullptr;
+    Gauge* eval_accuracy = nullptr;
+    Gauge* samples_per_second = nullptr;
+    Gauge* step = nullptr;
+  };
+
+  static Gauge* Get(Family<Gauge>& family, const std::string& job, Gauge*& slot) {
+    if (slot == nullptr) slot = &family.Add({{"job", job}});
+    return slot;
+  }
+
+  Family<Gauge>& train_loss_;
+  Family<Gauge>& eval_loss_;
+  Family<Gauge>& eval_accuracy_;
+  Family<Gauge>& samples_per_second_;
+  Family<Gauge>& step_;
+  Family<Gauge>& jobs_;
+  Family<Gauge>& workers_;
+  Family<Counter>& transitions_;
+  absl::Mutex mu_;
+  std::map<std::string, JobGauges> job_gauges_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Gauge*> jobs_by_state_ ABSL_GUARDED_BY(mu_);
+  Gauge* workers_idle_ ABSL_GUARDED_BY(mu_) = nullptr;
+  Gauge* workers_busy_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::map<std::string, Counter*> transitions_by_state_ ABSL_GUARDED_BY(mu_);
+};
+
+RegistryCache<CoordinatorFamilies>& CoordinatorCache() {
+  static auto* const cache = new RegistryCache<CoordinatorFamilies>();
+  return *cache;
+}
+
+}  // namespace
+
+// -------------------------------------------------------- MetricsServer ----
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
+    const std::string& bind_address) {
+  auto server = absl::WrapUnique(new MetricsServer());
+  try {
+    server->registry_ = std::make_shared<Registry>();
+    if (bind_address.empty()) return server;
+    server->exposer_ = std::make_unique<prometheus::Exposer>(bind_address, /*num_threads=*/2);
+    server->exposer_->RegisterCollectable(server->registry_);
+    const std::vector<int> ports = server->exposer_->GetListeningPorts();
+    if (ports.empty() || ports.front() <= 0) {
+      return absl::UnavailableError(
+          absl::StrCat("metrics endpoint on ", bind_address, ": no listening port"));
+    }
+    server->port_ = ports.front();
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("metrics endpoint cannot bind ", bind_address, ": ", e.what()));
+  } catch (...) {
+    return absl::UnavailableError(absl::StrCat("metrics endpoint cannot bind ", bind_address));
+  }
+  return server;
+}
+
+// The exposer (declared after the registry) stops serving before the registry
+// goes.
+MetricsServer::~MetricsServer() = default;
+
+int MetricsServer::port() const { return port_; }
+
+prometheus::Registry& MetricsServer::registry() { return *registry_; }
+
+std::string TextExposition(prometheus::Registry& registry) {
+  return prometheus::TextSerializer().Serialize(registry.Collect());
+}
+
+// --------------------------------------------------------- StageMetrics ----
+
+struct StageMetrics::Impl {
+  Registry* registry;
+  StageFamilies* families;
+  StageSeries* series;
+};
+
+StageMetrics::StageMetrics(prometheus::Registry& registry, const std::string& job, int stage,
+                           const std::string& algorithm)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->registry = &registry;
+  impl_->families = &StageCache().Acquire(registry);
+  impl_->series = impl_->families->AcquireSeries(
+      {{"job", job}, {"stage", std::to_string(stage)}, {"algorithm", algorithm}});
+}
+
+StageMetrics::~StageMetrics() {
+  impl_->families->ReleaseSeries(impl_->series);
+  StageCache().Release(*impl_->registry);
+}
+
+void StageMetrics::ObserveCompute(const std::string& phase, double seconds) {
+  impl_->families->Compute(*impl_->series, phase)->Observe(seconds);
+}
+
+void StageMetrics::AddIdle(double seconds) {
+  if (seconds > 0) impl_->series->idle->Increment(seconds);
+}
+
+void StageMetrics::SetInboxDepth(int64_t depth) {
+  impl_->series->inbox->Set(static_cast<double>(depth));
+}
+
+void StageMetrics::AddBytes(bool sent, int64_t bytes) {
+  StageSeries& series = *impl_->series;
+  if (bytes > 0) {
+    (sent ? series.bytes_sent : series.bytes_received)->Increment(static_cast<double>(bytes));
+  }
+  (sent ? series.messages_sent : series.messages_received)->Increment();
+}
+
+void StageMetrics::SetStaleness(int64_t steps) {
+  impl_->series->staleness->Set(static_cast<double>(steps));
+}
+
+void StageMetrics::SetMemory(const std::string& kind, int64_t bytes) {
+  impl_->families->Memory(*impl_->series, kind)->Set(static_cast<double>(bytes));
+}
+
+void StageMetrics::IncSteps() { impl_->series->steps->Increment(); }
+
+double StageMetrics::idle_seconds() const { return impl_->series->idle->Value(); }
+
+int64_t StageMetrics::bytes(bool sent) const {
+  const Counter* counter = sent ? impl_->series->bytes_sent : impl_->series->bytes_received;
+  return static_cast<int64_t>(counter->Value());
+}
+
+// --------------------------------------------------- CoordinatorMetrics ----
+
+struct CoordinatorMetrics::Impl {
+  Registry* registry;
+  CoordinatorFamilies* families;
+};
+
+CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->registry = &registry;
+  impl_->families = &CoordinatorCache().Acquire(registry);
+}
+
+CoordinatorMetrics::~CoordinatorMetrics() { CoordinatorCache().Release(*impl_->registry); }
+
+void CoordinatorMetrics::SetJobProgress(const std::string& job, int64_t step, double train_loss,
+                                        double samples_per_second) {
+  impl_->families->SetJobProgress(job, step, train_loss, samples_per_second);
+}
+
+void CoordinatorMetrics::SetJobEval(const std::string& job, double loss, double accuracy) {
+  impl_->families->SetJobEval(job, loss, accuracy);
+}
+
+void CoordinatorMetrics::SetJobsInState(const std::string& state, int64_t count) {
+  impl_->families->SetJobsInState(state, count);
+}
+
+void CoordinatorMetrics::SetWorkers(int64_t idle, int64_t busy) {
+  impl_->families->SetWorkers(idle, busy);
+}
+
+void CoordinatorMetrics::CountTransition(const std::string& to_state) {
+  impl_->families->CountTransition(to_state);
+}
+
+void CoordinatorMetrics::RemoveJob(const std::string& job) { impl_->families->RemoveJob(job); }
+
+}  // namespace stagewise::metrics

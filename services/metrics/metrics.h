@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace prometheus {
 class Registry;
@@ -35,6 +36,7 @@ class MetricsServer {
   int port_ = 0;
 };
 
+// clang-format off
 // What a stage reports (labels job, stage, algorithm on every series):
 //   stagewise_stage_compute_seconds{phase}        histogram (forward, backward, recompute, step, eval)
 //   stagewise_stage_idle_seconds_total            counter: compute thread waiting for a message
@@ -44,7 +46,12 @@ class MetricsServer {
 //   stagewise_stage_staleness_steps               gauge: steps between a sample's forward and backward
 //   stagewise_stage_memory_bytes{kind}            gauge: inputs | activations | parameters | gradients
 //   stagewise_stage_steps_total                   counter: optimizer steps
+// clang-format on
 // Thread-safe; cheap enough to call per message.
+// Objects for the same registry share its families; objects with the same
+// (job, stage, algorithm) share their series. The destructor removes the
+// series once the last object holding them goes, so finished jobs do not pile
+// up. A StageMetrics must not outlive its registry.
 class StageMetrics {
  public:
   StageMetrics(prometheus::Registry& registry, const std::string& job, int stage,
@@ -66,7 +73,8 @@ class StageMetrics {
   std::unique_ptr<Impl> impl_;
 };
 
-// What the coordinator reports:
+// What the coordinator reports (thread-safe; objects on one registry share
+// families and series; must not outlive the registry):
 //   stagewise_job_train_loss{job}, stagewise_job_eval_loss{job}, stagewise_job_eval_accuracy{job}
 //   stagewise_job_samples_per_second{job}, stagewise_job_step{job}       gauges
 //   stagewise_coordinator_jobs{state}                                      gauge per state
@@ -82,6 +90,8 @@ class CoordinatorMetrics {
   void SetJobsInState(const std::string& state, int64_t count);
   void SetWorkers(int64_t idle, int64_t busy);
   void CountTransition(const std::string& to_state);
+  // Drops the stagewise_job_*{job} series of a finished or deleted job.
+  void RemoveJob(const std::string& job);
 
  private:
   struct Impl;
@@ -89,7 +99,13 @@ class CoordinatorMetrics {
 };
 
 // GET http://host:port/metrics over a plain socket (tests, `stagewise local`).
+// Fails (never hangs) after 5 s.
 absl::StatusOr<std::string> Scrape(const std::string& host, int port);
+// The same with an explicit overall deadline for connect, send and receive.
+absl::StatusOr<std::string> Scrape(const std::string& host, int port, absl::Duration timeout);
+
+// The registry in Prometheus text exposition format, without HTTP.
+std::string TextExposition(prometheus::Registry& registry);
 
 // Value of the first sample of `name` whose labels include every pair in
 // `labels` in Prometheus text exposition `text`; NOT_FOUND otherwise.

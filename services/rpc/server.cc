@@ -5,6 +5,9 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include <cstdio>
+#include <fstream>
+
 namespace stagewise::rpc {
 
 void ConfigureServerBuilder(const RpcOptions& options, grpc::ServerBuilder* builder) {
@@ -29,6 +32,20 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const RpcO
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, options.keepalive_timeout_ms);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+absl::Status WritePortFile(const std::string& path, int grpc_port, int metrics_port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << grpc_port << " " << metrics_port << "\n";
+    out.flush();
+    if (!out) return absl::InternalError("--port-file: cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError("--port-file: cannot rename " + tmp + " to " + path);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace stagewise::rpc

@@ -11,6 +11,8 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
+
 namespace stagewise::rpc {
 
 struct RpcOptions {
@@ -27,6 +29,10 @@ void ConfigureServerBuilder(const RpcOptions& options, grpc::ServerBuilder* buil
 // Insecure channel to `target` ("host:port") with the same limits and keepalive.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            const RpcOptions& options = {});
+
+// Writes "GRPC_PORT METRICS_PORT\n" to `path` atomically (temp file, then
+// rename) so a supervisor (`stagewise local`) learns the ports a process bound.
+absl::Status WritePortFile(const std::string& path, int grpc_port, int metrics_port);
 
 }  // namespace stagewise::rpc
 

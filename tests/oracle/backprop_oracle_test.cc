@@ -1,0 +1,134 @@
+// Oracle (ALGORITHMS.md, backprop): J stages exchanging activations and
+// gradients over real gRPC streams end with the parameters of a single-process
+// run: plain backprop for M = 1, and accumulation over the same micro-batches
+// for M > 1.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "services/training/optimizer.h"
+#include "services/training/reference_trainer.h"
+#include "tests/integration/cluster.h"
+
+namespace stagewise {
+namespace {
+
+struct Case {
+  int stages;
+  int micro_batches;
+  std::string schedule;
+  bool recompute;
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "J" << c.stages << "_M" << c.micro_batches << "_" << c.schedule
+      << (c.recompute ? "_recompute" : "");
+}
+
+std::string JobYaml(const Case& c) {
+  return absl::StrCat(R"(name: oracle
+seed: 5
+model: {name: revnet, depth: 18, width: 4, blocks: [1, 1, 1, 1]}
+data: {dataset: synthetic, train_size: 128, test_size: 32, shape: [3, 8, 8], classes: 4}
+algorithm: {name: backprop, micro_batches: )",
+                      c.micro_batches, ", schedule: ", c.schedule,
+                      ", recompute: ", c.recompute ? "true" : "false", R"(}
+stages: )",
+                      c.stages, R"(
+optimizer: {name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 1.0e-4}
+schedule: {name: cosine, warmup_epochs: 0.25}
+batch_size: 16
+steps: 6
+eval: {every_epochs: 0, at_end: true}
+)");
+}
+
+// The single-process reference, written here independently of the worker.
+std::map<std::string, torch::Tensor> Reference(const JobSpec& spec, int micro_batches,
+                                               bool buffers) {
+  auto trainer = training::ReferenceTrainer::Create(spec);
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  auto& t = **trainer;
+  const int64_t per_epoch = t.train_sampler().batches_per_epoch();
+  const double base = training::BaseLearningRate(spec.optimizer, spec.batch_size);
+  for (int64_t s = 0; s < spec.steps; ++s) {
+    data::Batch b = t.train_sampler().Get(s / per_epoch, s % per_epoch);
+    const double lr = training::LearningRateAt(spec.schedule, base, s, per_epoch, spec.steps);
+    if (micro_batches == 1) {
+      t.Step(b, lr);  // the reference trainer itself
+      continue;
+    }
+    t.model().train();
+    t.optimizer().zero_grad();
+    const int64_t B = b.y.size(0);
+    std::vector<int64_t> sizes;
+    for (int m = 0; m < micro_batches; ++m)
+      sizes.push_back(B / micro_batches + (m < B % micro_batches));
+    auto xs = b.x.split_with_sizes(sizes);
+    auto ys = b.y.split_with_sizes(sizes);
+    for (int m = 0; m < micro_batches; ++m) {
+      torch::Tensor loss = torch::cross_entropy_loss(t.model().forward(xs[m]), ys[m]) *
+                           (static_cast<double>(sizes[m]) / B);
+      loss.backward();
+    }
+    training::SetLearningRate(t.optimizer(), lr);
+    t.optimizer().step();
+  }
+  std::map<std::string, torch::Tensor> out;
+  if (buffers) {
+    for (const auto& item : t.model().named_buffers()) out[item.key()] = item.value().detach();
+  } else {
+    for (const auto& item : t.model().named_parameters()) out[item.key()] = item.value().detach();
+  }
+  return out;
+}
+
+class BackpropOracle : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BackpropOracle, ParametersEqualTheSingleProcessRun) {
+  const Case& c = GetParam();
+  const std::string yaml = JobYaml(c);
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+
+  testing::Cluster cluster({.workers = c.stages});
+  ASSERT_TRUE(cluster.WaitForWorkers(c.stages));
+  auto id = cluster.manager().Submit(yaml);
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto st = cluster.WaitForJob(*id);
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_EQ(st->state(), v1::SUCCEEDED) << st->reason();
+  EXPECT_EQ(st->step(), 6);
+  EXPECT_GT(st->eval_accuracy(), 0.0);
+
+  auto got = cluster.StageTensors(*id, /*buffers=*/false);
+  auto want = Reference(*spec, c.micro_batches, /*buffers=*/false);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, w] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    const double err = ((got[name] - w).norm() / w.norm().clamp_min(1e-12)).item<double>();
+    EXPECT_LE(err, 1e-5) << name;
+  }
+  // BatchNorm running statistics: updated once per micro-batch, also with recompute.
+  auto got_buffers = cluster.StageTensors(*id, /*buffers=*/true);
+  auto want_buffers = Reference(*spec, c.micro_batches, /*buffers=*/true);
+  for (const auto& [name, w] : want_buffers) {
+    ASSERT_TRUE(got_buffers.count(name)) << name;
+    EXPECT_TRUE(torch::allclose(got_buffers[name].to(w.dtype()), w, 1e-5, 1e-6)) << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, BackpropOracle,
+                         ::testing::Values(Case{1, 1, "gpipe", false}, Case{1, 4, "gpipe", false},
+                                           Case{2, 1, "gpipe", false}, Case{2, 4, "gpipe", false},
+                                           Case{3, 1, "gpipe", false}, Case{3, 4, "gpipe", false},
+                                           Case{3, 4, "1f1b", false}, Case{2, 4, "gpipe", true}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::ostringstream os;
+                           PrintTo(info.param, &os);
+                           return os.str();
+                         });
+
+}  // namespace
+}  // namespace stagewise

@@ -1,0 +1,213 @@
+// backprop: exact synchronous backpropagation across stages (ALGORITHMS.md).
+// A mini-batch is split into M micro-batches that flow forward in GPipe order
+// (all forwards, then all backwards) or 1F1B order; gradients are accumulated
+// with loss scale n_m / B so the sum is the mini-batch mean, and every stage
+// steps once per mini-batch. Stage 0 takes the next mini-batch only after its
+// step (flush). With `recompute`, a stage keeps only each micro-batch's input
+// and reruns the forward with a graph when the gradient returns.
+#include <chrono>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "services/models/batch_norm.h"
+#include "services/training/optimizer.h"
+#include "worker/algorithms/common.h"
+
+// absl has no RETURN_IF_ERROR in its public API.
+#define RETURN_IF_ERROR_(expr)         \
+  do {                                 \
+    absl::Status status_ = (expr);     \
+    if (!status_.ok()) return status_; \
+  } while (0)
+
+namespace stagewise::worker {
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+class Backprop : public Algorithm {
+ public:
+  explicit Backprop(const AlgorithmSpec& spec)
+      : micro_batches_(static_cast<int>(spec.GetInt("micro_batches"))),
+        one_f_one_b_(spec.GetString("schedule") == "1f1b"),
+        recompute_(spec.GetBool("recompute")) {}
+
+  absl::Status Run(StageContext& ctx) override {
+    ctx.stage_metrics().SetStaleness(0);
+    const int M = micro_batches_;
+    const int warm = ctx.last() ? 0 : std::min(ctx.num_stages() - 1 - ctx.stage(), M);
+    for (int64_t step = 0; step < ctx.total_steps(); ++step) {
+      ctx.optimizer().zero_grad();
+      inflight_.assign(M, InFlight{});
+      loss_ = 0;
+      samples_ = 0;
+      if (ctx.first()) {
+        data::Batch b =
+            ctx.train_batches().Get(step / ctx.steps_per_epoch(), step % ctx.steps_per_epoch());
+        batch_size_ = b.y.size(0);
+        std::vector<int64_t> sizes;
+        for (int m = 0; m < M; ++m) sizes.push_back(batch_size_ / M + (m < batch_size_ % M));
+        xs_ = b.x.split_with_sizes(sizes);
+        ys_ = b.y.split_with_sizes(sizes);
+      } else {
+        batch_size_ = ctx.spec().batch_size;
+      }
+      if (one_f_one_b_) {
+        for (int i = 0; i < warm; ++i) RETURN_IF_ERROR_(Forward(ctx, step, i));
+        for (int i = warm; i < M; ++i) {
+          RETURN_IF_ERROR_(Forward(ctx, step, i));
+          if (!ctx.last()) RETURN_IF_ERROR_(Backward(ctx, step, i - warm));
+        }
+        for (int i = M - warm; i < M; ++i) RETURN_IF_ERROR_(Backward(ctx, step, i));
+      } else {
+        for (int i = 0; i < M; ++i) RETURN_IF_ERROR_(Forward(ctx, step, i));
+        if (!ctx.last()) {
+          for (int i = 0; i < M; ++i) RETURN_IF_ERROR_(Backward(ctx, step, i));
+        }
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      training::SetLearningRate(ctx.optimizer(), ctx.LearningRate(step));
+      ctx.optimizer().step();
+      ctx.stage_metrics().ObserveCompute("step", Since(t0));
+      ctx.stage_metrics().IncSteps();
+      ctx.stage_metrics().SetMemory("activations", 0);
+      ctx.ReportStep(step + 1, loss_, batch_size_);
+      if (ctx.EvalDue(step + 1)) RETURN_IF_ERROR_(RunEvaluation(ctx, step + 1));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  struct InFlight {
+    torch::Tensor input;   // leaf; requires grad on stages > 0
+    torch::Tensor output;  // with graph, unless recompute
+  };
+
+  int64_t HeldBytes() const {
+    int64_t bytes = 0;
+    for (const auto& f : inflight_) {
+      if (f.input.defined()) bytes += f.input.numel() * f.input.element_size();
+      if (f.output.defined()) bytes += f.output.numel() * f.output.element_size();
+    }
+    return bytes;
+  }
+
+  absl::Status Forward(StageContext& ctx, int64_t step, int m) {
+    torch::Tensor input, labels;
+    v1::TensorProto labels_proto;
+    if (ctx.first()) {
+      input = xs_[m].to(ctx.device());
+      labels = ys_[m].to(ctx.device());
+    } else {
+      auto msg = ctx.ReceiveFromPrev();
+      if (!msg.ok()) return msg.status();
+      RETURN_IF_ERROR_(ExpectMessage(*msg, v1::StageMessage::FORWARD, step, m));
+      auto x = GetTensor(*msg, "x", ctx.device());
+      if (!x.ok()) return x.status();
+      input = x->requires_grad_(true);
+      auto it = msg->tensors().find("labels");
+      if (it == msg->tensors().end()) {
+        return absl::InvalidArgumentError("StageMessage.tensors: FORWARD message without 'labels'");
+      }
+      labels_proto = it->second;
+      if (ctx.last()) {
+        auto y = GetTensor(*msg, "labels", ctx.device());
+        if (!y.ok()) return y.status();
+        labels = *y;
+      }
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    InFlight& f = inflight_[m];
+    f.input = input;
+    if (ctx.last()) {
+      // Forward, loss and backward at once; the loss is scaled so that the
+      // accumulated gradient is the mini-batch mean.
+      torch::Tensor logits = ctx.model().forward(input);
+      const double weight = static_cast<double>(labels.size(0)) / static_cast<double>(batch_size_);
+      torch::Tensor loss = torch::cross_entropy_loss(logits, labels) * weight;
+      ctx.stage_metrics().ObserveCompute("forward", Since(t0));
+      const auto t1 = std::chrono::steady_clock::now();
+      loss.backward();
+      ctx.stage_metrics().ObserveCompute("backward", Since(t1));
+      loss_ += loss.item<double>();
+      if (!ctx.first()) {
+        v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, step, m);
+        RETURN_IF_ERROR_(PutTensor(&back, "grad", input.grad()));
+        RETURN_IF_ERROR_(ctx.SendToPrev(std::move(back)));
+      }
+      f = InFlight{};
+      return absl::OkStatus();
+    }
+    torch::Tensor out;
+    if (recompute_) {
+      // The recomputation updates BatchNorm running statistics; this pass must not.
+      torch::NoGradGuard no_grad;
+      models::FreezeRunningStats freeze;
+      out = ctx.model().forward(input);
+    } else {
+      out = ctx.model().forward(input);
+      f.output = out;
+    }
+    ctx.stage_metrics().ObserveCompute("forward", Since(t0));
+    ctx.stage_metrics().SetMemory("activations", HeldBytes());
+    v1::StageMessage fwd = NewMessage(v1::StageMessage::FORWARD, step, m);
+    RETURN_IF_ERROR_(PutTensor(&fwd, "x", out));
+    if (ctx.first()) {
+      RETURN_IF_ERROR_(PutTensor(&fwd, "labels", labels));
+    } else {
+      (*fwd.mutable_tensors())["labels"] = std::move(labels_proto);
+    }
+    return ctx.SendToNext(std::move(fwd));
+  }
+
+  absl::Status Backward(StageContext& ctx, int64_t step, int m) {
+    auto msg = ctx.ReceiveFromNext();
+    if (!msg.ok()) return msg.status();
+    RETURN_IF_ERROR_(ExpectMessage(*msg, v1::StageMessage::BACKWARD, step, m));
+    auto grad = GetTensor(*msg, "grad", ctx.device());
+    if (!grad.ok()) return grad.status();
+    InFlight& f = inflight_[m];
+    torch::Tensor out = f.output;
+    if (recompute_) {
+      const auto t0 = std::chrono::steady_clock::now();
+      out = ctx.model().forward(f.input);
+      ctx.stage_metrics().ObserveCompute("recompute", Since(t0));
+    }
+    if (!out.sizes().equals(grad->sizes())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StageMessage.tensors['grad']: shape ", c10::str(grad->sizes()),
+                       " does not match the stage output ", c10::str(out.sizes())));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    out.backward(*grad);
+    ctx.stage_metrics().ObserveCompute("backward", Since(t0));
+    if (!ctx.first()) {
+      v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, step, m);
+      RETURN_IF_ERROR_(PutTensor(&back, "grad", f.input.grad()));
+      RETURN_IF_ERROR_(ctx.SendToPrev(std::move(back)));
+    }
+    f = InFlight{};
+    ctx.stage_metrics().SetMemory("activations", HeldBytes());
+    return absl::OkStatus();
+  }
+#undef RETURN_IF_ERROR_
+
+  const int micro_batches_;
+  const bool one_f_one_b_;
+  const bool recompute_;
+  std::vector<InFlight> inflight_;
+  std::vector<torch::Tensor> xs_, ys_;
+  int64_t batch_size_ = 0;
+  double loss_ = 0;
+  int64_t samples_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Algorithm> MakeBackprop(const AlgorithmSpec& spec) {
+  return std::make_unique<Backprop>(spec);
+}
+
+}  // namespace stagewise::worker

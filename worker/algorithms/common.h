@@ -1,0 +1,33 @@
+// Pieces every algorithm shares: tensors in messages, and the evaluation pass.
+#ifndef STAGEWISE_WORKER_ALGORITHMS_COMMON_H_
+#define STAGEWISE_WORKER_ALGORITHMS_COMMON_H_
+
+#include <torch/torch.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "stagewise/v1/stage.pb.h"
+#include "worker/stage_context.h"
+
+namespace stagewise::worker {
+
+v1::StageMessage NewMessage(v1::StageMessage::Kind kind, int64_t step, int micro_batch);
+absl::Status PutTensor(v1::StageMessage* message, const std::string& name,
+                       const torch::Tensor& tensor);
+// Decodes tensors[name] onto `device`; INVALID_ARGUMENT naming the tensor if
+// it is missing or malformed.
+absl::StatusOr<torch::Tensor> GetTensor(const v1::StageMessage& message, const std::string& name,
+                                        torch::Device device);
+// INVALID_ARGUMENT unless the message has this kind, step and micro-batch.
+absl::Status ExpectMessage(const v1::StageMessage& message, v1::StageMessage::Kind kind,
+                           int64_t step, int micro_batch);
+
+// Forward-only pass over the test set through the real stages in eval mode:
+// stage 0 sends EVAL batches, the last stage reports loss and accuracy. Every
+// stage calls it at the same point of its schedule.
+absl::Status RunEvaluation(StageContext& ctx, int64_t steps_done);
+
+}  // namespace stagewise::worker
+
+#endif  // STAGEWISE_WORKER_ALGORITHMS_COMMON_H_

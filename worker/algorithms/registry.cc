@@ -1,0 +1,19 @@
+// Maps an algorithm name to its implementation.
+#include "absl/strings/str_cat.h"
+#include "worker/stage_context.h"
+
+namespace stagewise::worker {
+
+std::unique_ptr<Algorithm> MakeBackprop(const AlgorithmSpec& spec);
+
+absl::StatusOr<std::unique_ptr<Algorithm>> MakeAlgorithm(const AlgorithmSpec& spec) {
+  try {
+    if (spec.name == "backprop") return MakeBackprop(spec);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("algorithm: ", e.what()));
+  }
+  return absl::UnimplementedError(
+      absl::StrCat("algorithm: '", spec.name, "' is not available on this worker yet"));
+}
+
+}  // namespace stagewise::worker

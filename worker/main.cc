@@ -1,0 +1,66 @@
+// stagewise-worker: flags and wiring only; see worker/worker.h.
+#include <torch/torch.h>
+
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <iostream>
+#include <thread>
+
+#include "services/rpc/server.h"
+#include "worker/worker.h"
+
+int main(int argc, char** argv) {
+  stagewise::worker::WorkerOptions options;
+  if (const char* env = std::getenv("STAGEWISE_COORDINATOR")) options.coordinator = env;
+  std::string port_file;
+  int threads = 0;
+  CLI::App app{
+      "stagewise-worker: hosts one stage of a stagewise job at a time.\n"
+      "Registers with the coordinator and stays up between jobs."};
+  app.add_option("--coordinator", options.coordinator,
+                 "Coordinator address (env STAGEWISE_COORDINATOR)")
+      ->capture_default_str();
+  app.add_option("--listen", options.listen, "StageService address (port 0: any free port)")
+      ->capture_default_str();
+  app.add_option("--advertise", options.advertise,
+                 "Host other workers dial to reach this one (default: the host name)");
+  app.add_option("--metrics-listen", options.metrics_listen,
+                 "Prometheus /metrics address (empty: off)")
+      ->capture_default_str();
+  app.add_option("--device", options.device, "cpu or cuda:N")->capture_default_str();
+  app.add_option("--name", options.name, "Worker id (default: advertised host:port)");
+  app.add_option("--memory-bytes", options.memory_bytes, "Memory a stage may use (0: unknown)");
+  app.add_option("--threads", threads, "LibTorch CPU threads (0: LibTorch's default)");
+  app.add_option("--port-file", port_file,
+                 "Write 'GRPC_PORT METRICS_PORT' here once serving (for supervisors)");
+  CLI11_PARSE(app, argc, argv);
+  if (threads > 0) torch::set_num_threads(threads);
+
+  // Signals are taken synchronously by this thread only.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  stagewise::worker::Worker worker(options);
+  if (absl::Status s = worker.Start(); !s.ok()) {
+    std::cerr << "stagewise-worker: " << s.message() << "\n";
+    return 1;
+  }
+  std::cerr << "stagewise-worker: serving on " << worker.address() << ", metrics on port "
+            << worker.metrics_port() << ", coordinator " << options.coordinator << "\n";
+  if (!port_file.empty()) {
+    if (absl::Status s =
+            stagewise::rpc::WritePortFile(port_file, worker.port(), worker.metrics_port());
+        !s.ok()) {
+      std::cerr << "stagewise-worker: " << s.message() << "\n";
+      return 1;
+    }
+  }
+  int signal = 0;
+  sigwait(&signals, &signal);
+  std::cerr << "stagewise-worker: signal " << signal << ", shutting down\n";
+  worker.Shutdown();
+  return 0;
+}

@@ -1,0 +1,139 @@
+// The two ends of StageService.Exchange as callback reactors. Reactor
+// callbacks never block: incoming messages go to a sink (the stage's inbox);
+// reads pause while the inbox is full and resume when it has room; outgoing
+// messages wait in a bounded outbox with one write in flight.
+#ifndef STAGEWISE_WORKER_PEER_STREAM_H_
+#define STAGEWISE_WORKER_PEER_STREAM_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "stagewise/v1/stage.grpc.pb.h"
+
+namespace stagewise::worker {
+
+// Where a stream delivers what it reads. Deliver returns true to keep reading
+// now, false when the sink is full (it then runs `resume` once it has room), or
+// an error that ends the stream (the peer gets it as the stream status).
+class MessageSink {
+ public:
+  virtual ~MessageSink() = default;
+  virtual absl::StatusOr<bool> Deliver(v1::StageMessage message, std::function<void()> resume) = 0;
+  // The stream ended: OK when the peer closed cleanly, else why it broke.
+  virtual void StreamClosed(const absl::Status& status) = 0;
+};
+
+class PeerStream : public std::enable_shared_from_this<PeerStream> {
+ public:
+  PeerStream(std::string name, size_t outbox_capacity);
+  virtual ~PeerStream() = default;
+
+  // Blocks while the outbox is full. Fails once the stream is closed or broken.
+  absl::Status Send(v1::StageMessage message);
+  // No more sends; ends the stream once queued writes are out. An error status
+  // is reported to the peer (server side) or cancels the call (client side).
+  void Close(const absl::Status& status);
+  // Blocks until gRPC is done with the stream.
+  void WaitDone();
+  bool done() const;
+  int64_t bytes_sent() const;
+  int64_t bytes_received() const;
+  const std::string& name() const { return name_; }
+
+ protected:
+  // Starts the first read; call once the reactor is ready.
+  void BeginReading(MessageSink* sink);
+  void OnReadDoneImpl(bool ok);
+  void OnWriteDoneImpl(bool ok);
+  void OnDoneImpl(const absl::Status& status);
+
+  virtual void DoStartRead(v1::StageMessage* into) = 0;
+  virtual void DoStartWrite(const v1::StageMessage* message) = 0;
+  virtual void DoFinish(const absl::Status& status) = 0;
+  // The peer will send nothing more.
+  virtual void OnReadSideDone() {}
+
+  // Keeps the object alive while gRPC holds the reactor.
+  std::shared_ptr<PeerStream> self_;
+
+ private:
+  void ResumeRead();
+  void MaybeFinishLocked(std::function<void()>* action) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !closed_.ok() || closing_ || outbox_.size() < capacity_;
+  }
+
+  const std::string name_;
+  const size_t capacity_;
+  MessageSink* sink_ = nullptr;
+  v1::StageMessage read_buffer_;
+  mutable absl::Mutex mu_;
+  std::deque<v1::StageMessage> outbox_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_starting_ ABSL_GUARDED_BY(mu_) = false;  // between deciding to read and StartRead
+  bool read_side_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status close_status_ ABSL_GUARDED_BY(mu_);
+  bool finish_started_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status closed_ ABSL_GUARDED_BY(mu_);  // non-OK once no more sends are possible
+  int64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Server end, on stage j+1: created by StageService for each Exchange call.
+// The sink is chosen from the first message (its job id) by `route`.
+class UpstreamStream : public PeerStream,
+                       public grpc::ServerBidiReactor<v1::StageMessage, v1::StageMessage> {
+ public:
+  using Router = std::function<absl::Status(
+      const v1::StageMessage& first, std::shared_ptr<UpstreamStream> stream, MessageSink** sink)>;
+  // Creates the reactor (owned by gRPC until OnDone) and starts reading.
+  static UpstreamStream* Start(Router router, size_t outbox_capacity);
+
+  void OnReadDone(bool ok) override { OnReadDoneImpl(ok); }
+  void OnWriteDone(bool ok) override { OnWriteDoneImpl(ok); }
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  class RoutingSink;
+  explicit UpstreamStream(size_t outbox_capacity);
+  void DoStartRead(v1::StageMessage* into) override { StartRead(into); }
+  void DoStartWrite(const v1::StageMessage* m) override { StartWrite(m); }
+  void DoFinish(const absl::Status& status) override;
+  // Stage j closes its writes only when the job is over on its side.
+  void OnReadSideDone() override { Close(absl::OkStatus()); }
+  std::unique_ptr<MessageSink> router_sink_;
+  std::atomic<bool> cancelled_{false};
+};
+
+// Client end, on stage j: dials stage j+1.
+class DownstreamStream : public PeerStream,
+                         public grpc::ClientBidiReactor<v1::StageMessage, v1::StageMessage> {
+ public:
+  static std::shared_ptr<DownstreamStream> Open(v1::StageService::Stub* stub, MessageSink* sink,
+                                                size_t outbox_capacity);
+  void OnReadDone(bool ok) override { OnReadDoneImpl(ok); }
+  void OnWriteDone(bool ok) override { OnWriteDoneImpl(ok); }
+  void OnDone(const grpc::Status& status) override;
+
+ private:
+  explicit DownstreamStream(size_t outbox_capacity);
+  void DoStartRead(v1::StageMessage* into) override { StartRead(into); }
+  void DoStartWrite(const v1::StageMessage* m) override { StartWrite(m); }
+  void DoFinish(const absl::Status& status) override;
+  grpc::ClientContext context_;
+};
+
+}  // namespace stagewise::worker
+
+#endif  // STAGEWISE_WORKER_PEER_STREAM_H_

@@ -1,0 +1,77 @@
+// What an algorithm sees of the stage it runs on: its blocks, optimizer, data
+// (stage 0), and blocking message passing with its neighbours. The runtime
+// implements it over gRPC streams; tests may implement it in memory.
+#ifndef STAGEWISE_WORKER_STAGE_CONTEXT_H_
+#define STAGEWISE_WORKER_STAGE_CONTEXT_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "services/common/job_spec.h"
+#include "services/data/dataset.h"
+#include "services/metrics/metrics.h"
+#include "services/models/model.h"
+#include "stagewise/v1/stage.pb.h"
+
+namespace stagewise::worker {
+
+class StageContext {
+ public:
+  virtual ~StageContext() = default;
+
+  virtual const JobSpec& spec() const = 0;
+  virtual const std::string& job_id() const = 0;
+  virtual int stage() const = 0;
+  virtual int num_stages() const = 0;
+  bool first() const { return stage() == 0; }
+  bool last() const { return stage() == num_stages() - 1; }
+
+  virtual models::Model& model() = 0;
+  virtual torch::optim::Optimizer& optimizer() = 0;
+  virtual torch::Device device() const = 0;
+
+  // Training length and schedule (same numbers on every stage).
+  virtual int64_t steps_per_epoch() const = 0;
+  virtual int64_t total_steps() const = 0;
+  virtual double LearningRate(int64_t step) const = 0;
+  // Whether an evaluation pass follows optimizer step `step` (1-based count of
+  // steps done), per the spec's eval policy.
+  virtual bool EvalDue(int64_t steps_done) const = 0;
+
+  // Stage 0 only: the batches.
+  virtual const data::BatchSampler& train_batches() const = 0;
+  virtual const data::BatchSampler& test_batches() const = 0;
+
+  // Blocking receive from stage j-1 (FORWARD, EVAL, AUX) or from stage j+1
+  // (BACKWARD). CANCELLED when the job is stopped, or the error that broke it.
+  virtual absl::StatusOr<v1::StageMessage> ReceiveFromPrev() = 0;
+  virtual absl::StatusOr<v1::StageMessage> ReceiveFromNext() = 0;
+  // Blocking (bounded outbox) send; job_id is filled in.
+  virtual absl::Status SendToNext(v1::StageMessage message) = 0;
+  virtual absl::Status SendToPrev(v1::StageMessage message) = 0;
+
+  // Progress for the coordinator: last stage reports the loss of each step.
+  virtual void ReportStep(int64_t steps_done, double train_loss, int64_t samples) = 0;
+  virtual void ReportEval(int64_t steps_done, double loss, double accuracy, int64_t samples) = 0;
+
+  virtual metrics::StageMetrics& stage_metrics() = 0;
+};
+
+// One training algorithm, run on the stage's compute thread from the first
+// step to the last. One implementation per file in worker/algorithms/.
+class Algorithm {
+ public:
+  virtual ~Algorithm() = default;
+  virtual absl::Status Run(StageContext& ctx) = 0;
+};
+
+// The algorithm the spec names; UNIMPLEMENTED for ones not built yet.
+absl::StatusOr<std::unique_ptr<Algorithm>> MakeAlgorithm(const AlgorithmSpec& spec);
+
+}  // namespace stagewise::worker
+
+#endif  // STAGEWISE_WORKER_STAGE_CONTEXT_H_

@@ -1,0 +1,398 @@
+#include "worker/stage_runtime.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "services/tensor/codec.h"
+#include "services/training/optimizer.h"
+
+namespace stagewise::worker {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+// Feeds one inbox from one peer stream, validating every message first.
+class StageRuntime::InboxSink : public MessageSink {
+ public:
+  InboxSink(StageRuntime* runtime, BoundedQueue<v1::StageMessage>* queue, bool from_prev)
+      : runtime_(runtime), queue_(queue), from_prev_(from_prev) {}
+
+  absl::StatusOr<bool> Deliver(v1::StageMessage message, std::function<void()> resume) override {
+    if (absl::Status s = runtime_->ValidateIncoming(message, from_prev_); !s.ok()) {
+      runtime_->Fail(s);
+      return s;
+    }
+    if (!queue_->ForcePush(std::move(message))) {
+      return absl::CancelledError("the stage is no longer running this job");
+    }
+    runtime_->metrics_->SetInboxDepth(static_cast<int64_t>(queue_->size()));
+    if (queue_->HasRoom()) return true;
+    queue_->NotifyWhenRoom(std::move(resume));  // backpressure: pause reading
+    return false;
+  }
+
+  void StreamClosed(const absl::Status& status) override {
+    if (!status.ok()) {
+      runtime_->Fail(absl::UnavailableError(
+          absl::StrCat(from_prev_ ? "the stream from stage " : "the stream to stage ",
+                       runtime_->stage() + (from_prev_ ? -1 : 1), " broke: ", status.message())));
+    }
+  }
+
+ private:
+  StageRuntime* runtime_;
+  BoundedQueue<v1::StageMessage>* queue_;
+  const bool from_prev_;
+};
+
+StageRuntime::StageRuntime(RuntimeEnv env)
+    : env_(std::move(env)), from_prev_(env_.inbox_capacity), from_next_(env_.inbox_capacity) {}
+
+StageRuntime::~StageRuntime() {
+  Stop(absl::CancelledError("runtime destroyed"));
+  Join();
+}
+
+absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
+    const v1::StageAssignment& assignment, RuntimeEnv env) {
+  std::shared_ptr<StageRuntime> rt(new StageRuntime(std::move(env)));
+  rt->assignment_ = assignment;
+  auto spec = ParseJobSpec(assignment.job_spec_yaml());
+  if (!spec.ok()) return spec.status();
+  rt->spec_ = *spec;
+  if (assignment.stage() < 0 || assignment.stage() >= assignment.num_stages()) {
+    return absl::InvalidArgumentError(absl::StrCat("StageAssignment.stage: ", assignment.stage(),
+                                                   " not in [0, ", assignment.num_stages(), ")"));
+  }
+  if (assignment.stage() + 1 < assignment.num_stages() && assignment.next_address().empty()) {
+    return absl::InvalidArgumentError("StageAssignment.next_address: empty for a non-last stage");
+  }
+  auto algorithm = MakeAlgorithm(rt->spec_.algorithm);
+  if (!algorithm.ok()) return algorithm.status();
+  rt->algorithm_ = std::move(*algorithm);
+
+  rt->metrics_ = std::make_unique<metrics::StageMetrics>(
+      *rt->env_.registry, assignment.job_id(), assignment.stage(), rt->spec_.algorithm.name);
+  const int64_t batch = rt->spec_.batch_size;
+  rt->steps_per_epoch_ = data::NominalTrainSize(rt->spec_.data) / batch;
+  if (rt->steps_per_epoch_ < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch_size: ", batch, " is larger than the training set"));
+  }
+  rt->total_steps_ = rt->spec_.steps > 0
+                         ? rt->spec_.steps
+                         : static_cast<int64_t>(std::ceil(rt->spec_.epochs * rt->steps_per_epoch_));
+  rt->base_lr_ = training::BaseLearningRate(rt->spec_.optimizer, batch);
+
+  if (assignment.stage() == 0) {
+    auto data = data::LoadDatasets(rt->spec_.data, static_cast<uint64_t>(rt->spec_.seed));
+    if (!data.ok()) return data.status();
+    rt->data_ = std::move(*data);
+    if (rt->data_.train.size() / batch != rt->steps_per_epoch_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.path: expected ", data::NominalTrainSize(rt->spec_.data), " training samples for ",
+          rt->spec_.data.dataset, ", found ", rt->data_.train.size()));
+    }
+    data::SamplerOptions train;
+    train.batch_size = batch;
+    train.seed = static_cast<uint64_t>(rt->spec_.seed);
+    train.augment = rt->spec_.data.augment;
+    train.crop_padding = rt->spec_.data.crop_padding;
+    train.horizontal_flip = rt->spec_.data.horizontal_flip;
+    if (rt->spec_.data.normalize) {
+      train.mean = rt->data_.mean;
+      train.std = rt->data_.std;
+    }
+    data::SamplerOptions test = train;
+    test.batch_size = rt->spec_.eval_batch_size > 0 ? rt->spec_.eval_batch_size : batch;
+    test.shuffle = false;
+    test.drop_last = false;
+    test.augment = false;
+    rt->train_ = std::make_unique<data::BatchSampler>(rt->data_.train, train);
+    rt->test_ = std::make_unique<data::BatchSampler>(rt->data_.test, test);
+  }
+
+  auto model = models::BuildModel(rt->spec_.model, static_cast<uint64_t>(rt->spec_.seed),
+                                  assignment.block_begin(), assignment.block_end());
+  if (!model.ok()) return model.status();
+  rt->model_ = *model;
+  try {
+    rt->model_->to(rt->env_.device);
+    rt->model_->train();
+    rt->optimizer_ = training::MakeOptimizer(rt->spec_.optimizer, *rt->model_);
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        absl::StrCat("setting up stage ", assignment.stage(), ": ", e.what()));
+  }
+  int64_t param_bytes = 0;
+  for (const auto& p : rt->model_->parameters()) param_bytes += p.numel() * p.element_size();
+  rt->metrics_->SetMemory("parameters", param_bytes);
+  rt->prev_sink_ = std::make_unique<InboxSink>(rt.get(), &rt->from_prev_, true);
+  rt->next_sink_ = std::make_unique<InboxSink>(rt.get(), &rt->from_next_, false);
+  return rt;
+}
+
+absl::Status StageRuntime::Start() {
+  if (!last()) {
+    next_channel_ = rpc::MakeChannel(assignment_.next_address(), env_.rpc);
+    next_stub_ = v1::StageService::NewStub(next_channel_);
+    downstream_ = DownstreamStream::Open(next_stub_.get(), next_sink_.get(), env_.outbox_capacity);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    last_report_ = std::chrono::steady_clock::now();
+  }
+  compute_ = std::thread([this] { ComputeLoop(); });
+  return absl::OkStatus();
+}
+
+void StageRuntime::ComputeLoop() {
+  absl::Status status;
+  try {
+    status = algorithm_->Run(*this);
+  } catch (const std::exception& e) {
+    status = absl::InternalError(absl::StrCat("stage ", stage(), ": ", e.what()));
+  }
+  if (status.ok()) {
+    // Everything this stage had to send is queued: close and let it drain.
+    if (downstream_) {
+      downstream_->Close(absl::OkStatus());
+      downstream_->WaitDone();
+    }
+    status = SaveFinalState();
+  }
+  bool report = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!status.ok() && !failure_.ok()) status = failure_;  // the root cause, not the echo
+    finished_ = true;
+    outcome_ = status;
+    report = !stopping_ && !reported_;
+    reported_ = true;
+  }
+  if (!status.ok()) Abort(status, false);
+  if (!report || !env_.emit) return;
+  v1::WorkerEvent event;
+  if (status.ok()) {
+    auto* r = event.mutable_result();
+    r->set_job_id(job_id());
+    r->set_stage(stage());
+    (*r->mutable_values())["steps"] = static_cast<double>(total_steps_);
+    (*r->mutable_values())["bytes_sent"] = static_cast<double>(metrics_->bytes(true));
+    (*r->mutable_values())["bytes_received"] = static_cast<double>(metrics_->bytes(false));
+    (*r->mutable_values())["idle_seconds"] = metrics_->idle_seconds();
+  } else {
+    auto* e = event.mutable_error();
+    e->set_job_id(job_id());
+    e->set_stage(stage());
+    e->set_code(static_cast<int>(status.code()));
+    e->set_message(absl::StrCat("stage ", stage(), ": ", status.message()));
+  }
+  env_.emit(std::move(event));
+}
+
+absl::Status StageRuntime::SaveFinalState() const {
+  if (spec_.checkpoint.dir.empty()) return absl::OkStatus();
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(spec_.checkpoint.dir) / job_id();
+  const fs::path path = dir / absl::StrCat("stage-", stage(), ".pt");
+  try {
+    fs::create_directories(dir);
+    torch::serialize::OutputArchive archive;
+    model_->save(archive);
+    const std::string tmp = path.string() + ".tmp";
+    archive.save_to(tmp);
+    fs::rename(tmp, path);
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        absl::StrCat("checkpoint.dir: writing ", path.string(), ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+void StageRuntime::Abort(const absl::Status& why, bool report) {
+  std::shared_ptr<UpstreamStream> upstream;
+  {
+    absl::MutexLock lock(&mu_);
+    if (failure_.ok()) failure_ = why;
+    if (!report) reported_ = reported_ || stopping_;
+    upstream = upstream_;
+  }
+  from_prev_.Close();
+  from_next_.Close();
+  if (downstream_) downstream_->Close(why);
+  if (upstream) upstream->Close(why);
+}
+
+void StageRuntime::Stop(const absl::Status& why) {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  Abort(why, false);
+}
+
+void StageRuntime::Fail(const absl::Status& why) { Abort(why, true); }
+
+void StageRuntime::Join() {
+  if (compute_.joinable()) compute_.join();
+}
+
+bool StageRuntime::running() const {
+  absl::MutexLock lock(&mu_);
+  return compute_.joinable() && !finished_;
+}
+
+std::optional<absl::Status> StageRuntime::outcome() const {
+  absl::MutexLock lock(&mu_);
+  return outcome_;
+}
+
+absl::Status StageRuntime::ValidateIncoming(const v1::StageMessage& m, bool from_prev) const {
+  if (m.job_id() != job_id()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "StageMessage.job_id: '", m.job_id(), "' is not the job of this stage ('", job_id(), "')"));
+  }
+  const auto kind = m.kind();
+  const bool ok_kind = from_prev
+                           ? (kind == v1::StageMessage::FORWARD || kind == v1::StageMessage::EVAL ||
+                              kind == v1::StageMessage::AUX || kind == v1::StageMessage::CONTROL)
+                           : (kind == v1::StageMessage::BACKWARD || kind == v1::StageMessage::AUX ||
+                              kind == v1::StageMessage::CONTROL);
+  if (!ok_kind) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StageMessage.kind: ", v1::StageMessage::Kind_Name(kind),
+                     " cannot come from stage ", stage() + (from_prev ? -1 : 1)));
+  }
+  if (m.step() < 0 || m.micro_batch() < 0) {
+    return absl::InvalidArgumentError("StageMessage.step/micro_batch: negative");
+  }
+  for (const auto& [name, tensor] : m.tensors()) {
+    if (absl::Status s = ValidateTensorProto(tensor); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StageMessage.tensors['", name, "']: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StageRuntime::AttachUpstream(const v1::StageMessage& message,
+                                          std::shared_ptr<UpstreamStream> stream,
+                                          MessageSink** sink) {
+  if (absl::Status s = ValidateIncoming(message, true); !s.ok()) {
+    Fail(s);
+    return s;
+  }
+  if (first()) {
+    return absl::FailedPreconditionError("stage 0 takes no stream from a previous stage");
+  }
+  absl::MutexLock lock(&mu_);
+  if (!failure_.ok()) return absl::FailedPreconditionError("the job has stopped on this stage");
+  if (upstream_) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("stage ", stage(), " of job ", job_id(), " already has its upstream stream"));
+  }
+  upstream_ = std::move(stream);
+  *sink = prev_sink_.get();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::StageMessage> StageRuntime::Receive(BoundedQueue<v1::StageMessage>& queue) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::optional<v1::StageMessage> m = queue.Pop();
+  metrics_->AddIdle(SecondsSince(t0));
+  metrics_->SetInboxDepth(static_cast<int64_t>(queue.size()));
+  if (m.has_value()) return std::move(*m);
+  absl::MutexLock lock(&mu_);
+  return failure_.ok() ? absl::CancelledError("stopped") : failure_;
+}
+
+absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFromPrev() {
+  if (first()) return absl::FailedPreconditionError("stage 0 has no previous stage");
+  return Receive(from_prev_);
+}
+
+absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFromNext() {
+  if (last()) return absl::FailedPreconditionError("the last stage has no next stage");
+  return Receive(from_next_);
+}
+
+absl::Status StageRuntime::SendToNext(v1::StageMessage message) {
+  if (!downstream_) return absl::FailedPreconditionError("the last stage has no next stage");
+  message.set_job_id(job_id());
+  message.set_origin_stage(stage());
+  const auto size = static_cast<int64_t>(message.ByteSizeLong());
+  absl::Status s = downstream_->Send(std::move(message));
+  if (s.ok()) metrics_->AddBytes(true, size);
+  return s;
+}
+
+absl::Status StageRuntime::SendToPrev(v1::StageMessage message) {
+  std::shared_ptr<UpstreamStream> upstream;
+  {
+    absl::MutexLock lock(&mu_);
+    upstream = upstream_;
+    if (!failure_.ok()) return failure_;
+  }
+  if (!upstream) return absl::FailedPreconditionError("no stream from the previous stage yet");
+  message.set_job_id(job_id());
+  message.set_origin_stage(stage());
+  const auto size = static_cast<int64_t>(message.ByteSizeLong());
+  absl::Status s = upstream->Send(std::move(message));
+  if (s.ok()) metrics_->AddBytes(true, size);
+  return s;
+}
+
+double StageRuntime::LearningRate(int64_t step) const {
+  return training::LearningRateAt(spec_.schedule, base_lr_, step, steps_per_epoch_, total_steps_);
+}
+
+bool StageRuntime::EvalDue(int64_t steps_done) const {
+  const EvalSpec& e = spec_.eval;
+  if (steps_done == total_steps_) return e.at_end || e.every_epochs > 0 || e.every_steps > 0;
+  if (e.every_steps > 0 && steps_done % e.every_steps == 0) return true;
+  return e.every_epochs > 0 && steps_done % (e.every_epochs * steps_per_epoch_) == 0;
+}
+
+void StageRuntime::ReportStep(int64_t steps_done, double train_loss, int64_t samples) {
+  if (!env_.emit) return;
+  // Every stage reports its step (the coordinator tracks the slowest); the last
+  // stage adds the loss. Reports are rate-limited to a few per second.
+  double seconds = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    seconds = SecondsSince(last_report_);
+    if (seconds < 0.25 && steps_done != total_steps_) return;
+    last_report_ = std::chrono::steady_clock::now();
+  }
+  v1::WorkerEvent event;
+  auto* m = event.mutable_metrics();
+  m->set_job_id(job_id());
+  m->set_stage(stage());
+  m->set_step(steps_done);
+  if (last()) (*m->mutable_values())["train_loss"] = train_loss;
+  (*m->mutable_values())["samples"] = static_cast<double>(samples);
+  (*m->mutable_values())["report_seconds"] = seconds;
+  env_.emit(std::move(event));
+}
+
+void StageRuntime::ReportEval(int64_t steps_done, double loss, double accuracy, int64_t samples) {
+  if (!env_.emit) return;
+  v1::WorkerEvent event;
+  auto* m = event.mutable_metrics();
+  m->set_job_id(job_id());
+  m->set_stage(stage());
+  m->set_step(steps_done);
+  (*m->mutable_values())["eval_loss"] = loss;
+  (*m->mutable_values())["eval_accuracy"] = accuracy;
+  (*m->mutable_values())["eval_samples"] = static_cast<double>(samples);
+  env_.emit(std::move(event));
+}
+
+}  // namespace stagewise::worker

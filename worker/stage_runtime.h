@@ -1,0 +1,120 @@
+// One stage of one job on a worker: the blocks, optimizer, data (stage 0),
+// bounded inboxes fed by the peer streams, and the compute thread that runs
+// the job's algorithm. Knows nothing algorithm-specific.
+#ifndef STAGEWISE_WORKER_STAGE_RUNTIME_H_
+#define STAGEWISE_WORKER_STAGE_RUNTIME_H_
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "services/common/bounded_queue.h"
+#include "services/rpc/server.h"
+#include "stagewise/v1/coordinator.pb.h"
+#include "worker/peer_stream.h"
+#include "worker/stage_context.h"
+
+namespace stagewise::worker {
+
+struct RuntimeEnv {
+  torch::Device device{torch::kCPU};
+  prometheus::Registry* registry = nullptr;   // required
+  std::function<void(v1::WorkerEvent)> emit;  // to the coordinator
+  rpc::RpcOptions rpc;
+  size_t inbox_capacity = 64;  // messages per direction
+  size_t outbox_capacity = 16;
+};
+
+class StageRuntime final : public StageContext {
+ public:
+  static absl::StatusOr<std::shared_ptr<StageRuntime>> Create(const v1::StageAssignment& assignment,
+                                                              RuntimeEnv env);
+  ~StageRuntime() override;
+
+  // Dials stage j+1 (if any) and starts the compute thread.
+  absl::Status Start();
+  // Aborts the job on this stage (coordinator's Stop, or shutdown).
+  void Stop(const absl::Status& why);
+  // Fails the job: reported to the coordinator once, then everything stops.
+  void Fail(const absl::Status& why);
+  void Join();
+  bool running() const;
+  // The result of the compute thread once it has ended.
+  std::optional<absl::Status> outcome() const;
+
+  // StageService routing: validates `first`, then binds the stream from j-1.
+  absl::Status AttachUpstream(const v1::StageMessage& message,
+                              std::shared_ptr<UpstreamStream> stream, MessageSink** sink);
+  std::shared_ptr<models::Model> model_ptr() const { return model_; }
+
+  // StageContext
+  const JobSpec& spec() const override { return spec_; }
+  const std::string& job_id() const override { return assignment_.job_id(); }
+  int stage() const override { return assignment_.stage(); }
+  int num_stages() const override { return assignment_.num_stages(); }
+  models::Model& model() override { return *model_; }
+  torch::optim::Optimizer& optimizer() override { return *optimizer_; }
+  torch::Device device() const override { return env_.device; }
+  int64_t steps_per_epoch() const override { return steps_per_epoch_; }
+  int64_t total_steps() const override { return total_steps_; }
+  double LearningRate(int64_t step) const override;
+  bool EvalDue(int64_t steps_done) const override;
+  const data::BatchSampler& train_batches() const override { return *train_; }
+  const data::BatchSampler& test_batches() const override { return *test_; }
+  absl::StatusOr<v1::StageMessage> ReceiveFromPrev() override;
+  absl::StatusOr<v1::StageMessage> ReceiveFromNext() override;
+  absl::Status SendToNext(v1::StageMessage message) override;
+  absl::Status SendToPrev(v1::StageMessage message) override;
+  void ReportStep(int64_t steps_done, double train_loss, int64_t samples) override;
+  void ReportEval(int64_t steps_done, double loss, double accuracy, int64_t samples) override;
+  metrics::StageMetrics& stage_metrics() override { return *metrics_; }
+
+ private:
+  class InboxSink;
+  explicit StageRuntime(RuntimeEnv env);
+  absl::StatusOr<v1::StageMessage> Receive(BoundedQueue<v1::StageMessage>& queue);
+  absl::Status ValidateIncoming(const v1::StageMessage& m, bool from_prev) const;
+  void ComputeLoop();
+  absl::Status SaveFinalState() const;
+  void Abort(const absl::Status& why, bool report);
+
+  RuntimeEnv env_;
+  v1::StageAssignment assignment_;
+  JobSpec spec_;
+  std::shared_ptr<models::Model> model_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<Algorithm> algorithm_;
+  data::Datasets data_;
+  std::unique_ptr<data::BatchSampler> train_, test_;
+  int64_t steps_per_epoch_ = 0;
+  int64_t total_steps_ = 0;
+  double base_lr_ = 0;
+  std::unique_ptr<metrics::StageMetrics> metrics_;
+
+  BoundedQueue<v1::StageMessage> from_prev_;
+  BoundedQueue<v1::StageMessage> from_next_;
+  std::unique_ptr<InboxSink> prev_sink_, next_sink_;
+  std::shared_ptr<grpc::Channel> next_channel_;
+  std::unique_ptr<v1::StageService::Stub> next_stub_;
+  std::shared_ptr<DownstreamStream> downstream_;
+
+  mutable absl::Mutex mu_;
+  std::shared_ptr<UpstreamStream> upstream_ ABSL_GUARDED_BY(mu_);
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool reported_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // compute thread done with the job
+  std::optional<absl::Status> outcome_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point last_report_ ABSL_GUARDED_BY(mu_);
+  std::thread compute_;
+};
+
+}  // namespace stagewise::worker
+
+#endif  // STAGEWISE_WORKER_STAGE_RUNTIME_H_

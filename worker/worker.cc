@@ -1,0 +1,266 @@
+#include "worker/worker.h"
+
+#include <unistd.h>
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "services/rpc/status.h"
+
+namespace stagewise::worker {
+
+class Worker::Service : public v1::StageService::CallbackService {
+ public:
+  explicit Service(Worker* worker) : worker_(worker) {}
+  grpc::ServerBidiReactor<v1::StageMessage, v1::StageMessage>* Exchange(
+      grpc::CallbackServerContext*) override {
+    return UpstreamStream::Start(
+        [this](const v1::StageMessage& first, std::shared_ptr<UpstreamStream> stream,
+               MessageSink** sink) { return worker_->Route(first, std::move(stream), sink); },
+        /*outbox_capacity=*/16);
+  }
+
+ private:
+  Worker* worker_;
+};
+
+Worker::Worker(WorkerOptions options) : options_(std::move(options)) {}
+
+Worker::~Worker() { Shutdown(); }
+
+std::string Worker::address() const {
+  std::string host = options_.advertise;
+  if (host.empty()) {
+    char name[256] = {0};
+    host = gethostname(name, sizeof(name) - 1) == 0 ? name : "127.0.0.1";
+  }
+  return absl::StrCat(host, ":", port_);
+}
+
+absl::Status Worker::Start() {
+  try {
+    device_ = torch::Device(options_.device);
+  } catch (const std::exception&) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: '", options_.device, "' is not a device (cpu, cuda:N)"));
+  }
+  if (device_.is_cuda() && !torch::cuda::is_available()) {
+    return absl::FailedPreconditionError("--device: CUDA requested but LibTorch sees no GPU");
+  }
+  auto metrics = metrics::MetricsServer::Start(options_.metrics_listen);
+  if (!metrics.ok()) return metrics.status();
+  metrics_ = std::move(*metrics);
+
+  service_ = std::make_unique<Service>(this);
+  grpc::ServerBuilder builder;
+  rpc::ConfigureServerBuilder(options_.rpc, &builder);
+  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
+  builder.RegisterService(service_.get());
+  server_ = builder.BuildAndStart();
+  if (!server_ || port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("--listen: cannot serve on ", options_.listen));
+  }
+  coordinator_channel_ = rpc::MakeChannel(options_.coordinator, options_.rpc);
+  coordinator_ = v1::Coordinator::NewStub(coordinator_channel_);
+  control_thread_ = std::thread([this] { ControlLoop(); });
+  return absl::OkStatus();
+}
+
+void Worker::Shutdown() {
+  if (shutdown_.exchange(true)) return;
+  std::shared_ptr<StageRuntime> rt;
+  {
+    absl::MutexLock lock(&mu_);
+    rt = runtime_;
+    if (control_context_ != nullptr) control_context_->TryCancel();
+  }
+  if (rt) {
+    rt->Stop(absl::CancelledError("the worker is shutting down"));
+    rt->Join();
+  }
+  if (control_thread_.joinable()) control_thread_.join();
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+std::shared_ptr<StageRuntime> Worker::runtime() const {
+  absl::MutexLock lock(&mu_);
+  return runtime_;
+}
+
+bool Worker::registered() const {
+  absl::MutexLock lock(&mu_);
+  return connected_;
+}
+
+void Worker::ControlLoop() {
+  while (!shutdown_) {
+    absl::Status s = ControlSession();
+    if (shutdown_) break;
+    std::cerr << "worker: control session ended: " << s << "; reconnecting\n";
+    absl::SleepFor(options_.reconnect);
+  }
+}
+
+absl::Status Worker::ControlSession() {
+  v1::RegisterWorkerRequest req;
+  v1::WorkerInfo* info = req.mutable_worker();
+  info->set_worker_id(options_.name.empty() ? address() : options_.name);
+  info->set_address(address());
+  info->set_device(options_.device);
+  info->set_memory_bytes(options_.memory_bytes);
+  info->set_version(STAGEWISE_VERSION);
+  v1::RegisterWorkerResponse resp;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::Status s = coordinator_->RegisterWorker(&ctx, req, &resp);
+    if (!s.ok()) return rpc::FromGrpcStatus(s);
+  }
+  grpc::ClientContext ctx;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return absl::CancelledError("shutting down");
+    worker_id_ = resp.worker_id();
+    control_context_ = &ctx;
+  }
+  auto stream = coordinator_->Control(&ctx);
+  {
+    absl::MutexLock lock(&write_mu_);
+    control_stream_ = stream.get();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    connected_ = true;
+  }
+  v1::WorkerEvent hello;
+  hello.mutable_heartbeat()->set_unix_ms(absl::ToUnixMillis(absl::Now()));
+  Emit(hello);
+  std::atomic<bool> session_over{false};
+  const absl::Duration beat = resp.heartbeat_interval_ms() > 0
+                                  ? absl::Milliseconds(resp.heartbeat_interval_ms())
+                                  : options_.heartbeat;
+  std::thread heartbeat([&] {
+    while (!session_over) {
+      for (absl::Duration slept; slept < beat && !session_over; slept += absl::Milliseconds(50)) {
+        absl::SleepFor(absl::Milliseconds(50));
+      }
+      if (session_over) break;
+      v1::WorkerEvent e;
+      e.mutable_heartbeat()->set_unix_ms(absl::ToUnixMillis(absl::Now()));
+      Emit(e);
+    }
+  });
+  v1::Command command;
+  while (stream->Read(&command)) HandleCommand(command);
+  session_over = true;
+  heartbeat.join();
+  {
+    absl::MutexLock lock(&write_mu_);
+    control_stream_ = nullptr;
+  }
+  std::shared_ptr<StageRuntime> rt;
+  {
+    absl::MutexLock lock(&mu_);
+    connected_ = false;
+    control_context_ = nullptr;
+    rt = runtime_;
+  }
+  grpc::Status status = stream->Finish();
+  // Without its coordinator a job cannot finish; the coordinator re-plans it.
+  if (rt && rt->running()) {
+    rt->Stop(absl::UnavailableError("lost the coordinator"));
+    rt->Join();
+  }
+  return rpc::FromGrpcStatus(status);
+}
+
+void Worker::Emit(v1::WorkerEvent event) {
+  {
+    absl::MutexLock lock(&mu_);
+    event.set_worker_id(worker_id_);
+  }
+  absl::MutexLock lock(&write_mu_);
+  if (control_stream_ != nullptr) control_stream_->Write(event);
+}
+
+void Worker::HandleCommand(const v1::Command& command) {
+  auto ack = [&]() {
+    v1::WorkerEvent e;
+    e.mutable_ack()->set_command_id(command.command_id());
+    Emit(e);
+  };
+  auto error = [&](const std::string& job, int stage, const absl::Status& s) {
+    v1::WorkerEvent e;
+    auto* err = e.mutable_error();
+    err->set_job_id(job);
+    err->set_stage(stage);
+    err->set_code(static_cast<int>(s.code()));
+    err->set_message(absl::StrCat("stage ", stage, " (", address(), "): ", s.message()));
+    Emit(e);
+  };
+  switch (command.command_case()) {
+    case v1::Command::kConfigure: {
+      const v1::StageAssignment& a = command.configure();
+      std::shared_ptr<StageRuntime> old = runtime();
+      if (old && old->running()) {
+        error(a.job_id(), a.stage(),
+              absl::FailedPreconditionError(absl::StrCat("busy with job ", old->job_id())));
+        return;
+      }
+      RuntimeEnv env;
+      env.device = device_;
+      env.registry = &metrics_->registry();
+      env.emit = [this](v1::WorkerEvent e) { Emit(std::move(e)); };
+      env.rpc = options_.rpc;
+      auto rt = StageRuntime::Create(a, std::move(env));
+      if (!rt.ok()) {
+        error(a.job_id(), a.stage(), rt.status());
+        return;
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        runtime_ = *rt;
+      }
+      ack();
+      return;
+    }
+    case v1::Command::kStart: {
+      std::shared_ptr<StageRuntime> rt = runtime();
+      if (!rt || rt->job_id() != command.start().job_id()) {
+        error(command.start().job_id(), -1,
+              absl::FailedPreconditionError("start for a job this worker is not configured for"));
+        return;
+      }
+      if (absl::Status s = rt->Start(); !s.ok()) {
+        error(rt->job_id(), rt->stage(), s);
+        return;
+      }
+      ack();
+      return;
+    }
+    case v1::Command::kStop: {
+      std::shared_ptr<StageRuntime> rt = runtime();
+      if (rt && rt->job_id() == command.stop().job_id()) {
+        rt->Stop(absl::CancelledError(command.stop().reason()));
+        rt->Join();
+      }
+      ack();
+      return;
+    }
+    default:
+      ack();  // drain/checkpoint/evaluate arrive with later features
+  }
+}
+
+absl::Status Worker::Route(const v1::StageMessage& first, std::shared_ptr<UpstreamStream> stream,
+                           MessageSink** sink) {
+  std::shared_ptr<StageRuntime> rt = runtime();
+  if (!rt || rt->job_id() != first.job_id()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "StageMessage.job_id: this worker runs no stage of job '", first.job_id(), "'"));
+  }
+  return rt->AttachUpstream(first, std::move(stream), sink);
+}
+
+}  // namespace stagewise::worker

@@ -1,0 +1,86 @@
+// The worker process: serves StageService, keeps a control stream to the
+// coordinator, and hosts one stage of one job at a time between jobs.
+#ifndef STAGEWISE_WORKER_WORKER_H_
+#define STAGEWISE_WORKER_WORKER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "services/metrics/metrics.h"
+#include "services/rpc/server.h"
+#include "stagewise/v1/coordinator.grpc.pb.h"
+#include "worker/stage_runtime.h"
+
+namespace stagewise::worker {
+
+struct WorkerOptions {
+  std::string coordinator = "127.0.0.1:7070";
+  std::string listen = "0.0.0.0:7071";
+  std::string advertise;                        // host peers dial; default: this host's name
+  std::string metrics_listen = "0.0.0.0:9091";  // empty: no /metrics endpoint
+  std::string device = "cpu";
+  std::string name;  // default: host:port
+  int64_t memory_bytes = 0;
+  absl::Duration heartbeat = absl::Seconds(1);
+  absl::Duration reconnect = absl::Seconds(1);
+  rpc::RpcOptions rpc;
+};
+
+class Worker {
+ public:
+  explicit Worker(WorkerOptions options);
+  ~Worker();
+  // Starts the servers and the control loop (which keeps dialing the
+  // coordinator until it answers).
+  absl::Status Start();
+  // Stops the current stage, closes the control stream and the servers.
+  void Shutdown();
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+  std::string address() const;
+  // The current (or last) stage runtime; tests read its model.
+  std::shared_ptr<StageRuntime> runtime() const;
+  bool registered() const;
+
+ private:
+  class Service;
+  void ControlLoop();
+  absl::Status ControlSession();
+  void HandleCommand(const v1::Command& command);
+  void Emit(v1::WorkerEvent event);
+  absl::Status Route(const v1::StageMessage& first, std::shared_ptr<UpstreamStream> stream,
+                     MessageSink** sink);
+
+  WorkerOptions options_;
+  torch::Device device_{torch::kCPU};
+  std::unique_ptr<metrics::MetricsServer> metrics_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::shared_ptr<grpc::Channel> coordinator_channel_;
+  std::unique_ptr<v1::Coordinator::Stub> coordinator_;
+  std::thread control_thread_;
+  std::atomic<bool> shutdown_{false};
+
+  mutable absl::Mutex mu_;
+  std::shared_ptr<StageRuntime> runtime_ ABSL_GUARDED_BY(mu_);
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  grpc::ClientContext* control_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool connected_ ABSL_GUARDED_BY(mu_) = false;
+
+  absl::Mutex write_mu_;  // one write in flight on the control stream
+  grpc::ClientReaderWriter<v1::WorkerEvent, v1::Command>* control_stream_
+      ABSL_GUARDED_BY(write_mu_) = nullptr;
+};
+
+}  // namespace stagewise::worker
+
+#endif  // STAGEWISE_WORKER_WORKER_H_
