@@ -1,0 +1,210 @@
+// The coordinator and workers as a system: real gRPC on port 0, in-process.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "services/rpc/server.h"
+#include "tests/integration/cluster.h"
+
+namespace stagewise {
+namespace {
+
+std::string Job(int stages, int64_t steps, const std::string& extra = "") {
+  return absl::StrCat(R"(name: small
+seed: 1
+model: {name: mlp, hidden: [32, 32, 16]}
+data: {dataset: synthetic, train_size: 256, test_size: 64, shape: [1, 8, 8], classes: 4}
+stages: )",
+                      stages, "\noptimizer: {lr: 0.05}\nbatch_size: 16\nsteps: ", steps, "\n",
+                      extra);
+}
+
+TEST(Distributed, MalformedMessageFailsTheJobAndTheWorkerServesTheNext) {
+  testing::Cluster cluster({.workers = 2});
+  ASSERT_TRUE(cluster.WaitForWorkers(2));
+  auto id = cluster.manager().Submit(Job(2, 1000000));
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(cluster.WaitForState(*id, v1::RUNNING));
+
+  // Find the worker holding stage 1 and speak to it as a rogue stage 0.
+  worker::Worker* target = nullptr;
+  for (auto& w : cluster.workers()) {
+    auto rt = w->runtime();
+    if (rt && rt->job_id() == *id && rt->stage() == 1) target = w.get();
+  }
+  ASSERT_NE(target, nullptr);
+  auto channel = rpc::MakeChannel(target->address());
+  auto stub = v1::StageService::NewStub(channel);
+  grpc::ClientContext ctx;
+  auto stream = stub->Exchange(&ctx);
+  v1::StageMessage bad;
+  bad.set_job_id(*id);
+  bad.set_kind(v1::StageMessage::FORWARD);
+  auto& t = (*bad.mutable_tensors())["x"];
+  t.set_dtype(v1::DTYPE_FLOAT32);
+  t.add_shape(2);
+  t.add_shape(3);
+  t.set_data("short");
+  stream->Write(bad);
+  stream->WritesDone();
+  v1::StageMessage ignored;
+  while (stream->Read(&ignored)) {
+  }
+  grpc::Status s = stream->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("tensors['x']"), std::string::npos) << s.error_message();
+
+  auto st = cluster.WaitForJob(*id);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->state(), v1::FAILED);
+  EXPECT_NE(st->reason().find("tensors['x']"), std::string::npos) << st->reason();
+  EXPECT_NE(st->reason().find("stage 1"), std::string::npos) << st->reason();
+
+  // Both workers are still up and run the next job to the end.
+  ASSERT_TRUE(cluster.WaitForWorkers(2));
+  auto next = cluster.manager().Submit(Job(2, 5));
+  ASSERT_TRUE(next.ok());
+  auto done = cluster.WaitForJob(*next);
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+}
+
+TEST(Distributed, JobWaitsForWorkersThenCanBeCancelled) {
+  testing::Cluster cluster({.workers = 2});
+  ASSERT_TRUE(cluster.WaitForWorkers(2));
+  auto id = cluster.manager().Submit(Job(3, 5));
+  ASSERT_TRUE(id.ok()) << id.status();
+  absl::SleepFor(absl::Milliseconds(200));
+  auto st = cluster.manager().GetJob(*id);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->state(), v1::PENDING);
+  EXPECT_NE(st->reason().find("waiting for 3 idle workers (2 idle, 2 registered)"),
+            std::string::npos)
+      << st->reason();
+
+  // A third worker arrives: the job runs.
+  cluster.AddWorker();
+  auto done = cluster.WaitForJob(*id);
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+
+  auto pending = cluster.manager().Submit(Job(4, 5));
+  ASSERT_TRUE(pending.ok());
+  auto cancelled = cluster.manager().Cancel(*pending, "changed my mind");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  EXPECT_EQ(cancelled->reason(), "changed my mind");
+}
+
+TEST(Distributed, CancellingARunningJobStopsItsStages) {
+  testing::Cluster cluster({.workers = 2});
+  ASSERT_TRUE(cluster.WaitForWorkers(2));
+  auto id = cluster.manager().Submit(Job(2, 1000000));
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(cluster.WaitForState(*id, v1::RUNNING));
+  auto st = cluster.manager().Cancel(*id, "");
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->state(), v1::CANCELLED);
+  // The workers become idle again and run another job.
+  ASSERT_TRUE(cluster.WaitForWorkers(2));
+  auto next = cluster.manager().Submit(Job(2, 3));
+  ASSERT_TRUE(next.ok());
+  auto done = cluster.WaitForJob(*next);
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+}
+
+TEST(Distributed, InvalidSpecsAreRefusedNamingTheKey) {
+  testing::Cluster cluster({.workers = 0});
+  auto bad = cluster.manager().Submit(Job(2, 5, "optimiser: {lr: 1}\n"));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("optimiser"), std::string::npos);
+  auto too_many = cluster.manager().Submit(Job(9, 5));
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_many.status().message().find("stages.count"), std::string::npos)
+      << too_many.status();
+  auto later = cluster.manager().Submit(Job(1, 5, "algorithm: petra\n"));
+  EXPECT_EQ(later.status().code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(Distributed, MetricsEndpointsServeTheDocumentedFamilies) {
+  testing::Cluster cluster({.workers = 2, .metrics_endpoints = true});
+  ASSERT_TRUE(cluster.WaitForWorkers(2));
+  auto id = cluster.manager().Submit(Job(2, 8));
+  ASSERT_TRUE(id.ok());
+  auto st = cluster.WaitForJob(*id);
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->state(), v1::SUCCEEDED) << st->reason();
+
+  auto coord = metrics::Scrape("127.0.0.1", cluster.coordinator_metrics_port());
+  ASSERT_TRUE(coord.ok()) << coord.status();
+  for (const char* name :
+       {"stagewise_job_train_loss", "stagewise_job_samples_per_second", "stagewise_job_step",
+        "stagewise_job_eval_accuracy", "stagewise_coordinator_workers"}) {
+    EXPECT_TRUE(metrics::FindSample(*coord, name, {{"job", *id}}).ok() ||
+                metrics::FindSample(*coord, name).ok())
+        << name << "\n"
+        << *coord;
+  }
+  auto step = metrics::FindSample(*coord, "stagewise_job_step", {{"job", *id}});
+  ASSERT_TRUE(step.ok());
+  EXPECT_EQ(*step, 8);
+
+  for (auto& w : cluster.workers()) {
+    auto text = metrics::Scrape("127.0.0.1", w->metrics_port());
+    ASSERT_TRUE(text.ok()) << text.status();
+    const std::string stage = std::to_string(w->runtime()->stage());
+    for (const char* name : {"stagewise_stage_compute_seconds_count",
+                             "stagewise_stage_idle_seconds_total", "stagewise_stage_inbox_depth",
+                             "stagewise_transport_bytes_total", "stagewise_stage_staleness_steps",
+                             "stagewise_stage_memory_bytes", "stagewise_stage_steps_total"}) {
+      EXPECT_TRUE(metrics::FindSample(*text, name, {{"job", *id}, {"stage", stage}}).ok())
+          << name << "\n"
+          << *text;
+    }
+    auto steps = metrics::FindSample(*text, "stagewise_stage_steps_total", {{"job", *id}});
+    ASSERT_TRUE(steps.ok());
+    EXPECT_EQ(*steps, 8);
+    auto sent = metrics::FindSample(*text, "stagewise_transport_bytes_total",
+                                    {{"job", *id}, {"direction", "sent"}});
+    ASSERT_TRUE(sent.ok());
+    EXPECT_GT(*sent, 0);
+  }
+}
+
+TEST(Distributed, JobHistorySurvivesACoordinatorRestart) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("stagewise_restart_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  testing::Cluster cluster({.workers = 1, .db = (dir / "coordinator.db").string()});
+  ASSERT_TRUE(cluster.WaitForWorkers(1));
+  auto id = cluster.manager().Submit(Job(1, 6));
+  ASSERT_TRUE(id.ok());
+  auto st = cluster.WaitForJob(*id);
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->state(), v1::SUCCEEDED);
+
+  cluster.StopCoordinator();
+  cluster.StartCoordinator();
+  auto again = cluster.manager().GetJob(*id);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->state(), v1::SUCCEEDED);
+  EXPECT_EQ(again->step(), 6);
+  EXPECT_DOUBLE_EQ(again->eval_accuracy(), st->eval_accuracy());
+  auto jobs = cluster.manager().ListJobs(10);
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->size(), 1u);
+  // The worker reconnects to the restarted coordinator and takes new work.
+  ASSERT_TRUE(cluster.WaitForWorkers(1));
+  auto next = cluster.manager().Submit(Job(1, 2));
+  ASSERT_TRUE(next.ok());
+  auto done = cluster.WaitForJob(*next);
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace stagewise
