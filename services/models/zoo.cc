@@ -103,6 +103,31 @@ absl::StatusOr<std::vector<int>> StageBlocks(const ModelSpec& spec, size_t group
   return spec.blocks;
 }
 
+// Blocks per group of the four-group (ImageNet-style) networks: depth 18 and 34
+// use basic blocks, 50 bottlenecks (He et al. 2016, Tab. 1); `blocks` overrides.
+struct Layout {
+  std::vector<int> blocks;
+  bool bottleneck = false;
+};
+
+absl::StatusOr<Layout> FourGroupLayout(const ModelSpec& spec, const std::string& family) {
+  Layout layout;
+  std::vector<int> from_depth;
+  if (spec.depth == 18) {
+    from_depth = {2, 2, 2, 2};
+  } else if (spec.depth == 34 || spec.depth == 50) {
+    from_depth = {3, 4, 6, 3};
+    layout.bottleneck = spec.depth == 50;
+  } else if (spec.blocks.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.depth: ", family, " depth must be 18, 34 or 50, got ", spec.depth));
+  }
+  auto blocks = StageBlocks(spec, 4, from_depth);
+  if (!blocks.ok()) return blocks.status();
+  layout.blocks = *blocks;
+  return layout;
+}
+
 absl::StatusOr<std::vector<BlockInfo>> PlanMlp(const ModelSpec& spec) {
   Planner p(spec.input_shape);
   int64_t features = 1;
@@ -150,26 +175,15 @@ absl::StatusOr<std::vector<BlockInfo>> PlanResNet(const ModelSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.style: must be cifar or imagenet, got '", spec.style, "'"));
   }
-  std::vector<int> from_depth;
-  bool bottleneck = false;
-  if (spec.depth == 18) {
-    from_depth = {2, 2, 2, 2};
-  } else if (spec.depth == 34) {
-    from_depth = {3, 4, 6, 3};
-  } else if (spec.depth == 50) {
-    from_depth = {3, 4, 6, 3};
-    bottleneck = true;
-  } else if (spec.blocks.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.depth: ImageNet ResNet depth must be 18, 34 or 50, got ", spec.depth));
-  }
-  auto blocks = StageBlocks(spec, 4, from_depth);
-  if (!blocks.ok()) return blocks.status();
+  auto layout = FourGroupLayout(spec, "ImageNet ResNet");
+  if (!layout.ok()) return layout.status();
+  const std::vector<int>& blocks = layout->blocks;
+  const bool bottleneck = layout->bottleneck;
   const int64_t w = spec.width > 0 ? spec.width : 64;
   const int64_t expansion = bottleneck ? 4 : 1;
   p.Stem(w, spec.small_input);
   for (int g = 0; g < 4; ++g) {
-    for (int i = 0; i < (*blocks)[g]; ++i) {
+    for (int i = 0; i < blocks[g]; ++i) {
       p.Residual((w << g) * expansion, w << g, (g > 0 && i == 0) ? 2 : 1, bottleneck);
     }
   }
@@ -183,27 +197,16 @@ absl::StatusOr<std::vector<BlockInfo>> PlanResNet(const ModelSpec& spec) {
 // reversible.
 absl::StatusOr<std::vector<BlockInfo>> PlanRevNet(const ModelSpec& spec) {
   Planner p(spec.input_shape);
-  std::vector<int> from_depth;
-  bool bottleneck = false;
-  if (spec.depth == 18) {
-    from_depth = {2, 2, 2, 2};
-  } else if (spec.depth == 34) {
-    from_depth = {3, 4, 6, 3};
-  } else if (spec.depth == 50) {
-    from_depth = {3, 4, 6, 3};
-    bottleneck = true;
-  } else if (spec.blocks.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.depth: RevNet depth must be 18, 34 or 50, got ", spec.depth));
-  }
-  auto blocks = StageBlocks(spec, 4, from_depth);
-  if (!blocks.ok()) return blocks.status();
+  auto layout = FourGroupLayout(spec, "RevNet");
+  if (!layout.ok()) return layout.status();
+  const std::vector<int>& blocks = layout->blocks;
+  const bool bottleneck = layout->bottleneck;
   const int64_t w = spec.width > 0 ? spec.width : 64;
   const int64_t expansion = bottleneck ? 4 : 1;
   p.Stem(2 * w * expansion, spec.small_input);
   for (int g = 0; g < 4; ++g) {
     const int64_t stream = (w << g) * expansion;
-    for (int i = 0; i < (*blocks)[g]; ++i) {
+    for (int i = 0; i < blocks[g]; ++i) {
       if (g > 0 && i == 0) {
         p.PairDownsample(stream, w << g, bottleneck);
       } else {
