@@ -141,7 +141,6 @@ void PeerStream::OnDoneImpl(const absl::Status& status) {
   std::shared_ptr<PeerStream> keep = std::move(self_);  // may be the last reference
   {
     absl::MutexLock lock(&mu_);
-    done_ = true;
     if (closed_.ok()) {
       closed_ = status.ok() ? absl::FailedPreconditionError(absl::StrCat(name_, ": stream ended"))
                             : status;
@@ -149,7 +148,10 @@ void PeerStream::OnDoneImpl(const absl::Status& status) {
     outbox_.clear();
     writing_ = false;
   }
+  // Tell the sink before WaitDone() returns: its owner may be waiting to free it.
   if (sink_ != nullptr) sink_->StreamClosed(status);
+  absl::MutexLock lock(&mu_);
+  done_ = true;
 }
 
 // ---- server end -------------------------------------------------------------

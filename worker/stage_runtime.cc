@@ -57,6 +57,15 @@ StageRuntime::StageRuntime(RuntimeEnv env)
 StageRuntime::~StageRuntime() {
   Stop(absl::CancelledError("runtime destroyed"));
   Join();
+  // The streams call back into this runtime's sinks until gRPC is done with
+  // them; Stop closed both, so they end promptly.
+  if (downstream_) downstream_->WaitDone();
+  std::shared_ptr<UpstreamStream> upstream;
+  {
+    absl::MutexLock lock(&mu_);
+    upstream = upstream_;
+  }
+  if (upstream) upstream->WaitDone();
 }
 
 absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(

@@ -10,8 +10,10 @@ namespace stagewise::cli {
 
 // Exit codes shared by every command.
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitFailed = 1;   // the job ran and failed
-inline constexpr int kExitInvalid = 2;  // bad spec or arguments
+inline constexpr int kExitFailed = 1;       // the job ran and failed
+inline constexpr int kExitInvalid = 2;      // bad spec or arguments
+inline constexpr int kExitUnreachable = 3;  // the coordinator did not answer
+// Interrupted by SIGINT/SIGTERM: 128 + the signal number (130, 143).
 
 struct TrainLocalArgs {
   std::string job_path;
@@ -29,9 +31,61 @@ struct ValidateArgs {
   std::string output = "text";
 };
 
+// Commands that talk to a coordinator. `coordinator` is the --coordinator
+// flag ("" = $STAGEWISE_COORDINATOR, else 127.0.0.1:7070).
+struct SubmitArgs {
+  std::string coordinator;
+  std::string job_path;
+  bool wait = true;
+  bool quiet = false;
+  std::string output = "text";
+};
+
+struct JobArgs {  // status, watch
+  std::string coordinator;
+  std::string job_id;
+  bool quiet = false;
+  std::string output = "text";
+};
+
+struct ListArgs {
+  std::string coordinator;
+  int limit = 0;  // 0 = the coordinator's default
+  std::string output = "text";
+};
+
+struct CancelArgs {
+  std::string coordinator;
+  std::string job_id;
+  std::string reason;
+  std::string output = "text";
+};
+
+struct WorkersArgs {
+  std::string coordinator;
+  std::string output = "text";
+};
+
+// `local`: a coordinator and J workers as child processes on loopback.
+struct LocalArgs {
+  std::string job_path;
+  int workers = 0;  // 0 = the job's stage count
+  int threads = 0;  // LibTorch threads per worker; 0 = max(1, cores / workers)
+  bool keep_logs = false;
+  bool quiet = false;
+  std::string output = "text";
+};
+
 std::string VersionString();
 int TrainLocal(const TrainLocalArgs& args, std::ostream& out, std::ostream& err);
 int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err);
+int Submit(const SubmitArgs& args, std::ostream& out, std::ostream& err);
+int JobStatusCommand(const JobArgs& args, std::ostream& out, std::ostream& err);
+int Watch(const JobArgs& args, std::ostream& out, std::ostream& err);
+int List(const ListArgs& args, std::ostream& out, std::ostream& err);
+int Cancel(const CancelArgs& args, std::ostream& out, std::ostream& err);
+int Workers(const WorkersArgs& args, std::ostream& out, std::ostream& err);
+int Local(const LocalArgs& args, std::ostream& out, std::ostream& err);
 
 }  // namespace stagewise::cli
 

@@ -14,6 +14,17 @@ int main(int argc, char** argv) {
       "Job files are YAML; see docs/job_spec.md and examples/."};
   app.require_subcommand(1);
   app.set_version_flag("--version", VersionString());
+  // Lets the global --coordinator also come after the subcommand.
+  app.fallthrough();
+  std::string coordinator;
+  app.add_option("--coordinator", coordinator,
+                 "Coordinator address HOST:PORT (default: $STAGEWISE_COORDINATOR, else "
+                 "127.0.0.1:7070)");
+  const auto output_option = [](CLI::App* cmd, std::string& output, const char* what) {
+    cmd->add_option("-o,--output", output, what)
+        ->check(CLI::IsMember({"text", "json"}))
+        ->capture_default_str();
+  };
 
   auto* version = app.add_subcommand("version", "Print the version and the libraries built in");
 
@@ -49,6 +60,64 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
 
+  SubmitArgs submit;
+  auto* submit_cmd =
+      app.add_subcommand("submit", "Submit a job to the coordinator and follow it to its end");
+  submit_cmd->add_option("job", submit.job_path, "Job spec (YAML)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  submit_cmd->add_flag("!--no-wait", submit.wait, "Print the job id and return at once");
+  submit_cmd->add_flag("-q,--quiet", submit.quiet, "No progress, only the result");
+  output_option(submit_cmd, submit.output, "Result format");
+
+  JobArgs status;
+  auto* status_cmd = app.add_subcommand("status", "Show one job's state and metrics");
+  status_cmd->add_option("job_id", status.job_id, "Job id")->required();
+  output_option(status_cmd, status.output, "Output format");
+
+  ListArgs list;
+  auto* list_cmd = app.add_subcommand("list", "List jobs, newest first");
+  list_cmd
+      ->add_option("--limit", list.limit, "At most this many jobs (0 = the coordinator's default)")
+      ->check(CLI::NonNegativeNumber);
+  output_option(list_cmd, list.output, "Output format");
+
+  JobArgs watch;
+  auto* watch_cmd = app.add_subcommand("watch", "Follow a job's progress until it ends");
+  watch_cmd->add_option("job_id", watch.job_id, "Job id")->required();
+  watch_cmd->add_flag("-q,--quiet", watch.quiet, "No progress, only the result");
+  output_option(watch_cmd, watch.output, "Result format");
+
+  CancelArgs cancel;
+  auto* cancel_cmd = app.add_subcommand("cancel", "Cancel a job");
+  cancel_cmd->add_option("job_id", cancel.job_id, "Job id")->required();
+  cancel_cmd->add_option("--reason", cancel.reason, "Why (recorded with the job)");
+  output_option(cancel_cmd, cancel.output, "Output format");
+
+  WorkersArgs workers;
+  auto* workers_cmd =
+      app.add_subcommand("workers", "List the workers registered with the coordinator");
+  output_option(workers_cmd, workers.output, "Output format");
+
+  LocalArgs local;
+  auto* local_cmd = app.add_subcommand(
+      "local",
+      "Run a job on a coordinator and workers started here as child processes on loopback");
+  local_cmd->add_option("job", local.job_path, "Job spec (YAML)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  local_cmd
+      ->add_option("-j,--workers", local.workers, "Worker processes (default: the job's stages)")
+      ->check(CLI::PositiveNumber);
+  local_cmd
+      ->add_option("--threads", local.threads,
+                   "LibTorch threads per worker (default: max(1, cores / workers))")
+      ->check(CLI::PositiveNumber);
+  local_cmd->add_flag("--keep-logs", local.keep_logs,
+                      "Keep the processes' logs and database and print where they are");
+  local_cmd->add_flag("-q,--quiet", local.quiet, "No progress, only the result");
+  output_option(local_cmd, local.output, "Result format");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -61,5 +130,14 @@ int main(int argc, char** argv) {
   }
   if (train_cmd->parsed()) return TrainLocal(train, std::cout, std::cerr);
   if (validate_cmd->parsed()) return Validate(validate, std::cout, std::cerr);
+  submit.coordinator = status.coordinator = list.coordinator = watch.coordinator =
+      cancel.coordinator = workers.coordinator = coordinator;
+  if (submit_cmd->parsed()) return Submit(submit, std::cout, std::cerr);
+  if (status_cmd->parsed()) return JobStatusCommand(status, std::cout, std::cerr);
+  if (list_cmd->parsed()) return List(list, std::cout, std::cerr);
+  if (watch_cmd->parsed()) return Watch(watch, std::cout, std::cerr);
+  if (cancel_cmd->parsed()) return Cancel(cancel, std::cout, std::cerr);
+  if (workers_cmd->parsed()) return Workers(workers, std::cout, std::cerr);
+  if (local_cmd->parsed()) return Local(local, std::cout, std::cerr);
   return kExitInvalid;
 }

@@ -1,1 +1,201 @@
-// placeholder
+#include "clients/client/coordinator_client.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <optional>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "services/rpc/server.h"
+#include "services/rpc/status.h"
+
+namespace stagewise::client {
+
+std::string ResolveCoordinatorAddress(const std::string& flag_value) {
+  if (!flag_value.empty()) return flag_value;
+  const char* env = std::getenv(kCoordinatorEnvVar);
+  if (env != nullptr && env[0] != '\0') return env;
+  return kDefaultCoordinatorAddress;
+}
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+std::string JobStateName(v1::JobState state) {
+  const std::string& name = v1::JobState_Name(state);
+  return name.empty() ? absl::StrCat("STATE_", static_cast<int>(state)) : name;
+}
+
+CoordinatorClient::CoordinatorClient(const std::string& address, absl::Duration deadline)
+    : address_(address),
+      deadline_(deadline),
+      channel_(rpc::MakeChannel(address)),
+      stub_(v1::Coordinator::NewStub(channel_)) {}
+
+CoordinatorClient::~CoordinatorClient() = default;
+
+void CoordinatorClient::SetDeadline(grpc::ClientContext* ctx) const {
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+}
+
+absl::Status CoordinatorClient::Convert(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  // A coordinator that answers may itself say UNAVAILABLE (e.g. shutting
+  // down); only a channel that never got connected means "nobody is there".
+  const grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/false);
+  const bool connected = state == GRPC_CHANNEL_READY;
+  const bool unreachable = (status.error_code() == grpc::StatusCode::UNAVAILABLE && !connected) ||
+                           (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+                            !connected && state != GRPC_CHANNEL_IDLE);
+  if (unreachable) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reach the coordinator at ", address_,
+        " (is it running? set --coordinator or STAGEWISE_COORDINATOR): ", status.error_message()));
+  }
+  return rpc::FromGrpcStatus(status);
+}
+
+absl::StatusOr<std::string> CoordinatorClient::Submit(const std::string& job_spec_yaml) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::SubmitJobRequest req;
+  req.set_job_spec_yaml(job_spec_yaml);
+  v1::SubmitJobResponse resp;
+  if (absl::Status s = Convert(stub_->SubmitJob(&ctx, req, &resp)); !s.ok()) return s;
+  if (resp.job_id().empty()) {
+    return absl::InternalError("the coordinator accepted the job but returned no job id");
+  }
+  return resp.job_id();
+}
+
+absl::StatusOr<v1::JobStatus> CoordinatorClient::GetJob(const std::string& job_id) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::GetJobRequest req;
+  req.set_job_id(job_id);
+  v1::JobStatus resp;
+  if (absl::Status s = Convert(stub_->GetJob(&ctx, req, &resp)); !s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<std::vector<v1::JobStatus>> CoordinatorClient::ListJobs(int limit) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::ListJobsRequest req;
+  req.set_limit(limit);
+  v1::ListJobsResponse resp;
+  if (absl::Status s = Convert(stub_->ListJobs(&ctx, req, &resp)); !s.ok()) return s;
+  return std::vector<v1::JobStatus>(resp.jobs().begin(), resp.jobs().end());
+}
+
+absl::StatusOr<v1::JobStatus> CoordinatorClient::Cancel(const std::string& job_id,
+                                                        const std::string& reason) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::CancelJobRequest req;
+  req.set_job_id(job_id);
+  req.set_reason(reason);
+  v1::JobStatus resp;
+  if (absl::Status s = Convert(stub_->CancelJob(&ctx, req, &resp)); !s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<std::vector<v1::WorkerInfo>> CoordinatorClient::ListWorkers() {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::ListWorkersResponse resp;
+  if (absl::Status s = Convert(stub_->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp));
+      !s.ok()) {
+    return s;
+  }
+  return std::vector<v1::WorkerInfo>(resp.workers().begin(), resp.workers().end());
+}
+
+absl::StatusOr<v1::JobStatus> CoordinatorClient::Watch(
+    const std::string& job_id, const std::function<bool(const v1::JobEvent&)>& on_event) {
+  grpc::ClientContext ctx;  // no deadline: a job may run for hours
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return absl::CancelledError("stopped watching");
+    watches_.insert(&ctx);
+  }
+  absl::Cleanup unregister = [this, &ctx] {
+    absl::MutexLock lock(&mu_);
+    watches_.erase(&ctx);
+  };
+
+  v1::WatchJobRequest req;
+  req.set_job_id(job_id);
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchJob(&ctx, req);
+  v1::JobEvent event;
+  std::optional<v1::JobStatus> last;
+  bool done = false;  // terminal state seen, or the caller stopped
+  while (reader->Read(&event)) {
+    last = event.status();
+    const bool keep_going = on_event ? on_event(event) : true;
+    if (IsTerminal(event.status().state()) || !keep_going) {
+      done = true;
+      break;
+    }
+  }
+  if (done) {
+    // The server may keep the stream open after the terminal event; we are
+    // finished with it either way.
+    ctx.TryCancel();
+    reader->Finish().IgnoreError();
+    return *last;
+  }
+  const grpc::Status status = reader->Finish();
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return absl::CancelledError("stopped watching");
+  }
+  if (!status.ok()) return Convert(status);
+  // The stream ended cleanly without a terminal state (e.g. the coordinator is
+  // draining): ask once more, so a job that did finish is still reported.
+  absl::StatusOr<v1::JobStatus> now = GetJob(job_id);
+  if (now.ok() && IsTerminal(now->state())) return now;
+  std::string message = absl::StrCat("the coordinator at ", address_, " ended the watch of job ",
+                                     job_id, " before the job finished");
+  if (!now.ok()) absl::StrAppend(&message, ": ", now.status().message());
+  return absl::AbortedError(message);
+}
+
+void CoordinatorClient::StopWatching() {
+  absl::MutexLock lock(&mu_);
+  stopped_ = true;
+  for (grpc::ClientContext* ctx : watches_) ctx->TryCancel();
+}
+
+absl::Status CoordinatorClient::WaitForWorkers(int count, absl::Duration timeout,
+                                               const std::function<absl::Status()>& keep_going) {
+  const absl::Time end = absl::Now() + timeout;
+  size_t seen = 0;
+  absl::Status last_error;
+  while (true) {
+    absl::StatusOr<std::vector<v1::WorkerInfo>> workers = ListWorkers();
+    if (workers.ok()) {
+      seen = workers->size();
+      last_error = absl::OkStatus();
+      if (static_cast<int>(seen) >= count) return absl::OkStatus();
+    } else if (workers.status().code() != absl::StatusCode::kUnavailable) {
+      return workers.status();
+    } else {
+      last_error = workers.status();
+    }
+    if (keep_going) {
+      if (absl::Status s = keep_going(); !s.ok()) return s;
+    }
+    if (absl::Now() >= end) break;
+    absl::SleepFor(std::min(absl::Milliseconds(100), end - absl::Now()));
+  }
+  if (!last_error.ok()) return last_error;
+  return absl::DeadlineExceededError(
+      absl::StrCat("only ", seen, " of ", count, " worker(s) registered with the coordinator at ",
+                   address_, " within ", absl::FormatDuration(timeout)));
+}
+
+}  // namespace stagewise::client

@@ -1,0 +1,190 @@
+#include "clients/cli/job_format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "clients/cli/format.h"
+#include "clients/client/coordinator_client.h"
+
+namespace stagewise::cli {
+namespace {
+
+// Seconds from creation to the last update, when the coordinator filled both.
+std::optional<double> JobSeconds(const v1::JobStatus& s) {
+  if (s.created_unix_ms() <= 0 || s.updated_unix_ms() < s.created_unix_ms()) return std::nullopt;
+  return (s.updated_unix_ms() - s.created_unix_ms()) / 1000.0;
+}
+
+// Evaluation fields are plain doubles on the wire: both 0 means "not evaluated yet".
+bool HasEval(const v1::JobStatus& s) { return s.eval_loss() != 0 || s.eval_accuracy() != 0; }
+
+std::string Loss(double v) { return std::isfinite(v) ? absl::StrFormat("%.4f", v) : "nan"; }
+
+std::string StepOfTotal(const v1::JobStatus& s) {
+  return s.total_steps() > 0 ? absl::StrCat(s.step(), "/", s.total_steps())
+                             : absl::StrCat(s.step());
+}
+
+std::map<std::string, std::string> SortedLabels(const v1::WorkerInfo& w) {
+  return {w.labels().begin(), w.labels().end()};
+}
+
+}  // namespace
+
+std::string JsonNumber(double v) {
+  if (!std::isfinite(v)) return "null";
+  return absl::StrFormat("%.10g", v);
+}
+
+std::string HumanBytes(int64_t bytes) {
+  if (bytes <= 0) return "-";
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  return u == 0 ? absl::StrCat(bytes, "B") : absl::StrFormat("%.1f%s", v, units[u]);
+}
+
+std::string HumanAge(absl::Duration d) {
+  const int64_t s = std::max<int64_t>(0, absl::ToInt64Seconds(d));
+  if (s < 120) return absl::StrCat(s, "s");
+  if (s < 7200) return absl::StrCat(s / 60, "m");
+  if (s < 2 * 86400) return absl::StrCat(s / 3600, "h");
+  return absl::StrCat(s / 86400, "d");
+}
+
+std::string RenderTable(const std::vector<std::string>& header,
+                        const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width(header.size(), 0);
+  for (size_t c = 0; c < header.size(); ++c) width[c] = header[c].size();
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
+      width[c] = std::max(width[c], row[c].size());
+    }
+  }
+  std::string out;
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string text;
+    for (size_t c = 0; c < width.size(); ++c) {
+      const std::string cell = c < cells.size() ? cells[c] : "";
+      if (c + 1 == width.size()) {
+        absl::StrAppend(&text, cell);  // no trailing blanks
+      } else {
+        absl::StrAppend(&text, cell, std::string(width[c] - cell.size() + 2, ' '));
+      }
+    }
+    absl::StrAppend(&out, text, "\n");
+  };
+  line(header);
+  for (const auto& row : rows) line(row);
+  return out;
+}
+
+std::string JobProgressLine(const v1::JobStatus& s, std::optional<double> eta_seconds) {
+  std::string line = client::JobStateName(s.state());
+  if (s.step() > 0 || s.state() == v1::RUNNING) {
+    absl::StrAppend(&line, "  epoch ", s.epoch(), "  step ", StepOfTotal(s));
+  }
+  if (s.step() > 0) absl::StrAppend(&line, "  loss ", Loss(s.train_loss()));
+  if (s.samples_per_second() > 0) {
+    absl::StrAppend(&line, absl::StrFormat("  %.0f samples/s", s.samples_per_second()));
+  }
+  if (eta_seconds.has_value()) absl::StrAppend(&line, "  ETA ", HumanDuration(*eta_seconds));
+  return line;
+}
+
+std::string JobTable(const v1::JobStatus& s) {
+  std::string out;
+  auto row = [&](const std::string& k, const std::string& v) {
+    absl::StrAppend(&out, absl::StrFormat("%-15s %s\n", k, v));
+  };
+  row("job", s.name().empty() ? s.job_id() : absl::StrCat(s.name(), " (", s.job_id(), ")"));
+  row("state", client::JobStateName(s.state()));
+  if (!s.reason().empty()) row("reason", s.reason());
+  if (!s.algorithm().empty()) {
+    row("algorithm", absl::StrCat(s.algorithm(), " on ", s.num_stages(), " stage(s)"));
+  }
+  row("steps", absl::StrCat(StepOfTotal(s), " (epoch ", s.epoch(), ")"));
+  row("train loss", s.step() > 0 ? Loss(s.train_loss()) : "-");
+  row("eval loss", HasEval(s) ? Loss(s.eval_loss()) : "-");
+  row("eval accuracy", HasEval(s) ? absl::StrFormat("%.2f%%", 100.0 * s.eval_accuracy()) : "-");
+  row("throughput",
+      s.samples_per_second() > 0 ? absl::StrFormat("%.0f samples/s", s.samples_per_second()) : "-");
+  const std::optional<double> seconds = JobSeconds(s);
+  row("time", seconds.has_value() ? HumanDuration(*seconds) : "-");
+  return out;
+}
+
+std::string JobJson(const v1::JobStatus& s) {
+  const std::optional<double> seconds = JobSeconds(s);
+  return absl::StrCat("{\"job_id\":\"", JsonEscape(s.job_id()), "\",\"name\":\"",
+                      JsonEscape(s.name()), "\",\"state\":\"", client::JobStateName(s.state()),
+                      "\",\"reason\":\"", JsonEscape(s.reason()), "\",\"algorithm\":\"",
+                      JsonEscape(s.algorithm()), "\",\"stages\":", s.num_stages(),
+                      ",\"step\":", s.step(), ",\"total_steps\":", s.total_steps(),
+                      ",\"epoch\":", s.epoch(), ",\"train_loss\":", JsonNumber(s.train_loss()),
+                      ",\"eval_loss\":", HasEval(s) ? JsonNumber(s.eval_loss()) : "null",
+                      ",\"eval_accuracy\":", HasEval(s) ? JsonNumber(s.eval_accuracy()) : "null",
+                      ",\"samples_per_second\":", JsonNumber(s.samples_per_second()),
+                      ",\"seconds\":", seconds.has_value() ? JsonNumber(*seconds) : "null",
+                      ",\"created_unix_ms\":", s.created_unix_ms(),
+                      ",\"updated_unix_ms\":", s.updated_unix_ms(), "}");
+}
+
+std::string JobListTable(const std::vector<v1::JobStatus>& jobs, absl::Time now) {
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& s : jobs) {
+    rows.push_back({s.job_id(), s.name(), client::JobStateName(s.state()),
+                    s.algorithm().empty() ? "-" : s.algorithm(), absl::StrCat(s.num_stages()),
+                    StepOfTotal(s), s.step() > 0 ? Loss(s.train_loss()) : "-",
+                    HasEval(s) ? absl::StrFormat("%.2f%%", 100.0 * s.eval_accuracy()) : "-",
+                    s.created_unix_ms() > 0
+                        ? HumanAge(now - absl::FromUnixMillis(s.created_unix_ms()))
+                        : "-"});
+  }
+  return RenderTable(
+      {"ID", "NAME", "STATE", "ALGORITHM", "STAGES", "STEP", "LOSS", "ACCURACY", "AGE"}, rows);
+}
+
+std::string JobListJson(const std::vector<v1::JobStatus>& jobs) {
+  std::vector<std::string> items;
+  for (const auto& s : jobs) items.push_back(JobJson(s));
+  return absl::StrCat("[", absl::StrJoin(items, ","), "]");
+}
+
+std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers) {
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& w : workers) {
+    std::vector<std::string> labels;
+    for (const auto& [k, v] : SortedLabels(w)) labels.push_back(absl::StrCat(k, "=", v));
+    rows.push_back({w.worker_id(), w.address(), w.device().empty() ? "-" : w.device(),
+                    HumanBytes(w.memory_bytes()),
+                    labels.empty() ? "-" : absl::StrJoin(labels, ",")});
+  }
+  return RenderTable({"ID", "ADDRESS", "DEVICE", "MEMORY", "LABELS"}, rows);
+}
+
+std::string WorkersJson(const std::vector<v1::WorkerInfo>& workers) {
+  std::vector<std::string> items;
+  for (const auto& w : workers) {
+    std::vector<std::string> labels;
+    for (const auto& [k, v] : SortedLabels(w)) {
+      labels.push_back(absl::StrCat("\"", JsonEscape(k), "\":\"", JsonEscape(v), "\""));
+    }
+    items.push_back(absl::StrCat("{\"worker_id\":\"", JsonEscape(w.worker_id()),
+                                 "\",\"address\":\"", JsonEscape(w.address()), "\",\"device\":\"",
+                                 JsonEscape(w.device()), "\",\"memory_bytes\":", w.memory_bytes(),
+                                 ",\"version\":\"", JsonEscape(w.version()), "\",\"labels\":{",
+                                 absl::StrJoin(labels, ","), "}}"));
+  }
+  return absl::StrCat("[", absl::StrJoin(items, ","), "]");
+}
+
+}  // namespace stagewise::cli

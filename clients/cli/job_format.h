@@ -1,0 +1,39 @@
+// Text and JSON rendering of coordinator replies (jobs, workers) for the CLI.
+#ifndef STAGEWISE_CLIENTS_CLI_JOB_FORMAT_H_
+#define STAGEWISE_CLIENTS_CLI_JOB_FORMAT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "stagewise/v1/coordinator.pb.h"
+
+namespace stagewise::cli {
+
+// A JSON number, or null for NaN/inf (JSON has neither).
+std::string JsonNumber(double v);
+std::string HumanBytes(int64_t bytes);   // 8589934592 -> "8.0GiB"
+std::string HumanAge(absl::Duration d);  // kubectl style: "45s", "12m", "5h", "3d"
+
+// Columns padded to their widest cell, two spaces apart.
+std::string RenderTable(const std::vector<std::string>& header,
+                        const std::vector<std::vector<std::string>>& rows);
+
+// One progress line: state, epoch, step/total, train loss, samples/s, ETA.
+std::string JobProgressLine(const v1::JobStatus& s, std::optional<double> eta_seconds);
+
+// The full status of one job (submit/watch/local result, `status`).
+std::string JobTable(const v1::JobStatus& s);
+std::string JobJson(const v1::JobStatus& s);
+
+std::string JobListTable(const std::vector<v1::JobStatus>& jobs, absl::Time now);
+std::string JobListJson(const std::vector<v1::JobStatus>& jobs);
+
+std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers);
+std::string WorkersJson(const std::vector<v1::WorkerInfo>& workers);
+
+}  // namespace stagewise::cli
+
+#endif  // STAGEWISE_CLIENTS_CLI_JOB_FORMAT_H_

@@ -1,0 +1,126 @@
+// The commands that talk to a running coordinator: submit, status, list,
+// watch, cancel, workers.
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "clients/cli/commands.h"
+#include "clients/cli/format.h"
+#include "clients/cli/job_format.h"
+#include "clients/cli/job_watch.h"
+#include "clients/cli/signal_watcher.h"
+#include "clients/client/coordinator_client.h"
+
+namespace stagewise::cli {
+namespace {
+
+absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot read the file"));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Follows a submitted job to its end. Ctrl-C stops watching but leaves the job
+// running: on a cluster a job is worth more than the terminal that started it.
+int WatchUntilDone(client::CoordinatorClient& client, const std::string& job_id, bool quiet,
+                   const std::string& output, std::ostream& out, std::ostream& err) {
+  SignalWatcher signals([&client](int) { client.StopWatching(); });
+  absl::StatusOr<v1::JobStatus> result = WatchWithProgress(client, job_id, quiet, err);
+  if (const int signo = signals.first_signal(); signo != 0) {
+    err << "stopped watching job " << job_id << "; it keeps running (stagewise watch " << job_id
+        << ", stagewise cancel " << job_id << ")\n";
+    return ExitCodeForSignal(signo);
+  }
+  if (!result.ok()) return ReportError(result.status(), err);
+  return ReportResult(*result, output, out, err);
+}
+
+}  // namespace
+
+int Submit(const SubmitArgs& args, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<std::string> yaml = ReadTextFile(args.job_path);
+  if (!yaml.ok()) return ReportError(yaml.status(), err);
+  client::CoordinatorClient client(client::ResolveCoordinatorAddress(args.coordinator));
+  absl::StatusOr<std::string> job_id = client.Submit(*yaml);
+  if (!job_id.ok()) {
+    if (job_id.status().code() == absl::StatusCode::kInvalidArgument) {
+      err << "error: " << args.job_path << ": " << job_id.status().message() << "\n";
+      return kExitInvalid;
+    }
+    return ReportError(job_id.status(), err);
+  }
+  if (!args.wait) {
+    if (args.output == "json") {
+      out << "{\"job_id\":\"" << JsonEscape(*job_id) << "\"}\n";
+    } else {
+      out << *job_id << "\n";
+    }
+    return kExitOk;
+  }
+  if (!args.quiet) err << "submitted job " << *job_id << " to " << client.address() << "\n";
+  return WatchUntilDone(client, *job_id, args.quiet, args.output, out, err);
+}
+
+int Watch(const JobArgs& args, std::ostream& out, std::ostream& err) {
+  client::CoordinatorClient client(client::ResolveCoordinatorAddress(args.coordinator));
+  return WatchUntilDone(client, args.job_id, args.quiet, args.output, out, err);
+}
+
+int JobStatusCommand(const JobArgs& args, std::ostream& out, std::ostream& err) {
+  client::CoordinatorClient client(client::ResolveCoordinatorAddress(args.coordinator));
+  absl::StatusOr<v1::JobStatus> status = client.GetJob(args.job_id);
+  if (!status.ok()) return ReportError(status.status(), err);
+  out << (args.output == "json" ? JobJson(*status) + "\n" : JobTable(*status));
+  return kExitOk;
+}
+
+int List(const ListArgs& args, std::ostream& out, std::ostream& err) {
+  client::CoordinatorClient client(client::ResolveCoordinatorAddress(args.coordinator));
+  absl::StatusOr<std::vector<v1::JobStatus>> jobs = client.ListJobs(args.limit);
+  if (!jobs.ok()) return ReportError(jobs.status(), err);
+  if (args.output == "json") {
+    out << JobListJson(*jobs) << "\n";
+  } else if (jobs->empty()) {
+    err << "no jobs\n";
+  } else {
+    out << JobListTable(*jobs, absl::Now());
+  }
+  return kExitOk;
+}
+
+int Cancel(const CancelArgs& args, std::ostream& out, std::ostream& err) {
+  client::CoordinatorClient client(client::ResolveCoordinatorAddress(args.coordinator));
+  absl::StatusOr<v1::JobStatus> status =
+      client.Cancel(args.job_id, args.reason.empty() ? "cancelled by the user" : args.reason);
+  if (!status.ok()) return ReportError(status.status(), err);
+  if (args.output == "json") {
+    out << JobJson(*status) << "\n";
+  } else {
+    out << "job " << status->job_id() << ": " << client::JobStateName(status->state());
+    if (!status->reason().empty()) out << " (" << status->reason() << ")";
+    out << "\n";
+  }
+  return kExitOk;
+}
+
+int Workers(const WorkersArgs& args, std::ostream& out, std::ostream& err) {
+  client::CoordinatorClient client(client::ResolveCoordinatorAddress(args.coordinator));
+  absl::StatusOr<std::vector<v1::WorkerInfo>> workers = client.ListWorkers();
+  if (!workers.ok()) return ReportError(workers.status(), err);
+  if (args.output == "json") {
+    out << WorkersJson(*workers) << "\n";
+  } else if (workers->empty()) {
+    err << "no workers registered\n";
+  } else {
+    out << WorkersTable(*workers);
+  }
+  return kExitOk;
+}
+
+}  // namespace stagewise::cli
