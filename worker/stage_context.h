@@ -54,6 +54,10 @@ class StageContext {
   virtual absl::Status SendToNext(v1::StageMessage message) = 0;
   virtual absl::Status SendToPrev(v1::StageMessage message) = 0;
 
+  // OK while the job runs; the reason once it was stopped or failed. Algorithms
+  // check it at least once per step (a single stage never blocks on a peer).
+  virtual absl::Status Interrupted() const = 0;
+
   // Progress for the coordinator: last stage reports the loss of each step.
   virtual void ReportStep(int64_t steps_done, double train_loss, int64_t samples) = 0;
   virtual void ReportEval(int64_t steps_done, double loss, double accuracy, int64_t samples) = 0;

@@ -358,6 +358,12 @@ absl::Status StageRuntime::SendToPrev(v1::StageMessage message) {
   return s;
 }
 
+absl::Status StageRuntime::Interrupted() const {
+  absl::MutexLock lock(&mu_);
+  if (!failure_.ok()) return failure_;
+  return stopping_ ? absl::CancelledError("stopped") : absl::OkStatus();
+}
+
 double StageRuntime::LearningRate(int64_t step) const {
   return training::LearningRateAt(spec_.schedule, base_lr_, step, steps_per_epoch_, total_steps_);
 }

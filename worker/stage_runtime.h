@@ -71,6 +71,7 @@ class StageRuntime final : public StageContext {
   absl::StatusOr<v1::StageMessage> ReceiveFromNext() override;
   absl::Status SendToNext(v1::StageMessage message) override;
   absl::Status SendToPrev(v1::StageMessage message) override;
+  absl::Status Interrupted() const override;
   void ReportStep(int64_t steps_done, double train_loss, int64_t samples) override;
   void ReportEval(int64_t steps_done, double loss, double accuracy, int64_t samples) override;
   metrics::StageMetrics& stage_metrics() override { return *metrics_; }

@@ -39,6 +39,7 @@ class Backprop : public Algorithm {
     const int M = micro_batches_;
     const int warm = ctx.last() ? 0 : std::min(ctx.num_stages() - 1 - ctx.stage(), M);
     for (int64_t step = 0; step < ctx.total_steps(); ++step) {
+      RETURN_IF_ERROR_(ctx.Interrupted());
       ctx.optimizer().zero_grad();
       inflight_.assign(M, InFlight{});
       loss_ = 0;

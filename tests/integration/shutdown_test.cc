@@ -1,0 +1,133 @@
+// The real binaries as Kubernetes runs them: they come up without their
+// peers, answer on their ports, and exit 0 promptly on SIGTERM.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+#include <thread>
+
+#include "clients/cli/process.h"
+#include "clients/client/coordinator_client.h"
+
+namespace stagewise {
+namespace {
+namespace fs = std::filesystem;
+
+class Shutdown : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("stagewise_shutdown_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::unique_ptr<cli::Child> Spawn(const std::string& binary, std::vector<std::string> args,
+                                    const std::string& name) {
+    args.insert(args.begin(), std::string(STAGEWISE_BINARY_DIR) + "/bin/" + binary);
+    auto child = cli::Child::Spawn(args, (dir_ / (name + ".log")).string());
+    EXPECT_TRUE(child.ok()) << child.status();
+    return std::move(*child);
+  }
+
+  // Sends SIGTERM and expects exit code 0 well before a supervisor's 10 s grace.
+  void ExpectCleanExit(cli::Child& child) {
+    const auto t0 = std::chrono::steady_clock::now();
+    child.Signal(SIGTERM);
+    while (child.IsRunning() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(8)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_FALSE(child.IsRunning()) << child.name() << " ignored SIGTERM";
+    auto status = child.ExitStatus();
+    ASSERT_TRUE(status.has_value());
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+        << child.name() << ": " << child.DescribeExit() << "\n"
+        << cli::TailFile(child.log_path(), 20);
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(Shutdown, CoordinatorAndWorkerExitZeroOnSigterm) {
+  auto coordinator = Spawn("stagewise-coordinator",
+                           {"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--db",
+                            (dir_ / "c.db").string(), "--port-file", (dir_ / "c.port").string()},
+                           "coordinator");
+  auto ports = cli::WaitForPortFile((dir_ / "c.port").string(), absl::Seconds(30), *coordinator);
+  ASSERT_TRUE(ports.ok()) << ports.status() << cli::TailFile(coordinator->log_path(), 20);
+  EXPECT_GT(ports->metrics, 0);
+  const std::string address = "127.0.0.1:" + std::to_string(ports->grpc);
+  auto worker = Spawn("stagewise-worker",
+                      {"--coordinator", address, "--listen", "127.0.0.1:0", "--advertise",
+                       "127.0.0.1", "--metrics-listen", "127.0.0.1:0", "--name", "w0",
+                       "--port-file", (dir_ / "w.port").string()},
+                      "worker");
+  ASSERT_TRUE(cli::WaitForPortFile((dir_ / "w.port").string(), absl::Seconds(30), *worker).ok());
+  client::CoordinatorClient client(address);
+  ASSERT_TRUE(client.WaitForWorkers(1, absl::Seconds(30)).ok());
+  auto workers = client.ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  ASSERT_EQ(workers->size(), 1u);
+  EXPECT_EQ((*workers)[0].worker_id(), "w0");
+
+  ExpectCleanExit(*worker);
+  ExpectCleanExit(*coordinator);
+}
+
+TEST_F(Shutdown, WorkerWaitsForItsCoordinatorAndStillStopsCleanly) {
+  // Nothing listens on this port: the worker keeps dialing in the background.
+  auto worker = Spawn("stagewise-worker",
+                      {"--coordinator", "127.0.0.1:1", "--listen", "127.0.0.1:0",
+                       "--metrics-listen", "", "--port-file", (dir_ / "w.port").string()},
+                      "worker");
+  ASSERT_TRUE(cli::WaitForPortFile((dir_ / "w.port").string(), absl::Seconds(30), *worker).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ASSERT_TRUE(worker->IsRunning()) << cli::TailFile(worker->log_path(), 20);
+  ExpectCleanExit(*worker);
+}
+
+TEST_F(Shutdown, WorkerStoppedMidJobExitsZeroAndTheJobFailsNamingIt) {
+  auto coordinator = Spawn("stagewise-coordinator",
+                           {"--listen", "127.0.0.1:0", "--metrics-listen", "", "--db",
+                            (dir_ / "c.db").string(), "--port-file", (dir_ / "c.port").string()},
+                           "coordinator");
+  auto ports = cli::WaitForPortFile((dir_ / "c.port").string(), absl::Seconds(30), *coordinator);
+  ASSERT_TRUE(ports.ok()) << ports.status();
+  const std::string address = "127.0.0.1:" + std::to_string(ports->grpc);
+  auto worker = Spawn("stagewise-worker",
+                      {"--coordinator", address, "--listen", "127.0.0.1:0", "--advertise",
+                       "127.0.0.1", "--metrics-listen", "", "--name", "w0", "--threads", "1"},
+                      "worker");
+  client::CoordinatorClient client(address);
+  ASSERT_TRUE(client.WaitForWorkers(1, absl::Seconds(30)).ok());
+  auto id = client.Submit(R"(name: long
+model: {name: mlp, hidden: [64]}
+data: {dataset: synthetic, train_size: 512, test_size: 64, shape: [1, 8, 8], classes: 4}
+batch_size: 16
+steps: 100000000
+)");
+  ASSERT_TRUE(id.ok()) << id.status();
+  for (int i = 0; i < 500; ++i) {
+    auto st = client.GetJob(*id);
+    ASSERT_TRUE(st.ok());
+    if (st->state() == v1::RUNNING && st->step() > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ExpectCleanExit(*worker);
+  v1::JobStatus st;
+  for (int i = 0; i < 500; ++i) {
+    auto got = client.GetJob(*id);
+    ASSERT_TRUE(got.ok());
+    st = *got;
+    if (st.state() == v1::FAILED) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(st.state(), v1::FAILED);
+  EXPECT_NE(st.reason().find("w0"), std::string::npos) << st.reason();
+  ExpectCleanExit(*coordinator);
+}
+
+}  // namespace
+}  // namespace stagewise
