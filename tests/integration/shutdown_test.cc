@@ -10,6 +10,8 @@
 
 #include "clients/cli/process.h"
 #include "clients/client/coordinator_client.h"
+#include "services/rpc/server.h"
+#include "stagewise/v1/stage.grpc.pb.h"
 
 namespace stagewise {
 namespace {
@@ -126,6 +128,68 @@ steps: 100000000
   }
   EXPECT_EQ(st.state(), v1::FAILED);
   EXPECT_NE(st.reason().find("w0"), std::string::npos) << st.reason();
+  ExpectCleanExit(*coordinator);
+}
+
+TEST_F(Shutdown, WorkerProcessSurvivesAMalformedMessageAndServesTheNextJob) {
+  auto coordinator =
+      Spawn("stagewise-coordinator",
+            {"--listen", "127.0.0.1:0", "--metrics-listen", "", "--db", (dir_ / "c.db").string(),
+             "--port-file", (dir_ / "c.port").string()},
+            "coordinator");
+  auto ports = cli::WaitForPortFile((dir_ / "c.port").string(), absl::Seconds(30), *coordinator);
+  ASSERT_TRUE(ports.ok()) << ports.status();
+  const std::string address = "127.0.0.1:" + std::to_string(ports->grpc);
+  auto worker = Spawn("stagewise-worker",
+                      {"--coordinator", address, "--listen", "127.0.0.1:0", "--advertise",
+                       "127.0.0.1", "--metrics-listen", "", "--name", "w0", "--threads", "1",
+                       "--port-file", (dir_ / "w.port").string()},
+                      "worker");
+  auto worker_ports = cli::WaitForPortFile((dir_ / "w.port").string(), absl::Seconds(30), *worker);
+  ASSERT_TRUE(worker_ports.ok());
+  client::CoordinatorClient client(address);
+  ASSERT_TRUE(client.WaitForWorkers(1, absl::Seconds(30)).ok());
+  const std::string job = R"(name: victim
+model: {name: mlp, hidden: [64]}
+data: {dataset: synthetic, train_size: 512, test_size: 64, shape: [1, 8, 8], classes: 4}
+batch_size: 16
+)";
+  auto id = client.Submit(job + "steps: 100000000\n");
+  ASSERT_TRUE(id.ok()) << id.status();
+  for (int i = 0; i < 500; ++i) {
+    auto st = client.GetJob(*id);
+    if (st.ok() && st->state() == v1::RUNNING) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  auto stub = v1::StageService::NewStub(
+      rpc::MakeChannel("127.0.0.1:" + std::to_string(worker_ports->grpc)));
+  grpc::ClientContext ctx;
+  auto stream = stub->Exchange(&ctx);
+  v1::StageMessage bad;
+  bad.set_job_id(*id);
+  bad.set_kind(v1::StageMessage::FORWARD);
+  auto& t = (*bad.mutable_tensors())["x"];
+  t.set_dtype(static_cast<v1::DType>(42));
+  t.add_shape(1);
+  stream->Write(bad);
+  stream->WritesDone();
+  v1::StageMessage ignored;
+  while (stream->Read(&ignored)) {
+  }
+  grpc::Status s = stream->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  auto failed = client.Watch(*id, [](const v1::JobEvent&) { return true; });
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(failed->state(), v1::FAILED);
+  EXPECT_NE(failed->reason().find("dtype"), std::string::npos) << failed->reason();
+
+  ASSERT_TRUE(worker->IsRunning()) << cli::TailFile(worker->log_path(), 20);
+  auto next = client.Submit(job + "steps: 5\n");
+  ASSERT_TRUE(next.ok());
+  auto done = client.Watch(*next, [](const v1::JobEvent&) { return true; });
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  ExpectCleanExit(*worker);
   ExpectCleanExit(*coordinator);
 }
 
