@@ -46,8 +46,16 @@ void ProgressDisplay::OnEvent(const v1::JobEvent& event, absl::Time now) {
     err_ << "\r\033[K" << line;
     line_open_ = true;
   } else if (line != last_line_) {
-    err_ << line << "\n";
+    // Logs (CI, kubectl logs) get a line per state change and one every
+    // kLogEvery while running, not one per progress report.
+    const bool state_changed = event.status().state() != last_state_;
+    if (state_changed || client::IsTerminal(event.status().state()) || !last_printed_ ||
+        now - *last_printed_ >= kLogEvery) {
+      err_ << line << "\n";
+      last_printed_ = now;
+    }
   }
+  last_state_ = event.status().state();
   last_line_ = line;
   err_.flush();
 }

@@ -33,6 +33,9 @@ class ProgressDisplay {
   const bool quiet_;
   bool line_open_ = false;  // an in-place line is on screen
   std::string last_line_;
+  static constexpr absl::Duration kLogEvery = absl::Seconds(10);
+  std::optional<absl::Time> last_printed_;
+  v1::JobState last_state_ = v1::JOB_STATE_UNSPECIFIED;
   std::string last_message_;
   std::optional<absl::Time> rate_since_;
   int64_t rate_since_step_ = 0;

@@ -45,6 +45,7 @@ namespace stagewise {
 namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // ---------------------------------------------------------------------------
 // The fake coordinator. A job's behaviour under WatchJob comes from a marker
@@ -672,8 +673,11 @@ TEST_F(CliTest, SubmitFollowsTheJobAndPrintsTheResult) {
   EXPECT_THAT(r.out, HasSubstr("40/40"));   // steps
   EXPECT_THAT(r.out, HasSubstr("12s"));     // time from created to updated
   EXPECT_THAT(r.err, HasSubstr("submitted job job-1"));
-  // Not a terminal: one progress line per event, and the event messages.
-  EXPECT_THAT(r.err, HasSubstr("RUNNING  epoch 1  step 20/40  loss 0.0476  1000 samples/s"));
+  // Not a terminal: a line per state change and the terminal line, with the
+  // event messages; progress within a state is throttled (one per 10 s).
+  EXPECT_THAT(r.err, HasSubstr("RUNNING  epoch 1  step 10/40  loss 0.0909  1000 samples/s"));
+  EXPECT_THAT(r.err, Not(HasSubstr("step 20/40")));
+  EXPECT_THAT(r.err, HasSubstr("SUCCEEDED  epoch 1  step 40/40"));
   EXPECT_THAT(r.err, HasSubstr("CONFIGURING: stage 0 on local-0"));
   EXPECT_EQ(r.err.find('\r'), std::string::npos);
   EXPECT_EQ(server_.fake().submitted_yaml(), kJob);
