@@ -5,10 +5,12 @@
 namespace stagewise::worker {
 
 std::unique_ptr<Algorithm> MakeBackprop(const AlgorithmSpec& spec);
+std::unique_ptr<Algorithm> MakeDelayed(const AlgorithmSpec& spec);
 
 absl::StatusOr<std::unique_ptr<Algorithm>> MakeAlgorithm(const AlgorithmSpec& spec) {
   try {
     if (spec.name == "backprop") return MakeBackprop(spec);
+    if (spec.name == "delayed") return MakeDelayed(spec);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("algorithm: ", e.what()));
   }

@@ -1,0 +1,227 @@
+// delayed: delayed gradients without a flush (DDG, Huo et al. 2018; weight
+// stashing as in PipeDream). ALGORITHMS.md, "delayed".
+//
+// Stage j keeps up to d_j = 2(J-1-j)+1 mini-batches in flight (capped by
+// max_in_flight) and runs them in 1F1B order: d_j forwards, then one backward
+// and one forward in turn, so its gradients are 2(J-1-j) steps stale. A
+// forward runs without a graph and stores its input (and, with `stash`, the
+// parameters it used); when the gradient returns the stage recomputes the
+// forward from that input with the stashed (or current) parameters,
+// backpropagates, applies the gradient to the current parameters and sends
+// the input gradient down. The last stage does forward, loss, backward and
+// step at once. BatchNorm running statistics are updated in the forward pass;
+// the recomputation leaves them alone. The pipeline drains where an
+// evaluation is due, so evaluation sees settled parameters.
+#include <chrono>
+#include <map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "services/models/batch_norm.h"
+#include "services/training/optimizer.h"
+#include "worker/algorithms/common.h"
+
+#define RETURN_IF_ERROR_(expr)         \
+  do {                                 \
+    absl::Status status_ = (expr);     \
+    if (!status_.ok()) return status_; \
+  } while (0)
+
+namespace stagewise::worker {
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int64_t Bytes(const torch::Tensor& t) { return t.numel() * t.element_size(); }
+
+class Delayed : public Algorithm {
+ public:
+  explicit Delayed(const AlgorithmSpec& spec)
+      : stash_(spec.GetString("weights") == "stash"),
+        max_in_flight_(spec.GetInt("max_in_flight")) {}
+
+  absl::Status Run(StageContext& ctx) override {
+    const int64_t J = ctx.num_stages(), j = ctx.stage();
+    depth_ = 2 * (J - 1 - j) + 1;
+    if (max_in_flight_ > 0) depth_ = std::min(depth_, max_in_flight_);
+    params_ = ctx.model().parameters();
+    const int64_t total = ctx.total_steps();
+    for (int64_t begin = 0; begin < total;) {
+      int64_t end = begin + 1;
+      while (end < total && !ctx.EvalDue(end)) ++end;
+      for (int64_t f = begin, b = begin; b < end;) {
+        RETURN_IF_ERROR_(ctx.Interrupted());
+        if (f < end && f - b < depth_) {
+          RETURN_IF_ERROR_(Forward(ctx, f++));
+        } else {
+          RETURN_IF_ERROR_(ctx.last() ? absl::OkStatus() : Backward(ctx, b));
+          ++b;
+        }
+      }
+      if (ctx.EvalDue(end)) RETURN_IF_ERROR_(RunEvaluation(ctx, end));
+      begin = end;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  struct InFlight {
+    torch::Tensor input;
+    std::vector<torch::Tensor> stash;  // parameters the forward used
+    int64_t forward_step = 0;          // optimizer steps done at the forward
+  };
+
+  void Step(StageContext& ctx, double loss, int64_t samples) {
+    const auto t0 = std::chrono::steady_clock::now();
+    training::SetLearningRate(ctx.optimizer(), ctx.LearningRate(steps_));
+    ctx.optimizer().step();
+    ctx.stage_metrics().ObserveCompute("step", Since(t0));
+    ctx.stage_metrics().IncSteps();
+    ++steps_;
+    ctx.ReportStep(steps_, loss, samples);
+  }
+
+  void ReportBuffers(StageContext& ctx) {
+    int64_t inputs = 0, stashed = 0;
+    for (const auto& [t, f] : inflight_) {
+      inputs += Bytes(f.input);
+      for (const auto& p : f.stash) stashed += Bytes(p);
+    }
+    ctx.stage_metrics().SetMemory("inputs", inputs);
+    ctx.stage_metrics().SetMemory("stashed_parameters", stashed);
+  }
+
+  absl::Status Forward(StageContext& ctx, int64_t t) {
+    torch::Tensor x, labels;
+    v1::TensorProto labels_proto;
+    if (ctx.first()) {
+      data::Batch b = ctx.train_batches().Get(t / ctx.steps_per_epoch(), t % ctx.steps_per_epoch());
+      x = b.x.to(ctx.device());
+      labels = b.y.to(ctx.device());
+    } else {
+      auto msg = ctx.ReceiveFromPrev();
+      if (!msg.ok()) return msg.status();
+      RETURN_IF_ERROR_(ExpectMessage(*msg, v1::StageMessage::FORWARD, t, 0));
+      auto in = GetTensor(*msg, "x", ctx.device());
+      if (!in.ok()) return in.status();
+      x = *in;
+      auto it = msg->tensors().find("labels");
+      if (it == msg->tensors().end()) {
+        return absl::InvalidArgumentError("StageMessage.tensors: FORWARD message without 'labels'");
+      }
+      labels_proto = it->second;
+      if (ctx.last()) {
+        auto y = GetTensor(*msg, "labels", ctx.device());
+        if (!y.ok()) return y.status();
+        labels = *y;
+      }
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    if (ctx.last()) {
+      // No delay on the last stage: forward, loss, backward and step at once.
+      ctx.optimizer().zero_grad();
+      if (!ctx.first()) x.requires_grad_(true);
+      torch::Tensor loss = torch::cross_entropy_loss(ctx.model().forward(x), labels);
+      loss.backward();
+      ctx.stage_metrics().ObserveCompute("forward", Since(t0));
+      ctx.stage_metrics().SetStaleness(0);
+      Step(ctx, loss.item<double>(), labels.size(0));
+      if (ctx.first()) return absl::OkStatus();
+      v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, t, 0);
+      RETURN_IF_ERROR_(PutTensor(&back, "grad", x.grad()));
+      return ctx.SendToPrev(std::move(back));
+    }
+    torch::Tensor out;
+    {
+      torch::NoGradGuard no_grad;
+      out = ctx.model().forward(x);  // running statistics are updated here, once
+    }
+    ctx.stage_metrics().ObserveCompute("forward", Since(t0));
+    InFlight& f = inflight_[t];
+    f.input = x;
+    f.forward_step = steps_;
+    if (stash_) {
+      for (const auto& p : params_) f.stash.push_back(p.detach().clone());
+    }
+    ReportBuffers(ctx);
+    v1::StageMessage fwd = NewMessage(v1::StageMessage::FORWARD, t, 0);
+    RETURN_IF_ERROR_(PutTensor(&fwd, "x", out));
+    if (ctx.first()) {
+      RETURN_IF_ERROR_(PutTensor(&fwd, "labels", labels));
+    } else {
+      (*fwd.mutable_tensors())["labels"] = std::move(labels_proto);
+    }
+    return ctx.SendToNext(std::move(fwd));
+  }
+
+  absl::Status Backward(StageContext& ctx, int64_t t) {
+    auto msg = ctx.ReceiveFromNext();
+    if (!msg.ok()) return msg.status();
+    RETURN_IF_ERROR_(ExpectMessage(*msg, v1::StageMessage::BACKWARD, t, 0));
+    auto grad = GetTensor(*msg, "grad", ctx.device());
+    if (!grad.ok()) return grad.status();
+    auto it = inflight_.find(t);
+    if (it == inflight_.end()) {
+      return absl::InternalError(absl::StrCat("no stored input for mini-batch ", t));
+    }
+    InFlight f = std::move(it->second);
+    inflight_.erase(it);
+    ctx.optimizer().zero_grad();
+    torch::Tensor x = ctx.first() ? f.input : f.input.requires_grad_(true);
+    std::vector<torch::Tensor> current;
+    if (stash_) {
+      // The gradient is taken at the parameters the forward used and applied
+      // to the current ones (weight stashing).
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < params_.size(); ++i) {
+        current.push_back(params_[i].detach().clone());
+        params_[i].copy_(f.stash[i]);
+      }
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    torch::Tensor out;
+    {
+      models::FreezeRunningStats freeze;
+      out = ctx.model().forward(x);
+    }
+    ctx.stage_metrics().ObserveCompute("recompute", Since(t0));
+    if (!out.sizes().equals(grad->sizes())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StageMessage.tensors['grad']: shape ", c10::str(grad->sizes()),
+                       " does not match the stage output ", c10::str(out.sizes())));
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    out.backward(*grad);
+    ctx.stage_metrics().ObserveCompute("backward", Since(t1));
+    if (stash_) {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(current[i]);
+    }
+    ctx.stage_metrics().SetStaleness(steps_ - f.forward_step);
+    Step(ctx, 0.0, grad->size(0));
+    ReportBuffers(ctx);
+    if (ctx.first()) return absl::OkStatus();
+    v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, t, 0);
+    RETURN_IF_ERROR_(PutTensor(&back, "grad", x.grad()));
+    return ctx.SendToPrev(std::move(back));
+  }
+
+  const bool stash_;
+  const int64_t max_in_flight_;
+  int64_t depth_ = 1;
+  int64_t steps_ = 0;
+  std::vector<torch::Tensor> params_;
+  std::map<int64_t, InFlight> inflight_;
+};
+
+}  // namespace
+
+std::unique_ptr<Algorithm> MakeDelayed(const AlgorithmSpec& spec) {
+  return std::make_unique<Delayed>(spec);
+}
+
+}  // namespace stagewise::worker
+
+#undef RETURN_IF_ERROR_
