@@ -330,6 +330,15 @@ void JobManager::OnEvent(const v1::WorkerEvent& event) {
       auto jit = active_.find(event.result().job_id());
       if (jit == active_.end()) return;
       jit->second.finished_stages.insert(event.result().stage());
+      v1::JobStatus st = statuses_[event.result().job_id()];
+      std::vector<MetricPoint> points;
+      for (const auto& [key, value] : event.result().values()) {
+        const std::string name = absl::StrCat("stage", event.result().stage(), ".", key);
+        (*st.mutable_summary())[name] = value;
+        points.push_back({st.step(), name, value, NowMs()});
+      }
+      (void)store_->AppendMetrics(st.job_id(), points);
+      UpdateStatusLocked(st, "");
       if (jit->second.finished_stages.size() == jit->second.workers.size()) {
         EndJobLocked(event.result().job_id(), v1::SUCCEEDED, "");
       }

@@ -13,6 +13,11 @@ absl::Status PeerStream::Send(v1::StageMessage message) {
   {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(this, &PeerStream::HasRoom));
+    if (broken_) {
+      // Report why it broke (the call's final status), not just that it did.
+      mu_.Await(absl::Condition(&done_));
+      return closed_;
+    }
     if (!closed_.ok()) return closed_;
     if (closing_) return absl::FailedPreconditionError(absl::StrCat(name_, ": stream is closing"));
     bytes_sent_ += static_cast<int64_t>(message.ByteSizeLong());
@@ -117,6 +122,7 @@ void PeerStream::OnWriteDoneImpl(bool ok) {
     outbox_.pop_front();
     if (!ok) {
       closed_ = absl::UnavailableError(absl::StrCat(name_, ": the peer stream broke"));
+      broken_ = true;
       outbox_.clear();
     }
     if (!outbox_.empty()) {
@@ -128,6 +134,9 @@ void PeerStream::OnWriteDoneImpl(bool ok) {
   }
   if (next != nullptr) DoStartWrite(next);
   if (action) action();
+  // The call is over: end it on our side too (releases the client's hold) so
+  // OnDone arrives with the final status.
+  if (!ok) Close(absl::UnavailableError(absl::StrCat(name_, ": the peer stream broke")));
 }
 
 void PeerStream::MaybeFinishLocked(std::function<void()>* action) {
@@ -144,6 +153,9 @@ void PeerStream::OnDoneImpl(const absl::Status& status) {
     if (closed_.ok()) {
       closed_ = status.ok() ? absl::FailedPreconditionError(absl::StrCat(name_, ": stream ended"))
                             : status;
+    } else if (broken_) {
+      closed_ = absl::UnavailableError(
+          absl::StrCat(name_, ": the peer stream broke (", status.ToString(), ")"));
     }
     outbox_.clear();
     writing_ = false;
@@ -211,6 +223,9 @@ std::shared_ptr<DownstreamStream> DownstreamStream::Open(v1::StageService::Stub*
                                                          size_t outbox_capacity) {
   std::shared_ptr<DownstreamStream> stream(new DownstreamStream(outbox_capacity));
   stream->self_ = stream;
+  // The peer is known to be serving (it acked its configuration): ride out a
+  // transient connection failure instead of failing the call at once.
+  stream->context_.set_wait_for_ready(true);
   stub->async()->Exchange(&stream->context_, stream.get());
   stream->AddHold();  // writes start outside reactions until we are done writing
   stream->BeginReading(sink);

@@ -84,6 +84,7 @@ class PeerStream : public std::enable_shared_from_this<PeerStream> {
   absl::Status close_status_ ABSL_GUARDED_BY(mu_);
   bool finish_started_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;  // a write failed: the call is over
   absl::Status closed_ ABSL_GUARDED_BY(mu_);  // non-OK once no more sends are possible
   int64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t bytes_received_ ABSL_GUARDED_BY(mu_) = 0;

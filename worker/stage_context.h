@@ -63,6 +63,9 @@ class StageContext {
   virtual void ReportEval(int64_t steps_done, double loss, double accuracy, int64_t samples) = 0;
 
   virtual metrics::StageMetrics& stage_metrics() = 0;
+  // A value for the job summary (sent with the stage's result), e.g.
+  // "peak_inputs", "staleness_steps". Later calls overwrite.
+  virtual void Summarize(const std::string& key, double value) = 0;
 };
 
 // One training algorithm, run on the stage's compute thread from the first

@@ -28,6 +28,7 @@ class StageRuntime::InboxSink : public MessageSink {
       runtime_->Fail(s);
       return s;
     }
+    runtime_->metrics_->AddBytes(false, static_cast<int64_t>(message.ByteSizeLong()));
     if (!queue_->ForcePush(std::move(message))) {
       return absl::CancelledError("the stage is no longer running this job");
     }
@@ -196,6 +197,8 @@ void StageRuntime::ComputeLoop() {
     (*r->mutable_values())["bytes_sent"] = static_cast<double>(metrics_->bytes(true));
     (*r->mutable_values())["bytes_received"] = static_cast<double>(metrics_->bytes(false));
     (*r->mutable_values())["idle_seconds"] = metrics_->idle_seconds();
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, value] : summary_) (*r->mutable_values())[key] = value;
   } else {
     auto* e = event.mutable_error();
     e->set_job_id(job_id());
@@ -356,6 +359,11 @@ absl::Status StageRuntime::SendToPrev(v1::StageMessage message) {
   absl::Status s = upstream->Send(std::move(message));
   if (s.ok()) metrics_->AddBytes(true, size);
   return s;
+}
+
+void StageRuntime::Summarize(const std::string& key, double value) {
+  absl::MutexLock lock(&mu_);
+  summary_[key] = value;
 }
 
 absl::Status StageRuntime::Interrupted() const {

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -75,6 +76,7 @@ class StageRuntime final : public StageContext {
   void ReportStep(int64_t steps_done, double train_loss, int64_t samples) override;
   void ReportEval(int64_t steps_done, double loss, double accuracy, int64_t samples) override;
   metrics::StageMetrics& stage_metrics() override { return *metrics_; }
+  void Summarize(const std::string& key, double value) override;
 
  private:
   class InboxSink;
@@ -113,6 +115,7 @@ class StageRuntime final : public StageContext {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // compute thread done with the job
   std::optional<absl::Status> outcome_ ABSL_GUARDED_BY(mu_);
   std::chrono::steady_clock::time_point last_report_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, double> summary_ ABSL_GUARDED_BY(mu_);
   std::thread compute_;
 };
 

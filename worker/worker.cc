@@ -69,6 +69,11 @@ absl::Status Worker::Start() {
 
 void Worker::Shutdown() {
   if (shutdown_.exchange(true)) return;
+  const absl::Time start = absl::Now();
+  auto phase = [&](const char* what) {
+    std::cerr << "stagewise-worker: shutdown: " << what << " after "
+              << absl::FormatDuration(absl::Now() - start) << "\n";
+  };
   std::shared_ptr<StageRuntime> rt;
   {
     absl::MutexLock lock(&mu_);
@@ -78,9 +83,12 @@ void Worker::Shutdown() {
   if (rt) {
     rt->Stop(absl::CancelledError("the worker is shutting down"));
     rt->Join();
+    phase("stage stopped");
   }
   if (control_thread_.joinable()) control_thread_.join();
+  phase("control stream closed");
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  phase("server stopped");
 }
 
 std::shared_ptr<StageRuntime> Worker::runtime() const {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -119,23 +120,41 @@ std::string JobTable(const v1::JobStatus& s) {
       s.samples_per_second() > 0 ? absl::StrFormat("%.0f samples/s", s.samples_per_second()) : "-");
   const std::optional<double> seconds = JobSeconds(s);
   row("time", seconds.has_value() ? HumanDuration(*seconds) : "-");
+  // Per-stage results ("stage<j>.<name>"), one line per stage, names sorted.
+  std::map<std::string, std::vector<std::string>> stages;
+  const std::map<std::string, double> sorted(s.summary().begin(), s.summary().end());
+  for (const auto& [key, value] : sorted) {
+    const size_t dot = key.find('.');
+    if (dot == std::string::npos) continue;
+    const std::string name = key.substr(dot + 1);
+    const bool bytes = absl::EndsWith(name, "bytes") || absl::StartsWith(name, "bytes");
+    stages[key.substr(0, dot)].push_back(absl::StrCat(
+        name, "=", bytes ? HumanBytes(static_cast<int64_t>(value)) : absl::StrFormat("%g", value)));
+  }
+  for (const auto& [stage, values] : stages) row(stage, absl::StrJoin(values, " "));
   return out;
 }
 
 std::string JobJson(const v1::JobStatus& s) {
   const std::optional<double> seconds = JobSeconds(s);
-  return absl::StrCat("{\"job_id\":\"", JsonEscape(s.job_id()), "\",\"name\":\"",
-                      JsonEscape(s.name()), "\",\"state\":\"", client::JobStateName(s.state()),
-                      "\",\"reason\":\"", JsonEscape(s.reason()), "\",\"algorithm\":\"",
-                      JsonEscape(s.algorithm()), "\",\"stages\":", s.num_stages(),
-                      ",\"step\":", s.step(), ",\"total_steps\":", s.total_steps(),
-                      ",\"epoch\":", s.epoch(), ",\"train_loss\":", JsonNumber(s.train_loss()),
-                      ",\"eval_loss\":", HasEval(s) ? JsonNumber(s.eval_loss()) : "null",
-                      ",\"eval_accuracy\":", HasEval(s) ? JsonNumber(s.eval_accuracy()) : "null",
-                      ",\"samples_per_second\":", JsonNumber(s.samples_per_second()),
-                      ",\"seconds\":", seconds.has_value() ? JsonNumber(*seconds) : "null",
-                      ",\"created_unix_ms\":", s.created_unix_ms(),
-                      ",\"updated_unix_ms\":", s.updated_unix_ms(), "}");
+  return absl::StrCat(
+      "{\"job_id\":\"", JsonEscape(s.job_id()), "\",\"name\":\"", JsonEscape(s.name()),
+      "\",\"state\":\"", client::JobStateName(s.state()), "\",\"reason\":\"",
+      JsonEscape(s.reason()), "\",\"algorithm\":\"", JsonEscape(s.algorithm()),
+      "\",\"stages\":", s.num_stages(), ",\"step\":", s.step(),
+      ",\"total_steps\":", s.total_steps(), ",\"epoch\":", s.epoch(),
+      ",\"train_loss\":", JsonNumber(s.train_loss()),
+      ",\"eval_loss\":", HasEval(s) ? JsonNumber(s.eval_loss()) : "null",
+      ",\"eval_accuracy\":", HasEval(s) ? JsonNumber(s.eval_accuracy()) : "null",
+      ",\"samples_per_second\":", JsonNumber(s.samples_per_second()),
+      ",\"seconds\":", seconds.has_value() ? JsonNumber(*seconds) : "null",
+      ",\"created_unix_ms\":", s.created_unix_ms(), ",\"updated_unix_ms\":", s.updated_unix_ms(),
+      ",\"summary\":{",
+      absl::StrJoin(std::map<std::string, double>(s.summary().begin(), s.summary().end()), ",",
+                    [](std::string* o, const std::pair<const std::string, double>& kv) {
+                      absl::StrAppend(o, "\"", JsonEscape(kv.first), "\":", JsonNumber(kv.second));
+                    }),
+      "}}");
 }
 
 std::string JobListTable(const std::vector<v1::JobStatus>& jobs, absl::Time now) {

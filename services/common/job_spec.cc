@@ -858,7 +858,7 @@ absl::Status ValidateOptimizer(const OptimizerSpec& opt) {
     return KeyError("optimizer.name", ChoiceMessage(opt.name, names));
   }
   Checker check;
-  check(Positive("optimizer.lr", opt.lr));
+  check(AtLeast("optimizer.lr", opt.lr, 0.0));  // 0 freezes parameters (oracles)
   check(InUnitInterval("optimizer.momentum", opt.momentum));
   check(AtLeast("optimizer.weight_decay", opt.weight_decay, 0.0));
   if (opt.name == "sgd" && opt.nesterov && opt.momentum <= 0 && check.status().ok()) {

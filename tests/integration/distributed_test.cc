@@ -170,6 +170,10 @@ TEST(Distributed, MetricsEndpointsServeTheDocumentedFamilies) {
                                     {{"job", *id}, {"direction", "sent"}});
     ASSERT_TRUE(sent.ok());
     EXPECT_GT(*sent, 0);
+    auto received = metrics::FindSample(*text, "stagewise_transport_bytes_total",
+                                        {{"job", *id}, {"direction", "received"}});
+    ASSERT_TRUE(received.ok());
+    EXPECT_GT(*received, 0);
   }
 }
 

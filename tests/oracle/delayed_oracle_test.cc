@@ -183,6 +183,71 @@ TEST(DelayedOracle, OneStageEqualsBackprop) {
   ExpectClose(RunJob(yaml, 1), want);
 }
 
+// ALGORITHMS.md: stage j holds up to 2(J-1-j)+1 inputs (and, stashing, as many
+// parameter versions) and its gradients are 2(J-1-j) steps stale.
+TEST(DelayedBuffers, StageJHoldsTwiceItsDistanceToTheEndPlusOneInputs) {
+  const std::string yaml = JobYaml(3, "stash", 12);
+  testing::Cluster cluster({.workers = 3});
+  ASSERT_TRUE(cluster.WaitForWorkers(3));
+  auto id = cluster.manager().Submit(yaml);
+  ASSERT_TRUE(id.ok());
+  auto st = cluster.WaitForJob(*id);
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->state(), v1::SUCCEEDED) << st->reason();
+  const auto& summary = st->summary();
+  for (int j = 0; j < 2; ++j) {
+    const std::string stage = absl::StrCat("stage", j, ".");
+    ASSERT_TRUE(summary.count(stage + "peak_inputs")) << stage;
+    EXPECT_EQ(summary.at(stage + "peak_inputs"), 2 * (3 - 1 - j) + 1) << stage;
+    EXPECT_EQ(summary.at(stage + "peak_stashed_versions"), 2 * (3 - 1 - j) + 1) << stage;
+    EXPECT_EQ(summary.at(stage + "staleness_steps"), 2 * (3 - 1 - j)) << stage;
+    EXPECT_GT(summary.at(stage + "peak_input_bytes"), 0) << stage;
+  }
+  EXPECT_FALSE(summary.count("stage2.peak_inputs"));  // the last stage stores nothing
+  EXPECT_GT(summary.at("stage2.bytes_sent"), 0);
+}
+
+// With lr = 0 the parameters never move, so every gradient must be backprop's
+// for the same mini-batch; SGD's momentum buffers accumulate them, so equal
+// buffers after S steps mean equal gradient sequences.
+TEST(DelayedOracle, ZeroLearningRateGivesBackpropGradients) {
+  std::string yaml = JobYaml(3, "stash", 6);
+  yaml.replace(yaml.find("lr: 0.05"), 8, "lr: 0.0");
+  yaml.replace(yaml.find("weight_decay: 1.0e-4"), 20, "weight_decay: 0.0");
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto momentum = [](torch::optim::Optimizer& opt, const torch::Tensor& p) {
+    auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    EXPECT_TRUE(it != opt.state().end());
+    return static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().clone();
+  };
+
+  auto trainer = training::ReferenceTrainer::Create(*spec);
+  ASSERT_TRUE(trainer.ok());
+  auto& t = **trainer;
+  for (int64_t s = 0; s < spec->steps; ++s) t.Step(t.train_sampler().Get(0, s), 0.0);
+  std::map<std::string, torch::Tensor> want;
+  for (const auto& item : t.model().named_parameters()) {
+    want[item.key()] = momentum(t.optimizer(), item.value());
+  }
+
+  testing::Cluster cluster({.workers = 3});
+  ASSERT_TRUE(cluster.WaitForWorkers(3));
+  auto id = cluster.manager().Submit(yaml);
+  ASSERT_TRUE(id.ok());
+  auto st = cluster.WaitForJob(*id);
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->state(), v1::SUCCEEDED) << st->reason();
+  std::map<std::string, torch::Tensor> got;
+  for (auto& w : cluster.workers()) {
+    auto rt = w->runtime();
+    for (const auto& item : rt->model().named_parameters()) {
+      got[item.key()] = momentum(rt->optimizer(), item.value());
+    }
+  }
+  ExpectClose(got, want);
+}
+
 class DelayedTrajectory : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DelayedTrajectory, EqualsTheSingleProcessSimulation) {

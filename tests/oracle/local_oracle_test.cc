@@ -36,9 +36,9 @@ checkpoint: {dir: )",
                                         (dir / "out").string(), "}\n");
   const fs::path job = dir / "job.yaml";
   std::ofstream(job) << yaml;
-  const std::string cmd = absl::StrCat(STAGEWISE_BINARY_DIR, "/bin/stagewise local -o json ",
-                                       job.string(), " > ", (dir / "stdout").string(), " 2> ",
-                                       (dir / "stderr").string(), " </dev/null");
+  const std::string cmd =
+      absl::StrCat(STAGEWISE_BINARY_DIR, "/bin/stagewise local -o json ", job.string(), " > ",
+                   (dir / "stdout").string(), " 2> ", (dir / "stderr").string(), " </dev/null");
   const int status = std::system(cmd.c_str());
   std::stringstream err;
   err << std::ifstream(dir / "stderr").rdbuf();

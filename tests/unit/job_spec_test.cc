@@ -498,7 +498,7 @@ std::vector<BadCase> BadCases() {
        {{"stages", "{count: 2, partition: [[0, 4], [4, 9], [9, 12]]}"}},
        "stages.count",
        "does not match"},
-      {"lr", {{"optimizer", "{lr: 0}"}}, "optimizer.lr", "> 0"},
+      {"lr", {{"optimizer", "{lr: -0.1}"}}, "optimizer.lr", ">= 0"},
       {"momentum",
        {{"optimizer", "{momentum: 1.5}"}},
        "optimizer.momentum",

@@ -91,6 +91,14 @@ class Delayed : public Algorithm {
     }
     ctx.stage_metrics().SetMemory("inputs", inputs);
     ctx.stage_metrics().SetMemory("stashed_parameters", stashed);
+    const auto held = static_cast<int64_t>(inflight_.size());
+    if (held > peak_inputs_) {
+      peak_inputs_ = held;
+      ctx.Summarize("peak_inputs", static_cast<double>(held));
+      ctx.Summarize("peak_input_bytes", static_cast<double>(inputs));
+      ctx.Summarize("peak_stashed_versions", stash_ ? static_cast<double>(held) : 0.0);
+      ctx.Summarize("peak_stashed_parameter_bytes", static_cast<double>(stashed));
+    }
   }
 
   absl::Status Forward(StageContext& ctx, int64_t t) {
@@ -200,6 +208,10 @@ class Delayed : public Algorithm {
       for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(current[i]);
     }
     ctx.stage_metrics().SetStaleness(steps_ - f.forward_step);
+    if (steps_ - f.forward_step > max_staleness_) {
+      max_staleness_ = steps_ - f.forward_step;
+      ctx.Summarize("staleness_steps", static_cast<double>(max_staleness_));
+    }
     Step(ctx, 0.0, grad->size(0));
     ReportBuffers(ctx);
     if (ctx.first()) return absl::OkStatus();
@@ -212,6 +224,8 @@ class Delayed : public Algorithm {
   const int64_t max_in_flight_;
   int64_t depth_ = 1;
   int64_t steps_ = 0;
+  int64_t peak_inputs_ = 0;
+  int64_t max_staleness_ = 0;
   std::vector<torch::Tensor> params_;
   std::map<int64_t, InFlight> inflight_;
 };
