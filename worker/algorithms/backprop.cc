@@ -13,13 +13,6 @@
 #include "services/training/optimizer.h"
 #include "worker/algorithms/common.h"
 
-// absl has no RETURN_IF_ERROR in its public API.
-#define RETURN_IF_ERROR_(expr)         \
-  do {                                 \
-    absl::Status status_ = (expr);     \
-    if (!status_.ok()) return status_; \
-  } while (0)
-
 namespace stagewise::worker {
 namespace {
 
@@ -39,7 +32,7 @@ class Backprop : public Algorithm {
     const int M = micro_batches_;
     const int warm = ctx.last() ? 0 : std::min(ctx.num_stages() - 1 - ctx.stage(), M);
     for (int64_t step = 0; step < ctx.total_steps(); ++step) {
-      RETURN_IF_ERROR_(ctx.Interrupted());
+      STAGEWISE_RETURN_IF_ERROR(ctx.Interrupted());
       ctx.optimizer().zero_grad();
       inflight_.assign(M, InFlight{});
       loss_ = 0;
@@ -56,16 +49,16 @@ class Backprop : public Algorithm {
         batch_size_ = ctx.spec().batch_size;
       }
       if (one_f_one_b_) {
-        for (int i = 0; i < warm; ++i) RETURN_IF_ERROR_(Forward(ctx, step, i));
+        for (int i = 0; i < warm; ++i) STAGEWISE_RETURN_IF_ERROR(Forward(ctx, step, i));
         for (int i = warm; i < M; ++i) {
-          RETURN_IF_ERROR_(Forward(ctx, step, i));
-          if (!ctx.last()) RETURN_IF_ERROR_(Backward(ctx, step, i - warm));
+          STAGEWISE_RETURN_IF_ERROR(Forward(ctx, step, i));
+          if (!ctx.last()) STAGEWISE_RETURN_IF_ERROR(Backward(ctx, step, i - warm));
         }
-        for (int i = M - warm; i < M; ++i) RETURN_IF_ERROR_(Backward(ctx, step, i));
+        for (int i = M - warm; i < M; ++i) STAGEWISE_RETURN_IF_ERROR(Backward(ctx, step, i));
       } else {
-        for (int i = 0; i < M; ++i) RETURN_IF_ERROR_(Forward(ctx, step, i));
+        for (int i = 0; i < M; ++i) STAGEWISE_RETURN_IF_ERROR(Forward(ctx, step, i));
         if (!ctx.last()) {
-          for (int i = 0; i < M; ++i) RETURN_IF_ERROR_(Backward(ctx, step, i));
+          for (int i = 0; i < M; ++i) STAGEWISE_RETURN_IF_ERROR(Backward(ctx, step, i));
         }
       }
       const auto t0 = std::chrono::steady_clock::now();
@@ -75,7 +68,7 @@ class Backprop : public Algorithm {
       ctx.stage_metrics().IncSteps();
       ctx.stage_metrics().SetMemory("activations", 0);
       ctx.ReportStep(step + 1, loss_, batch_size_);
-      if (ctx.EvalDue(step + 1)) RETURN_IF_ERROR_(RunEvaluation(ctx, step + 1));
+      if (ctx.EvalDue(step + 1)) STAGEWISE_RETURN_IF_ERROR(RunEvaluation(ctx, step + 1));
     }
     return absl::OkStatus();
   }
@@ -102,22 +95,11 @@ class Backprop : public Algorithm {
       input = xs_[m].to(ctx.device());
       labels = ys_[m].to(ctx.device());
     } else {
-      auto msg = ctx.ReceiveFromPrev();
-      if (!msg.ok()) return msg.status();
-      RETURN_IF_ERROR_(ExpectMessage(*msg, v1::StageMessage::FORWARD, step, m));
-      auto x = GetTensor(*msg, "x", ctx.device());
-      if (!x.ok()) return x.status();
-      input = x->requires_grad_(true);
-      auto it = msg->tensors().find("labels");
-      if (it == msg->tensors().end()) {
-        return absl::InvalidArgumentError("StageMessage.tensors: FORWARD message without 'labels'");
-      }
-      labels_proto = it->second;
-      if (ctx.last()) {
-        auto y = GetTensor(*msg, "labels", ctx.device());
-        if (!y.ok()) return y.status();
-        labels = *y;
-      }
+      auto in = ReceiveForward(ctx, step, m);
+      if (!in.ok()) return in.status();
+      input = in->x.requires_grad_(true);
+      labels_proto = std::move(in->labels_proto);
+      labels = in->labels;
     }
     const auto t0 = std::chrono::steady_clock::now();
     InFlight& f = inflight_[m];
@@ -135,8 +117,8 @@ class Backprop : public Algorithm {
       loss_ += loss.item<double>();
       if (!ctx.first()) {
         v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, step, m);
-        RETURN_IF_ERROR_(PutTensor(&back, "grad", input.grad()));
-        RETURN_IF_ERROR_(ctx.SendToPrev(std::move(back)));
+        STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", input.grad()));
+        STAGEWISE_RETURN_IF_ERROR(ctx.SendToPrev(std::move(back)));
       }
       f = InFlight{};
       return absl::OkStatus();
@@ -153,20 +135,13 @@ class Backprop : public Algorithm {
     }
     ctx.stage_metrics().ObserveCompute("forward", Since(t0));
     ctx.stage_metrics().SetMemory("activations", HeldBytes());
-    v1::StageMessage fwd = NewMessage(v1::StageMessage::FORWARD, step, m);
-    RETURN_IF_ERROR_(PutTensor(&fwd, "x", out));
-    if (ctx.first()) {
-      RETURN_IF_ERROR_(PutTensor(&fwd, "labels", labels));
-    } else {
-      (*fwd.mutable_tensors())["labels"] = std::move(labels_proto);
-    }
-    return ctx.SendToNext(std::move(fwd));
+    return SendForward(ctx, step, m, out, labels, std::move(labels_proto));
   }
 
   absl::Status Backward(StageContext& ctx, int64_t step, int m) {
     auto msg = ctx.ReceiveFromNext();
     if (!msg.ok()) return msg.status();
-    RETURN_IF_ERROR_(ExpectMessage(*msg, v1::StageMessage::BACKWARD, step, m));
+    STAGEWISE_RETURN_IF_ERROR(ExpectMessage(*msg, v1::StageMessage::BACKWARD, step, m));
     auto grad = GetTensor(*msg, "grad", ctx.device());
     if (!grad.ok()) return grad.status();
     InFlight& f = inflight_[m];
@@ -186,14 +161,13 @@ class Backprop : public Algorithm {
     ctx.stage_metrics().ObserveCompute("backward", Since(t0));
     if (!ctx.first()) {
       v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, step, m);
-      RETURN_IF_ERROR_(PutTensor(&back, "grad", f.input.grad()));
-      RETURN_IF_ERROR_(ctx.SendToPrev(std::move(back)));
+      STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", f.input.grad()));
+      STAGEWISE_RETURN_IF_ERROR(ctx.SendToPrev(std::move(back)));
     }
     f = InFlight{};
     ctx.stage_metrics().SetMemory("activations", HeldBytes());
     return absl::OkStatus();
   }
-#undef RETURN_IF_ERROR_
 
   const int micro_batches_;
   const bool one_f_one_b_;

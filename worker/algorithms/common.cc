@@ -45,6 +45,39 @@ absl::Status ExpectMessage(const v1::StageMessage& message, v1::StageMessage::Ki
   return absl::OkStatus();
 }
 
+absl::StatusOr<ForwardInput> ReceiveForward(StageContext& ctx, int64_t step, int micro_batch) {
+  auto msg = ctx.ReceiveFromPrev();
+  if (!msg.ok()) return msg.status();
+  STAGEWISE_RETURN_IF_ERROR(ExpectMessage(*msg, v1::StageMessage::FORWARD, step, micro_batch));
+  ForwardInput in;
+  auto x = GetTensor(*msg, "x", ctx.device());
+  if (!x.ok()) return x.status();
+  in.x = *x;
+  auto it = msg->tensors().find("labels");
+  if (it == msg->tensors().end()) {
+    return absl::InvalidArgumentError("StageMessage.tensors: FORWARD message without 'labels'");
+  }
+  in.labels_proto = it->second;
+  if (ctx.last()) {
+    auto y = GetTensor(*msg, "labels", ctx.device());
+    if (!y.ok()) return y.status();
+    in.labels = *y;
+  }
+  return in;
+}
+
+absl::Status SendForward(StageContext& ctx, int64_t step, int micro_batch, const torch::Tensor& out,
+                         const torch::Tensor& labels, v1::TensorProto labels_proto) {
+  v1::StageMessage fwd = NewMessage(v1::StageMessage::FORWARD, step, micro_batch);
+  STAGEWISE_RETURN_IF_ERROR(PutTensor(&fwd, "x", out));
+  if (ctx.first()) {
+    STAGEWISE_RETURN_IF_ERROR(PutTensor(&fwd, "labels", labels));
+  } else {
+    (*fwd.mutable_tensors())["labels"] = std::move(labels_proto);
+  }
+  return ctx.SendToNext(std::move(fwd));
+}
+
 absl::Status RunEvaluation(StageContext& ctx, int64_t steps_done) {
   torch::NoGradGuard no_grad;
   ctx.model().eval();

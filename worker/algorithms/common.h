@@ -10,7 +10,30 @@
 #include "stagewise/v1/stage.pb.h"
 #include "worker/stage_context.h"
 
+// absl has no RETURN_IF_ERROR in its public API.
+#define STAGEWISE_RETURN_IF_ERROR(expr) \
+  do {                                  \
+    absl::Status status_ = (expr);      \
+    if (!status_.ok()) return status_;  \
+  } while (0)
+
 namespace stagewise::worker {
+
+// A FORWARD message from stage j-1, decoded: the activation, the labels as
+// they travel (re-sent untouched) and, on the last stage, decoded.
+struct ForwardInput {
+  torch::Tensor x;
+  v1::TensorProto labels_proto;
+  torch::Tensor labels;  // defined on the last stage only
+};
+
+// Receives FORWARD `step`/`micro_batch` from stage j-1 and decodes it.
+absl::StatusOr<ForwardInput> ReceiveForward(StageContext& ctx, int64_t step, int micro_batch);
+
+// Sends `out` to stage j+1 as FORWARD with the labels: stage 0 encodes
+// `labels`, later stages pass `labels_proto` on.
+absl::Status SendForward(StageContext& ctx, int64_t step, int micro_batch, const torch::Tensor& out,
+                         const torch::Tensor& labels, v1::TensorProto labels_proto);
 
 v1::StageMessage NewMessage(v1::StageMessage::Kind kind, int64_t step, int micro_batch);
 absl::Status PutTensor(v1::StageMessage* message, const std::string& name,

@@ -21,12 +21,6 @@
 #include "services/training/optimizer.h"
 #include "worker/algorithms/common.h"
 
-#define RETURN_IF_ERROR_(expr)         \
-  do {                                 \
-    absl::Status status_ = (expr);     \
-    if (!status_.ok()) return status_; \
-  } while (0)
-
 namespace stagewise::worker {
 namespace {
 
@@ -52,15 +46,15 @@ class Delayed : public Algorithm {
       int64_t end = begin + 1;
       while (end < total && !ctx.EvalDue(end)) ++end;
       for (int64_t f = begin, b = begin; b < end;) {
-        RETURN_IF_ERROR_(ctx.Interrupted());
+        STAGEWISE_RETURN_IF_ERROR(ctx.Interrupted());
         if (f < end && f - b < depth_) {
-          RETURN_IF_ERROR_(Forward(ctx, f++));
+          STAGEWISE_RETURN_IF_ERROR(Forward(ctx, f++));
         } else {
-          RETURN_IF_ERROR_(ctx.last() ? absl::OkStatus() : Backward(ctx, b));
+          STAGEWISE_RETURN_IF_ERROR(ctx.last() ? absl::OkStatus() : Backward(ctx, b));
           ++b;
         }
       }
-      if (ctx.EvalDue(end)) RETURN_IF_ERROR_(RunEvaluation(ctx, end));
+      if (ctx.EvalDue(end)) STAGEWISE_RETURN_IF_ERROR(RunEvaluation(ctx, end));
       begin = end;
     }
     return absl::OkStatus();
@@ -109,22 +103,11 @@ class Delayed : public Algorithm {
       x = b.x.to(ctx.device());
       labels = b.y.to(ctx.device());
     } else {
-      auto msg = ctx.ReceiveFromPrev();
-      if (!msg.ok()) return msg.status();
-      RETURN_IF_ERROR_(ExpectMessage(*msg, v1::StageMessage::FORWARD, t, 0));
-      auto in = GetTensor(*msg, "x", ctx.device());
+      auto in = ReceiveForward(ctx, t, 0);
       if (!in.ok()) return in.status();
-      x = *in;
-      auto it = msg->tensors().find("labels");
-      if (it == msg->tensors().end()) {
-        return absl::InvalidArgumentError("StageMessage.tensors: FORWARD message without 'labels'");
-      }
-      labels_proto = it->second;
-      if (ctx.last()) {
-        auto y = GetTensor(*msg, "labels", ctx.device());
-        if (!y.ok()) return y.status();
-        labels = *y;
-      }
+      x = in->x;
+      labels_proto = std::move(in->labels_proto);
+      labels = in->labels;
     }
     const auto t0 = std::chrono::steady_clock::now();
     if (ctx.last()) {
@@ -138,7 +121,7 @@ class Delayed : public Algorithm {
       Step(ctx, loss.item<double>(), labels.size(0));
       if (ctx.first()) return absl::OkStatus();
       v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, t, 0);
-      RETURN_IF_ERROR_(PutTensor(&back, "grad", x.grad()));
+      STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", x.grad()));
       return ctx.SendToPrev(std::move(back));
     }
     torch::Tensor out;
@@ -154,20 +137,13 @@ class Delayed : public Algorithm {
       for (const auto& p : params_) f.stash.push_back(p.detach().clone());
     }
     ReportBuffers(ctx);
-    v1::StageMessage fwd = NewMessage(v1::StageMessage::FORWARD, t, 0);
-    RETURN_IF_ERROR_(PutTensor(&fwd, "x", out));
-    if (ctx.first()) {
-      RETURN_IF_ERROR_(PutTensor(&fwd, "labels", labels));
-    } else {
-      (*fwd.mutable_tensors())["labels"] = std::move(labels_proto);
-    }
-    return ctx.SendToNext(std::move(fwd));
+    return SendForward(ctx, t, 0, out, labels, std::move(labels_proto));
   }
 
   absl::Status Backward(StageContext& ctx, int64_t t) {
     auto msg = ctx.ReceiveFromNext();
     if (!msg.ok()) return msg.status();
-    RETURN_IF_ERROR_(ExpectMessage(*msg, v1::StageMessage::BACKWARD, t, 0));
+    STAGEWISE_RETURN_IF_ERROR(ExpectMessage(*msg, v1::StageMessage::BACKWARD, t, 0));
     auto grad = GetTensor(*msg, "grad", ctx.device());
     if (!grad.ok()) return grad.status();
     auto it = inflight_.find(t);
@@ -216,7 +192,7 @@ class Delayed : public Algorithm {
     ReportBuffers(ctx);
     if (ctx.first()) return absl::OkStatus();
     v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, t, 0);
-    RETURN_IF_ERROR_(PutTensor(&back, "grad", x.grad()));
+    STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", x.grad()));
     return ctx.SendToPrev(std::move(back));
   }
 
@@ -237,5 +213,3 @@ std::unique_ptr<Algorithm> MakeDelayed(const AlgorithmSpec& spec) {
 }
 
 }  // namespace stagewise::worker
-
-#undef RETURN_IF_ERROR_
