@@ -51,24 +51,42 @@ class Shutdown : public ::testing::Test {
         << cli::TailFile(child.log_path(), 20);
   }
 
+  // Starts stagewise-coordinator on free ports; returns its gRPC address, or
+  // "" (with a test failure) if it does not come up.
+  std::string StartCoordinator() {
+    coordinator_ = Spawn("stagewise-coordinator",
+                         {"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--db",
+                          (dir_ / "c.db").string(), "--port-file", (dir_ / "c.port").string()},
+                         "coordinator");
+    auto ports = cli::WaitForPortFile((dir_ / "c.port").string(), absl::Seconds(30), *coordinator_);
+    EXPECT_TRUE(ports.ok()) << ports.status() << cli::TailFile(coordinator_->log_path(), 20);
+    if (!ports.ok()) return "";
+    coordinator_metrics_port_ = ports->metrics;
+    return "127.0.0.1:" + std::to_string(ports->grpc);
+  }
+
+  // Starts stagewise-worker "w0" dialing `coordinator`; returns its gRPC port (0 on failure).
+  int StartWorker(const std::string& coordinator) {
+    worker_ = Spawn("stagewise-worker",
+                    {"--coordinator", coordinator, "--listen", "127.0.0.1:0", "--advertise",
+                     "127.0.0.1", "--metrics-listen", "", "--name", "w0", "--threads", "1",
+                     "--port-file", (dir_ / "w.port").string()},
+                    "worker");
+    auto ports = cli::WaitForPortFile((dir_ / "w.port").string(), absl::Seconds(30), *worker_);
+    EXPECT_TRUE(ports.ok()) << ports.status() << cli::TailFile(worker_->log_path(), 20);
+    return ports.ok() ? ports->grpc : 0;
+  }
+
   fs::path dir_;
+  std::unique_ptr<cli::Child> coordinator_, worker_;
+  int coordinator_metrics_port_ = 0;
 };
 
 TEST_F(Shutdown, CoordinatorAndWorkerExitZeroOnSigterm) {
-  auto coordinator = Spawn("stagewise-coordinator",
-                           {"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--db",
-                            (dir_ / "c.db").string(), "--port-file", (dir_ / "c.port").string()},
-                           "coordinator");
-  auto ports = cli::WaitForPortFile((dir_ / "c.port").string(), absl::Seconds(30), *coordinator);
-  ASSERT_TRUE(ports.ok()) << ports.status() << cli::TailFile(coordinator->log_path(), 20);
-  EXPECT_GT(ports->metrics, 0);
-  const std::string address = "127.0.0.1:" + std::to_string(ports->grpc);
-  auto worker = Spawn("stagewise-worker",
-                      {"--coordinator", address, "--listen", "127.0.0.1:0", "--advertise",
-                       "127.0.0.1", "--metrics-listen", "127.0.0.1:0", "--name", "w0",
-                       "--port-file", (dir_ / "w.port").string()},
-                      "worker");
-  ASSERT_TRUE(cli::WaitForPortFile((dir_ / "w.port").string(), absl::Seconds(30), *worker).ok());
+  const std::string address = StartCoordinator();
+  ASSERT_FALSE(address.empty());
+  EXPECT_GT(coordinator_metrics_port_, 0);
+  ASSERT_GT(StartWorker(address), 0);
   client::CoordinatorClient client(address);
   ASSERT_TRUE(client.WaitForWorkers(1, absl::Seconds(30)).ok());
   auto workers = client.ListWorkers();
@@ -76,34 +94,22 @@ TEST_F(Shutdown, CoordinatorAndWorkerExitZeroOnSigterm) {
   ASSERT_EQ(workers->size(), 1u);
   EXPECT_EQ((*workers)[0].worker_id(), "w0");
 
-  ExpectCleanExit(*worker);
-  ExpectCleanExit(*coordinator);
+  ExpectCleanExit(*worker_);
+  ExpectCleanExit(*coordinator_);
 }
 
 TEST_F(Shutdown, WorkerWaitsForItsCoordinatorAndStillStopsCleanly) {
   // Nothing listens on this port: the worker keeps dialing in the background.
-  auto worker = Spawn("stagewise-worker",
-                      {"--coordinator", "127.0.0.1:1", "--listen", "127.0.0.1:0",
-                       "--metrics-listen", "", "--port-file", (dir_ / "w.port").string()},
-                      "worker");
-  ASSERT_TRUE(cli::WaitForPortFile((dir_ / "w.port").string(), absl::Seconds(30), *worker).ok());
+  ASSERT_GT(StartWorker("127.0.0.1:1"), 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  ASSERT_TRUE(worker->IsRunning()) << cli::TailFile(worker->log_path(), 20);
-  ExpectCleanExit(*worker);
+  ASSERT_TRUE(worker_->IsRunning()) << cli::TailFile(worker_->log_path(), 20);
+  ExpectCleanExit(*worker_);
 }
 
 TEST_F(Shutdown, WorkerStoppedMidJobExitsZeroAndTheJobFailsNamingIt) {
-  auto coordinator = Spawn("stagewise-coordinator",
-                           {"--listen", "127.0.0.1:0", "--metrics-listen", "", "--db",
-                            (dir_ / "c.db").string(), "--port-file", (dir_ / "c.port").string()},
-                           "coordinator");
-  auto ports = cli::WaitForPortFile((dir_ / "c.port").string(), absl::Seconds(30), *coordinator);
-  ASSERT_TRUE(ports.ok()) << ports.status();
-  const std::string address = "127.0.0.1:" + std::to_string(ports->grpc);
-  auto worker = Spawn("stagewise-worker",
-                      {"--coordinator", address, "--listen", "127.0.0.1:0", "--advertise",
-                       "127.0.0.1", "--metrics-listen", "", "--name", "w0", "--threads", "1"},
-                      "worker");
+  const std::string address = StartCoordinator();
+  ASSERT_FALSE(address.empty());
+  ASSERT_GT(StartWorker(address), 0);
   client::CoordinatorClient client(address);
   ASSERT_TRUE(client.WaitForWorkers(1, absl::Seconds(30)).ok());
   auto id = client.Submit(R"(name: long
@@ -119,7 +125,7 @@ steps: 100000000
     if (st->state() == v1::RUNNING && st->step() > 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  ExpectCleanExit(*worker);
+  ExpectCleanExit(*worker_);
   v1::JobStatus st;
   for (int i = 0; i < 500; ++i) {
     auto got = client.GetJob(*id);
@@ -130,24 +136,14 @@ steps: 100000000
   }
   EXPECT_EQ(st.state(), v1::FAILED);
   EXPECT_NE(st.reason().find("w0"), std::string::npos) << st.reason();
-  ExpectCleanExit(*coordinator);
+  ExpectCleanExit(*coordinator_);
 }
 
 TEST_F(Shutdown, WorkerProcessSurvivesAMalformedMessageAndServesTheNextJob) {
-  auto coordinator = Spawn("stagewise-coordinator",
-                           {"--listen", "127.0.0.1:0", "--metrics-listen", "", "--db",
-                            (dir_ / "c.db").string(), "--port-file", (dir_ / "c.port").string()},
-                           "coordinator");
-  auto ports = cli::WaitForPortFile((dir_ / "c.port").string(), absl::Seconds(30), *coordinator);
-  ASSERT_TRUE(ports.ok()) << ports.status();
-  const std::string address = "127.0.0.1:" + std::to_string(ports->grpc);
-  auto worker = Spawn("stagewise-worker",
-                      {"--coordinator", address, "--listen", "127.0.0.1:0", "--advertise",
-                       "127.0.0.1", "--metrics-listen", "", "--name", "w0", "--threads", "1",
-                       "--port-file", (dir_ / "w.port").string()},
-                      "worker");
-  auto worker_ports = cli::WaitForPortFile((dir_ / "w.port").string(), absl::Seconds(30), *worker);
-  ASSERT_TRUE(worker_ports.ok());
+  const std::string address = StartCoordinator();
+  ASSERT_FALSE(address.empty());
+  const int worker_port = StartWorker(address);
+  ASSERT_GT(worker_port, 0);
   client::CoordinatorClient client(address);
   ASSERT_TRUE(client.WaitForWorkers(1, absl::Seconds(30)).ok());
   const std::string job = R"(name: victim
@@ -162,8 +158,8 @@ batch_size: 16
     if (st.ok() && st->state() == v1::RUNNING) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  auto stub = v1::StageService::NewStub(
-      rpc::MakeChannel("127.0.0.1:" + std::to_string(worker_ports->grpc)));
+  auto stub =
+      v1::StageService::NewStub(rpc::MakeChannel("127.0.0.1:" + std::to_string(worker_port)));
   grpc::ClientContext ctx;
   auto stream = stub->Exchange(&ctx);
   v1::StageMessage bad;
@@ -184,14 +180,14 @@ batch_size: 16
   EXPECT_EQ(failed->state(), v1::FAILED);
   EXPECT_NE(failed->reason().find("dtype"), std::string::npos) << failed->reason();
 
-  ASSERT_TRUE(worker->IsRunning()) << cli::TailFile(worker->log_path(), 20);
+  ASSERT_TRUE(worker_->IsRunning()) << cli::TailFile(worker_->log_path(), 20);
   auto next = client.Submit(job + "steps: 5\n");
   ASSERT_TRUE(next.ok());
   auto done = client.Watch(*next, [](const v1::JobEvent&) { return true; });
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
-  ExpectCleanExit(*worker);
-  ExpectCleanExit(*coordinator);
+  ExpectCleanExit(*worker_);
+  ExpectCleanExit(*coordinator_);
 }
 
 }  // namespace
