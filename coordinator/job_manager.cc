@@ -14,7 +14,7 @@ namespace {
 
 // Algorithms the workers of this version run; later issues add the others.
 const std::vector<std::string>& AvailableAlgorithms() {
-  static const std::vector<std::string> names = {"backprop", "delayed"};
+  static const std::vector<std::string> names = {"backprop", "delayed", "petra"};
   return names;
 }
 

@@ -98,7 +98,8 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
   rt->total_steps_ = rt->spec_.steps > 0
                          ? rt->spec_.steps
                          : static_cast<int64_t>(std::ceil(rt->spec_.epochs * rt->steps_per_epoch_));
-  rt->base_lr_ = training::BaseLearningRate(rt->spec_.optimizer, batch);
+  rt->base_lr_ = training::BaseLearningRate(rt->spec_.optimizer, batch,
+                                            AccumulationFactor(rt->spec_.algorithm));
 
   if (assignment.stage() == 0) {
     auto data = data::LoadDatasets(rt->spec_.data, static_cast<uint64_t>(rt->spec_.seed));
@@ -340,8 +341,9 @@ absl::Status StageRuntime::SendToNext(v1::StageMessage message) {
   message.set_job_id(job_id());
   message.set_origin_stage(stage());
   const auto size = static_cast<int64_t>(message.ByteSizeLong());
+  const auto kind = message.kind();
   absl::Status s = downstream_->Send(std::move(message));
-  if (s.ok()) metrics_->AddBytes(true, size);
+  if (s.ok()) CountSent(kind, size);
   return s;
 }
 
@@ -356,9 +358,21 @@ absl::Status StageRuntime::SendToPrev(v1::StageMessage message) {
   message.set_job_id(job_id());
   message.set_origin_stage(stage());
   const auto size = static_cast<int64_t>(message.ByteSizeLong());
+  const auto kind = message.kind();
   absl::Status s = upstream->Send(std::move(message));
-  if (s.ok()) metrics_->AddBytes(true, size);
+  if (s.ok()) CountSent(kind, size);
   return s;
+}
+
+void StageRuntime::CountSent(v1::StageMessage::Kind kind, int64_t size) {
+  metrics_->AddBytes(true, size);
+  if (kind != v1::StageMessage::FORWARD && kind != v1::StageMessage::BACKWARD) return;
+  const std::string name = kind == v1::StageMessage::FORWARD ? "forward" : "backward";
+  metrics_->SetMessageBytes(name, size);
+  absl::MutexLock lock(&mu_);
+  double& largest = summary_[name + "_message_bytes"];
+  largest = std::max(largest, static_cast<double>(size));
+  summary_[name + "_bytes_sent"] += static_cast<double>(size);
 }
 
 void StageRuntime::Summarize(const std::string& key, double value) {

@@ -86,6 +86,9 @@ class StageRuntime final : public StageContext {
   void ComputeLoop();
   absl::Status SaveFinalState() const;
   void Abort(const absl::Status& why, bool report);
+  // Counts a message sent: bytes, and for FORWARD/BACKWARD the message size
+  // (metric) and largest size and total (summary).
+  void CountSent(v1::StageMessage::Kind kind, int64_t size);
 
   RuntimeEnv env_;
   v1::StageAssignment assignment_;

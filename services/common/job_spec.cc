@@ -323,7 +323,7 @@ const std::vector<AlgorithmSchema>& AlgorithmSchemas() {
       {"delayed",
        {EnumParam("weights", "stash", {"stash", "current"}), IntParam("max_in_flight", 0, 0)}},
       {"features_replay", {}},
-      {"petra", {IntParam("accumulation", 1, 1)}},
+      {"petra", {IntParam("accumulation", 1, 1), BoolParam("verify_rebuild", false)}},
       {"nwise",
        {IntParam("n", 2, 1), BoolParam("mix_local", false), IntParam("micro_batches", 1, 1),
         StringParam("aux_head", "conv")}},
@@ -1130,6 +1130,10 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("loading job spec ", path, ": ", e.what()));
   }
+}
+
+int64_t AccumulationFactor(const AlgorithmSpec& spec) {
+  return spec.name == "petra" ? spec.GetInt("accumulation") : 1;
 }
 
 }  // namespace stagewise

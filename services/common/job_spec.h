@@ -59,6 +59,10 @@ struct AlgorithmSpec {
   const std::string& GetString(const std::string& key) const;
 };
 
+// k, the number of backward passes a stage accumulates before it steps
+// (petra's `accumulation`; 1 for every other algorithm).
+int64_t AccumulationFactor(const AlgorithmSpec& spec);
+
 // stages: how many stages and which global blocks each holds.
 struct StagesSpec {
   int count = 1;

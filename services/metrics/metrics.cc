@@ -132,6 +132,7 @@ struct StageSeries {
   absl::Mutex mu;
   std::map<std::string, Histogram*, std::less<>> compute;  // by phase
   std::map<std::string, Gauge*, std::less<>> memory;       // by kind
+  std::map<std::string, Gauge*, std::less<>> message;      // by message kind
 };
 
 class StageFamilies {
@@ -172,7 +173,12 @@ class StageFamilies {
         steps_(prometheus::BuildCounter()
                    .Name("stagewise_stage_steps_total")
                    .Help("Optimizer steps taken by the stage.")
-                   .Register(registry)) {}
+                   .Register(registry)),
+        message_(prometheus::BuildGauge()
+                     .Name("stagewise_stage_message_bytes")
+                     .Help("Size of the last message the stage sent, by message kind (forward, "
+                           "backward, eval).")
+                     .Register(registry)) {}
 
   void Unregister(Registry& registry) {
     registry.Remove(compute_);
@@ -183,6 +189,7 @@ class StageFamilies {
     registry.Remove(staleness_);
     registry.Remove(memory_);
     registry.Remove(steps_);
+    registry.Remove(message_);
   }
 
   StageSeries* AcquireSeries(const Labels& base) {
@@ -221,6 +228,7 @@ class StageFamilies {
       absl::MutexLock series_lock(&series->mu);
       for (const auto& [phase, histogram] : series->compute) compute_.Remove(histogram);
       for (const auto& [kind, gauge] : series->memory) memory_.Remove(gauge);
+      for (const auto& [kind, gauge] : series->message) message_.Remove(gauge);
     }
     series_.erase(it);
   }
@@ -236,6 +244,11 @@ class StageFamilies {
                        [&] { return &memory_.Add(With(series.base, "kind", std::string(kind))); });
   }
 
+  Gauge* Message(StageSeries& series, absl::string_view kind) {
+    return LookupOrAdd(series.mu, series.message, kind,
+                       [&] { return &message_.Add(With(series.base, "kind", std::string(kind))); });
+  }
+
  private:
   Family<Histogram>& compute_;
   Family<Counter>& idle_;
@@ -245,6 +258,7 @@ class StageFamilies {
   Family<Gauge>& staleness_;
   Family<Gauge>& memory_;
   Family<Counter>& steps_;
+  Family<Gauge>& message_;
   absl::Mutex mu_;
   std::map<Labels, std::unique_ptr<StageSeries>> series_ ABSL_GUARDED_BY(mu_);
 };
@@ -478,6 +492,10 @@ void StageMetrics::SetStaleness(int64_t steps) {
 
 void StageMetrics::SetMemory(const std::string& kind, int64_t bytes) {
   impl_->families->Memory(*impl_->series, kind)->Set(static_cast<double>(bytes));
+}
+
+void StageMetrics::SetMessageBytes(const std::string& kind, int64_t bytes) {
+  impl_->families->Message(*impl_->series, kind)->Set(static_cast<double>(bytes));
 }
 
 void StageMetrics::IncSteps() { impl_->series->steps->Increment(); }

@@ -46,6 +46,7 @@ class MetricsServer {
 //   stagewise_stage_staleness_steps               gauge: steps between a sample's forward and backward
 //   stagewise_stage_memory_bytes{kind}            gauge: inputs | activations | parameters | gradients
 //   stagewise_stage_steps_total                   counter: optimizer steps
+//   stagewise_stage_message_bytes{kind}           gauge: size of the last message sent (forward, backward, eval)
 // clang-format on
 // Thread-safe; cheap enough to call per message.
 // Objects for the same registry share its families; objects with the same
@@ -63,6 +64,7 @@ class StageMetrics {
   void AddBytes(bool sent, int64_t bytes);  // also counts one message
   void SetStaleness(int64_t steps);
   void SetMemory(const std::string& kind, int64_t bytes);
+  void SetMessageBytes(const std::string& kind, int64_t bytes);
   void IncSteps();
   // Totals for summaries and tests.
   double idle_seconds() const;

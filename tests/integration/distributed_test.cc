@@ -124,7 +124,7 @@ TEST(Distributed, InvalidSpecsAreRefusedNamingTheKey) {
   EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(too_many.status().message().find("stages.count"), std::string::npos)
       << too_many.status();
-  auto later = cluster.manager().Submit(Job(1, 5, "algorithm: petra\n"));
+  auto later = cluster.manager().Submit(Job(1, 5, "algorithm: auxnet\n"));
   EXPECT_EQ(later.status().code(), absl::StatusCode::kUnimplemented);
 }
 

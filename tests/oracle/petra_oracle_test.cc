@@ -1,0 +1,332 @@
+// Oracles for `petra` (ALGORITHMS.md, PETRA Algorithm 1 and eq. (4)-(5)):
+//   - J = 1 equals backprop;
+//   - with lr = 0 the rebuilt block inputs equal the forward ones and every
+//     gradient equals backprop's for the same mini-batch;
+//   - with lr > 0 and k in {1, 4} the parameters (and BN statistics) after S
+//     steps equal a single-process simulation written here, which rebuilds
+//     inputs with Block::inverse and recomputes like activation checkpointing
+//     (the worker rebuilds and differentiates in one go);
+//   - a fully reversible stage holds no activations between forward and
+//     backward, where `delayed` holds 2(J-1-j)+1 inputs.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "services/models/batch_norm.h"
+#include "services/training/optimizer.h"
+#include "services/training/reference_trainer.h"
+#include "tests/integration/cluster.h"
+
+namespace stagewise {
+namespace {
+
+// RevNet blocks: 0 stem, 1-2 reversible, 3 downsample, 4 reversible,
+// 5-6 downsample, 7 head. Even over 3 stages: [0,3) [3,6) [6,8).
+std::string JobYaml(const std::string& stages, const std::string& algorithm, int64_t steps,
+                    double lr = 0.05, double weight_decay = 1e-4) {
+  return absl::StrCat(R"(name: petra-oracle
+seed: 5
+model: {name: revnet, depth: 18, width: 4, blocks: [2, 2, 1, 1]}
+data: {dataset: synthetic, train_size: 128, test_size: 32, shape: [3, 8, 8], classes: 4}
+algorithm: )",
+                      algorithm, "\nstages: ", stages, "\noptimizer: {name: sgd, lr: ", lr,
+                      ", momentum: 0.9, weight_decay: ", weight_decay, R"(}
+schedule: {name: cosine, warmup_epochs: 0.25}
+batch_size: 16
+steps: )",
+                      steps, "\neval: {every_epochs: 0, at_end: false}\n");
+}
+
+struct Outcome {
+  v1::JobStatus status;
+  std::map<std::string, torch::Tensor> tensors;  // parameters and buffers
+};
+
+Outcome RunJob(const std::string& yaml, int stages) {
+  testing::Cluster cluster({.workers = stages});
+  EXPECT_TRUE(cluster.WaitForWorkers(stages));
+  auto id = cluster.manager().Submit(yaml);
+  EXPECT_TRUE(id.ok()) << id.status();
+  if (!id.ok()) return {};
+  auto st = cluster.WaitForJob(*id);
+  EXPECT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->state(), v1::SUCCEEDED) << st->reason();
+  Outcome out{*st, cluster.StageTensors(*id, /*buffers=*/false)};
+  for (auto& [name, v] : cluster.StageTensors(*id, /*buffers=*/true)) out.tensors[name] = v;
+  return out;
+}
+
+void ExpectClose(const std::map<std::string, torch::Tensor>& got,
+                 const std::map<std::string, torch::Tensor>& want, double tolerance = 1e-5) {
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, w] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    const torch::Tensor g = got.at(name).to(torch::kDouble), wd = w.to(torch::kDouble);
+    const double err = ((g - wd).norm() / wd.norm().clamp_min(1e-12)).item<double>();
+    EXPECT_LE(err, tolerance) << name;
+  }
+}
+
+std::map<std::string, torch::Tensor> Tensors(torch::nn::Module& m) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& item : m.named_parameters()) out[item.key()] = item.value().detach().clone();
+  for (const auto& item : m.named_buffers()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+// Single-process simulation of PETRA over J stage models, in the same 1F1B
+// order as the workers (2(J-1-j)+1 in flight at stage j, the last stage at
+// once). Each stage's state depends only on the order of its own operations,
+// so a round-robin event loop reproduces the distributed run.
+std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, int64_t k) {
+  auto trainer = training::ReferenceTrainer::Create(spec);  // for its batches
+  EXPECT_TRUE(trainer.ok());
+  const auto& batches = (*trainer)->train_sampler();
+  const int64_t per_epoch = batches.batches_per_epoch();
+  const int64_t S = spec.steps;
+  auto plan = models::PlanModel(spec.model);
+  auto ranges = models::ResolvePartition(spec.stages, static_cast<int>(plan->size()));
+  const int J = static_cast<int>(ranges->size());
+  const double base = training::BaseLearningRate(spec.optimizer, spec.batch_size, k);
+
+  struct Sim {
+    std::shared_ptr<models::Model> model;
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    int64_t depth = 1, next_f = 0, next_b = 0, backwards = 0;
+    std::map<int64_t, std::vector<torch::Tensor>> buffer;  // non-reversible block inputs
+    std::map<int64_t, std::pair<torch::Tensor, torch::Tensor>> fwd_in;  // x, labels
+    std::map<int64_t, std::pair<torch::Tensor, torch::Tensor>> bwd_in;  // x~, delta
+  };
+  std::vector<Sim> st(J);
+  for (int j = 0; j < J; ++j) {
+    st[j].model =
+        *models::BuildModel(spec.model, spec.seed, (*ranges)[j].first, (*ranges)[j].second);
+    st[j].model->train();
+    st[j].opt = training::MakeOptimizer(spec.optimizer, *st[j].model);
+    st[j].opt->zero_grad();
+    st[j].depth = 2 * (J - 1 - j) + 1;
+  }
+  // Algorithm 1, lines 19-22: Delta += grad / k; update every k-th pass.
+  auto accumulate = [&](Sim& s) {
+    if (++s.backwards % k != 0) return;
+    torch::NoGradGuard ng;
+    for (auto& p : s.model->parameters()) {
+      if (p.grad().defined()) p.grad().div_(static_cast<double>(k));
+    }
+    training::SetLearningRate(
+        *s.opt, training::LearningRateAt(spec.schedule, base, s.backwards - k, per_epoch, S));
+    s.opt->step();
+    s.opt->zero_grad();
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int j = 0; j < J; ++j) {
+      Sim& s = st[j];
+      const bool last = j == J - 1;
+      const auto& blocks = s.model->blocks();
+      const int64_t t = s.next_f;
+      const bool want_forward = t < S && (last || t - s.next_b < s.depth);
+      if (want_forward && (j == 0 || s.fwd_in.count(t))) {
+        torch::Tensor x, y;
+        if (j == 0) {
+          data::Batch b = batches.Get(t / per_epoch, t % per_epoch);
+          x = b.x;
+          y = b.y;
+        } else {
+          std::tie(x, y) = s.fwd_in[t];
+          s.fwd_in.erase(t);
+        }
+        if (last) {
+          if (j > 0) x.requires_grad_(true);
+          torch::cross_entropy_loss(s.model->forward(x), y).backward();
+          accumulate(s);
+          if (j > 0) st[j - 1].bwd_in[t] = {x.detach(), x.grad()};
+          ++s.next_b;
+        } else {
+          torch::NoGradGuard g;
+          models::FreezeRunningStats freeze;
+          std::vector<torch::Tensor> stored(blocks.size());
+          torch::Tensor h = x;
+          for (size_t i = 0; i < blocks.size(); ++i) {
+            if (!blocks[i]->reversible()) stored[i] = h;
+            h = blocks[i]->forward(h);
+          }
+          s.buffer[t] = stored;
+          st[j + 1].fwd_in[t] = {h, y};
+        }
+        ++s.next_f;
+        progress = true;
+        continue;
+      }
+      const int64_t b = s.next_b;
+      if (!last && b < S && !want_forward && s.bwd_in.count(b)) {
+        auto [out, delta] = s.bwd_in[b];
+        s.bwd_in.erase(b);
+        std::vector<torch::Tensor> stored = s.buffer[b];
+        s.buffer.erase(b);
+        // Eq. (4): the input of every block, rebuilt from the output with the
+        // current parameters (reversible) or taken from the buffer.
+        std::vector<torch::Tensor> inputs(blocks.size());
+        {
+          torch::NoGradGuard g;
+          models::FreezeRunningStats freeze;
+          torch::Tensor h = out;
+          for (int i = static_cast<int>(blocks.size()) - 1; i >= 0; --i) {
+            h = blocks[i]->reversible() ? blocks[i]->inverse(h) : stored[i];
+            inputs[i] = h;
+          }
+        }
+        // Then the VJP of each block at its rebuilt input (recomputed with a
+        // graph, which is where running statistics move).
+        torch::Tensor g = delta;
+        for (int i = static_cast<int>(blocks.size()) - 1; i >= 0; --i) {
+          torch::Tensor in = inputs[i].detach();
+          const bool need = i > 0 || j > 0;
+          if (need) in.requires_grad_(true);
+          blocks[i]->forward(in).backward(g);
+          g = need ? in.grad() : torch::Tensor();
+        }
+        accumulate(s);
+        if (j > 0) st[j - 1].bwd_in[b] = {inputs[0], g};
+        ++s.next_b;
+        progress = true;
+      }
+    }
+  }
+  std::map<std::string, torch::Tensor> out;
+  for (int j = 0; j < J; ++j) {
+    EXPECT_EQ(st[j].backwards, S) << "stage " << j;
+    for (auto& [name, v] : Tensors(*st[j].model)) out[name] = v;
+  }
+  return out;
+}
+
+TEST(PetraOracle, OneStageEqualsBackprop) {
+  const std::string yaml = JobYaml("1", "{name: petra}", 6);
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto trainer = training::ReferenceTrainer::Create(*spec);
+  ASSERT_TRUE(trainer.ok());
+  ASSERT_TRUE((*trainer)->Run().ok());
+  ExpectClose(RunJob(yaml, 1).tensors, Tensors((*trainer)->model()));
+}
+
+// With lr = 0 nothing moves, so (a) every rebuilt block input must equal the
+// one the forward saw (verify_rebuild reports the largest relative error per
+// block) and (b) every gradient must be backprop's for the same mini-batch:
+// SGD's momentum buffers accumulate them, so equal buffers after S steps mean
+// equal gradient sequences.
+TEST(PetraOracle, ZeroLearningRateRebuildsInputsAndGivesBackpropGradients) {
+  const std::string yaml =
+      JobYaml("3", "{name: petra, verify_rebuild: true}", 6, /*lr=*/0.0, /*weight_decay=*/0.0);
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto momentum = [](torch::optim::Optimizer& opt, const torch::Tensor& p) {
+    auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    EXPECT_TRUE(it != opt.state().end());
+    return static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().clone();
+  };
+  auto trainer = training::ReferenceTrainer::Create(*spec);
+  ASSERT_TRUE(trainer.ok());
+  auto& t = **trainer;
+  for (int64_t s = 0; s < spec->steps; ++s) t.Step(t.train_sampler().Get(0, s), 0.0);
+  std::map<std::string, torch::Tensor> want;
+  for (const auto& item : t.model().named_parameters()) {
+    want[item.key()] = momentum(t.optimizer(), item.value());
+  }
+
+  testing::Cluster cluster({.workers = 3});
+  ASSERT_TRUE(cluster.WaitForWorkers(3));
+  auto id = cluster.manager().Submit(yaml);
+  ASSERT_TRUE(id.ok());
+  auto st = cluster.WaitForJob(*id);
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->state(), v1::SUCCEEDED) << st->reason();
+  std::map<std::string, torch::Tensor> got;
+  for (auto& w : cluster.workers()) {
+    auto rt = w->runtime();
+    for (const auto& item : rt->model().named_parameters()) {
+      got[item.key()] = momentum(rt->optimizer(), item.value());
+    }
+  }
+  ExpectClose(got, want);
+
+  // Stages 0 and 1 rebuild blocks 0-5; the reversible ones (1, 2, 4) through
+  // their inverse, the others from the buffer (exactly).
+  const auto& summary = st->summary();
+  int checked = 0;
+  for (int j = 0; j < 2; ++j) {
+    for (int block = 0; block < 6; ++block) {
+      const std::string key = absl::StrCat("stage", j, ".rebuild_error.block", block);
+      if (!summary.count(key)) continue;
+      ++checked;
+      EXPECT_LE(summary.at(key), 1e-5) << key;
+      if (block != 1 && block != 2 && block != 4) EXPECT_EQ(summary.at(key), 0.0) << key;
+    }
+  }
+  EXPECT_EQ(checked, 6);
+}
+
+class PetraTrajectory : public ::testing::TestWithParam<int> {};
+
+TEST_P(PetraTrajectory, EqualsTheSingleProcessSimulationOfAlgorithm1) {
+  const int k = GetParam();
+  const std::string yaml = JobYaml("3", absl::StrCat("{name: petra, accumulation: ", k, "}"), 12);
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto want = Simulate(*spec, k);
+  Outcome got = RunJob(yaml, 3);
+  ExpectClose(got.tensors, want);
+  // The oracle can tell: a different k gives a different trajectory.
+  auto other = Simulate(*spec, k == 1 ? 2 : 1);
+  double max_diff = 0;
+  for (const auto& [name, w] : want) {
+    max_diff = std::max(max_diff, (other.at(name) - w).abs().max().item<double>());
+  }
+  EXPECT_GT(max_diff, 1e-4);
+  // Staleness in optimizer steps: 2(J-1-j) backward passes, over k.
+  EXPECT_EQ(got.status.summary().at("stage0.staleness_steps"), k == 1 ? 4 : 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Accumulation, PetraTrajectory, ::testing::Values(1, 4));
+
+// Stage 1 holds blocks 1-2, both reversible. PETRA keeps nothing for it
+// between forward and backward; delayed keeps 2(J-1-j)+1 = 3 inputs there
+// and 5 at stage 0.
+TEST(PetraMemory, FullyReversibleStageHoldsNoActivationsWhereDelayedHoldsInputs) {
+  const std::string stages = "{partition: [[0, 1], [1, 3], [3, 8]]}";
+  Outcome petra = RunJob(JobYaml(stages, "{name: petra}", 10), 3);
+  Outcome delayed = RunJob(JobYaml(stages, "{name: delayed, weights: stash}", 10), 3);
+  const auto& p = petra.status.summary();
+  const auto& d = delayed.status.summary();
+  ASSERT_TRUE(p.count("stage1.peak_input_bytes"));
+  EXPECT_EQ(p.at("stage1.reversible_blocks"), 2);
+  EXPECT_EQ(p.at("stage1.peak_input_bytes"), 0);
+  EXPECT_EQ(p.at("stage1.peak_inputs"), 0);
+  EXPECT_EQ(p.at("stage1.peak_stashed_parameter_bytes"), 0);
+  EXPECT_EQ(p.at("stage1.staleness_steps"), 2);
+  // The stem is not invertible: stage 0 buffers its inputs, 2(J-1)+1 of them.
+  EXPECT_EQ(p.at("stage0.peak_inputs"), 5);
+  EXPECT_GT(p.at("stage0.peak_input_bytes"), 0);
+
+  EXPECT_EQ(d.at("stage0.peak_inputs"), 5);
+  EXPECT_EQ(d.at("stage1.peak_inputs"), 3);
+  EXPECT_GT(d.at("stage1.peak_input_bytes"), 0);
+  EXPECT_GT(d.at("stage1.peak_stashed_parameter_bytes"), 0);
+
+  // Backward messages carry the rebuilt activation and the gradient: twice
+  // the forward volume of the same boundary (plus the labels there).
+  for (int j = 1; j < 3; ++j) {
+    const double back = p.at(absl::StrCat("stage", j, ".backward_message_bytes"));
+    const double fwd = p.at(absl::StrCat("stage", j - 1, ".forward_message_bytes"));
+    const double delayed_back = d.at(absl::StrCat("stage", j, ".backward_message_bytes"));
+    EXPECT_GT(back / fwd, 1.8) << j;
+    EXPECT_LT(back / fwd, 2.1) << j;
+    EXPECT_GT(back / delayed_back, 1.9) << j;
+  }
+}
+
+}  // namespace
+}  // namespace stagewise

@@ -1,0 +1,299 @@
+// petra: Parallel End-to-end Training with Reversible Architectures (seed 000,
+// Algorithm 1 and eq. (4)-(5)); ALGORITHMS.md, "petra".
+//
+// Stage j < J-1 forwards every mini-batch as soon as it arrives, without a
+// graph and with BatchNorm running statistics frozen, and keeps the inputs of
+// its non-reversible blocks only (a FIFO). The backward message from stage
+// j+1 carries the rebuilt activation x~_j and the gradient delta_{j+1}. Going
+// from the last block to the first, a reversible block rebuilds its input from
+// its output with the *current* parameters while keeping the graph of F on
+// the rebuilt stream, and takes the vector-Jacobian product in the same go;
+// a non-reversible block pops its stored input, recomputes and takes the VJP.
+// That single recomputation is where running statistics move. Parameter
+// gradients accumulate over k backward passes and are averaged; the stage
+// steps every k-th one. It sends (x~_{j-1}, delta_j) down; stage 0 sends
+// nothing. The last stage does forward, loss and backward at once and sends
+// back its input with the gradient. No parameter copies anywhere.
+//
+// The schedule is delayed's: 2(J-1-j)+1 mini-batches in flight at stage j in
+// 1F1B order, drained where an evaluation is due.
+#include <chrono>
+#include <deque>
+#include <map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "services/models/batch_norm.h"
+#include "services/models/blocks.h"
+#include "services/training/optimizer.h"
+#include "worker/algorithms/common.h"
+
+namespace stagewise::worker {
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int64_t Bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+class Petra : public Algorithm {
+ public:
+  explicit Petra(const AlgorithmSpec& spec)
+      : k_(spec.GetInt("accumulation")), verify_(spec.GetBool("verify_rebuild")) {}
+
+  absl::Status Run(StageContext& ctx) override {
+    const int64_t J = ctx.num_stages(), j = ctx.stage();
+    depth_ = 2 * (J - 1 - j) + 1;
+    blocks_ = ctx.model().blocks();
+    ctx.optimizer().zero_grad();
+    int64_t reversible = 0;
+    for (const auto& b : blocks_) reversible += b->reversible() ? 1 : 0;
+    ctx.Summarize("reversible_blocks", static_cast<double>(reversible));
+    ctx.Summarize("peak_inputs", 0);
+    ctx.Summarize("peak_input_bytes", 0);
+    ctx.Summarize("peak_stashed_parameter_bytes", 0);  // PETRA never copies parameters
+    const int64_t total = ctx.total_steps();
+    for (int64_t begin = 0; begin < total;) {
+      int64_t end = begin + 1;
+      while (end < total && !ctx.EvalDue(end)) ++end;
+      for (int64_t f = begin, b = begin; b < end;) {
+        STAGEWISE_RETURN_IF_ERROR(ctx.Interrupted());
+        if (f < end && f - b < depth_) {
+          STAGEWISE_RETURN_IF_ERROR(Forward(ctx, f++));
+          if (ctx.last()) ++b;
+        } else {
+          STAGEWISE_RETURN_IF_ERROR(Backward(ctx, b++));
+        }
+      }
+      if (ctx.EvalDue(end)) STAGEWISE_RETURN_IF_ERROR(RunEvaluation(ctx, end));
+      begin = end;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // What a mini-batch leaves behind between its forward and its backward.
+  struct InFlight {
+    std::vector<torch::Tensor> inputs;  // per block: stored input (non-reversible only)
+    int64_t updates_at_forward = 0;     // optimizer steps done when it went forward
+    int64_t batch = 0;
+  };
+
+  // One backward pass done: Delta_j += grad / k was accumulated in .grad (the
+  // 1/k is applied here); every k-th pass steps and zeroes.
+  void Accumulate(StageContext& ctx, double loss, int64_t samples) {
+    ++backwards_;
+    if (backwards_ % k_ == 0) {
+      const auto t0 = std::chrono::steady_clock::now();
+      if (k_ > 1) {
+        torch::NoGradGuard no_grad;
+        for (auto& p : ctx.model().parameters()) {
+          if (p.grad().defined()) p.grad().mul_(1.0 / static_cast<double>(k_));
+        }
+      }
+      // The schedule advances in mini-batches: an update uses the learning rate
+      // of the first mini-batch of its window.
+      training::SetLearningRate(ctx.optimizer(), ctx.LearningRate(backwards_ - k_));
+      ctx.optimizer().step();
+      ctx.optimizer().zero_grad();
+      ++updates_;
+      ctx.stage_metrics().ObserveCompute("step", Since(t0));
+      ctx.stage_metrics().IncSteps();
+    }
+    ctx.ReportStep(backwards_, loss, samples);
+  }
+
+  void ReportBuffers(StageContext& ctx) {
+    int64_t bytes = 0, held = 0, verify = 0;
+    for (const auto& [t, f] : inflight_) {
+      int64_t here = 0;
+      for (const auto& x : f.inputs) here += Bytes(x);
+      bytes += here;
+      held += here > 0 ? 1 : 0;
+    }
+    for (const auto& [t, v] : verify_inputs_) {
+      for (const auto& x : v) verify += Bytes(x);
+    }
+    ctx.stage_metrics().SetMemory("inputs", bytes);
+    if (verify_) ctx.stage_metrics().SetMemory("verify_inputs", verify);
+    if (bytes > peak_input_bytes_) {
+      peak_input_bytes_ = bytes;
+      ctx.Summarize("peak_input_bytes", static_cast<double>(bytes));
+    }
+    if (held > peak_inputs_) {
+      peak_inputs_ = held;
+      ctx.Summarize("peak_inputs", static_cast<double>(held));
+    }
+  }
+
+  absl::Status Forward(StageContext& ctx, int64_t t) {
+    torch::Tensor x, labels;
+    v1::TensorProto labels_proto;
+    if (ctx.first()) {
+      data::Batch b = ctx.train_batches().Get(t / ctx.steps_per_epoch(), t % ctx.steps_per_epoch());
+      x = b.x.to(ctx.device());
+      labels = b.y.to(ctx.device());
+    } else {
+      auto in = ReceiveForward(ctx, t, 0);
+      if (!in.ok()) return in.status();
+      x = in->x;
+      labels_proto = std::move(in->labels_proto);
+      labels = in->labels;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    if (ctx.last()) {
+      // Algorithm 1, lines 26-32: forward, loss and backward at once; running
+      // statistics move in this (only) pass.
+      if (!ctx.first()) x.requires_grad_(true);
+      torch::Tensor loss = torch::cross_entropy_loss(ctx.model().forward(x), labels);
+      loss.backward();
+      ctx.stage_metrics().ObserveCompute("forward", Since(t0));
+      ctx.stage_metrics().SetStaleness(0);
+      Accumulate(ctx, loss.item<double>(), labels.size(0));
+      if (ctx.first()) return absl::OkStatus();
+      v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, t, 0);
+      STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "x", x.detach()));
+      STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", x.grad()));
+      return ctx.SendToPrev(std::move(back));
+    }
+    InFlight& f = inflight_[t];
+    f.updates_at_forward = updates_;
+    f.batch = x.size(0);
+    f.inputs.resize(blocks_.size());
+    std::vector<torch::Tensor> seen;
+    torch::Tensor h = x;
+    {
+      torch::NoGradGuard no_grad;
+      models::FreezeRunningStats freeze;  // batch statistics, running ones untouched
+      for (size_t i = 0; i < blocks_.size(); ++i) {
+        if (!blocks_[i]->reversible()) f.inputs[i] = h;
+        if (verify_) seen.push_back(h);
+        h = blocks_[i]->forward(h);
+      }
+    }
+    if (verify_) verify_inputs_[t] = std::move(seen);
+    ctx.stage_metrics().ObserveCompute("forward", Since(t0));
+    ReportBuffers(ctx);
+    return SendForward(ctx, t, 0, h, labels, std::move(labels_proto));
+  }
+
+  absl::Status Backward(StageContext& ctx, int64_t t) {
+    auto msg = ctx.ReceiveFromNext();
+    if (!msg.ok()) return msg.status();
+    STAGEWISE_RETURN_IF_ERROR(ExpectMessage(*msg, v1::StageMessage::BACKWARD, t, 0));
+    auto y = GetTensor(*msg, "x", ctx.device());
+    if (!y.ok()) return y.status();
+    auto grad = GetTensor(*msg, "grad", ctx.device());
+    if (!grad.ok()) return grad.status();
+    auto it = inflight_.find(t);
+    if (it == inflight_.end()) {
+      return absl::InternalError(absl::StrCat("no forward record for mini-batch ", t));
+    }
+    InFlight f = std::move(it->second);
+    inflight_.erase(it);
+    // Both tensors must have the stage's output shape.
+    std::vector<int64_t> want = blocks_.back()->info().out_shape;
+    want.insert(want.begin(), f.batch);
+    for (const auto& [name, v] : {std::pair<const char*, const torch::Tensor&>{"x", *y},
+                                  std::pair<const char*, const torch::Tensor&>{"grad", *grad}}) {
+      if (!v.sizes().equals(want)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("StageMessage.tensors['", name, "']: shape ", c10::str(v.sizes()),
+                         " does not match the stage output ", c10::str(c10::IntArrayRef(want))));
+      }
+    }
+    torch::Tensor h = *y, g = *grad;
+    double rebuild_time = 0, backward_time = 0;
+    for (int i = static_cast<int>(blocks_.size()) - 1; i >= 0; --i) {
+      const bool need_input_grad = i > 0 || !ctx.first();
+      if (blocks_[i]->reversible()) {
+        // Eq. (4): rebuild (x, x~) from (y, y~) = (x~ + F(x), x) with the
+        // current parameters, keeping the graph of F(x); then the VJP:
+        // d x~ = d y, d x = d y~ + (dF/dx)^T d y, d theta = (dF/dtheta)^T d y.
+        auto* block = static_cast<models::ReversibleBlock*>(blocks_[i].get());
+        auto out = h.chunk(2, 1);
+        auto dout = g.chunk(2, 1);
+        const auto t0 = std::chrono::steady_clock::now();
+        torch::Tensor a = out[1].detach().requires_grad_(true);
+        torch::Tensor fa = block->F(a);  // running statistics move here, once
+        torch::Tensor rebuilt;
+        {
+          torch::NoGradGuard no_grad;
+          rebuilt = torch::cat({out[1], out[0] - fa}, 1);
+        }
+        const auto t1 = std::chrono::steady_clock::now();
+        rebuild_time += std::chrono::duration<double>(t1 - t0).count();
+        fa.backward(dout[0]);
+        g = torch::cat({dout[1] + a.grad(), dout[0]}, 1);
+        backward_time += Since(t1);
+        h = rebuilt;
+      } else {
+        // Not invertible: the stored input, recomputed with a graph.
+        torch::Tensor x = f.inputs[i];
+        if (!x.defined()) return absl::InternalError(absl::StrCat("no input for block ", i));
+        f.inputs[i] = torch::Tensor();
+        if (need_input_grad) x = x.detach().requires_grad_(true);
+        const auto t0 = std::chrono::steady_clock::now();
+        torch::Tensor out = blocks_[i]->forward(x);
+        const auto t1 = std::chrono::steady_clock::now();
+        rebuild_time += std::chrono::duration<double>(t1 - t0).count();
+        out.backward(g);
+        backward_time += Since(t1);
+        g = need_input_grad ? x.grad() : torch::Tensor();
+        h = x.detach();
+      }
+      if (verify_) CheckRebuild(ctx, t, i, h);
+    }
+    verify_inputs_.erase(t);
+    ctx.stage_metrics().ObserveCompute("recompute", rebuild_time);
+    ctx.stage_metrics().ObserveCompute("backward", backward_time);
+    const int64_t stale = updates_ - f.updates_at_forward;
+    ctx.stage_metrics().SetStaleness(stale);
+    if (stale > max_staleness_) {
+      max_staleness_ = stale;
+      ctx.Summarize("staleness_steps", static_cast<double>(stale));
+    }
+    Accumulate(ctx, 0.0, grad->size(0));
+    ReportBuffers(ctx);
+    if (ctx.first()) return absl::OkStatus();
+    v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, t, 0);
+    STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "x", h));
+    STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", g));
+    return ctx.SendToPrev(std::move(back));
+  }
+
+  // verify_rebuild: relative distance of block i's rebuilt input from the one
+  // its forward saw; the summary keeps the largest per block.
+  void CheckRebuild(StageContext& ctx, int64_t t, int i, const torch::Tensor& rebuilt) {
+    auto it = verify_inputs_.find(t);
+    if (it == verify_inputs_.end() || static_cast<size_t>(i) >= it->second.size()) return;
+    const torch::Tensor& seen = it->second[i];
+    const double err = ((rebuilt - seen).norm() / seen.norm().clamp_min(1e-12)).item<double>();
+    auto [slot, fresh] = rebuild_error_.try_emplace(i, err);
+    if (!fresh && err <= slot->second) return;
+    slot->second = err;
+    ctx.Summarize(absl::StrCat("rebuild_error.block", blocks_[i]->info().index), err);
+  }
+
+  const int64_t k_;
+  const bool verify_;
+  int64_t depth_ = 1;
+  int64_t backwards_ = 0;  // backward passes done (mini-batches)
+  int64_t updates_ = 0;    // optimizer steps done
+  int64_t peak_inputs_ = 0;
+  int64_t peak_input_bytes_ = 0;
+  int64_t max_staleness_ = 0;
+  std::vector<std::shared_ptr<models::Block>> blocks_;
+  std::map<int64_t, InFlight> inflight_;
+  std::map<int64_t, std::vector<torch::Tensor>> verify_inputs_;
+  std::map<int, double> rebuild_error_;  // per block, the largest so far
+};
+
+}  // namespace
+
+std::unique_ptr<Algorithm> MakePetra(const AlgorithmSpec& spec) {
+  return std::make_unique<Petra>(spec);
+}
+
+}  // namespace stagewise::worker
