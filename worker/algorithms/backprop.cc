@@ -134,7 +134,12 @@ class Backprop : public Algorithm {
       f.output = out;
     }
     ctx.stage_metrics().ObserveCompute("forward", Since(t0));
-    ctx.stage_metrics().SetMemory("activations", HeldBytes());
+    const int64_t held = HeldBytes();
+    ctx.stage_metrics().SetMemory("activations", held);
+    if (held > peak_held_) {
+      peak_held_ = held;
+      ctx.Summarize("peak_input_bytes", static_cast<double>(held));  // boundary tensors only
+    }
     return SendForward(ctx, step, m, out, labels, std::move(labels_proto));
   }
 
@@ -172,6 +177,7 @@ class Backprop : public Algorithm {
   const int micro_batches_;
   const bool one_f_one_b_;
   const bool recompute_;
+  int64_t peak_held_ = 0;
   std::vector<InFlight> inflight_;
   std::vector<torch::Tensor> xs_, ys_;
   int64_t batch_size_ = 0;
