@@ -14,7 +14,7 @@ namespace {
 
 // Algorithms the workers of this version run; later issues add the others.
 const std::vector<std::string>& AvailableAlgorithms() {
-  static const std::vector<std::string> names = {"backprop", "delayed", "petra"};
+  static const std::vector<std::string> names = {"backprop", "delayed", "petra", "features_replay", "nwise"};
   return names;
 }
 
@@ -119,6 +119,12 @@ absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml) {
   st.set_name(spec->name);
   st.set_state(v1::PENDING);
   st.set_algorithm(spec->algorithm.name);
+  {
+    const std::vector<PhaseSpec> phases = Phases(*spec);
+    st.set_num_phases(static_cast<int>(phases.size()));
+    st.set_phase(0);
+    st.set_phase_name(phases.front().name);
+  }
   st.set_num_stages(static_cast<int>(ranges->size()));
   st.set_total_steps(spec->steps > 0 ? spec->steps
                                      : static_cast<int64_t>(std::ceil(spec->epochs * per_epoch)));
@@ -341,6 +347,38 @@ void JobManager::OnEvent(const v1::WorkerEvent& event) {
       UpdateStatusLocked(st, "");
       if (jit->second.finished_stages.size() == jit->second.workers.size()) {
         EndJobLocked(event.result().job_id(), v1::SUCCEEDED, "");
+      }
+      return;
+    }
+    case v1::WorkerEvent::kPhaseDone: {
+      // Every stage finished phase p: record it and let them all start p + 1.
+      const v1::PhaseDone& d = event.phase_done();
+      auto jit = active_.find(d.job_id());
+      if (jit == active_.end()) return;
+      ActiveJob& job = jit->second;
+      std::set<int>& done = job.phase_done[d.phase()];
+      done.insert(d.stage());
+      if (done.size() < job.workers.size()) return;
+      const std::vector<PhaseSpec> phases = Phases(job.spec);
+      const int next = d.phase() + 1;
+      if (next >= static_cast<int>(phases.size())) {
+        EndJobLocked(d.job_id(), v1::FAILED,
+                     absl::StrCat("stages reported the end of phase ", d.phase(),
+                                  " but the job has only ", phases.size(), " phase(s)"));
+        return;
+      }
+      v1::JobStatus st = statuses_[d.job_id()];
+      st.set_phase(next);
+      st.set_phase_name(phases[next].name);
+      st.set_algorithm(phases[next].algorithm.name);
+      UpdateStatusLocked(st, absl::StrCat("phase ", next + 1, "/", phases.size(), " (",
+                                          phases[next].name, ", ", phases[next].algorithm.name,
+                                          ") started"));
+      for (const std::string& worker : job.workers) {
+        v1::Command start;
+        start.mutable_start()->set_job_id(d.job_id());
+        start.mutable_start()->set_phase(next);
+        SendLocked(worker, std::move(start));
       }
       return;
     }

@@ -87,6 +87,7 @@ class JobManager {
     std::vector<std::string> workers;  // by stage
     std::set<int64_t> pending_acks;
     std::set<int> finished_stages;
+    std::map<int, std::set<int>> phase_done;  // phase -> stages that finished it
     int64_t last_step = 0;
     absl::Time last_step_time;
     absl::Time started;

@@ -34,7 +34,8 @@ class StageContext {
   virtual torch::optim::Optimizer& optimizer() = 0;
   virtual torch::Device device() const = 0;
 
-  // Training length and schedule (same numbers on every stage).
+  // Training length and schedule of the current phase (same numbers on every
+  // stage); steps count from 0 in each phase.
   virtual int64_t steps_per_epoch() const = 0;
   virtual int64_t total_steps() const = 0;
   virtual double LearningRate(int64_t step) const = 0;
@@ -42,6 +43,9 @@ class StageContext {
   // steps done), per the spec's eval policy.
   virtual bool EvalDue(int64_t steps_done) const = 0;
 
+  // Stage 0 only: training mini-batch `step` of the current phase (phases
+  // continue through the data where the previous one stopped).
+  virtual data::Batch TrainBatch(int64_t step) const = 0;
   // Stage 0 only: the batches.
   virtual const data::BatchSampler& train_batches() const = 0;
   virtual const data::BatchSampler& test_batches() const = 0;

@@ -8,6 +8,12 @@
 #include "services/tensor/codec.h"
 #include "services/training/optimizer.h"
 
+#define STAGEWISE_RUNTIME_RETURN_IF_ERROR(expr) \
+  do {                                          \
+    absl::Status status_ = (expr);              \
+    if (!status_.ok()) return status_;          \
+  } while (0)
+
 namespace stagewise::worker {
 namespace {
 
@@ -83,9 +89,16 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
   if (assignment.stage() + 1 < assignment.num_stages() && assignment.next_address().empty()) {
     return absl::InvalidArgumentError("StageAssignment.next_address: empty for a non-last stage");
   }
-  auto algorithm = MakeAlgorithm(rt->spec_.algorithm);
-  if (!algorithm.ok()) return algorithm.status();
-  rt->algorithm_ = std::move(*algorithm);
+  // Every phase's algorithm must exist here before the job starts.
+  rt->phases_ = Phases(rt->spec_);
+  for (size_t p = 0; p < rt->phases_.size(); ++p) {
+    auto algorithm = MakeAlgorithm(rt->phases_[p].algorithm);
+    if (!algorithm.ok()) {
+      if (rt->phases_.size() == 1) return algorithm.status();
+      return absl::Status(algorithm.status().code(),
+                          absl::StrCat("phases[", p, "].", algorithm.status().message()));
+    }
+  }
 
   rt->metrics_ = std::make_unique<metrics::StageMetrics>(
       *rt->env_.registry, assignment.job_id(), assignment.stage(), rt->spec_.algorithm.name);
@@ -95,11 +108,8 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("batch_size: ", batch, " is larger than the training set"));
   }
-  rt->total_steps_ = rt->spec_.steps > 0
-                         ? rt->spec_.steps
-                         : static_cast<int64_t>(std::ceil(rt->spec_.epochs * rt->steps_per_epoch_));
-  rt->base_lr_ = training::BaseLearningRate(rt->spec_.optimizer, batch,
-                                            AccumulationFactor(rt->spec_.algorithm));
+  rt->total_steps_ = 0;
+  for (const PhaseSpec& phase : rt->phases_) rt->total_steps_ += rt->PhaseSteps(phase);
 
   if (assignment.stage() == 0) {
     auto data = data::LoadDatasets(rt->spec_.data, static_cast<uint64_t>(rt->spec_.seed));
@@ -136,7 +146,7 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
   try {
     rt->model_->to(rt->env_.device);
     rt->model_->train();
-    rt->optimizer_ = training::MakeOptimizer(rt->spec_.optimizer, *rt->model_);
+    if (absl::Status s = rt->EnterPhase(0); !s.ok()) return s;
   } catch (const std::exception& e) {
     return absl::InternalError(
         absl::StrCat("setting up stage ", assignment.stage(), ": ", e.what()));
@@ -163,10 +173,83 @@ absl::Status StageRuntime::Start() {
   return absl::OkStatus();
 }
 
+int64_t StageRuntime::PhaseSteps(const PhaseSpec& phase) const {
+  return phase.steps > 0 ? phase.steps
+                         : static_cast<int64_t>(std::ceil(phase.epochs * steps_per_epoch_));
+}
+
+absl::Status StageRuntime::EnterPhase(int p) {
+  const PhaseSpec& phase = phases_[p];
+  auto algorithm = MakeAlgorithm(phase.algorithm);
+  if (!algorithm.ok()) return algorithm.status();
+  if (p > 0) phase_offset_ += phase_steps_;
+  phase_ = p;
+  phase_steps_ = PhaseSteps(phase);
+  // Algorithms read the phase's settings through spec().
+  spec_.algorithm = phase.algorithm;
+  spec_.optimizer = phase.optimizer;
+  spec_.schedule = phase.schedule;
+  algorithm_ = std::move(*algorithm);  // the previous phase's state (aux heads, ...) goes
+  if (p == 0 || phase.reset_optimizer) {
+    optimizer_ = training::MakeOptimizer(phase.optimizer, *model_);
+  }
+  base_lr_ = training::BaseLearningRate(phase.optimizer, spec_.batch_size,
+                                        AccumulationFactor(phase.algorithm));
+  return absl::OkStatus();
+}
+
+absl::Status StageRuntime::BeginPhase(int phase) {
+  absl::MutexLock lock(&mu_);
+  if (phase != released_phase_ + 1 || phase >= static_cast<int>(phases_.size())) {
+    return absl::FailedPreconditionError(absl::StrCat("StartCommand.phase: ", phase,
+                                                      " does not follow phase ", released_phase_,
+                                                      " of ", phases_.size()));
+  }
+  released_phase_ = phase;
+  return absl::OkStatus();
+}
+
+absl::Status StageRuntime::AwaitPhase(int p) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this, p]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return released_phase_ >= p || stopping_ || !failure_.ok();
+  };
+  mu_.Await(absl::Condition(&ready));
+  if (!failure_.ok()) return failure_;
+  if (stopping_) return absl::CancelledError("stopped");
+  return absl::OkStatus();
+}
+
+absl::Status StageRuntime::RunPhases() {
+  for (int p = 0; p < static_cast<int>(phases_.size()); ++p) {
+    if (p > 0) {
+      // Every message of phase p-1 was consumed; phase p traffic cannot exist
+      // yet (no stage starts it before every stage reported PhaseDone).
+      if (from_prev_.size() != 0 || from_next_.size() != 0) {
+        return absl::InternalError(absl::StrCat("messages left over at the end of phase ", p - 1));
+      }
+      if (env_.emit) {
+        v1::WorkerEvent event;
+        auto* done = event.mutable_phase_done();
+        done->set_job_id(job_id());
+        done->set_stage(stage());
+        done->set_phase(p - 1);
+        env_.emit(std::move(event));
+      } else {
+        STAGEWISE_RUNTIME_RETURN_IF_ERROR(BeginPhase(p));  // no coordinator: go on
+      }
+      STAGEWISE_RUNTIME_RETURN_IF_ERROR(AwaitPhase(p));
+      STAGEWISE_RUNTIME_RETURN_IF_ERROR(EnterPhase(p));
+    }
+    STAGEWISE_RUNTIME_RETURN_IF_ERROR(algorithm_->Run(*this));
+  }
+  return absl::OkStatus();
+}
+
 void StageRuntime::ComputeLoop() {
   absl::Status status;
   try {
-    status = algorithm_->Run(*this);
+    status = RunPhases();
   } catch (const std::exception& e) {
     status = absl::InternalError(absl::StrCat("stage ", stage(), ": ", e.what()));
   }
@@ -339,7 +422,6 @@ absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFromNext() {
 absl::Status StageRuntime::SendToNext(v1::StageMessage message) {
   if (!downstream_) return absl::FailedPreconditionError("the last stage has no next stage");
   message.set_job_id(job_id());
-  message.set_origin_stage(stage());
   const auto size = static_cast<int64_t>(message.ByteSizeLong());
   const auto kind = message.kind();
   absl::Status s = downstream_->Send(std::move(message));
@@ -356,7 +438,6 @@ absl::Status StageRuntime::SendToPrev(v1::StageMessage message) {
   }
   if (!upstream) return absl::FailedPreconditionError("no stream from the previous stage yet");
   message.set_job_id(job_id());
-  message.set_origin_stage(stage());
   const auto size = static_cast<int64_t>(message.ByteSizeLong());
   const auto kind = message.kind();
   absl::Status s = upstream->Send(std::move(message));
@@ -387,18 +468,26 @@ absl::Status StageRuntime::Interrupted() const {
 }
 
 double StageRuntime::LearningRate(int64_t step) const {
-  return training::LearningRateAt(spec_.schedule, base_lr_, step, steps_per_epoch_, total_steps_);
+  return training::LearningRateAt(spec_.schedule, base_lr_, step, steps_per_epoch_, phase_steps_);
 }
 
 bool StageRuntime::EvalDue(int64_t steps_done) const {
   const EvalSpec& e = spec_.eval;
-  if (steps_done == total_steps_) return e.at_end || e.every_epochs > 0 || e.every_steps > 0;
-  if (e.every_steps > 0 && steps_done % e.every_steps == 0) return true;
-  return e.every_epochs > 0 && steps_done % (e.every_epochs * steps_per_epoch_) == 0;
+  // The end of every phase (and so of the job) is evaluated if anything is.
+  if (steps_done == phase_steps_) return e.at_end || e.every_epochs > 0 || e.every_steps > 0;
+  const int64_t global = phase_offset_ + steps_done;
+  if (e.every_steps > 0 && global % e.every_steps == 0) return true;
+  return e.every_epochs > 0 && global % (e.every_epochs * steps_per_epoch_) == 0;
 }
 
-void StageRuntime::ReportStep(int64_t steps_done, double train_loss, int64_t samples) {
+data::Batch StageRuntime::TrainBatch(int64_t step) const {
+  const int64_t global = phase_offset_ + step;
+  return train_->Get(global / steps_per_epoch_, global % steps_per_epoch_);
+}
+
+void StageRuntime::ReportStep(int64_t phase_steps_done, double train_loss, int64_t samples) {
   if (!env_.emit) return;
+  const int64_t steps_done = phase_offset_ + phase_steps_done;
   // Every stage reports its step (the coordinator tracks the slowest); the last
   // stage adds the loss. Reports are rate-limited to a few per second.
   double seconds = 0;
@@ -419,8 +508,10 @@ void StageRuntime::ReportStep(int64_t steps_done, double train_loss, int64_t sam
   env_.emit(std::move(event));
 }
 
-void StageRuntime::ReportEval(int64_t steps_done, double loss, double accuracy, int64_t samples) {
+void StageRuntime::ReportEval(int64_t phase_steps_done, double loss, double accuracy,
+                              int64_t samples) {
   if (!env_.emit) return;
+  const int64_t steps_done = phase_offset_ + phase_steps_done;
   v1::WorkerEvent event;
   auto* m = event.mutable_metrics();
   m->set_job_id(job_id());

@@ -40,6 +40,9 @@ class StageRuntime final : public StageContext {
 
   // Dials stage j+1 (if any) and starts the compute thread.
   absl::Status Start();
+  // Multi-phase jobs: the coordinator's go-ahead for `phase` (every stage
+  // finished the one before). FAILED_PRECONDITION if it is not the next one.
+  absl::Status BeginPhase(int phase);
   // Aborts the job on this stage (coordinator's Stop, or shutdown).
   void Stop(const absl::Status& why);
   // Fails the job: reported to the coordinator once, then everything stops.
@@ -63,7 +66,8 @@ class StageRuntime final : public StageContext {
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
   torch::Device device() const override { return env_.device; }
   int64_t steps_per_epoch() const override { return steps_per_epoch_; }
-  int64_t total_steps() const override { return total_steps_; }
+  int64_t total_steps() const override { return phase_steps_; }
+  data::Batch TrainBatch(int64_t step) const override;
   double LearningRate(int64_t step) const override;
   bool EvalDue(int64_t steps_done) const override;
   const data::BatchSampler& train_batches() const override { return *train_; }
@@ -89,6 +93,12 @@ class StageRuntime final : public StageContext {
   // Counts a message sent: bytes, and for FORWARD/BACKWARD the message size
   // (metric) and largest size and total (summary).
   void CountSent(v1::StageMessage::Kind kind, int64_t size);
+  // Sets up phase p (algorithm, optimizer, schedule, step window).
+  absl::Status EnterPhase(int p);
+  int64_t PhaseSteps(const PhaseSpec& phase) const;
+  absl::Status RunPhases();
+  // Blocks until BeginPhase(p) or the job stops.
+  absl::Status AwaitPhase(int p);
 
   RuntimeEnv env_;
   v1::StageAssignment assignment_;
@@ -99,7 +109,12 @@ class StageRuntime final : public StageContext {
   data::Datasets data_;
   std::unique_ptr<data::BatchSampler> train_, test_;
   int64_t steps_per_epoch_ = 0;
-  int64_t total_steps_ = 0;
+  int64_t total_steps_ = 0;  // the whole job
+  std::vector<PhaseSpec> phases_;
+  int phase_ = 0;
+  int64_t phase_offset_ = 0;  // steps of the phases before this one
+  int64_t phase_steps_ = 0;
+  int released_phase_ ABSL_GUARDED_BY(mu_) = 0;  // highest phase the coordinator let start
   double base_lr_ = 0;
   std::unique_ptr<metrics::StageMetrics> metrics_;
 

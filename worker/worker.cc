@@ -240,6 +240,15 @@ void Worker::HandleCommand(const v1::Command& command) {
               absl::FailedPreconditionError("start for a job this worker is not configured for"));
         return;
       }
+      if (command.start().phase() > 0) {
+        // A multi-phase job goes on with its next phase on the same runtime.
+        if (absl::Status s = rt->BeginPhase(command.start().phase()); !s.ok()) {
+          error(rt->job_id(), rt->stage(), s);
+          return;
+        }
+        ack();
+        return;
+      }
       if (absl::Status s = rt->Start(); !s.ok()) {
         error(rt->job_id(), rt->stage(), s);
         return;

@@ -93,7 +93,11 @@ std::string JobProgressLine(const v1::JobStatus& s, std::optional<double> eta_se
   if (s.step() > 0 || s.state() == v1::RUNNING) {
     absl::StrAppend(&line, "  epoch ", s.epoch(), "  step ", StepOfTotal(s));
   }
+  if (s.num_phases() > 1) {
+    absl::StrAppend(&line, "  phase ", s.phase() + 1, "/", s.num_phases(), " ", s.phase_name());
+  }
   if (s.step() > 0) absl::StrAppend(&line, "  loss ", Loss(s.train_loss()));
+  if (HasEval(s)) absl::StrAppend(&line, absl::StrFormat("  eval %.2f%%", 100.0 * s.eval_accuracy()));
   if (s.samples_per_second() > 0) {
     absl::StrAppend(&line, absl::StrFormat("  %.0f samples/s", s.samples_per_second()));
   }
@@ -111,6 +115,9 @@ std::string JobTable(const v1::JobStatus& s) {
   if (!s.reason().empty()) row("reason", s.reason());
   if (!s.algorithm().empty()) {
     row("algorithm", absl::StrCat(s.algorithm(), " on ", s.num_stages(), " stage(s)"));
+  }
+  if (s.num_phases() > 1) {
+    row("phase", absl::StrCat(s.phase() + 1, "/", s.num_phases(), " (", s.phase_name(), ")"));
   }
   row("steps", absl::StrCat(StepOfTotal(s), " (epoch ", s.epoch(), ")"));
   row("train loss", s.step() > 0 ? Loss(s.train_loss()) : "-");
@@ -141,7 +148,9 @@ std::string JobJson(const v1::JobStatus& s) {
       "{\"job_id\":\"", JsonEscape(s.job_id()), "\",\"name\":\"", JsonEscape(s.name()),
       "\",\"state\":\"", client::JobStateName(s.state()), "\",\"reason\":\"",
       JsonEscape(s.reason()), "\",\"algorithm\":\"", JsonEscape(s.algorithm()),
-      "\",\"stages\":", s.num_stages(), ",\"step\":", s.step(),
+      "\",\"stages\":", s.num_stages(), ",\"phase\":", s.phase(),
+      ",\"num_phases\":", std::max(1, s.num_phases()), ",\"phase_name\":\"",
+      JsonEscape(s.phase_name()), "\",\"step\":", s.step(),
       ",\"total_steps\":", s.total_steps(), ",\"epoch\":", s.epoch(),
       ",\"train_loss\":", JsonNumber(s.train_loss()),
       ",\"eval_loss\":", HasEval(s) ? JsonNumber(s.eval_loss()) : "null",

@@ -18,6 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "yaml-cpp/yaml.h"
 
@@ -336,6 +338,18 @@ const std::vector<AlgorithmSchema>& AlgorithmSchemas() {
   return *kSchemas;
 }
 
+std::vector<PhaseSpec> Phases(const JobSpec& spec) {
+  if (!spec.phases.empty()) return spec.phases;
+  PhaseSpec only;
+  only.name = "main";
+  only.epochs = spec.epochs;
+  only.steps = spec.steps;
+  only.algorithm = spec.algorithm;
+  only.optimizer = spec.optimizer;
+  only.schedule = spec.schedule;
+  return {only};
+}
+
 std::vector<std::string> AlgorithmNames() {
   std::vector<std::string> names;
   for (const AlgorithmSchema& schema : AlgorithmSchemas()) {
@@ -560,12 +574,83 @@ absl::Status ParseStages(const YAML::Node& node, StagesSpec* stages) {
   return absl::OkStatus();
 }
 
+// optimizer: / schedule: keys into `spec` (keys not given keep its values, so
+// a phase's section overrides the job's).
+absl::Status ReadOptimizer(Section& optimizer, OptimizerSpec* spec) {
+  optimizer.CheckKeys({"name", "lr", "momentum", "nesterov", "weight_decay", "exclude_bn_and_bias",
+                       "beta1", "beta2", "eps", "scale_lr_by_batch"});
+  optimizer.Read("name", &spec->name);
+  optimizer.Read("lr", &spec->lr);
+  optimizer.Read("momentum", &spec->momentum);
+  optimizer.Read("nesterov", &spec->nesterov);
+  optimizer.Read("weight_decay", &spec->weight_decay);
+  optimizer.Read("exclude_bn_and_bias", &spec->exclude_bn_and_bias);
+  optimizer.Read("beta1", &spec->beta1);
+  optimizer.Read("beta2", &spec->beta2);
+  optimizer.Read("eps", &spec->eps);
+  optimizer.Read("scale_lr_by_batch", &spec->scale_lr_by_batch);
+  return optimizer.status();
+}
+
+absl::Status ReadSchedule(Section& schedule, ScheduleSpec* spec) {
+  schedule.CheckKeys({"name", "warmup_epochs", "milestones", "gamma", "min_lr"});
+  schedule.Read("name", &spec->name);
+  schedule.Read("warmup_epochs", &spec->warmup_epochs);
+  schedule.Read("milestones", &spec->milestones);
+  schedule.Read("gamma", &spec->gamma);
+  schedule.Read("min_lr", &spec->min_lr);
+  return schedule.status();
+}
+
+// An error from parsing or checking phase `i`, with its path in front.
+absl::Status InPhase(size_t i, const absl::Status& status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat("phases[", i, "].", status.message()));
+}
+
+// phases: a list of {name, epochs | steps, algorithm, optimizer, schedule,
+// reset_optimizer}; each inherits the job's optimizer and schedule.
+absl::Status ParsePhases(const YAML::Node& node, JobSpec* spec) {
+  if (!node.IsSequence() || node.size() == 0) {
+    return TypeError(node, "phases", "a non-empty list of phases");
+  }
+  for (size_t i = 0; i < node.size(); ++i) {
+    PhaseSpec phase;
+    phase.name = absl::StrCat("phase", i);
+    phase.optimizer = spec->optimizer;
+    phase.schedule = spec->schedule;
+    Section section(node[i], absl::StrCat("phases[", i, "]"));
+    section.CheckKeys({"name", "epochs", "steps", "algorithm", "optimizer", "schedule",
+                       "reset_optimizer"});
+    section.Read("name", &phase.name);
+    section.Read("epochs", &phase.epochs);
+    section.Read("steps", &phase.steps);
+    section.Read("reset_optimizer", &phase.reset_optimizer);
+    if (!section.status().ok()) return section.status();
+    const YAML::Node* algorithm = section.Find("algorithm");
+    if (algorithm == nullptr) {
+      return KeyError(section.PathOf("algorithm"), "required: the algorithm this phase runs");
+    }
+    if (absl::Status s = ParseAlgorithm(*algorithm, &phase.algorithm); !s.ok()) {
+      return InPhase(i, s);
+    }
+    const YAML::Node* opt = section.Find("optimizer");
+    Section optimizer(opt ? *opt : YAML::Node(), section.PathOf("optimizer"));
+    if (absl::Status s = ReadOptimizer(optimizer, &phase.optimizer); !s.ok()) return s;
+    const YAML::Node* sched = section.Find("schedule");
+    Section schedule(sched ? *sched : YAML::Node(), section.PathOf("schedule"));
+    if (absl::Status s = ReadSchedule(schedule, &phase.schedule); !s.ok()) return s;
+    spec->phases.push_back(std::move(phase));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root) {
   JobSpec spec;
   Section top(root, "");
   top.CheckKeys({"name", "seed", "device", "model", "data", "algorithm", "stages", "optimizer",
                  "schedule", "batch_size", "eval_batch_size", "epochs", "steps", "eval",
-                 "checkpoint"});
+                 "checkpoint", "phases"});
   top.Read("name", &spec.name);
   top.Read("seed", &spec.seed);
   top.Read("device", &spec.device);
@@ -618,28 +703,9 @@ absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root) {
   }
 
   Section optimizer = child("optimizer");
-  optimizer.CheckKeys({"name", "lr", "momentum", "nesterov", "weight_decay", "exclude_bn_and_bias",
-                       "beta1", "beta2", "eps", "scale_lr_by_batch"});
-  optimizer.Read("name", &spec.optimizer.name);
-  optimizer.Read("lr", &spec.optimizer.lr);
-  optimizer.Read("momentum", &spec.optimizer.momentum);
-  optimizer.Read("nesterov", &spec.optimizer.nesterov);
-  optimizer.Read("weight_decay", &spec.optimizer.weight_decay);
-  optimizer.Read("exclude_bn_and_bias", &spec.optimizer.exclude_bn_and_bias);
-  optimizer.Read("beta1", &spec.optimizer.beta1);
-  optimizer.Read("beta2", &spec.optimizer.beta2);
-  optimizer.Read("eps", &spec.optimizer.eps);
-  optimizer.Read("scale_lr_by_batch", &spec.optimizer.scale_lr_by_batch);
-  if (!optimizer.status().ok()) return optimizer.status();
-
+  if (absl::Status s = ReadOptimizer(optimizer, &spec.optimizer); !s.ok()) return s;
   Section schedule = child("schedule");
-  schedule.CheckKeys({"name", "warmup_epochs", "milestones", "gamma", "min_lr"});
-  schedule.Read("name", &spec.schedule.name);
-  schedule.Read("warmup_epochs", &spec.schedule.warmup_epochs);
-  schedule.Read("milestones", &spec.schedule.milestones);
-  schedule.Read("gamma", &spec.schedule.gamma);
-  schedule.Read("min_lr", &spec.schedule.min_lr);
-  if (!schedule.status().ok()) return schedule.status();
+  if (absl::Status s = ReadSchedule(schedule, &spec.schedule); !s.ok()) return s;
 
   Section eval = child("eval");
   eval.CheckKeys({"every_epochs", "every_steps", "at_end"});
@@ -656,6 +722,21 @@ absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root) {
   checkpoint.Read("keep", &spec.checkpoint.keep);
   if (!checkpoint.status().ok()) return checkpoint.status();
 
+  if (const YAML::Node* node = top.Find("phases")) {
+    // With phases, the algorithm and the length are given per phase.
+    for (const char* key : {"algorithm", "epochs", "steps"}) {
+      if (const YAML::Node* given = top.Find(key)) {
+        return KeyError(key, absl::StrCat("not allowed with phases: give phases[i].", key,
+                                          " instead", MarkSuffix(*given)));
+      }
+    }
+    if (absl::Status s = ParsePhases(*node, &spec); !s.ok()) return s;
+    spec.algorithm = spec.phases.front().algorithm;
+    for (const PhaseSpec& phase : spec.phases) {
+      spec.epochs += phase.epochs;
+      spec.steps += phase.steps;
+    }
+  }
   return spec;
 }
 
@@ -841,6 +922,10 @@ absl::Status ValidateAlgorithm(const JobSpec& spec) {
   if (name == "nwise" && algorithm.GetInt("n") > spec.stages.count) {
     return KeyError("algorithm.n", absl::StrCat("must be <= stages.count (", spec.stages.count,
                                                 "), got ", algorithm.GetInt("n")));
+  }
+  if (name == "nwise") {
+    auto head = ParseAuxHeadSpec(algorithm.GetString("aux_head"));
+    if (!head.ok()) return head.status();
   }
   // A micro-batch needs at least one sample.
   if ((name == "backprop" || name == "nwise") &&
@@ -1052,6 +1137,31 @@ absl::Status FillDataShape(const DataSpec& data, ModelSpec* model) {
   return absl::OkStatus();
 }
 
+absl::Status ValidatePhases(const JobSpec& spec) {
+  bool by_epochs = false, by_steps = false;
+  for (size_t i = 0; i < spec.phases.size(); ++i) {
+    const PhaseSpec& phase = spec.phases[i];
+    if (!ValidName(phase.name)) {
+      return InPhase(i, KeyError("name", absl::StrCat("must match [A-Za-z0-9_.-]+, got '",
+                                                      phase.name, "'")));
+    }
+    if ((phase.epochs > 0) == (phase.steps > 0) || phase.epochs < 0 || phase.steps < 0) {
+      return InPhase(i, KeyError("epochs", "set exactly one of epochs and steps, > 0"));
+    }
+    by_epochs |= phase.epochs > 0;
+    by_steps |= phase.steps > 0;
+    JobSpec view = spec;
+    view.algorithm = phase.algorithm;
+    if (absl::Status s = ValidateAlgorithm(view); !s.ok()) return InPhase(i, s);
+    if (absl::Status s = ValidateOptimizer(phase.optimizer); !s.ok()) return InPhase(i, s);
+    if (absl::Status s = ValidateSchedule(phase.schedule); !s.ok()) return InPhase(i, s);
+  }
+  if (by_epochs && by_steps) {
+    return KeyError("phases", "give every phase's length in epochs, or every one in steps");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (spec.name.empty()) {
     return KeyError("name", "required (letters, digits, '_', '.', '-')");
@@ -1076,6 +1186,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   check(AtLeast("eval.every_epochs", int64_t{spec.eval.every_epochs}, int64_t{0}));
   check(AtLeast("eval.every_steps", spec.eval.every_steps, int64_t{0}));
   check(ValidateCheckpoint(spec.checkpoint));
+  if (check.status().ok()) check(ValidatePhases(spec));
   return check.status();
 }
 
@@ -1134,6 +1245,25 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
 
 int64_t AccumulationFactor(const AlgorithmSpec& spec) {
   return spec.name == "petra" ? spec.GetInt("accumulation") : 1;
+}
+
+absl::StatusOr<AuxHeadSpec> ParseAuxHeadSpec(const std::string& text) {
+  if (text == "linear") return AuxHeadSpec{};
+  if (text == "conv") return AuxHeadSpec{{128, 64}};
+  if (absl::StartsWith(text, "conv:")) {
+    AuxHeadSpec spec;
+    for (absl::string_view part : absl::StrSplit(text.substr(5), ',')) {
+      int64_t c = 0;
+      if (!absl::SimpleAtoi(part, &c) || c < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "algorithm.aux_head: '", text, "': channel counts must be positive integers"));
+      }
+      spec.conv_channels.push_back(c);
+    }
+    return spec;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("algorithm.aux_head: unknown head '", text,
+                                                 "' (known: conv, conv:C1,C2,..., linear)"));
 }
 
 }  // namespace stagewise

@@ -59,6 +59,16 @@ struct AlgorithmSpec {
   const std::string& GetString(const std::string& key) const;
 };
 
+// What nwise's `aux_head` says:
+//   "conv"          the paper's head (seed 002, App. B.2): conv3x3(128)-BN-ReLU,
+//                   conv3x3(64)-BN-ReLU, global average pool, linear
+//   "conv:C1,C2,.." conv3x3-BN-ReLU layers of these widths, then pool and linear
+//   "linear"        global average pool (images) or flatten, then linear
+struct AuxHeadSpec {
+  std::vector<int64_t> conv_channels;  // empty: linear
+};
+absl::StatusOr<AuxHeadSpec> ParseAuxHeadSpec(const std::string& text);
+
 // k, the number of backward passes a stage accumulates before it steps
 // (petra's `accumulation`; 1 for every other algorithm).
 int64_t AccumulationFactor(const AlgorithmSpec& spec);
@@ -105,6 +115,19 @@ struct CheckpointSpec {
   int keep = 3;
 };
 
+// One phase of a job that switches algorithm and hyper-parameters part-way
+// (interlocking backprop's FINE-TUNING: n = 1 for T1 epochs, then backprop
+// with a new learning rate and a reset optimizer).
+struct PhaseSpec {
+  std::string name;
+  double epochs = 0;  // exactly one of epochs / steps is > 0, the same one in every phase
+  int64_t steps = 0;
+  AlgorithmSpec algorithm;
+  OptimizerSpec optimizer;      // the job's, with this phase's keys on top
+  ScheduleSpec schedule;        // likewise; it runs over this phase's steps
+  bool reset_optimizer = true;  // fresh optimizer state at the start of the phase
+};
+
 struct JobSpec {
   std::string name;
   int64_t seed = 0;
@@ -121,7 +144,14 @@ struct JobSpec {
   int64_t steps = 0;
   EvalSpec eval;
   CheckpointSpec checkpoint;
+  // Optional. When given, `algorithm` is the first phase's and epochs/steps
+  // the sum over phases.
+  std::vector<PhaseSpec> phases;
 };
+
+// The phases to run: the explicit ones, or one phase made of the top-level
+// algorithm, optimizer, schedule and length.
+std::vector<PhaseSpec> Phases(const JobSpec& spec);
 
 // Parses and validates a job. Errors are INVALID_ARGUMENT naming the key path,
 // e.g. "optimizer.momentum: must be in [0, 1), got 1.5".

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -38,6 +39,10 @@ class Model : public torch::nn::Module {
 
 // Describes every block of the network `spec` names, without building it.
 absl::StatusOr<std::vector<BlockInfo>> PlanModel(const ModelSpec& spec);
+
+// Runs `build` with the global torch generator seeded to `seed`, under the
+// lock every model build takes (parameter init draws from that generator).
+void WithInitSeed(uint64_t seed, const std::function<void()>& build);
 
 // Seed of global block `index` for a job seeded `job_seed` (splitmix64 mix).
 uint64_t BlockSeed(uint64_t job_seed, int index);

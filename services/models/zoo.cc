@@ -1,4 +1,5 @@
 // The model zoo: MLP, ResNet (CIFAR and ImageNet style), RevNet (PETRA).
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -270,6 +271,12 @@ absl::StatusOr<std::vector<BlockInfo>> PlanModel(const ModelSpec& spec) {
   if (spec.name == "revnet") return PlanRevNet(spec);
   return absl::InvalidArgumentError(
       absl::StrCat("model.name: must be mlp, resnet or revnet, got '", spec.name, "'"));
+}
+
+void WithInitSeed(uint64_t seed, const std::function<void()>& build) {
+  std::lock_guard<std::mutex> lock(InitMutex());
+  torch::manual_seed(seed);
+  build();
 }
 
 uint64_t BlockSeed(uint64_t job_seed, int index) {

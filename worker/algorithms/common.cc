@@ -45,7 +45,8 @@ absl::Status ExpectMessage(const v1::StageMessage& message, v1::StageMessage::Ki
   return absl::OkStatus();
 }
 
-absl::StatusOr<ForwardInput> ReceiveForward(StageContext& ctx, int64_t step, int micro_batch) {
+absl::StatusOr<ForwardInput> ReceiveForward(StageContext& ctx, int64_t step, int micro_batch,
+                                            bool decode_labels) {
   auto msg = ctx.ReceiveFromPrev();
   if (!msg.ok()) return msg.status();
   STAGEWISE_RETURN_IF_ERROR(ExpectMessage(*msg, v1::StageMessage::FORWARD, step, micro_batch));
@@ -58,7 +59,7 @@ absl::StatusOr<ForwardInput> ReceiveForward(StageContext& ctx, int64_t step, int
     return absl::InvalidArgumentError("StageMessage.tensors: FORWARD message without 'labels'");
   }
   in.labels_proto = it->second;
-  if (ctx.last()) {
+  if (ctx.last() || decode_labels) {
     auto y = GetTensor(*msg, "labels", ctx.device());
     if (!y.ok()) return y.status();
     in.labels = *y;

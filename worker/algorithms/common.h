@@ -24,11 +24,13 @@ namespace stagewise::worker {
 struct ForwardInput {
   torch::Tensor x;
   v1::TensorProto labels_proto;
-  torch::Tensor labels;  // defined on the last stage only
+  torch::Tensor labels;  // defined on the last stage, or with decode_labels
 };
 
-// Receives FORWARD `step`/`micro_batch` from stage j-1 and decodes it.
-absl::StatusOr<ForwardInput> ReceiveForward(StageContext& ctx, int64_t step, int micro_batch);
+// Receives FORWARD `step`/`micro_batch` from stage j-1 and decodes it (the
+// labels too on the last stage or with `decode_labels`).
+absl::StatusOr<ForwardInput> ReceiveForward(StageContext& ctx, int64_t step, int micro_batch,
+                                            bool decode_labels = false);
 
 // Sends `out` to stage j+1 as FORWARD with the labels: stage 0 encodes
 // `labels`, later stages pass `labels_proto` on.

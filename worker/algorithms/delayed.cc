@@ -99,7 +99,7 @@ class Delayed : public Algorithm {
     torch::Tensor x, labels;
     v1::TensorProto labels_proto;
     if (ctx.first()) {
-      data::Batch b = ctx.train_batches().Get(t / ctx.steps_per_epoch(), t % ctx.steps_per_epoch());
+      data::Batch b = ctx.TrainBatch(t);
       x = b.x.to(ctx.device());
       labels = b.y.to(ctx.device());
     } else {

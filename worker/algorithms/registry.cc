@@ -7,12 +7,16 @@ namespace stagewise::worker {
 std::unique_ptr<Algorithm> MakeBackprop(const AlgorithmSpec& spec);
 std::unique_ptr<Algorithm> MakeDelayed(const AlgorithmSpec& spec);
 std::unique_ptr<Algorithm> MakePetra(const AlgorithmSpec& spec);
+std::unique_ptr<Algorithm> MakeFeaturesReplay(const AlgorithmSpec& spec);
+std::unique_ptr<Algorithm> MakeNwise(const AlgorithmSpec& spec);
 
 absl::StatusOr<std::unique_ptr<Algorithm>> MakeAlgorithm(const AlgorithmSpec& spec) {
   try {
     if (spec.name == "backprop") return MakeBackprop(spec);
     if (spec.name == "delayed") return MakeDelayed(spec);
     if (spec.name == "petra") return MakePetra(spec);
+    if (spec.name == "features_replay") return MakeFeaturesReplay(spec);
+    if (spec.name == "nwise") return MakeNwise(spec);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("algorithm: ", e.what()));
   }

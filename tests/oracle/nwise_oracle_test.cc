@@ -1,0 +1,230 @@
+// Oracles for `nwise` (ALGORITHMS.md; Gomez, Key et al., Sec. 3):
+//   - n = J equals backprop on the main parameters (M = 1 against the
+//     reference trainer, M = 2 against distributed backprop with M = 2);
+//   - n = 1 equals per-stage local training on detached inputs, and sends no
+//     backward traffic at all (byte counters);
+//   - n = 2 with J = 4 (and mix_local with J = 3) equals a single-process
+//     reference of the rule written here: stage j's main gradient is the
+//     gradient of L_{min(j+n-1, J-1)} with respect to its parameters, taken
+//     through a recomputation of the stages in between.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "services/models/aux_head.h"
+#include "services/models/batch_norm.h"
+#include "services/training/optimizer.h"
+#include "services/training/reference_trainer.h"
+#include "tests/integration/cluster.h"
+
+namespace stagewise {
+namespace {
+
+// ResNet-8 (CIFAR style, 1 block per group): stem, 3 residual blocks, head =
+// 5 blocks; J = 4 takes [0,2) [2,3) [3,4) [4,5) with the even split.
+std::string JobYaml(int stages, const std::string& algorithm, int64_t steps) {
+  return absl::StrCat(R"(name: nwise-oracle
+seed: 11
+model: {name: resnet, depth: 8, width: 4}
+data: {dataset: synthetic, train_size: 128, test_size: 32, shape: [3, 8, 8], classes: 4}
+algorithm: )",
+                      algorithm, "\nstages: ", stages, R"(
+optimizer: {name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 1.0e-4}
+schedule: {name: cosine, warmup_epochs: 0.25}
+batch_size: 16
+steps: )",
+                      steps, "\neval: {every_epochs: 0, at_end: false}\n");
+}
+
+struct Outcome {
+  v1::JobStatus status;
+  std::map<std::string, torch::Tensor> tensors;
+};
+
+Outcome RunJob(const std::string& yaml, int stages) {
+  testing::Cluster cluster({.workers = stages});
+  EXPECT_TRUE(cluster.WaitForWorkers(stages));
+  auto id = cluster.manager().Submit(yaml);
+  EXPECT_TRUE(id.ok()) << id.status();
+  if (!id.ok()) return {};
+  auto st = cluster.WaitForJob(*id);
+  EXPECT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->state(), v1::SUCCEEDED) << st->reason();
+  Outcome out{*st, cluster.StageTensors(*id, /*buffers=*/false)};
+  for (auto& [name, v] : cluster.StageTensors(*id, /*buffers=*/true)) out.tensors[name] = v;
+  return out;
+}
+
+std::map<std::string, torch::Tensor> Tensors(torch::nn::Module& m) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& item : m.named_parameters()) out[item.key()] = item.value().detach().clone();
+  for (const auto& item : m.named_buffers()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+void ExpectClose(const std::map<std::string, torch::Tensor>& got,
+                 const std::map<std::string, torch::Tensor>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, w] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    const torch::Tensor g = got.at(name).to(torch::kDouble), wd = w.to(torch::kDouble);
+    const double err = ((g - wd).norm() / wd.norm().clamp_min(1e-12)).item<double>();
+    EXPECT_LE(err, 1e-5) << name;
+  }
+}
+
+// The rule in one process, M = 1. Stage j's main gradient: the gradient of
+// L_{min(j+n-1, J-1)} (and, with mix_local, the mean with L_j's) through
+// stages j..m recomputed from its detached input; the aux head of stage m is
+// trained by L_m alone.
+std::map<std::string, torch::Tensor> Reference(const JobSpec& spec, int64_t n, bool mix_local) {
+  auto trainer = training::ReferenceTrainer::Create(spec);  // for its batches
+  EXPECT_TRUE(trainer.ok());
+  const auto& batches = (*trainer)->train_sampler();
+  const int64_t per_epoch = batches.batches_per_epoch();
+  auto plan = models::PlanModel(spec.model);
+  auto ranges = models::ResolvePartition(spec.stages, static_cast<int>(plan->size()));
+  const int J = static_cast<int>(ranges->size());
+  const int64_t classes = plan->back().out_shape[0];
+  const double base = training::BaseLearningRate(spec.optimizer, spec.batch_size);
+  std::vector<std::shared_ptr<models::Model>> F(J);
+  std::vector<models::AuxHead> head(J, models::AuxHead{nullptr});
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> opt(J), head_opt(J);
+  for (int j = 0; j < J; ++j) {
+    F[j] = *models::BuildModel(spec.model, spec.seed, (*ranges)[j].first, (*ranges)[j].second);
+    F[j]->train();
+    opt[j] = training::MakeOptimizer(spec.optimizer, *F[j]);
+    if (j < J - 1) {
+      const auto& last = F[j]->blocks().back()->info();
+      head[j] = *models::MakeAuxHead(*ParseAuxHeadSpec("conv:8,8"), last.out_shape, classes,
+                                     models::AuxHeadSeed(spec.seed, last.index));
+      head[j]->train();
+      head_opt[j] = training::MakeOptimizer(spec.optimizer, *head[j]);
+    }
+  }
+  auto loss_of = [&](int m, const torch::Tensor& h, const torch::Tensor& y) {
+    return torch::cross_entropy_loss(m == J - 1 ? h : head[m]->forward(h), y);
+  };
+  for (int64_t t = 0; t < spec.steps; ++t) {
+    data::Batch b = batches.Get(t / per_epoch, t % per_epoch);
+    std::vector<torch::Tensor> in(J);
+    {
+      torch::NoGradGuard g;  // the one forward that moves running statistics
+      torch::Tensor h = b.x;
+      for (int j = 0; j < J; ++j) {
+        in[j] = h;
+        h = F[j]->forward(h);
+      }
+    }
+    // dL_m / d theta_j through stages j..m, recomputed with frozen statistics.
+    auto grad_of = [&](int j, int m) {
+      models::FreezeRunningStats freeze;
+      torch::Tensor h = in[j].detach();
+      for (int s = j; s <= m; ++s) h = F[s]->forward(h);
+      auto params = F[j]->parameters();
+      return torch::autograd::grad({loss_of(m, h, b.y)}, params, {}, false, false, true);
+    };
+    for (int j = 0; j < J; ++j) {
+      const int own = static_cast<int>(std::min<int64_t>(j + n - 1, J - 1));
+      std::vector<torch::Tensor> g = grad_of(j, own);
+      if (mix_local && own != j) {
+        std::vector<torch::Tensor> local = grad_of(j, j);
+        for (size_t i = 0; i < g.size(); ++i) g[i] = 0.5 * g[i] + 0.5 * local[i];
+      }
+      opt[j]->zero_grad();
+      auto params = F[j]->parameters();
+      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = g[i].detach();
+      training::SetLearningRate(
+          *opt[j], training::LearningRateAt(spec.schedule, base, t, per_epoch, spec.steps));
+      opt[j]->step();
+    }
+    // Aux heads on the stage outputs (values of this step's forward).
+    for (int m = 0; m + 1 < J; ++m) {
+      torch::Tensor out = m + 1 < J ? in[m + 1].detach() : torch::Tensor();
+      head_opt[m]->zero_grad();
+      loss_of(m, out, b.y).backward();
+      training::SetLearningRate(
+          *head_opt[m], training::LearningRateAt(spec.schedule, base, t, per_epoch, spec.steps));
+      head_opt[m]->step();
+    }
+  }
+  std::map<std::string, torch::Tensor> out;
+  for (int j = 0; j < J; ++j) {
+    for (auto& [name, v] : Tensors(*F[j])) out[name] = v;
+  }
+  return out;
+}
+
+TEST(NwiseOracle, NEqualsJIsBackprop) {
+  const std::string yaml = JobYaml(3, "{name: nwise, n: 3}", 6);
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto trainer = training::ReferenceTrainer::Create(*spec);
+  ASSERT_TRUE(trainer.ok());
+  ASSERT_TRUE((*trainer)->Run().ok());
+  Outcome got = RunJob(yaml, 3);
+  ExpectClose(got.tensors, Tensors((*trainer)->model()));
+  // No aux heads are built when no loss but the model's trains anything.
+  for (int j = 0; j < 3; ++j) {
+    EXPECT_FALSE(got.status.summary().count(absl::StrCat("stage", j, ".aux_head_parameters")));
+  }
+}
+
+TEST(NwiseOracle, NEqualsJWithMicroBatchesIsBackpropWithMicroBatches) {
+  Outcome nwise = RunJob(JobYaml(3, "{name: nwise, n: 3, micro_batches: 2}", 6), 3);
+  Outcome backprop = RunJob(JobYaml(3, "{name: backprop, micro_batches: 2}", 6), 3);
+  ExpectClose(nwise.tensors, backprop.tensors);
+}
+
+TEST(NwiseOracle, NEqualsOneIsLocalLearningWithoutBackwardTraffic) {
+  const std::string yaml = JobYaml(4, "{name: nwise, n: 1, aux_head: 'conv:8,8'}", 8);
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  Outcome got = RunJob(yaml, 4);
+  ExpectClose(got.tensors, Reference(*spec, 1, false));
+  const auto& s = got.status.summary();
+  for (int j = 0; j < 4; ++j) {
+    const std::string stage = absl::StrCat("stage", j, ".");
+    // Every byte a stage sends is forward traffic; nothing goes backward.
+    EXPECT_FALSE(s.count(stage + "backward_bytes_sent")) << stage;
+    EXPECT_EQ(s.at(stage + "bytes_sent"), j < 3 ? s.at(stage + "forward_bytes_sent") : 0.0)
+        << stage;
+    if (j < 3) EXPECT_GT(s.at(stage + "aux_head_parameters"), 0) << stage;
+  }
+  EXPECT_EQ(s.at("stage0.bytes_received"), 0.0);
+}
+
+TEST(NwiseOracle, TwoWiseOverFourStagesEqualsTheReferenceOfTheRule) {
+  const std::string yaml = JobYaml(4, "{name: nwise, n: 2, aux_head: 'conv:8,8'}", 8);
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  Outcome got = RunJob(yaml, 4);
+  auto want = Reference(*spec, 2, false);
+  ExpectClose(got.tensors, want);
+  // The rule is not backprop and not local learning: the oracle tells them apart.
+  auto local = Reference(*spec, 1, false);
+  double diff = 0;
+  for (const auto& [name, w] : want) {
+    diff = std::max(diff, (local.at(name) - w).abs().max().item<double>());
+  }
+  EXPECT_GT(diff, 1e-4);
+  // Each gradient crosses exactly one boundary: stage 0 sends nothing back,
+  // the others send one gradient per mini-batch.
+  const auto& s = got.status.summary();
+  EXPECT_FALSE(s.count("stage0.backward_bytes_sent"));
+  for (int j = 1; j < 4; ++j) EXPECT_GT(s.at(absl::StrCat("stage", j, ".backward_bytes_sent")), 0);
+  EXPECT_FALSE(s.count("stage0.aux_head_parameters"));  // L_0 would train nothing
+}
+
+TEST(NwiseOracle, MixLocalEqualsTheReferenceOfTheRule) {
+  const std::string yaml =
+      JobYaml(3, "{name: nwise, n: 2, mix_local: true, aux_head: 'conv:8,8'}", 8);
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ExpectClose(RunJob(yaml, 3).tensors, Reference(*spec, 2, true));
+}
+
+}  // namespace
+}  // namespace stagewise

@@ -1,0 +1,283 @@
+// nwise: N-wise interlocking backpropagation (Gomez, Key et al.; seed 002,
+// Sec. 3 and App. B.2); ALGORITHMS.md, "nwise".
+//
+// Stage j < J-1 owns an auxiliary head h_j and a local loss L_j = CE(h_j(x_j), y);
+// the last stage's loss L_{J-1} is the model's. The main parameters of stage j
+// are trained by L_{own(j)}, own(j) = min(j+n-1, J-1), whose gradient travels
+// down through the stages in between; they only pass it on (the VJP with
+// respect to their input) without adding it to their own gradients. So the
+// gradient of L_m stops at stage lower(m) = m-n+1 (m < J-1) or max(J-n, 0)
+// (m = J-1), after at most n-1 boundaries, and a loss with lower(m) < 0 only
+// trains its aux head. With mix_local, stage j's main gradient is the mean of
+// its local loss's and its far loss's. Aux heads are trained by their own
+// loss. n = 1 is local learning with no backward traffic; n = J is end-to-end
+// backprop (no aux heads are built then).
+//
+// Synchronous (the interlock): per mini-batch the stage forwards its M
+// micro-batches with a graph (sending each up at once), backpropagates its own
+// loss, then processes every gradient its successor sends for this mini-batch
+// (up to n-1 per micro-batch), steps, and only then takes the next mini-batch.
+// Each micro-batch's loss is scaled by n_m/B, so gradients are mini-batch means.
+// BatchNorm running statistics move in the single forward pass.
+#include <chrono>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "services/models/aux_head.h"
+#include "services/training/optimizer.h"
+#include "worker/algorithms/common.h"
+
+namespace stagewise::worker {
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+class Nwise : public Algorithm {
+ public:
+  explicit Nwise(const AlgorithmSpec& spec)
+      : n_(spec.GetInt("n")),
+        mix_local_(spec.GetBool("mix_local")),
+        micro_batches_(static_cast<int>(spec.GetInt("micro_batches"))),
+        aux_head_(spec.GetString("aux_head")) {}
+
+  absl::Status Run(StageContext& ctx) override {
+    J_ = ctx.num_stages();
+    j_ = ctx.stage();
+    if (n_ > J_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("algorithm.n: must be <= stages.count (", J_, "), got ", n_));
+    }
+    STAGEWISE_RETURN_IF_ERROR(Setup(ctx));
+    for (int64_t t = 0; t < ctx.total_steps(); ++t) {
+      STAGEWISE_RETURN_IF_ERROR(ctx.Interrupted());
+      STAGEWISE_RETURN_IF_ERROR(MiniBatch(ctx, t));
+      if (ctx.EvalDue(t + 1)) STAGEWISE_RETURN_IF_ERROR(RunEvaluation(ctx, t + 1));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  int64_t own(int64_t j) const { return std::min(j + n_ - 1, J_ - 1); }
+  // The lowest stage the gradient of L_m reaches (negative: none trained).
+  int64_t lower(int64_t m) const { return m == J_ - 1 ? std::max<int64_t>(J_ - n_, 0) : m - n_ + 1; }
+  // Whether L_m's gradient leaves stage m at all.
+  bool travels(int64_t m) const { return n_ > 1 && m > 0 && lower(m) >= 0 && lower(m) < m; }
+  // Whether L_j (j < J-1) trains any main parameters; if not, no aux head.
+  bool local_used(int64_t j) const { return n_ == 1 || mix_local_ || travels(j); }
+
+  absl::Status Setup(StageContext& ctx) {
+    params_ = ctx.model().parameters();
+    // Gradients arriving from stage j+1: every L_m, m > j, that reaches j.
+    for (int64_t m = j_ + 1; m < J_; ++m) {
+      if (travels(m) && lower(m) <= j_) incoming_.insert(m);
+    }
+    if (!ctx.last() && local_used(j_)) {
+      auto spec = ParseAuxHeadSpec(aux_head_);
+      if (!spec.ok()) return spec.status();
+      auto plan = models::PlanModel(ctx.spec().model);
+      if (!plan.ok()) return plan.status();
+      const int64_t classes = plan->back().out_shape.at(0);
+      const auto& last_block = ctx.model().blocks().back()->info();
+      auto head = models::MakeAuxHead(
+          *spec, last_block.out_shape, classes,
+          models::AuxHeadSeed(static_cast<uint64_t>(ctx.spec().seed), last_block.index));
+      if (!head.ok()) return head.status();
+      head_ = *head;
+      head_->to(ctx.device());
+      head_->train();
+      aux_optimizer_ = training::MakeOptimizer(ctx.spec().optimizer, *head_);
+      int64_t aux_params = 0, aux_bytes = 0;
+      for (const auto& p : head_->parameters()) {
+        aux_params += p.numel();
+        aux_bytes += p.numel() * p.element_size();
+      }
+      ctx.Summarize("aux_head_parameters", static_cast<double>(aux_params));
+      ctx.stage_metrics().SetMemory("aux_head_parameters", aux_bytes);
+    }
+    ctx.Summarize("backward_passes_per_micro_batch",
+                  static_cast<double>(incoming_.size() + (ctx.last() || head_ ? 1 : 0)));
+    return absl::OkStatus();
+  }
+
+  // Adds `grads` (aligned with `params`) times `weight` to the .grad fields.
+  static void AddGrads(const std::vector<torch::Tensor>& params,
+                       const std::vector<torch::Tensor>& grads, size_t offset, double weight) {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const torch::Tensor& g = grads[offset + i];
+      if (!g.defined()) continue;
+      torch::Tensor p = params[i];
+      if (p.grad().defined()) {
+        p.mutable_grad().add_(g, weight);
+      } else {
+        p.mutable_grad() = weight == 1.0 ? g.clone() : g * weight;
+      }
+    }
+  }
+
+  // One backward pass of a loss (or of a gradient at the output) through this
+  // stage: main parameters get `main_weight` of it (0: none), the aux head
+  // all of it (if `aux`), and the input gradient is returned if `input_grad`.
+  torch::Tensor Vjp(const torch::Tensor& output, const torch::Tensor& grad_output,
+                    const torch::Tensor& x, double main_weight, bool aux, bool input_grad) {
+    std::vector<torch::Tensor> inputs;
+    if (main_weight > 0) inputs.insert(inputs.end(), params_.begin(), params_.end());
+    const size_t aux_offset = inputs.size();
+    std::vector<torch::Tensor> aux_params;
+    if (aux) {
+      aux_params = head_->parameters();
+      inputs.insert(inputs.end(), aux_params.begin(), aux_params.end());
+    }
+    const size_t x_offset = inputs.size();
+    if (input_grad) inputs.push_back(x);
+    if (inputs.empty()) return torch::Tensor();
+    std::vector<torch::Tensor> grads = torch::autograd::grad(
+        {output}, inputs, {grad_output}, /*retain_graph=*/true, /*create_graph=*/false,
+        /*allow_unused=*/true);
+    if (main_weight > 0) AddGrads(params_, grads, 0, main_weight);
+    if (aux) AddGrads(aux_params, grads, aux_offset, 1.0);
+    return input_grad ? grads[x_offset] : torch::Tensor();
+  }
+
+  absl::Status SendGrad(StageContext& ctx, int64_t t, int mb, int64_t origin,
+                        const torch::Tensor& g) {
+    v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, t, mb);
+    back.set_origin_stage(static_cast<int32_t>(origin));
+    STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", g));
+    return ctx.SendToPrev(std::move(back));
+  }
+
+  absl::Status MiniBatch(StageContext& ctx, int64_t t) {
+    const int M = micro_batches_;
+    const int64_t B = ctx.spec().batch_size;
+    const bool input_grad = !ctx.first() && n_ > 1;
+    ctx.optimizer().zero_grad();
+    if (aux_optimizer_) aux_optimizer_->zero_grad();
+    std::vector<torch::Tensor> xs(M), outs(M), labels(M);
+    std::vector<torch::Tensor> data_x, data_y;
+    if (ctx.first()) {
+      data::Batch b = ctx.TrainBatch(t);
+      std::vector<int64_t> sizes;
+      for (int m = 0; m < M; ++m) sizes.push_back(b.y.size(0) / M + (m < b.y.size(0) % M));
+      data_x = b.x.to(ctx.device()).split_with_sizes(sizes);
+      data_y = b.y.to(ctx.device()).split_with_sizes(sizes);
+    }
+    double loss_sum = 0;
+    int64_t samples = 0;
+    // Forward every micro-batch with a graph, sending each up at once.
+    for (int mb = 0; mb < M; ++mb) {
+      v1::TensorProto labels_proto;
+      if (ctx.first()) {
+        xs[mb] = data_x[mb];
+        labels[mb] = data_y[mb];
+      } else {
+        auto in = ReceiveForward(ctx, t, mb, /*decode_labels=*/true);
+        if (!in.ok()) return in.status();
+        xs[mb] = in->x;
+        labels[mb] = in->labels;
+        labels_proto = std::move(in->labels_proto);
+      }
+      if (input_grad) xs[mb].requires_grad_(true);
+      const auto t0 = std::chrono::steady_clock::now();
+      outs[mb] = ctx.model().forward(xs[mb]);
+      ctx.stage_metrics().ObserveCompute("forward", Since(t0));
+      samples += labels[mb].size(0);
+      if (!ctx.last()) {
+        STAGEWISE_RETURN_IF_ERROR(
+            SendForward(ctx, t, mb, outs[mb].detach(), labels[mb], std::move(labels_proto)));
+      }
+    }
+    // This stage's own loss: the model's on the last stage, else the aux head's.
+    if (ctx.last() || head_) {
+      const bool own_is_local = ctx.last() || own(j_) == j_;
+      const double main_weight = own_is_local ? 1.0 : (mix_local_ ? 0.5 : 0.0);
+      for (int mb = 0; mb < M; ++mb) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const double scale = static_cast<double>(labels[mb].size(0)) / static_cast<double>(B);
+        torch::Tensor logits = ctx.last() ? outs[mb] : head_->forward(outs[mb]);
+        torch::Tensor loss = torch::cross_entropy_loss(logits, labels[mb]) * scale;
+        loss_sum += loss.item<double>();
+        const bool send = travels(j_);
+        torch::Tensor gx = Vjp(loss, torch::ones_like(loss), xs[mb], main_weight,
+                               /*aux=*/!ctx.last(), send);
+        ctx.stage_metrics().ObserveCompute("backward", Since(t0));
+        if (send) STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, t, mb, j_, gx));
+      }
+    }
+    // Gradients from above: each (micro-batch, origin) exactly once.
+    std::set<std::pair<int, int64_t>> pending;
+    for (int mb = 0; mb < M; ++mb) {
+      for (int64_t m : incoming_) pending.insert({mb, m});
+    }
+    while (!pending.empty()) {
+      auto msg = ctx.ReceiveFromNext();
+      if (!msg.ok()) return msg.status();
+      const int mb = msg->micro_batch();
+      const int64_t m = msg->origin_stage();
+      if (msg->kind() != v1::StageMessage::BACKWARD || msg->step() != t ||
+          !pending.count({mb, m})) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "expected a BACKWARD gradient of step ", t, " from one of the losses ",
+            absl::StrJoin(incoming_, ","), ", got ", v1::StageMessage::Kind_Name(msg->kind()),
+            " step ", msg->step(), " micro-batch ", mb, " origin ", m));
+      }
+      pending.erase({mb, m});
+      auto g = GetTensor(*msg, "grad", ctx.device());
+      if (!g.ok()) return g.status();
+      if (!g->sizes().equals(outs[mb].sizes())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("StageMessage.tensors['grad']: shape ", c10::str(g->sizes()),
+                         " does not match the stage output ", c10::str(outs[mb].sizes())));
+      }
+      const double main_weight = own(j_) == m ? (mix_local_ && own(j_) != j_ ? 0.5 : 1.0) : 0.0;
+      const bool pass_on = lower(m) < j_;
+      const auto t0 = std::chrono::steady_clock::now();
+      torch::Tensor gx = Vjp(outs[mb], *g, xs[mb], main_weight, /*aux=*/false, pass_on);
+      ctx.stage_metrics().ObserveCompute("backward", Since(t0));
+      if (pass_on) STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, t, mb, m, gx));
+    }
+    // Step (main and aux head) with the schedule's rate for this mini-batch.
+    const auto t0 = std::chrono::steady_clock::now();
+    const double lr = ctx.LearningRate(t);
+    training::SetLearningRate(ctx.optimizer(), lr);
+    ctx.optimizer().step();
+    if (aux_optimizer_) {
+      training::SetLearningRate(*aux_optimizer_, lr);
+      aux_optimizer_->step();
+    }
+    ctx.stage_metrics().ObserveCompute("step", Since(t0));
+    ctx.stage_metrics().IncSteps();
+    ctx.stage_metrics().SetStaleness(0);
+    if (ctx.last()) ctx.ReportStep(t + 1, loss_sum, samples);
+    else ctx.ReportStep(t + 1, 0.0, samples);
+    if (head_ && !ctx.last()) {
+      local_loss_ = loss_sum;
+      ctx.Summarize("local_loss", local_loss_);
+    }
+    return absl::OkStatus();
+  }
+
+  const int64_t n_;
+  const bool mix_local_;
+  const int micro_batches_;
+  const std::string aux_head_;
+  int64_t J_ = 1, j_ = 0;
+  std::vector<torch::Tensor> params_;
+  std::set<int64_t> incoming_;
+  models::AuxHead head_{nullptr};
+  std::unique_ptr<torch::optim::Optimizer> aux_optimizer_;
+  double local_loss_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Algorithm> MakeNwise(const AlgorithmSpec& spec) {
+  return std::make_unique<Nwise>(spec);
+}
+
+}  // namespace stagewise::worker
