@@ -14,7 +14,8 @@ namespace {
 
 // Algorithms the workers of this version run; later issues add the others.
 const std::vector<std::string>& AvailableAlgorithms() {
-  static const std::vector<std::string> names = {"backprop", "delayed", "petra", "features_replay", "nwise"};
+  static const std::vector<std::string> names = {"backprop", "delayed", "petra", "features_replay",
+                                                 "nwise"};
   return names;
 }
 
@@ -371,9 +372,9 @@ void JobManager::OnEvent(const v1::WorkerEvent& event) {
       st.set_phase(next);
       st.set_phase_name(phases[next].name);
       st.set_algorithm(phases[next].algorithm.name);
-      UpdateStatusLocked(st, absl::StrCat("phase ", next + 1, "/", phases.size(), " (",
-                                          phases[next].name, ", ", phases[next].algorithm.name,
-                                          ") started"));
+      UpdateStatusLocked(
+          st, absl::StrCat("phase ", next + 1, "/", phases.size(), " (", phases[next].name, ", ",
+                           phases[next].algorithm.name, ") started"));
       for (const std::string& worker : job.workers) {
         v1::Command start;
         start.mutable_start()->set_job_id(d.job_id());

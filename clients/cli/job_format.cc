@@ -97,7 +97,8 @@ std::string JobProgressLine(const v1::JobStatus& s, std::optional<double> eta_se
     absl::StrAppend(&line, "  phase ", s.phase() + 1, "/", s.num_phases(), " ", s.phase_name());
   }
   if (s.step() > 0) absl::StrAppend(&line, "  loss ", Loss(s.train_loss()));
-  if (HasEval(s)) absl::StrAppend(&line, absl::StrFormat("  eval %.2f%%", 100.0 * s.eval_accuracy()));
+  if (HasEval(s))
+    absl::StrAppend(&line, absl::StrFormat("  eval %.2f%%", 100.0 * s.eval_accuracy()));
   if (s.samples_per_second() > 0) {
     absl::StrAppend(&line, absl::StrFormat("  %.0f samples/s", s.samples_per_second()));
   }
@@ -150,9 +151,8 @@ std::string JobJson(const v1::JobStatus& s) {
       JsonEscape(s.reason()), "\",\"algorithm\":\"", JsonEscape(s.algorithm()),
       "\",\"stages\":", s.num_stages(), ",\"phase\":", s.phase(),
       ",\"num_phases\":", std::max(1, s.num_phases()), ",\"phase_name\":\"",
-      JsonEscape(s.phase_name()), "\",\"step\":", s.step(),
-      ",\"total_steps\":", s.total_steps(), ",\"epoch\":", s.epoch(),
-      ",\"train_loss\":", JsonNumber(s.train_loss()),
+      JsonEscape(s.phase_name()), "\",\"step\":", s.step(), ",\"total_steps\":", s.total_steps(),
+      ",\"epoch\":", s.epoch(), ",\"train_loss\":", JsonNumber(s.train_loss()),
       ",\"eval_loss\":", HasEval(s) ? JsonNumber(s.eval_loss()) : "null",
       ",\"eval_accuracy\":", HasEval(s) ? JsonNumber(s.eval_accuracy()) : "null",
       ",\"samples_per_second\":", JsonNumber(s.samples_per_second()),

@@ -14,11 +14,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "yaml-cpp/yaml.h"
@@ -338,18 +338,6 @@ const std::vector<AlgorithmSchema>& AlgorithmSchemas() {
   return *kSchemas;
 }
 
-std::vector<PhaseSpec> Phases(const JobSpec& spec) {
-  if (!spec.phases.empty()) return spec.phases;
-  PhaseSpec only;
-  only.name = "main";
-  only.epochs = spec.epochs;
-  only.steps = spec.steps;
-  only.algorithm = spec.algorithm;
-  only.optimizer = spec.optimizer;
-  only.schedule = spec.schedule;
-  return {only};
-}
-
 std::vector<std::string> AlgorithmNames() {
   std::vector<std::string> names;
   for (const AlgorithmSchema& schema : AlgorithmSchemas()) {
@@ -620,8 +608,8 @@ absl::Status ParsePhases(const YAML::Node& node, JobSpec* spec) {
     phase.optimizer = spec->optimizer;
     phase.schedule = spec->schedule;
     Section section(node[i], absl::StrCat("phases[", i, "]"));
-    section.CheckKeys({"name", "epochs", "steps", "algorithm", "optimizer", "schedule",
-                       "reset_optimizer"});
+    section.CheckKeys(
+        {"name", "epochs", "steps", "algorithm", "optimizer", "schedule", "reset_optimizer"});
     section.Read("name", &phase.name);
     section.Read("epochs", &phase.epochs);
     section.Read("steps", &phase.steps);
@@ -1142,8 +1130,8 @@ absl::Status ValidatePhases(const JobSpec& spec) {
   for (size_t i = 0; i < spec.phases.size(); ++i) {
     const PhaseSpec& phase = spec.phases[i];
     if (!ValidName(phase.name)) {
-      return InPhase(i, KeyError("name", absl::StrCat("must match [A-Za-z0-9_.-]+, got '",
-                                                      phase.name, "'")));
+      return InPhase(
+          i, KeyError("name", absl::StrCat("must match [A-Za-z0-9_.-]+, got '", phase.name, "'")));
     }
     if ((phase.epochs > 0) == (phase.steps > 0) || phase.epochs < 0 || phase.steps < 0) {
       return InPhase(i, KeyError("epochs", "set exactly one of epochs and steps, > 0"));
@@ -1180,13 +1168,13 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   check(AtLeast("batch_size", spec.batch_size, int64_t{1}));
   check(AtLeast("eval_batch_size", spec.eval_batch_size, int64_t{0}));
   if (check.status().ok()) check(ValidateAlgorithm(spec));
+  if (check.status().ok()) check(ValidatePhases(spec));
   check(ValidateOptimizer(spec.optimizer));
   check(ValidateSchedule(spec.schedule));
   check(ValidateLength(spec));
   check(AtLeast("eval.every_epochs", int64_t{spec.eval.every_epochs}, int64_t{0}));
   check(AtLeast("eval.every_steps", spec.eval.every_steps, int64_t{0}));
   check(ValidateCheckpoint(spec.checkpoint));
-  if (check.status().ok()) check(ValidatePhases(spec));
   return check.status();
 }
 
@@ -1198,6 +1186,9 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text) {
     absl::StatusOr<JobSpec> spec = ParseDocument(root);
     if (!spec.ok()) return spec.status();
     absl::Status status = CompleteAlgorithmSpec(&spec->algorithm);
+    for (size_t i = 0; i < spec->phases.size() && status.ok(); ++i) {
+      status = InPhase(i, CompleteAlgorithmSpec(&spec->phases[i].algorithm));
+    }
     if (status.ok()) status = ValidateJobSpec(*spec);
     if (status.ok()) status = FillDataShape(spec->data, &spec->model);
     if (!status.ok()) return status;
@@ -1264,6 +1255,18 @@ absl::StatusOr<AuxHeadSpec> ParseAuxHeadSpec(const std::string& text) {
   }
   return absl::InvalidArgumentError(absl::StrCat("algorithm.aux_head: unknown head '", text,
                                                  "' (known: conv, conv:C1,C2,..., linear)"));
+}
+
+std::vector<PhaseSpec> Phases(const JobSpec& spec) {
+  if (!spec.phases.empty()) return spec.phases;
+  PhaseSpec only;
+  only.name = "main";
+  only.epochs = spec.epochs;
+  only.steps = spec.steps;
+  only.algorithm = spec.algorithm;
+  only.optimizer = spec.optimizer;
+  only.schedule = spec.schedule;
+  return {only};
 }
 
 }  // namespace stagewise

@@ -2,6 +2,10 @@
 // and partition, J = 2 and J = 4, in one run: in-process workers over real
 // gRPC on loopback. Prints one table with ratios to backprop; never a test.
 //   build/bin/stagewise_algorithm_bench [JOB.yaml|-] [steps] [stages...]
+//   build/bin/stagewise_algorithm_bench --interlock [JOB.yaml|-] [steps] [stages]
+// --interlock measures nwise's time per mini-batch for n in {1, 2, J} and
+// M in {1, 2, 4}, fits c(M) = c0 + c1/M of the paper's model T(A, M, N) to all
+// of them and prints measured against predicted.
 //
 // "buffered" is what a stage keeps between a mini-batch's forward and its
 // backward, per stage, at its peak, from the job summary: stored inputs plus
@@ -15,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/timing_model.h"
 #include "tests/integration/cluster.h"
 
 namespace {
@@ -30,6 +35,7 @@ eval: {every_epochs: 0, at_end: false}
 
 struct Result {
   double seconds = 0;
+  double batch_seconds = 0;      // per mini-batch while RUNNING (coordinator's throughput)
   std::vector<double> buffered;  // per stage
   double backward_message_bytes = 0;
 };
@@ -49,6 +55,10 @@ Result Run(const std::string& yaml, int stages) {
   if (!st.ok() || st->state() != stagewise::v1::SUCCEEDED) {
     std::cerr << "job failed: " << (st.ok() ? st->reason() : st.status().ToString()) << "\n";
     std::exit(1);
+  }
+  if (st->samples_per_second() > 0) {
+    auto spec = stagewise::ParseJobSpec(yaml);
+    r.batch_seconds = static_cast<double>(spec->batch_size) / st->samples_per_second();
   }
   const auto& summary = st->summary();
   auto get = [&](int j, const std::string& key) {
@@ -70,20 +80,58 @@ std::string Human(double bytes) {
 
 }  // namespace
 
+int Interlock(const std::string& base, int64_t steps, int J) {
+  std::cout << absl::StrFormat("nwise on %d stages, %d steps per run\n", J, steps);
+  std::vector<stagewise::timing::InterlockSample> samples;
+  struct Measured {
+    int64_t n, m;
+    double seconds;
+  };
+  std::vector<Measured> runs;
+  for (int64_t n : std::vector<int64_t>{1, 2, J}) {
+    for (int64_t m : {1, 2, 4}) {
+      const std::string yaml =
+          base + absl::StrCat("stages: ", J, "\nalgorithm: {name: nwise, n: ", n,
+                              ", micro_batches: ", m, ", aux_head: 'conv:16,16'}\n");
+      const Result r = Run(yaml, J);
+      runs.push_back({n, m, r.batch_seconds});
+      samples.push_back({J, m, n, r.batch_seconds});
+      std::cerr << "n=" << n << " M=" << m << ": " << r.batch_seconds << " s/batch\n";
+    }
+  }
+  auto fit = stagewise::timing::FitMicroBatchCost(samples);
+  if (!fit.ok()) {
+    std::cerr << fit.status() << "\n";
+    return 1;
+  }
+  std::cout << absl::StrFormat("fitted c0 = %.4f s, c1 = %.4f s\n", fit->c0, fit->c1);
+  std::cout << absl::StrFormat("%-4s %-4s %12s %12s %8s\n", "n", "M", "measured s", "T(A,M,N) s",
+                               "ratio");
+  for (const auto& run : runs) {
+    const double predicted = *stagewise::timing::InterlockTimePerBatch(J, run.m, run.n, *fit);
+    std::cout << absl::StrFormat("%-4d %-4d %12.4f %12.4f %8.2f\n", run.n, run.m, run.seconds,
+                                 predicted, run.seconds / predicted);
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  const bool interlock = !args.empty() && args[0] == "--interlock";
+  if (interlock) args.erase(args.begin());
   std::string base = kDefaultJob;
-  if (argc > 1 && std::string(argv[1]) != "-") {
-    auto spec_text = std::ifstream(argv[1]);
+  if (!args.empty() && args[0] != "-") {
+    auto spec_text = std::ifstream(args[0]);
     if (!spec_text) {
-      std::cerr << "cannot read " << argv[1] << "\n";
+      std::cerr << "cannot read " << args[0] << "\n";
       return 2;
     }
     base.assign(std::istreambuf_iterator<char>(spec_text), {});
   }
-  const int64_t steps = argc > 2 ? std::stoll(argv[2]) : 40;
+  const int64_t steps = args.size() > 1 ? std::stoll(args[1]) : 40;
   std::vector<int> stage_counts;
-  for (int i = 3; i < argc; ++i) stage_counts.push_back(std::stoi(argv[i]));
-  if (stage_counts.empty()) stage_counts = {2, 4};
+  for (size_t i = 2; i < args.size(); ++i) stage_counts.push_back(std::stoi(args[i]));
+  if (stage_counts.empty()) stage_counts = interlock ? std::vector<int>{4} : std::vector<int>{2, 4};
   auto spec = stagewise::ParseJobSpec(base + "steps: 1\n");
   if (!spec.ok()) {
     std::cerr << spec.status() << "\n";
@@ -91,6 +139,7 @@ int main(int argc, char** argv) {
   }
   const int64_t batch = spec->batch_size;
   base += absl::StrCat("steps: ", steps, "\n");
+  if (interlock) return Interlock(base, steps, stage_counts.front());
   std::cout << absl::StrFormat(
       "%s, batch %d, %d steps per run, %d intra-op threads shared by all stages\n",
       spec->model.name, batch, steps, at::get_num_threads());
@@ -105,15 +154,22 @@ int main(int argc, char** argv) {
       {"delayed current", "{name: delayed, weights: current}"},
       {"petra", "{name: petra}"},
       {"petra k=4", "{name: petra, accumulation: 4}"},
+      {"features_replay", "features_replay"},
+      {"nwise n=1", "{name: nwise, n: 1, aux_head: 'conv:16,16'}"},
+      {"nwise n=2", "{name: nwise, n: 2, aux_head: 'conv:16,16'}"},
+      {"nwise n=J", "{name: nwise, n: J, aux_head: 'conv:16,16'}"},
   };
   std::cout << absl::StrFormat("%-4s %-20s %10s %8s %10s  %s\n", "J", "algorithm", "samples/s",
                                "vs bp", "bwd msg", "peak buffered per stage (s0/s1/...)");
   for (int J : stage_counts) {
     double backprop_rate = 0;
     for (const Row& row : rows) {
-      const Result r =
-          Run(base + absl::StrCat("stages: ", J, "\nalgorithm: ", row.algorithm, "\n"), J);
-      const double rate = static_cast<double>(steps * batch) / r.seconds;
+      std::string algorithm = row.algorithm;
+      if (auto pos = algorithm.find("n: J"); pos != std::string::npos) {
+        algorithm.replace(pos, 4, absl::StrCat("n: ", J));
+      }
+      const Result r = Run(base + absl::StrCat("stages: ", J, "\nalgorithm: ", algorithm, "\n"), J);
+      const double rate = static_cast<double>(batch) / r.batch_seconds;
       if (backprop_rate == 0) backprop_rate = rate;
       std::vector<std::string> per_stage;
       for (double b : r.buffered) per_stage.push_back(Human(b));

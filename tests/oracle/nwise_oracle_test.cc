@@ -226,5 +226,79 @@ TEST(NwiseOracle, MixLocalEqualsTheReferenceOfTheRule) {
   ExpectClose(RunJob(yaml, 3).tensors, Reference(*spec, 2, true));
 }
 
+// FINE-TUNING through phases: 1-wise for S1 steps, then backprop with a new
+// learning rate, a reset optimizer and its own schedule for S2 steps, driven
+// by the coordinator on the same workers. Equals local learning followed by a
+// fresh single-process backprop run on the next mini-batches; the aux heads
+// are gone after the switch.
+TEST(NwisePhases, LocalThenBackpropEqualsTheTwoReferencesInSequence) {
+  const int64_t S1 = 4, S2 = 4;
+  const std::string base = absl::StrCat(R"(name: nwise-finetune
+seed: 11
+model: {name: resnet, depth: 8, width: 4}
+data: {dataset: synthetic, train_size: 128, test_size: 32, shape: [3, 8, 8], classes: 4}
+stages: 3
+optimizer: {name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 1.0e-4}
+schedule: {name: cosine, warmup_epochs: 0.25}
+batch_size: 16
+eval: {every_epochs: 0, at_end: false}
+)");
+  const std::string yaml =
+      base + absl::StrCat(
+                 R"(phases:
+  - {name: local, steps: )",
+                 S1, R"(, algorithm: {name: nwise, n: 1, aux_head: 'conv:8,8'}}
+  - {name: finetune, steps: )",
+                 S2, R"(, algorithm: backprop, optimizer: {lr: 0.01}, schedule: {warmup_epochs: 0}}
+)");
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->phases.size(), 2u);
+  EXPECT_EQ(spec->steps, S1 + S2);
+
+  // Reference: phase 1 is local learning, phase 2 a fresh backprop trainer.
+  auto local = ParseJobSpec(base + absl::StrCat("steps: ", S1,
+                                                "\nalgorithm: {name: nwise, n: 1, "
+                                                "aux_head: 'conv:8,8'}\n"));
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto after_local = Reference(*local, 1, false);
+  auto finetune = ParseJobSpec(base + absl::StrCat("steps: ", S2, "\nalgorithm: backprop\n"));
+  ASSERT_TRUE(finetune.ok());
+  finetune->optimizer.lr = 0.01;
+  finetune->schedule.warmup_epochs = 0;
+  auto trainer = training::ReferenceTrainer::Create(*finetune);
+  ASSERT_TRUE(trainer.ok());
+  auto& ref = **trainer;
+  {
+    torch::NoGradGuard g;
+    for (const auto& item : ref.model().named_parameters())
+      item.value().copy_(after_local.at(item.key()));
+    for (const auto& item : ref.model().named_buffers())
+      item.value().copy_(after_local.at(item.key()));
+  }
+  const int64_t per_epoch = ref.train_sampler().batches_per_epoch();
+  const double lr = training::BaseLearningRate(finetune->optimizer, finetune->batch_size);
+  for (int64_t t = 0; t < S2; ++t) {
+    const int64_t g = S1 + t;  // the data continues where phase 1 stopped
+    ref.Step(ref.train_sampler().Get(g / per_epoch, g % per_epoch),
+             training::LearningRateAt(finetune->schedule, lr, t, per_epoch, S2));
+  }
+
+  testing::Cluster cluster({.workers = 3});
+  ASSERT_TRUE(cluster.WaitForWorkers(3));
+  auto id = cluster.manager().Submit(yaml);
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto st = cluster.WaitForJob(*id);
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->state(), v1::SUCCEEDED) << st->reason();
+  EXPECT_EQ(st->num_phases(), 2);
+  EXPECT_EQ(st->phase(), 1);
+  EXPECT_EQ(st->phase_name(), "finetune");
+  EXPECT_EQ(st->step(), S1 + S2);
+  std::map<std::string, torch::Tensor> got = cluster.StageTensors(*id, false);
+  for (auto& [name, v] : cluster.StageTensors(*id, true)) got[name] = v;
+  ExpectClose(got, Tensors(ref.model()));
+}
+
 }  // namespace
 }  // namespace stagewise

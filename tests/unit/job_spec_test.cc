@@ -224,7 +224,7 @@ TEST(JobSpecTest, EveryAlgorithmGetsItsDefaults) {
       {"backprop", {{"micro_batches", "1"}, {"schedule", "gpipe"}, {"recompute", "false"}}},
       {"delayed", {{"weights", "stash"}, {"max_in_flight", "0"}}},
       {"features_replay", {}},
-      {"petra", {{"accumulation", "1"}}},
+      {"petra", {{"accumulation", "1"}, {"verify_rebuild", "false"}}},
       {"nwise", {{"n", "2"}, {"mix_local", "false"}, {"micro_batches", "1"}, {"aux_head", "conv"}}},
       {"auxnet",
        {{"beta", "1"},
@@ -258,14 +258,15 @@ TEST(JobSpecTest, AlgorithmParamsAreCanonical) {
 }
 
 TEST(JobSpecTest, Accessors) {
-  const JobSpec spec = ParseOk(SpecYaml(
-      {{"algorithm", "{name: nwise, n: 3, mix_local: true, micro_batches: 2, aux_head: mlp}"},
-       {"stages", "4"}}));
+  const JobSpec spec = ParseOk(
+      SpecYaml({{"algorithm",
+                 "{name: nwise, n: 3, mix_local: true, micro_batches: 2, aux_head: 'conv:32,16'}"},
+                {"stages", "4"}}));
   const AlgorithmSpec& a = spec.algorithm;
   EXPECT_EQ(a.GetInt("n"), 3);
   EXPECT_TRUE(a.GetBool("mix_local"));
   EXPECT_EQ(a.GetInt("micro_batches"), 2);
-  EXPECT_EQ(a.GetString("aux_head"), "mlp");
+  EXPECT_EQ(a.GetString("aux_head"), "conv:32,16");
   EXPECT_DOUBLE_EQ(a.GetDouble("n"), 3.0);  // an integer reads as a number too
 
   // A parameter the algorithm does not have is a programming error.
@@ -298,8 +299,10 @@ TEST(JobSpecTest, CompleteAlgorithmSpecForHandBuiltSpecs) {
 
   AlgorithmSpec bad_key{"petra", {{"n", "2"}}};
   status = CompleteAlgorithmSpec(&bad_key);
-  EXPECT_THAT(std::string(status.message()),
-              StartsWith("algorithm.n: unknown key for algorithm petra (known: accumulation)"));
+  EXPECT_THAT(
+      std::string(status.message()),
+      StartsWith(
+          "algorithm.n: unknown key for algorithm petra (known: accumulation, verify_rebuild)"));
 
   AlgorithmSpec bad_name{"petro", {}};
   status = CompleteAlgorithmSpec(&bad_name);
@@ -770,6 +773,118 @@ TEST(JobSpecTest, EveryExampleParses) {
   }
   RecordProperty("examples", static_cast<int>(results.size()));
   std::cout << "[ INFO     ] parsed " << results.size() << " example spec(s)\n";
+}
+
+}  // namespace
+}  // namespace stagewise
+
+namespace stagewise {
+namespace {
+
+std::string ParseError(const std::string& text) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(text);
+  EXPECT_FALSE(spec.ok()) << text;
+  return spec.ok() ? std::string() : std::string(spec.status().message());
+}
+
+TEST(JobSpecPhases, InheritOptimizerAndScheduleAndSumTheLength) {
+  const JobSpec spec = ParseOk(SpecYaml({{"epochs", ""},
+                                         {"stages", "3"},
+                                         {"optimizer", "{lr: 0.1, momentum: 0.8}"},
+                                         {"schedule", "{name: cosine, warmup_epochs: 0.5}"},
+                                         {"phases", R"(
+  - {name: local, epochs: 2, algorithm: {name: nwise, n: 1}}
+  - name: finetune
+    epochs: 0.5
+    algorithm: backprop
+    optimizer: {lr: 0.01}
+    schedule: {warmup_epochs: 0}
+    reset_optimizer: false)"}}));
+  ASSERT_EQ(spec.phases.size(), 2u);
+  EXPECT_EQ(spec.phases[0].name, "local");
+  EXPECT_EQ(spec.phases[0].algorithm.GetInt("n"), 1);
+  EXPECT_DOUBLE_EQ(spec.phases[0].optimizer.lr, 0.1);
+  EXPECT_TRUE(spec.phases[0].reset_optimizer);
+  EXPECT_EQ(spec.phases[1].algorithm.name, "backprop");
+  EXPECT_DOUBLE_EQ(spec.phases[1].optimizer.lr, 0.01);
+  EXPECT_DOUBLE_EQ(spec.phases[1].optimizer.momentum, 0.8);  // inherited
+  EXPECT_EQ(spec.phases[1].schedule.name, "cosine");         // inherited
+  EXPECT_DOUBLE_EQ(spec.phases[1].schedule.warmup_epochs, 0);
+  EXPECT_FALSE(spec.phases[1].reset_optimizer);
+  EXPECT_EQ(spec.algorithm.name, "nwise");  // the first phase's
+  EXPECT_DOUBLE_EQ(spec.epochs, 2.5);
+  EXPECT_EQ(Phases(spec).size(), 2u);
+}
+
+TEST(JobSpecPhases, WithoutPhasesThereIsOneFromTheTopLevel) {
+  const JobSpec spec = ParseOk(SpecYaml({{"algorithm", "{name: petra, accumulation: 2}"}}));
+  const std::vector<PhaseSpec> phases = Phases(spec);
+  ASSERT_EQ(phases.size(), 1u);
+  EXPECT_EQ(phases[0].algorithm.GetInt("accumulation"), 2);
+  EXPECT_DOUBLE_EQ(phases[0].epochs, 1);
+}
+
+TEST(JobSpecPhases, ErrorsNameThePhaseAndTheKey) {
+  const std::string one = "[{epochs: 1, algorithm: backprop}]";
+  EXPECT_THAT(ParseError(SpecYaml({{"phases", one}})),
+              HasSubstr("epochs: not allowed with phases"));
+  EXPECT_THAT(ParseError(SpecYaml({{"epochs", ""}, {"algorithm", "backprop"}, {"phases", one}})),
+              HasSubstr("algorithm: not allowed with phases"));
+  EXPECT_THAT(ParseError(SpecYaml({{"epochs", ""}, {"phases", "[]"}})), HasSubstr("phases"));
+  EXPECT_THAT(ParseError(SpecYaml({{"epochs", ""}, {"phases", "[{epochs: 1}]"}})),
+              StartsWith("phases[0].algorithm: required"));
+  EXPECT_THAT(ParseError(SpecYaml({{"epochs", ""},
+                                   {"phases",
+                                    "[{epochs: 1, algorithm: backprop}, "
+                                    "{epochs: 1, algorithm: {name: nwise, n: 0}}]"}})),
+              StartsWith("phases[1].algorithm.n: must be >= 1"));
+  EXPECT_THAT(ParseError(SpecYaml({{"epochs", ""},
+                                   {"phases",
+                                    "[{epochs: 1, algorithm: backprop, "
+                                    "optimizer: {lr: -1}}]"}})),
+              StartsWith("phases[0].optimizer.lr"));
+  EXPECT_THAT(ParseError(SpecYaml({{"epochs", ""},
+                                   {"phases",
+                                    "[{epochs: 1, algorithm: backprop}, "
+                                    "{steps: 5, algorithm: backprop}]"}})),
+              HasSubstr("every phase's length in epochs"));
+  EXPECT_THAT(ParseError(SpecYaml(
+                  {{"epochs", ""}, {"phases", "[{epochs: 1, steps: 2, algorithm: backprop}]"}})),
+              StartsWith("phases[0].epochs: set exactly one"));
+  EXPECT_THAT(ParseError(SpecYaml(
+                  {{"epochs", ""}, {"phases", "[{epochs: 1, algorithm: backprop, lr: 1}]"}})),
+              HasSubstr("phases[0].lr"));
+}
+
+TEST(JobSpecAuxHead, ParsesTheKnownHeadsAndRejectsOthers) {
+  EXPECT_TRUE(ParseAuxHeadSpec("linear")->conv_channels.empty());
+  EXPECT_THAT(ParseAuxHeadSpec("conv")->conv_channels, ElementsAre(128, 64));
+  EXPECT_THAT(ParseAuxHeadSpec("conv:32,16,8")->conv_channels, ElementsAre(32, 16, 8));
+  for (const char* bad : {"mlp", "conv:", "conv:0", "conv:a,2"}) {
+    EXPECT_THAT(std::string(ParseAuxHeadSpec(bad).status().message()),
+                StartsWith("algorithm.aux_head"))
+        << bad;
+  }
+  EXPECT_THAT(
+      ParseError(SpecYaml({{"algorithm", "{name: nwise, n: 1, aux_head: mlp}"}, {"stages", "2"}})),
+      StartsWith("algorithm.aux_head: unknown head 'mlp'"));
+}
+
+}  // namespace
+}  // namespace stagewise
+
+namespace stagewise {
+namespace {
+
+TEST(JobSpecPhases, EveryPhaseAlgorithmGetsItsDefaults) {
+  const JobSpec spec = ParseOk(SpecYaml(
+      {{"epochs", ""},
+       {"stages", "2"},
+       {"phases", "[{steps: 2, algorithm: {name: nwise, n: 1}}, {steps: 2, algorithm: petra}]"}}));
+  ASSERT_EQ(spec.phases.size(), 2u);
+  EXPECT_FALSE(spec.phases[0].algorithm.GetBool("mix_local"));
+  EXPECT_EQ(spec.phases[0].algorithm.GetString("aux_head"), "conv");
+  EXPECT_EQ(spec.phases[1].algorithm.GetInt("accumulation"), 1);
 }
 
 }  // namespace

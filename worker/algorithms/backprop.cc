@@ -38,8 +38,7 @@ class Backprop : public Algorithm {
       loss_ = 0;
       samples_ = 0;
       if (ctx.first()) {
-        data::Batch b =
-            ctx.TrainBatch(step);
+        data::Batch b = ctx.TrainBatch(step);
         batch_size_ = b.y.size(0);
         std::vector<int64_t> sizes;
         for (int m = 0; m < M; ++m) sizes.push_back(batch_size_ / M + (m < batch_size_ % M));

@@ -64,7 +64,9 @@ class Nwise : public Algorithm {
  private:
   int64_t own(int64_t j) const { return std::min(j + n_ - 1, J_ - 1); }
   // The lowest stage the gradient of L_m reaches (negative: none trained).
-  int64_t lower(int64_t m) const { return m == J_ - 1 ? std::max<int64_t>(J_ - n_, 0) : m - n_ + 1; }
+  int64_t lower(int64_t m) const {
+    return m == J_ - 1 ? std::max<int64_t>(J_ - n_, 0) : m - n_ + 1;
+  }
   // Whether L_m's gradient leaves stage m at all.
   bool travels(int64_t m) const { return n_ > 1 && m > 0 && lower(m) >= 0 && lower(m) < m; }
   // Whether L_j (j < J-1) trains any main parameters; if not, no aux head.
@@ -253,8 +255,10 @@ class Nwise : public Algorithm {
     ctx.stage_metrics().ObserveCompute("step", Since(t0));
     ctx.stage_metrics().IncSteps();
     ctx.stage_metrics().SetStaleness(0);
-    if (ctx.last()) ctx.ReportStep(t + 1, loss_sum, samples);
-    else ctx.ReportStep(t + 1, 0.0, samples);
+    if (ctx.last())
+      ctx.ReportStep(t + 1, loss_sum, samples);
+    else
+      ctx.ReportStep(t + 1, 0.0, samples);
     if (head_ && !ctx.last()) {
       local_loss_ = loss_sum;
       ctx.Summarize("local_loss", local_loss_);
