@@ -74,6 +74,7 @@ struct LocalArgs {
   bool keep_logs = false;
   bool quiet = false;
   std::string output = "text";
+  int64_t steps = -1;  // >= 1: run this many steps (each phase, with phases)
 };
 
 std::string VersionString();

@@ -271,6 +271,14 @@ int LocalRun::Run() {
     text << in.rdbuf();
     yaml = text.str();
   }
+  if (args_.steps > 0) {
+    auto shortened = OverrideSteps(yaml, args_.steps);
+    if (!shortened.ok()) {
+      err_ << "error: " << args_.job_path << ": " << shortened.status().message() << "\n";
+      return kExitInvalid;
+    }
+    yaml = *std::move(shortened);
+  }
   const int stages = spec->stages.ranges.empty() ? spec->stages.count
                                                  : static_cast<int>(spec->stages.ranges.size());
   const int num_workers = args_.workers > 0 ? args_.workers : std::max(1, stages);

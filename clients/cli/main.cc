@@ -113,6 +113,11 @@ int main(int argc, char** argv) {
       ->add_option("--threads", local.threads,
                    "LibTorch threads per worker (default: max(1, cores / workers))")
       ->check(CLI::PositiveNumber);
+  local_cmd
+      ->add_option("--steps", local.steps,
+                   "Run this many steps instead of the spec's length (each phase this many, "
+                   "for jobs with phases); handy for smoke runs")
+      ->check(CLI::PositiveNumber);
   local_cmd->add_flag("--keep-logs", local.keep_logs,
                       "Keep the processes' logs and database and print where they are");
   local_cmd->add_flag("-q,--quiet", local.quiet, "No progress, only the result");

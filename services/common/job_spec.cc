@@ -1269,4 +1269,27 @@ std::vector<PhaseSpec> Phases(const JobSpec& spec) {
   return {only};
 }
 
+absl::StatusOr<std::string> OverrideSteps(const std::string& yaml_text, int64_t steps) {
+  try {
+    YAML::Node root = YAML::Load(yaml_text);
+    if (!root.IsMap()) return absl::InvalidArgumentError("job spec: expected a map of keys");
+    auto set = [steps](YAML::Node node) {
+      node.remove("epochs");
+      node["steps"] = steps;
+    };
+    if (root["phases"] && root["phases"].IsSequence()) {
+      for (YAML::Node phase : root["phases"]) {
+        if (phase.IsMap()) set(phase);
+      }
+    } else {
+      set(root);
+    }
+    YAML::Emitter out;
+    out << root;
+    return std::string(out.c_str());
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: ", e.what()));
+  }
+}
+
 }  // namespace stagewise

@@ -149,6 +149,11 @@ struct JobSpec {
   std::vector<PhaseSpec> phases;
 };
 
+// The job text with its length replaced by `steps` (smoke runs): the
+// top-level epochs/steps, or with phases every phase's. Comments and key
+// order are not kept. INVALID_ARGUMENT if the text is not a YAML map.
+absl::StatusOr<std::string> OverrideSteps(const std::string& yaml_text, int64_t steps);
+
 // The phases to run: the explicit ones, or one phase made of the top-level
 // algorithm, optimizer, schedule and length.
 std::vector<PhaseSpec> Phases(const JobSpec& spec);

@@ -171,4 +171,19 @@ TEST_F(Cli, EveryExampleTrainsTwoSteps) {
   EXPECT_GE(n, 3);
 }
 
+// The same through the real algorithms: a coordinator and one worker process
+// per stage, two steps (per phase) each.
+TEST_F(Cli, EveryExampleRunsTwoStepsOnLocalWorkers) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(std::string(STAGEWISE_SOURCE_DIR) + "/examples")) {
+    if (e.path().extension() != ".yaml") continue;
+    Result r = Stagewise("local -q -o json --threads 1 --steps 2 " + e.path().string());
+    EXPECT_EQ(r.code, 0) << e.path() << ": " << r.err;
+    EXPECT_NE(r.out.find("\"state\":\"SUCCEEDED\""), std::string::npos)
+        << e.path() << ": " << r.out;
+    ++n;
+  }
+  EXPECT_GE(n, 3);
+}
+
 }  // namespace
