@@ -1,6 +1,8 @@
 #include "coordinator/timing_model.h"
 
 #include <cmath>
+#include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -60,6 +62,41 @@ absl::StatusOr<MicroBatchCost> FitMicroBatchCost(const std::vector<InterlockSamp
         "samples: need runs with at least two different micro-batch counts to fit c0 and c1");
   }
   return MicroBatchCost{(ut * vv - vt * uv) / det, (vt * uu - ut * uv) / det};
+}
+
+namespace {
+
+absl::Status CheckTimes(const AuxNetTimes& t) {
+  const std::pair<const char*, double> fields[] = {
+      {"T_d", t.data},      {"T_f", t.forward},         {"T_b", t.backward},
+      {"t_psi", t.penalty}, {"t_f_aux", t.aux_forward}, {"t_b_aux", t.aux_backward}};
+  for (const auto& [name, value] : fields) {
+    if (!(value >= 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": must be >= 0, got ", value));
+    }
+  }
+  if (t.data + t.forward + t.backward <= 0) {
+    return absl::InvalidArgumentError("T_d + T_f + T_b: must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<double> AuxNetSpeedup(int64_t K, const AuxNetTimes& t) {
+  if (K < 1) return absl::InvalidArgumentError(absl::StrCat("K: must be >= 1, got ", K));
+  if (absl::Status s = CheckTimes(t); !s.ok()) return s;
+  const double serial = t.data + t.forward + t.backward;
+  const double parallel = t.data + (t.forward + t.backward) / static_cast<double>(K) + t.penalty +
+                          t.aux_forward + t.aux_backward;
+  return serial / parallel;
+}
+
+absl::StatusOr<double> AuxNetSpeedupBound(const AuxNetTimes& t) {
+  if (absl::Status s = CheckTimes(t); !s.ok()) return s;
+  const double overhead = t.data + t.penalty + t.aux_forward + t.aux_backward;
+  if (overhead <= 0) return std::numeric_limits<double>::infinity();
+  return (t.data + t.forward + t.backward) / overhead;
 }
 
 }  // namespace stagewise::timing

@@ -51,6 +51,28 @@ struct InterlockSample {
 // least two distinct s/M ratios; FAILED_PRECONDITION otherwise.
 absl::StatusOr<MicroBatchCost> FitMicroBatchCost(const std::vector<InterlockSample>& samples);
 
+// Layer-parallel training with auxiliary-variable networks (seed 004,
+// Sec. 4.2.1): per iteration, layer-serial training costs T_d + T_f + T_b
+// (data, forward, backward); K-way layer-parallel training costs
+// T_d + (T_f + T_b)/K + t_psi + t_f_aux + t_b_aux (local penalty losses, AuxNet
+// forward and distillation). Eq. (27):
+//   rho = (T_d + T_f + T_b) / (T_d + (T_f + T_b)/K + t_psi + t_f_aux + t_b_aux)
+// bounded above (K -> infinity) by
+//   (T_d + T_f + T_b) / (T_d + t_psi + t_f_aux + t_b_aux).
+struct AuxNetTimes {
+  double data = 0;          // T_d
+  double forward = 0;       // T_f, the whole network, layer-serial
+  double backward = 0;      // T_b
+  double penalty = 0;       // t_psi
+  double aux_forward = 0;   // t_f^(lambda)
+  double aux_backward = 0;  // t_b^(lambda)
+};
+
+// rho(K); INVALID_ARGUMENT for K < 1 or a negative time.
+absl::StatusOr<double> AuxNetSpeedup(int64_t K, const AuxNetTimes& t);
+// The K -> infinity limit; infinite when the overheads are all zero.
+absl::StatusOr<double> AuxNetSpeedupBound(const AuxNetTimes& t);
+
 }  // namespace stagewise::timing
 
 #endif  // STAGEWISE_COORDINATOR_TIMING_MODEL_H_

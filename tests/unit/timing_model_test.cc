@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 namespace stagewise::timing {
 namespace {
 
@@ -113,6 +115,44 @@ TEST(FitMicroBatchCost, NeedsTwoMicroBatchCounts) {
   std::vector<InterlockSample> samples = {{4, 1, 1, 1.0}, {4, 1, 2, 2.0}, {4, 1, 4, 4.0}};
   EXPECT_EQ(FitMicroBatchCost(samples).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(FitMicroBatchCost({}).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(AuxNetSpeedup, IsEquation27) {
+  const AuxNetTimes t{.data = 0.1,
+                      .forward = 1.0,
+                      .backward = 2.0,
+                      .penalty = 0.05,
+                      .aux_forward = 0.1,
+                      .aux_backward = 0.15};
+  // K = 3: 3.1 / (0.1 + 1 + 0.05 + 0.25) = 3.1 / 1.4.
+  EXPECT_DOUBLE_EQ(*AuxNetSpeedup(3, t), 3.1 / 1.4);
+  // The layer-parallel run with K = 1 only adds overhead: below 1.
+  EXPECT_LT(*AuxNetSpeedup(1, t), 1.0);
+  // Increasing in K, below the bound, and tending to it.
+  double previous = 0;
+  for (int64_t K = 1; K <= 1024; K *= 2) {
+    const double rho = *AuxNetSpeedup(K, t);
+    EXPECT_GT(rho, previous);
+    EXPECT_LT(rho, *AuxNetSpeedupBound(t));
+    previous = rho;
+  }
+  EXPECT_DOUBLE_EQ(*AuxNetSpeedupBound(t), 3.1 / 0.4);
+  EXPECT_NEAR(*AuxNetSpeedup(1 << 20, t), *AuxNetSpeedupBound(t), 1e-3);
+  // Without overheads the speed-up is K and unbounded.
+  const AuxNetTimes ideal{.forward = 1.0, .backward = 2.0};
+  EXPECT_DOUBLE_EQ(*AuxNetSpeedup(4, ideal), 4.0);
+  EXPECT_TRUE(std::isinf(*AuxNetSpeedupBound(ideal)));
+}
+
+TEST(AuxNetSpeedup, RejectsBadArguments) {
+  const AuxNetTimes t{.forward = 1.0};
+  EXPECT_EQ(AuxNetSpeedup(0, t).status().code(), absl::StatusCode::kInvalidArgument);
+  AuxNetTimes negative = t;
+  negative.penalty = -1;
+  auto s = AuxNetSpeedup(2, negative);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("t_psi"), std::string::npos);
+  EXPECT_EQ(AuxNetSpeedupBound(AuxNetTimes{}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
