@@ -14,8 +14,8 @@ namespace {
 
 // Algorithms the workers of this version run; later issues add the others.
 const std::vector<std::string>& AvailableAlgorithms() {
-  static const std::vector<std::string> names = {"backprop", "delayed", "petra", "features_replay",
-                                                 "nwise"};
+  static const std::vector<std::string> names = {"backprop",        "delayed", "petra",
+                                                 "features_replay", "nwise",   "auxnet"};
   return names;
 }
 
@@ -99,10 +99,12 @@ absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml) {
   auto spec = ParseJobSpec(yaml);
   if (!spec.ok()) return spec.status();
   const auto& available = AvailableAlgorithms();
-  if (std::find(available.begin(), available.end(), spec->algorithm.name) == available.end()) {
-    return absl::UnimplementedError(
-        absl::StrCat("algorithm: '", spec->algorithm.name,
-                     "' is not available yet (available: ", absl::StrJoin(available, ", "), ")"));
+  for (const PhaseSpec& phase : Phases(*spec)) {
+    if (std::find(available.begin(), available.end(), phase.algorithm.name) == available.end()) {
+      return absl::UnimplementedError(
+          absl::StrCat("algorithm: '", phase.algorithm.name,
+                       "' is not available yet (available: ", absl::StrJoin(available, ", "), ")"));
+    }
   }
   auto plan = models::PlanModel(spec->model);
   if (!plan.ok()) return plan.status();

@@ -332,8 +332,8 @@ const std::vector<AlgorithmSchema>& AlgorithmSchemas() {
       {"auxnet",
        {DoubleParam("beta", 1.0, 0.0, /*min_exclusive=*/true),
         DoubleParam("beta_factor", 1.0, 1.0, false), IntParam("beta_every_epochs", 0, 0),
-        DoubleParam("aux_lr", 0.1, 0.0, false), StringParam("auxnet", "resnet"),
-        DoubleParam("noise_std", 0.0, 0.0, false)}},
+        DoubleParam("aux_lr", 0.1, 0.0, false), EnumParam("auxnet", "resnet", {"resnet", "conv"}),
+        IntParam("serial_loss_every", 10, 0), DoubleParam("noise_std", 0.0, 0.0, false)}},
   };
   return *kSchemas;
 }
@@ -1291,5 +1291,7 @@ absl::StatusOr<std::string> OverrideSteps(const std::string& yaml_text, int64_t 
     return absl::InvalidArgumentError(absl::StrCat("job spec: ", e.what()));
   }
 }
+
+std::vector<std::string> KnownAlgorithms() { return AlgorithmNames(); }
 
 }  // namespace stagewise

@@ -69,6 +69,9 @@ struct AuxHeadSpec {
 };
 absl::StatusOr<AuxHeadSpec> ParseAuxHeadSpec(const std::string& text);
 
+// Every algorithm name the job spec accepts, in schema order.
+std::vector<std::string> KnownAlgorithms();
+
 // k, the number of backward passes a stage accumulates before it steps
 // (petra's `accumulation`; 1 for every other algorithm).
 int64_t AccumulationFactor(const AlgorithmSpec& spec);

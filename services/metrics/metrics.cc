@@ -133,6 +133,7 @@ struct StageSeries {
   std::map<std::string, Histogram*, std::less<>> compute;  // by phase
   std::map<std::string, Gauge*, std::less<>> memory;       // by kind
   std::map<std::string, Gauge*, std::less<>> message;      // by message kind
+  std::map<std::string, Gauge*, std::less<>> value;        // algorithm values by name
 };
 
 class StageFamilies {
@@ -174,6 +175,11 @@ class StageFamilies {
                    .Name("stagewise_stage_steps_total")
                    .Help("Optimizer steps taken by the stage.")
                    .Register(registry)),
+        value_(prometheus::BuildGauge()
+                   .Name("stagewise_stage_algorithm_value")
+                   .Help("Algorithm-specific quantities by name (auxnet: constraint_violation, "
+                         "penalty_loss, local_loss, serial_loss).")
+                   .Register(registry)),
         message_(prometheus::BuildGauge()
                      .Name("stagewise_stage_message_bytes")
                      .Help("Size of the last message the stage sent, by message kind (forward, "
@@ -190,6 +196,7 @@ class StageFamilies {
     registry.Remove(memory_);
     registry.Remove(steps_);
     registry.Remove(message_);
+    registry.Remove(value_);
   }
 
   StageSeries* AcquireSeries(const Labels& base) {
@@ -229,6 +236,7 @@ class StageFamilies {
       for (const auto& [phase, histogram] : series->compute) compute_.Remove(histogram);
       for (const auto& [kind, gauge] : series->memory) memory_.Remove(gauge);
       for (const auto& [kind, gauge] : series->message) message_.Remove(gauge);
+      for (const auto& [name, gauge] : series->value) value_.Remove(gauge);
     }
     series_.erase(it);
   }
@@ -242,6 +250,11 @@ class StageFamilies {
   Gauge* Memory(StageSeries& series, absl::string_view kind) {
     return LookupOrAdd(series.mu, series.memory, kind,
                        [&] { return &memory_.Add(With(series.base, "kind", std::string(kind))); });
+  }
+
+  Gauge* Value(StageSeries& series, absl::string_view name) {
+    return LookupOrAdd(series.mu, series.value, name,
+                       [&] { return &value_.Add(With(series.base, "name", std::string(name))); });
   }
 
   Gauge* Message(StageSeries& series, absl::string_view kind) {
@@ -258,6 +271,7 @@ class StageFamilies {
   Family<Gauge>& staleness_;
   Family<Gauge>& memory_;
   Family<Counter>& steps_;
+  Family<Gauge>& value_;
   Family<Gauge>& message_;
   absl::Mutex mu_;
   std::map<Labels, std::unique_ptr<StageSeries>> series_ ABSL_GUARDED_BY(mu_);
@@ -496,6 +510,10 @@ void StageMetrics::SetMemory(const std::string& kind, int64_t bytes) {
 
 void StageMetrics::SetMessageBytes(const std::string& kind, int64_t bytes) {
   impl_->families->Message(*impl_->series, kind)->Set(static_cast<double>(bytes));
+}
+
+void StageMetrics::SetValue(const std::string& name, double value) {
+  impl_->families->Value(*impl_->series, name)->Set(value);
 }
 
 void StageMetrics::IncSteps() { impl_->series->steps->Increment(); }

@@ -47,6 +47,7 @@ class MetricsServer {
 //   stagewise_stage_memory_bytes{kind}            gauge: inputs | activations | parameters | gradients
 //   stagewise_stage_steps_total                   counter: optimizer steps
 //   stagewise_stage_message_bytes{kind}           gauge: size of the last message sent (forward, backward, eval)
+//   stagewise_stage_algorithm_value{name}         gauge: algorithm-specific quantities (auxnet: constraint_violation, ...)
 // clang-format on
 // Thread-safe; cheap enough to call per message.
 // Objects for the same registry share its families; objects with the same
@@ -65,6 +66,7 @@ class StageMetrics {
   void SetStaleness(int64_t steps);
   void SetMemory(const std::string& kind, int64_t bytes);
   void SetMessageBytes(const std::string& kind, int64_t bytes);
+  void SetValue(const std::string& name, double value);
   void IncSteps();
   // Totals for summaries and tests.
   double idle_seconds() const;

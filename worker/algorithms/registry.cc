@@ -9,6 +9,7 @@ std::unique_ptr<Algorithm> MakeDelayed(const AlgorithmSpec& spec);
 std::unique_ptr<Algorithm> MakePetra(const AlgorithmSpec& spec);
 std::unique_ptr<Algorithm> MakeFeaturesReplay(const AlgorithmSpec& spec);
 std::unique_ptr<Algorithm> MakeNwise(const AlgorithmSpec& spec);
+std::unique_ptr<Algorithm> MakeAuxNet(const AlgorithmSpec& spec);
 
 absl::StatusOr<std::unique_ptr<Algorithm>> MakeAlgorithm(const AlgorithmSpec& spec) {
   try {
@@ -17,6 +18,7 @@ absl::StatusOr<std::unique_ptr<Algorithm>> MakeAlgorithm(const AlgorithmSpec& sp
     if (spec.name == "petra") return MakePetra(spec);
     if (spec.name == "features_replay") return MakeFeaturesReplay(spec);
     if (spec.name == "nwise") return MakeNwise(spec);
+    if (spec.name == "auxnet") return MakeAuxNet(spec);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("algorithm: ", e.what()));
   }

@@ -1,0 +1,77 @@
+// The auxnet pieces that are plain math or shapes: the auxiliary-variable
+// correction against autograd on the analytic penalty, the constraint
+// violation, and AuxNets reproducing the main network's boundary shapes.
+#include "worker/algorithms/auxnet_math.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "services/models/aux_net.h"
+
+namespace stagewise {
+namespace {
+
+TEST(AuxNetMath, CorrectionIsAGradientStepOnThePenaltyPlusTheLocalLoss) {
+  torch::manual_seed(3);
+  for (double beta : {0.5, 1.0, 40.0}) {
+    const torch::Tensor lambda = torch::randn({4, 3, 5, 5});
+    const torch::Tensor x_prev = torch::randn({4, 3, 5, 5});
+    const torch::Tensor p = torch::randn({4, 3, 5, 5}) * 0.01;
+    const double eta = 0.3;
+    // Autograd on beta * psi(lambda, x_prev) + <p, lambda>: its gradient with
+    // respect to lambda is beta * d psi / d lambda + p.
+    torch::Tensor l = lambda.clone().requires_grad_(true);
+    torch::Tensor objective = beta * torch::mse_loss(l, x_prev) + (p * l).sum();
+    objective.backward();
+    const torch::Tensor want = lambda - eta * l.grad();
+    const torch::Tensor got = worker::CorrectLambda(lambda, x_prev, p, beta, eta);
+    EXPECT_TRUE(torch::allclose(got, want, 1e-6, 1e-6)) << "beta " << beta;
+  }
+}
+
+TEST(AuxNetMath, TheCorrectionMovesLambdaTowardsTheOutputBelow) {
+  const torch::Tensor lambda = torch::ones({2, 8});
+  const torch::Tensor x_prev = torch::zeros({2, 8});
+  const torch::Tensor zero = torch::zeros({2, 8});
+  const torch::Tensor moved = worker::CorrectLambda(lambda, x_prev, zero, 4.0, 1.0);
+  EXPECT_LT(worker::ConstraintViolation(moved, x_prev),
+            worker::ConstraintViolation(lambda, x_prev));
+}
+
+TEST(AuxNetMath, ViolationIsTheNormPerSample) {
+  const torch::Tensor a = torch::zeros({4, 2});
+  const torch::Tensor b = torch::full({4, 2}, 3.0);
+  // || a - b ||_F = sqrt(8 * 9); per sample: / sqrt(4).
+  EXPECT_NEAR(worker::ConstraintViolation(a, b), std::sqrt(72.0) / 2.0, 1e-5);
+}
+
+TEST(AuxNet, ReproducesTheBoundaryShapes) {
+  struct Case {
+    std::vector<int64_t> in, out;
+  };
+  for (const char* kind : {"resnet", "conv"}) {
+    for (const Case& c : std::vector<Case>{{{1, 28, 28}, {16, 28, 28}},
+                                           {{16, 28, 28}, {32, 14, 14}},
+                                           {{64, 7, 7}, {128, 4, 4}},
+                                           {{784}, {100}}}) {
+      auto net = models::MakeAuxNet(kind, c.in, c.out, 7);
+      ASSERT_TRUE(net.ok()) << net.status();
+      std::vector<int64_t> shape = {3};
+      shape.insert(shape.end(), c.in.begin(), c.in.end());
+      torch::Tensor y = (*net)->forward(torch::randn(shape));
+      std::vector<int64_t> want = {3};
+      want.insert(want.end(), c.out.begin(), c.out.end());
+      EXPECT_EQ(y.sizes().vec(), want) << kind;
+    }
+  }
+  EXPECT_EQ(models::MakeAuxNet("mlp", {4}, {4}, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Seeded: the same seed builds the same weights.
+  auto a = models::MakeAuxNet("resnet", {3, 8, 8}, {4, 8, 8}, 11);
+  auto b = models::MakeAuxNet("resnet", {3, 8, 8}, {4, 8, 8}, 11);
+  const torch::Tensor x = torch::randn({2, 3, 8, 8});
+  EXPECT_TRUE(torch::equal((*a)->forward(x), (*b)->forward(x)));
+}
+
+}  // namespace
+}  // namespace stagewise

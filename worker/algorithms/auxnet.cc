@@ -1,0 +1,318 @@
+// auxnet: layer-parallel training with auxiliary-variable networks, penalty
+// method (Sun, Dong et al.; seed 004, Sec. 3.2, 4.1, 4.2 and Algorithm 1);
+// ALGORITHMS.md, "auxnet".
+//
+// Stage k >= 1 owns AuxNet_{k-1}, a low-capacity network with the main
+// network's boundary shapes. Every iteration, on the same mini-batch
+// everywhere:
+//   1. AuxNet chain: lambda_0 is the augmented input batch (stage 0 sends it
+//      up with the labels); stage k computes lambda_k = AuxNet_{k-1}(lambda_{k-1}),
+//      sends it up (the next AuxNet's input) and down (stage k-1's target).
+//   2. Local forward from lambda_k (stage 0 from the data): X_k = F_k(lambda_k).
+//   3. Local loss beta * psi(X_k, lambda_{k+1}) (mean squared error) on every
+//      stage but the last, the classification loss on the last; backward and
+//      step of theta_k. p_k = d loss / d lambda_k.
+//   4. X_k goes up; stage k+1 measures the constraint violation
+//      ||lambda_{k+1} - X_k||, corrects lambda_{k+1} <- lambda_{k+1} -
+//      eta (beta d psi(lambda_{k+1}, X_k) / d lambda + p_{k+1}) and takes one
+//      distillation step of its AuxNet towards the corrected value.
+// Optional Gaussian noise on the lambda a stage trains from; beta grows by
+// beta_factor every beta_every_epochs epochs. Every serial_loss_every steps
+// the stages also run the true serial forward (no graph, statistics frozen)
+// so the last stage can report the real training loss. BatchNorm running
+// statistics move in the local forward, once per sample; evaluation runs the
+// serial forward through the main stages.
+#include <chrono>
+#include <cmath>
+#include <deque>
+
+#include "absl/strings/str_cat.h"
+#include "services/models/aux_net.h"
+#include "services/models/batch_norm.h"
+#include "services/tensor/codec.h"
+#include "services/training/optimizer.h"
+#include "worker/algorithms/auxnet_math.h"
+#include "worker/algorithms/common.h"
+
+namespace stagewise::worker {
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Running mean of a per-step time, reported in the summary for eq. (27).
+struct MeanTime {
+  double sum = 0;
+  int64_t n = 0;
+  void Add(double s) {
+    sum += s;
+    ++n;
+  }
+  double mean() const { return n > 0 ? sum / static_cast<double>(n) : 0.0; }
+};
+
+class AuxNetAlgorithm : public Algorithm {
+ public:
+  explicit AuxNetAlgorithm(const AlgorithmSpec& spec)
+      : beta_(spec.GetDouble("beta")),
+        beta_factor_(spec.GetDouble("beta_factor")),
+        beta_every_epochs_(spec.GetInt("beta_every_epochs")),
+        eta_(spec.GetDouble("aux_lr")),
+        kind_(spec.GetString("auxnet")),
+        noise_std_(spec.GetDouble("noise_std")),
+        serial_every_(spec.GetInt("serial_loss_every")) {}
+
+  absl::Status Run(StageContext& ctx) override {
+    STAGEWISE_RETURN_IF_ERROR(Setup(ctx));
+    const int64_t T = ctx.total_steps();
+    window_ = std::max<int64_t>(1, std::min<int64_t>(10, T / 5));
+    for (int64_t t = 0; t < T; ++t) {
+      STAGEWISE_RETURN_IF_ERROR(ctx.Interrupted());
+      STAGEWISE_RETURN_IF_ERROR(Iteration(ctx, t));
+      if (ctx.EvalDue(t + 1)) STAGEWISE_RETURN_IF_ERROR(RunEvaluation(ctx, t + 1));
+    }
+    Finish(ctx);
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Setup(StageContext& ctx) {
+    if (ctx.first()) return absl::OkStatus();
+    // AuxNet_{k-1} maps stage k-1's input shape to stage k's.
+    auto plan = models::PlanModel(ctx.spec().model);
+    if (!plan.ok()) return plan.status();
+    auto ranges = models::ResolvePartition(ctx.spec().stages, static_cast<int>(plan->size()));
+    if (!ranges.ok()) return ranges.status();
+    const int prev_first = (*ranges)[ctx.stage() - 1].first;
+    const auto& first = ctx.model().blocks().front()->info();
+    auto net = models::MakeAuxNet(kind_, (*plan)[prev_first].in_shape, first.in_shape,
+                                  models::AuxNetSeed(ctx.spec().seed, first.index));
+    if (!net.ok()) return net.status();
+    auxnet_ = *net;
+    auxnet_->to(ctx.device());
+    auxnet_->train();
+    aux_optimizer_ = training::MakeOptimizer(ctx.spec().optimizer, *auxnet_);
+    int64_t params = 0, bytes = 0;
+    for (const auto& p : auxnet_->parameters()) {
+      params += p.numel();
+      bytes += p.numel() * p.element_size();
+    }
+    ctx.Summarize("auxnet_parameters", static_cast<double>(params));
+    ctx.stage_metrics().SetMemory("auxnet_parameters", bytes);
+    return absl::OkStatus();
+  }
+
+  double BetaAt(const StageContext& ctx, int64_t t) const {
+    if (beta_every_epochs_ <= 0 || beta_factor_ == 1.0) return beta_;
+    const int64_t epochs = t / std::max<int64_t>(1, ctx.steps_per_epoch());
+    return beta_ * std::pow(beta_factor_, static_cast<double>(epochs / beta_every_epochs_));
+  }
+
+  void Step(StageContext& ctx, torch::optim::Optimizer& opt, int64_t t) {
+    training::SetLearningRate(opt, ctx.LearningRate(t));
+    opt.step();
+  }
+
+  absl::Status SendAux(StageContext& ctx, bool up, int64_t t, int kind, const torch::Tensor& v,
+                       const v1::TensorProto* labels) {
+    v1::StageMessage m = NewMessage(v1::StageMessage::AUX, t, kind);
+    STAGEWISE_RETURN_IF_ERROR(PutTensor(&m, "lambda", v));
+    if (labels != nullptr) (*m.mutable_tensors())["labels"] = *labels;
+    return up ? ctx.SendToNext(std::move(m)) : ctx.SendToPrev(std::move(m));
+  }
+
+  static absl::StatusOr<torch::Tensor> Expect(const absl::StatusOr<v1::StageMessage>& msg,
+                                              v1::StageMessage::Kind kind, int64_t t, int mb,
+                                              const char* name, torch::Device device,
+                                              v1::TensorProto* labels = nullptr) {
+    if (!msg.ok()) return msg.status();
+    STAGEWISE_RETURN_IF_ERROR(ExpectMessage(*msg, kind, t, mb));
+    if (labels != nullptr) {
+      auto it = msg->tensors().find("labels");
+      if (it == msg->tensors().end()) {
+        return absl::InvalidArgumentError("StageMessage.tensors: AUX message without 'labels'");
+      }
+      *labels = it->second;
+    }
+    return GetTensor(*msg, name, device);
+  }
+
+  absl::Status Iteration(StageContext& ctx, int64_t t) {
+    constexpr int kChain = 0, kSerial = 1;  // AUX micro_batch: what the message carries
+    const double beta = BetaAt(ctx, t);
+    const bool serial = serial_every_ > 0 && ((t + 1) % serial_every_ == 0 || t == 0);
+    // 1. The AuxNet chain.
+    torch::Tensor x, labels, lambda, lambda_prev;
+    v1::TensorProto labels_proto;
+    if (ctx.first()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      data::Batch b = ctx.TrainBatch(t);
+      x = b.x.to(ctx.device());
+      labels = b.y.to(ctx.device());
+      data_time_.Add(Since(t0));
+      if (!ctx.last()) {
+        STAGEWISE_RETURN_IF_ERROR(EncodeTensor(labels, &labels_proto));
+        STAGEWISE_RETURN_IF_ERROR(SendAux(ctx, true, t, kChain, x, &labels_proto));
+      }
+    } else {
+      auto prev = Expect(ctx.ReceiveFromPrev(), v1::StageMessage::AUX, t, kChain, "lambda",
+                         ctx.device(), &labels_proto);
+      if (!prev.ok()) return prev.status();
+      lambda_prev = *prev;
+      if (ctx.last()) {
+        auto y = DecodeTensor(labels_proto);
+        if (!y.ok()) return y.status();
+        labels = y->to(ctx.device());
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      lambda = auxnet_->forward(lambda_prev);  // graph kept for the distillation
+      aux_forward_.Add(Since(t0));
+      if (!ctx.last()) {
+        STAGEWISE_RETURN_IF_ERROR(SendAux(ctx, true, t, kChain, lambda, &labels_proto));
+      }
+      STAGEWISE_RETURN_IF_ERROR(SendAux(ctx, false, t, kChain, lambda, nullptr));
+      x = lambda.detach();
+      if (noise_std_ > 0) x = x + noise_std_ * torch::randn_like(x);
+      x.requires_grad_(true);
+    }
+    // 2. Stage k-1's target, lambda_{k+1}, from above.
+    torch::Tensor target;
+    if (!ctx.last()) {
+      auto up =
+          Expect(ctx.ReceiveFromNext(), v1::StageMessage::AUX, t, kChain, "lambda", ctx.device());
+      if (!up.ok()) return up.status();
+      target = *up;
+    }
+    // 3. Local forward, loss, backward and step.
+    const auto t1 = std::chrono::steady_clock::now();
+    torch::Tensor out = ctx.model().forward(x);
+    const auto t2 = std::chrono::steady_clock::now();
+    forward_time_.Add(std::chrono::duration<double>(t2 - t1).count());
+    if (!ctx.last() && !target.sizes().equals(out.sizes())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StageMessage.tensors['lambda']: shape ", c10::str(target.sizes()),
+                       " does not match the stage output ", c10::str(out.sizes())));
+    }
+    torch::Tensor loss =
+        ctx.last() ? torch::cross_entropy_loss(out, labels) : beta * Penalty(out, target);
+    const auto t3 = std::chrono::steady_clock::now();
+    penalty_time_.Add(std::chrono::duration<double>(t3 - t2).count());
+    ctx.optimizer().zero_grad();
+    loss.backward();
+    Step(ctx, ctx.optimizer(), t);
+    backward_time_.Add(Since(t3));
+    ctx.stage_metrics().ObserveCompute("forward", std::chrono::duration<double>(t2 - t1).count());
+    ctx.stage_metrics().ObserveCompute("backward", Since(t2));
+    ctx.stage_metrics().IncSteps();
+    const double loss_value = loss.item<double>();
+    ctx.stage_metrics().SetValue(ctx.last() ? "local_loss" : "penalty_loss", loss_value);
+    if (!ctx.last()) {
+      penalty_loss_ = loss_value;
+      STAGEWISE_RETURN_IF_ERROR(SendForward(ctx, t, 0, out.detach(), labels, labels_proto));
+    } else {
+      local_loss_ = loss_value;
+    }
+    // The true serial forward (post-update parameters), stage 0's part.
+    torch::Tensor serial_out;
+    if (serial && ctx.first()) {
+      torch::NoGradGuard no_grad;
+      models::FreezeRunningStats freeze;
+      serial_out = ctx.model().forward(x);
+    }
+    // 4. Correction of lambda_k and distillation of AuxNet_{k-1}.
+    if (!ctx.first()) {
+      auto below =
+          Expect(ctx.ReceiveFromPrev(), v1::StageMessage::FORWARD, t, 0, "x", ctx.device());
+      if (!below.ok()) return below.status();
+      const torch::Tensor x_prev = *below;
+      if (!x_prev.sizes().equals(lambda.sizes())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("StageMessage.tensors['x']: shape ", c10::str(x_prev.sizes()),
+                         " does not match this stage's input ", c10::str(lambda.sizes())));
+      }
+      const auto t4 = std::chrono::steady_clock::now();
+      const double violation = ConstraintViolation(lambda.detach(), x_prev);
+      RecordViolation(ctx, violation);
+      const torch::Tensor corrected = CorrectLambda(lambda.detach(), x_prev, x.grad(), beta, eta_);
+      aux_optimizer_->zero_grad();
+      Penalty(lambda, corrected).backward();
+      Step(ctx, *aux_optimizer_, t);
+      aux_backward_.Add(Since(t4));
+      ctx.stage_metrics().ObserveCompute("aux", Since(t4));
+      if (serial) {
+        auto s = Expect(ctx.ReceiveFromPrev(), v1::StageMessage::AUX, t, kSerial, "lambda",
+                        ctx.device());
+        if (!s.ok()) return s.status();
+        torch::NoGradGuard no_grad;
+        models::FreezeRunningStats freeze;
+        serial_out = ctx.model().forward(*s);
+      }
+    }
+    if (serial && !ctx.last()) {
+      STAGEWISE_RETURN_IF_ERROR(SendAux(ctx, true, t, kSerial, serial_out, nullptr));
+    }
+    if (serial && ctx.last()) {
+      serial_loss_ = torch::cross_entropy_loss(serial_out, labels).item<double>();
+      have_serial_ = true;
+      ctx.stage_metrics().SetValue("serial_loss", serial_loss_);
+      ctx.Summarize("serial_train_loss", serial_loss_);
+    }
+    ctx.ReportStep(t + 1, have_serial_ ? serial_loss_ : local_loss_, x.size(0));
+    return absl::OkStatus();
+  }
+
+  void RecordViolation(StageContext& ctx, double v) {
+    ctx.stage_metrics().SetValue("constraint_violation", v);
+    if (static_cast<int64_t>(first_violations_.size()) < window_) first_violations_.push_back(v);
+    last_violations_.push_back(v);
+    if (static_cast<int64_t>(last_violations_.size()) > window_) last_violations_.pop_front();
+  }
+
+  void Finish(StageContext& ctx) {
+    auto mean = [](const auto& values) {
+      double s = 0;
+      for (double v : values) s += v;
+      return values.empty() ? 0.0 : s / static_cast<double>(values.size());
+    };
+    if (!first_violations_.empty()) {
+      ctx.Summarize("constraint_violation_start", mean(first_violations_));
+      ctx.Summarize("constraint_violation_end", mean(last_violations_));
+    }
+    if (!ctx.last()) ctx.Summarize("penalty_loss", penalty_loss_);
+    if (ctx.last()) ctx.Summarize("local_loss", local_loss_);
+    // Per-step means for the speed-up model (seed 004, eq. (27)).
+    if (ctx.first()) ctx.Summarize("data_seconds", data_time_.mean());
+    ctx.Summarize("forward_seconds", forward_time_.mean());
+    ctx.Summarize("penalty_seconds", penalty_time_.mean());
+    ctx.Summarize("backward_seconds", backward_time_.mean());
+    if (!ctx.first()) {
+      ctx.Summarize("aux_forward_seconds", aux_forward_.mean());
+      ctx.Summarize("aux_backward_seconds", aux_backward_.mean());
+    }
+  }
+
+  const double beta_;
+  const double beta_factor_;
+  const int64_t beta_every_epochs_;
+  const double eta_;
+  const std::string kind_;
+  const double noise_std_;
+  const int64_t serial_every_;
+  models::AuxNet auxnet_{nullptr};
+  std::unique_ptr<torch::optim::Optimizer> aux_optimizer_;
+  int64_t window_ = 1;
+  std::vector<double> first_violations_;
+  std::deque<double> last_violations_;
+  double penalty_loss_ = 0, local_loss_ = 0, serial_loss_ = 0;
+  bool have_serial_ = false;
+  MeanTime data_time_, forward_time_, penalty_time_, backward_time_, aux_forward_, aux_backward_;
+};
+
+}  // namespace
+
+std::unique_ptr<Algorithm> MakeAuxNet(const AlgorithmSpec& spec) {
+  return std::make_unique<AuxNetAlgorithm>(spec);
+}
+
+}  // namespace stagewise::worker
