@@ -330,7 +330,7 @@ const std::vector<AlgorithmSchema>& AlgorithmSchemas() {
        {IntParam("n", 2, 1), BoolParam("mix_local", false), IntParam("micro_batches", 1, 1),
         StringParam("aux_head", "conv")}},
       {"auxnet",
-       {DoubleParam("beta", 1.0, 0.0, /*min_exclusive=*/true),
+       {DoubleParam("beta", 1.0e5, 0.0, /*min_exclusive=*/true),
         DoubleParam("beta_factor", 1.0, 1.0, false), IntParam("beta_every_epochs", 0, 0),
         DoubleParam("aux_lr", 0.1, 0.0, false), EnumParam("auxnet", "resnet", {"resnet", "conv"}),
         IntParam("serial_loss_every", 10, 0), DoubleParam("noise_std", 0.0, 0.0, false)}},

@@ -3,22 +3,30 @@
 // gRPC on loopback. Prints one table with ratios to backprop; never a test.
 //   build/bin/stagewise_algorithm_bench [JOB.yaml|-] [steps] [stages...]
 //   build/bin/stagewise_algorithm_bench --interlock [JOB.yaml|-] [steps] [stages]
+//   build/bin/stagewise_algorithm_bench --auxnet [JOB.yaml|-] [steps] [K...]
 // --interlock measures nwise's time per mini-batch for n in {1, 2, J} and
 // M in {1, 2, 4}, fits c(M) = c0 + c1/M of the paper's model T(A, M, N) to all
 // of them and prints measured against predicted.
+// --auxnet measures auxnet with K = 1 (layer-serial: T_d, T_f, T_b) and the
+// given K (default 2 and 4; AuxNet and penalty times from the run) and
+// compares the measured speed-up with the paper's eq. (27).
 //
 // "buffered" is what a stage keeps between a mini-batch's forward and its
 // backward, per stage, at its peak, from the job summary: stored inputs plus
 // stashed parameter copies. For backprop it is the boundary tensors of the
 // micro-batches in flight; its autograd graph (the activations inside the
 // stage) comes on top and is not counted.
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "coordinator/timing_model.h"
 #include "tests/integration/cluster.h"
 
@@ -34,6 +42,7 @@ eval: {every_epochs: 0, at_end: false}
 )";
 
 struct Result {
+  std::map<std::string, double> summary;
   double seconds = 0;
   double batch_seconds = 0;      // per mini-batch while RUNNING (coordinator's throughput)
   std::vector<double> buffered;  // per stage
@@ -61,6 +70,7 @@ Result Run(const std::string& yaml, int stages) {
     r.batch_seconds = static_cast<double>(spec->batch_size) / st->samples_per_second();
   }
   const auto& summary = st->summary();
+  r.summary.insert(summary.begin(), summary.end());
   auto get = [&](int j, const std::string& key) {
     auto it = summary.find(absl::StrCat("stage", j, ".", key));
     return it == summary.end() ? 0.0 : it->second;
@@ -115,10 +125,49 @@ int Interlock(const std::string& base, int64_t steps, int J) {
   return 0;
 }
 
+int AuxNetSpeedups(const std::string& base, int64_t steps, const std::vector<int>& ks) {
+  std::cout << absl::StrFormat("auxnet, %d steps per run; times in ms per iteration\n", steps);
+  auto stat = [](const Result& r, const std::string& key, int stages, bool max) {
+    double v = max ? 0.0 : 0.0;
+    for (int j = 0; j < stages; ++j) {
+      auto it = r.summary.find(absl::StrCat("stage", j, ".", key));
+      if (it == r.summary.end()) continue;
+      v = max ? std::max(v, it->second) : v + it->second;
+    }
+    return v;
+  };
+  const std::string algorithm = "\nalgorithm: {name: auxnet, serial_loss_every: 0}\n";
+  const Result serial = Run(base + "stages: 1" + algorithm, 1);
+  stagewise::timing::AuxNetTimes t;
+  t.data = stat(serial, "data_seconds", 1, true);
+  t.forward = stat(serial, "forward_seconds", 1, true);
+  t.backward = stat(serial, "backward_seconds", 1, true) + stat(serial, "penalty_seconds", 1, true);
+  std::cout << absl::StrFormat("K=1: %.1f ms/iteration (T_d %.1f, T_f %.1f, T_b %.1f)\n",
+                               1e3 * serial.batch_seconds, 1e3 * t.data, 1e3 * t.forward,
+                               1e3 * t.backward);
+  std::cout << absl::StrFormat("%-4s %10s %8s %8s %8s %10s %10s %8s\n", "K", "ms/iter", "t_psi",
+                               "t_f_aux", "t_b_aux", "measured", "eq. (27)", "ratio");
+  for (int K : ks) {
+    const Result r = Run(base + absl::StrCat("stages: ", K) + algorithm, K);
+    stagewise::timing::AuxNetTimes k = t;
+    k.penalty = stat(r, "penalty_seconds", K, true);
+    k.aux_forward = stat(r, "aux_forward_seconds", K, true);
+    k.aux_backward = stat(r, "aux_backward_seconds", K, true);
+    const double measured = serial.batch_seconds / r.batch_seconds;
+    const double predicted = *stagewise::timing::AuxNetSpeedup(K, k);
+    std::cout << absl::StrFormat("%-4d %10.1f %8.2f %8.2f %8.2f %10.2f %10.2f %8.2f\n", K,
+                                 1e3 * r.batch_seconds, 1e3 * k.penalty, 1e3 * k.aux_forward,
+                                 1e3 * k.aux_backward, measured, predicted, measured / predicted);
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   const bool interlock = !args.empty() && args[0] == "--interlock";
   if (interlock) args.erase(args.begin());
+  const bool auxnet = !args.empty() && args[0] == "--auxnet";
+  if (auxnet) args.erase(args.begin());
   std::string base = kDefaultJob;
   if (!args.empty() && args[0] != "-") {
     auto spec_text = std::ifstream(args[0]);
@@ -140,6 +189,7 @@ int main(int argc, char** argv) {
   const int64_t batch = spec->batch_size;
   base += absl::StrCat("steps: ", steps, "\n");
   if (interlock) return Interlock(base, steps, stage_counts.front());
+  if (auxnet) return AuxNetSpeedups(base, steps, stage_counts);
   std::cout << absl::StrFormat(
       "%s, batch %d, %d steps per run, %d intra-op threads shared by all stages\n",
       spec->model.name, batch, steps, at::get_num_threads());
@@ -158,12 +208,18 @@ int main(int argc, char** argv) {
       {"nwise n=1", "{name: nwise, n: 1, aux_head: 'conv:16,16'}"},
       {"nwise n=2", "{name: nwise, n: 2, aux_head: 'conv:16,16'}"},
       {"nwise n=J", "{name: nwise, n: J, aux_head: 'conv:16,16'}"},
+      {"auxnet", "{name: auxnet, serial_loss_every: 0}"},
   };
   std::cout << absl::StrFormat("%-4s %-20s %10s %8s %10s  %s\n", "J", "algorithm", "samples/s",
                                "vs bp", "bwd msg", "peak buffered per stage (s0/s1/...)");
+  // STAGEWISE_BENCH_ONLY=backprop,auxnet keeps those rows (the first is the
+  // baseline of the ratios).
+  std::vector<std::string> only;
+  if (const char* env = std::getenv("STAGEWISE_BENCH_ONLY")) only = absl::StrSplit(env, ',');
   for (int J : stage_counts) {
     double backprop_rate = 0;
     for (const Row& row : rows) {
+      if (!only.empty() && std::find(only.begin(), only.end(), row.name) == only.end()) continue;
       std::string algorithm = row.algorithm;
       if (auto pos = algorithm.find("n: J"); pos != std::string::npos) {
         algorithm.replace(pos, 4, absl::StrCat("n: ", J));

@@ -227,12 +227,13 @@ TEST(JobSpecTest, EveryAlgorithmGetsItsDefaults) {
       {"petra", {{"accumulation", "1"}, {"verify_rebuild", "false"}}},
       {"nwise", {{"n", "2"}, {"mix_local", "false"}, {"micro_batches", "1"}, {"aux_head", "conv"}}},
       {"auxnet",
-       {{"beta", "1"},
+       {{"beta", "1e+05"},
         {"beta_factor", "1"},
         {"beta_every_epochs", "0"},
         {"aux_lr", "0.1"},
         {"auxnet", "resnet"},
-        {"noise_std", "0"}}},
+        {"noise_std", "0"},
+        {"serial_loss_every", "10"}}},
   };
   for (const auto& [name, params] : expected) {
     SCOPED_TRACE(name);
