@@ -18,9 +18,15 @@
 #include "services/training/optimizer.h"
 #include "services/training/reference_trainer.h"
 #include "tests/integration/cluster.h"
+#include "tests/oracle/oracle_util.h"
 
 namespace stagewise {
 namespace {
+
+using testing::ExpectClose;
+using testing::Outcome;
+using testing::RunJob;
+using testing::Tensors;
 
 // ResNet-8 (CIFAR style, 1 block per group): stem, 3 residual blocks, head =
 // 5 blocks; J = 4 takes [0,2) [2,3) [3,4) [4,5) with the even split.
@@ -36,43 +42,6 @@ schedule: {name: cosine, warmup_epochs: 0.25}
 batch_size: 16
 steps: )",
                       steps, "\neval: {every_epochs: 0, at_end: false}\n");
-}
-
-struct Outcome {
-  v1::JobStatus status;
-  std::map<std::string, torch::Tensor> tensors;
-};
-
-Outcome RunJob(const std::string& yaml, int stages) {
-  testing::Cluster cluster({.workers = stages});
-  EXPECT_TRUE(cluster.WaitForWorkers(stages));
-  auto id = cluster.manager().Submit(yaml);
-  EXPECT_TRUE(id.ok()) << id.status();
-  if (!id.ok()) return {};
-  auto st = cluster.WaitForJob(*id);
-  EXPECT_TRUE(st.ok()) << st.status();
-  EXPECT_EQ(st->state(), v1::SUCCEEDED) << st->reason();
-  Outcome out{*st, cluster.StageTensors(*id, /*buffers=*/false)};
-  for (auto& [name, v] : cluster.StageTensors(*id, /*buffers=*/true)) out.tensors[name] = v;
-  return out;
-}
-
-std::map<std::string, torch::Tensor> Tensors(torch::nn::Module& m) {
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& item : m.named_parameters()) out[item.key()] = item.value().detach().clone();
-  for (const auto& item : m.named_buffers()) out[item.key()] = item.value().detach().clone();
-  return out;
-}
-
-void ExpectClose(const std::map<std::string, torch::Tensor>& got,
-                 const std::map<std::string, torch::Tensor>& want) {
-  ASSERT_EQ(got.size(), want.size());
-  for (const auto& [name, w] : want) {
-    ASSERT_TRUE(got.count(name)) << name;
-    const torch::Tensor g = got.at(name).to(torch::kDouble), wd = w.to(torch::kDouble);
-    const double err = ((g - wd).norm() / wd.norm().clamp_min(1e-12)).item<double>();
-    EXPECT_LE(err, 1e-5) << name;
-  }
 }
 
 // The rule in one process, M = 1. Stage j's main gradient: the gradient of

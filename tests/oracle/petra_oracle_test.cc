@@ -18,9 +18,15 @@
 #include "services/training/optimizer.h"
 #include "services/training/reference_trainer.h"
 #include "tests/integration/cluster.h"
+#include "tests/oracle/oracle_util.h"
 
 namespace stagewise {
 namespace {
+
+using testing::ExpectClose;
+using testing::Outcome;
+using testing::RunJob;
+using testing::Tensors;
 
 // RevNet blocks: 0 stem, 1-2 reversible, 3 downsample, 4 reversible,
 // 5-6 downsample, 7 head. Even over 3 stages: [0,3) [3,6) [6,8).
@@ -37,43 +43,6 @@ schedule: {name: cosine, warmup_epochs: 0.25}
 batch_size: 16
 steps: )",
                       steps, "\neval: {every_epochs: 0, at_end: false}\n");
-}
-
-struct Outcome {
-  v1::JobStatus status;
-  std::map<std::string, torch::Tensor> tensors;  // parameters and buffers
-};
-
-Outcome RunJob(const std::string& yaml, int stages) {
-  testing::Cluster cluster({.workers = stages});
-  EXPECT_TRUE(cluster.WaitForWorkers(stages));
-  auto id = cluster.manager().Submit(yaml);
-  EXPECT_TRUE(id.ok()) << id.status();
-  if (!id.ok()) return {};
-  auto st = cluster.WaitForJob(*id);
-  EXPECT_TRUE(st.ok()) << st.status();
-  EXPECT_EQ(st->state(), v1::SUCCEEDED) << st->reason();
-  Outcome out{*st, cluster.StageTensors(*id, /*buffers=*/false)};
-  for (auto& [name, v] : cluster.StageTensors(*id, /*buffers=*/true)) out.tensors[name] = v;
-  return out;
-}
-
-void ExpectClose(const std::map<std::string, torch::Tensor>& got,
-                 const std::map<std::string, torch::Tensor>& want, double tolerance = 1e-5) {
-  ASSERT_EQ(got.size(), want.size());
-  for (const auto& [name, w] : want) {
-    ASSERT_TRUE(got.count(name)) << name;
-    const torch::Tensor g = got.at(name).to(torch::kDouble), wd = w.to(torch::kDouble);
-    const double err = ((g - wd).norm() / wd.norm().clamp_min(1e-12)).item<double>();
-    EXPECT_LE(err, tolerance) << name;
-  }
-}
-
-std::map<std::string, torch::Tensor> Tensors(torch::nn::Module& m) {
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& item : m.named_parameters()) out[item.key()] = item.value().detach().clone();
-  for (const auto& item : m.named_buffers()) out[item.key()] = item.value().detach().clone();
-  return out;
 }
 
 // Single-process simulation of PETRA over J stage models, in the same 1F1B

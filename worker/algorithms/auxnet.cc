@@ -37,10 +37,6 @@
 namespace stagewise::worker {
 namespace {
 
-double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 // Running mean of a per-step time, reported in the summary for eq. (27).
 struct MeanTime {
   double sum = 0;
@@ -150,7 +146,7 @@ class AuxNetAlgorithm : public Algorithm {
       data::Batch b = ctx.TrainBatch(t);
       x = b.x.to(ctx.device());
       labels = b.y.to(ctx.device());
-      data_time_.Add(Since(t0));
+      data_time_.Add(SecondsSince(t0));
       if (!ctx.last()) {
         STAGEWISE_RETURN_IF_ERROR(EncodeTensor(labels, &labels_proto));
         STAGEWISE_RETURN_IF_ERROR(SendAux(ctx, true, t, kChain, x, &labels_proto));
@@ -167,7 +163,7 @@ class AuxNetAlgorithm : public Algorithm {
       }
       const auto t0 = std::chrono::steady_clock::now();
       lambda = auxnet_->forward(lambda_prev);  // graph kept for the distillation
-      aux_forward_.Add(Since(t0));
+      aux_forward_.Add(SecondsSince(t0));
       if (!ctx.last()) {
         STAGEWISE_RETURN_IF_ERROR(SendAux(ctx, true, t, kChain, lambda, &labels_proto));
       }
@@ -201,9 +197,9 @@ class AuxNetAlgorithm : public Algorithm {
     ctx.optimizer().zero_grad();
     loss.backward();
     Step(ctx, ctx.optimizer(), t);
-    backward_time_.Add(Since(t3));
+    backward_time_.Add(SecondsSince(t3));
     ctx.stage_metrics().ObserveCompute("forward", std::chrono::duration<double>(t2 - t1).count());
-    ctx.stage_metrics().ObserveCompute("backward", Since(t2));
+    ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t2));
     ctx.stage_metrics().IncSteps();
     const double loss_value = loss.item<double>();
     ctx.stage_metrics().SetValue(ctx.last() ? "local_loss" : "penalty_loss", loss_value);
@@ -238,8 +234,8 @@ class AuxNetAlgorithm : public Algorithm {
       aux_optimizer_->zero_grad();
       Penalty(lambda, corrected).backward();
       Step(ctx, *aux_optimizer_, t);
-      aux_backward_.Add(Since(t4));
-      ctx.stage_metrics().ObserveCompute("aux", Since(t4));
+      aux_backward_.Add(SecondsSince(t4));
+      ctx.stage_metrics().ObserveCompute("aux", SecondsSince(t4));
       if (serial) {
         auto s = Expect(ctx.ReceiveFromPrev(), v1::StageMessage::AUX, t, kSerial, "lambda",
                         ctx.device());

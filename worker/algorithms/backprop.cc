@@ -16,10 +16,6 @@
 namespace stagewise::worker {
 namespace {
 
-double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 class Backprop : public Algorithm {
  public:
   explicit Backprop(const AlgorithmSpec& spec)
@@ -63,7 +59,7 @@ class Backprop : public Algorithm {
       const auto t0 = std::chrono::steady_clock::now();
       training::SetLearningRate(ctx.optimizer(), ctx.LearningRate(step));
       ctx.optimizer().step();
-      ctx.stage_metrics().ObserveCompute("step", Since(t0));
+      ctx.stage_metrics().ObserveCompute("step", SecondsSince(t0));
       ctx.stage_metrics().IncSteps();
       ctx.stage_metrics().SetMemory("activations", 0);
       ctx.ReportStep(step + 1, loss_, batch_size_);
@@ -109,10 +105,10 @@ class Backprop : public Algorithm {
       torch::Tensor logits = ctx.model().forward(input);
       const double weight = static_cast<double>(labels.size(0)) / static_cast<double>(batch_size_);
       torch::Tensor loss = torch::cross_entropy_loss(logits, labels) * weight;
-      ctx.stage_metrics().ObserveCompute("forward", Since(t0));
+      ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
       const auto t1 = std::chrono::steady_clock::now();
       loss.backward();
-      ctx.stage_metrics().ObserveCompute("backward", Since(t1));
+      ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t1));
       loss_ += loss.item<double>();
       if (!ctx.first()) {
         v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, step, m);
@@ -132,7 +128,7 @@ class Backprop : public Algorithm {
       out = ctx.model().forward(input);
       f.output = out;
     }
-    ctx.stage_metrics().ObserveCompute("forward", Since(t0));
+    ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
     const int64_t held = HeldBytes();
     ctx.stage_metrics().SetMemory("activations", held);
     if (held > peak_held_) {
@@ -153,7 +149,7 @@ class Backprop : public Algorithm {
     if (recompute_) {
       const auto t0 = std::chrono::steady_clock::now();
       out = ctx.model().forward(f.input);
-      ctx.stage_metrics().ObserveCompute("recompute", Since(t0));
+      ctx.stage_metrics().ObserveCompute("recompute", SecondsSince(t0));
     }
     if (!out.sizes().equals(grad->sizes())) {
       return absl::InvalidArgumentError(
@@ -162,7 +158,7 @@ class Backprop : public Algorithm {
     }
     const auto t0 = std::chrono::steady_clock::now();
     out.backward(*grad);
-    ctx.stage_metrics().ObserveCompute("backward", Since(t0));
+    ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t0));
     if (!ctx.first()) {
       v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, step, m);
       STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", f.input.grad()));

@@ -45,6 +45,19 @@ absl::Status ExpectMessage(const v1::StageMessage& message, v1::StageMessage::Ki
   return absl::OkStatus();
 }
 
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+absl::StatusOr<ForwardInput> StageInput(StageContext& ctx, int64_t step) {
+  if (!ctx.first()) return ReceiveForward(ctx, step, 0);
+  data::Batch b = ctx.TrainBatch(step);
+  ForwardInput in;
+  in.x = b.x.to(ctx.device());
+  in.labels = b.y.to(ctx.device());
+  return in;
+}
+
 absl::StatusOr<ForwardInput> ReceiveForward(StageContext& ctx, int64_t step, int micro_batch,
                                             bool decode_labels) {
   auto msg = ctx.ReceiveFromPrev();

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -26,6 +27,13 @@ struct ForwardInput {
   v1::TensorProto labels_proto;
   torch::Tensor labels;  // defined on the last stage, or with decode_labels
 };
+
+// Seconds since `t0` (compute-time metrics).
+double SecondsSince(std::chrono::steady_clock::time_point t0);
+
+// Mini-batch `step` as this stage sees it: stage 0 reads it from the data
+// (labels decoded), later stages receive FORWARD `step` (micro-batch 0).
+absl::StatusOr<ForwardInput> StageInput(StageContext& ctx, int64_t step);
 
 // Receives FORWARD `step`/`micro_batch` from stage j-1 and decodes it (the
 // labels too on the last stage or with `decode_labels`).

@@ -24,10 +24,6 @@
 namespace stagewise::worker {
 namespace {
 
-double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 int64_t Bytes(const torch::Tensor& t) { return t.numel() * t.element_size(); }
 
 class Delayed : public Algorithm {
@@ -71,7 +67,7 @@ class Delayed : public Algorithm {
     const auto t0 = std::chrono::steady_clock::now();
     training::SetLearningRate(ctx.optimizer(), ctx.LearningRate(steps_));
     ctx.optimizer().step();
-    ctx.stage_metrics().ObserveCompute("step", Since(t0));
+    ctx.stage_metrics().ObserveCompute("step", SecondsSince(t0));
     ctx.stage_metrics().IncSteps();
     ++steps_;
     ctx.ReportStep(steps_, loss, samples);
@@ -96,19 +92,10 @@ class Delayed : public Algorithm {
   }
 
   absl::Status Forward(StageContext& ctx, int64_t t) {
-    torch::Tensor x, labels;
-    v1::TensorProto labels_proto;
-    if (ctx.first()) {
-      data::Batch b = ctx.TrainBatch(t);
-      x = b.x.to(ctx.device());
-      labels = b.y.to(ctx.device());
-    } else {
-      auto in = ReceiveForward(ctx, t, 0);
-      if (!in.ok()) return in.status();
-      x = in->x;
-      labels_proto = std::move(in->labels_proto);
-      labels = in->labels;
-    }
+    auto in = StageInput(ctx, t);
+    if (!in.ok()) return in.status();
+    torch::Tensor x = in->x, labels = in->labels;
+    v1::TensorProto labels_proto = std::move(in->labels_proto);
     const auto t0 = std::chrono::steady_clock::now();
     if (ctx.last()) {
       // No delay on the last stage: forward, loss, backward and step at once.
@@ -116,7 +103,7 @@ class Delayed : public Algorithm {
       if (!ctx.first()) x.requires_grad_(true);
       torch::Tensor loss = torch::cross_entropy_loss(ctx.model().forward(x), labels);
       loss.backward();
-      ctx.stage_metrics().ObserveCompute("forward", Since(t0));
+      ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
       ctx.stage_metrics().SetStaleness(0);
       Step(ctx, loss.item<double>(), labels.size(0));
       if (ctx.first()) return absl::OkStatus();
@@ -129,7 +116,7 @@ class Delayed : public Algorithm {
       torch::NoGradGuard no_grad;
       out = ctx.model().forward(x);  // running statistics are updated here, once
     }
-    ctx.stage_metrics().ObserveCompute("forward", Since(t0));
+    ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
     InFlight& f = inflight_[t];
     f.input = x;
     f.forward_step = steps_;
@@ -170,7 +157,7 @@ class Delayed : public Algorithm {
       models::FreezeRunningStats freeze;
       out = ctx.model().forward(x);
     }
-    ctx.stage_metrics().ObserveCompute("recompute", Since(t0));
+    ctx.stage_metrics().ObserveCompute("recompute", SecondsSince(t0));
     if (!out.sizes().equals(grad->sizes())) {
       return absl::InvalidArgumentError(
           absl::StrCat("StageMessage.tensors['grad']: shape ", c10::str(grad->sizes()),
@@ -178,7 +165,7 @@ class Delayed : public Algorithm {
     }
     const auto t1 = std::chrono::steady_clock::now();
     out.backward(*grad);
-    ctx.stage_metrics().ObserveCompute("backward", Since(t1));
+    ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t1));
     if (stash_) {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(current[i]);

@@ -26,10 +26,6 @@
 namespace stagewise::worker {
 namespace {
 
-double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 class FeaturesReplay : public Algorithm {
  public:
   explicit FeaturesReplay(const AlgorithmSpec&) {}
@@ -62,7 +58,7 @@ class FeaturesReplay : public Algorithm {
     const auto t0 = std::chrono::steady_clock::now();
     training::SetLearningRate(ctx.optimizer(), ctx.LearningRate(t));
     ctx.optimizer().step();
-    ctx.stage_metrics().ObserveCompute("step", Since(t0));
+    ctx.stage_metrics().ObserveCompute("step", SecondsSince(t0));
     ctx.stage_metrics().IncSteps();
   }
 
@@ -80,26 +76,17 @@ class FeaturesReplay : public Algorithm {
 
   absl::Status Iteration(StageContext& ctx, int64_t t) {
     // Forward of mini-batch t.
-    torch::Tensor x, labels;
-    v1::TensorProto labels_proto;
-    if (ctx.first()) {
-      data::Batch b = ctx.TrainBatch(t);
-      x = b.x.to(ctx.device());
-      labels = b.y.to(ctx.device());
-    } else {
-      auto in = ReceiveForward(ctx, t, 0);
-      if (!in.ok()) return in.status();
-      x = in->x;
-      labels_proto = std::move(in->labels_proto);
-      labels = in->labels;
-    }
+    auto in = StageInput(ctx, t);
+    if (!in.ok()) return in.status();
+    torch::Tensor x = in->x, labels = in->labels;
+    v1::TensorProto labels_proto = std::move(in->labels_proto);
     const auto t0 = std::chrono::steady_clock::now();
     if (ctx.last()) {
       ctx.optimizer().zero_grad();
       if (!ctx.first()) x.requires_grad_(true);
       torch::Tensor loss = torch::cross_entropy_loss(ctx.model().forward(x), labels);
       loss.backward();
-      ctx.stage_metrics().ObserveCompute("forward", Since(t0));
+      ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
       loss_ = loss.item<double>();
       samples_ = labels.size(0);
       Step(ctx, t);
@@ -113,7 +100,7 @@ class FeaturesReplay : public Algorithm {
       torch::NoGradGuard no_grad;
       out = ctx.model().forward(x);  // running statistics move here, once
     }
-    ctx.stage_metrics().ObserveCompute("forward", Since(t0));
+    ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
     history_[t] = x;
     samples_ = x.size(0);
     ReportBuffers(ctx);
@@ -141,7 +128,7 @@ class FeaturesReplay : public Algorithm {
       models::FreezeRunningStats freeze;
       replay = ctx.model().forward(input);
     }
-    ctx.stage_metrics().ObserveCompute("recompute", Since(t1));
+    ctx.stage_metrics().ObserveCompute("recompute", SecondsSince(t1));
     if (!replay.sizes().equals(grad->sizes())) {
       return absl::InvalidArgumentError(
           absl::StrCat("StageMessage.tensors['grad']: shape ", c10::str(grad->sizes()),
@@ -149,7 +136,7 @@ class FeaturesReplay : public Algorithm {
     }
     const auto t2 = std::chrono::steady_clock::now();
     replay.backward(*grad);
-    ctx.stage_metrics().ObserveCompute("backward", Since(t2));
+    ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t2));
     ctx.stage_metrics().SetStaleness(lag_);
     Step(ctx, t);
     ReportBuffers(ctx);

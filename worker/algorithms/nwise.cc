@@ -33,10 +33,6 @@
 namespace stagewise::worker {
 namespace {
 
-double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 class Nwise : public Algorithm {
  public:
   explicit Nwise(const AlgorithmSpec& spec)
@@ -187,7 +183,7 @@ class Nwise : public Algorithm {
       if (input_grad) xs[mb].requires_grad_(true);
       const auto t0 = std::chrono::steady_clock::now();
       outs[mb] = ctx.model().forward(xs[mb]);
-      ctx.stage_metrics().ObserveCompute("forward", Since(t0));
+      ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
       samples += labels[mb].size(0);
       if (!ctx.last()) {
         STAGEWISE_RETURN_IF_ERROR(
@@ -207,7 +203,7 @@ class Nwise : public Algorithm {
         const bool send = travels(j_);
         torch::Tensor gx = Vjp(loss, torch::ones_like(loss), xs[mb], main_weight,
                                /*aux=*/!ctx.last(), send);
-        ctx.stage_metrics().ObserveCompute("backward", Since(t0));
+        ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t0));
         if (send) STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, t, mb, j_, gx));
       }
     }
@@ -240,7 +236,7 @@ class Nwise : public Algorithm {
       const bool pass_on = lower(m) < j_;
       const auto t0 = std::chrono::steady_clock::now();
       torch::Tensor gx = Vjp(outs[mb], *g, xs[mb], main_weight, /*aux=*/false, pass_on);
-      ctx.stage_metrics().ObserveCompute("backward", Since(t0));
+      ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t0));
       if (pass_on) STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, t, mb, m, gx));
     }
     // Step (main and aux head) with the schedule's rate for this mini-batch.
@@ -252,7 +248,7 @@ class Nwise : public Algorithm {
       training::SetLearningRate(*aux_optimizer_, lr);
       aux_optimizer_->step();
     }
-    ctx.stage_metrics().ObserveCompute("step", Since(t0));
+    ctx.stage_metrics().ObserveCompute("step", SecondsSince(t0));
     ctx.stage_metrics().IncSteps();
     ctx.stage_metrics().SetStaleness(0);
     if (ctx.last())

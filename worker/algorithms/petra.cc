@@ -31,10 +31,6 @@
 namespace stagewise::worker {
 namespace {
 
-double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 int64_t Bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
 
 class Petra : public Algorithm {
@@ -98,7 +94,7 @@ class Petra : public Algorithm {
       ctx.optimizer().step();
       ctx.optimizer().zero_grad();
       ++updates_;
-      ctx.stage_metrics().ObserveCompute("step", Since(t0));
+      ctx.stage_metrics().ObserveCompute("step", SecondsSince(t0));
       ctx.stage_metrics().IncSteps();
     }
     ctx.ReportStep(backwards_, loss, samples);
@@ -128,19 +124,10 @@ class Petra : public Algorithm {
   }
 
   absl::Status Forward(StageContext& ctx, int64_t t) {
-    torch::Tensor x, labels;
-    v1::TensorProto labels_proto;
-    if (ctx.first()) {
-      data::Batch b = ctx.TrainBatch(t);
-      x = b.x.to(ctx.device());
-      labels = b.y.to(ctx.device());
-    } else {
-      auto in = ReceiveForward(ctx, t, 0);
-      if (!in.ok()) return in.status();
-      x = in->x;
-      labels_proto = std::move(in->labels_proto);
-      labels = in->labels;
-    }
+    auto in = StageInput(ctx, t);
+    if (!in.ok()) return in.status();
+    torch::Tensor x = in->x, labels = in->labels;
+    v1::TensorProto labels_proto = std::move(in->labels_proto);
     const auto t0 = std::chrono::steady_clock::now();
     if (ctx.last()) {
       // Algorithm 1, lines 26-32: forward, loss and backward at once; running
@@ -148,7 +135,7 @@ class Petra : public Algorithm {
       if (!ctx.first()) x.requires_grad_(true);
       torch::Tensor loss = torch::cross_entropy_loss(ctx.model().forward(x), labels);
       loss.backward();
-      ctx.stage_metrics().ObserveCompute("forward", Since(t0));
+      ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
       ctx.stage_metrics().SetStaleness(0);
       Accumulate(ctx, loss.item<double>(), labels.size(0));
       if (ctx.first()) return absl::OkStatus();
@@ -173,7 +160,7 @@ class Petra : public Algorithm {
       }
     }
     if (verify_) verify_inputs_[t] = std::move(seen);
-    ctx.stage_metrics().ObserveCompute("forward", Since(t0));
+    ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
     ReportBuffers(ctx);
     return SendForward(ctx, t, 0, h, labels, std::move(labels_proto));
   }
@@ -226,7 +213,7 @@ class Petra : public Algorithm {
         rebuild_time += std::chrono::duration<double>(t1 - t0).count();
         fa.backward(dout[0]);
         g = torch::cat({dout[1] + a.grad(), dout[0]}, 1);
-        backward_time += Since(t1);
+        backward_time += SecondsSince(t1);
         h = rebuilt;
       } else {
         // Not invertible: the stored input, recomputed with a graph.
@@ -239,7 +226,7 @@ class Petra : public Algorithm {
         const auto t1 = std::chrono::steady_clock::now();
         rebuild_time += std::chrono::duration<double>(t1 - t0).count();
         out.backward(g);
-        backward_time += Since(t1);
+        backward_time += SecondsSince(t1);
         g = need_input_grad ? x.grad() : torch::Tensor();
         h = x.detach();
       }
