@@ -1,0 +1,540 @@
+#include "coordinator/planner/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <tuple>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "coordinator/planner/knapsack.h"
+#include "coordinator/planner/partition.h"
+#include "coordinator/timing_model.h"
+
+namespace stagewise::planner {
+namespace {
+
+bool Is(const std::string& a, const char* b) { return a == b; }
+
+// Backprop on the modal pass (services/models/modal_pass.h): storing blocks
+// keep their graph; an activation between blocks stays while either
+// neighbour stores; the backward walks the blocks last to first.
+void EstimateGraphKeeping(const ModelProfile& p, int begin, int end, const std::vector<bool>& store,
+                          const StageRole& role, StageEstimate& s) {
+  const int n = end - begin;
+  auto B = [&](int i) -> const BlockProfile& { return p.blocks[begin + i]; };
+  auto live = [&](int k) { return k >= 1 && k <= n - 1 && (store[k - 1] || store[k]); };
+  const int64_t in0 = B(0).input_bytes + ((role.first || role.last) ? p.label_bytes : 0);
+  int64_t kept = B(n - 1).output_bytes;
+  for (int i = 0; i < n; ++i) {
+    if (store[i]) kept += B(i).graph_bytes;
+    if (live(i)) kept += B(i).input_bytes;
+  }
+  s.kept_bytes = kept;
+  const int64_t base = s.static_bytes + static_cast<int64_t>(role.inflight - 1) * (in0 + kept) + in0;
+  int64_t peak = base, prefix = 0;
+  for (int i = 0; i < n; ++i) {
+    const int64_t own = (store[i] ? B(i).graph_bytes : 0) + B(i).output_bytes;
+    const int64_t input = (i > 0 && !live(i)) ? B(i).input_bytes : 0;
+    peak = std::max(peak, base + prefix + input + own + B(i).forward_transient_bytes);
+    prefix += (store[i] ? B(i).graph_bytes : 0) + (live(i + 1) ? B(i + 1).input_bytes : 0);
+  }
+  int64_t cur = base + kept + B(n - 1).output_bytes;  // + the output's gradient
+  int64_t extra = 0;  // a rebuilt copy of an activation a storing neighbour also keeps
+  for (int i = n - 1; i >= 0; --i) {
+    const int64_t t = store[i] ? B(i).backward_transient_bytes : B(i).rebuild_transient_bytes;
+    peak = std::max(peak, cur + t);
+    if (store[i]) cur -= B(i).graph_bytes;
+    cur -= 2 * B(i).output_bytes + extra;  // the output's gradient and the output
+    extra = 0;
+    if (i > 0 || !role.first) cur += B(i).input_bytes;  // the input's gradient
+    if (!store[i]) {
+      cur += B(i).input_bytes;  // the rebuilt input
+      if (live(i)) extra = B(i).input_bytes;
+    }
+  }
+  s.peak_bytes = peak;
+}
+
+// Graph-free forward keeping inputs (PETRA, delayed, features replay): per
+// mini-batch in flight the stored inputs; the backward rebuilds or
+// recomputes one block (PETRA) or the whole stage (recompute) at a time.
+void EstimateInputKeeping(const ModelProfile& p, int begin, int end, const std::vector<bool>& keep,
+                          bool per_block, const StageRole& role, StageEstimate& s) {
+  const int n = end - begin;
+  auto B = [&](int i) -> const BlockProfile& { return p.blocks[begin + i]; };
+  int64_t kept = 0;
+  for (int i = 0; i < n; ++i) {
+    if (keep[i]) kept += B(i).input_bytes;
+  }
+  s.kept_bytes = kept;
+  const int64_t base = s.static_bytes + static_cast<int64_t>(role.inflight) * kept;
+  int64_t peak = base;
+  for (int i = 0; i < n; ++i) {
+    peak = std::max(peak, base + B(i).input_bytes + B(i).output_bytes);
+  }
+  const int64_t out2 = 2 * B(n - 1).output_bytes;  // the returned activation and gradient
+  if (per_block) {
+    int64_t cur = base + out2;
+    for (int i = n - 1; i >= 0; --i) {
+      const bool rebuild = B(i).reversible && !keep[i];
+      const int64_t t = rebuild ? B(i).rebuild_transient_bytes
+                                : B(i).graph_bytes + B(i).output_bytes + B(i).backward_transient_bytes;
+      peak = std::max(peak, cur + t);
+      cur += 2 * (B(i).input_bytes - B(i).output_bytes);
+    }
+  } else {
+    // The whole stage recomputed with a graph from its input.
+    std::vector<bool> all(n, true);
+    StageEstimate g;
+    g.static_bytes = 0;
+    StageRole one = role;
+    one.inflight = 1;
+    EstimateGraphKeeping(p, begin, end, all, one, g);
+    peak = std::max(peak, base + out2 + g.peak_bytes);
+  }
+  s.peak_bytes = peak;
+}
+
+std::vector<bool> DefaultStore(const ModelProfile& p, const std::string& algorithm, int begin,
+                               int end) {
+  std::vector<bool> store(end - begin, true);
+  if (Is(algorithm, "petra")) {
+    for (int i = begin; i < end; ++i) store[i - begin] = !p.blocks[i].reversible;
+  }
+  return store;
+}
+
+StageRole RoleOf(const PlanOptions& o, int j) {
+  StageRole r;
+  const int J = o.num_stages;
+  r.first = j == 0;
+  r.last = j == J - 1;
+  const std::string& a = o.algorithm;
+  if (Is(a, "backprop") || Is(a, "nwise")) {
+    const int M = std::max(1, o.micro_batches);
+    r.inflight = r.last ? 1 : (o.one_f_one_b ? std::min(J - j, M) : M);
+  } else if (Is(a, "petra") || Is(a, "delayed")) {
+    r.inflight = r.last ? 1 : 2 * (J - 1 - j) + 1;
+  } else if (Is(a, "features_replay")) {
+    r.inflight = J - j;
+  }
+  return r;
+}
+
+std::string Ms(double s) { return absl::StrFormat("%.2fms", s * 1e3); }
+
+}  // namespace
+
+StageEstimate EstimateStage(const ModelProfile& p, const std::string& algorithm, int begin, int end,
+                            const std::vector<bool>& store, const StageRole& role) {
+  StageEstimate s;
+  const int n = end - begin;
+  auto B = [&](int i) -> const BlockProfile& { return p.blocks[begin + i]; };
+  for (int i = 0; i < n; ++i) {
+    s.static_bytes += 2 * B(i).parameter_bytes + B(i).buffer_bytes + B(i).optimizer_bytes;
+    s.step_s += B(i).step_s;
+  }
+  const double msg_in = role.first ? 0.0 : p.blocks[begin - 1].message_s;
+  const double msg_out = role.last ? 0.0 : B(n - 1).message_s;
+  s.message_s = msg_in + msg_out;
+  const bool graph_free = !role.last && (Is(algorithm, "petra") || Is(algorithm, "delayed") ||
+                                         Is(algorithm, "features_replay"));
+  for (int i = 0; i < n; ++i) {
+    const BlockProfile& b = B(i);
+    if (graph_free) {
+      s.forward_s += b.forward_nograd_s;
+      if (Is(algorithm, "features_replay")) {
+        // The replay forward keeps the graph; the backward is then a plain VJP.
+        s.forward_s += b.forward_s;
+        s.backward_s += b.backward_s;
+      } else {
+        const bool rebuild = Is(algorithm, "petra") && b.reversible && !store[i];
+        s.backward_s += rebuild ? b.rebuild_backward_s : b.forward_s + b.backward_s;
+      }
+    } else {
+      s.forward_s += store[i] ? b.forward_s : b.forward_nograd_s;
+      s.backward_s += store[i] ? b.backward_s : b.rebuild_backward_s;
+    }
+  }
+  if (Is(algorithm, "petra") && !role.last) s.message_s *= 1.5;  // backward carries x and grad
+  if (Is(algorithm, "nwise") && !role.last) s.aux_head_s = B(n - 1).aux_head_s;
+  if (graph_free) {
+    std::vector<bool> keep(n, false);
+    if (Is(algorithm, "petra")) {
+      for (int i = 0; i < n; ++i) keep[i] = !B(i).reversible || store[i];
+    } else {
+      keep[0] = true;
+    }
+    EstimateInputKeeping(p, begin, end, keep, Is(algorithm, "petra"), role, s);
+  } else {
+    EstimateGraphKeeping(p, begin, end, store, role, s);
+  }
+  return s;
+}
+
+absl::StatusOr<StagePlan> PlanStage(const ModelProfile& p, const PlanOptions& o, int begin,
+                                    int end, const StageRole& role, int64_t cap) {
+  const std::string& a = o.algorithm;
+  const bool modal = Is(a, "backprop") || Is(a, "petra");
+  const int n = end - begin;
+  StagePlan sp;
+  sp.begin = begin;
+  sp.end = end;
+  sp.role = role;
+  sp.cap_bytes = cap;
+  auto estimate = [&](const std::vector<bool>& store) {
+    return EstimateStage(p, a, begin, end, store, role);
+  };
+  auto fits = [&](const StageEstimate& e) { return cap <= 0 || e.peak_bytes <= cap; };
+  std::vector<bool> lowest(n), highest(n);
+  for (int i = 0; i < n; ++i) {
+    const bool rev = p.blocks[begin + i].reversible;
+    lowest[i] = !(modal && rev);
+    highest[i] = true;
+  }
+  auto exhausted = [&](const StageEstimate& e) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "blocks [", begin, ", ", end, ") need ", HumanBytes(e.peak_bytes), " at least, over the ",
+        HumanBytes(cap), " memory cap"));
+  };
+  if (!modal) {
+    sp.store = DefaultStore(p, a, begin, end);
+    sp.estimate = estimate(sp.store);
+    if (!fits(sp.estimate)) return exhausted(sp.estimate);
+    return sp;
+  }
+  if (o.modes == "store" || o.modes == "rebuild" || cap <= 0) {
+    sp.store = o.modes == "rebuild" ? lowest : o.modes == "store" ? highest
+                                                                   : DefaultStore(p, a, begin, end);
+    if (o.modes == "auto" && Is(a, "backprop")) sp.store = highest;
+    sp.estimate = estimate(sp.store);
+    if (!fits(sp.estimate)) return exhausted(sp.estimate);
+    return sp;
+  }
+  // auto under a cap: store everything that pays, as far as the cap allows.
+  const StageEstimate top = estimate(highest);
+  if (fits(top)) {
+    sp.store = highest;
+    sp.estimate = top;
+    return sp;
+  }
+  const StageEstimate low = estimate(lowest);
+  if (!fits(low)) return exhausted(low);
+  const bool petra = Is(a, "petra");
+  const int64_t inflight = std::max(1, role.inflight);
+  std::vector<int64_t> weight(n), boundary(n, 0);
+  std::vector<double> value(n);
+  for (int i = 0; i < n; ++i) {
+    const BlockProfile& b = p.blocks[begin + i];
+    if (petra) {
+      weight[i] = b.input_bytes * inflight;
+      // Storing buys exactness, and rarely time: a tiny value breaks ties towards storing.
+      value[i] = std::max(0.0, b.rebuild_backward_s - b.forward_s - b.backward_s) + 1e-9;
+    } else {
+      weight[i] = b.graph_bytes * inflight;
+      if (i >= 1) boundary[i] = b.input_bytes * inflight;
+      value[i] = std::max(0.0, (b.forward_nograd_s + b.rebuild_backward_s) -
+                                   (b.forward_s + b.backward_s)) +
+                 1e-9;
+    }
+  }
+  auto variable = [&](const std::vector<bool>& x) {
+    int64_t v = 0;
+    for (int i = 0; i < n; ++i) {
+      if (x[i]) v += weight[i];
+      if (i >= 1 && (x[i] || x[i - 1])) v += boundary[i];
+    }
+    return v;
+  };
+  int64_t budget = cap - low.peak_bytes + variable(lowest);
+  sp.store = lowest;
+  sp.estimate = low;
+  for (int attempt = 0; attempt < 16 && budget > 0; ++attempt) {
+    const int64_t unit = std::max<int64_t>(1, (budget + o.max_units - 1) / o.max_units);
+    std::vector<ChainItem> items(n);
+    for (int i = 0; i < n; ++i) {
+      items[i].value = value[i];
+      items[i].weight = WeightUnits(weight[i], unit);
+      items[i].boundary = WeightUnits(boundary[i], unit);
+      items[i].forced = lowest[i];
+    }
+    KnapsackResult r = ChainKnapsack(items, CapacityUnits(budget, unit));
+    if (r.value < 0) break;
+    const StageEstimate e = estimate(r.chosen);
+    if (fits(e)) {
+      sp.store = r.chosen;
+      sp.estimate = e;
+      break;
+    }
+    budget -= (e.peak_bytes - cap) + unit;
+  }
+  return sp;
+}
+
+absl::StatusOr<Plan> MakePlan(const ModelProfile& p, const PlanOptions& o) {
+  const int J = o.num_stages;
+  const int n = static_cast<int>(p.blocks.size());
+  if (J < 1) return absl::InvalidArgumentError("stages.count: must be at least 1");
+  if (n < J) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stages.count: ", J, " stages for a model of ", n, " blocks"));
+  }
+  auto cap = [&](int j) -> int64_t {
+    if (o.memory_caps.empty()) return 0;
+    return o.memory_caps.size() == 1 ? o.memory_caps[0] : o.memory_caps[j];
+  };
+  if (o.memory_caps.size() > 1 && static_cast<int>(o.memory_caps.size()) != J) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(o.memory_caps.size(), " memory caps for ", J, " workers"));
+  }
+  std::map<std::tuple<int, int, int>, absl::StatusOr<StagePlan>> memo;
+  auto stage = [&](int b, int e, int j) -> const absl::StatusOr<StagePlan>& {
+    auto key = std::make_tuple(b, e, j);
+    auto it = memo.find(key);
+    if (it == memo.end()) it = memo.emplace(key, PlanStage(p, o, b, e, RoleOf(o, j), cap(j))).first;
+    return it->second;
+  };
+  auto cost = [&](int b, int e, int j) {
+    const auto& s = stage(b, e, j);
+    if (!s.ok()) return std::numeric_limits<double>::infinity();
+    return s->estimate.time_s() + s->estimate.aux_head_s;
+  };
+  std::vector<std::pair<int, int>> ranges = o.ranges;
+  if (ranges.empty()) {
+    PartitionResult r = MinMaxPartition(n, J, cost);
+    if (!r.feasible) {
+      // Name the cheapest failure: the whole model on one stage's cap.
+      absl::Status why = absl::ResourceExhaustedError("no partition fits the memory caps");
+      for (int j = 0; j < J; ++j) {
+        const auto& s = stage(j, j + 1, j);
+        if (!s.ok()) why = s.status();
+      }
+      return absl::ResourceExhaustedError(
+          absl::StrCat("no partition over ", J, " workers fits the memory caps (", why.message(),
+                       ")"));
+    }
+    ranges = r.ranges;
+  }
+  if (static_cast<int>(ranges.size()) != J) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stages.partition: ", ranges.size(), " ranges for ", J, " stages"));
+  }
+  Plan plan;
+  plan.algorithm = o.algorithm;
+  for (int j = 0; j < J; ++j) {
+    const auto& s = stage(ranges[j].first, ranges[j].second, j);
+    if (!s.ok()) {
+      return absl::Status(s.status().code(), absl::StrCat("stage ", j, ": ", s.status().message()));
+    }
+    plan.stages.push_back(*s);
+    plan.bottleneck_s =
+        std::max(plan.bottleneck_s, s->estimate.time_s() + s->estimate.aux_head_s);
+  }
+  plan.predictions = PredictAlgorithms(p, plan, o);
+  return plan;
+}
+
+std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& plan,
+                                          const PlanOptions& o) {
+  const int J = static_cast<int>(plan.stages.size());
+  auto roles = [&](const std::string& algorithm) {
+    PlanOptions opt = o;
+    opt.algorithm = algorithm;
+    opt.num_stages = J;
+    std::vector<StageRole> r;
+    for (int j = 0; j < J; ++j) r.push_back(RoleOf(opt, j));
+    return r;
+  };
+  auto estimates = [&](const std::string& algorithm) {
+    std::vector<StageEstimate> out;
+    const auto r = roles(algorithm);
+    for (int j = 0; j < J; ++j) {
+      const StagePlan& s = plan.stages[j];
+      std::vector<bool> store = plan.algorithm == algorithm
+                                    ? s.store
+                                    : DefaultStore(p, algorithm, s.begin, s.end);
+      out.push_back(EstimateStage(p, algorithm, s.begin, s.end, store, r[j]));
+    }
+    return out;
+  };
+  auto slowest = [](const std::vector<StageEstimate>& e, bool aux) {
+    double t = 0;
+    for (const auto& s : e) t = std::max(t, s.time_s() + (aux ? s.aux_head_s : 0.0));
+    return t;
+  };
+  std::vector<Prediction> out;
+  const auto bp = estimates("backprop");
+  double t_bp = bp[0].step_s;
+  for (const auto& s : bp) t_bp += s.forward_s + s.backward_s + s.message_s;
+  out.push_back({"backprop", t_bp, 1.0, "sum of stage forward+backward+messages, + stage 0's step"});
+  if (o.micro_batches > 1) {
+    const double M = o.micro_batches;
+    const double t = (M + J - 1) * slowest(bp, false) / M + bp[0].step_s;
+    out.push_back({absl::StrCat("backprop M=", o.micro_batches), t, 0,
+                   "(M+J-1) x slowest stage / M (no per-micro-batch overhead)"});
+  }
+  out.push_back({"delayed", slowest(estimates("delayed"), false), 0,
+                 "slowest stage: graph-free forward + recompute + backward + step"});
+  out.push_back({"petra", slowest(estimates("petra"), false), 0,
+                 "slowest stage: graph-free forward + rebuild/recompute backward + step"});
+  out.push_back({"features_replay", slowest(estimates("features_replay"), false), 0,
+                 "slowest stage: forward + replay forward + backward + step"});
+  const auto nw = estimates("nwise");
+  std::vector<int> ns;
+  if (o.nwise_n > 0) {
+    ns.push_back(o.nwise_n);
+  } else {
+    for (int k = 1; k <= std::min(2, J); ++k) ns.push_back(k);
+  }
+  for (int k : ns) {
+    const int M = std::max(1, o.micro_batches);
+    double t;
+    std::string how;
+    if (k >= J) {
+      t = t_bp;
+      how = "n = J is backprop";
+    } else {
+      auto slots = timing::InterlockSlots(J, M, k);
+      t = (slots.ok() ? *slots : 2.0 * k * M) * slowest(nw, true) / (2.0 * M);
+      how = "T(A,M,N) slots x half the slowest stage (forward+backward+aux head+step)";
+    }
+    out.push_back({absl::StrCat("nwise n=", k), t, 0, how});
+  }
+  for (auto& pr : out) pr.speedup = pr.seconds_per_batch > 0 ? t_bp / pr.seconds_per_batch : 0;
+  return out;
+}
+
+absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
+  std::string t = std::string(absl::StripAsciiWhitespace(text));
+  size_t i = 0;
+  while (i < t.size() && (absl::ascii_isdigit(t[i]) || t[i] == '.')) ++i;
+  double v = 0;
+  if (i == 0 || !absl::SimpleAtod(t.substr(0, i), &v)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a size (e.g. 2GiB)"));
+  }
+  std::string unit = absl::AsciiStrToLower(t.substr(i));
+  static const std::map<std::string, double> kUnits = {
+      {"", 1},          {"b", 1},          {"k", 1e3},        {"kb", 1e3},
+      {"m", 1e6},       {"mb", 1e6},       {"g", 1e9},        {"gb", 1e9},
+      {"ki", 1024.0},   {"kib", 1024.0},   {"mi", 1048576.0}, {"mib", 1048576.0},
+      {"gi", 1073741824.0}, {"gib", 1073741824.0}};
+  auto it = kUnits.find(unit);
+  if (it == kUnits.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "': unknown unit '", unit, "' (B, KB, MB, GB, KiB, MiB, GiB)"));
+  }
+  return static_cast<int64_t>(std::llround(v * it->second));
+}
+
+std::string HumanBytes(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (bytes < 1024) return absl::StrCat(bytes, "B");
+  if (b < 1048576.0) return absl::StrFormat("%.1fKiB", b / 1024);
+  if (b < 1073741824.0) return absl::StrFormat("%.1fMiB", b / 1048576);
+  return absl::StrFormat("%.2fGiB", b / 1073741824);
+}
+
+std::string ProfileText(const ModelProfile& p) {
+  std::string out = absl::StrFormat(
+      "profile of %s, batch %d, %s, %d threads (median of %d runs)\n", p.model, p.batch_size,
+      p.device, p.threads, p.repeats);
+  absl::StrAppend(&out,
+                  absl::StrFormat("%-5s %-10s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "block",
+                                  "kind", "fwd", "fwd-nograd", "bwd", "rebuild", "inverse",
+                                  "activation", "graph", "params", "optimizer"));
+  for (const auto& b : p.blocks) {
+    absl::StrAppend(
+        &out, absl::StrFormat("%-5d %-10s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", b.index, b.kind,
+                              Ms(b.forward_s), Ms(b.forward_nograd_s), Ms(b.backward_s),
+                              b.reversible ? Ms(b.rebuild_backward_s) : "-",
+                              b.reversible ? Ms(b.inverse_s) : "-", HumanBytes(b.output_bytes),
+                              HumanBytes(b.graph_bytes), HumanBytes(b.parameter_bytes),
+                              HumanBytes(b.optimizer_bytes)));
+  }
+  return out;
+}
+
+std::string PlanText(const ModelProfile& p, const Plan& plan) {
+  std::string out = absl::StrFormat("plan for %s, batch %d, %s, %d threads; algorithm %s\n",
+                                    p.model, p.batch_size, p.device, p.threads, plan.algorithm);
+  absl::StrAppend(&out, absl::StrFormat("%-5s %-9s %9s %9s %9s %9s %9s %10s %10s %10s\n", "stage",
+                                        "blocks", "forward", "backward", "step", "messages",
+                                        "time", "kept/batch", "peak", "cap"));
+  for (size_t j = 0; j < plan.stages.size(); ++j) {
+    const StagePlan& s = plan.stages[j];
+    const StageEstimate& e = s.estimate;
+    absl::StrAppend(&out, absl::StrFormat(
+                              "%-5d %-9s %9s %9s %9s %9s %9s %10s %10s %10s\n", j,
+                              absl::StrCat("[", s.begin, ",", s.end, ")"), Ms(e.forward_s),
+                              Ms(e.backward_s), Ms(e.step_s), Ms(e.message_s),
+                              Ms(e.time_s() + e.aux_head_s), HumanBytes(e.kept_bytes),
+                              HumanBytes(e.peak_bytes),
+                              s.cap_bytes > 0 ? HumanBytes(s.cap_bytes) : "-"));
+  }
+  absl::StrAppend(&out, "reversible blocks (store = compute-centric, rebuild = memory-centric):\n");
+  bool any = false;
+  for (size_t j = 0; j < plan.stages.size(); ++j) {
+    const StagePlan& s = plan.stages[j];
+    std::string line;
+    for (int i = s.begin; i < s.end; ++i) {
+      if (!p.blocks[i].reversible) continue;
+      absl::StrAppend(&line, line.empty() ? "" : ", ", i, " ",
+                      s.store[i - s.begin] ? "store" : "rebuild");
+    }
+    if (line.empty()) continue;
+    any = true;
+    absl::StrAppend(&out, "  stage ", j, ": ", line, "\n");
+  }
+  if (!any) absl::StrAppend(&out, "  (none)\n");
+  absl::StrAppend(&out, "predicted time per mini-batch on this partition:\n");
+  absl::StrAppend(&out, absl::StrFormat("  %-16s %10s %9s  %s\n", "algorithm", "time", "speed-up",
+                                        "model"));
+  for (const auto& pr : plan.predictions) {
+    absl::StrAppend(&out, absl::StrFormat("  %-16s %10s %8.2fx  %s\n", pr.algorithm,
+                                          Ms(pr.seconds_per_batch), pr.speedup, pr.model));
+  }
+  return out;
+}
+
+std::string PlanJson(const ModelProfile& p, const Plan& plan) {
+  std::string out = absl::StrFormat(
+      "{\"model\": \"%s\", \"batch_size\": %d, \"device\": \"%s\", \"threads\": %d, "
+      "\"algorithm\": \"%s\", \"bottleneck_seconds\": %.6g, \"stages\": [",
+      p.model, p.batch_size, p.device, p.threads, plan.algorithm, plan.bottleneck_s);
+  for (size_t j = 0; j < plan.stages.size(); ++j) {
+    const StagePlan& s = plan.stages[j];
+    const StageEstimate& e = s.estimate;
+    std::string modes;
+    for (int i = s.begin; i < s.end; ++i) {
+      absl::StrAppend(&modes, i > s.begin ? ", " : "", "\"",
+                      !p.blocks[i].reversible ? "fixed" : s.store[i - s.begin] ? "store" : "rebuild",
+                      "\"");
+    }
+    absl::StrAppend(
+        &out, j ? ", " : "",
+        absl::StrFormat("{\"stage\": %d, \"blocks\": [%d, %d], \"modes\": [%s], "
+                        "\"forward_seconds\": %.6g, \"backward_seconds\": %.6g, "
+                        "\"step_seconds\": %.6g, \"message_seconds\": %.6g, "
+                        "\"aux_head_seconds\": %.6g, \"kept_bytes\": %d, \"peak_bytes\": %d, "
+                        "\"static_bytes\": %d, \"cap_bytes\": %d, \"inflight\": %d}",
+                        j, s.begin, s.end, modes, e.forward_s, e.backward_s, e.step_s, e.message_s,
+                        e.aux_head_s, e.kept_bytes, e.peak_bytes, e.static_bytes, s.cap_bytes,
+                        s.role.inflight));
+  }
+  absl::StrAppend(&out, "], \"predictions\": [");
+  for (size_t i = 0; i < plan.predictions.size(); ++i) {
+    const Prediction& pr = plan.predictions[i];
+    absl::StrAppend(&out, i ? ", " : "",
+                    absl::StrFormat("{\"algorithm\": \"%s\", \"seconds_per_batch\": %.6g, "
+                                    "\"speedup\": %.4f}",
+                                    pr.algorithm, pr.seconds_per_batch, pr.speedup));
+  }
+  absl::StrAppend(&out, "]}\n");
+  return out;
+}
+
+}  // namespace stagewise::planner

@@ -1,0 +1,116 @@
+// The planner (ARCHITECTURE.md, "Partitions"; ALGORITHMS.md, "Reversible
+// layers"): from a ModelProfile, the partition over J workers that minimises
+// the slowest stage under each worker's memory cap, the mode of every
+// reversible block (store = compute-centric, rebuild = memory-centric; seed
+// 001) and each algorithm's predicted time per mini-batch.
+//
+// Memory model (what a stage's CPU tensors peak at, as the memory meter
+// counts them): parameters, BatchNorm buffers, gradients and optimizer state;
+// the mini-batch input (and labels on the first and last stage); per
+// mini-batch in flight, the graphs of storing blocks and every activation a
+// storing block keeps (its input, or the output of a storing segment); then
+// the backward walked block by block with each block's measured transient.
+#ifndef STAGEWISE_COORDINATOR_PLANNER_PLANNER_H_
+#define STAGEWISE_COORDINATOR_PLANNER_PLANNER_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/planner/profile.h"
+
+namespace stagewise::planner {
+
+// Where a stage sits and how many mini-batches (or micro-batches) it holds
+// between forward and backward.
+struct StageRole {
+  bool first = false;
+  bool last = false;
+  int inflight = 1;
+};
+
+struct StageEstimate {
+  double forward_s = 0;   // per mini-batch, as the algorithm runs it
+  double backward_s = 0;  // including rebuilds and recomputations
+  double step_s = 0;
+  double message_s = 0;   // encoding and decoding the stage's messages
+  double aux_head_s = 0;  // nwise: the stage's aux head
+  int64_t static_bytes = 0;  // parameters, buffers, gradients, optimizer state
+  int64_t kept_bytes = 0;    // what one mini-batch keeps between forward and backward
+  int64_t peak_bytes = 0;
+  double time_s() const { return forward_s + backward_s + step_s + message_s; }
+};
+
+// Memory and time of blocks [begin, end) of `profile` under `store` (one
+// entry per block; rebuild only on reversible blocks), for "backprop"
+// (graph-keeping forward) or "petra" (graph-free forward, stored or rebuilt
+// inputs). Other algorithms are estimated as backprop with every block
+// storing, plus their own extra work.
+StageEstimate EstimateStage(const ModelProfile& profile, const std::string& algorithm, int begin,
+                            int end, const std::vector<bool>& store, const StageRole& role);
+
+struct PlanOptions {
+  int num_stages = 1;
+  // Per worker, bytes; 0 = no cap. One entry applies to every worker.
+  std::vector<int64_t> memory_caps;
+  std::string algorithm = "backprop";  // whose memory model and modes
+  // Fixed ranges (empty: the planner partitions).
+  std::vector<std::pair<int, int>> ranges;
+  // auto: the knapsack under the cap; store / rebuild: every reversible block.
+  std::string modes = "auto";
+  int micro_batches = 1;  // backprop / nwise
+  bool one_f_one_b = false;
+  int nwise_n = 0;  // 0: predicted for n = 1 and n = 2
+  // Knapsack units: at most this many per stage budget.
+  int64_t max_units = 4096;
+};
+
+struct StagePlan {
+  int begin = 0, end = 0;
+  std::vector<bool> store;  // per block of the stage
+  int64_t cap_bytes = 0;    // 0 = none
+  StageRole role;
+  StageEstimate estimate;
+};
+
+struct Prediction {
+  std::string algorithm;  // e.g. "petra", "nwise n=2"
+  double seconds_per_batch = 0;
+  double speedup = 0;  // backprop's time / this one
+  std::string model;   // how it was computed
+};
+
+struct Plan {
+  std::string algorithm;
+  std::vector<StagePlan> stages;
+  double bottleneck_s = 0;
+  std::vector<Prediction> predictions;
+};
+
+// Modes for one stage under `cap_bytes` (0: every block stores unless
+// options.modes says otherwise). NOT_FOUND-free: RESOURCE_EXHAUSTED when even
+// the all-rebuild choice does not fit.
+absl::StatusOr<StagePlan> PlanStage(const ModelProfile& profile, const PlanOptions& options,
+                                    int begin, int end, const StageRole& role, int64_t cap_bytes);
+
+// The whole plan: the partition (DP over ranges, each costed by PlanStage),
+// modes and predictions. RESOURCE_EXHAUSTED names the cap nothing fits under.
+absl::StatusOr<Plan> MakePlan(const ModelProfile& profile, const PlanOptions& options);
+
+// Predicted seconds per mini-batch of `algorithm` on the plan's partition
+// (the plan's modes for backprop and petra).
+std::vector<Prediction> PredictAlgorithms(const ModelProfile& profile, const Plan& plan,
+                                          const PlanOptions& options);
+
+std::string PlanText(const ModelProfile& profile, const Plan& plan);
+std::string PlanJson(const ModelProfile& profile, const Plan& plan);
+std::string ProfileText(const ModelProfile& profile);
+// "2GiB", "512MiB", "1.5G", "1000000" -> bytes; INVALID_ARGUMENT otherwise.
+absl::StatusOr<int64_t> ParseBytes(const std::string& text);
+std::string HumanBytes(int64_t bytes);
+
+}  // namespace stagewise::planner
+
+#endif  // STAGEWISE_COORDINATOR_PLANNER_PLANNER_H_

@@ -1,0 +1,301 @@
+#include "coordinator/planner/profiler.h"
+
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "services/models/aux_head.h"
+#include "services/models/batch_norm.h"
+#include "services/models/memory_meter.h"
+#include "services/models/modal_pass.h"
+#include "services/models/model.h"
+#include "services/tensor/codec.h"
+#include "services/training/optimizer.h"
+
+namespace stagewise::planner {
+namespace {
+
+int64_t Bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+std::string Shape(const std::vector<int64_t>& s) { return absl::StrJoin(s, "x"); }
+
+std::string ModelName(const ModelSpec& m) {
+  std::string name = m.name;
+  if (m.depth > 0) absl::StrAppend(&name, "-", m.depth);
+  if (m.width > 0) absl::StrAppend(&name, " width ", m.width);
+  return name;
+}
+
+// Runs `fn` warmup + repeats times; the median of the timed runs, in seconds.
+template <typename Fn>
+double Median(const ProfileOptions& o, bool cuda, Fn&& fn) {
+  std::vector<double> t;
+  for (int r = 0; r < o.warmup + o.repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    if (cuda) torch::cuda::synchronize();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r >= o.warmup) t.push_back(s);
+  }
+  std::sort(t.begin(), t.end());
+  return t.empty() ? 0.0 : t[t.size() / 2];
+}
+
+// Times `timed` only, with `setup` run (untimed) before each repeat.
+template <typename Setup, typename Fn>
+double MedianAfter(const ProfileOptions& o, bool cuda, Setup&& setup, Fn&& timed) {
+  std::vector<double> t;
+  for (int r = 0; r < o.warmup + o.repeats; ++r) {
+    setup();
+    if (cuda) torch::cuda::synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    timed();
+    if (cuda) torch::cuda::synchronize();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r >= o.warmup) t.push_back(s);
+  }
+  std::sort(t.begin(), t.end());
+  return t.empty() ? 0.0 : t[t.size() / 2];
+}
+
+std::string AuxHeadOf(const JobSpec& spec, const ProfileOptions& o) {
+  if (!o.aux_head.empty()) return o.aux_head;
+  for (const PhaseSpec& phase : Phases(spec)) {
+    if (phase.algorithm.name == "nwise") return phase.algorithm.GetString("aux_head");
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string DefaultProfileCacheDir() {
+  if (const char* d = std::getenv("STAGEWISE_PROFILE_CACHE"); d && *d) return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) {
+    return absl::StrCat(x, "/stagewise/profiles");
+  }
+  if (const char* h = std::getenv("HOME"); h && *h) {
+    return absl::StrCat(h, "/.cache/stagewise/profiles");
+  }
+  return ".stagewise-profiles";
+}
+
+std::string ProfileKey(const JobSpec& spec, int64_t batch_size, const torch::Device& device,
+                       int threads, const std::string& aux_head) {
+  auto plan = models::PlanModel(spec.model);
+  std::string blocks;
+  if (plan.ok()) {
+    for (const auto& b : *plan) {
+      absl::StrAppend(&blocks, b.kind, ":", Shape(b.in_shape), ">", Shape(b.out_shape), ":",
+                      b.in_channels, ",", b.out_channels, ",", b.mid_channels, ",", b.stride,
+                      b.bottleneck ? "b" : "", b.imagenet_stem ? "i" : "", b.pair ? "p" : "", ";");
+    }
+  }
+  const std::string text =
+      absl::StrCat(ModelName(spec.model), "|", blocks, "|", spec.optimizer.name, "|",
+                   spec.optimizer.momentum, "|", aux_head);
+  const uint64_t h = std::hash<std::string>{}(text);
+  return absl::StrCat(spec.model.name, "-b", batch_size, "-", device.str(), "-t", threads, "-",
+                      absl::Hex(h, absl::kZeroPad16));
+}
+
+absl::StatusOr<ModelProfile> ProfileModel(const JobSpec& spec, int64_t batch,
+                                          const torch::Device& device, const ProfileOptions& o) {
+  if (batch < 1) return absl::InvalidArgumentError("batch_size: must be at least 1");
+  auto account = std::make_shared<models::MemoryAccount>();
+  models::ScopedMemoryAccount scope(account);
+  const bool cuda = device.is_cuda();
+  const std::string aux_spec = AuxHeadOf(spec, o);
+  ModelProfile p;
+  p.model = ModelName(spec.model);
+  p.batch_size = batch;
+  p.device = device.str();
+  p.threads = at::get_num_threads();
+  p.repeats = o.repeats;
+  p.aux_head = aux_spec;
+  p.key = ProfileKey(spec, batch, device, p.threads, aux_spec);
+  p.label_bytes = batch * static_cast<int64_t>(sizeof(int64_t));
+  try {
+    auto model = models::BuildModel(spec.model, static_cast<uint64_t>(spec.seed));
+    if (!model.ok()) return model.status();
+    (*model)->to(device);
+    (*model)->train();
+    const auto& blocks = (*model)->blocks();
+    std::vector<int64_t> shape = blocks.front()->info().in_shape;
+    shape.insert(shape.begin(), batch);
+    torch::manual_seed(static_cast<uint64_t>(spec.seed));
+    // Every block's input, from a random mini-batch (running statistics of
+    // this throwaway model move; nothing else sees them).
+    std::vector<torch::Tensor> inputs{torch::randn(shape, torch::TensorOptions().device(device))};
+    {
+      torch::NoGradGuard no_grad;
+      for (const auto& b : blocks) inputs.push_back(b->forward(inputs.back()));
+    }
+    std::map<std::string, double> aux_cost;  // per output shape
+    auto aux = aux_spec.empty() ? absl::StatusOr<AuxHeadSpec>(absl::NotFoundError(""))
+                                : ParseAuxHeadSpec(aux_spec);
+    if (!aux_spec.empty() && !aux.ok()) return aux.status();
+    torch::Tensor labels = torch::randint(spec.model.num_classes > 0 ? spec.model.num_classes : 10,
+                                          {batch}, torch::TensorOptions().dtype(torch::kLong).device(device));
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      auto& block = blocks[i];
+      BlockProfile b;
+      b.index = block->info().index;
+      b.kind = block->info().kind;
+      b.reversible = block->reversible();
+      const torch::Tensor& x0 = inputs[i];
+      const bool input_grad = i > 0;
+      for (const auto& t : block->parameters()) {
+        if (t.requires_grad()) b.parameter_bytes += Bytes(t);
+      }
+      for (const auto& t : block->buffers()) b.buffer_bytes += Bytes(t);
+      models::Model one({block});
+      auto optimizer = training::MakeOptimizer(spec.optimizer, one);
+      torch::Tensor grad = torch::randn_like(inputs[i + 1]);
+      b.input_bytes = Bytes(x0);
+      b.output_bytes = Bytes(inputs[i + 1]);
+
+      torch::Tensor x, out;
+      auto fresh = [&] { x = input_grad ? x0.detach().requires_grad_(true) : x0.detach(); };
+      b.forward_s = MedianAfter(o, cuda, fresh, [&] { out = block->forward(x); });
+      b.backward_s = MedianAfter(
+          o, cuda, [&] { fresh(); out = block->forward(x); }, [&] { out.backward(grad); });
+      out = torch::Tensor();
+      x = torch::Tensor();
+      b.forward_nograd_s = Median(o, cuda, [&] {
+        torch::NoGradGuard no_grad;
+        block->forward(x0);
+      });
+      b.step_s = Median(o, cuda, [&] { optimizer->step(); });
+      if (b.reversible) {
+        auto* rev = static_cast<models::ReversibleBlock*>(block.get());
+        const torch::Tensor& y = inputs[i + 1];
+        models::FreezeRunningStats freeze;
+        b.rebuild_backward_s =
+            Median(o, cuda, [&] { models::RebuildBackward(*rev, y, grad, input_grad); });
+        b.inverse_s = Median(o, cuda, [&] {
+          torch::NoGradGuard no_grad;
+          rev->inverse(y);
+        });
+      }
+      b.message_s = Median(o, cuda, [&] {
+        v1::TensorProto proto;
+        (void)EncodeTensor(inputs[i + 1], &proto);
+        (void)DecodeTensor(proto);
+      });
+      if (aux.ok() && i + 1 < blocks.size()) {
+        const std::string key = Shape(block->info().out_shape);
+        auto it = aux_cost.find(key);
+        if (it == aux_cost.end()) {
+          auto head = models::MakeAuxHead(*aux, block->info().out_shape,
+                                          spec.model.num_classes > 0 ? spec.model.num_classes : 10,
+                                          1);
+          if (!head.ok()) return head.status();
+          (*head)->to(device);
+          auto head_opt = training::MakeOptimizer(spec.optimizer, **head);
+          const torch::Tensor& h = inputs[i + 1];
+          const double s = Median(o, cuda, [&] {
+            torch::Tensor loss = torch::cross_entropy_loss((*head)->forward(h), labels);
+            loss.backward();
+            head_opt->step();
+          });
+          it = aux_cost.emplace(key, s).first;
+        }
+        b.aux_head_s = it->second;
+      }
+      // Memory, with gradients and optimizer state already allocated above.
+      {
+        int64_t state = 0;
+        for (const auto& [key, s] : optimizer->state()) {
+          (void)key;
+          if (auto* m = dynamic_cast<torch::optim::SGDParamState*>(s.get())) {
+            state += Bytes(m->momentum_buffer());
+          } else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s.get())) {
+            state += Bytes(a->exp_avg()) + Bytes(a->exp_avg_sq()) + Bytes(a->max_exp_avg_sq());
+          }
+        }
+        b.optimizer_bytes = state;
+      }
+      if (!cuda) {
+        fresh();
+        const int64_t l0 = account->current();
+        account->ResetPeak();
+        out = block->forward(x);
+        const int64_t l1 = account->current();
+        b.forward_transient_bytes = account->peak() - l1;
+        b.graph_bytes = std::max<int64_t>(0, l1 - l0 - b.output_bytes);
+        account->ResetPeak();
+        out.backward(grad);
+        b.backward_transient_bytes = account->peak() - l1;
+        out = torch::Tensor();
+        x = torch::Tensor();
+        if (b.reversible) {
+          auto* rev = static_cast<models::ReversibleBlock*>(block.get());
+          models::FreezeRunningStats freeze;
+          const int64_t lr = account->current();
+          account->ResetPeak();
+          { auto rebuilt = models::RebuildBackward(*rev, inputs[i + 1], grad, input_grad); }
+          b.rebuild_transient_bytes = account->peak() - lr;
+        }
+      }
+      if (o.progress) {
+        o.progress(absl::StrCat("profiled block ", b.index, " (", b.kind, "): forward ",
+                                b.forward_s * 1e3, " ms, backward ", b.backward_s * 1e3, " ms"));
+      }
+      p.blocks.push_back(std::move(b));
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("profiling ", p.model, ": ", e.what()));
+  }
+  return p;
+}
+
+absl::StatusOr<ModelProfile> CachedProfile(const JobSpec& spec, int64_t batch,
+                                           const torch::Device& device, const ProfileOptions& o,
+                                           bool* cached) {
+  namespace fs = std::filesystem;
+  if (cached) *cached = false;
+  const std::string key = ProfileKey(spec, batch, device, at::get_num_threads(), AuxHeadOf(spec, o));
+  fs::path path;
+  if (!o.cache_dir.empty()) {
+    path = fs::path(o.cache_dir) / (key + ".profile");
+    if (!o.refresh && fs::exists(path)) {
+      std::ifstream in(path);
+      std::stringstream text;
+      text << in.rdbuf();
+      auto p = ParseProfile(text.str());
+      if (p.ok() && p->key == key) {
+        if (cached) *cached = true;
+        return p;
+      }
+    }
+  }
+  auto p = ProfileModel(spec, batch, device, o);
+  if (!p.ok() || path.empty()) return p;
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("profile cache ", o.cache_dir, ": ", ec.message()));
+  }
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << SerializeProfile(*p);
+    if (!out) return absl::UnavailableError(absl::StrCat("writing ", tmp.string()));
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("writing ", path.string(), ": ", ec.message()));
+  return p;
+}
+
+}  // namespace stagewise::planner

@@ -1,0 +1,355 @@
+// The planner's dynamic programs against brute force, and its plans against
+// their caps (ALGORITHMS.md, "Reversible layers": oracle).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "coordinator/planner/knapsack.h"
+#include "coordinator/planner/partition.h"
+#include "coordinator/planner/planner.h"
+#include "coordinator/planner/profile.h"
+
+namespace stagewise::planner {
+namespace {
+
+// Best value of the chain problem over all 2^n choices (-1: none feasible).
+double BruteChain(const std::vector<ChainItem>& items, int64_t capacity) {
+  const int n = static_cast<int>(items.size());
+  double best = -1;
+  for (uint32_t mask = 0; mask < (1u << n); ++mask) {
+    int64_t w = 0;
+    double v = 0;
+    bool ok = true;
+    for (int i = 0; i < n; ++i) {
+      const bool x = mask >> i & 1;
+      if (items[i].forced && !x) ok = false;
+      if (x) w += items[i].weight, v += items[i].value;
+      if (i >= 1 && (x || (mask >> (i - 1) & 1))) w += items[i].boundary;
+    }
+    if (ok && w <= capacity) best = std::max(best, v);
+  }
+  return best;
+}
+
+// What a choice costs under the chain rules.
+int64_t ChainWeight(const std::vector<ChainItem>& items, const std::vector<bool>& x) {
+  int64_t w = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (x[i]) w += items[i].weight;
+    if (i >= 1 && (x[i] || x[i - 1])) w += items[i].boundary;
+  }
+  return w;
+}
+
+TEST(Knapsack, Knapsack01EqualsBruteForceOnRandomInstances) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n = 1 + trial % 16;
+    std::vector<KnapsackItem> items(n);
+    int64_t total = 0;
+    for (auto& it : items) {
+      it.value = std::uniform_real_distribution<double>(0, 10)(rng);
+      it.weight = std::uniform_int_distribution<int64_t>(0, 40)(rng);
+      total += it.weight;
+    }
+    const int64_t capacity = std::uniform_int_distribution<int64_t>(0, total)(rng);
+    KnapsackResult r = Knapsack01(items, capacity);
+    double best = 0;
+    for (uint32_t mask = 0; mask < (1u << n); ++mask) {
+      int64_t w = 0;
+      double v = 0;
+      for (int i = 0; i < n; ++i) {
+        if (mask >> i & 1) w += items[i].weight, v += items[i].value;
+      }
+      if (w <= capacity) best = std::max(best, v);
+    }
+    ASSERT_NEAR(r.value, best, 1e-9) << "trial " << trial << ", n=" << n;
+    // The backtracked choice is feasible and worth the optimum.
+    int64_t w = 0;
+    double v = 0;
+    for (int i = 0; i < n; ++i) {
+      if (r.chosen[i]) w += items[i].weight, v += items[i].value;
+    }
+    EXPECT_LE(w, capacity);
+    EXPECT_EQ(w, r.weight);
+    EXPECT_NEAR(v, best, 1e-9);
+  }
+}
+
+TEST(Knapsack, ChainKnapsackEqualsBruteForceOnRandomInstances) {
+  std::mt19937 rng(11);
+  int infeasible = 0, mixed = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n = 1 + trial % 16;
+    std::vector<ChainItem> items(n);
+    int64_t total = 0;
+    for (auto& it : items) {
+      it.value = std::uniform_real_distribution<double>(0, 10)(rng);
+      it.weight = std::uniform_int_distribution<int64_t>(0, 30)(rng);
+      it.boundary = trial % 4 == 0 ? 0 : std::uniform_int_distribution<int64_t>(0, 20)(rng);
+      it.forced = std::uniform_int_distribution<int>(0, 5)(rng) == 0;
+      total += it.weight + it.boundary;
+    }
+    const int64_t capacity = std::uniform_int_distribution<int64_t>(0, total)(rng);
+    const double best = BruteChain(items, capacity);
+    KnapsackResult r = ChainKnapsack(items, capacity);
+    ASSERT_NEAR(r.value, best, 1e-9) << "trial " << trial << ", n=" << n;
+    if (best < 0) {
+      ++infeasible;
+      EXPECT_TRUE(r.chosen.empty());
+      continue;
+    }
+    ASSERT_EQ(r.chosen.size(), items.size());
+    EXPECT_LE(ChainWeight(items, r.chosen), capacity);
+    EXPECT_EQ(ChainWeight(items, r.chosen), r.weight);
+    double v = 0;
+    int stored = 0;
+    for (int i = 0; i < n; ++i) {
+      if (items[i].forced) EXPECT_TRUE(r.chosen[i]) << "forced block " << i;
+      if (r.chosen[i]) v += items[i].value, ++stored;
+    }
+    EXPECT_NEAR(v, best, 1e-9);
+    if (stored > 0 && stored < n) ++mixed;
+  }
+  // The instances exercise both outcomes.
+  EXPECT_GT(infeasible, 0);
+  EXPECT_GT(mixed, 100);
+}
+
+TEST(Knapsack, ChainWithoutBoundariesIsKnapsack01) {
+  std::vector<ChainItem> chain = {{5, 4, 0, false}, {4, 3, 0, false}, {3, 2, 0, false}};
+  std::vector<KnapsackItem> plain = {{5, 4}, {4, 3}, {3, 2}};
+  for (int64_t c = 0; c <= 9; ++c) {
+    EXPECT_DOUBLE_EQ(ChainKnapsack(chain, c).value, Knapsack01(plain, c).value) << c;
+  }
+  // Capacity 5: {4, 3} -> 7 beats {5} alone.
+  EXPECT_EQ(Knapsack01(plain, 5).chosen, (std::vector<bool>{false, true, true}));
+}
+
+TEST(Knapsack, UnitsRoundWeightsUpAndCapacityDown) {
+  EXPECT_EQ(WeightUnits(1, 1024), 1);
+  EXPECT_EQ(WeightUnits(1024, 1024), 1);
+  EXPECT_EQ(WeightUnits(1025, 1024), 2);
+  EXPECT_EQ(CapacityUnits(2047, 1024), 1);
+  EXPECT_EQ(WeightUnits(0, 7), 0);
+}
+
+TEST(Partition, MinMaxEqualsBruteForceOnSmallCases) {
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n = 2 + trial % 9;
+    const int J = 1 + trial % std::min(n, 4);
+    std::vector<double> t(n);
+    for (auto& v : t) v = std::uniform_real_distribution<double>(0.1, 5)(rng);
+    // Per-worker caps on the number of blocks (a memory cap in miniature).
+    std::vector<int> cap(J);
+    for (auto& c : cap) c = std::uniform_int_distribution<int>(1, n)(rng);
+    auto cost = [&](int b, int e, int j) {
+      if (e - b > cap[j]) return std::numeric_limits<double>::infinity();
+      double s = 0;
+      for (int i = b; i < e; ++i) s += t[i] * (1.0 + 0.1 * j);  // workers differ in speed
+      return s;
+    };
+    // Brute force over the J-1 cut points.
+    double best = std::numeric_limits<double>::infinity();
+    std::vector<int> cuts(J + 1);
+    std::function<void(int, int)> rec = [&](int j, int begin) {
+      if (j == J - 1) {
+        const double c = cost(begin, n, j);
+        double worst = c;
+        int b = 0;
+        for (int k = 0; k < J - 1; ++k) worst = std::max(worst, cost(cuts[k], cuts[k + 1], k)), b++;
+        best = std::min(best, worst);
+        return;
+      }
+      for (int e = begin + 1; e <= n - (J - 1 - j); ++e) {
+        cuts[j] = begin;
+        cuts[j + 1] = e;
+        rec(j + 1, e);
+      }
+    };
+    rec(0, 0);
+    PartitionResult r = MinMaxPartition(n, J, cost);
+    if (best == std::numeric_limits<double>::infinity()) {
+      EXPECT_FALSE(r.feasible) << "trial " << trial;
+      continue;
+    }
+    ASSERT_TRUE(r.feasible) << "trial " << trial;
+    EXPECT_NEAR(r.bottleneck, best, 1e-9) << "trial " << trial;
+    ASSERT_EQ(static_cast<int>(r.ranges.size()), J);
+    EXPECT_EQ(r.ranges.front().first, 0);
+    EXPECT_EQ(r.ranges.back().second, n);
+    double worst = 0;
+    for (int j = 0; j < J; ++j) {
+      EXPECT_LT(r.ranges[j].first, r.ranges[j].second);
+      if (j > 0) EXPECT_EQ(r.ranges[j].first, r.ranges[j - 1].second);
+      worst = std::max(worst, cost(r.ranges[j].first, r.ranges[j].second, j));
+    }
+    EXPECT_NEAR(worst, r.bottleneck, 1e-9);
+  }
+}
+
+// A synthetic RevNet-like profile: stem, reversible blocks, a head.
+ModelProfile SyntheticProfile(int reversible, std::mt19937& rng) {
+  ModelProfile p;
+  p.model = "synthetic";
+  p.batch_size = 32;
+  p.label_bytes = 256;
+  auto block = [&](int index, const char* kind, bool rev) {
+    BlockProfile b;
+    b.index = index;
+    b.kind = kind;
+    b.reversible = rev;
+    std::uniform_real_distribution<double> t(1e-3, 5e-3);
+    b.forward_s = t(rng);
+    b.forward_nograd_s = b.forward_s * 0.9;
+    b.backward_s = 2 * t(rng);
+    b.rebuild_backward_s = b.backward_s + b.forward_s;
+    b.step_s = 1e-4;
+    b.message_s = 2e-4;
+    b.input_bytes = b.output_bytes = 1 << 20;
+    b.graph_bytes = std::uniform_int_distribution<int64_t>(2 << 20, 6 << 20)(rng);
+    b.backward_transient_bytes = 2 << 20;
+    b.rebuild_transient_bytes = 3 << 20;
+    b.forward_transient_bytes = 1 << 20;
+    b.parameter_bytes = b.optimizer_bytes = 1 << 16;
+    return b;
+  };
+  p.blocks.push_back(block(0, "stem", false));
+  for (int i = 0; i < reversible; ++i) p.blocks.push_back(block(i + 1, "reversible", true));
+  p.blocks.push_back(block(reversible + 1, "head", false));
+  p.blocks.back().output_bytes = 32 * 10 * 4;
+  return p;
+}
+
+TEST(Planner, PlansRespectEveryCapAndMixModesInBetween) {
+  std::mt19937 rng(5);
+  for (const char* algorithm : {"backprop", "petra"}) {
+    ModelProfile p = SyntheticProfile(8, rng);
+    PlanOptions o;
+    o.num_stages = 2;
+    o.algorithm = algorithm;
+    o.modes = "rebuild";
+    auto low = MakePlan(p, o);
+    ASSERT_TRUE(low.ok()) << low.status();
+    o.modes = "store";
+    auto high = MakePlan(p, o);
+    ASSERT_TRUE(high.ok()) << high.status();
+    int64_t lo = 0, hi = 0;
+    for (const auto& s : low->stages) lo = std::max(lo, s.estimate.peak_bytes);
+    for (const auto& s : high->stages) hi = std::max(hi, s.estimate.peak_bytes);
+    ASSERT_LT(lo, hi) << algorithm;
+    o.modes = "auto";
+    int mixed = 0;
+    for (int k = 0; k <= 10; ++k) {
+      const int64_t cap = lo + (hi - lo) * k / 10;
+      o.memory_caps = {cap};
+      auto plan = MakePlan(p, o);
+      ASSERT_TRUE(plan.ok()) << algorithm << " cap " << cap << ": " << plan.status();
+      int stored = 0, rebuilt = 0;
+      for (const auto& s : plan->stages) {
+        EXPECT_LE(s.estimate.peak_bytes, cap) << algorithm << " stage [" << s.begin << ","
+                                              << s.end << ")";
+        for (int i = s.begin; i < s.end; ++i) {
+          if (!p.blocks[i].reversible) {
+            EXPECT_TRUE(s.store[i - s.begin]);
+          } else {
+            (s.store[i - s.begin] ? stored : rebuilt)++;
+          }
+        }
+      }
+      if (stored > 0 && rebuilt > 0) ++mixed;
+    }
+    EXPECT_GT(mixed, 0) << algorithm;
+    // Below the all-rebuild figure nothing fits, and the error says so.
+    o.memory_caps = {lo / 2};
+    auto none = MakePlan(p, o);
+    ASSERT_FALSE(none.ok());
+    EXPECT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
+  }
+}
+
+TEST(Planner, AutoModesAreTheFastestChoiceUnderTheCap) {
+  // Brute force over every store/rebuild choice of one stage: the planner's
+  // pick is feasible and no feasible choice is faster (by the same estimate).
+  std::mt19937 rng(9);
+  ModelProfile p = SyntheticProfile(6, rng);
+  const int n = static_cast<int>(p.blocks.size());
+  StageRole role{true, true, 1};
+  PlanOptions o;
+  o.algorithm = "backprop";
+  std::vector<bool> all(n, true), none(n, true);
+  for (int i = 1; i < n - 1; ++i) none[i] = false;
+  const int64_t lo = EstimateStage(p, "backprop", 0, n, none, role).peak_bytes;
+  const int64_t hi = EstimateStage(p, "backprop", 0, n, all, role).peak_bytes;
+  for (int k = 1; k < 8; ++k) {
+    const int64_t cap = lo + (hi - lo) * k / 8;
+    auto sp = PlanStage(p, o, 0, n, role, cap);
+    ASSERT_TRUE(sp.ok()) << sp.status();
+    EXPECT_LE(sp->estimate.peak_bytes, cap);
+    double best = std::numeric_limits<double>::infinity();
+    for (uint32_t mask = 0; mask < (1u << (n - 2)); ++mask) {
+      std::vector<bool> x(n, true);
+      for (int i = 1; i < n - 1; ++i) x[i] = mask >> (i - 1) & 1;
+      const StageEstimate e = EstimateStage(p, "backprop", 0, n, x, role);
+      if (e.peak_bytes <= cap) best = std::min(best, e.time_s());
+    }
+    // The knapsack works on kept bytes with a safety margin for transients,
+    // so it may leave a little on the table, never exceed the cap.
+    EXPECT_LE(sp->estimate.time_s(), best * 1.10) << "cap " << cap;
+  }
+}
+
+TEST(Planner, AutoPartitionBalancesTheSlowestStage) {
+  std::mt19937 rng(1);
+  ModelProfile p = SyntheticProfile(10, rng);
+  PlanOptions o;
+  o.num_stages = 3;
+  o.algorithm = "delayed";
+  auto plan = MakePlan(p, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // No even split is better than the DP's.
+  o.ranges = {{0, 4}, {4, 8}, {8, 12}};
+  auto even = MakePlan(p, o);
+  ASSERT_TRUE(even.ok());
+  EXPECT_LE(plan->bottleneck_s, even->bottleneck_s + 1e-12);
+  // Predictions: backprop is the reference.
+  ASSERT_FALSE(plan->predictions.empty());
+  EXPECT_EQ(plan->predictions[0].algorithm, "backprop");
+  EXPECT_DOUBLE_EQ(plan->predictions[0].speedup, 1.0);
+  EXPECT_FALSE(PlanText(p, *plan).empty());
+  EXPECT_NE(PlanJson(p, *plan).find("\"predictions\""), std::string::npos);
+}
+
+TEST(Planner, ParseBytes) {
+  EXPECT_EQ(*ParseBytes("2GiB"), int64_t{2} << 30);
+  EXPECT_EQ(*ParseBytes("512MiB"), int64_t{512} << 20);
+  EXPECT_EQ(*ParseBytes("1.5G"), 1500000000);
+  EXPECT_EQ(*ParseBytes("1000"), 1000);
+  EXPECT_FALSE(ParseBytes("lots").ok());
+  EXPECT_FALSE(ParseBytes("2 parsecs").ok());
+}
+
+TEST(Profile, SerializeParseRoundTrip) {
+  std::mt19937 rng(2);
+  ModelProfile p = SyntheticProfile(3, rng);
+  p.key = "k";
+  p.device = "cpu";
+  p.threads = 1;
+  p.repeats = 5;
+  p.aux_head = "conv:16,16";
+  auto q = ParseProfile(SerializeProfile(p));
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(SerializeProfile(*q), SerializeProfile(p));
+  EXPECT_EQ(q->blocks.size(), p.blocks.size());
+  auto bad = ParseProfile("stagewise-profile 1\nblock 0 stem 0 x\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("line 2"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace stagewise::planner
