@@ -1,5 +1,7 @@
 #include "coordinator/job_manager.h"
 
+#include "coordinator/planner/planner.h"
+
 #include <algorithm>
 #include <cmath>
 #include <iostream>
@@ -44,11 +46,7 @@ absl::Status JobManager::Start() {
                         ? models::ResolvePartition(spec->stages, static_cast<int>(plan->size()))
                         : absl::StatusOr<std::vector<std::pair<int, int>>>(plan.status());
       if (ranges.ok()) {
-        ActiveJob job;
-        job.spec = *spec;
-        job.yaml = rec.spec_yaml;
-        job.ranges = *ranges;
-        active_[id] = std::move(job);
+        active_[id] = NewActiveJob(*spec, rec.spec_yaml, *plan, *ranges);
         pending_.push_back(id);
         continue;
       }
@@ -95,6 +93,28 @@ void JobManager::Housekeeping() {
   }
 }
 
+JobManager::ActiveJob JobManager::NewActiveJob(const JobSpec& spec, const std::string& yaml,
+                                               const std::vector<models::BlockInfo>& blocks,
+                                               const std::vector<std::pair<int, int>>& ranges) {
+  ActiveJob job;
+  job.spec = spec;
+  job.yaml = yaml;
+  job.ranges = ranges;
+  const bool reversible = std::any_of(blocks.begin(), blocks.end(),
+                                      [](const models::BlockInfo& b) { return b.reversible; });
+  // An auto partition, or auto modes under a budget, need a profile first.
+  job.needs_plan = spec.stages.partition == "auto" ||
+                   (reversible && spec.stages.modes == "auto" && spec.stages.memory_budget > 0);
+  if (!job.needs_plan && reversible && spec.stages.modes != "auto") {
+    for (const auto& [b, e] : ranges) {
+      std::vector<std::string> modes;
+      for (int i = b; i < e; ++i) modes.push_back(blocks[i].reversible ? spec.stages.modes : "store");
+      job.modes.push_back(std::move(modes));
+    }
+  }
+  return job;
+}
+
 absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml) {
   auto spec = ParseJobSpec(yaml);
   if (!spec.ok()) return spec.status();
@@ -135,11 +155,7 @@ absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml) {
   st.set_updated_unix_ms(st.created_unix_ms());
   if (absl::Status s = store_->CreateJob(record); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  ActiveJob job;
-  job.spec = *spec;
-  job.yaml = yaml;
-  job.ranges = *ranges;
-  active_[st.job_id()] = std::move(job);
+  active_[st.job_id()] = NewActiveJob(*spec, yaml, *plan, *ranges);
   statuses_[st.job_id()] = st;
   pending_.push_back(st.job_id());
   metrics_->CountTransition("PENDING");
@@ -385,6 +401,9 @@ void JobManager::OnEvent(const v1::WorkerEvent& event) {
       }
       return;
     }
+    case v1::WorkerEvent::kProfile:
+      OnProfileLocked(event.profile());
+      return;
     case v1::WorkerEvent::kError: {
       const v1::StageError& e = event.error();
       if (active_.count(e.job_id())) EndJobLocked(e.job_id(), v1::FAILED, e.message());
@@ -416,29 +435,102 @@ void JobManager::ScheduleLocked() {
       continue;
     }
     idle.resize(need);
-    if (!TransitionLocked(id, v1::CONFIGURING, "")) continue;
+    const bool profile = job.needs_plan && !job.planned;
+    if (!TransitionLocked(id, profile ? v1::PROFILING : v1::CONFIGURING, "")) continue;
     job.workers = idle;
     for (size_t j = 0; j < need; ++j) {
       workers_[idle[j]].job_id = id;
       workers_[idle[j]].stage = static_cast<int>(j);
     }
-    for (size_t j = 0; j < need; ++j) {
+    if (profile) {
+      // One worker profiles (workers of a job share a device type); the plan
+      // follows when its ProfileResult arrives.
       v1::Command c;
-      v1::StageAssignment* a = c.mutable_configure();
-      a->set_job_id(id);
-      a->set_stage(static_cast<int>(j));
-      a->set_num_stages(static_cast<int>(need));
-      a->set_block_begin(job.ranges[j].first);
-      a->set_block_end(job.ranges[j].second);
-      if (j + 1 < need) a->set_next_address(workers_[idle[j + 1]].info.address());
-      a->set_job_spec_yaml(job.yaml);
-      c.set_command_id(next_command_++);
-      job.pending_acks.insert(c.command_id());
-      SendLocked(idle[j], std::move(c));
+      c.mutable_profile()->set_job_id(id);
+      c.mutable_profile()->set_job_spec_yaml(job.yaml);
+      SendLocked(idle[0], std::move(c));
+      continue;
     }
+    ConfigureLocked(id);
   }
   pending_ = std::move(still_pending);
   RefreshGaugesLocked();
+}
+
+void JobManager::ConfigureLocked(const std::string& id) {
+  ActiveJob& job = active_[id];
+  const size_t need = job.workers.size();
+  for (size_t j = 0; j < need; ++j) {
+    v1::Command c;
+    v1::StageAssignment* a = c.mutable_configure();
+    a->set_job_id(id);
+    a->set_stage(static_cast<int>(j));
+    a->set_num_stages(static_cast<int>(need));
+    a->set_block_begin(job.ranges[j].first);
+    a->set_block_end(job.ranges[j].second);
+    if (j + 1 < need) a->set_next_address(workers_[job.workers[j + 1]].info.address());
+    a->set_job_spec_yaml(job.yaml);
+    if (j < job.modes.size()) {
+      for (const std::string& m : job.modes[j]) a->add_block_modes(m);
+    }
+    c.set_command_id(next_command_++);
+    job.pending_acks.insert(c.command_id());
+    SendLocked(job.workers[j], std::move(c));
+  }
+}
+
+void JobManager::OnProfileLocked(const v1::ProfileResult& result) {
+  auto jit = active_.find(result.job_id());
+  if (jit == active_.end() || jit->second.planned) return;
+  ActiveJob& job = jit->second;
+  auto profile = planner::ParseProfile(result.profile());
+  if (!profile.ok()) {
+    EndJobLocked(result.job_id(), v1::FAILED,
+                 absl::StrCat("profile from the worker: ", profile.status().message()));
+    return;
+  }
+  planner::PlanOptions options =
+      planner::PlanOptionsForJob(job.spec, static_cast<int>(profile->blocks.size()));
+  if (options.memory_caps.empty()) {
+    // The workers' own --memory-bytes, where every one of them says.
+    std::vector<int64_t> caps;
+    for (const std::string& w : job.workers) caps.push_back(workers_[w].info.memory_bytes());
+    if (std::all_of(caps.begin(), caps.end(), [](int64_t c) { return c > 0; })) {
+      options.memory_caps = caps;
+    }
+  }
+  auto plan = planner::MakePlan(*profile, options);
+  if (!plan.ok()) {
+    EndJobLocked(result.job_id(), v1::FAILED, absl::StrCat("plan: ", plan.status().message()));
+    return;
+  }
+  job.planned = true;
+  job.ranges.clear();
+  job.modes.clear();
+  v1::JobStatus st = statuses_[result.job_id()];
+  auto& summary = *st.mutable_summary();
+  for (size_t j = 0; j < plan->stages.size(); ++j) {
+    const planner::StagePlan& s = plan->stages[j];
+    job.ranges.emplace_back(s.begin, s.end);
+    std::vector<std::string> modes;
+    for (int i = s.begin; i < s.end; ++i) modes.push_back(s.store[i - s.begin] ? "store" : "rebuild");
+    job.modes.push_back(std::move(modes));
+    const std::string stage = absl::StrCat("plan.stage", j, ".");
+    summary[stage + "block_begin"] = s.begin;
+    summary[stage + "block_end"] = s.end;
+    summary[stage + "peak_bytes"] = static_cast<double>(s.estimate.peak_bytes);
+    summary[stage + "seconds_per_batch"] = s.estimate.time_s() + s.estimate.aux_head_s;
+    int rebuilt = 0;
+    for (int i = s.begin; i < s.end; ++i) rebuilt += s.store[i - s.begin] ? 0 : 1;
+    summary[stage + "rebuild_blocks"] = rebuilt;
+  }
+  for (const planner::Prediction& p : plan->predictions) {
+    summary[absl::StrCat("plan.predicted.", p.algorithm)] = p.seconds_per_batch;
+  }
+  summary["plan.profile_cached"] = result.cached() ? 1 : 0;
+  UpdateStatusLocked(st, "planned");
+  if (!TransitionLocked(result.job_id(), v1::CONFIGURING, "")) return;
+  ConfigureLocked(result.job_id());
 }
 
 void JobManager::SendLocked(const std::string& worker_id, v1::Command command) {

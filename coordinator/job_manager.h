@@ -21,6 +21,7 @@
 #include "coordinator/store.h"
 #include "services/common/job_spec.h"
 #include "services/metrics/metrics.h"
+#include "services/models/block.h"
 #include "stagewise/v1/coordinator.pb.h"
 
 namespace stagewise::coordinator {
@@ -84,6 +85,11 @@ class JobManager {
     JobSpec spec;
     std::string yaml;
     std::vector<std::pair<int, int>> ranges;
+    // The planner (PROFILING): a worker profiles the model, then ranges and
+    // block modes come from the plan.
+    bool needs_plan = false;
+    bool planned = false;
+    std::vector<std::vector<std::string>> modes;  // per stage, per block; empty = default
     std::vector<std::string> workers;  // by stage
     std::set<int64_t> pending_acks;
     std::set<int> finished_stages;
@@ -93,6 +99,9 @@ class JobManager {
     absl::Time started;
   };
 
+  static ActiveJob NewActiveJob(const JobSpec& spec, const std::string& yaml,
+                               const std::vector<models::BlockInfo>& blocks,
+                               const std::vector<std::pair<int, int>>& ranges);
   void Housekeeping();
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Persists, updates metrics and notifies watchers. False if the store refused.
@@ -105,6 +114,10 @@ class JobManager {
   // Ends an active job: stops its stages, frees its workers.
   void EndJobLocked(const std::string& job_id, v1::JobState state, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends every stage its StageAssignment (job.workers already chosen).
+  void ConfigureLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker's profile arrived: plan, record the plan, configure.
+  void OnProfileLocked(const v1::ProfileResult& result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendLocked(const std::string& worker_id, v1::Command command)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WorkerLostLocked(const std::string& worker_id, const std::string& why)

@@ -29,7 +29,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--device", options.device, "cpu or cuda:N")->capture_default_str();
   app.add_option("--name", options.name, "Worker id (default: advertised host:port)");
-  app.add_option("--memory-bytes", options.memory_bytes, "Memory a stage may use (0: unknown)");
+  app.add_option("--memory-bytes", options.memory_bytes,
+                 "Memory a stage may use, in bytes (0: unknown); the planner's cap for jobs "
+                 "without stages.memory_budget");
+  app.add_option("--profile-cache", options.profile_cache,
+                 "Where block profiles are cached (default: $STAGEWISE_PROFILE_CACHE, else "
+                 "~/.cache/stagewise/profiles)");
   app.add_option("--threads", threads, "LibTorch CPU threads (0: LibTorch's default)");
   app.add_option("--port-file", port_file,
                  "Write 'GRPC_PORT METRICS_PORT' here once serving (for supervisors)");

@@ -9,11 +9,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "services/common/job_spec.h"
 #include "services/data/dataset.h"
 #include "services/metrics/metrics.h"
+#include "services/models/modal_pass.h"
 #include "services/models/model.h"
 #include "stagewise/v1/stage.pb.h"
 
@@ -33,6 +35,9 @@ class StageContext {
   virtual models::Model& model() = 0;
   virtual torch::optim::Optimizer& optimizer() = 0;
   virtual torch::Device device() const = 0;
+  // Per block of the stage: store or rebuild (reversible blocks, as the
+  // planner chose); empty when the job leaves it to the algorithm.
+  virtual const std::vector<models::BlockMode>& block_modes() const = 0;
 
   // Training length and schedule of the current phase (same numbers on every
   // stage); steps count from 0 in each phase.

@@ -139,10 +139,34 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
     rt->test_ = std::make_unique<data::BatchSampler>(rt->data_.test, test);
   }
 
+  const int num_blocks = assignment.block_end() - assignment.block_begin();
+  if (assignment.block_modes_size() > 0 && assignment.block_modes_size() != num_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StageAssignment.block_modes: ", assignment.block_modes_size(),
+                     " modes for the stage's ", num_blocks, " blocks"));
+  }
+  for (int i = 0; i < assignment.block_modes_size(); ++i) {
+    auto mode = models::ParseBlockMode(assignment.block_modes(i));
+    if (!mode.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StageAssignment.block_modes[", i, "]: ", mode.status().message()));
+    }
+    rt->block_modes_.push_back(*mode);
+  }
+  // Parameters and optimizer state count towards the stage's memory.
+  models::ScopedMemoryAccount charge(rt->memory_);
   auto model = models::BuildModel(rt->spec_.model, static_cast<uint64_t>(rt->spec_.seed),
                                   assignment.block_begin(), assignment.block_end());
   if (!model.ok()) return model.status();
   rt->model_ = *model;
+  for (int i = 0; i < static_cast<int>(rt->block_modes_.size()); ++i) {
+    if (rt->block_modes_[i] == models::BlockMode::kRebuild && !rt->model_->blocks()[i]->reversible()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StageAssignment.block_modes[", i, "]: block ",
+                       rt->model_->blocks()[i]->info().index, " (",
+                       rt->model_->blocks()[i]->info().kind, ") is not reversible"));
+    }
+  }
   try {
     rt->model_->to(rt->env_.device);
     rt->model_->train();
@@ -248,11 +272,16 @@ absl::Status StageRuntime::RunPhases() {
 
 void StageRuntime::ComputeLoop() {
   absl::Status status;
-  try {
-    status = RunPhases();
-  } catch (const std::exception& e) {
-    status = absl::InternalError(absl::StrCat("stage ", stage(), ": ", e.what()));
+  {
+    models::ScopedMemoryAccount charge(memory_);
+    try {
+      status = RunPhases();
+    } catch (const std::exception& e) {
+      status = absl::InternalError(absl::StrCat("stage ", stage(), ": ", e.what()));
+    }
   }
+  Summarize("peak_memory_bytes", static_cast<double>(memory_->peak()));
+  metrics_->SetMemory("tensors_peak", memory_->peak());
   if (status.ok()) {
     // Everything this stage had to send is queued: close and let it drain.
     if (downstream_) {
@@ -486,6 +515,8 @@ data::Batch StageRuntime::TrainBatch(int64_t step) const {
 }
 
 void StageRuntime::ReportStep(int64_t phase_steps_done, double train_loss, int64_t samples) {
+  metrics_->SetMemory("tensors", memory_->current());
+  metrics_->SetMemory("tensors_peak", memory_->peak());
   if (!env_.emit) return;
   const int64_t steps_done = phase_offset_ + phase_steps_done;
   // Every stage reports its step (the coordinator tracks the slowest); the last

@@ -19,6 +19,7 @@
 #include "services/rpc/server.h"
 #include "stagewise/v1/coordinator.pb.h"
 #include "worker/peer_stream.h"
+#include "services/models/memory_meter.h"
 #include "worker/stage_context.h"
 
 namespace stagewise::worker {
@@ -65,6 +66,7 @@ class StageRuntime final : public StageContext {
   models::Model& model() override { return *model_; }
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
   torch::Device device() const override { return env_.device; }
+  const std::vector<models::BlockMode>& block_modes() const override { return block_modes_; }
   int64_t steps_per_epoch() const override { return steps_per_epoch_; }
   int64_t total_steps() const override { return phase_steps_; }
   data::Batch TrainBatch(int64_t step) const override;
@@ -104,6 +106,10 @@ class StageRuntime final : public StageContext {
   v1::StageAssignment assignment_;
   JobSpec spec_;
   std::shared_ptr<models::Model> model_;
+  std::vector<models::BlockMode> block_modes_;
+  // CPU tensors of this stage (model build and compute thread), for
+  // peak_memory_bytes and the memory gauges.
+  std::shared_ptr<models::MemoryAccount> memory_ = std::make_shared<models::MemoryAccount>();
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<Algorithm> algorithm_;
   data::Datasets data_;

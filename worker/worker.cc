@@ -1,5 +1,7 @@
 #include "worker/worker.h"
 
+#include "coordinator/planner/profiler.h"
+
 #include <unistd.h>
 
 #include <iostream>
@@ -87,6 +89,7 @@ void Worker::Shutdown() {
   }
   if (control_thread_.joinable()) control_thread_.join();
   phase("control stream closed");
+  if (profile_thread_.joinable()) profile_thread_.join();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   phase("server stopped");
 }
@@ -256,6 +259,13 @@ void Worker::HandleCommand(const v1::Command& command) {
       ack();
       return;
     }
+    case v1::Command::kProfile: {
+      // Profiling takes seconds to minutes: off the control thread, one at a time.
+      if (profile_thread_.joinable()) profile_thread_.join();
+      profile_thread_ = std::thread([this, c = command.profile()] { Profile(c); });
+      ack();
+      return;
+    }
     case v1::Command::kStop: {
       std::shared_ptr<StageRuntime> rt = runtime();
       if (rt && rt->job_id() == command.stop().job_id()) {
@@ -268,6 +278,33 @@ void Worker::HandleCommand(const v1::Command& command) {
     default:
       ack();  // drain/checkpoint/evaluate arrive with later features
   }
+}
+
+void Worker::Profile(const v1::ProfileCommand& command) {
+  auto fail = [&](const absl::Status& s) {
+    v1::WorkerEvent e;
+    auto* err = e.mutable_error();
+    err->set_job_id(command.job_id());
+    err->set_stage(-1);
+    err->set_code(static_cast<int>(s.code()));
+    err->set_message(absl::StrCat("profiling on ", address(), ": ", s.message()));
+    Emit(e);
+  };
+  auto spec = ParseJobSpec(command.job_spec_yaml());
+  if (!spec.ok()) return fail(spec.status());
+  planner::ProfileOptions options;
+  options.cache_dir = options_.profile_cache.empty() ? planner::DefaultProfileCacheDir()
+                                                     : options_.profile_cache;
+  options.progress = [](const std::string& line) { std::cerr << "worker: " << line << "\n"; };
+  bool cached = false;
+  auto profile = planner::CachedProfile(*spec, spec->batch_size, device_, options, &cached);
+  if (!profile.ok()) return fail(profile.status());
+  v1::WorkerEvent e;
+  auto* r = e.mutable_profile();
+  r->set_job_id(command.job_id());
+  r->set_profile(planner::SerializeProfile(*profile));
+  r->set_cached(cached);
+  Emit(e);
 }
 
 absl::Status Worker::Route(const v1::StageMessage& first, std::shared_ptr<UpstreamStream> stream,

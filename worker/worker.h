@@ -28,6 +28,7 @@ struct WorkerOptions {
   std::string device = "cpu";
   std::string name;  // default: host:port
   int64_t memory_bytes = 0;
+  std::string profile_cache;  // "" = planner::DefaultProfileCacheDir()
   absl::Duration heartbeat = absl::Seconds(1);
   absl::Duration reconnect = absl::Seconds(1);
   rpc::RpcOptions rpc;
@@ -68,6 +69,8 @@ class Worker {
   std::shared_ptr<grpc::Channel> coordinator_channel_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
   std::thread control_thread_;
+  std::thread profile_thread_;  // the last ProfileCommand (joined before the next and at shutdown)
+  void Profile(const v1::ProfileCommand& command);
   std::atomic<bool> shutdown_{false};
 
   mutable absl::Mutex mu_;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 namespace stagewise::cli {
 
@@ -77,6 +78,23 @@ struct LocalArgs {
   int64_t steps = -1;  // >= 1: run this many steps (each phase, with phases)
 };
 
+// `plan`: profile here (cached) and plan the job's partition and modes.
+struct PlanArgs {
+  std::string job_path;
+  std::string memory_budget;         // "" = the job's stages.memory_budget
+  std::string modes;                 // "" = the job's stages.modes
+  std::string partition = "job";     // job | auto
+  std::vector<int64_t> batch_sizes;  // sweep; empty = the job's batch size
+  int threads = 0;                   // 0 = max(1, cores / stages), as `local`
+  std::string device = "cpu";
+  int repeats = 5;
+  std::string cache_dir;  // "" = planner::DefaultProfileCacheDir()
+  bool refresh = false;
+  bool show_profile = true;
+  bool quiet = false;
+  std::string output = "text";
+};
+
 std::string VersionString();
 int TrainLocal(const TrainLocalArgs& args, std::ostream& out, std::ostream& err);
 int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err);
@@ -87,6 +105,7 @@ int List(const ListArgs& args, std::ostream& out, std::ostream& err);
 int Cancel(const CancelArgs& args, std::ostream& out, std::ostream& err);
 int Workers(const WorkersArgs& args, std::ostream& out, std::ostream& err);
 int Local(const LocalArgs& args, std::ostream& out, std::ostream& err);
+int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err);
 
 }  // namespace stagewise::cli
 

@@ -123,6 +123,49 @@ int main(int argc, char** argv) {
   local_cmd->add_flag("-q,--quiet", local.quiet, "No progress, only the result");
   output_option(local_cmd, local.output, "Result format");
 
+  PlanArgs plan;
+  auto* plan_cmd = app.add_subcommand(
+      "plan",
+      "Profile the job's model here (cached per model, batch size, device and threads) and\n"
+      "print the partition, per-stage time and memory, the store/rebuild mode of every\n"
+      "reversible block and each algorithm's predicted time per mini-batch");
+  plan_cmd->add_option("job", plan.job_path, "Job spec (YAML)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  plan_cmd->add_option("--memory-budget", plan.memory_budget,
+                       "Memory cap per worker, e.g. 2GiB or 512MiB (default: the job's "
+                       "stages.memory_budget; none: no cap)");
+  plan_cmd
+      ->add_option("--modes", plan.modes,
+                   "Reversible blocks: auto (knapsack under the cap), store or rebuild "
+                   "(default: the job's stages.modes)")
+      ->check(CLI::IsMember({"auto", "store", "rebuild"}));
+  plan_cmd
+      ->add_option("--partition", plan.partition,
+                   "job: the job's partition (auto ones are planned); auto: plan it anyway")
+      ->check(CLI::IsMember({"job", "auto"}))
+      ->capture_default_str();
+  plan_cmd->add_option("--batch-sizes", plan.batch_sizes,
+                       "Sweep these batch sizes and pick the best time per sample")
+      ->delimiter(',');
+  plan_cmd
+      ->add_option("--threads", plan.threads,
+                   "LibTorch threads while profiling (default: max(1, cores / stages), as "
+                   "`local` gives each worker)")
+      ->check(CLI::PositiveNumber);
+  plan_cmd->add_option("--device", plan.device, "Device to profile on (cpu, cuda:0)")
+      ->capture_default_str();
+  plan_cmd->add_option("--repeats", plan.repeats, "Timed runs per figure (median kept)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  plan_cmd->add_option("--cache-dir", plan.cache_dir,
+                       "Profile cache (default: $STAGEWISE_PROFILE_CACHE, else "
+                       "~/.cache/stagewise/profiles)");
+  plan_cmd->add_flag("--refresh", plan.refresh, "Profile again even when a cached profile exists");
+  plan_cmd->add_flag("!--no-profile", plan.show_profile, "Do not print the per-block profile");
+  plan_cmd->add_flag("-q,--quiet", plan.quiet, "No progress on stderr");
+  output_option(plan_cmd, plan.output, "Output format");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -135,6 +178,7 @@ int main(int argc, char** argv) {
   }
   if (train_cmd->parsed()) return TrainLocal(train, std::cout, std::cerr);
   if (validate_cmd->parsed()) return Validate(validate, std::cout, std::cerr);
+  if (plan_cmd->parsed()) return Plan(plan, std::cout, std::cerr);
   submit.coordinator = status.coordinator = list.coordinator = watch.coordinator =
       cancel.coordinator = workers.coordinator = coordinator;
   if (submit_cmd->parsed()) return Submit(submit, std::cout, std::cerr);

@@ -13,6 +13,7 @@
 #include "coordinator/planner/knapsack.h"
 #include "coordinator/planner/partition.h"
 #include "coordinator/timing_model.h"
+#include "services/common/job_spec.h"
 
 namespace stagewise::planner {
 namespace {
@@ -408,27 +409,35 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
   return out;
 }
 
-absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
-  std::string t = std::string(absl::StripAsciiWhitespace(text));
-  size_t i = 0;
-  while (i < t.size() && (absl::ascii_isdigit(t[i]) || t[i] == '.')) ++i;
-  double v = 0;
-  if (i == 0 || !absl::SimpleAtod(t.substr(0, i), &v)) {
-    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a size (e.g. 2GiB)"));
+PlanOptions PlanOptionsForJob(const JobSpec& spec, int num_blocks) {
+  PlanOptions o;
+  o.num_stages = spec.stages.count;
+  const AlgorithmSpec& a = Phases(spec).front().algorithm;
+  o.algorithm = a.name;
+  o.modes = spec.stages.modes;
+  if (spec.stages.memory_budget > 0) o.memory_caps = {spec.stages.memory_budget};
+  if (a.name == "backprop") {
+    o.micro_batches = static_cast<int>(a.GetInt("micro_batches"));
+    o.one_f_one_b = a.GetString("schedule") == "1f1b";
+  } else if (a.name == "nwise") {
+    o.micro_batches = static_cast<int>(a.GetInt("micro_batches"));
+    o.nwise_n = static_cast<int>(a.GetInt("n"));
   }
-  std::string unit = absl::AsciiStrToLower(t.substr(i));
-  static const std::map<std::string, double> kUnits = {
-      {"", 1},          {"b", 1},          {"k", 1e3},        {"kb", 1e3},
-      {"m", 1e6},       {"mb", 1e6},       {"g", 1e9},        {"gb", 1e9},
-      {"ki", 1024.0},   {"kib", 1024.0},   {"mi", 1048576.0}, {"mib", 1048576.0},
-      {"gi", 1073741824.0}, {"gib", 1073741824.0}};
-  auto it = kUnits.find(unit);
-  if (it == kUnits.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", text, "': unknown unit '", unit, "' (B, KB, MB, GB, KiB, MiB, GiB)"));
+  if (spec.stages.partition == "explicit") {
+    o.ranges = spec.stages.ranges;
+  } else if (spec.stages.partition == "even") {
+    // The same split as models::ResolvePartition: the first n % J stages get one more.
+    const int J = spec.stages.count;
+    for (int j = 0, b = 0; j < J && num_blocks >= J; ++j) {
+      const int size = num_blocks / J + (j < num_blocks % J ? 1 : 0);
+      o.ranges.emplace_back(b, b + size);
+      b += size;
+    }
   }
-  return static_cast<int64_t>(std::llround(v * it->second));
+  return o;
 }
+
+absl::StatusOr<int64_t> ParseBytes(const std::string& text) { return ParseByteSize(text); }
 
 std::string HumanBytes(int64_t bytes) {
   const double b = static_cast<double>(bytes);

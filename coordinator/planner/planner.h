@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/planner/profile.h"
+#include "services/common/job_spec.h"
 
 namespace stagewise::planner {
 
@@ -66,6 +67,11 @@ struct PlanOptions {
   // Knapsack units: at most this many per stage budget.
   int64_t max_units = 4096;
 };
+
+// The options a job implies: its stage count, first phase's algorithm (and
+// micro-batches / n), stages.modes and stages.memory_budget; its explicit or
+// even ranges unless stages.partition is auto (pass the block count).
+PlanOptions PlanOptionsForJob(const JobSpec& spec, int num_blocks);
 
 struct StagePlan {
   int begin = 0, end = 0;

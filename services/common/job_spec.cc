@@ -514,9 +514,30 @@ absl::Status ParseStages(const YAML::Node& node, StagesSpec* stages) {
     return TypeError(node, "stages", "a stage count or a map");
   }
   Section section(node, "stages");
-  section.CheckKeys({"count", "partition"});
+  section.CheckKeys({"count", "partition", "modes", "memory_budget"});
   section.Read("count", &stages->count);
   if (!section.status().ok()) return section.status();
+  if (const YAML::Node* modes = section.Find("modes"); modes != nullptr && !modes->IsNull()) {
+    const std::string value = modes->IsScalar() ? modes->Scalar() : "";
+    if (value != "auto" && value != "store" && value != "rebuild") {
+      return KeyError(section.PathOf("modes"),
+                      absl::StrCat("must be auto, store or rebuild, got '", value, "'",
+                                   MarkSuffix(*modes)));
+    }
+    stages->modes = value;
+  }
+  if (const YAML::Node* budget = section.Find("memory_budget");
+      budget != nullptr && !budget->IsNull()) {
+    auto bytes = budget->IsScalar() ? ParseByteSize(budget->Scalar())
+                                    : absl::InvalidArgumentError("expected a size");
+    if (!bytes.ok() || *bytes <= 0) {
+      return KeyError(section.PathOf("memory_budget"),
+                      absl::StrCat("must be a positive size such as 2GiB or 512MiB, got '",
+                                   budget->IsScalar() ? budget->Scalar() : "?", "'",
+                                   MarkSuffix(*budget)));
+    }
+    stages->memory_budget = *bytes;
+  }
   const YAML::Node* partition = section.Find("partition");
   if (partition == nullptr || partition->IsNull()) return absl::OkStatus();
   const std::string path = section.PathOf("partition");
@@ -1293,5 +1314,30 @@ absl::StatusOr<std::string> OverrideSteps(const std::string& yaml_text, int64_t 
 }
 
 std::vector<std::string> KnownAlgorithms() { return AlgorithmNames(); }
+
+}  // namespace stagewise
+
+namespace stagewise {
+
+absl::StatusOr<int64_t> ParseByteSize(const std::string& text) {
+  const std::string t(absl::StripAsciiWhitespace(text));
+  size_t i = 0;
+  while (i < t.size() && (absl::ascii_isdigit(t[i]) || t[i] == '.')) ++i;
+  double v = 0;
+  if (i == 0 || !absl::SimpleAtod(t.substr(0, i), &v)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a size (e.g. 2GiB)"));
+  }
+  const std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(t.substr(i)));
+  static const std::vector<std::pair<std::string, double>> kUnits = {
+      {"", 1},          {"b", 1},          {"k", 1e3},           {"kb", 1e3},
+      {"m", 1e6},       {"mb", 1e6},       {"g", 1e9},           {"gb", 1e9},
+      {"ki", 1024.0},   {"kib", 1024.0},   {"mi", 1048576.0},    {"mib", 1048576.0},
+      {"gi", 1073741824.0}, {"gib", 1073741824.0}};
+  for (const auto& [name, scale] : kUnits) {
+    if (name == unit) return static_cast<int64_t>(std::llround(v * scale));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", text, "': unknown unit '", unit, "' (B, KB, MB, GB, KiB, MiB, GiB)"));
+}
 
 }  // namespace stagewise

@@ -82,7 +82,18 @@ struct StagesSpec {
   std::string partition = "even";  // even | auto | explicit
   // explicit: [begin, end) global block ranges, contiguous and covering the model.
   std::vector<std::pair<int, int>> ranges;
+  // Reversible blocks (seed 001): "auto" lets the planner choose per block
+  // under memory_budget (without one, backprop stores and petra rebuilds);
+  // "store" (compute-centric) or "rebuild" (memory-centric) for all of them.
+  std::string modes = "auto";
+  // Memory cap per worker in bytes for the planner (0 = none; workers'
+  // --memory-budget applies then). Written as 2GiB, 512MiB, 1.5G or bytes.
+  int64_t memory_budget = 0;
 };
+
+// "2GiB", "512MiB", "64KiB", "1.5G", "300MB", "1000" -> bytes;
+// INVALID_ARGUMENT otherwise.
+absl::StatusOr<int64_t> ParseByteSize(const std::string& text);
 
 struct OptimizerSpec {
   std::string name = "sgd";  // sgd | adam

@@ -3,6 +3,8 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <mutex>
+#include <optional>
+#include <unordered_map>
 #include <utility>
 
 namespace stagewise::models {
@@ -10,17 +12,40 @@ namespace {
 
 thread_local std::shared_ptr<MemoryAccount> current_account;
 
-// What a charged allocation carries to its deleter.
+// Charged allocations by address. Some kernels (oneDNN) allocate through
+// raw_allocate, which needs the context to be the data pointer itself, so the
+// charge cannot ride in the DataPtr's context: it is looked up here on free.
 struct Charge {
-  c10::DataPtr inner;
   std::shared_ptr<MemoryAccount> account;
   int64_t bytes;
 };
+constexpr size_t kShards = 16;
+struct Shard {
+  std::mutex mu;
+  std::unordered_map<void*, Charge> charges;
+};
+Shard* Shards() {
+  static auto* shards = new Shard[kShards];  // leaked: frees may come after exit
+  return shards;
+}
+Shard& ShardOf(void* p) { return Shards()[(reinterpret_cast<uintptr_t>(p) >> 6) % kShards]; }
 
-void Release(void* context) {
-  auto* charge = static_cast<Charge*>(context);
-  charge->account->Sub(charge->bytes);
-  delete charge;  // frees the memory through the wrapped allocator's deleter
+c10::DeleterFnPtr base_deleter = nullptr;
+
+void CountingDelete(void* data) {
+  if (data == nullptr) return;
+  Shard& shard = ShardOf(data);
+  std::optional<Charge> charge;
+  {
+    std::lock_guard<std::mutex> lock(shard.mu);
+    auto it = shard.charges.find(data);
+    if (it != shard.charges.end()) {
+      charge = std::move(it->second);
+      shard.charges.erase(it);
+    }
+  }
+  if (charge) charge->account->Sub(charge->bytes);
+  base_deleter(data);
 }
 
 class CountingAllocator final : public c10::Allocator {
@@ -29,14 +54,21 @@ class CountingAllocator final : public c10::Allocator {
 
   c10::DataPtr allocate(size_t n) const override {
     c10::DataPtr inner = base_->allocate(n);
-    const std::shared_ptr<MemoryAccount>& account = current_account;
-    if (!account || n == 0) return inner;
     void* data = inner.get();
     const c10::Device device = inner.device();
-    account->Add(static_cast<int64_t>(n));
-    auto* charge = new Charge{std::move(inner), account, static_cast<int64_t>(n)};
-    return {data, charge, &Release, device};
+    // The default CPU allocator's context is the data pointer and its deleter
+    // the raw one; take ownership so that CountingDelete frees it.
+    (void)inner.release_context();
+    if (const std::shared_ptr<MemoryAccount>& account = current_account; account && data) {
+      account->Add(static_cast<int64_t>(n));
+      Shard& shard = ShardOf(data);
+      std::lock_guard<std::mutex> lock(shard.mu);
+      shard.charges[data] = Charge{account, static_cast<int64_t>(n)};
+    }
+    return {data, data, &CountingDelete, device};
   }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &CountingDelete; }
 
  private:
   c10::Allocator* base_;
@@ -55,7 +87,9 @@ void InstallMemoryMeter() {
   static std::once_flag once;
   std::call_once(once, [] {
     // Leaked on purpose: tensors may outlive every static destructor.
-    static auto* allocator = new CountingAllocator(c10::GetDefaultCPUAllocator());
+    c10::Allocator* base = c10::GetDefaultCPUAllocator();
+    base_deleter = base->raw_deleter();
+    static auto* allocator = new CountingAllocator(base);
     c10::SetCPUAllocator(allocator, /*priority=*/1);
   });
 }

@@ -4,12 +4,16 @@
 // with loss scale n_m / B so the sum is the mini-batch mean, and every stage
 // steps once per mini-batch. Stage 0 takes the next mini-batch only after its
 // step (flush). With `recompute`, a stage keeps only each micro-batch's input
-// and reruns the forward with a graph when the gradient returns.
+// and reruns the forward with a graph when the gradient returns. When the job
+// assigns block modes (the planner, seed 001), the stage runs a ModalPass:
+// storing blocks keep their graph, rebuilding reversible blocks keep nothing
+// and rebuild their inputs from their outputs in the backward.
 #include <chrono>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "services/models/batch_norm.h"
+#include "services/models/modal_pass.h"
 #include "services/training/optimizer.h"
 #include "worker/algorithms/common.h"
 
@@ -72,6 +76,7 @@ class Backprop : public Algorithm {
   struct InFlight {
     torch::Tensor input;   // leaf; requires grad on stages > 0
     torch::Tensor output;  // with graph, unless recompute
+    std::shared_ptr<models::ModalPass> pass;  // with block modes
   };
 
   int64_t HeldBytes() const {
@@ -98,6 +103,9 @@ class Backprop : public Algorithm {
     }
     const auto t0 = std::chrono::steady_clock::now();
     InFlight& f = inflight_[m];
+    if (!ctx.block_modes().empty()) {
+      return ModalForward(ctx, step, m, input, labels, std::move(labels_proto), t0);
+    }
     f.input = input;
     if (ctx.last()) {
       // Forward, loss and backward at once; the loss is scaled so that the
@@ -145,6 +153,16 @@ class Backprop : public Algorithm {
     auto grad = GetTensor(*msg, "grad", ctx.device());
     if (!grad.ok()) return grad.status();
     InFlight& f = inflight_[m];
+    if (f.pass) {
+      const auto t0 = std::chrono::steady_clock::now();
+      torch::Tensor grad_in = f.pass->Backward(*grad);
+      ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t0));
+      f = InFlight{};
+      if (ctx.first()) return absl::OkStatus();
+      v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, step, m);
+      STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", grad_in));
+      return ctx.SendToPrev(std::move(back));
+    }
     torch::Tensor out = f.output;
     if (recompute_) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -167,6 +185,35 @@ class Backprop : public Algorithm {
     f = InFlight{};
     ctx.stage_metrics().SetMemory("activations", HeldBytes());
     return absl::OkStatus();
+  }
+
+  // Forward through the stage's blocks in their assigned modes; the last
+  // stage goes on with the loss and the backward at once.
+  absl::Status ModalForward(StageContext& ctx, int64_t step, int m, const torch::Tensor& input,
+                            const torch::Tensor& labels, v1::TensorProto labels_proto,
+                            std::chrono::steady_clock::time_point t0) {
+    InFlight& f = inflight_[m];
+    auto pass = models::ModalPass::Forward(ctx.model().blocks(), ctx.block_modes(),
+                                           input.detach(), !ctx.first());
+    if (!pass.ok()) return pass.status();
+    f.pass = std::make_shared<models::ModalPass>(std::move(*pass));
+    ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
+    if (!ctx.last()) {
+      return SendForward(ctx, step, m, f.pass->output(), labels, std::move(labels_proto));
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    torch::Tensor logits = f.pass->output().requires_grad_(true);
+    const double weight = static_cast<double>(labels.size(0)) / static_cast<double>(batch_size_);
+    torch::Tensor loss = torch::cross_entropy_loss(logits, labels) * weight;
+    loss.backward();
+    loss_ += loss.item<double>();
+    torch::Tensor grad_in = f.pass->Backward(logits.grad());
+    ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t1));
+    f = InFlight{};
+    if (ctx.first()) return absl::OkStatus();
+    v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, step, m);
+    STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", grad_in));
+    return ctx.SendToPrev(std::move(back));
   }
 
   const int micro_batches_;

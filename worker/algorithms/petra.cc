@@ -154,7 +154,7 @@ class Petra : public Algorithm {
       torch::NoGradGuard no_grad;
       models::FreezeRunningStats freeze;  // batch statistics, running ones untouched
       for (size_t i = 0; i < blocks_.size(); ++i) {
-        if (!blocks_[i]->reversible()) f.inputs[i] = h;
+        if (!blocks_[i]->reversible() || Stores(ctx, i)) f.inputs[i] = h;
         if (verify_) seen.push_back(h);
         h = blocks_[i]->forward(h);
       }
@@ -194,7 +194,7 @@ class Petra : public Algorithm {
     double rebuild_time = 0, backward_time = 0;
     for (int i = static_cast<int>(blocks_.size()) - 1; i >= 0; --i) {
       const bool need_input_grad = i > 0 || !ctx.first();
-      if (blocks_[i]->reversible()) {
+      if (blocks_[i]->reversible() && !f.inputs[i].defined()) {
         // Eq. (4): rebuild (x, x~) from (y, y~) = (x~ + F(x), x) with the
         // current parameters, keeping the graph of F(x); then the VJP:
         // d x~ = d y, d x = d y~ + (dF/dx)^T d y, d theta = (dF/dtheta)^T d y.
@@ -216,7 +216,7 @@ class Petra : public Algorithm {
         backward_time += SecondsSince(t1);
         h = rebuilt;
       } else {
-        // Not invertible: the stored input, recomputed with a graph.
+        // Not invertible (or stored): the stored input, recomputed with a graph.
         torch::Tensor x = f.inputs[i];
         if (!x.defined()) return absl::InternalError(absl::StrCat("no input for block ", i));
         f.inputs[i] = torch::Tensor();
@@ -248,6 +248,12 @@ class Petra : public Algorithm {
     STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "x", h));
     STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", g));
     return ctx.SendToPrev(std::move(back));
+  }
+
+  // Block mode "store" (the planner): the reversible block keeps its input
+  // and is recomputed from it exactly, like a non-reversible one.
+  static bool Stores(StageContext& ctx, size_t i) {
+    return i < ctx.block_modes().size() && ctx.block_modes()[i] == models::BlockMode::kStore;
   }
 
   // verify_rebuild: relative distance of block i's rebuilt input from the one

@@ -1,0 +1,163 @@
+// `stagewise plan`: profile the job's model on this machine (cached), then
+// print the partition, per-stage time and memory, the mode of every
+// reversible block and each algorithm's predicted time per mini-batch.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "clients/cli/commands.h"
+#include "clients/cli/format.h"
+#include "coordinator/planner/planner.h"
+#include "coordinator/planner/profiler.h"
+#include "services/common/job_spec.h"
+#include "services/models/model.h"
+
+namespace stagewise::cli {
+namespace {
+
+const planner::Prediction* PredictionOf(const planner::Plan& plan) {
+  for (const auto& p : plan.predictions) {
+    if (p.algorithm == plan.algorithm || absl::StartsWith(p.algorithm, plan.algorithm + " ")) {
+      return &p;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
+  auto spec = LoadJobSpec(args.job_path);
+  if (!spec.ok()) {
+    err << "error: " << args.job_path << ": " << spec.status().message() << "\n";
+    return kExitInvalid;
+  }
+  auto blocks = models::PlanModel(spec->model);
+  if (!blocks.ok()) {
+    err << "error: " << args.job_path << ": " << blocks.status().message() << "\n";
+    return kExitInvalid;
+  }
+  if (auto ranges = models::ResolvePartition(spec->stages, static_cast<int>(blocks->size()));
+      !ranges.ok()) {
+    err << "error: " << args.job_path << ": " << ranges.status().message() << "\n";
+    return kExitInvalid;
+  }
+  planner::PlanOptions options =
+      planner::PlanOptionsForJob(*spec, static_cast<int>(blocks->size()));
+  if (args.partition == "auto") options.ranges.clear();
+  if (!args.memory_budget.empty()) {
+    auto bytes = ParseByteSize(args.memory_budget);
+    if (!bytes.ok() || *bytes <= 0) {
+      err << "error: --memory-budget: "
+          << (bytes.ok() ? "must be positive" : bytes.status().message()) << "\n";
+      return kExitInvalid;
+    }
+    options.memory_caps = {*bytes};
+  }
+  if (!args.modes.empty()) options.modes = args.modes;
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int threads = args.threads > 0 ? args.threads : std::max(1, cores / options.num_stages);
+  torch::set_num_threads(threads);
+  auto device = torch::Device(args.device);
+  planner::ProfileOptions po;
+  po.repeats = args.repeats;
+  po.cache_dir = args.cache_dir.empty() ? planner::DefaultProfileCacheDir() : args.cache_dir;
+  po.refresh = args.refresh;
+  if (!args.quiet) po.progress = [&err](const std::string& line) { err << "  " << line << "\n"; };
+
+  std::vector<int64_t> batches = args.batch_sizes;
+  if (batches.empty()) batches.push_back(spec->batch_size);
+  struct Candidate {
+    int64_t batch;
+    planner::ModelProfile profile;
+    absl::StatusOr<planner::Plan> plan;
+    bool cached;
+  };
+  std::vector<Candidate> candidates;
+  for (int64_t b : batches) {
+    if (!args.quiet) {
+      err << "profiling " << spec->model.name << " at batch " << b << " on " << device.str()
+          << " with " << threads << " threads (cache: " << po.cache_dir << ")\n";
+    }
+    bool cached = false;
+    auto profile = planner::CachedProfile(*spec, b, device, po, &cached);
+    if (!profile.ok()) {
+      err << "error: profiling: " << profile.status().message() << "\n";
+      return kExitFailed;
+    }
+    if (!args.quiet && cached) err << "  (cached)\n";
+    candidates.push_back({b, *profile, planner::MakePlan(*profile, options), cached});
+  }
+  // The best time per sample of the job's algorithm among feasible plans.
+  int best = -1;
+  double best_tps = 0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (!candidates[i].plan.ok()) continue;
+    const planner::Prediction* p = PredictionOf(*candidates[i].plan);
+    if (p == nullptr) continue;
+    const double tps = p->seconds_per_batch / static_cast<double>(candidates[i].batch);
+    if (best < 0 || tps < best_tps) best = static_cast<int>(i), best_tps = tps;
+  }
+  if (best < 0) {
+    for (const auto& c : candidates) {
+      if (!c.plan.ok()) {
+        err << "error: batch " << c.batch << ": " << c.plan.status().message() << "\n";
+      }
+    }
+    if (candidates.size() == 1 && !candidates[0].plan.ok() &&
+        candidates[0].plan.status().code() != absl::StatusCode::kResourceExhausted) {
+      return kExitInvalid;
+    }
+    return kExitFailed;
+  }
+  const Candidate& chosen = candidates[best];
+  if (args.output == "json") {
+    out << "{\"profile_key\": \"" << JsonEscape(chosen.profile.key)
+        << "\", \"profile_cached\": " << (chosen.cached ? "true" : "false") << ", \"sweep\": [";
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const auto& c = candidates[i];
+      out << (i ? ", " : "") << "{\"batch_size\": " << c.batch << ", \"feasible\": "
+          << (c.plan.ok() ? "true" : "false");
+      if (c.plan.ok()) {
+        if (const planner::Prediction* p = PredictionOf(*c.plan)) {
+          out << ", \"seconds_per_batch\": " << p->seconds_per_batch
+              << ", \"seconds_per_sample\": " << p->seconds_per_batch / c.batch;
+        }
+      } else {
+        out << ", \"error\": \"" << JsonEscape(std::string(c.plan.status().message())) << "\"";
+      }
+      out << "}";
+    }
+    out << "], \"plan\": " << planner::PlanJson(chosen.profile, *chosen.plan) << "}\n";
+    return kExitOk;
+  }
+  if (args.show_profile) out << planner::ProfileText(chosen.profile) << "\n";
+  if (candidates.size() > 1) {
+    out << "batch-size sweep (" << chosen.plan->algorithm << "):\n";
+    out << absl::StrFormat("  %-6s %12s %12s %12s\n", "batch", "time/batch", "time/sample",
+                           "peak");
+    for (const auto& c : candidates) {
+      if (!c.plan.ok()) {
+        out << absl::StrFormat("  %-6d %s\n", c.batch, c.plan.status().message());
+        continue;
+      }
+      int64_t peak = 0;
+      for (const auto& s : c.plan->stages) peak = std::max(peak, s.estimate.peak_bytes);
+      const planner::Prediction* p = PredictionOf(*c.plan);
+      out << absl::StrFormat("  %-6d %10.2fms %10.3fms %12s%s\n", c.batch,
+                             p ? p->seconds_per_batch * 1e3 : 0.0,
+                             p ? p->seconds_per_batch * 1e3 / c.batch : 0.0,
+                             planner::HumanBytes(peak), &c == &chosen ? "  <- best" : "");
+    }
+    out << "\n";
+  }
+  out << planner::PlanText(chosen.profile, *chosen.plan);
+  return kExitOk;
+}
+
+}  // namespace stagewise::cli

@@ -1,0 +1,240 @@
+// The planner against the system it plans (ALGORITHMS.md, "Reversible layers",
+// oracle): the modal pass computes backprop's gradient whatever the modes;
+// a stage's measured peak tensor memory is within 10% of the planned figure,
+// for all-store, all-rebuild and the mix the knapsack picks under a budget
+// that forces one; and the profiler's figures are sane.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/planner/planner.h"
+#include "coordinator/planner/profiler.h"
+#include "services/models/batch_norm.h"
+#include "services/models/memory_meter.h"
+#include "services/models/modal_pass.h"
+#include "services/models/model.h"
+#include "tests/oracle/oracle_util.h"
+
+namespace stagewise {
+namespace {
+
+using models::BlockMode;
+using testing::ExpectClose;
+using testing::Tensors;
+
+std::string Job(const std::string& stages_extra, int64_t steps = 4) {
+  return absl::StrCat(R"(name: planner-oracle
+seed: 3
+model: {name: revnet, depth: 18, width: 8}
+data: {dataset: synthetic, train_size: 512, test_size: 64, shape: [1, 28, 28], classes: 10}
+algorithm: backprop
+stages: {count: 2)",
+                      stages_extra, R"(}
+optimizer: {name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 5.0e-4}
+batch_size: 64
+steps: )",
+                      steps, "\neval: {every_epochs: 0, at_end: false}\n");
+}
+
+TEST(ModalPass, EveryChoiceOfModesGivesBackpropsGradient) {
+  auto spec = ParseJobSpec(Job(""));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  torch::manual_seed(0);
+  torch::Tensor x = torch::randn({8, 1, 28, 28});
+  torch::Tensor y = torch::randint(10, {8});
+  // The reference: one graph through the whole model.
+  auto ref = models::BuildModel(spec->model, 3);
+  ASSERT_TRUE(ref.ok());
+  torch::cross_entropy_loss((*ref)->forward(x), y).backward();
+  std::map<std::string, torch::Tensor> want;
+  for (const auto& p : (*ref)->named_parameters()) want[p.key()] = p.value().grad().clone();
+  for (const auto& b : (*ref)->named_buffers()) want[b.key()] = b.value().clone();
+  const auto& blocks = (*ref)->blocks();
+  std::vector<int> rev;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (blocks[i]->reversible()) rev.push_back(static_cast<int>(i));
+  }
+  ASSERT_GE(rev.size(), 4u);
+  for (uint32_t mask : {0u, 0b1010u, 0b0110u, 0b1111u, 0b1u}) {
+    auto model = models::BuildModel(spec->model, 3);
+    std::vector<BlockMode> modes(blocks.size(), BlockMode::kStore);
+    for (size_t k = 0; k < rev.size(); ++k) {
+      if (mask >> (k % 4) & 1) modes[rev[k]] = BlockMode::kRebuild;
+    }
+    // Split across two "stages" so the input gradient is exercised too.
+    const auto& all = (*model)->blocks();
+    const size_t cut = all.size() / 2;
+    std::vector<std::shared_ptr<models::Block>> a(all.begin(), all.begin() + cut),
+        b(all.begin() + cut, all.end());
+    std::vector<BlockMode> ma(modes.begin(), modes.begin() + cut), mb(modes.begin() + cut, modes.end());
+    auto first = models::ModalPass::Forward(a, ma, x, false);
+    ASSERT_TRUE(first.ok()) << first.status();
+    auto second = models::ModalPass::Forward(b, mb, first->output(), true);
+    ASSERT_TRUE(second.ok()) << second.status();
+    torch::Tensor logits = second->output().requires_grad_(true);
+    torch::cross_entropy_loss(logits, y).backward();
+    torch::Tensor g = second->Backward(logits.grad());
+    ASSERT_TRUE(g.defined());
+    EXPECT_FALSE(first->Backward(g).defined());
+    std::map<std::string, torch::Tensor> got;
+    for (const auto& p : (*model)->named_parameters()) got[p.key()] = p.value().grad().clone();
+    for (const auto& buf : (*model)->named_buffers()) got[buf.key()] = buf.value().clone();
+    SCOPED_TRACE(absl::StrCat("mask ", mask));
+    // Rebuilt inputs differ from the forward's by rounding only.
+    ExpectClose(got, want, 1e-4);
+  }
+  // Rebuild on a non-reversible block is refused, naming it.
+  std::vector<BlockMode> bad(blocks.size(), BlockMode::kStore);
+  bad[0] = BlockMode::kRebuild;
+  auto refused = models::ModalPass::Forward(blocks, bad, x, false);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("not reversible"), std::string::npos);
+}
+
+TEST(MemoryMeter, CountsTensorsOfTheScopedThreadOnly) {
+  auto account = std::make_shared<models::MemoryAccount>();
+  torch::Tensor outside = torch::zeros({1000});
+  {
+    models::ScopedMemoryAccount scope(account);
+    torch::Tensor t = torch::zeros({1000});
+    EXPECT_EQ(account->current(), 4000);
+    torch::Tensor u = torch::zeros({500});
+    EXPECT_EQ(account->current(), 6000);
+    t = torch::Tensor();
+    EXPECT_EQ(account->current(), 2000);
+    EXPECT_EQ(account->peak(), 6000);
+    // oneDNN convolutions allocate through raw_allocate: counted and freed too.
+    auto conv = torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3));
+    { torch::Tensor y = conv->forward(torch::randn({2, 3, 16, 16})); }
+  }
+  torch::Tensor later = torch::zeros({1000});
+  const int64_t now = account->current();
+  later = torch::Tensor();
+  outside = torch::Tensor();
+  EXPECT_EQ(account->current(), now);
+}
+
+class PlannerOracle : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cache_ = std::filesystem::temp_directory_path() /
+             absl::StrCat("stagewise-planner-oracle-", getpid());
+    std::filesystem::create_directories(cache_);
+    setenv("STAGEWISE_PROFILE_CACHE", cache_.c_str(), 1);
+  }
+  void TearDown() override { std::filesystem::remove_all(cache_); }
+  std::filesystem::path cache_;
+};
+
+TEST_F(PlannerOracle, MeasuredPeakMemoryIsWithinTenPercentOfThePlan) {
+  auto spec = ParseJobSpec(Job(""));
+  ASSERT_TRUE(spec.ok());
+  // Profile here (the workers find it in the cache: same key, same threads).
+  planner::ProfileOptions po;
+  po.repeats = 3;
+  po.cache_dir = cache_.string();
+  auto profile = planner::CachedProfile(*spec, spec->batch_size, torch::kCPU, po);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const int n = static_cast<int>(profile->blocks.size());
+  for (const auto& b : profile->blocks) {
+    EXPECT_GT(b.forward_s, 0) << b.index;
+    EXPECT_GT(b.output_bytes, 0) << b.index;
+    if (b.reversible) {
+      EXPECT_GT(b.graph_bytes, 0) << b.index;
+      // Rebuilding costs about one more forward (seed 001, Sec. 4.2).
+      EXPECT_GT(b.rebuild_backward_s, b.backward_s) << b.index;
+    }
+  }
+  planner::PlanOptions options = planner::PlanOptionsForJob(*spec, n);
+  options.modes = "rebuild";
+  auto low = planner::MakePlan(*profile, options);
+  options.modes = "store";
+  auto high = planner::MakePlan(*profile, options);
+  ASSERT_TRUE(low.ok() && high.ok());
+  // The cap: the first point between the stages' all-rebuild and all-store
+  // peaks where some stage mixes both modes.
+  int64_t lo = 0, hi = 0;
+  for (int j = 0; j < 2; ++j) {
+    lo = std::max(lo, low->stages[j].estimate.peak_bytes);
+    hi = std::max(hi, high->stages[j].estimate.peak_bytes);
+  }
+  ASSERT_LT(lo, hi);
+  options.modes = "auto";
+  int64_t cap = 0;
+  absl::StatusOr<planner::Plan> mixed = absl::NotFoundError("no cap mixes modes in a stage");
+  for (int k = 1; k < 20 && cap == 0; ++k) {
+    options.memory_caps = {lo + (hi - lo) * k / 20};
+    auto plan = planner::MakePlan(*profile, options);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    for (const auto& s : plan->stages) {
+      int stored = 0, rebuilt = 0;
+      for (int i = s.begin; i < s.end; ++i) {
+        if (profile->blocks[i].reversible) (s.store[i - s.begin] ? stored : rebuilt)++;
+      }
+      // A mix whose peak lies strictly between the stage's extremes.
+      const int j = static_cast<int>(&s - &plan->stages[0]);
+      if (stored > 0 && rebuilt > 0 &&
+          s.estimate.peak_bytes > low->stages[j].estimate.peak_bytes &&
+          s.estimate.peak_bytes < high->stages[j].estimate.peak_bytes) {
+        cap = options.memory_caps[0];
+      }
+    }
+    if (cap > 0) mixed = std::move(plan);
+  }
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  std::cout << "cap " << cap << " bytes (all-rebuild " << lo << ", all-store " << hi << ")\n"
+            << planner::PlanText(*profile, *mixed);
+
+  struct Case {
+    std::string name, extra;
+    const planner::Plan* plan;
+  };
+  const Case cases[] = {{"all rebuild", ", modes: rebuild", &*low},
+                        {"all store", ", modes: store", &*high},
+                        {"knapsack", absl::StrCat(", memory_budget: ", cap), &*mixed}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    testing::Outcome out = testing::RunJob(Job(c.extra), 2);
+    const auto& summary = out.status.summary();
+    for (int j = 0; j < 2; ++j) {
+      const std::string key = absl::StrCat("stage", j, ".peak_memory_bytes");
+      ASSERT_TRUE(summary.count(key)) << key;
+      const double measured = summary.at(key);
+      const double planned = static_cast<double>(c.plan->stages[j].estimate.peak_bytes);
+      if (c.name == "knapsack") {
+        // The coordinator planned it from the worker's (cached) profile.
+        const std::string pk = absl::StrCat("plan.stage", j, ".peak_bytes");
+        ASSERT_TRUE(summary.count(pk)) << pk;
+        EXPECT_DOUBLE_EQ(summary.at(pk), planned);
+        EXPECT_LE(measured, cap * 1.10);
+      }
+      std::cout << c.name << ", stage " << j << ": measured " << measured << " bytes, planned "
+                << planned << " (" << (measured / planned - 1) * 100 << "%)\n";
+      EXPECT_NEAR(measured, planned, 0.10 * planned)
+          << "stage " << j << ": measured " << measured << " bytes, planned " << planned;
+    }
+  }
+}
+
+TEST_F(PlannerOracle, AutoPartitionIsPlannedFromAWorkersProfile) {
+  testing::Outcome out = testing::RunJob(Job(", partition: auto", 2), 2);
+  const auto& summary = out.status.summary();
+  ASSERT_TRUE(summary.count("plan.stage0.block_end"));
+  const double cut = summary.at("plan.stage0.block_end");
+  EXPECT_GT(cut, 0);
+  EXPECT_EQ(summary.at("plan.stage1.block_begin"), cut);
+  EXPECT_TRUE(summary.count("plan.predicted.petra"));
+  // The profile landed in the cache.
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(cache_)) files += e.is_regular_file();
+  EXPECT_EQ(files, 1);
+}
+
+}  // namespace
+}  // namespace stagewise
