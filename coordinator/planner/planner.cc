@@ -401,7 +401,10 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
     } else {
       auto slots = timing::InterlockSlots(J, M, k);
       t = (slots.ok() ? *slots : 2.0 * k * M) * slowest(nw, true) / (2.0 * M);
-      how = "T(A,M,N) slots x half the slowest stage (forward+backward+aux head+step)";
+      how = p.aux_head.empty()
+                ? "T(A,M,N) slots x half the slowest stage (forward+backward+step; aux head "
+                  "not profiled)"
+                : "T(A,M,N) slots x half the slowest stage (forward+backward+aux head+step)";
     }
     out.push_back({absl::StrCat("nwise n=", k), t, 0, how});
   }

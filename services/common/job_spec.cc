@@ -534,6 +534,7 @@ absl::Status ParseStages(const YAML::Node& node, StagesSpec* stages) {
       return KeyError(section.PathOf("memory_budget"),
                       absl::StrCat("must be a positive size such as 2GiB or 512MiB, got '",
                                    budget->IsScalar() ? budget->Scalar() : "?", "'",
+                                   bytes.ok() ? "" : absl::StrCat(" (", bytes.status().message(), ")"),
                                    MarkSuffix(*budget)));
     }
     stages->memory_budget = *bytes;

@@ -4,12 +4,19 @@
 //   build/bin/stagewise_algorithm_bench [JOB.yaml|-] [steps] [stages...]
 //   build/bin/stagewise_algorithm_bench --interlock [JOB.yaml|-] [steps] [stages]
 //   build/bin/stagewise_algorithm_bench --auxnet [JOB.yaml|-] [steps] [K...]
+//   build/bin/stagewise_algorithm_bench --planner [JOB.yaml|-] [steps] [stages]
 // --interlock measures nwise's time per mini-batch for n in {1, 2, J} and
 // M in {1, 2, 4}, fits c(M) = c0 + c1/M of the paper's model T(A, M, N) to all
 // of them and prints measured against predicted.
 // --auxnet measures auxnet with K = 1 (layer-serial: T_d, T_f, T_b) and the
 // given K (default 2 and 4; AuxNet and penalty times from the run) and
 // compares the measured speed-up with the paper's eq. (27).
+// --planner (1 intra-op thread per stage) profiles the model, then (a) runs
+// backprop with every reversible block rebuilding, every one storing, and the
+// knapsack's mix under a memory budget that forces one, printing planned and
+// measured peak memory per stage and the time per mini-batch; (b) compares
+// the planner's predicted time per mini-batch with the measured one for
+// backprop, delayed, petra, features_replay and nwise.
 //
 // "buffered" is what a stage keeps between a mini-batch's forward and its
 // backward, per stage, at its peak, from the job summary: stored inputs plus
@@ -19,6 +26,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -27,6 +35,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "coordinator/planner/planner.h"
+#include "coordinator/planner/profiler.h"
 #include "coordinator/timing_model.h"
 #include "tests/integration/cluster.h"
 
@@ -162,12 +172,136 @@ int AuxNetSpeedups(const std::string& base, int64_t steps, const std::vector<int
   return 0;
 }
 
+int Planner(const std::string& base, int64_t steps, int J) {
+  namespace planner = stagewise::planner;
+  at::set_num_threads(1);
+  const std::string cache = absl::StrCat("/tmp/stagewise-bench-profiles-", getpid());
+  setenv("STAGEWISE_PROFILE_CACHE", cache.c_str(), 1);
+  const std::string job = base + absl::StrCat("stages: {count: ", J, "}\nalgorithm: backprop\n");
+  auto spec = stagewise::ParseJobSpec(job);
+  if (!spec.ok()) {
+    std::cerr << spec.status() << "\n";
+    return 2;
+  }
+  planner::ProfileOptions po;
+  po.cache_dir = cache;
+  auto profile = planner::CachedProfile(*spec, spec->batch_size, torch::kCPU, po);
+  if (!profile.ok()) {
+    std::cerr << profile.status() << "\n";
+    return 1;
+  }
+  std::cout << planner::ProfileText(*profile) << "\n";
+  const int n = static_cast<int>(profile->blocks.size());
+  planner::PlanOptions options = planner::PlanOptionsForJob(*spec, n);
+  options.modes = "rebuild";
+  auto low = planner::MakePlan(*profile, options);
+  options.modes = "store";
+  auto high = planner::MakePlan(*profile, options);
+  int64_t lo = 0, hi = 0;
+  for (int j = 0; j < J; ++j) {
+    lo = std::max(lo, low->stages[j].estimate.peak_bytes);
+    hi = std::max(hi, high->stages[j].estimate.peak_bytes);
+  }
+  // The smallest cap (in twentieths from the all-rebuild to the all-store
+  // peak) where a stage mixes modes with a peak strictly between its extremes.
+  options.modes = "auto";
+  int64_t cap = 0;
+  absl::StatusOr<planner::Plan> mixed = absl::NotFoundError("no cap mixes modes");
+  for (int k = 1; k < 20 && cap == 0; ++k) {
+    options.memory_caps = {lo + (hi - lo) * k / 20};
+    auto plan = planner::MakePlan(*profile, options);
+    if (!plan.ok()) continue;
+    for (int j = 0; j < J; ++j) {
+      const auto& s = plan->stages[j];
+      int stored = 0, rebuilt = 0;
+      for (int i = s.begin; i < s.end; ++i) {
+        if (profile->blocks[i].reversible) (s.store[i - s.begin] ? stored : rebuilt)++;
+      }
+      if (stored && rebuilt && s.estimate.peak_bytes > low->stages[j].estimate.peak_bytes &&
+          s.estimate.peak_bytes < high->stages[j].estimate.peak_bytes) {
+        cap = options.memory_caps[0];
+      }
+    }
+    if (cap) mixed = std::move(plan);
+  }
+  if (!mixed.ok()) {
+    std::cerr << mixed.status() << "\n";
+    return 1;
+  }
+  std::cout << "(a) backprop, J=" << J << ", memory budget " << planner::HumanBytes(cap)
+            << " per worker:\n"
+            << planner::PlanText(*profile, *mixed) << "\n";
+  std::cout << absl::StrFormat("%-12s %-6s %12s %12s %8s %14s %14s\n", "modes", "stage",
+                               "planned peak", "measured", "ratio", "ms/batch", "predicted");
+  double rebuild_seconds = 0;
+  struct Case {
+    const char* name;
+    std::string extra;
+    const planner::Plan* plan;
+  };
+  for (const Case& c : {Case{"rebuild", "modes: rebuild", &*low}, Case{"store", "modes: store", &*high},
+                        Case{"knapsack", absl::StrCat("memory_budget: ", cap), &*mixed}}) {
+    const Result r = Run(base + absl::StrCat("stages: {count: ", J, ", ", c.extra,
+                                             "}\nalgorithm: backprop\n"), J);
+    if (std::string(c.name) == "rebuild") rebuild_seconds = r.batch_seconds;
+    for (int j = 0; j < J; ++j) {
+      const double planned = static_cast<double>(c.plan->stages[j].estimate.peak_bytes);
+      const double measured = r.summary.at(absl::StrCat("stage", j, ".peak_memory_bytes"));
+      std::cout << absl::StrFormat("%-12s %-6d %12s %12s %8.3f %14s %14s\n", c.name, j,
+                                   Human(planned), Human(measured), measured / planned,
+                                   j ? "" : absl::StrFormat("%.1f", 1e3 * r.batch_seconds),
+                                   j ? "" : absl::StrFormat("%.1f", 1e3 * c.plan->predictions[0]
+                                                                           .seconds_per_batch));
+    }
+    if (std::string(c.name) != "rebuild") {
+      std::cout << absl::StrFormat("  %s vs all-rebuild: %.2fx faster per step\n", c.name,
+                                   rebuild_seconds / r.batch_seconds);
+    }
+  }
+  // (b) Predicted against measured time per mini-batch.
+  po.aux_head = "conv:16,16";
+  auto with_head = planner::CachedProfile(*spec, spec->batch_size, torch::kCPU, po);
+  if (!with_head.ok()) {
+    std::cerr << with_head.status() << "\n";
+    return 1;
+  }
+  options = planner::PlanOptionsForJob(*spec, n);
+  auto plan = planner::MakePlan(*with_head, options);
+  std::cout << "\n(b) J=" << J << ", partition " << absl::StrJoin(
+      plan->stages, " ", [](std::string* out, const planner::StagePlan& s) {
+        absl::StrAppend(out, "[", s.begin, ",", s.end, ")");
+      }) << ", default modes, 1 thread per stage:\n";
+  std::cout << absl::StrFormat("%-16s %12s %12s %8s\n", "algorithm", "predicted ms",
+                               "measured ms", "ratio");
+  const std::vector<std::pair<std::string, std::string>> rows = {
+      {"backprop", "backprop"},
+      {"delayed", "{name: delayed, weights: current}"},
+      {"petra", "petra"},
+      {"features_replay", "features_replay"},
+      {"nwise n=1", "{name: nwise, n: 1, aux_head: 'conv:16,16'}"},
+      {absl::StrCat("nwise n=", J), absl::StrCat("{name: nwise, n: ", J, "}")}};
+  for (const auto& [name, algorithm] : rows) {
+    double predicted = 0;
+    for (const auto& p : plan->predictions) {
+      if (p.algorithm == name) predicted = p.seconds_per_batch;
+    }
+    const Result r = Run(base + absl::StrCat("stages: ", J, "\nalgorithm: ", algorithm, "\n"), J);
+    std::cout << absl::StrFormat("%-16s %12.1f %12.1f %8.2f\n", name, 1e3 * predicted,
+                                 1e3 * r.batch_seconds, r.batch_seconds / predicted)
+              << std::flush;
+  }
+  std::filesystem::remove_all(cache);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   const bool interlock = !args.empty() && args[0] == "--interlock";
   if (interlock) args.erase(args.begin());
   const bool auxnet = !args.empty() && args[0] == "--auxnet";
   if (auxnet) args.erase(args.begin());
+  const bool plan = !args.empty() && args[0] == "--planner";
+  if (plan) args.erase(args.begin());
   std::string base = kDefaultJob;
   if (!args.empty() && args[0] != "-") {
     auto spec_text = std::ifstream(args[0]);
@@ -190,6 +324,7 @@ int main(int argc, char** argv) {
   base += absl::StrCat("steps: ", steps, "\n");
   if (interlock) return Interlock(base, steps, stage_counts.front());
   if (auxnet) return AuxNetSpeedups(base, steps, stage_counts);
+  if (plan) return Planner(base, steps, stage_counts.front());
   std::cout << absl::StrFormat(
       "%s, batch %d, %d steps per run, %d intra-op threads shared by all stages\n",
       spec->model.name, batch, steps, at::get_num_threads());

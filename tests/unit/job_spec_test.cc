@@ -890,3 +890,37 @@ TEST(JobSpecPhases, EveryPhaseAlgorithmGetsItsDefaults) {
 
 }  // namespace
 }  // namespace stagewise
+
+namespace stagewise {
+namespace {
+
+TEST(JobSpecTest, StagesModesAndMemoryBudget) {
+  JobSpec spec = ParseOk(SpecYaml({{"stages", "{count: 2, memory_budget: 512MiB}"}}));
+  EXPECT_EQ(spec.stages.memory_budget, int64_t{512} << 20);
+  EXPECT_EQ(spec.stages.modes, "auto");
+  spec = ParseOk(SpecYaml({{"stages", "{count: 2, modes: rebuild, memory_budget: 1.5G}"}}));
+  EXPECT_EQ(spec.stages.modes, "rebuild");
+  EXPECT_EQ(spec.stages.memory_budget, 1500000000);
+  spec = ParseOk(SpecYaml({{"stages", "{count: 2, memory_budget: 1000000}"}}));
+  EXPECT_EQ(spec.stages.memory_budget, 1000000);
+  const std::string modes = ParseError(SpecYaml({{"stages", "{count: 2, modes: sometimes}"}}));
+  EXPECT_THAT(modes, HasSubstr("stages.modes"));
+  EXPECT_THAT(modes, HasSubstr("auto, store or rebuild"));
+  EXPECT_THAT(ParseError(SpecYaml({{"stages", "{count: 2, memory_budget: lots}"}})),
+              HasSubstr("stages.memory_budget"));
+  EXPECT_THAT(ParseError(SpecYaml({{"stages", "{count: 2, memory_budget: 0}"}})),
+              HasSubstr("stages.memory_budget"));
+  EXPECT_THAT(ParseError(SpecYaml({{"stages", "{count: 2, memory_budget: 2 parsecs}"}})),
+              HasSubstr("unknown unit"));
+}
+
+TEST(JobSpecTest, ParseByteSize) {
+  EXPECT_EQ(*ParseByteSize("2GiB"), int64_t{2} << 30);
+  EXPECT_EQ(*ParseByteSize("64 KiB"), 65536);
+  EXPECT_EQ(*ParseByteSize("300MB"), 300000000);
+  EXPECT_FALSE(ParseByteSize("").ok());
+  EXPECT_FALSE(ParseByteSize("MiB").ok());
+}
+
+}  // namespace
+}  // namespace stagewise
