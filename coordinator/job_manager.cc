@@ -1,13 +1,12 @@
 #include "coordinator/job_manager.h"
 
-#include "coordinator/planner/planner.h"
-
 #include <algorithm>
 #include <cmath>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/planner/planner.h"
 #include "services/data/dataset.h"
 #include "services/models/model.h"
 
@@ -108,7 +107,8 @@ JobManager::ActiveJob JobManager::NewActiveJob(const JobSpec& spec, const std::s
   if (!job.needs_plan && reversible && spec.stages.modes != "auto") {
     for (const auto& [b, e] : ranges) {
       std::vector<std::string> modes;
-      for (int i = b; i < e; ++i) modes.push_back(blocks[i].reversible ? spec.stages.modes : "store");
+      for (int i = b; i < e; ++i)
+        modes.push_back(blocks[i].reversible ? spec.stages.modes : "store");
       job.modes.push_back(std::move(modes));
     }
   }
@@ -513,7 +513,8 @@ void JobManager::OnProfileLocked(const v1::ProfileResult& result) {
     const planner::StagePlan& s = plan->stages[j];
     job.ranges.emplace_back(s.begin, s.end);
     std::vector<std::string> modes;
-    for (int i = s.begin; i < s.end; ++i) modes.push_back(s.store[i - s.begin] ? "store" : "rebuild");
+    for (int i = s.begin; i < s.end; ++i)
+      modes.push_back(s.store[i - s.begin] ? "store" : "rebuild");
     job.modes.push_back(std::move(modes));
     const std::string stage = absl::StrCat("plan.stage", j, ".");
     summary[stage + "block_begin"] = s.begin;

@@ -90,7 +90,7 @@ class JobManager {
     bool needs_plan = false;
     bool planned = false;
     std::vector<std::vector<std::string>> modes;  // per stage, per block; empty = default
-    std::vector<std::string> workers;  // by stage
+    std::vector<std::string> workers;             // by stage
     std::set<int64_t> pending_acks;
     std::set<int> finished_stages;
     std::map<int, std::set<int>> phase_done;  // phase -> stages that finished it
@@ -100,8 +100,8 @@ class JobManager {
   };
 
   static ActiveJob NewActiveJob(const JobSpec& spec, const std::string& yaml,
-                               const std::vector<models::BlockInfo>& blocks,
-                               const std::vector<std::pair<int, int>>& ranges);
+                                const std::vector<models::BlockInfo>& blocks,
+                                const std::vector<std::pair<int, int>>& ranges);
   void Housekeeping();
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Persists, updates metrics and notifies watchers. False if the store refused.

@@ -160,11 +160,11 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
   if (!model.ok()) return model.status();
   rt->model_ = *model;
   for (int i = 0; i < static_cast<int>(rt->block_modes_.size()); ++i) {
-    if (rt->block_modes_[i] == models::BlockMode::kRebuild && !rt->model_->blocks()[i]->reversible()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("StageAssignment.block_modes[", i, "]: block ",
-                       rt->model_->blocks()[i]->info().index, " (",
-                       rt->model_->blocks()[i]->info().kind, ") is not reversible"));
+    if (rt->block_modes_[i] == models::BlockMode::kRebuild &&
+        !rt->model_->blocks()[i]->reversible()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "StageAssignment.block_modes[", i, "]: block ", rt->model_->blocks()[i]->info().index,
+          " (", rt->model_->blocks()[i]->info().kind, ") is not reversible"));
     }
   }
   try {

@@ -16,10 +16,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "services/common/bounded_queue.h"
+#include "services/models/memory_meter.h"
 #include "services/rpc/server.h"
 #include "stagewise/v1/coordinator.pb.h"
 #include "worker/peer_stream.h"
-#include "services/models/memory_meter.h"
 #include "worker/stage_context.h"
 
 namespace stagewise::worker {

@@ -1,13 +1,12 @@
 #include "worker/worker.h"
 
-#include "coordinator/planner/profiler.h"
-
 #include <unistd.h>
 
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "coordinator/planner/profiler.h"
 #include "services/rpc/status.h"
 
 namespace stagewise::worker {
@@ -293,8 +292,8 @@ void Worker::Profile(const v1::ProfileCommand& command) {
   auto spec = ParseJobSpec(command.job_spec_yaml());
   if (!spec.ok()) return fail(spec.status());
   planner::ProfileOptions options;
-  options.cache_dir = options_.profile_cache.empty() ? planner::DefaultProfileCacheDir()
-                                                     : options_.profile_cache;
+  options.cache_dir =
+      options_.profile_cache.empty() ? planner::DefaultProfileCacheDir() : options_.profile_cache;
   options.progress = [](const std::string& line) { std::cerr << "worker: " << line << "\n"; };
   bool cached = false;
   auto profile = planner::CachedProfile(*spec, spec->batch_size, device_, options, &cached);

@@ -145,8 +145,9 @@ int main(int argc, char** argv) {
                    "job: the job's partition (auto ones are planned); auto: plan it anyway")
       ->check(CLI::IsMember({"job", "auto"}))
       ->capture_default_str();
-  plan_cmd->add_option("--batch-sizes", plan.batch_sizes,
-                       "Sweep these batch sizes and pick the best time per sample")
+  plan_cmd
+      ->add_option("--batch-sizes", plan.batch_sizes,
+                   "Sweep these batch sizes and pick the best time per sample")
       ->delimiter(',');
   plan_cmd
       ->add_option("--threads", plan.threads,

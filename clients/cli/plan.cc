@@ -121,8 +121,8 @@ int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
         << "\", \"profile_cached\": " << (chosen.cached ? "true" : "false") << ", \"sweep\": [";
     for (size_t i = 0; i < candidates.size(); ++i) {
       const auto& c = candidates[i];
-      out << (i ? ", " : "") << "{\"batch_size\": " << c.batch << ", \"feasible\": "
-          << (c.plan.ok() ? "true" : "false");
+      out << (i ? ", " : "") << "{\"batch_size\": " << c.batch
+          << ", \"feasible\": " << (c.plan.ok() ? "true" : "false");
       if (c.plan.ok()) {
         if (const planner::Prediction* p = PredictionOf(*c.plan)) {
           out << ", \"seconds_per_batch\": " << p->seconds_per_batch
@@ -139,8 +139,7 @@ int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
   if (args.show_profile) out << planner::ProfileText(chosen.profile) << "\n";
   if (candidates.size() > 1) {
     out << "batch-size sweep (" << chosen.plan->algorithm << "):\n";
-    out << absl::StrFormat("  %-6s %12s %12s %12s\n", "batch", "time/batch", "time/sample",
-                           "peak");
+    out << absl::StrFormat("  %-6s %12s %12s %12s\n", "batch", "time/batch", "time/sample", "peak");
     for (const auto& c : candidates) {
       if (!c.plan.ok()) {
         out << absl::StrFormat("  %-6d %s\n", c.batch, c.plan.status().message());

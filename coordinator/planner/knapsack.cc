@@ -19,7 +19,8 @@ KnapsackResult Knapsack01(const std::vector<KnapsackItem>& items, int64_t capaci
     const KnapsackItem& it = items[i - 1];
     for (int64_t j = 0; j <= C; ++j) {
       saved[i][j] = saved[i - 1][j];
-      if (it.weight <= j) saved[i][j] = std::max(saved[i][j], saved[i - 1][j - it.weight] + it.value);
+      if (it.weight <= j)
+        saved[i][j] = std::max(saved[i][j], saved[i - 1][j - it.weight] + it.value);
     }
   }
   KnapsackResult r;

@@ -35,7 +35,8 @@ void EstimateGraphKeeping(const ModelProfile& p, int begin, int end, const std::
     if (live(i)) kept += B(i).input_bytes;
   }
   s.kept_bytes = kept;
-  const int64_t base = s.static_bytes + static_cast<int64_t>(role.inflight - 1) * (in0 + kept) + in0;
+  const int64_t base =
+      s.static_bytes + static_cast<int64_t>(role.inflight - 1) * (in0 + kept) + in0;
   int64_t peak = base, prefix = 0;
   for (int i = 0; i < n; ++i) {
     const int64_t own = (store[i] ? B(i).graph_bytes : 0) + B(i).output_bytes;
@@ -82,8 +83,9 @@ void EstimateInputKeeping(const ModelProfile& p, int begin, int end, const std::
     int64_t cur = base + out2;
     for (int i = n - 1; i >= 0; --i) {
       const bool rebuild = B(i).reversible && !keep[i];
-      const int64_t t = rebuild ? B(i).rebuild_transient_bytes
-                                : B(i).graph_bytes + B(i).output_bytes + B(i).backward_transient_bytes;
+      const int64_t t = rebuild
+                            ? B(i).rebuild_transient_bytes
+                            : B(i).graph_bytes + B(i).output_bytes + B(i).backward_transient_bytes;
       peak = std::max(peak, cur + t);
       cur += 2 * (B(i).input_bytes - B(i).output_bytes);
     }
@@ -177,8 +179,8 @@ StageEstimate EstimateStage(const ModelProfile& p, const std::string& algorithm,
   return s;
 }
 
-absl::StatusOr<StagePlan> PlanStage(const ModelProfile& p, const PlanOptions& o, int begin,
-                                    int end, const StageRole& role, int64_t cap) {
+absl::StatusOr<StagePlan> PlanStage(const ModelProfile& p, const PlanOptions& o, int begin, int end,
+                                    const StageRole& role, int64_t cap) {
   const std::string& a = o.algorithm;
   const bool modal = Is(a, "backprop") || Is(a, "petra");
   const int n = end - begin;
@@ -198,9 +200,9 @@ absl::StatusOr<StagePlan> PlanStage(const ModelProfile& p, const PlanOptions& o,
     highest[i] = true;
   }
   auto exhausted = [&](const StageEstimate& e) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "blocks [", begin, ", ", end, ") need ", HumanBytes(e.peak_bytes), " at least, over the ",
-        HumanBytes(cap), " memory cap"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("blocks [", begin, ", ", end, ") need ", HumanBytes(e.peak_bytes),
+                     " at least, over the ", HumanBytes(cap), " memory cap"));
   };
   if (!modal) {
     sp.store = DefaultStore(p, a, begin, end);
@@ -209,8 +211,9 @@ absl::StatusOr<StagePlan> PlanStage(const ModelProfile& p, const PlanOptions& o,
     return sp;
   }
   if (o.modes == "store" || o.modes == "rebuild" || cap <= 0) {
-    sp.store = o.modes == "rebuild" ? lowest : o.modes == "store" ? highest
-                                                                   : DefaultStore(p, a, begin, end);
+    sp.store = o.modes == "rebuild" ? lowest
+               : o.modes == "store" ? highest
+                                    : DefaultStore(p, a, begin, end);
     if (o.modes == "auto" && Is(a, "backprop")) sp.store = highest;
     sp.estimate = estimate(sp.store);
     if (!fits(sp.estimate)) return exhausted(sp.estimate);
@@ -314,9 +317,8 @@ absl::StatusOr<Plan> MakePlan(const ModelProfile& p, const PlanOptions& o) {
         const auto& s = stage(j, j + 1, j);
         if (!s.ok()) why = s.status();
       }
-      return absl::ResourceExhaustedError(
-          absl::StrCat("no partition over ", J, " workers fits the memory caps (", why.message(),
-                       ")"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no partition over ", J, " workers fits the memory caps (", why.message(), ")"));
     }
     ranges = r.ranges;
   }
@@ -332,8 +334,7 @@ absl::StatusOr<Plan> MakePlan(const ModelProfile& p, const PlanOptions& o) {
       return absl::Status(s.status().code(), absl::StrCat("stage ", j, ": ", s.status().message()));
     }
     plan.stages.push_back(*s);
-    plan.bottleneck_s =
-        std::max(plan.bottleneck_s, s->estimate.time_s() + s->estimate.aux_head_s);
+    plan.bottleneck_s = std::max(plan.bottleneck_s, s->estimate.time_s() + s->estimate.aux_head_s);
   }
   plan.predictions = PredictAlgorithms(p, plan, o);
   return plan;
@@ -355,9 +356,8 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
     const auto r = roles(algorithm);
     for (int j = 0; j < J; ++j) {
       const StagePlan& s = plan.stages[j];
-      std::vector<bool> store = plan.algorithm == algorithm
-                                    ? s.store
-                                    : DefaultStore(p, algorithm, s.begin, s.end);
+      std::vector<bool> store =
+          plan.algorithm == algorithm ? s.store : DefaultStore(p, algorithm, s.begin, s.end);
       out.push_back(EstimateStage(p, algorithm, s.begin, s.end, store, r[j]));
     }
     return out;
@@ -371,7 +371,8 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
   const auto bp = estimates("backprop");
   double t_bp = bp[0].step_s;
   for (const auto& s : bp) t_bp += s.forward_s + s.backward_s + s.message_s;
-  out.push_back({"backprop", t_bp, 1.0, "sum of stage forward+backward+messages, + stage 0's step"});
+  out.push_back(
+      {"backprop", t_bp, 1.0, "sum of stage forward+backward+messages, + stage 0's step"});
   if (o.micro_batches > 1) {
     const double M = o.micro_batches;
     const double t = (M + J - 1) * slowest(bp, false) / M + bp[0].step_s;
@@ -451,13 +452,11 @@ std::string HumanBytes(int64_t bytes) {
 }
 
 std::string ProfileText(const ModelProfile& p) {
-  std::string out = absl::StrFormat(
-      "profile of %s, batch %d, %s, %d threads (median of %d runs)\n", p.model, p.batch_size,
-      p.device, p.threads, p.repeats);
-  absl::StrAppend(&out,
-                  absl::StrFormat("%-5s %-10s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "block",
-                                  "kind", "fwd", "fwd-nograd", "bwd", "rebuild", "inverse",
-                                  "activation", "graph", "params", "optimizer"));
+  std::string out = absl::StrFormat("profile of %s, batch %d, %s, %d threads (median of %d runs)\n",
+                                    p.model, p.batch_size, p.device, p.threads, p.repeats);
+  absl::StrAppend(&out, absl::StrFormat("%-5s %-10s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "block",
+                                        "kind", "fwd", "fwd-nograd", "bwd", "rebuild", "inverse",
+                                        "activation", "graph", "params", "optimizer"));
   for (const auto& b : p.blocks) {
     absl::StrAppend(
         &out, absl::StrFormat("%-5d %-10s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", b.index, b.kind,
@@ -474,18 +473,17 @@ std::string PlanText(const ModelProfile& p, const Plan& plan) {
   std::string out = absl::StrFormat("plan for %s, batch %d, %s, %d threads; algorithm %s\n",
                                     p.model, p.batch_size, p.device, p.threads, plan.algorithm);
   absl::StrAppend(&out, absl::StrFormat("%-5s %-9s %9s %9s %9s %9s %9s %10s %10s %10s\n", "stage",
-                                        "blocks", "forward", "backward", "step", "messages",
-                                        "time", "kept/batch", "peak", "cap"));
+                                        "blocks", "forward", "backward", "step", "messages", "time",
+                                        "kept/batch", "peak", "cap"));
   for (size_t j = 0; j < plan.stages.size(); ++j) {
     const StagePlan& s = plan.stages[j];
     const StageEstimate& e = s.estimate;
-    absl::StrAppend(&out, absl::StrFormat(
-                              "%-5d %-9s %9s %9s %9s %9s %9s %10s %10s %10s\n", j,
-                              absl::StrCat("[", s.begin, ",", s.end, ")"), Ms(e.forward_s),
-                              Ms(e.backward_s), Ms(e.step_s), Ms(e.message_s),
-                              Ms(e.time_s() + e.aux_head_s), HumanBytes(e.kept_bytes),
-                              HumanBytes(e.peak_bytes),
-                              s.cap_bytes > 0 ? HumanBytes(s.cap_bytes) : "-"));
+    absl::StrAppend(&out, absl::StrFormat("%-5d %-9s %9s %9s %9s %9s %9s %10s %10s %10s\n", j,
+                                          absl::StrCat("[", s.begin, ",", s.end, ")"),
+                                          Ms(e.forward_s), Ms(e.backward_s), Ms(e.step_s),
+                                          Ms(e.message_s), Ms(e.time_s() + e.aux_head_s),
+                                          HumanBytes(e.kept_bytes), HumanBytes(e.peak_bytes),
+                                          s.cap_bytes > 0 ? HumanBytes(s.cap_bytes) : "-"));
   }
   absl::StrAppend(&out, "reversible blocks (store = compute-centric, rebuild = memory-centric):\n");
   bool any = false;
@@ -503,8 +501,8 @@ std::string PlanText(const ModelProfile& p, const Plan& plan) {
   }
   if (!any) absl::StrAppend(&out, "  (none)\n");
   absl::StrAppend(&out, "predicted time per mini-batch on this partition:\n");
-  absl::StrAppend(&out, absl::StrFormat("  %-16s %10s %9s  %s\n", "algorithm", "time", "speed-up",
-                                        "model"));
+  absl::StrAppend(
+      &out, absl::StrFormat("  %-16s %10s %9s  %s\n", "algorithm", "time", "speed-up", "model"));
   for (const auto& pr : plan.predictions) {
     absl::StrAppend(&out, absl::StrFormat("  %-16s %10s %8.2fx  %s\n", pr.algorithm,
                                           Ms(pr.seconds_per_batch), pr.speedup, pr.model));
@@ -523,7 +521,9 @@ std::string PlanJson(const ModelProfile& p, const Plan& plan) {
     std::string modes;
     for (int i = s.begin; i < s.end; ++i) {
       absl::StrAppend(&modes, i > s.begin ? ", " : "", "\"",
-                      !p.blocks[i].reversible ? "fixed" : s.store[i - s.begin] ? "store" : "rebuild",
+                      !p.blocks[i].reversible ? "fixed"
+                      : s.store[i - s.begin]  ? "store"
+                                              : "rebuild",
                       "\"");
     }
     absl::StrAppend(

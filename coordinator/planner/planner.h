@@ -36,8 +36,8 @@ struct StageEstimate {
   double forward_s = 0;   // per mini-batch, as the algorithm runs it
   double backward_s = 0;  // including rebuilds and recomputations
   double step_s = 0;
-  double message_s = 0;   // encoding and decoding the stage's messages
-  double aux_head_s = 0;  // nwise: the stage's aux head
+  double message_s = 0;      // encoding and decoding the stage's messages
+  double aux_head_s = 0;     // nwise: the stage's aux head
   int64_t static_bytes = 0;  // parameters, buffers, gradients, optimizer state
   int64_t kept_bytes = 0;    // what one mini-batch keeps between forward and backward
   int64_t peak_bytes = 0;

@@ -32,8 +32,8 @@ std::string SerializeProfile(const ModelProfile& p) {
     absl::StrAppend(&out, "block ", b.index, " ", b.kind, " ", b.reversible ? 1 : 0, " ",
                     D(b.forward_s), " ", D(b.forward_nograd_s), " ", D(b.backward_s), " ",
                     D(b.rebuild_backward_s), " ", D(b.inverse_s), " ", D(b.step_s), " ",
-                    D(b.message_s), " ", D(b.aux_head_s), " ", b.input_bytes, " ",
-                    b.output_bytes, " ", b.graph_bytes, " ", b.forward_transient_bytes, " ",
+                    D(b.message_s), " ", D(b.aux_head_s), " ", b.input_bytes, " ", b.output_bytes,
+                    " ", b.graph_bytes, " ", b.forward_transient_bytes, " ",
                     b.backward_transient_bytes, " ", b.rebuild_transient_bytes, " ",
                     b.parameter_bytes, " ", b.buffer_bytes, " ", b.optimizer_bytes, "\n");
   }

@@ -28,22 +28,22 @@ struct BlockProfile {
   double aux_head_s = 0;          // nwise aux head on the output: forward + backward + step
   int64_t input_bytes = 0;
   int64_t output_bytes = 0;
-  int64_t graph_bytes = 0;                // kept by the graph in store mode, input and output aside
-  int64_t forward_transient_bytes = 0;    // above what the forward keeps, while it runs
-  int64_t backward_transient_bytes = 0;   // above what was live, during the store backward
-  int64_t rebuild_transient_bytes = 0;    // above what was live, during the rebuild backward
-  int64_t parameter_bytes = 0;            // trainable parameters
-  int64_t buffer_bytes = 0;               // BatchNorm statistics
-  int64_t optimizer_bytes = 0;            // optimizer state (momentum, Adam moments)
+  int64_t graph_bytes = 0;               // kept by the graph in store mode, input and output aside
+  int64_t forward_transient_bytes = 0;   // above what the forward keeps, while it runs
+  int64_t backward_transient_bytes = 0;  // above what was live, during the store backward
+  int64_t rebuild_transient_bytes = 0;   // above what was live, during the rebuild backward
+  int64_t parameter_bytes = 0;           // trainable parameters
+  int64_t buffer_bytes = 0;              // BatchNorm statistics
+  int64_t optimizer_bytes = 0;           // optimizer state (momentum, Adam moments)
 };
 
 struct ModelProfile {
-  std::string key;      // cache key: model, batch size, device, threads
-  std::string model;    // e.g. "revnet-18 width 16"
+  std::string key;    // cache key: model, batch size, device, threads
+  std::string model;  // e.g. "revnet-18 width 16"
   int64_t batch_size = 0;
-  std::string device;   // "cpu", "cuda:0"
-  int threads = 0;      // LibTorch intra-op threads while profiling
-  int repeats = 0;      // timed runs per figure (the median is kept)
+  std::string device;       // "cpu", "cuda:0"
+  int threads = 0;          // LibTorch intra-op threads while profiling
+  int repeats = 0;          // timed runs per figure (the median is kept)
   int64_t label_bytes = 0;  // labels of one mini-batch
   std::string aux_head;     // aux head the aux_head_s column was measured with ("" = none)
   std::vector<BlockProfile> blocks;

@@ -144,8 +144,9 @@ absl::StatusOr<ModelProfile> ProfileModel(const JobSpec& spec, int64_t batch,
     auto aux = aux_spec.empty() ? absl::StatusOr<AuxHeadSpec>(absl::NotFoundError(""))
                                 : ParseAuxHeadSpec(aux_spec);
     if (!aux_spec.empty() && !aux.ok()) return aux.status();
-    torch::Tensor labels = torch::randint(spec.model.num_classes > 0 ? spec.model.num_classes : 10,
-                                          {batch}, torch::TensorOptions().dtype(torch::kLong).device(device));
+    torch::Tensor labels =
+        torch::randint(spec.model.num_classes > 0 ? spec.model.num_classes : 10, {batch},
+                       torch::TensorOptions().dtype(torch::kLong).device(device));
     for (size_t i = 0; i < blocks.size(); ++i) {
       auto& block = blocks[i];
       BlockProfile b;
@@ -168,7 +169,12 @@ absl::StatusOr<ModelProfile> ProfileModel(const JobSpec& spec, int64_t batch,
       auto fresh = [&] { x = input_grad ? x0.detach().requires_grad_(true) : x0.detach(); };
       b.forward_s = MedianAfter(o, cuda, fresh, [&] { out = block->forward(x); });
       b.backward_s = MedianAfter(
-          o, cuda, [&] { fresh(); out = block->forward(x); }, [&] { out.backward(grad); });
+          o, cuda,
+          [&] {
+            fresh();
+            out = block->forward(x);
+          },
+          [&] { out.backward(grad); });
       out = torch::Tensor();
       x = torch::Tensor();
       b.forward_nograd_s = Median(o, cuda, [&] {
@@ -196,9 +202,9 @@ absl::StatusOr<ModelProfile> ProfileModel(const JobSpec& spec, int64_t batch,
         const std::string key = Shape(block->info().out_shape);
         auto it = aux_cost.find(key);
         if (it == aux_cost.end()) {
-          auto head = models::MakeAuxHead(*aux, block->info().out_shape,
-                                          spec.model.num_classes > 0 ? spec.model.num_classes : 10,
-                                          1);
+          auto head =
+              models::MakeAuxHead(*aux, block->info().out_shape,
+                                  spec.model.num_classes > 0 ? spec.model.num_classes : 10, 1);
           if (!head.ok()) return head.status();
           (*head)->to(device);
           auto head_opt = training::MakeOptimizer(spec.optimizer, **head);
@@ -264,7 +270,8 @@ absl::StatusOr<ModelProfile> CachedProfile(const JobSpec& spec, int64_t batch,
                                            bool* cached) {
   namespace fs = std::filesystem;
   if (cached) *cached = false;
-  const std::string key = ProfileKey(spec, batch, device, at::get_num_threads(), AuxHeadOf(spec, o));
+  const std::string key =
+      ProfileKey(spec, batch, device, at::get_num_threads(), AuxHeadOf(spec, o));
   fs::path path;
   if (!o.cache_dir.empty()) {
     path = fs::path(o.cache_dir) / (key + ".profile");
@@ -284,8 +291,7 @@ absl::StatusOr<ModelProfile> CachedProfile(const JobSpec& spec, int64_t batch,
   std::error_code ec;
   fs::create_directories(path.parent_path(), ec);
   if (ec) {
-    return absl::UnavailableError(
-        absl::StrCat("profile cache ", o.cache_dir, ": ", ec.message()));
+    return absl::UnavailableError(absl::StrCat("profile cache ", o.cache_dir, ": ", ec.message()));
   }
   const fs::path tmp = path.string() + ".tmp";
   {
@@ -294,7 +300,8 @@ absl::StatusOr<ModelProfile> CachedProfile(const JobSpec& spec, int64_t batch,
     if (!out) return absl::UnavailableError(absl::StrCat("writing ", tmp.string()));
   }
   fs::rename(tmp, path, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("writing ", path.string(), ": ", ec.message()));
+  if (ec)
+    return absl::UnavailableError(absl::StrCat("writing ", path.string(), ": ", ec.message()));
   return p;
 }
 

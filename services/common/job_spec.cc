@@ -520,9 +520,8 @@ absl::Status ParseStages(const YAML::Node& node, StagesSpec* stages) {
   if (const YAML::Node* modes = section.Find("modes"); modes != nullptr && !modes->IsNull()) {
     const std::string value = modes->IsScalar() ? modes->Scalar() : "";
     if (value != "auto" && value != "store" && value != "rebuild") {
-      return KeyError(section.PathOf("modes"),
-                      absl::StrCat("must be auto, store or rebuild, got '", value, "'",
-                                   MarkSuffix(*modes)));
+      return KeyError(section.PathOf("modes"), absl::StrCat("must be auto, store or rebuild, got '",
+                                                            value, "'", MarkSuffix(*modes)));
     }
     stages->modes = value;
   }
@@ -531,11 +530,12 @@ absl::Status ParseStages(const YAML::Node& node, StagesSpec* stages) {
     auto bytes = budget->IsScalar() ? ParseByteSize(budget->Scalar())
                                     : absl::InvalidArgumentError("expected a size");
     if (!bytes.ok() || *bytes <= 0) {
-      return KeyError(section.PathOf("memory_budget"),
-                      absl::StrCat("must be a positive size such as 2GiB or 512MiB, got '",
-                                   budget->IsScalar() ? budget->Scalar() : "?", "'",
-                                   bytes.ok() ? "" : absl::StrCat(" (", bytes.status().message(), ")"),
-                                   MarkSuffix(*budget)));
+      return KeyError(
+          section.PathOf("memory_budget"),
+          absl::StrCat("must be a positive size such as 2GiB or 512MiB, got '",
+                       budget->IsScalar() ? budget->Scalar() : "?", "'",
+                       bytes.ok() ? "" : absl::StrCat(" (", bytes.status().message(), ")"),
+                       MarkSuffix(*budget)));
     }
     stages->memory_budget = *bytes;
   }
@@ -1191,6 +1191,17 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   check(AtLeast("eval_batch_size", spec.eval_batch_size, int64_t{0}));
   if (check.status().ok()) check(ValidateAlgorithm(spec));
   if (check.status().ok()) check(ValidatePhases(spec));
+  if (check.status().ok() && spec.stages.modes != "auto") {
+    // Only these algorithms run reversible blocks in a chosen mode.
+    for (const PhaseSpec& phase : Phases(spec)) {
+      if (phase.algorithm.name != "backprop" && phase.algorithm.name != "petra") {
+        check(KeyError("stages.modes", absl::StrCat("'", spec.stages.modes,
+                                                    "' applies to backprop and petra, not to '",
+                                                    phase.algorithm.name, "' (leave it auto)")));
+        break;
+      }
+    }
+  }
   check(ValidateOptimizer(spec.optimizer));
   check(ValidateSchedule(spec.schedule));
   check(ValidateLength(spec));
@@ -1329,11 +1340,20 @@ absl::StatusOr<int64_t> ParseByteSize(const std::string& text) {
     return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a size (e.g. 2GiB)"));
   }
   const std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(t.substr(i)));
-  static const std::vector<std::pair<std::string, double>> kUnits = {
-      {"", 1},          {"b", 1},          {"k", 1e3},           {"kb", 1e3},
-      {"m", 1e6},       {"mb", 1e6},       {"g", 1e9},           {"gb", 1e9},
-      {"ki", 1024.0},   {"kib", 1024.0},   {"mi", 1048576.0},    {"mib", 1048576.0},
-      {"gi", 1073741824.0}, {"gib", 1073741824.0}};
+  static const std::vector<std::pair<std::string, double>> kUnits = {{"", 1},
+                                                                     {"b", 1},
+                                                                     {"k", 1e3},
+                                                                     {"kb", 1e3},
+                                                                     {"m", 1e6},
+                                                                     {"mb", 1e6},
+                                                                     {"g", 1e9},
+                                                                     {"gb", 1e9},
+                                                                     {"ki", 1024.0},
+                                                                     {"kib", 1024.0},
+                                                                     {"mi", 1048576.0},
+                                                                     {"mib", 1048576.0},
+                                                                     {"gi", 1073741824.0},
+                                                                     {"gib", 1073741824.0}};
   for (const auto& [name, scale] : kUnits) {
     if (name == unit) return static_cast<int64_t>(std::llround(v * scale));
   }

@@ -40,8 +40,8 @@ absl::StatusOr<ModalPass> ModalPass::Forward(const std::vector<std::shared_ptr<B
                                              const std::vector<BlockMode>& modes,
                                              const torch::Tensor& x, bool input_grad) {
   if (!modes.empty() && modes.size() != blocks.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("block modes: ", modes.size(), " given for ",
-                                                   blocks.size(), " blocks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("block modes: ", modes.size(), " given for ", blocks.size(), " blocks"));
   }
   ModalPass pass;
   pass.blocks_ = blocks;

@@ -59,7 +59,8 @@ class ModalPass {
   struct Segment {
     int begin = 0, end = 0;  // block indices [begin, end)
     bool store = true;
-    torch::Tensor input;   // store: the segment's leaf (requires grad unless first and no input_grad)
+    torch::Tensor
+        input;  // store: the segment's leaf (requires grad unless first and no input_grad)
     torch::Tensor output;  // store: the segment's output, with graph
   };
   std::vector<std::shared_ptr<Block>> blocks_;

@@ -239,19 +239,19 @@ int Planner(const std::string& base, int64_t steps, int J) {
     std::string extra;
     const planner::Plan* plan;
   };
-  for (const Case& c : {Case{"rebuild", "modes: rebuild", &*low}, Case{"store", "modes: store", &*high},
-                        Case{"knapsack", absl::StrCat("memory_budget: ", cap), &*mixed}}) {
-    const Result r = Run(base + absl::StrCat("stages: {count: ", J, ", ", c.extra,
-                                             "}\nalgorithm: backprop\n"), J);
+  for (const Case& c :
+       {Case{"rebuild", "modes: rebuild", &*low}, Case{"store", "modes: store", &*high},
+        Case{"knapsack", absl::StrCat("memory_budget: ", cap), &*mixed}}) {
+    const Result r = Run(
+        base + absl::StrCat("stages: {count: ", J, ", ", c.extra, "}\nalgorithm: backprop\n"), J);
     if (std::string(c.name) == "rebuild") rebuild_seconds = r.batch_seconds;
     for (int j = 0; j < J; ++j) {
       const double planned = static_cast<double>(c.plan->stages[j].estimate.peak_bytes);
       const double measured = r.summary.at(absl::StrCat("stage", j, ".peak_memory_bytes"));
-      std::cout << absl::StrFormat("%-12s %-6d %12s %12s %8.3f %14s %14s\n", c.name, j,
-                                   Human(planned), Human(measured), measured / planned,
-                                   j ? "" : absl::StrFormat("%.1f", 1e3 * r.batch_seconds),
-                                   j ? "" : absl::StrFormat("%.1f", 1e3 * c.plan->predictions[0]
-                                                                           .seconds_per_batch));
+      std::cout << absl::StrFormat(
+          "%-12s %-6d %12s %12s %8.3f %14s %14s\n", c.name, j, Human(planned), Human(measured),
+          measured / planned, j ? "" : absl::StrFormat("%.1f", 1e3 * r.batch_seconds),
+          j ? "" : absl::StrFormat("%.1f", 1e3 * c.plan->predictions[0].seconds_per_batch));
     }
     if (std::string(c.name) != "rebuild") {
       std::cout << absl::StrFormat("  %s vs all-rebuild: %.2fx faster per step\n", c.name,
@@ -267,12 +267,14 @@ int Planner(const std::string& base, int64_t steps, int J) {
   }
   options = planner::PlanOptionsForJob(*spec, n);
   auto plan = planner::MakePlan(*with_head, options);
-  std::cout << "\n(b) J=" << J << ", partition " << absl::StrJoin(
-      plan->stages, " ", [](std::string* out, const planner::StagePlan& s) {
-        absl::StrAppend(out, "[", s.begin, ",", s.end, ")");
-      }) << ", default modes, 1 thread per stage:\n";
-  std::cout << absl::StrFormat("%-16s %12s %12s %8s\n", "algorithm", "predicted ms",
-                               "measured ms", "ratio");
+  std::cout << "\n(b) J=" << J << ", partition "
+            << absl::StrJoin(plan->stages, " ",
+                             [](std::string* out, const planner::StagePlan& s) {
+                               absl::StrAppend(out, "[", s.begin, ",", s.end, ")");
+                             })
+            << ", default modes, 1 thread per stage:\n";
+  std::cout << absl::StrFormat("%-16s %12s %12s %8s\n", "algorithm", "predicted ms", "measured ms",
+                               "ratio");
   const std::vector<std::pair<std::string, std::string>> rows = {
       {"backprop", "backprop"},
       {"delayed", "{name: delayed, weights: current}"},

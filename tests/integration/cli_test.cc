@@ -37,7 +37,9 @@ class Cli : public ::testing::Test {
 
   Result Stagewise(const std::string& args) {
     const fs::path out = dir_ / "stdout", err = dir_ / "stderr";
-    const std::string cmd = std::string(STAGEWISE_BINARY_DIR) + "/bin/stagewise " + args + " >" +
+    // Profiles (plan, and jobs the coordinator plans) stay in the test's directory.
+    const std::string cmd = "STAGEWISE_PROFILE_CACHE=" + (dir_ / "profiles").string() + " " +
+                            std::string(STAGEWISE_BINARY_DIR) + "/bin/stagewise " + args + " >" +
                             out.string() + " 2>" + err.string() + " </dev/null";
     Result r;
     const int status = std::system(cmd.c_str());
@@ -173,6 +175,58 @@ TEST_F(Cli, EveryExampleTrainsTwoSteps) {
 
 // The same through the real algorithms: a coordinator and one worker process
 // per stage, two steps (per phase) each.
+constexpr const char* kTinyRevNet = R"(name: tiny-revnet
+seed: 3
+model: {name: revnet, depth: 18, width: 4, blocks: [2, 2, 1, 1]}
+data: {dataset: synthetic, train_size: 128, test_size: 32, shape: [1, 12, 12], classes: 4}
+algorithm: backprop
+stages: {count: 2, partition: auto}
+optimizer: {name: sgd, lr: 0.05, momentum: 0.9}
+batch_size: 16
+steps: 2
+)";
+
+TEST_F(Cli, PlanPrintsPartitionModesAndPredictionsAndCachesTheProfile) {
+  const std::string job = WriteJob(kTinyRevNet);
+  Result r = Stagewise("plan --repeats 1 " + job);
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* want :
+       {"profile of revnet", "reversible", "stage", "predicted time per mini-batch", "backprop",
+        "petra", "delayed", "nwise n=1"}) {
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << " in\n" << r.out;
+  }
+  EXPECT_EQ(r.err.find("(cached)"), std::string::npos) << r.err;
+  // Second time: from the cache, as JSON.
+  r = Stagewise("plan --repeats 1 -o json " + job);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("(cached)"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("\"profile_cached\": true"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"modes\": [\"fixed\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"predictions\""), std::string::npos) << r.out;
+  // Every reversible block rebuilding when the budget is tight; nothing fits
+  // under a tiny one (exit 1, naming the cap); a bad size is exit 2.
+  r = Stagewise("plan -q --no-profile --modes rebuild " + job);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find(" store"), std::string::npos) << r.out;
+  r = Stagewise("plan -q --memory-budget 1KiB " + job);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.err.find("memory cap"), std::string::npos) << r.err;
+  r = Stagewise("plan -q --memory-budget lots " + job);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--memory-budget"), std::string::npos) << r.err;
+  // A batch-size sweep picks one.
+  r = Stagewise("plan -q --no-profile --repeats 1 --batch-sizes 8,16 " + job);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("<- best"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, AutoPartitionJobRunsOnLocalWorkers) {
+  Result r = Stagewise("local -q -o json --threads 1 " + WriteJob(kTinyRevNet));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"state\":\"SUCCEEDED\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("plan.stage0.block_end"), std::string::npos) << r.out;
+}
+
 TEST_F(Cli, EveryExampleRunsTwoStepsOnLocalWorkers) {
   int n = 0;
   for (const auto& e : fs::directory_iterator(std::string(STAGEWISE_SOURCE_DIR) + "/examples")) {

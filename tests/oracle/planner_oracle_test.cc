@@ -72,7 +72,8 @@ TEST(ModalPass, EveryChoiceOfModesGivesBackpropsGradient) {
     const size_t cut = all.size() / 2;
     std::vector<std::shared_ptr<models::Block>> a(all.begin(), all.begin() + cut),
         b(all.begin() + cut, all.end());
-    std::vector<BlockMode> ma(modes.begin(), modes.begin() + cut), mb(modes.begin() + cut, modes.end());
+    std::vector<BlockMode> ma(modes.begin(), modes.begin() + cut),
+        mb(modes.begin() + cut, modes.end());
     auto first = models::ModalPass::Forward(a, ma, x, false);
     ASSERT_TRUE(first.ok()) << first.status();
     auto second = models::ModalPass::Forward(b, mb, first->output(), true);
@@ -179,8 +180,7 @@ TEST_F(PlannerOracle, MeasuredPeakMemoryIsWithinTenPercentOfThePlan) {
       }
       // A mix whose peak lies strictly between the stage's extremes.
       const int j = static_cast<int>(&s - &plan->stages[0]);
-      if (stored > 0 && rebuilt > 0 &&
-          s.estimate.peak_bytes > low->stages[j].estimate.peak_bytes &&
+      if (stored > 0 && rebuilt > 0 && s.estimate.peak_bytes > low->stages[j].estimate.peak_bytes &&
           s.estimate.peak_bytes < high->stages[j].estimate.peak_bytes) {
         cap = options.memory_caps[0];
       }

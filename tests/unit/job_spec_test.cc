@@ -906,6 +906,9 @@ TEST(JobSpecTest, StagesModesAndMemoryBudget) {
   const std::string modes = ParseError(SpecYaml({{"stages", "{count: 2, modes: sometimes}"}}));
   EXPECT_THAT(modes, HasSubstr("stages.modes"));
   EXPECT_THAT(modes, HasSubstr("auto, store or rebuild"));
+  EXPECT_THAT(ParseError(SpecYaml(
+                  {{"stages", "{count: 2, modes: store}"}, {"algorithm", "{name: delayed}"}})),
+              HasSubstr("applies to backprop and petra, not to 'delayed'"));
   EXPECT_THAT(ParseError(SpecYaml({{"stages", "{count: 2, memory_budget: lots}"}})),
               HasSubstr("stages.memory_budget"));
   EXPECT_THAT(ParseError(SpecYaml({{"stages", "{count: 2, memory_budget: 0}"}})),

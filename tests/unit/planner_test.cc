@@ -1,5 +1,7 @@
 // The planner's dynamic programs against brute force, and its plans against
 // their caps (ALGORITHMS.md, "Reversible layers": oracle).
+#include "coordinator/planner/planner.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,7 +12,6 @@
 
 #include "coordinator/planner/knapsack.h"
 #include "coordinator/planner/partition.h"
-#include "coordinator/planner/planner.h"
 #include "coordinator/planner/profile.h"
 
 namespace stagewise::planner {
@@ -252,8 +253,8 @@ TEST(Planner, PlansRespectEveryCapAndMixModesInBetween) {
       ASSERT_TRUE(plan.ok()) << algorithm << " cap " << cap << ": " << plan.status();
       int stored = 0, rebuilt = 0;
       for (const auto& s : plan->stages) {
-        EXPECT_LE(s.estimate.peak_bytes, cap) << algorithm << " stage [" << s.begin << ","
-                                              << s.end << ")";
+        EXPECT_LE(s.estimate.peak_bytes, cap)
+            << algorithm << " stage [" << s.begin << "," << s.end << ")";
         for (int i = s.begin; i < s.end; ++i) {
           if (!p.blocks[i].reversible) {
             EXPECT_TRUE(s.store[i - s.begin]);

@@ -74,8 +74,8 @@ class Backprop : public Algorithm {
 
  private:
   struct InFlight {
-    torch::Tensor input;   // leaf; requires grad on stages > 0
-    torch::Tensor output;  // with graph, unless recompute
+    torch::Tensor input;                      // leaf; requires grad on stages > 0
+    torch::Tensor output;                     // with graph, unless recompute
     std::shared_ptr<models::ModalPass> pass;  // with block modes
   };
 
@@ -193,8 +193,8 @@ class Backprop : public Algorithm {
                             const torch::Tensor& labels, v1::TensorProto labels_proto,
                             std::chrono::steady_clock::time_point t0) {
     InFlight& f = inflight_[m];
-    auto pass = models::ModalPass::Forward(ctx.model().blocks(), ctx.block_modes(),
-                                           input.detach(), !ctx.first());
+    auto pass = models::ModalPass::Forward(ctx.model().blocks(), ctx.block_modes(), input.detach(),
+                                           !ctx.first());
     if (!pass.ok()) return pass.status();
     f.pass = std::make_shared<models::ModalPass>(std::move(*pass));
     ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
