@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "coordinator/planner/planner.h"
 #include "services/data/dataset.h"
 #include "services/models/model.h"
@@ -526,7 +527,10 @@ void JobManager::OnProfileLocked(const v1::ProfileResult& result) {
     summary[stage + "rebuild_blocks"] = rebuilt;
   }
   for (const planner::Prediction& p : plan->predictions) {
-    summary[absl::StrCat("plan.predicted.", p.algorithm)] = p.seconds_per_batch;
+    // "nwise n=1" -> plan.predicted.nwise_n1 (summary keys carry no spaces).
+    summary[absl::StrCat("plan.predicted.",
+                         absl::StrReplaceAll(p.algorithm, {{" ", "_"}, {"=", ""}}))] =
+        p.seconds_per_batch;
   }
   summary["plan.profile_cached"] = result.cached() ? 1 : 0;
   UpdateStatusLocked(st, "planned");

@@ -16,7 +16,8 @@
 // knapsack's mix under a memory budget that forces one, printing planned and
 // measured peak memory per stage and the time per mini-batch; (b) compares
 // the planner's predicted time per mini-batch with the measured one for
-// backprop, delayed, petra, features_replay and nwise.
+// backprop, delayed, petra, features_replay and nwise. Each configuration
+// runs STAGEWISE_BENCH_ROUNDS times (default 3), interleaved; medians count.
 //
 // "buffered" is what a stage keeps between a mini-batch's forward and its
 // backward, per stage, at its peak, from the job summary: stored inputs plus
@@ -231,32 +232,47 @@ int Planner(const std::string& base, int64_t steps, int J) {
   std::cout << "(a) backprop, J=" << J << ", memory budget " << planner::HumanBytes(cap)
             << " per worker:\n"
             << planner::PlanText(*profile, *mixed) << "\n";
-  std::cout << absl::StrFormat("%-12s %-6s %12s %12s %8s %14s %14s\n", "modes", "stage",
-                               "planned peak", "measured", "ratio", "ms/batch", "predicted");
-  double rebuild_seconds = 0;
+  // Timings on a shared 2-core machine drift by 10-20% between runs: every
+  // configuration runs `rounds` times, interleaved, and the median counts.
+  int rounds = 3;
+  if (const char* env = std::getenv("STAGEWISE_BENCH_ROUNDS")) rounds = std::max(1, std::atoi(env));
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
   struct Case {
     const char* name;
     std::string extra;
     const planner::Plan* plan;
+    std::vector<double> seconds;
+    Result last;
   };
-  for (const Case& c :
-       {Case{"rebuild", "modes: rebuild", &*low}, Case{"store", "modes: store", &*high},
-        Case{"knapsack", absl::StrCat("memory_budget: ", cap), &*mixed}}) {
-    const Result r = Run(
-        base + absl::StrCat("stages: {count: ", J, ", ", c.extra, "}\nalgorithm: backprop\n"), J);
-    if (std::string(c.name) == "rebuild") rebuild_seconds = r.batch_seconds;
+  std::vector<Case> cases = {{"rebuild", "modes: rebuild", &*low, {}, {}},
+                             {"store", "modes: store", &*high, {}, {}},
+                             {"knapsack", absl::StrCat("memory_budget: ", cap), &*mixed, {}, {}}};
+  for (int round = 0; round < rounds; ++round) {
+    for (Case& c : cases) {
+      c.last = Run(
+          base + absl::StrCat("stages: {count: ", J, ", ", c.extra, "}\nalgorithm: backprop\n"), J);
+      c.seconds.push_back(c.last.batch_seconds);
+    }
+  }
+  std::cout << absl::StrFormat("%-10s %-6s %12s %12s %8s %16s %12s\n", "modes", "stage",
+                               "planned peak", "measured", "ratio", "ms/batch median", "predicted");
+  const double rebuild_seconds = median(cases[0].seconds);
+  for (const Case& c : cases) {
     for (int j = 0; j < J; ++j) {
       const double planned = static_cast<double>(c.plan->stages[j].estimate.peak_bytes);
-      const double measured = r.summary.at(absl::StrCat("stage", j, ".peak_memory_bytes"));
+      const double measured = c.last.summary.at(absl::StrCat("stage", j, ".peak_memory_bytes"));
       std::cout << absl::StrFormat(
-          "%-12s %-6d %12s %12s %8.3f %14s %14s\n", c.name, j, Human(planned), Human(measured),
-          measured / planned, j ? "" : absl::StrFormat("%.1f", 1e3 * r.batch_seconds),
+          "%-10s %-6d %12s %12s %8.3f %16s %12s\n", c.name, j, Human(planned), Human(measured),
+          measured / planned, j ? "" : absl::StrFormat("%.1f", 1e3 * median(c.seconds)),
           j ? "" : absl::StrFormat("%.1f", 1e3 * c.plan->predictions[0].seconds_per_batch));
     }
-    if (std::string(c.name) != "rebuild") {
-      std::cout << absl::StrFormat("  %s vs all-rebuild: %.2fx faster per step\n", c.name,
-                                   rebuild_seconds / r.batch_seconds);
-    }
+    std::vector<std::string> each;
+    for (double t : c.seconds) each.push_back(absl::StrFormat("%.1f", 1e3 * t));
+    std::cout << absl::StrFormat("  runs: %s ms; all-rebuild's median / this median: %.2f\n",
+                                 absl::StrJoin(each, ", "), rebuild_seconds / median(c.seconds));
   }
   // (b) Predicted against measured time per mini-batch.
   po.aux_head = "conv:16,16";
@@ -282,15 +298,22 @@ int Planner(const std::string& base, int64_t steps, int J) {
       {"features_replay", "features_replay"},
       {"nwise n=1", "{name: nwise, n: 1, aux_head: 'conv:16,16'}"},
       {absl::StrCat("nwise n=", J), absl::StrCat("{name: nwise, n: ", J, "}")}};
-  for (const auto& [name, algorithm] : rows) {
+  std::vector<std::vector<double>> measured(rows.size());
+  for (int round = 0; round < rounds; ++round) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Result r =
+          Run(base + absl::StrCat("stages: ", J, "\nalgorithm: ", rows[i].second, "\n"), J);
+      measured[i].push_back(r.batch_seconds);
+    }
+  }
+  for (size_t i = 0; i < rows.size(); ++i) {
     double predicted = 0;
     for (const auto& p : plan->predictions) {
-      if (p.algorithm == name) predicted = p.seconds_per_batch;
+      if (p.algorithm == rows[i].first) predicted = p.seconds_per_batch;
     }
-    const Result r = Run(base + absl::StrCat("stages: ", J, "\nalgorithm: ", algorithm, "\n"), J);
-    std::cout << absl::StrFormat("%-16s %12.1f %12.1f %8.2f\n", name, 1e3 * predicted,
-                                 1e3 * r.batch_seconds, r.batch_seconds / predicted)
-              << std::flush;
+    const double m = median(measured[i]);
+    std::cout << absl::StrFormat("%-16s %12.1f %12.1f %8.2f\n", rows[i].first, 1e3 * predicted,
+                                 1e3 * m, m / predicted);
   }
   std::filesystem::remove_all(cache);
   return 0;

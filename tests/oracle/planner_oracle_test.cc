@@ -230,6 +230,7 @@ TEST_F(PlannerOracle, AutoPartitionIsPlannedFromAWorkersProfile) {
   EXPECT_GT(cut, 0);
   EXPECT_EQ(summary.at("plan.stage1.block_begin"), cut);
   EXPECT_TRUE(summary.count("plan.predicted.petra"));
+  EXPECT_TRUE(summary.count("plan.predicted.nwise_n1"));
   // The profile landed in the cache.
   int files = 0;
   for (const auto& e : std::filesystem::directory_iterator(cache_)) files += e.is_regular_file();
