@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/models/batch_norm.h"
 #include "services/models/blocks.h"
+#include "services/models/modal_pass.h"
 #include "services/training/optimizer.h"
 #include "worker/algorithms/common.h"
 
@@ -196,25 +197,15 @@ class Petra : public Algorithm {
       const bool need_input_grad = i > 0 || !ctx.first();
       if (blocks_[i]->reversible() && !f.inputs[i].defined()) {
         // Eq. (4): rebuild (x, x~) from (y, y~) = (x~ + F(x), x) with the
-        // current parameters, keeping the graph of F(x); then the VJP:
-        // d x~ = d y, d x = d y~ + (dF/dx)^T d y, d theta = (dF/dtheta)^T d y.
+        // current parameters, keeping the graph of F(x), and take the VJP in
+        // the same pass (the planner's profiler times this very function).
+        // Running statistics move here, once.
         auto* block = static_cast<models::ReversibleBlock*>(blocks_[i].get());
-        auto out = h.chunk(2, 1);
-        auto dout = g.chunk(2, 1);
         const auto t0 = std::chrono::steady_clock::now();
-        torch::Tensor a = out[1].detach().requires_grad_(true);
-        torch::Tensor fa = block->F(a);  // running statistics move here, once
-        torch::Tensor rebuilt;
-        {
-          torch::NoGradGuard no_grad;
-          rebuilt = torch::cat({out[1], out[0] - fa}, 1);
-        }
-        const auto t1 = std::chrono::steady_clock::now();
-        rebuild_time += std::chrono::duration<double>(t1 - t0).count();
-        fa.backward(dout[0]);
-        g = torch::cat({dout[1] + a.grad(), dout[0]}, 1);
-        backward_time += SecondsSince(t1);
+        auto [rebuilt, dx] = models::RebuildBackward(*block, h, g, need_input_grad);
+        backward_time += SecondsSince(t0);
         h = rebuilt;
+        g = dx;
       } else {
         // Not invertible (or stored): the stored input, recomputed with a graph.
         torch::Tensor x = f.inputs[i];
