@@ -64,6 +64,17 @@ int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err) {
                            b.reversible ? "yes" : "no", ShapeString(b.in_shape),
                            ShapeString(b.out_shape));
   }
+  if (spec->stages.partition == "auto") {
+    out << "partition: auto: the stage column shows the even split; the coordinator plans the\n"
+           "real one from a worker's profile (see it with `stagewise plan`)\n";
+  }
+  if (spec->stages.memory_budget > 0 || spec->stages.modes != "auto") {
+    out << "reversible blocks: modes " << spec->stages.modes;
+    if (spec->stages.memory_budget > 0) {
+      out << ", memory budget " << spec->stages.memory_budget << " bytes per worker";
+    }
+    out << "\n";
+  }
   return kExitOk;
 }
 
