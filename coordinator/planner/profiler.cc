@@ -36,21 +36,6 @@ std::string ModelName(const ModelSpec& m) {
   return name;
 }
 
-// Runs `fn` warmup + repeats times; the median of the timed runs, in seconds.
-template <typename Fn>
-double Median(const ProfileOptions& o, bool cuda, Fn&& fn) {
-  std::vector<double> t;
-  for (int r = 0; r < o.warmup + o.repeats; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    if (cuda) torch::cuda::synchronize();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (r >= o.warmup) t.push_back(s);
-  }
-  std::sort(t.begin(), t.end());
-  return t.empty() ? 0.0 : t[t.size() / 2];
-}
-
 // Times `timed` only, with `setup` run (untimed) before each repeat.
 template <typename Setup, typename Fn>
 double MedianAfter(const ProfileOptions& o, bool cuda, Setup&& setup, Fn&& timed) {
@@ -66,6 +51,13 @@ double MedianAfter(const ProfileOptions& o, bool cuda, Setup&& setup, Fn&& timed
   }
   std::sort(t.begin(), t.end());
   return t.empty() ? 0.0 : t[t.size() / 2];
+}
+
+// Runs `fn` warmup + repeats times; the median of the timed runs, in seconds.
+template <typename Fn>
+double Median(const ProfileOptions& o, bool cuda, Fn&& fn) {
+  return MedianAfter(
+      o, cuda, [] {}, fn);
 }
 
 std::string AuxHeadOf(const JobSpec& spec, const ProfileOptions& o) {

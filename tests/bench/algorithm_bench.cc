@@ -40,6 +40,7 @@
 #include "coordinator/planner/profiler.h"
 #include "coordinator/timing_model.h"
 #include "tests/integration/cluster.h"
+#include "tests/oracle/planner_util.h"
 
 namespace {
 
@@ -194,41 +195,14 @@ int Planner(const std::string& base, int64_t steps, int J) {
   std::cout << planner::ProfileText(*profile) << "\n";
   const int n = static_cast<int>(profile->blocks.size());
   planner::PlanOptions options = planner::PlanOptionsForJob(*spec, n);
-  options.modes = "rebuild";
-  auto low = planner::MakePlan(*profile, options);
-  options.modes = "store";
-  auto high = planner::MakePlan(*profile, options);
-  int64_t lo = 0, hi = 0;
-  for (int j = 0; j < J; ++j) {
-    lo = std::max(lo, low->stages[j].estimate.peak_bytes);
-    hi = std::max(hi, high->stages[j].estimate.peak_bytes);
-  }
-  // The smallest cap (in twentieths from the all-rebuild to the all-store
-  // peak) where a stage mixes modes with a peak strictly between its extremes.
-  options.modes = "auto";
-  int64_t cap = 0;
-  absl::StatusOr<planner::Plan> mixed = absl::NotFoundError("no cap mixes modes");
-  for (int k = 1; k < 20 && cap == 0; ++k) {
-    options.memory_caps = {lo + (hi - lo) * k / 20};
-    auto plan = planner::MakePlan(*profile, options);
-    if (!plan.ok()) continue;
-    for (int j = 0; j < J; ++j) {
-      const auto& s = plan->stages[j];
-      int stored = 0, rebuilt = 0;
-      for (int i = s.begin; i < s.end; ++i) {
-        if (profile->blocks[i].reversible) (s.store[i - s.begin] ? stored : rebuilt)++;
-      }
-      if (stored && rebuilt && s.estimate.peak_bytes > low->stages[j].estimate.peak_bytes &&
-          s.estimate.peak_bytes < high->stages[j].estimate.peak_bytes) {
-        cap = options.memory_caps[0];
-      }
-    }
-    if (cap) mixed = std::move(plan);
-  }
-  if (!mixed.ok()) {
-    std::cerr << mixed.status() << "\n";
+  auto extremes = stagewise::testing::FindModeMix(*profile, options);
+  if (!extremes.ok()) {
+    std::cerr << extremes.status() << "\n";
     return 1;
   }
+  const planner::Plan *low = &extremes->rebuild, *high = &extremes->store,
+                      *mixed = &extremes->mixed;
+  const int64_t cap = extremes->cap;
   std::cout << "(a) backprop, J=" << J << ", memory budget " << planner::HumanBytes(cap)
             << " per worker:\n"
             << planner::PlanText(*profile, *mixed) << "\n";
@@ -247,9 +221,9 @@ int Planner(const std::string& base, int64_t steps, int J) {
     std::vector<double> seconds;
     Result last;
   };
-  std::vector<Case> cases = {{"rebuild", "modes: rebuild", &*low, {}, {}},
-                             {"store", "modes: store", &*high, {}, {}},
-                             {"knapsack", absl::StrCat("memory_budget: ", cap), &*mixed, {}, {}}};
+  std::vector<Case> cases = {{"rebuild", "modes: rebuild", low, {}, {}},
+                             {"store", "modes: store", high, {}, {}},
+                             {"knapsack", absl::StrCat("memory_budget: ", cap), mixed, {}, {}}};
   for (int round = 0; round < rounds; ++round) {
     for (Case& c : cases) {
       c.last = Run(
