@@ -118,11 +118,7 @@ class Backprop : public Algorithm {
       loss.backward();
       ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t1));
       loss_ += loss.item<double>();
-      if (!ctx.first()) {
-        v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, step, m);
-        STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", input.grad()));
-        STAGEWISE_RETURN_IF_ERROR(ctx.SendToPrev(std::move(back)));
-      }
+      STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, step, m, input.grad()));
       f = InFlight{};
       return absl::OkStatus();
     }
@@ -158,10 +154,7 @@ class Backprop : public Algorithm {
       torch::Tensor grad_in = f.pass->Backward(*grad);
       ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t0));
       f = InFlight{};
-      if (ctx.first()) return absl::OkStatus();
-      v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, step, m);
-      STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", grad_in));
-      return ctx.SendToPrev(std::move(back));
+      return SendGrad(ctx, step, m, grad_in);
     }
     torch::Tensor out = f.output;
     if (recompute_) {
@@ -177,11 +170,7 @@ class Backprop : public Algorithm {
     const auto t0 = std::chrono::steady_clock::now();
     out.backward(*grad);
     ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t0));
-    if (!ctx.first()) {
-      v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, step, m);
-      STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", f.input.grad()));
-      STAGEWISE_RETURN_IF_ERROR(ctx.SendToPrev(std::move(back)));
-    }
+    STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, step, m, f.input.grad()));
     f = InFlight{};
     ctx.stage_metrics().SetMemory("activations", HeldBytes());
     return absl::OkStatus();
@@ -210,9 +199,14 @@ class Backprop : public Algorithm {
     torch::Tensor grad_in = f.pass->Backward(logits.grad());
     ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t1));
     f = InFlight{};
+    return SendGrad(ctx, step, m, grad_in);
+  }
+
+  // The gradient of the stage input goes down as BACKWARD (stage 0: nowhere).
+  static absl::Status SendGrad(StageContext& ctx, int64_t step, int m, const torch::Tensor& grad) {
     if (ctx.first()) return absl::OkStatus();
     v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, step, m);
-    STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", grad_in));
+    STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", grad));
     return ctx.SendToPrev(std::move(back));
   }
 
