@@ -16,12 +16,19 @@ function(stagewise_use_torch target)
   endif()
 endfunction()
 
+# stagewise_process_defaults(target): what every stagewise executable (binary,
+# test, benchmark) links: the malloc settings applied before main().
+function(stagewise_process_defaults target)
+  target_link_libraries(${target} PRIVATE stagewise_malloc_tuning)
+endfunction()
+
 # stagewise_add_test(NAME n SOURCES ... LIBS ... LABELS ... [TORCH])
 # One GoogleTest executable; every test case becomes a ctest test with LABELS.
 function(stagewise_add_test)
   cmake_parse_arguments(T "TORCH" "NAME" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main GTest::gmock)
+  stagewise_process_defaults(${T_NAME})
   if(T_TORCH)
     stagewise_use_torch(${T_NAME})
   endif()

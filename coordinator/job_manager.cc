@@ -7,19 +7,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "coordinator/planner/planner.h"
-#include "services/data/dataset.h"
-#include "services/models/model.h"
+#include "services/planner/planner.h"
+#include "services/data/sizes.h"
+#include "services/models/plan.h"
 
 namespace stagewise::coordinator {
 namespace {
-
-// Algorithms the workers of this version run; later issues add the others.
-const std::vector<std::string>& AvailableAlgorithms() {
-  static const std::vector<std::string> names = {"backprop",        "delayed", "petra",
-                                                 "features_replay", "nwise",   "auxnet"};
-  return names;
-}
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
@@ -119,14 +112,8 @@ JobManager::ActiveJob JobManager::NewActiveJob(const JobSpec& spec, const std::s
 absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml) {
   auto spec = ParseJobSpec(yaml);
   if (!spec.ok()) return spec.status();
-  const auto& available = AvailableAlgorithms();
-  for (const PhaseSpec& phase : Phases(*spec)) {
-    if (std::find(available.begin(), available.end(), phase.algorithm.name) == available.end()) {
-      return absl::UnimplementedError(
-          absl::StrCat("algorithm: '", phase.algorithm.name,
-                       "' is not available yet (available: ", absl::StrJoin(available, ", "), ")"));
-    }
-  }
+  // ParseJobSpec accepts only the algorithms of the schema table
+  // (services/common/job_spec.cc), which is also what workers construct.
   auto plan = models::PlanModel(spec->model);
   if (!plan.ok()) return plan.status();
   auto ranges = models::ResolvePartition(spec->stages, static_cast<int>(plan->size()));

@@ -21,7 +21,7 @@
 #include "coordinator/store.h"
 #include "services/common/job_spec.h"
 #include "services/metrics/metrics.h"
-#include "services/models/block.h"
+#include "services/models/block_info.h"
 #include "stagewise/v1/coordinator.pb.h"
 
 namespace stagewise::coordinator {

@@ -5,14 +5,9 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
 #include "services/tensor/codec.h"
 #include "services/training/optimizer.h"
-
-#define STAGEWISE_RUNTIME_RETURN_IF_ERROR(expr) \
-  do {                                          \
-    absl::Status status_ = (expr);              \
-    if (!status_.ok()) return status_;          \
-  } while (0)
 
 namespace stagewise::worker {
 namespace {
@@ -260,12 +255,12 @@ absl::Status StageRuntime::RunPhases() {
         done->set_phase(p - 1);
         env_.emit(std::move(event));
       } else {
-        STAGEWISE_RUNTIME_RETURN_IF_ERROR(BeginPhase(p));  // no coordinator: go on
+        STAGEWISE_RETURN_IF_ERROR(BeginPhase(p));  // no coordinator: go on
       }
-      STAGEWISE_RUNTIME_RETURN_IF_ERROR(AwaitPhase(p));
-      STAGEWISE_RUNTIME_RETURN_IF_ERROR(EnterPhase(p));
+      STAGEWISE_RETURN_IF_ERROR(AwaitPhase(p));
+      STAGEWISE_RETURN_IF_ERROR(EnterPhase(p));
     }
-    STAGEWISE_RUNTIME_RETURN_IF_ERROR(algorithm_->Run(*this));
+    STAGEWISE_RETURN_IF_ERROR(algorithm_->Run(*this));
   }
   return absl::OkStatus();
 }

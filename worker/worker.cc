@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "coordinator/planner/profiler.h"
+#include "services/profiler/profiler.h"
 #include "services/rpc/status.h"
 
 namespace stagewise::worker {

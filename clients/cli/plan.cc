@@ -12,8 +12,8 @@
 #include "absl/strings/str_format.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/format.h"
-#include "coordinator/planner/planner.h"
-#include "coordinator/planner/profiler.h"
+#include "services/planner/planner.h"
+#include "services/profiler/profiler.h"
 #include "services/common/job_spec.h"
 #include "services/models/model.h"
 

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "services/common/job_spec.h"
+#include "services/data/sizes.h"
 
 namespace stagewise::data {
 
@@ -54,11 +55,6 @@ absl::StatusOr<Datasets> LoadCifar(const std::string& dir, int num_classes);
 // >= 0, else throws c10::Error (LoadDatasets checks these and returns a status).
 Datasets MakeSynthetic(int64_t train_size, int64_t test_size, const std::vector<int64_t>& shape,
                        int num_classes, uint64_t seed);
-
-// The number of training samples `spec` yields, known without loading the
-// data: every stage and the coordinator need the schedule, only stage 0 loads
-// data (and checks that the real count agrees).
-int64_t NominalTrainSize(const DataSpec& spec);
 
 // Dispatches on spec.dataset, applies limit_train/limit_test.
 absl::StatusOr<Datasets> LoadDatasets(const DataSpec& spec, uint64_t seed);

@@ -1,6 +1,6 @@
 #include <algorithm>
 
-#include "services/data/dataset.h"
+#include "services/data/sizes.h"
 
 namespace stagewise::data {
 

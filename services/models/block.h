@@ -7,30 +7,10 @@
 #include <torch/types.h>
 
 #include <cstdint>
-#include <string>
-#include <vector>
+
+#include "services/models/block_info.h"
 
 namespace stagewise::models {
-
-// What a block is, known before any tensor exists (the planner and the
-// partitioner read this without building the model).
-struct BlockInfo {
-  int index = 0;     // global position in the model
-  std::string kind;  // stem | linear | residual | downsample | reversible | head
-  bool reversible = false;
-  std::vector<int64_t> in_shape;  // per sample, without the batch dimension
-  std::vector<int64_t> out_shape;
-  // Constructor arguments.
-  int64_t in_channels = 0;
-  int64_t out_channels = 0;  // reversible: channels of one stream
-  int64_t mid_channels = 0;  // bottleneck width
-  int64_t stride = 1;
-  bool bottleneck = false;
-  bool imagenet_stem = false;  // 7x7/2 conv + 3x3/2 max-pool
-  bool flatten = false;        // linear blocks: flatten the input first
-  bool relu = true;            // linear blocks: ReLU after the layer
-  bool pair = false;           // downsample on a reversible pair (RevNet)
-};
 
 class Block : public torch::nn::Module {
  public:

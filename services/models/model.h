@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "services/common/job_spec.h"
 #include "services/models/block.h"
+#include "services/models/plan.h"
 
 namespace stagewise::models {
 
@@ -37,26 +38,15 @@ class Model : public torch::nn::Module {
   int end_ = 0;
 };
 
-// Describes every block of the network `spec` names, without building it.
-absl::StatusOr<std::vector<BlockInfo>> PlanModel(const ModelSpec& spec);
-
 // Runs `build` with the global torch generator seeded to `seed`, under the
 // lock every model build takes (parameter init draws from that generator).
 void WithInitSeed(uint64_t seed, const std::function<void()>& build);
-
-// Seed of global block `index` for a job seeded `job_seed` (splitmix64 mix).
-uint64_t BlockSeed(uint64_t job_seed, int index);
 
 // Builds blocks [begin, end) (end < 0: to the last block). Each block is
 // initialised from BlockSeed(seed, index), so any partition of the same spec
 // and seed holds exactly the weights of the whole model.
 absl::StatusOr<std::shared_ptr<Model>> BuildModel(const ModelSpec& spec, uint64_t seed,
                                                   int begin = 0, int end = -1);
-
-// The [begin, end) block range of every stage: explicit ranges are checked
-// against the model, "even" splits blocks as evenly as possible.
-absl::StatusOr<std::vector<std::pair<int, int>>> ResolvePartition(const StagesSpec& stages,
-                                                                  int num_blocks);
 
 }  // namespace stagewise::models
 

@@ -36,9 +36,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "coordinator/planner/planner.h"
-#include "coordinator/planner/profiler.h"
-#include "coordinator/timing_model.h"
+#include "services/planner/planner.h"
+#include "services/profiler/profiler.h"
+#include "services/planner/timing_model.h"
 #include "tests/integration/cluster.h"
 #include "tests/oracle/planner_util.h"
 

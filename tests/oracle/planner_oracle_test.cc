@@ -13,8 +13,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/planner/planner.h"
-#include "coordinator/planner/profiler.h"
+#include "services/planner/planner.h"
+#include "services/profiler/profiler.h"
 #include "services/models/batch_norm.h"
 #include "services/models/memory_meter.h"
 #include "services/models/modal_pass.h"

@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "coordinator/planner/planner.h"
+#include "services/planner/planner.h"
 
 namespace stagewise::testing {
 

@@ -1,6 +1,6 @@
 // The planner's dynamic programs against brute force, and its plans against
 // their caps (ALGORITHMS.md, "Reversible layers": oracle).
-#include "coordinator/planner/planner.h"
+#include "services/planner/planner.h"
 
 #include <gtest/gtest.h>
 
@@ -10,9 +10,9 @@
 #include <random>
 #include <vector>
 
-#include "coordinator/planner/knapsack.h"
-#include "coordinator/planner/partition.h"
-#include "coordinator/planner/profile.h"
+#include "services/planner/knapsack.h"
+#include "services/planner/partition.h"
+#include "services/planner/profile.h"
 
 namespace stagewise::planner {
 namespace {

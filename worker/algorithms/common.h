@@ -8,15 +8,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "services/common/status_macros.h"
 #include "stagewise/v1/stage.pb.h"
 #include "worker/stage_context.h"
-
-// absl has no RETURN_IF_ERROR in its public API.
-#define STAGEWISE_RETURN_IF_ERROR(expr) \
-  do {                                  \
-    absl::Status status_ = (expr);      \
-    if (!status_.ok()) return status_;  \
-  } while (0)
 
 namespace stagewise::worker {
 

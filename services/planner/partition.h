@@ -1,7 +1,7 @@
 // Contiguous partition of a chain of blocks over J workers minimising the
 // slowest stage (exact dynamic programming over prefixes).
-#ifndef STAGEWISE_COORDINATOR_PLANNER_PARTITION_H_
-#define STAGEWISE_COORDINATOR_PLANNER_PARTITION_H_
+#ifndef STAGEWISE_SERVICES_PLANNER_PARTITION_H_
+#define STAGEWISE_SERVICES_PLANNER_PARTITION_H_
 
 #include <functional>
 #include <utility>
@@ -26,4 +26,4 @@ PartitionResult MinMaxPartition(int num_blocks, int num_stages, const RangeCost&
 
 }  // namespace stagewise::planner
 
-#endif  // STAGEWISE_COORDINATOR_PLANNER_PARTITION_H_
+#endif  // STAGEWISE_SERVICES_PLANNER_PARTITION_H_

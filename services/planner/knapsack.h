@@ -3,8 +3,8 @@
 // to the bytes the stored blocks keep. Memory is counted in whole units
 // (weights rounded up, the capacity rounded down), so a choice that fits in
 // units fits in bytes.
-#ifndef STAGEWISE_COORDINATOR_PLANNER_KNAPSACK_H_
-#define STAGEWISE_COORDINATOR_PLANNER_KNAPSACK_H_
+#ifndef STAGEWISE_SERVICES_PLANNER_KNAPSACK_H_
+#define STAGEWISE_SERVICES_PLANNER_KNAPSACK_H_
 
 #include <cstdint>
 #include <vector>
@@ -46,4 +46,4 @@ int64_t CapacityUnits(int64_t bytes, int64_t unit);
 
 }  // namespace stagewise::planner
 
-#endif  // STAGEWISE_COORDINATOR_PLANNER_KNAPSACK_H_
+#endif  // STAGEWISE_SERVICES_PLANNER_KNAPSACK_H_

@@ -10,8 +10,8 @@
 // mini-batch in flight, the graphs of storing blocks and every activation a
 // storing block keeps (its input, or the output of a storing segment); then
 // the backward walked block by block with each block's measured transient.
-#ifndef STAGEWISE_COORDINATOR_PLANNER_PLANNER_H_
-#define STAGEWISE_COORDINATOR_PLANNER_PLANNER_H_
+#ifndef STAGEWISE_SERVICES_PLANNER_PLANNER_H_
+#define STAGEWISE_SERVICES_PLANNER_PLANNER_H_
 
 #include <cstdint>
 #include <string>
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/planner/profile.h"
+#include "services/planner/profile.h"
 #include "services/common/job_spec.h"
 
 namespace stagewise::planner {
@@ -119,4 +119,4 @@ std::string HumanBytes(int64_t bytes);
 
 }  // namespace stagewise::planner
 
-#endif  // STAGEWISE_COORDINATOR_PLANNER_PLANNER_H_
+#endif  // STAGEWISE_SERVICES_PLANNER_PLANNER_H_

@@ -1,4 +1,4 @@
-#include "coordinator/planner/knapsack.h"
+#include "services/planner/knapsack.h"
 
 #include <algorithm>
 #include <limits>

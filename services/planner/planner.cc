@@ -1,4 +1,4 @@
-#include "coordinator/planner/planner.h"
+#include "services/planner/planner.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,9 +10,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "coordinator/planner/knapsack.h"
-#include "coordinator/planner/partition.h"
-#include "coordinator/timing_model.h"
+#include "services/planner/knapsack.h"
+#include "services/planner/partition.h"
+#include "services/planner/timing_model.h"
 #include "services/common/job_spec.h"
 
 namespace stagewise::planner {

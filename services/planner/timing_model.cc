@@ -1,4 +1,4 @@
-#include "coordinator/timing_model.h"
+#include "services/planner/timing_model.h"
 
 #include <cmath>
 #include <limits>

@@ -1,9 +1,9 @@
 // What the profiler measured of one model at one batch size on one device:
 // per block, times (medians of repeated runs after warm-up) and bytes (counted
 // by the CPU memory meter). Plain data, no LibTorch: the planner, the
-// coordinator and the CLI read it; coordinator/planner/profiler.h fills it.
-#ifndef STAGEWISE_COORDINATOR_PLANNER_PROFILE_H_
-#define STAGEWISE_COORDINATOR_PLANNER_PROFILE_H_
+// coordinator and the CLI read it; services/profiler/profiler.h fills it.
+#ifndef STAGEWISE_SERVICES_PLANNER_PROFILE_H_
+#define STAGEWISE_SERVICES_PLANNER_PROFILE_H_
 
 #include <cstdint>
 #include <string>
@@ -56,4 +56,4 @@ absl::StatusOr<ModelProfile> ParseProfile(const std::string& text);
 
 }  // namespace stagewise::planner
 
-#endif  // STAGEWISE_COORDINATOR_PLANNER_PROFILE_H_
+#endif  // STAGEWISE_SERVICES_PLANNER_PROFILE_H_

@@ -1,4 +1,4 @@
-#include "coordinator/planner/partition.h"
+#include "services/planner/partition.h"
 
 #include <algorithm>
 #include <limits>

@@ -1,4 +1,4 @@
-#include "coordinator/planner/profile.h"
+#include "services/planner/profile.h"
 
 #include <vector>
 

@@ -1,4 +1,4 @@
-#include "coordinator/planner/profiler.h"
+#include "services/profiler/profiler.h"
 
 #include <torch/cuda.h>
 #include <torch/torch.h>

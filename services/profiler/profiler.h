@@ -3,8 +3,8 @@
 // measured, not modelled). Results are cached per (model, batch size,
 // device, threads) in a directory, so a plan or an `auto` partition costs one
 // profiling run per machine.
-#ifndef STAGEWISE_COORDINATOR_PLANNER_PROFILER_H_
-#define STAGEWISE_COORDINATOR_PLANNER_PROFILER_H_
+#ifndef STAGEWISE_SERVICES_PROFILER_PROFILER_H_
+#define STAGEWISE_SERVICES_PROFILER_PROFILER_H_
 
 #include <torch/types.h>
 
@@ -13,7 +13,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "coordinator/planner/profile.h"
+#include "services/planner/profile.h"
 #include "services/common/job_spec.h"
 
 namespace stagewise::planner {
@@ -51,4 +51,4 @@ absl::StatusOr<ModelProfile> CachedProfile(const JobSpec& spec, int64_t batch_si
 
 }  // namespace stagewise::planner
 
-#endif  // STAGEWISE_COORDINATOR_PLANNER_PROFILER_H_
+#endif  // STAGEWISE_SERVICES_PROFILER_PROFILER_H_

@@ -1,7 +1,7 @@
 // Analytic time-per-mini-batch models of the papers, for the planner and for
 // comparing measured step times with predictions. No LibTorch, no I/O.
-#ifndef STAGEWISE_COORDINATOR_TIMING_MODEL_H_
-#define STAGEWISE_COORDINATOR_TIMING_MODEL_H_
+#ifndef STAGEWISE_SERVICES_PLANNER_TIMING_MODEL_H_
+#define STAGEWISE_SERVICES_PLANNER_TIMING_MODEL_H_
 
 #include <cstdint>
 #include <vector>
@@ -75,4 +75,4 @@ absl::StatusOr<double> AuxNetSpeedupBound(const AuxNetTimes& t);
 
 }  // namespace stagewise::timing
 
-#endif  // STAGEWISE_COORDINATOR_TIMING_MODEL_H_
+#endif  // STAGEWISE_SERVICES_PLANNER_TIMING_MODEL_H_

@@ -1,0 +1,34 @@
+// What a block is, known before any tensor exists. No LibTorch: the
+// coordinator and the planner read block descriptions without building them.
+#ifndef STAGEWISE_SERVICES_MODELS_BLOCK_INFO_H_
+#define STAGEWISE_SERVICES_MODELS_BLOCK_INFO_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace stagewise::models {
+
+// What a block is, known before any tensor exists (the planner and the
+// partitioner read this without building the model).
+struct BlockInfo {
+  int index = 0;     // global position in the model
+  std::string kind;  // stem | linear | residual | downsample | reversible | head
+  bool reversible = false;
+  std::vector<int64_t> in_shape;  // per sample, without the batch dimension
+  std::vector<int64_t> out_shape;
+  // Constructor arguments.
+  int64_t in_channels = 0;
+  int64_t out_channels = 0;  // reversible: channels of one stream
+  int64_t mid_channels = 0;  // bottleneck width
+  int64_t stride = 1;
+  bool bottleneck = false;
+  bool imagenet_stem = false;  // 7x7/2 conv + 3x3/2 max-pool
+  bool flatten = false;        // linear blocks: flatten the input first
+  bool relu = true;            // linear blocks: ReLU after the layer
+  bool pair = false;           // downsample on a reversible pair (RevNet)
+};
+
+}  // namespace stagewise::models
+
+#endif  // STAGEWISE_SERVICES_MODELS_BLOCK_INFO_H_

@@ -1,0 +1,290 @@
+// The model zoo's descriptions: every block of MLP, ResNet (CIFAR and
+// ImageNet style) and RevNet (PETRA) with its shapes, and stage partitions.
+// No LibTorch: the coordinator and the planner read this without building.
+#include "services/models/plan.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace stagewise::models {
+namespace {
+
+
+int64_t Down(int64_t size) { return (size + 1) / 2; }  // 3x3/2 pad 1, 1x1/2, 7x7/2 pad 3
+
+// Builder that appends blocks while tracking the per-sample shape.
+class Planner {
+ public:
+  explicit Planner(std::vector<int64_t> input) : shape_(std::move(input)) {}
+
+  void Add(BlockInfo info, std::vector<int64_t> out) {
+    info.index = static_cast<int>(blocks_.size());
+    info.in_shape = shape_;
+    info.out_shape = out;
+    shape_ = std::move(out);
+    blocks_.push_back(std::move(info));
+  }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  std::vector<BlockInfo> Take() { return std::move(blocks_); }
+
+  // Image stem: [C,H,W] -> [out,H',W'].
+  void Stem(int64_t out, bool small_input) {
+    BlockInfo b;
+    b.kind = "stem";
+    b.in_channels = shape_[0];
+    b.out_channels = out;
+    b.imagenet_stem = !small_input;
+    b.stride = small_input ? 1 : 2;
+    int64_t h = shape_[1], w = shape_[2];
+    if (!small_input) {
+      h = Down(Down(h));
+      w = Down(Down(w));
+    }
+    Add(b, {out, h, w});
+  }
+
+  void Residual(int64_t out, int64_t mid, int64_t stride, bool bottleneck) {
+    BlockInfo b;
+    b.kind = stride > 1 ? "downsample" : "residual";
+    b.in_channels = shape_[0];
+    b.out_channels = out;
+    b.mid_channels = mid;
+    b.stride = stride;
+    b.bottleneck = bottleneck;
+    int64_t h = stride > 1 ? Down(shape_[1]) : shape_[1];
+    int64_t w = stride > 1 ? Down(shape_[2]) : shape_[2];
+    Add(b, {out, h, w});
+  }
+
+  // RevNet downsampling: [2*S_in, H, W] -> [2*S_out, H/2, W/2] on the pair.
+  void PairDownsample(int64_t stream_out, int64_t mid, bool bottleneck) {
+    Residual(2 * stream_out, mid, 2, bottleneck);
+    blocks_.back().pair = true;
+  }
+
+  void Reversible(int64_t mid, bool bottleneck) {
+    BlockInfo b;
+    b.kind = "reversible";
+    b.reversible = true;
+    b.in_channels = shape_[0];
+    b.out_channels = shape_[0] / 2;  // one stream
+    b.mid_channels = mid;
+    b.bottleneck = bottleneck;
+    Add(b, shape_);
+  }
+
+  void Head(int64_t classes) {
+    BlockInfo b;
+    b.kind = "head";
+    b.in_channels = shape_[0];
+    if (shape_.size() != 3) {
+      b.in_channels = 1;
+      for (int64_t d : shape_) b.in_channels *= d;
+    }
+    b.out_channels = classes;
+    Add(b, {classes});
+  }
+
+ private:
+  std::vector<int64_t> shape_;
+  std::vector<BlockInfo> blocks_;
+};
+
+absl::StatusOr<std::vector<int>> StageBlocks(const ModelSpec& spec, size_t groups,
+                                             const std::vector<int>& from_depth) {
+  if (spec.blocks.empty()) return from_depth;
+  if (spec.blocks.size() != groups) {
+    return absl::InvalidArgumentError(absl::StrCat("model.blocks: ", spec.name, " needs ", groups,
+                                                   " entries, got ", spec.blocks.size()));
+  }
+  for (int n : spec.blocks) {
+    if (n < 1) return absl::InvalidArgumentError("model.blocks: every entry must be >= 1");
+  }
+  return spec.blocks;
+}
+
+// Blocks per group of the four-group (ImageNet-style) networks: depth 18 and 34
+// use basic blocks, 50 bottlenecks (He et al. 2016, Tab. 1); `blocks` overrides.
+struct Layout {
+  std::vector<int> blocks;
+  bool bottleneck = false;
+};
+
+absl::StatusOr<Layout> FourGroupLayout(const ModelSpec& spec, const std::string& family) {
+  Layout layout;
+  std::vector<int> from_depth;
+  if (spec.depth == 18) {
+    from_depth = {2, 2, 2, 2};
+  } else if (spec.depth == 34 || spec.depth == 50) {
+    from_depth = {3, 4, 6, 3};
+    layout.bottleneck = spec.depth == 50;
+  } else if (spec.blocks.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.depth: ", family, " depth must be 18, 34 or 50, got ", spec.depth));
+  }
+  auto blocks = StageBlocks(spec, 4, from_depth);
+  if (!blocks.ok()) return blocks.status();
+  layout.blocks = *blocks;
+  return layout;
+}
+
+absl::StatusOr<std::vector<BlockInfo>> PlanMlp(const ModelSpec& spec) {
+  Planner p(spec.input_shape);
+  int64_t features = 1;
+  for (int64_t d : spec.input_shape) features *= d;
+  bool first = true;
+  for (int h : spec.hidden) {
+    BlockInfo b;
+    b.kind = "linear";
+    b.in_channels = features;
+    b.out_channels = h;
+    b.flatten = first;
+    first = false;
+    p.Add(b, {h});
+    features = h;
+  }
+  p.Head(spec.num_classes);
+  return p.Take();
+}
+
+absl::StatusOr<std::vector<BlockInfo>> PlanResNet(const ModelSpec& spec) {
+  Planner p(spec.input_shape);
+  if (spec.style == "cifar") {
+    // He et al. 2016, Sec. 4.2: 3 groups of n basic blocks, widths w, 2w, 4w.
+    std::vector<int> from_depth;
+    if (spec.blocks.empty()) {
+      if (spec.depth < 8 || (spec.depth - 2) % 6 != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model.depth: CIFAR ResNet depth must be 6n+2 (20, 32, 56, 110), got ", spec.depth));
+      }
+      from_depth.assign(3, (spec.depth - 2) / 6);
+    }
+    auto blocks = StageBlocks(spec, 3, from_depth);
+    if (!blocks.ok()) return blocks.status();
+    const int64_t w = spec.width > 0 ? spec.width : 16;
+    p.Stem(w, /*small_input=*/true);
+    for (int g = 0; g < 3; ++g) {
+      for (int i = 0; i < (*blocks)[g]; ++i) {
+        p.Residual(w << g, w << g, (g > 0 && i == 0) ? 2 : 1, false);
+      }
+    }
+    p.Head(spec.num_classes);
+    return p.Take();
+  }
+  if (spec.style != "imagenet") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.style: must be cifar or imagenet, got '", spec.style, "'"));
+  }
+  auto layout = FourGroupLayout(spec, "ImageNet ResNet");
+  if (!layout.ok()) return layout.status();
+  const std::vector<int>& blocks = layout->blocks;
+  const bool bottleneck = layout->bottleneck;
+  const int64_t w = spec.width > 0 ? spec.width : 64;
+  const int64_t expansion = bottleneck ? 4 : 1;
+  p.Stem(w, spec.small_input);
+  for (int g = 0; g < 4; ++g) {
+    for (int i = 0; i < blocks[g]; ++i) {
+      p.Residual((w << g) * expansion, w << g, (g > 0 && i == 0) ? 2 : 1, bottleneck);
+    }
+  }
+  p.Head(spec.num_classes);
+  return p.Take();
+}
+
+// RevNet as in PETRA Sec. 4.1: the ResNet layout with every block that keeps
+// its shape made reversible; each stream has the ResNet's channel count, so the
+// activation has twice as many. Stem, downsampling blocks and head are not
+// reversible.
+absl::StatusOr<std::vector<BlockInfo>> PlanRevNet(const ModelSpec& spec) {
+  Planner p(spec.input_shape);
+  auto layout = FourGroupLayout(spec, "RevNet");
+  if (!layout.ok()) return layout.status();
+  const std::vector<int>& blocks = layout->blocks;
+  const bool bottleneck = layout->bottleneck;
+  const int64_t w = spec.width > 0 ? spec.width : 64;
+  const int64_t expansion = bottleneck ? 4 : 1;
+  p.Stem(2 * w * expansion, spec.small_input);
+  for (int g = 0; g < 4; ++g) {
+    const int64_t stream = (w << g) * expansion;
+    for (int i = 0; i < blocks[g]; ++i) {
+      if (g > 0 && i == 0) {
+        p.PairDownsample(stream, w << g, bottleneck);
+      } else {
+        p.Reversible(w << g, bottleneck);
+      }
+    }
+  }
+  p.Head(spec.num_classes);
+  return p.Take();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<BlockInfo>> PlanModel(const ModelSpec& spec) {
+  if (spec.num_classes < 1) {
+    return absl::InvalidArgumentError("model: number of classes unknown (data section missing?)");
+  }
+  if (spec.name == "mlp") {
+    if (spec.input_shape.empty()) return absl::InvalidArgumentError("model: input shape unknown");
+    return PlanMlp(spec);
+  }
+  if (spec.input_shape.size() != 3) {
+    return absl::InvalidArgumentError(absl::StrCat("model.name: ", spec.name,
+                                                   " needs image input [C, H, W], got rank ",
+                                                   spec.input_shape.size()));
+  }
+  if (spec.name == "resnet") return PlanResNet(spec);
+  if (spec.name == "revnet") return PlanRevNet(spec);
+  return absl::InvalidArgumentError(
+      absl::StrCat("model.name: must be mlp, resnet or revnet, got '", spec.name, "'"));
+}
+
+uint64_t BlockSeed(uint64_t job_seed, int index) {
+  // splitmix64 of the pair, so neighbouring indices get unrelated streams.
+  uint64_t z = job_seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(index) + 1;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return (z ^ (z >> 31)) & 0x7FFFFFFFFFFFFFFFULL;
+}
+
+absl::StatusOr<std::vector<std::pair<int, int>>> ResolvePartition(const StagesSpec& stages,
+                                                                  int num_blocks) {
+  std::vector<std::pair<int, int>> ranges;
+  if (!stages.ranges.empty()) {
+    int expect = 0;
+    for (size_t j = 0; j < stages.ranges.size(); ++j) {
+      const auto& [b, e] = stages.ranges[j];
+      if (b != expect || e <= b) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "stages.partition[", j, "]: ranges must be contiguous and non-empty, got [", b, ", ", e,
+            ") after ", expect));
+      }
+      expect = e;
+    }
+    if (expect != num_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat("stages.partition: ranges end at block ",
+                                                     expect, " but the model has ", num_blocks,
+                                                     " blocks"));
+    }
+    return stages.ranges;
+  }
+  const int j = stages.count;
+  if (j < 1 || j > num_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat("stages.count: ", j, " stages for a model of ",
+                                                   num_blocks, " blocks (need 1..", num_blocks,
+                                                   ")"));
+  }
+  // Even split; the first (num_blocks % j) stages take one block more.
+  int begin = 0;
+  for (int s = 0; s < j; ++s) {
+    const int len = num_blocks / j + (s < num_blocks % j ? 1 : 0);
+    ranges.emplace_back(begin, begin + len);
+    begin += len;
+  }
+  return ranges;
+}
+
+}  // namespace stagewise::models
