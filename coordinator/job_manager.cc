@@ -137,8 +137,7 @@ absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml) {
     st.set_phase_name(phases.front().name);
   }
   st.set_num_stages(static_cast<int>(ranges->size()));
-  st.set_total_steps(spec->steps > 0 ? spec->steps
-                                     : static_cast<int64_t>(std::ceil(spec->epochs * per_epoch)));
+  st.set_total_steps(data::TotalSteps(*spec, per_epoch));
   st.set_created_unix_ms(NowMs());
   st.set_updated_unix_ms(st.created_unix_ms());
   if (absl::Status s = store_->CreateJob(record); !s.ok()) return s;

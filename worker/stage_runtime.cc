@@ -193,8 +193,7 @@ absl::Status StageRuntime::Start() {
 }
 
 int64_t StageRuntime::PhaseSteps(const PhaseSpec& phase) const {
-  return phase.steps > 0 ? phase.steps
-                         : static_cast<int64_t>(std::ceil(phase.epochs * steps_per_epoch_));
+  return data::PhaseSteps(phase, steps_per_epoch_);
 }
 
 absl::Status StageRuntime::EnterPhase(int p) {

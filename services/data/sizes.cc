@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cmath>
 
 #include "services/data/sizes.h"
 
@@ -11,6 +12,17 @@ int64_t NominalTrainSize(const DataSpec& spec) {
   if (spec.dataset == "synthetic") n = spec.train_size;
   if (spec.limit_train > 0) n = std::min(n, spec.limit_train);
   return n;
+}
+
+int64_t PhaseSteps(const PhaseSpec& phase, int64_t steps_per_epoch) {
+  return phase.steps > 0 ? phase.steps
+                         : static_cast<int64_t>(std::ceil(phase.epochs * static_cast<double>(steps_per_epoch)));
+}
+
+int64_t TotalSteps(const JobSpec& spec, int64_t steps_per_epoch) {
+  int64_t total = 0;
+  for (const PhaseSpec& phase : Phases(spec)) total += PhaseSteps(phase, steps_per_epoch);
+  return total;
 }
 
 }  // namespace stagewise::data

@@ -91,8 +91,7 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(const
     return absl::InternalError(absl::StrCat("setting up the model: ", e.what()));
   }
   const int64_t per_epoch = t->train_->batches_per_epoch();
-  t->total_steps_ =
-      spec.steps > 0 ? spec.steps : static_cast<int64_t>(std::ceil(spec.epochs * per_epoch));
+  t->total_steps_ = data::TotalSteps(spec, per_epoch);
   t->base_lr_ = BaseLearningRate(spec.optimizer, spec.batch_size);
   return t;
 }

@@ -1,0 +1,1 @@
+# Unit tests of the algorithms area (included from CMakeLists.txt).

@@ -1,0 +1,1 @@
+# Unit tests of the coordinator area (included from CMakeLists.txt).

@@ -1,0 +1,1 @@
+# Unit tests of the transport area (included from CMakeLists.txt).
