@@ -6,6 +6,7 @@
 #include <iostream>
 #include <thread>
 
+#include "services/common/log.h"
 #include "services/rpc/server.h"
 #include "worker/worker.h"
 
@@ -13,6 +14,7 @@ int main(int argc, char** argv) {
   stagewise::worker::WorkerOptions options;
   if (const char* env = std::getenv("STAGEWISE_COORDINATOR")) options.coordinator = env;
   std::string port_file;
+  std::string log_level = "info";
   int threads = 0;
   CLI::App app{
       "stagewise-worker: hosts one stage of a stagewise job at a time.\n"
@@ -38,7 +40,16 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "LibTorch CPU threads (0: LibTorch's default)");
   app.add_option("--port-file", port_file,
                  "Write 'GRPC_PORT METRICS_PORT' here once serving (for supervisors)");
+  app.add_option("--log-level", log_level,
+                 "debug | info | warning | error | off (env STAGEWISE_LOG_LEVEL sets the default)");
+  if (const char* env = std::getenv("STAGEWISE_LOG_LEVEL")) log_level = env;
   CLI11_PARSE(app, argc, argv);
+  if (auto level = stagewise::log::ParseLevel(log_level); level.ok()) {
+    stagewise::log::SetLogLevel(*level);
+  } else {
+    std::cerr << "stagewise-worker: --log-level: " << level.status().message() << "\n";
+    return 2;
+  }
   if (threads > 0) torch::set_num_threads(threads);
 
   // Signals are taken synchronously by this thread only.
@@ -50,22 +61,22 @@ int main(int argc, char** argv) {
 
   stagewise::worker::Worker worker(options);
   if (absl::Status s = worker.Start(); !s.ok()) {
-    std::cerr << "stagewise-worker: " << s.message() << "\n";
+    STAGEWISE_LOG(ERROR) << s.message();
     return 1;
   }
-  std::cerr << "stagewise-worker: serving on " << worker.address() << ", metrics on port "
-            << worker.metrics_port() << ", coordinator " << options.coordinator << "\n";
+  STAGEWISE_LOG(INFO) << "serving on " << worker.address() << ", metrics on port "
+                      << worker.metrics_port() << ", coordinator " << options.coordinator;
   if (!port_file.empty()) {
     if (absl::Status s =
             stagewise::rpc::WritePortFile(port_file, worker.port(), worker.metrics_port());
         !s.ok()) {
-      std::cerr << "stagewise-worker: " << s.message() << "\n";
+      STAGEWISE_LOG(ERROR) << s.message();
       return 1;
     }
   }
   int signal = 0;
   sigwait(&signals, &signal);
-  std::cerr << "stagewise-worker: signal " << signal << ", shutting down\n";
+  STAGEWISE_LOG(INFO) << "signal " << signal << ", shutting down";
   worker.Shutdown();
   return 0;
 }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "services/profiler/profiler.h"
+#include "services/common/log.h"
 #include "services/rpc/status.h"
 
 namespace stagewise::worker {
@@ -72,8 +73,8 @@ void Worker::Shutdown() {
   if (shutdown_.exchange(true)) return;
   const absl::Time start = absl::Now();
   auto phase = [&](const char* what) {
-    std::cerr << "stagewise-worker: shutdown: " << what << " after "
-              << absl::FormatDuration(absl::Now() - start) << "\n";
+    STAGEWISE_LOG(INFO) << "shutdown: " << what << " after "
+                        << absl::FormatDuration(absl::Now() - start);
   };
   std::shared_ptr<StageRuntime> rt;
   {
@@ -107,7 +108,7 @@ void Worker::ControlLoop() {
   while (!shutdown_) {
     absl::Status s = ControlSession();
     if (shutdown_) break;
-    std::cerr << "worker: control session ended: " << s << "; reconnecting\n";
+    STAGEWISE_LOG(WARNING) << "control session ended: " << s << "; reconnecting";
     absl::SleepFor(options_.reconnect);
   }
 }
@@ -274,8 +275,8 @@ void Worker::HandleCommand(const v1::Command& command) {
       ack();
       return;
     }
-    default:
-      ack();  // drain/checkpoint/evaluate arrive with later features
+    case v1::Command::COMMAND_NOT_SET:
+      ack();  // nothing to do; an empty command is still acknowledged
   }
 }
 
@@ -294,7 +295,7 @@ void Worker::Profile(const v1::ProfileCommand& command) {
   planner::ProfileOptions options;
   options.cache_dir =
       options_.profile_cache.empty() ? planner::DefaultProfileCacheDir() : options_.profile_cache;
-  options.progress = [](const std::string& line) { std::cerr << "worker: " << line << "\n"; };
+  options.progress = [](const std::string& line) { STAGEWISE_LOG(INFO) << line; };
   bool cached = false;
   auto profile = planner::CachedProfile(*spec, spec->batch_size, device_, options, &cached);
   if (!profile.ok()) return fail(profile.status());

@@ -31,7 +31,7 @@ std::atomic<Sink>& CurrentSink() {
   return sink;
 }
 
-void WriteToStderr(std::string_view line) {
+void WriteToStderr(absl::string_view line) {
   const char* p = line.data();
   size_t left = line.size();
   while (left > 0) {
@@ -49,7 +49,7 @@ const char* Basename(const char* path) {
 
 }  // namespace
 
-absl::StatusOr<Level> ParseLevel(std::string_view text) {
+absl::StatusOr<Level> ParseLevel(absl::string_view text) {
   const std::string t = absl::AsciiStrToLower(text);
   if (t == "debug") return Level::kDebug;
   if (t == "info") return Level::kInfo;
@@ -57,10 +57,10 @@ absl::StatusOr<Level> ParseLevel(std::string_view text) {
   if (t == "error") return Level::kError;
   if (t == "off") return Level::kOff;
   return absl::InvalidArgumentError(
-      absl::StrCat("log level: must be debug, info, warning, error or off, got '", text, "'"));
+      absl::StrCat("must be debug, info, warning, error or off, got '", text, "'"));
 }
 
-std::string_view LevelName(Level level) {
+absl::string_view LevelName(Level level) {
   switch (level) {
     case Level::kDebug:
       return "debug";

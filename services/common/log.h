@@ -15,24 +15,25 @@
 
 #include <sstream>
 #include <string>
-#include <string_view>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace stagewise::log {
 
 enum class Level { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3, kOff = 4 };
 
-// "debug" | "info" | "warning" | "error" | "off" (case-insensitive; "warn" too).
-absl::StatusOr<Level> ParseLevel(std::string_view text);
-std::string_view LevelName(Level level);
+// "debug" | "info" | "warning" | "error" | "off" (case-insensitive; "warn" too);
+// INVALID_ARGUMENT otherwise (the message does not name the flag: callers do).
+absl::StatusOr<Level> ParseLevel(absl::string_view text);
+absl::string_view LevelName(Level level);
 
 void SetLogLevel(Level level);
 Level GetLogLevel();
 inline bool Enabled(Level level) { return level >= GetLogLevel() && level != Level::kOff; }
 
 // Where lines go; nullptr restores stderr. For tests.
-using Sink = void (*)(std::string_view line);
+using Sink = void (*)(absl::string_view line);
 void SetSinkForTesting(Sink sink);
 
 // One log line, written when the statement ends.
