@@ -273,8 +273,8 @@ class Section {
 };
 
 // ---------------------------------------------------------------------------
-// Algorithm parameter schemas (docs/ALGORITHMS.md; docs/job_spec.md lists
-// them for users).
+// Algorithm parameter schemas (what each algorithm does: docs/algorithms.md;
+// docs/job_spec.md lists the parameters for users).
 
 enum class ParamType { kInt, kDouble, kBool, kString, kEnum };
 
@@ -321,7 +321,8 @@ const std::vector<AlgorithmSchema>& AlgorithmSchemas() {
       {"backprop",
        {IntParam("micro_batches", 1, 1), EnumParam("schedule", "gpipe", {"gpipe", "1f1b"}),
         BoolParam("recompute", false)}},
-      // max_in_flight 0 stands for 2 * stages, the pipeline's natural depth.
+      // max_in_flight 0 stands for the pipeline's natural depth at stage j,
+      // 2(J-1-j)+1 mini-batches (worker/algorithms/delayed.cc).
       {"delayed",
        {EnumParam("weights", "stash", {"stash", "current"}), IntParam("max_in_flight", 0, 0)}},
       {"features_replay", {}},

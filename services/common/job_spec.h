@@ -60,7 +60,8 @@ struct AlgorithmSpec {
 };
 
 // What nwise's `aux_head` says:
-//   "conv"          the paper's head (seed 002, App. B.2): conv3x3(128)-BN-ReLU,
+//   "conv"          the paper's head (Interlocking Backpropagation, App. B.2;
+//                   docs/references.md): conv3x3(128)-BN-ReLU,
 //                   conv3x3(64)-BN-ReLU, global average pool, linear
 //   "conv:C1,C2,.." conv3x3-BN-ReLU layers of these widths, then pool and linear
 //   "linear"        global average pool (images) or flatten, then linear
@@ -82,12 +83,13 @@ struct StagesSpec {
   std::string partition = "even";  // even | auto | explicit
   // explicit: [begin, end) global block ranges, contiguous and covering the model.
   std::vector<std::pair<int, int>> ranges;
-  // Reversible blocks (seed 001): "auto" lets the planner choose per block
+  // Reversible blocks (Jiang et al., reversible training framework;
+  // docs/planner.md): "auto" lets the planner choose per block
   // under memory_budget (without one, backprop stores and petra rebuilds);
   // "store" (compute-centric) or "rebuild" (memory-centric) for all of them.
   std::string modes = "auto";
   // Memory cap per worker in bytes for the planner (0 = none; workers'
-  // --memory-budget applies then). Written as 2GiB, 512MiB, 1.5G or bytes.
+  // --memory-bytes applies then). Written as 2GiB, 512MiB, 1.5G or bytes.
   int64_t memory_budget = 0;
 };
 

@@ -44,7 +44,11 @@ class MetricsServer {
 //   stagewise_transport_bytes_total{direction}    counter: sent | received
 //   stagewise_transport_messages_total{direction} counter
 //   stagewise_stage_staleness_steps               gauge: steps between a sample's forward and backward
-//   stagewise_stage_memory_bytes{kind}            gauge: inputs | activations | parameters | gradients
+//   stagewise_stage_memory_bytes{kind}            gauge, bytes held by kind (free-form; set today:
+//       parameters, tensors, tensors_peak (StageRuntime); activations (backprop); inputs
+//       (delayed, petra, features_replay); stashed_parameters (delayed); verify_inputs
+//       (petra with verify_rebuild); aux_head_parameters (nwise); auxnet_parameters
+//       (auxnet). docs/metrics.md says what each counts)
 //   stagewise_stage_steps_total                   counter: optimizer steps
 //   stagewise_stage_message_bytes{kind}           gauge: size of the last message sent (forward, backward, eval)
 //   stagewise_stage_algorithm_value{name}         gauge: algorithm-specific quantities (auxnet: constraint_violation, ...)

@@ -1,5 +1,6 @@
-// Auxiliary classification heads for local losses (interlocking backprop,
-// seed 002 App. B.2): predictions for the task straight from a stage's output.
+// Auxiliary classification heads for local losses (Interlocking
+// Backpropagation, App. B.2; docs/references.md): predictions for the task
+// straight from a stage's output.
 #ifndef STAGEWISE_SERVICES_MODELS_AUX_HEAD_H_
 #define STAGEWISE_SERVICES_MODELS_AUX_HEAD_H_
 

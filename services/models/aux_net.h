@@ -1,4 +1,5 @@
-// Auxiliary-variable networks (seed 004, Sec. 4.2): a low-capacity network
+// Auxiliary-variable networks (AuxNet paper, Sun et al., Sec. 4.2;
+// docs/references.md): a low-capacity network
 // mapping the input of stage k-1 to (an estimate of) the input of stage k,
 // lambda_k = AuxNet_{k-1}(lambda_{k-1}), with the main network's boundary shapes.
 #ifndef STAGEWISE_SERVICES_MODELS_AUX_NET_H_

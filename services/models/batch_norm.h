@@ -1,6 +1,7 @@
 // BatchNorm whose running-statistics update can be switched off per thread.
 // PETRA's forward uses batch statistics without touching running statistics;
-// they are updated during the backward recomputation instead (ALGORITHMS.md).
+// they are updated during the backward recomputation instead
+// (docs/algorithms.md, "petra").
 #ifndef STAGEWISE_SERVICES_MODELS_BATCH_NORM_H_
 #define STAGEWISE_SERVICES_MODELS_BATCH_NORM_H_
 

@@ -71,8 +71,8 @@ class PairDownsampleBlock : public Block {
   BatchNorm proj_bn_{nullptr};
 };
 
-// Reversible coupling on a channel-split pair (PETRA Fig. 2, eq. as in
-// ALGORITHMS.md): (x, x~) -> (y, y~) with y = x~ + F(x), y~ = x, where F is a
+// Reversible coupling on a channel-split pair (the PETRA paper, Fig. 2;
+// docs/models.md, "Blocks"): (x, x~) -> (y, y~) with y = x~ + F(x), y~ = x, where F is a
 // residual body on one stream. Inverse: x = y~, x~ = y - F(y~).
 // Input and output are the pair concatenated along channels.
 class ReversibleBlock : public Block {

@@ -1,6 +1,6 @@
 // Counts the bytes of live CPU tensors by who allocated them: the planner's
 // profiler measures per-block memory with it and every stage reports its peak
-// (ALGORITHMS.md, "Reversible layers"). A counting allocator wraps LibTorch's
+// (docs/planner.md, "Profiler"). A counting allocator wraps LibTorch's
 // default CPU allocator; while a thread holds a ScopedMemoryAccount, the CPU
 // tensors it allocates are charged to that account until they are freed
 // (whichever thread frees them). Allocations outside any scope pass through

@@ -1,5 +1,6 @@
 // Forward and backward through a run of blocks where each reversible block
-// runs in one of the two modes of seed 001 (Table 1), as the planner chose:
+// runs in one of the two modes of Jiang et al.'s reversible training
+// framework (Table 1; docs/references.md, docs/planner.md), as the planner chose:
 //  - store (compute-centric, "C-Mode"): the block keeps its autograd graph
 //    (its activations) from the forward to the backward;
 //  - rebuild (memory-centric, "M-Mode"): the forward runs without a graph and

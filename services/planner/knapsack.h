@@ -1,5 +1,6 @@
-// Mode choice for reversible blocks under a memory budget (seed 001, Sec.
-// 3.2-3.3): maximise the time saved by storing instead of rebuilding, subject
+// Mode choice for reversible blocks under a memory budget (Jiang et al.,
+// reversible training framework, Sec. 3.2-3.3; docs/references.md,
+// docs/planner.md): maximise the time saved by storing instead of rebuilding, subject
 // to the bytes the stored blocks keep. Memory is counted in whole units
 // (weights rounded up, the capacity rounded down), so a choice that fits in
 // units fits in bytes.

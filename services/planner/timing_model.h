@@ -10,7 +10,8 @@
 
 namespace stagewise::timing {
 
-// Interlocking backpropagation (seed 002, Sec. 3.1 and App. C): the cost of
+// Interlocking Backpropagation (Gomez, Key et al., Sec. 3.1 and App. C;
+// docs/references.md): the cost of
 // one time slot for a mini-batch split into M micro-batches,
 // c(M) = c0 + c1 / M (a per-micro-batch overhead plus work proportional to
 // its size).
@@ -35,7 +36,7 @@ absl::StatusOr<double> InterlockTimePerBatch(int64_t A, int64_t M, int64_t N,
                                              const MicroBatchCost& cost);
 
 // The M in {1, 2, 4, ..., max_m} (powers of two) with the smallest T(A, M, N);
-// the smaller M on ties (seed 002, Table 7).
+// the smaller M on ties (Interlocking Backpropagation, Table 7).
 absl::StatusOr<int64_t> OptimalMicroBatches(int64_t A, int64_t N, const MicroBatchCost& cost,
                                             int64_t max_m = 64);
 
@@ -51,9 +52,9 @@ struct InterlockSample {
 // least two distinct s/M ratios; FAILED_PRECONDITION otherwise.
 absl::StatusOr<MicroBatchCost> FitMicroBatchCost(const std::vector<InterlockSample>& samples);
 
-// Layer-parallel training with auxiliary-variable networks (seed 004,
-// Sec. 4.2.1): per iteration, layer-serial training costs T_d + T_f + T_b
-// (data, forward, backward); K-way layer-parallel training costs
+// Layer-parallel training with auxiliary-variable networks (AuxNet paper,
+// Sun et al., Sec. 4.2.1; docs/references.md): per iteration, layer-serial
+// training costs T_d + T_f + T_b (data, forward, backward); K-way layer-parallel training costs
 // T_d + (T_f + T_b)/K + t_psi + t_f_aux + t_b_aux (local penalty losses, AuxNet
 // forward and distillation). Eq. (27):
 //   rho = (T_d + T_f + T_b) / (T_d + (T_f + T_b)/K + t_psi + t_f_aux + t_b_aux)

@@ -1,7 +1,8 @@
 // The profiler: runs every block of a job's model at its batch size on this
-// process's device and fills a ModelProfile (seed 001, Sec. 4.2: times are
-// measured, not modelled). Results are cached per (model, batch size,
-// device, threads) in a directory, so a plan or an `auto` partition costs one
+// process's device and fills a ModelProfile (times are measured, not
+// modelled, as in Jiang et al.'s reversible training framework, Sec. 4.2;
+// docs/references.md). Results are cached per (model, batch size, device,
+// threads) in a directory, so a plan or an `auto` partition costs one
 // profiling run per machine.
 #ifndef STAGEWISE_SERVICES_PROFILER_PROFILER_H_
 #define STAGEWISE_SERVICES_PROFILER_PROFILER_H_

@@ -1,4 +1,5 @@
-// Oracles for `auxnet` (ALGORITHMS.md; Sun, Dong et al., Algorithm 1):
+// Oracles for `auxnet` (docs/algorithms.md#auxnet; AuxNet paper, Sun et al.,
+// Algorithm 1):
 //   - K = 1 equals backprop;
 //   - with a large penalty the constraint violation ||lambda_k - X_{k-1}||
 //     falls over the steps at every boundary;

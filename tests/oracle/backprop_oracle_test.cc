@@ -1,4 +1,4 @@
-// Oracle (ALGORITHMS.md, backprop): J stages exchanging activations and
+// Oracle (docs/algorithms.md, backprop): J stages exchanging activations and
 // gradients over real gRPC streams end with the parameters of a single-process
 // run: plain backprop for M = 1, and accumulation over the same micro-batches
 // for M > 1.

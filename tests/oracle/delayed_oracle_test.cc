@@ -1,4 +1,4 @@
-// Oracles for `delayed` (ALGORITHMS.md): J = 1 equals backprop; with J > 1 the
+// Oracles for `delayed` (docs/algorithms.md): J = 1 equals backprop; with J > 1 the
 // parameters after S steps equal a single-process simulation of delayed SGD
 // written here: every stage runs d_j = 2(J-1-j)+1 mini-batches in flight in
 // 1F1B order, stores inputs (and stashes parameters), recomputes with them
@@ -183,7 +183,7 @@ TEST(DelayedOracle, OneStageEqualsBackprop) {
   ExpectClose(RunJob(yaml, 1), want);
 }
 
-// ALGORITHMS.md: stage j holds up to 2(J-1-j)+1 inputs (and, stashing, as many
+// docs/algorithms.md, "delayed": stage j holds up to 2(J-1-j)+1 inputs (and, stashing, as many
 // parameter versions) and its gradients are 2(J-1-j) steps stale.
 TEST(DelayedBuffers, StageJHoldsTwiceItsDistanceToTheEndPlusOneInputs) {
   const std::string yaml = JobYaml(3, "stash", 12);

@@ -1,4 +1,5 @@
-// Oracles for `features_replay` (ALGORITHMS.md; Huo et al. 2018, Algorithm 1):
+// Oracles for `features_replay` (docs/algorithms.md; Features Replay, Huo et
+// al. 2018, Algorithm 1):
 //   - J = 1 equals backprop;
 //   - with lr = 0 every stage's gradients equal backprop's for the same
 //     mini-batches (stage j sees mini-batches 0 .. T-1-(J-1-j));

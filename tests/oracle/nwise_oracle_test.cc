@@ -1,4 +1,5 @@
-// Oracles for `nwise` (ALGORITHMS.md; Gomez, Key et al., Sec. 3):
+// Oracles for `nwise` (docs/algorithms.md; Interlocking Backpropagation,
+// Gomez, Key et al., Sec. 3):
 //   - n = J equals backprop on the main parameters (M = 1 against the
 //     reference trainer, M = 2 against distributed backprop with M = 2);
 //   - n = 1 equals per-stage local training on detached inputs, and sends no

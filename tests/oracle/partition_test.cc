@@ -1,5 +1,5 @@
 // Oracle: composing the separately built stages of any partition gives the
-// outputs and gradients of the whole model (ARCHITECTURE.md: every stage builds
+// outputs and gradients of the whole model (docs/models.md: every stage builds
 // its blocks from (job seed, global block index)).
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -1,4 +1,5 @@
-// Oracles for `petra` (ALGORITHMS.md, PETRA Algorithm 1 and eq. (4)-(5)):
+// Oracles for `petra` (docs/algorithms.md; the PETRA paper, Algorithm 1 and
+// eq. (4)-(5)):
 //   - J = 1 equals backprop;
 //   - with lr = 0 the rebuilt block inputs equal the forward ones and every
 //     gradient equals backprop's for the same mini-batch;

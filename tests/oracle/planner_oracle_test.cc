@@ -1,5 +1,5 @@
-// The planner against the system it plans (ALGORITHMS.md, "Reversible layers",
-// oracle): the modal pass computes backprop's gradient whatever the modes;
+// The planner against the system it plans (docs/planner.md, "Memory model"):
+// the modal pass computes backprop's gradient whatever the modes;
 // a stage's measured peak tensor memory is within 10% of the planned figure,
 // for all-store, all-rebuild and the mix the knapsack picks under a budget
 // that forces one; and the profiler's figures are sane.

@@ -1,5 +1,6 @@
-// The interlocking-backpropagation timing model T(A, M, N) (seed 002, Sec. 3.1
-// and App. C) against the paper's formula cases and its stated consequences.
+// The interlocking-backpropagation timing model T(A, M, N) (Interlocking
+// Backpropagation, Sec. 3.1 and App. C; docs/references.md) against the
+// paper's formula cases and its stated consequences.
 #include "services/planner/timing_model.h"
 
 #include <gtest/gtest.h>
