@@ -1,6 +1,7 @@
 // What an algorithm sees of the stage it runs on: its blocks, optimizer, data
-// (stage 0), and blocking message passing with its neighbours. The runtime
-// implements it over gRPC streams; tests may implement it in memory.
+// (stage 0), and blocking message passing with its neighbours. StageRuntime
+// (worker/stage_runtime.h) implements it over gRPC streams; the unit tests'
+// FakeStageContext (tests/unit/fake_stage_context.h) over in-memory queues.
 #ifndef STAGEWISE_WORKER_STAGE_CONTEXT_H_
 #define STAGEWISE_WORKER_STAGE_CONTEXT_H_
 
@@ -85,8 +86,13 @@ class Algorithm {
   virtual absl::Status Run(StageContext& ctx) = 0;
 };
 
-// The algorithm the spec names; UNIMPLEMENTED for ones not built yet.
+// The algorithm the spec names (worker/algorithms/registry.cc);
+// INVALID_ARGUMENT if its settings are rejected, UNIMPLEMENTED for a name
+// outside the registry (the job-spec schemas allow none).
 absl::StatusOr<std::unique_ptr<Algorithm>> MakeAlgorithm(const AlgorithmSpec& spec);
+
+// Every name MakeAlgorithm accepts, in registry order.
+std::vector<std::string> RegisteredAlgorithms();
 
 }  // namespace stagewise::worker
 

@@ -233,7 +233,9 @@ TEST(PetraOracle, ZeroLearningRateRebuildsInputsAndGivesBackpropGradients) {
       if (!summary.count(key)) continue;
       ++checked;
       EXPECT_LE(summary.at(key), 1e-5) << key;
-      if (block != 1 && block != 2 && block != 4) EXPECT_EQ(summary.at(key), 0.0) << key;
+      if (block != 1 && block != 2 && block != 4) {
+        EXPECT_EQ(summary.at(key), 0.0) << key;
+      }
     }
   }
   EXPECT_EQ(checked, 6);

@@ -1,6 +1,7 @@
 // auxnet: layer-parallel training with auxiliary-variable networks, penalty
-// method (Sun, Dong et al.; seed 004, Sec. 3.2, 4.1, 4.2 and Algorithm 1);
-// ALGORITHMS.md, "auxnet".
+// method ("Layer-Parallel Training of Residual Networks with Auxiliary-Variable
+// Networks", Sun, Dong et al., Sec. 3.2, 4.1, 4.2 and Algorithm 1);
+// docs/algorithms.md, "auxnet".
 //
 // Stage k >= 1 owns AuxNet_{k-1}, a low-capacity network with the main
 // network's boundary shapes. Every iteration, on the same mini-batch
@@ -30,9 +31,9 @@
 #include "services/models/aux_net.h"
 #include "services/models/batch_norm.h"
 #include "services/tensor/codec.h"
-#include "services/training/optimizer.h"
 #include "worker/algorithms/auxnet_math.h"
 #include "worker/algorithms/common.h"
+#include "worker/algorithms/schedule.h"
 
 namespace stagewise::worker {
 namespace {
@@ -63,11 +64,7 @@ class AuxNetAlgorithm : public Algorithm {
     STAGEWISE_RETURN_IF_ERROR(Setup(ctx));
     const int64_t T = ctx.total_steps();
     window_ = std::max<int64_t>(1, std::min<int64_t>(10, T / 5));
-    for (int64_t t = 0; t < T; ++t) {
-      STAGEWISE_RETURN_IF_ERROR(ctx.Interrupted());
-      STAGEWISE_RETURN_IF_ERROR(Iteration(ctx, t));
-      if (ctx.EvalDue(t + 1)) STAGEWISE_RETURN_IF_ERROR(RunEvaluation(ctx, t + 1));
-    }
+    STAGEWISE_RETURN_IF_ERROR(RunLockStep(ctx, [&](int64_t t) { return Iteration(ctx, t); }));
     Finish(ctx);
     return absl::OkStatus();
   }
@@ -76,26 +73,15 @@ class AuxNetAlgorithm : public Algorithm {
   absl::Status Setup(StageContext& ctx) {
     if (ctx.first()) return absl::OkStatus();
     // AuxNet_{k-1} maps stage k-1's input shape to stage k's.
-    auto plan = models::PlanModel(ctx.spec().model);
-    if (!plan.ok()) return plan.status();
-    auto ranges = models::ResolvePartition(ctx.spec().stages, static_cast<int>(plan->size()));
-    if (!ranges.ok()) return ranges.status();
-    const int prev_first = (*ranges)[ctx.stage() - 1].first;
+    STAGEWISE_ASSIGN_OR_RETURN(auto plan, models::PlanModel(ctx.spec().model));
+    STAGEWISE_ASSIGN_OR_RETURN(
+        auto ranges, models::ResolvePartition(ctx.spec().stages, static_cast<int>(plan.size())));
+    const int prev_first = ranges[ctx.stage() - 1].first;
     const auto& first = ctx.model().blocks().front()->info();
-    auto net = models::MakeAuxNet(kind_, (*plan)[prev_first].in_shape, first.in_shape,
-                                  models::AuxNetSeed(ctx.spec().seed, first.index));
-    if (!net.ok()) return net.status();
-    auxnet_ = *net;
-    auxnet_->to(ctx.device());
-    auxnet_->train();
-    aux_optimizer_ = training::MakeOptimizer(ctx.spec().optimizer, *auxnet_);
-    int64_t params = 0, bytes = 0;
-    for (const auto& p : auxnet_->parameters()) {
-      params += p.numel();
-      bytes += p.numel() * p.element_size();
-    }
-    ctx.Summarize("auxnet_parameters", static_cast<double>(params));
-    ctx.stage_metrics().SetMemory("auxnet_parameters", bytes);
+    STAGEWISE_ASSIGN_OR_RETURN(
+        auxnet_, models::MakeAuxNet(kind_, plan[prev_first].in_shape, first.in_shape,
+                                    models::AuxNetSeed(ctx.spec().seed, first.index)));
+    aux_optimizer_ = SetUpAuxModule(ctx, *auxnet_, "auxnet_parameters");
     return absl::OkStatus();
   }
 
@@ -103,11 +89,6 @@ class AuxNetAlgorithm : public Algorithm {
     if (beta_every_epochs_ <= 0 || beta_factor_ == 1.0) return beta_;
     const int64_t epochs = t / std::max<int64_t>(1, ctx.steps_per_epoch());
     return beta_ * std::pow(beta_factor_, static_cast<double>(epochs / beta_every_epochs_));
-  }
-
-  void Step(StageContext& ctx, torch::optim::Optimizer& opt, int64_t t) {
-    training::SetLearningRate(opt, ctx.LearningRate(t));
-    opt.step();
   }
 
   absl::Status SendAux(StageContext& ctx, bool up, int64_t t, int kind, const torch::Tensor& v,
@@ -152,14 +133,12 @@ class AuxNetAlgorithm : public Algorithm {
         STAGEWISE_RETURN_IF_ERROR(SendAux(ctx, true, t, kChain, x, &labels_proto));
       }
     } else {
-      auto prev = Expect(ctx.ReceiveFromPrev(), v1::StageMessage::AUX, t, kChain, "lambda",
-                         ctx.device(), &labels_proto);
-      if (!prev.ok()) return prev.status();
-      lambda_prev = *prev;
+      STAGEWISE_ASSIGN_OR_RETURN(
+          lambda_prev, Expect(ctx.ReceiveFromPrev(), v1::StageMessage::AUX, t, kChain, "lambda",
+                              ctx.device(), &labels_proto));
       if (ctx.last()) {
-        auto y = DecodeTensor(labels_proto);
-        if (!y.ok()) return y.status();
-        labels = y->to(ctx.device());
+        STAGEWISE_ASSIGN_OR_RETURN(labels, DecodeTensor(labels_proto));
+        labels = labels.to(ctx.device());
       }
       const auto t0 = std::chrono::steady_clock::now();
       lambda = auxnet_->forward(lambda_prev);  // graph kept for the distillation
@@ -175,20 +154,16 @@ class AuxNetAlgorithm : public Algorithm {
     // 2. Stage k-1's target, lambda_{k+1}, from above.
     torch::Tensor target;
     if (!ctx.last()) {
-      auto up =
-          Expect(ctx.ReceiveFromNext(), v1::StageMessage::AUX, t, kChain, "lambda", ctx.device());
-      if (!up.ok()) return up.status();
-      target = *up;
+      STAGEWISE_ASSIGN_OR_RETURN(target, Expect(ctx.ReceiveFromNext(), v1::StageMessage::AUX, t,
+                                                kChain, "lambda", ctx.device()));
     }
     // 3. Local forward, loss, backward and step.
     const auto t1 = std::chrono::steady_clock::now();
     torch::Tensor out = ctx.model().forward(x);
     const auto t2 = std::chrono::steady_clock::now();
     forward_time_.Add(std::chrono::duration<double>(t2 - t1).count());
-    if (!ctx.last() && !target.sizes().equals(out.sizes())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("StageMessage.tensors['lambda']: shape ", c10::str(target.sizes()),
-                       " does not match the stage output ", c10::str(out.sizes())));
+    if (!ctx.last()) {
+      STAGEWISE_RETURN_IF_ERROR(CheckOutputShape("lambda", target.sizes(), out.sizes()));
     }
     torch::Tensor loss =
         ctx.last() ? torch::cross_entropy_loss(out, labels) : beta * Penalty(out, target);
@@ -196,7 +171,7 @@ class AuxNetAlgorithm : public Algorithm {
     penalty_time_.Add(std::chrono::duration<double>(t3 - t2).count());
     ctx.optimizer().zero_grad();
     loss.backward();
-    Step(ctx, ctx.optimizer(), t);
+    StepAt(ctx.optimizer(), ctx.LearningRate(t));
     backward_time_.Add(SecondsSince(t3));
     ctx.stage_metrics().ObserveCompute("forward", std::chrono::duration<double>(t2 - t1).count());
     ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t2));
@@ -218,31 +193,27 @@ class AuxNetAlgorithm : public Algorithm {
     }
     // 4. Correction of lambda_k and distillation of AuxNet_{k-1}.
     if (!ctx.first()) {
-      auto below =
-          Expect(ctx.ReceiveFromPrev(), v1::StageMessage::FORWARD, t, 0, "x", ctx.device());
-      if (!below.ok()) return below.status();
-      const torch::Tensor x_prev = *below;
-      if (!x_prev.sizes().equals(lambda.sizes())) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("StageMessage.tensors['x']: shape ", c10::str(x_prev.sizes()),
-                         " does not match this stage's input ", c10::str(lambda.sizes())));
-      }
+      STAGEWISE_ASSIGN_OR_RETURN(
+          const torch::Tensor x_prev,
+          Expect(ctx.ReceiveFromPrev(), v1::StageMessage::FORWARD, t, 0, "x", ctx.device()));
+      STAGEWISE_RETURN_IF_ERROR(
+          CheckOutputShape("x", x_prev.sizes(), lambda.sizes(), "this stage's input"));
       const auto t4 = std::chrono::steady_clock::now();
       const double violation = ConstraintViolation(lambda.detach(), x_prev);
       RecordViolation(ctx, violation);
       const torch::Tensor corrected = CorrectLambda(lambda.detach(), x_prev, x.grad(), beta, eta_);
       aux_optimizer_->zero_grad();
       Penalty(lambda, corrected).backward();
-      Step(ctx, *aux_optimizer_, t);
+      StepAt(*aux_optimizer_, ctx.LearningRate(t));
       aux_backward_.Add(SecondsSince(t4));
       ctx.stage_metrics().ObserveCompute("aux", SecondsSince(t4));
       if (serial) {
-        auto s = Expect(ctx.ReceiveFromPrev(), v1::StageMessage::AUX, t, kSerial, "lambda",
-                        ctx.device());
-        if (!s.ok()) return s.status();
+        STAGEWISE_ASSIGN_OR_RETURN(torch::Tensor s,
+                                   Expect(ctx.ReceiveFromPrev(), v1::StageMessage::AUX, t, kSerial,
+                                          "lambda", ctx.device()));
         torch::NoGradGuard no_grad;
         models::FreezeRunningStats freeze;
-        serial_out = ctx.model().forward(*s);
+        serial_out = ctx.model().forward(s);
       }
     }
     if (serial && !ctx.last()) {
@@ -277,7 +248,7 @@ class AuxNetAlgorithm : public Algorithm {
     }
     if (!ctx.last()) ctx.Summarize("penalty_loss", penalty_loss_);
     if (ctx.last()) ctx.Summarize("local_loss", local_loss_);
-    // Per-step means for the speed-up model (seed 004, eq. (27)).
+    // Per-step means for the speed-up model (the AuxNet paper, eq. (27)).
     if (ctx.first()) ctx.Summarize("data_seconds", data_time_.mean());
     ctx.Summarize("forward_seconds", forward_time_.mean());
     ctx.Summarize("penalty_seconds", penalty_time_.mean());

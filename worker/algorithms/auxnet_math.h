@@ -1,4 +1,4 @@
-// The auxiliary-variable correction of the penalty method (seed 004, eq. (11)
+// The auxiliary-variable correction of the penalty method (the AuxNet paper, eq. (11)
 // and Algorithm 1), in closed form so it can be tested against autograd.
 #ifndef STAGEWISE_WORKER_ALGORITHMS_AUXNET_MATH_H_
 #define STAGEWISE_WORKER_ALGORITHMS_AUXNET_MATH_H_

@@ -1,21 +1,21 @@
-// backprop: exact synchronous backpropagation across stages (ALGORITHMS.md).
+// backprop: exact synchronous backpropagation across stages (docs/algorithms.md).
 // A mini-batch is split into M micro-batches that flow forward in GPipe order
 // (all forwards, then all backwards) or 1F1B order; gradients are accumulated
 // with loss scale n_m / B so the sum is the mini-batch mean, and every stage
 // steps once per mini-batch. Stage 0 takes the next mini-batch only after its
 // step (flush). With `recompute`, a stage keeps only each micro-batch's input
 // and reruns the forward with a graph when the gradient returns. When the job
-// assigns block modes (the planner, seed 001), the stage runs a ModalPass:
+// assigns block modes (the planner, after Jiang et al., reversible
+// training framework), the stage runs a ModalPass:
 // storing blocks keep their graph, rebuilding reversible blocks keep nothing
 // and rebuild their inputs from their outputs in the backward.
 #include <chrono>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "services/models/batch_norm.h"
 #include "services/models/modal_pass.h"
-#include "services/training/optimizer.h"
 #include "worker/algorithms/common.h"
+#include "worker/algorithms/schedule.h"
 
 namespace stagewise::worker {
 namespace {
@@ -31,19 +31,15 @@ class Backprop : public Algorithm {
     ctx.stage_metrics().SetStaleness(0);
     const int M = micro_batches_;
     const int warm = ctx.last() ? 0 : std::min(ctx.num_stages() - 1 - ctx.stage(), M);
-    for (int64_t step = 0; step < ctx.total_steps(); ++step) {
-      STAGEWISE_RETURN_IF_ERROR(ctx.Interrupted());
+    return RunLockStep(ctx, [&](int64_t step) -> absl::Status {
       ctx.optimizer().zero_grad();
       inflight_.assign(M, InFlight{});
       loss_ = 0;
-      samples_ = 0;
       if (ctx.first()) {
         data::Batch b = ctx.TrainBatch(step);
         batch_size_ = b.y.size(0);
-        std::vector<int64_t> sizes;
-        for (int m = 0; m < M; ++m) sizes.push_back(batch_size_ / M + (m < batch_size_ % M));
-        xs_ = b.x.split_with_sizes(sizes);
-        ys_ = b.y.split_with_sizes(sizes);
+        xs_ = b.x.split_with_sizes(MicroBatchSizes(batch_size_, M));
+        ys_ = b.y.split_with_sizes(MicroBatchSizes(batch_size_, M));
       } else {
         batch_size_ = ctx.spec().batch_size;
       }
@@ -60,16 +56,11 @@ class Backprop : public Algorithm {
           for (int i = 0; i < M; ++i) STAGEWISE_RETURN_IF_ERROR(Backward(ctx, step, i));
         }
       }
-      const auto t0 = std::chrono::steady_clock::now();
-      training::SetLearningRate(ctx.optimizer(), ctx.LearningRate(step));
-      ctx.optimizer().step();
-      ctx.stage_metrics().ObserveCompute("step", SecondsSince(t0));
-      ctx.stage_metrics().IncSteps();
+      StepOptimizer(ctx, ctx.LearningRate(step));
       ctx.stage_metrics().SetMemory("activations", 0);
       ctx.ReportStep(step + 1, loss_, batch_size_);
-      if (ctx.EvalDue(step + 1)) STAGEWISE_RETURN_IF_ERROR(RunEvaluation(ctx, step + 1));
-    }
-    return absl::OkStatus();
+      return absl::OkStatus();
+    });
   }
 
  private:
@@ -81,10 +72,7 @@ class Backprop : public Algorithm {
 
   int64_t HeldBytes() const {
     int64_t bytes = 0;
-    for (const auto& f : inflight_) {
-      if (f.input.defined()) bytes += f.input.numel() * f.input.element_size();
-      if (f.output.defined()) bytes += f.output.numel() * f.output.element_size();
-    }
+    for (const auto& f : inflight_) bytes += TensorBytes(f.input) + TensorBytes(f.output);
     return bytes;
   }
 
@@ -95,11 +83,10 @@ class Backprop : public Algorithm {
       input = xs_[m].to(ctx.device());
       labels = ys_[m].to(ctx.device());
     } else {
-      auto in = ReceiveForward(ctx, step, m);
-      if (!in.ok()) return in.status();
-      input = in->x.requires_grad_(true);
-      labels_proto = std::move(in->labels_proto);
-      labels = in->labels;
+      STAGEWISE_ASSIGN_OR_RETURN(ForwardInput in, ReceiveForward(ctx, step, m));
+      input = in.x.requires_grad_(true);
+      labels_proto = std::move(in.labels_proto);
+      labels = in.labels;
     }
     const auto t0 = std::chrono::steady_clock::now();
     InFlight& f = inflight_[m];
@@ -143,15 +130,11 @@ class Backprop : public Algorithm {
   }
 
   absl::Status Backward(StageContext& ctx, int64_t step, int m) {
-    auto msg = ctx.ReceiveFromNext();
-    if (!msg.ok()) return msg.status();
-    STAGEWISE_RETURN_IF_ERROR(ExpectMessage(*msg, v1::StageMessage::BACKWARD, step, m));
-    auto grad = GetTensor(*msg, "grad", ctx.device());
-    if (!grad.ok()) return grad.status();
+    STAGEWISE_ASSIGN_OR_RETURN(torch::Tensor grad, ReceiveGrad(ctx, step, m));
     InFlight& f = inflight_[m];
     if (f.pass) {
       const auto t0 = std::chrono::steady_clock::now();
-      torch::Tensor grad_in = f.pass->Backward(*grad);
+      torch::Tensor grad_in = f.pass->Backward(grad);
       ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t0));
       f = InFlight{};
       return SendGrad(ctx, step, m, grad_in);
@@ -162,13 +145,9 @@ class Backprop : public Algorithm {
       out = ctx.model().forward(f.input);
       ctx.stage_metrics().ObserveCompute("recompute", SecondsSince(t0));
     }
-    if (!out.sizes().equals(grad->sizes())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("StageMessage.tensors['grad']: shape ", c10::str(grad->sizes()),
-                       " does not match the stage output ", c10::str(out.sizes())));
-    }
+    STAGEWISE_RETURN_IF_ERROR(CheckOutputShape("grad", grad.sizes(), out.sizes()));
     const auto t0 = std::chrono::steady_clock::now();
-    out.backward(*grad);
+    out.backward(grad);
     ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t0));
     STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, step, m, f.input.grad()));
     f = InFlight{};
@@ -182,10 +161,10 @@ class Backprop : public Algorithm {
                             const torch::Tensor& labels, v1::TensorProto labels_proto,
                             std::chrono::steady_clock::time_point t0) {
     InFlight& f = inflight_[m];
-    auto pass = models::ModalPass::Forward(ctx.model().blocks(), ctx.block_modes(), input.detach(),
-                                           !ctx.first());
-    if (!pass.ok()) return pass.status();
-    f.pass = std::make_shared<models::ModalPass>(std::move(*pass));
+    STAGEWISE_ASSIGN_OR_RETURN(auto pass,
+                               models::ModalPass::Forward(ctx.model().blocks(), ctx.block_modes(),
+                                                          input.detach(), !ctx.first()));
+    f.pass = std::make_shared<models::ModalPass>(std::move(pass));
     ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
     if (!ctx.last()) {
       return SendForward(ctx, step, m, f.pass->output(), labels, std::move(labels_proto));
@@ -202,14 +181,6 @@ class Backprop : public Algorithm {
     return SendGrad(ctx, step, m, grad_in);
   }
 
-  // The gradient of the stage input goes down as BACKWARD (stage 0: nowhere).
-  static absl::Status SendGrad(StageContext& ctx, int64_t step, int m, const torch::Tensor& grad) {
-    if (ctx.first()) return absl::OkStatus();
-    v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, step, m);
-    STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", grad));
-    return ctx.SendToPrev(std::move(back));
-  }
-
   const int micro_batches_;
   const bool one_f_one_b_;
   const bool recompute_;
@@ -218,7 +189,6 @@ class Backprop : public Algorithm {
   std::vector<torch::Tensor> xs_, ys_;
   int64_t batch_size_ = 0;
   double loss_ = 0;
-  int64_t samples_ = 0;
 };
 
 }  // namespace

@@ -1,7 +1,9 @@
 #include "worker/algorithms/common.h"
 
 #include "absl/strings/str_cat.h"
+#include "services/models/batch_norm.h"
 #include "services/tensor/codec.h"
+#include "services/training/optimizer.h"
 
 namespace stagewise::worker {
 
@@ -45,8 +47,121 @@ absl::Status ExpectMessage(const v1::StageMessage& message, v1::StageMessage::Ki
   return absl::OkStatus();
 }
 
+absl::Status SendGrad(StageContext& ctx, int64_t step, int micro_batch, const torch::Tensor& grad,
+                      const torch::Tensor& x, int64_t origin) {
+  if (ctx.first()) return absl::OkStatus();
+  v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, step, micro_batch);
+  if (origin >= 0) back.set_origin_stage(static_cast<int32_t>(origin));
+  if (x.defined()) STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "x", x));
+  STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", grad));
+  return ctx.SendToPrev(std::move(back));
+}
+
+absl::StatusOr<torch::Tensor> ReceiveGrad(StageContext& ctx, int64_t step, int micro_batch,
+                                          torch::Tensor* x) {
+  STAGEWISE_ASSIGN_OR_RETURN(v1::StageMessage msg, ctx.ReceiveFromNext());
+  STAGEWISE_RETURN_IF_ERROR(ExpectMessage(msg, v1::StageMessage::BACKWARD, step, micro_batch));
+  if (x != nullptr) {
+    STAGEWISE_ASSIGN_OR_RETURN(*x, GetTensor(msg, "x", ctx.device()));
+  }
+  return GetTensor(msg, "grad", ctx.device());
+}
+
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int64_t TensorBytes(const torch::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+int64_t TensorBytes(const std::vector<torch::Tensor>& ts) {
+  int64_t bytes = 0;
+  for (const auto& t : ts) bytes += TensorBytes(t);
+  return bytes;
+}
+
+std::vector<int64_t> MicroBatchSizes(int64_t batch_size, int micro_batches) {
+  std::vector<int64_t> sizes;
+  for (int m = 0; m < micro_batches; ++m) {
+    sizes.push_back(batch_size / micro_batches + (m < batch_size % micro_batches));
+  }
+  return sizes;
+}
+
+absl::Status CheckOutputShape(const std::string& name, c10::IntArrayRef got, c10::IntArrayRef want,
+                              const char* what) {
+  if (got.equals(want)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("StageMessage.tensors['", name, "']: shape ",
+                                                 c10::str(got), " does not match ", what, " ",
+                                                 c10::str(want)));
+}
+
+void StepAt(torch::optim::Optimizer& optimizer, double lr) {
+  training::SetLearningRate(optimizer, lr);
+  optimizer.step();
+}
+
+void StepOptimizer(StageContext& ctx, double lr, torch::optim::Optimizer* extra) {
+  const auto t0 = std::chrono::steady_clock::now();
+  StepAt(ctx.optimizer(), lr);
+  if (extra != nullptr) StepAt(*extra, lr);
+  ctx.stage_metrics().ObserveCompute("step", SecondsSince(t0));
+  ctx.stage_metrics().IncSteps();
+}
+
+double LossBackward(StageContext& ctx, const ForwardInput& in) {
+  const auto t0 = std::chrono::steady_clock::now();
+  torch::Tensor x = in.x;
+  if (!ctx.first()) x.requires_grad_(true);
+  torch::Tensor loss = torch::cross_entropy_loss(ctx.model().forward(x), in.labels);
+  loss.backward();
+  ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
+  return loss.item<double>();
+}
+
+bool ReportHeldInputs(StageContext& ctx, int64_t held, int64_t bytes, int64_t* peak) {
+  ctx.stage_metrics().SetMemory("inputs", bytes);
+  if (held <= *peak) return false;
+  *peak = held;
+  ctx.Summarize("peak_inputs", static_cast<double>(held));
+  ctx.Summarize("peak_input_bytes", static_cast<double>(bytes));
+  return true;
+}
+
+void ReportStaleness(StageContext& ctx, int64_t stale, int64_t* max) {
+  ctx.stage_metrics().SetStaleness(stale);
+  if (stale <= *max) return;
+  *max = stale;
+  ctx.Summarize("staleness_steps", static_cast<double>(stale));
+}
+
+absl::Status RecomputeBackward(StageContext& ctx, const torch::Tensor& input,
+                               const torch::Tensor& grad) {
+  const auto t0 = std::chrono::steady_clock::now();
+  torch::Tensor out;
+  {
+    models::FreezeRunningStats freeze;
+    out = ctx.model().forward(input);
+  }
+  ctx.stage_metrics().ObserveCompute("recompute", SecondsSince(t0));
+  STAGEWISE_RETURN_IF_ERROR(CheckOutputShape("grad", grad.sizes(), out.sizes()));
+  const auto t1 = std::chrono::steady_clock::now();
+  out.backward(grad);
+  ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t1));
+  return absl::OkStatus();
+}
+
+std::unique_ptr<torch::optim::Optimizer> SetUpAuxModule(StageContext& ctx,
+                                                        torch::nn::Module& module,
+                                                        const std::string& name) {
+  module.to(ctx.device());
+  module.train();
+  int64_t count = 0;
+  for (const auto& p : module.parameters()) count += p.numel();
+  ctx.Summarize(name, static_cast<double>(count));
+  ctx.stage_metrics().SetMemory(name, TensorBytes(module.parameters()));
+  return training::MakeOptimizer(ctx.spec().optimizer, module);
 }
 
 absl::StatusOr<ForwardInput> StageInput(StageContext& ctx, int64_t step) {
@@ -60,22 +175,17 @@ absl::StatusOr<ForwardInput> StageInput(StageContext& ctx, int64_t step) {
 
 absl::StatusOr<ForwardInput> ReceiveForward(StageContext& ctx, int64_t step, int micro_batch,
                                             bool decode_labels) {
-  auto msg = ctx.ReceiveFromPrev();
-  if (!msg.ok()) return msg.status();
-  STAGEWISE_RETURN_IF_ERROR(ExpectMessage(*msg, v1::StageMessage::FORWARD, step, micro_batch));
+  STAGEWISE_ASSIGN_OR_RETURN(v1::StageMessage msg, ctx.ReceiveFromPrev());
+  STAGEWISE_RETURN_IF_ERROR(ExpectMessage(msg, v1::StageMessage::FORWARD, step, micro_batch));
   ForwardInput in;
-  auto x = GetTensor(*msg, "x", ctx.device());
-  if (!x.ok()) return x.status();
-  in.x = *x;
-  auto it = msg->tensors().find("labels");
-  if (it == msg->tensors().end()) {
+  STAGEWISE_ASSIGN_OR_RETURN(in.x, GetTensor(msg, "x", ctx.device()));
+  auto it = msg.tensors().find("labels");
+  if (it == msg.tensors().end()) {
     return absl::InvalidArgumentError("StageMessage.tensors: FORWARD message without 'labels'");
   }
   in.labels_proto = it->second;
   if (ctx.last() || decode_labels) {
-    auto y = GetTensor(*msg, "labels", ctx.device());
-    if (!y.ok()) return y.status();
-    in.labels = *y;
+    STAGEWISE_ASSIGN_OR_RETURN(in.labels, GetTensor(msg, "labels", ctx.device()));
   }
   return in;
 }

@@ -1,11 +1,16 @@
-// Pieces every algorithm shares: tensors in messages, and the evaluation pass.
+// Pieces every algorithm shares: tensors in messages, the optimizer step,
+// shape checks, the last stage's loss, auxiliary modules and the evaluation
+// pass. The schedules live in worker/algorithms/schedule.h.
 #ifndef STAGEWISE_WORKER_ALGORITHMS_COMMON_H_
 #define STAGEWISE_WORKER_ALGORITHMS_COMMON_H_
 
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "services/common/status_macros.h"
@@ -24,6 +29,49 @@ struct ForwardInput {
 
 // Seconds since `t0` (compute-time metrics).
 double SecondsSince(std::chrono::steady_clock::time_point t0);
+
+// Bytes held by `t` (0 if undefined) and by every tensor of `ts`.
+int64_t TensorBytes(const torch::Tensor& t);
+int64_t TensorBytes(const std::vector<torch::Tensor>& ts);
+
+// Sizes of `micro_batches` near-equal slices of a batch of `batch_size`
+// samples (the first ones one larger when it does not divide).
+std::vector<int64_t> MicroBatchSizes(int64_t batch_size, int micro_batches);
+
+// INVALID_ARGUMENT "StageMessage.tensors['name']: shape ... does not match
+// <what> ..." unless `got` has the shape `want`.
+absl::Status CheckOutputShape(const std::string& name, c10::IntArrayRef got, c10::IntArrayRef want,
+                              const char* what = "the stage output");
+
+// Sets `lr` on `optimizer` and steps it.
+void StepAt(torch::optim::Optimizer& optimizer, double lr);
+// The stage's optimizer step at `lr` (and `extra`'s, e.g. an aux head's),
+// timed as compute phase "step" and counted in the stage metrics.
+void StepOptimizer(StageContext& ctx, double lr, torch::optim::Optimizer* extra = nullptr);
+
+// Last stage: forward, loss and backward of `in` at once (the input gradient
+// lands in in.x.grad() on stages > 0), timed as "forward". Returns the loss.
+double LossBackward(StageContext& ctx, const ForwardInput& in);
+
+// Memory kind "inputs" = `bytes`; where `held` inputs exceed `*peak`, updates
+// it and the summary's peak_inputs / peak_input_bytes and returns true.
+bool ReportHeldInputs(StageContext& ctx, int64_t held, int64_t bytes, int64_t* peak);
+// The staleness gauge = `stale`; the summary's staleness_steps keeps the
+// largest (`*max`).
+void ReportStaleness(StageContext& ctx, int64_t stale, int64_t* max);
+
+// Recomputes the stage's forward from `input` with BatchNorm running
+// statistics frozen (timed "recompute"), checks that `grad` has the output's
+// shape and backpropagates it (timed "backward").
+absl::Status RecomputeBackward(StageContext& ctx, const torch::Tensor& input,
+                               const torch::Tensor& grad);
+
+// Moves an auxiliary module (aux head, AuxNet) to the stage's device in
+// training mode, reports its size as summary `name` and memory kind `name`,
+// and returns its own optimizer (the job's optimizer settings).
+std::unique_ptr<torch::optim::Optimizer> SetUpAuxModule(StageContext& ctx,
+                                                        torch::nn::Module& module,
+                                                        const std::string& name);
 
 // Mini-batch `step` as this stage sees it: stage 0 reads it from the data
 // (labels decoded), later stages receive FORWARD `step` (micro-batch 0).
@@ -49,6 +97,16 @@ absl::StatusOr<torch::Tensor> GetTensor(const v1::StageMessage& message, const s
 // INVALID_ARGUMENT unless the message has this kind, step and micro-batch.
 absl::Status ExpectMessage(const v1::StageMessage& message, v1::StageMessage::Kind kind,
                            int64_t step, int micro_batch);
+
+// Sends `grad` to stage j-1 as BACKWARD `step`/`micro_batch`, with `x` too if
+// it is defined and the loss it came from if `origin` >= 0; stage 0 sends
+// nothing.
+absl::Status SendGrad(StageContext& ctx, int64_t step, int micro_batch, const torch::Tensor& grad,
+                      const torch::Tensor& x = torch::Tensor(), int64_t origin = -1);
+// Receives BACKWARD `step`/`micro_batch` from stage j+1 and returns its
+// "grad" (and its "x" in `*x` if `x` is given).
+absl::StatusOr<torch::Tensor> ReceiveGrad(StageContext& ctx, int64_t step, int micro_batch,
+                                          torch::Tensor* x = nullptr);
 
 // Forward-only pass over the test set through the real stages in eval mode:
 // stage 0 sends EVAL batches, the last stage reports loss and accuracy. Every

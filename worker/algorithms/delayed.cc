@@ -1,5 +1,5 @@
 // delayed: delayed gradients without a flush (DDG, Huo et al. 2018; weight
-// stashing as in PipeDream). ALGORITHMS.md, "delayed".
+// stashing as in PipeDream). docs/algorithms.md, "delayed".
 //
 // Stage j keeps up to d_j = 2(J-1-j)+1 mini-batches in flight (capped by
 // max_in_flight) and runs them in 1F1B order: d_j forwards, then one backward
@@ -17,14 +17,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "services/models/batch_norm.h"
-#include "services/training/optimizer.h"
 #include "worker/algorithms/common.h"
+#include "worker/algorithms/schedule.h"
 
 namespace stagewise::worker {
 namespace {
-
-int64_t Bytes(const torch::Tensor& t) { return t.numel() * t.element_size(); }
 
 class Delayed : public Algorithm {
  public:
@@ -37,23 +34,9 @@ class Delayed : public Algorithm {
     depth_ = 2 * (J - 1 - j) + 1;
     if (max_in_flight_ > 0) depth_ = std::min(depth_, max_in_flight_);
     params_ = ctx.model().parameters();
-    const int64_t total = ctx.total_steps();
-    for (int64_t begin = 0; begin < total;) {
-      int64_t end = begin + 1;
-      while (end < total && !ctx.EvalDue(end)) ++end;
-      for (int64_t f = begin, b = begin; b < end;) {
-        STAGEWISE_RETURN_IF_ERROR(ctx.Interrupted());
-        if (f < end && f - b < depth_) {
-          STAGEWISE_RETURN_IF_ERROR(Forward(ctx, f++));
-        } else {
-          STAGEWISE_RETURN_IF_ERROR(ctx.last() ? absl::OkStatus() : Backward(ctx, b));
-          ++b;
-        }
-      }
-      if (ctx.EvalDue(end)) STAGEWISE_RETURN_IF_ERROR(RunEvaluation(ctx, end));
-      begin = end;
-    }
-    return absl::OkStatus();
+    return RunDrainedPipeline(
+        ctx, depth_, [&](int64_t t) { return Forward(ctx, t); },
+        [&](int64_t t) { return Backward(ctx, t); });
   }
 
  private:
@@ -64,11 +47,7 @@ class Delayed : public Algorithm {
   };
 
   void Step(StageContext& ctx, double loss, int64_t samples) {
-    const auto t0 = std::chrono::steady_clock::now();
-    training::SetLearningRate(ctx.optimizer(), ctx.LearningRate(steps_));
-    ctx.optimizer().step();
-    ctx.stage_metrics().ObserveCompute("step", SecondsSince(t0));
-    ctx.stage_metrics().IncSteps();
+    StepOptimizer(ctx, ctx.LearningRate(steps_));
     ++steps_;
     ctx.ReportStep(steps_, loss, samples);
   }
@@ -76,63 +55,46 @@ class Delayed : public Algorithm {
   void ReportBuffers(StageContext& ctx) {
     int64_t inputs = 0, stashed = 0;
     for (const auto& [t, f] : inflight_) {
-      inputs += Bytes(f.input);
-      for (const auto& p : f.stash) stashed += Bytes(p);
+      inputs += TensorBytes(f.input);
+      stashed += TensorBytes(f.stash);
     }
-    ctx.stage_metrics().SetMemory("inputs", inputs);
     ctx.stage_metrics().SetMemory("stashed_parameters", stashed);
     const auto held = static_cast<int64_t>(inflight_.size());
-    if (held > peak_inputs_) {
-      peak_inputs_ = held;
-      ctx.Summarize("peak_inputs", static_cast<double>(held));
-      ctx.Summarize("peak_input_bytes", static_cast<double>(inputs));
+    if (ReportHeldInputs(ctx, held, inputs, &peak_inputs_)) {
       ctx.Summarize("peak_stashed_versions", stash_ ? static_cast<double>(held) : 0.0);
       ctx.Summarize("peak_stashed_parameter_bytes", static_cast<double>(stashed));
     }
   }
 
   absl::Status Forward(StageContext& ctx, int64_t t) {
-    auto in = StageInput(ctx, t);
-    if (!in.ok()) return in.status();
-    torch::Tensor x = in->x, labels = in->labels;
-    v1::TensorProto labels_proto = std::move(in->labels_proto);
-    const auto t0 = std::chrono::steady_clock::now();
+    STAGEWISE_ASSIGN_OR_RETURN(ForwardInput in, StageInput(ctx, t));
     if (ctx.last()) {
       // No delay on the last stage: forward, loss, backward and step at once.
       ctx.optimizer().zero_grad();
-      if (!ctx.first()) x.requires_grad_(true);
-      torch::Tensor loss = torch::cross_entropy_loss(ctx.model().forward(x), labels);
-      loss.backward();
-      ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
+      const double loss = LossBackward(ctx, in);
       ctx.stage_metrics().SetStaleness(0);
-      Step(ctx, loss.item<double>(), labels.size(0));
-      if (ctx.first()) return absl::OkStatus();
-      v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, t, 0);
-      STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", x.grad()));
-      return ctx.SendToPrev(std::move(back));
+      Step(ctx, loss, in.labels.size(0));
+      return SendGrad(ctx, t, 0, in.x.grad());
     }
+    const auto t0 = std::chrono::steady_clock::now();
     torch::Tensor out;
     {
       torch::NoGradGuard no_grad;
-      out = ctx.model().forward(x);  // running statistics are updated here, once
+      out = ctx.model().forward(in.x);  // running statistics are updated here, once
     }
     ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
     InFlight& f = inflight_[t];
-    f.input = x;
+    f.input = in.x;
     f.forward_step = steps_;
     if (stash_) {
       for (const auto& p : params_) f.stash.push_back(p.detach().clone());
     }
     ReportBuffers(ctx);
-    return SendForward(ctx, t, 0, out, labels, std::move(labels_proto));
+    return SendForward(ctx, t, 0, out, in.labels, std::move(in.labels_proto));
   }
 
   absl::Status Backward(StageContext& ctx, int64_t t) {
-    auto msg = ctx.ReceiveFromNext();
-    if (!msg.ok()) return msg.status();
-    STAGEWISE_RETURN_IF_ERROR(ExpectMessage(*msg, v1::StageMessage::BACKWARD, t, 0));
-    auto grad = GetTensor(*msg, "grad", ctx.device());
-    if (!grad.ok()) return grad.status();
+    STAGEWISE_ASSIGN_OR_RETURN(torch::Tensor grad, ReceiveGrad(ctx, t, 0));
     auto it = inflight_.find(t);
     if (it == inflight_.end()) {
       return absl::InternalError(absl::StrCat("no stored input for mini-batch ", t));
@@ -151,36 +113,15 @@ class Delayed : public Algorithm {
         params_[i].copy_(f.stash[i]);
       }
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    torch::Tensor out;
-    {
-      models::FreezeRunningStats freeze;
-      out = ctx.model().forward(x);
-    }
-    ctx.stage_metrics().ObserveCompute("recompute", SecondsSince(t0));
-    if (!out.sizes().equals(grad->sizes())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("StageMessage.tensors['grad']: shape ", c10::str(grad->sizes()),
-                       " does not match the stage output ", c10::str(out.sizes())));
-    }
-    const auto t1 = std::chrono::steady_clock::now();
-    out.backward(*grad);
-    ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t1));
+    STAGEWISE_RETURN_IF_ERROR(RecomputeBackward(ctx, x, grad));
     if (stash_) {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(current[i]);
     }
-    ctx.stage_metrics().SetStaleness(steps_ - f.forward_step);
-    if (steps_ - f.forward_step > max_staleness_) {
-      max_staleness_ = steps_ - f.forward_step;
-      ctx.Summarize("staleness_steps", static_cast<double>(max_staleness_));
-    }
-    Step(ctx, 0.0, grad->size(0));
+    ReportStaleness(ctx, steps_ - f.forward_step, &max_staleness_);
+    Step(ctx, 0.0, grad.size(0));
     ReportBuffers(ctx);
-    if (ctx.first()) return absl::OkStatus();
-    v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, t, 0);
-    STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", x.grad()));
-    return ctx.SendToPrev(std::move(back));
+    return SendGrad(ctx, t, 0, x.grad());
   }
 
   const bool stash_;

@@ -1,5 +1,5 @@
-// nwise: N-wise interlocking backpropagation (Gomez, Key et al.; seed 002,
-// Sec. 3 and App. B.2); ALGORITHMS.md, "nwise".
+// nwise: "Interlocking Backpropagation: Improving Depthwise Model-Parallelism"
+// (Gomez, Key et al.; Sec. 3 and App. B.2); docs/algorithms.md, "nwise".
 //
 // Stage j < J-1 owns an auxiliary head h_j and a local loss L_j = CE(h_j(x_j), y);
 // the last stage's loss L_{J-1} is the model's. The main parameters of stage j
@@ -27,8 +27,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "services/models/aux_head.h"
-#include "services/training/optimizer.h"
 #include "worker/algorithms/common.h"
+#include "worker/algorithms/schedule.h"
 
 namespace stagewise::worker {
 namespace {
@@ -49,12 +49,7 @@ class Nwise : public Algorithm {
           absl::StrCat("algorithm.n: must be <= stages.count (", J_, "), got ", n_));
     }
     STAGEWISE_RETURN_IF_ERROR(Setup(ctx));
-    for (int64_t t = 0; t < ctx.total_steps(); ++t) {
-      STAGEWISE_RETURN_IF_ERROR(ctx.Interrupted());
-      STAGEWISE_RETURN_IF_ERROR(MiniBatch(ctx, t));
-      if (ctx.EvalDue(t + 1)) STAGEWISE_RETURN_IF_ERROR(RunEvaluation(ctx, t + 1));
-    }
-    return absl::OkStatus();
+    return RunLockStep(ctx, [&](int64_t t) { return MiniBatch(ctx, t); });
   }
 
  private:
@@ -75,27 +70,15 @@ class Nwise : public Algorithm {
       if (travels(m) && lower(m) <= j_) incoming_.insert(m);
     }
     if (!ctx.last() && local_used(j_)) {
-      auto spec = ParseAuxHeadSpec(aux_head_);
-      if (!spec.ok()) return spec.status();
-      auto plan = models::PlanModel(ctx.spec().model);
-      if (!plan.ok()) return plan.status();
-      const int64_t classes = plan->back().out_shape.at(0);
+      STAGEWISE_ASSIGN_OR_RETURN(auto spec, ParseAuxHeadSpec(aux_head_));
+      STAGEWISE_ASSIGN_OR_RETURN(auto plan, models::PlanModel(ctx.spec().model));
+      const int64_t classes = plan.back().out_shape.at(0);
       const auto& last_block = ctx.model().blocks().back()->info();
-      auto head = models::MakeAuxHead(
-          *spec, last_block.out_shape, classes,
-          models::AuxHeadSeed(static_cast<uint64_t>(ctx.spec().seed), last_block.index));
-      if (!head.ok()) return head.status();
-      head_ = *head;
-      head_->to(ctx.device());
-      head_->train();
-      aux_optimizer_ = training::MakeOptimizer(ctx.spec().optimizer, *head_);
-      int64_t aux_params = 0, aux_bytes = 0;
-      for (const auto& p : head_->parameters()) {
-        aux_params += p.numel();
-        aux_bytes += p.numel() * p.element_size();
-      }
-      ctx.Summarize("aux_head_parameters", static_cast<double>(aux_params));
-      ctx.stage_metrics().SetMemory("aux_head_parameters", aux_bytes);
+      STAGEWISE_ASSIGN_OR_RETURN(
+          head_, models::MakeAuxHead(spec, last_block.out_shape, classes,
+                                     models::AuxHeadSeed(static_cast<uint64_t>(ctx.spec().seed),
+                                                         last_block.index)));
+      aux_optimizer_ = SetUpAuxModule(ctx, *head_, "aux_head_parameters");
     }
     ctx.Summarize("backward_passes_per_micro_batch",
                   static_cast<double>(incoming_.size() + (ctx.last() || head_ ? 1 : 0)));
@@ -142,14 +125,6 @@ class Nwise : public Algorithm {
     return input_grad ? grads[x_offset] : torch::Tensor();
   }
 
-  absl::Status SendGrad(StageContext& ctx, int64_t t, int mb, int64_t origin,
-                        const torch::Tensor& g) {
-    v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, t, mb);
-    back.set_origin_stage(static_cast<int32_t>(origin));
-    STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", g));
-    return ctx.SendToPrev(std::move(back));
-  }
-
   absl::Status MiniBatch(StageContext& ctx, int64_t t) {
     const int M = micro_batches_;
     const int64_t B = ctx.spec().batch_size;
@@ -160,10 +135,8 @@ class Nwise : public Algorithm {
     std::vector<torch::Tensor> data_x, data_y;
     if (ctx.first()) {
       data::Batch b = ctx.TrainBatch(t);
-      std::vector<int64_t> sizes;
-      for (int m = 0; m < M; ++m) sizes.push_back(b.y.size(0) / M + (m < b.y.size(0) % M));
-      data_x = b.x.to(ctx.device()).split_with_sizes(sizes);
-      data_y = b.y.to(ctx.device()).split_with_sizes(sizes);
+      data_x = b.x.to(ctx.device()).split_with_sizes(MicroBatchSizes(b.y.size(0), M));
+      data_y = b.y.to(ctx.device()).split_with_sizes(MicroBatchSizes(b.y.size(0), M));
     }
     double loss_sum = 0;
     int64_t samples = 0;
@@ -174,11 +147,11 @@ class Nwise : public Algorithm {
         xs[mb] = data_x[mb];
         labels[mb] = data_y[mb];
       } else {
-        auto in = ReceiveForward(ctx, t, mb, /*decode_labels=*/true);
-        if (!in.ok()) return in.status();
-        xs[mb] = in->x;
-        labels[mb] = in->labels;
-        labels_proto = std::move(in->labels_proto);
+        STAGEWISE_ASSIGN_OR_RETURN(ForwardInput in,
+                                   ReceiveForward(ctx, t, mb, /*decode_labels=*/true));
+        xs[mb] = in.x;
+        labels[mb] = in.labels;
+        labels_proto = std::move(in.labels_proto);
       }
       if (input_grad) xs[mb].requires_grad_(true);
       const auto t0 = std::chrono::steady_clock::now();
@@ -204,7 +177,7 @@ class Nwise : public Algorithm {
         torch::Tensor gx = Vjp(loss, torch::ones_like(loss), xs[mb], main_weight,
                                /*aux=*/!ctx.last(), send);
         ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t0));
-        if (send) STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, t, mb, j_, gx));
+        if (send) STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, t, mb, gx, torch::Tensor(), j_));
       }
     }
     // Gradients from above: each (micro-batch, origin) exactly once.
@@ -213,48 +186,29 @@ class Nwise : public Algorithm {
       for (int64_t m : incoming_) pending.insert({mb, m});
     }
     while (!pending.empty()) {
-      auto msg = ctx.ReceiveFromNext();
-      if (!msg.ok()) return msg.status();
-      const int mb = msg->micro_batch();
-      const int64_t m = msg->origin_stage();
-      if (msg->kind() != v1::StageMessage::BACKWARD || msg->step() != t ||
-          !pending.count({mb, m})) {
+      STAGEWISE_ASSIGN_OR_RETURN(v1::StageMessage msg, ctx.ReceiveFromNext());
+      const int mb = msg.micro_batch();
+      const int64_t m = msg.origin_stage();
+      if (msg.kind() != v1::StageMessage::BACKWARD || msg.step() != t || !pending.count({mb, m})) {
         return absl::InvalidArgumentError(absl::StrCat(
             "expected a BACKWARD gradient of step ", t, " from one of the losses ",
-            absl::StrJoin(incoming_, ","), ", got ", v1::StageMessage::Kind_Name(msg->kind()),
-            " step ", msg->step(), " micro-batch ", mb, " origin ", m));
+            absl::StrJoin(incoming_, ","), ", got ", v1::StageMessage::Kind_Name(msg.kind()),
+            " step ", msg.step(), " micro-batch ", mb, " origin ", m));
       }
       pending.erase({mb, m});
-      auto g = GetTensor(*msg, "grad", ctx.device());
-      if (!g.ok()) return g.status();
-      if (!g->sizes().equals(outs[mb].sizes())) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("StageMessage.tensors['grad']: shape ", c10::str(g->sizes()),
-                         " does not match the stage output ", c10::str(outs[mb].sizes())));
-      }
+      STAGEWISE_ASSIGN_OR_RETURN(torch::Tensor g, GetTensor(msg, "grad", ctx.device()));
+      STAGEWISE_RETURN_IF_ERROR(CheckOutputShape("grad", g.sizes(), outs[mb].sizes()));
       const double main_weight = own(j_) == m ? (mix_local_ && own(j_) != j_ ? 0.5 : 1.0) : 0.0;
       const bool pass_on = lower(m) < j_;
       const auto t0 = std::chrono::steady_clock::now();
-      torch::Tensor gx = Vjp(outs[mb], *g, xs[mb], main_weight, /*aux=*/false, pass_on);
+      torch::Tensor gx = Vjp(outs[mb], g, xs[mb], main_weight, /*aux=*/false, pass_on);
       ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t0));
-      if (pass_on) STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, t, mb, m, gx));
+      if (pass_on) STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, t, mb, gx, torch::Tensor(), m));
     }
     // Step (main and aux head) with the schedule's rate for this mini-batch.
-    const auto t0 = std::chrono::steady_clock::now();
-    const double lr = ctx.LearningRate(t);
-    training::SetLearningRate(ctx.optimizer(), lr);
-    ctx.optimizer().step();
-    if (aux_optimizer_) {
-      training::SetLearningRate(*aux_optimizer_, lr);
-      aux_optimizer_->step();
-    }
-    ctx.stage_metrics().ObserveCompute("step", SecondsSince(t0));
-    ctx.stage_metrics().IncSteps();
+    StepOptimizer(ctx, ctx.LearningRate(t), aux_optimizer_.get());
     ctx.stage_metrics().SetStaleness(0);
-    if (ctx.last())
-      ctx.ReportStep(t + 1, loss_sum, samples);
-    else
-      ctx.ReportStep(t + 1, 0.0, samples);
+    ctx.ReportStep(t + 1, ctx.last() ? loss_sum : 0.0, samples);
     if (head_ && !ctx.last()) {
       local_loss_ = loss_sum;
       ctx.Summarize("local_loss", local_loss_);

@@ -1,5 +1,5 @@
-// petra: Parallel End-to-end Training with Reversible Architectures (seed 000,
-// Algorithm 1 and eq. (4)-(5)); ALGORITHMS.md, "petra".
+// petra: "PETRA: Parallel End-to-end Training with Reversible Architectures"
+// (Algorithm 1 and eq. (4)-(5)); docs/algorithms.md, "petra".
 //
 // Stage j < J-1 forwards every mini-batch as soon as it arrives, without a
 // graph and with BatchNorm running statistics frozen, and keeps the inputs of
@@ -18,7 +18,6 @@
 // The schedule is delayed's: 2(J-1-j)+1 mini-batches in flight at stage j in
 // 1F1B order, drained where an evaluation is due.
 #include <chrono>
-#include <deque>
 #include <map>
 #include <vector>
 
@@ -26,13 +25,11 @@
 #include "services/models/batch_norm.h"
 #include "services/models/blocks.h"
 #include "services/models/modal_pass.h"
-#include "services/training/optimizer.h"
 #include "worker/algorithms/common.h"
+#include "worker/algorithms/schedule.h"
 
 namespace stagewise::worker {
 namespace {
-
-int64_t Bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
 
 class Petra : public Algorithm {
  public:
@@ -50,23 +47,9 @@ class Petra : public Algorithm {
     ctx.Summarize("peak_inputs", 0);
     ctx.Summarize("peak_input_bytes", 0);
     ctx.Summarize("peak_stashed_parameter_bytes", 0);  // PETRA never copies parameters
-    const int64_t total = ctx.total_steps();
-    for (int64_t begin = 0; begin < total;) {
-      int64_t end = begin + 1;
-      while (end < total && !ctx.EvalDue(end)) ++end;
-      for (int64_t f = begin, b = begin; b < end;) {
-        STAGEWISE_RETURN_IF_ERROR(ctx.Interrupted());
-        if (f < end && f - b < depth_) {
-          STAGEWISE_RETURN_IF_ERROR(Forward(ctx, f++));
-          if (ctx.last()) ++b;
-        } else {
-          STAGEWISE_RETURN_IF_ERROR(Backward(ctx, b++));
-        }
-      }
-      if (ctx.EvalDue(end)) STAGEWISE_RETURN_IF_ERROR(RunEvaluation(ctx, end));
-      begin = end;
-    }
-    return absl::OkStatus();
+    return RunDrainedPipeline(
+        ctx, depth_, [&](int64_t t) { return Forward(ctx, t); },
+        [&](int64_t t) { return Backward(ctx, t); });
   }
 
  private:
@@ -82,7 +65,6 @@ class Petra : public Algorithm {
   void Accumulate(StageContext& ctx, double loss, int64_t samples) {
     ++backwards_;
     if (backwards_ % k_ == 0) {
-      const auto t0 = std::chrono::steady_clock::now();
       if (k_ > 1) {
         torch::NoGradGuard no_grad;
         for (auto& p : ctx.model().parameters()) {
@@ -91,12 +73,9 @@ class Petra : public Algorithm {
       }
       // The schedule advances in mini-batches: an update uses the learning rate
       // of the first mini-batch of its window.
-      training::SetLearningRate(ctx.optimizer(), ctx.LearningRate(backwards_ - k_));
-      ctx.optimizer().step();
+      StepOptimizer(ctx, ctx.LearningRate(backwards_ - k_));
       ctx.optimizer().zero_grad();
       ++updates_;
-      ctx.stage_metrics().ObserveCompute("step", SecondsSince(t0));
-      ctx.stage_metrics().IncSteps();
     }
     ctx.ReportStep(backwards_, loss, samples);
   }
@@ -104,14 +83,11 @@ class Petra : public Algorithm {
   void ReportBuffers(StageContext& ctx) {
     int64_t bytes = 0, held = 0, verify = 0;
     for (const auto& [t, f] : inflight_) {
-      int64_t here = 0;
-      for (const auto& x : f.inputs) here += Bytes(x);
+      const int64_t here = TensorBytes(f.inputs);
       bytes += here;
       held += here > 0 ? 1 : 0;
     }
-    for (const auto& [t, v] : verify_inputs_) {
-      for (const auto& x : v) verify += Bytes(x);
-    }
+    for (const auto& [t, v] : verify_inputs_) verify += TensorBytes(v);
     ctx.stage_metrics().SetMemory("inputs", bytes);
     if (verify_) ctx.stage_metrics().SetMemory("verify_inputs", verify);
     if (bytes > peak_input_bytes_) {
@@ -125,26 +101,17 @@ class Petra : public Algorithm {
   }
 
   absl::Status Forward(StageContext& ctx, int64_t t) {
-    auto in = StageInput(ctx, t);
-    if (!in.ok()) return in.status();
-    torch::Tensor x = in->x, labels = in->labels;
-    v1::TensorProto labels_proto = std::move(in->labels_proto);
-    const auto t0 = std::chrono::steady_clock::now();
+    STAGEWISE_ASSIGN_OR_RETURN(ForwardInput in, StageInput(ctx, t));
     if (ctx.last()) {
       // Algorithm 1, lines 26-32: forward, loss and backward at once; running
       // statistics move in this (only) pass.
-      if (!ctx.first()) x.requires_grad_(true);
-      torch::Tensor loss = torch::cross_entropy_loss(ctx.model().forward(x), labels);
-      loss.backward();
-      ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
+      const double loss = LossBackward(ctx, in);
       ctx.stage_metrics().SetStaleness(0);
-      Accumulate(ctx, loss.item<double>(), labels.size(0));
-      if (ctx.first()) return absl::OkStatus();
-      v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, t, 0);
-      STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "x", x.detach()));
-      STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", x.grad()));
-      return ctx.SendToPrev(std::move(back));
+      Accumulate(ctx, loss, in.labels.size(0));
+      return SendGrad(ctx, t, 0, in.x.grad(), in.x.detach());
     }
+    const auto t0 = std::chrono::steady_clock::now();
+    torch::Tensor x = in.x;
     InFlight& f = inflight_[t];
     f.updates_at_forward = updates_;
     f.batch = x.size(0);
@@ -163,17 +130,12 @@ class Petra : public Algorithm {
     if (verify_) verify_inputs_[t] = std::move(seen);
     ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
     ReportBuffers(ctx);
-    return SendForward(ctx, t, 0, h, labels, std::move(labels_proto));
+    return SendForward(ctx, t, 0, h, in.labels, std::move(in.labels_proto));
   }
 
   absl::Status Backward(StageContext& ctx, int64_t t) {
-    auto msg = ctx.ReceiveFromNext();
-    if (!msg.ok()) return msg.status();
-    STAGEWISE_RETURN_IF_ERROR(ExpectMessage(*msg, v1::StageMessage::BACKWARD, t, 0));
-    auto y = GetTensor(*msg, "x", ctx.device());
-    if (!y.ok()) return y.status();
-    auto grad = GetTensor(*msg, "grad", ctx.device());
-    if (!grad.ok()) return grad.status();
+    torch::Tensor h;  // the rebuilt activation, going down block by block
+    STAGEWISE_ASSIGN_OR_RETURN(torch::Tensor g, ReceiveGrad(ctx, t, 0, &h));
     auto it = inflight_.find(t);
     if (it == inflight_.end()) {
       return absl::InternalError(absl::StrCat("no forward record for mini-batch ", t));
@@ -183,15 +145,9 @@ class Petra : public Algorithm {
     // Both tensors must have the stage's output shape.
     std::vector<int64_t> want = blocks_.back()->info().out_shape;
     want.insert(want.begin(), f.batch);
-    for (const auto& [name, v] : {std::pair<const char*, const torch::Tensor&>{"x", *y},
-                                  std::pair<const char*, const torch::Tensor&>{"grad", *grad}}) {
-      if (!v.sizes().equals(want)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("StageMessage.tensors['", name, "']: shape ", c10::str(v.sizes()),
-                         " does not match the stage output ", c10::str(c10::IntArrayRef(want))));
-      }
-    }
-    torch::Tensor h = *y, g = *grad;
+    STAGEWISE_RETURN_IF_ERROR(CheckOutputShape("x", h.sizes(), want));
+    STAGEWISE_RETURN_IF_ERROR(CheckOutputShape("grad", g.sizes(), want));
+    const int64_t samples = g.size(0);
     double rebuild_time = 0, backward_time = 0;
     for (int i = static_cast<int>(blocks_.size()) - 1; i >= 0; --i) {
       const bool need_input_grad = i > 0 || !ctx.first();
@@ -226,19 +182,10 @@ class Petra : public Algorithm {
     verify_inputs_.erase(t);
     ctx.stage_metrics().ObserveCompute("recompute", rebuild_time);
     ctx.stage_metrics().ObserveCompute("backward", backward_time);
-    const int64_t stale = updates_ - f.updates_at_forward;
-    ctx.stage_metrics().SetStaleness(stale);
-    if (stale > max_staleness_) {
-      max_staleness_ = stale;
-      ctx.Summarize("staleness_steps", static_cast<double>(stale));
-    }
-    Accumulate(ctx, 0.0, grad->size(0));
+    ReportStaleness(ctx, updates_ - f.updates_at_forward, &max_staleness_);
+    Accumulate(ctx, 0.0, samples);
     ReportBuffers(ctx);
-    if (ctx.first()) return absl::OkStatus();
-    v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, t, 0);
-    STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "x", h));
-    STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", g));
-    return ctx.SendToPrev(std::move(back));
+    return SendGrad(ctx, t, 0, g, h);
   }
 
   // Block mode "store" (the planner): the reversible block keeps its input

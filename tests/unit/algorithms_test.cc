@@ -1,0 +1,304 @@
+// Unit tests of the training algorithms on FakeJob (in-memory stages, no
+// gRPC): the registry matches the job-spec schemas; backprop over J fake
+// stages ends with the parameters of a plain single-process loop; petra,
+// features_replay and nwise reduce to backprop where their papers say they
+// do; delayed reports the staleness and buffers docs/algorithms.md documents;
+// malformed gradients and stopped jobs end the algorithm with the right
+// status. The real-process versions of these checks are tests/oracle/.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/job_spec.h"
+#include "services/tensor/codec.h"
+#include "services/training/optimizer.h"
+#include "services/training/reference_trainer.h"
+#include "tests/unit/fake_stage_context.h"
+#include "worker/stage_context.h"
+
+namespace stagewise {
+namespace {
+
+using testing::FakeJob;
+
+// A tiny RevNet (reversible and non-reversible blocks) on synthetic data.
+std::string JobYaml(const std::string& algorithm, int stages, int steps = 4) {
+  return absl::StrCat(R"(name: unit
+seed: 7
+model: {name: revnet, depth: 18, width: 4, blocks: [1, 1, 1, 1]}
+data: {dataset: synthetic, train_size: 64, test_size: 16, shape: [3, 8, 8], classes: 4}
+algorithm: )",
+                      algorithm, R"(
+stages: )",
+                      stages, R"(
+optimizer: {name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 1.0e-4}
+schedule: {name: cosine, warmup_epochs: 0.25}
+batch_size: 16
+steps: )",
+                      steps, R"(
+eval: {every_epochs: 0, at_end: true}
+)");
+}
+
+std::unique_ptr<FakeJob> MakeJob(const std::string& algorithm, int stages, int steps = 4) {
+  auto job = FakeJob::FromYaml(JobYaml(algorithm, stages, steps));
+  EXPECT_TRUE(job.ok()) << job.status();
+  return job.ok() ? std::move(*job) : nullptr;
+}
+
+// Runs every stage; all must succeed.
+void RunAll(FakeJob& job) {
+  std::vector<absl::Status> results = job.Run();
+  for (size_t j = 0; j < results.size(); ++j)
+    EXPECT_TRUE(results[j].ok()) << j << ": " << results[j];
+}
+
+// Parameters of the whole model after plain single-process backprop (the
+// reference trainer's own step) with the schedule the stages use.
+std::vector<torch::Tensor> ReferenceParameters(const std::string& yaml) {
+  auto spec = ParseJobSpec(yaml);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  auto trainer = training::ReferenceTrainer::Create(*spec);
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  auto& t = **trainer;
+  const int64_t per_epoch = t.train_sampler().batches_per_epoch();
+  const double base = training::BaseLearningRate(spec->optimizer, spec->batch_size);
+  for (int64_t s = 0; s < spec->steps; ++s) {
+    t.Step(t.train_sampler().Get(s / per_epoch, s % per_epoch),
+           training::LearningRateAt(spec->schedule, base, s, per_epoch, spec->steps));
+  }
+  std::vector<torch::Tensor> out;
+  for (const auto& p : t.model().parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+void ExpectSameParameters(const std::vector<torch::Tensor>& got,
+                          const std::vector<torch::Tensor>& want, double rtol = 1e-5,
+                          double atol = 1e-6) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(got[i].sizes().equals(want[i].sizes())) << i;
+    EXPECT_TRUE(torch::allclose(got[i], want[i], rtol, atol))
+        << "parameter " << i << ": max diff " << (got[i] - want[i]).abs().max().item<double>();
+  }
+}
+
+double SummaryValue(const testing::FakeStageContext& stage, const std::string& key) {
+  auto summary = stage.summary();
+  auto it = summary.find(key);
+  return it == summary.end() ? -1.0 : it->second;
+}
+
+TEST(AlgorithmRegistryTest, MatchesTheJobSpecSchemas) {
+  std::vector<std::string> registered = worker::RegisteredAlgorithms();
+  std::vector<std::string> known = KnownAlgorithms();
+  std::sort(registered.begin(), registered.end());
+  std::sort(known.begin(), known.end());
+  EXPECT_EQ(registered, known);
+  for (const std::string& name : known) {
+    AlgorithmSpec spec;
+    spec.name = name;
+    ASSERT_TRUE(CompleteAlgorithmSpec(&spec).ok()) << name;
+    auto algorithm = worker::MakeAlgorithm(spec);
+    EXPECT_TRUE(algorithm.ok()) << name << ": " << algorithm.status();
+  }
+  AlgorithmSpec unknown;
+  unknown.name = "no_such_algorithm";
+  EXPECT_EQ(worker::MakeAlgorithm(unknown).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(BackpropTest, OneAndTwoStagesMatchSingleProcessBackprop) {
+  const std::vector<torch::Tensor> want = ReferenceParameters(JobYaml("{name: backprop}", 1));
+  for (int stages : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("J=", stages));
+    auto job = MakeJob("{name: backprop}", stages);
+    ASSERT_NE(job, nullptr);
+    RunAll(*job);
+    ExpectSameParameters(job->Parameters(), want);
+    const auto& last = job->stage(stages - 1);
+    ASSERT_EQ(last.steps().size(), 4u);
+    EXPECT_EQ(last.steps().back().steps_done, 4);
+    EXPECT_EQ(last.steps().back().samples, 16);
+    EXPECT_GT(last.steps().back().loss, 0.0);
+    ASSERT_EQ(last.evals().size(), 1u);  // at_end
+    EXPECT_EQ(last.evals()[0].steps_done, 4);
+    EXPECT_EQ(last.evals()[0].samples, 16);
+  }
+}
+
+TEST(BackpropTest, MicroBatchSchedulesAgree) {
+  // GPipe and 1F1B over two stages accumulate the same micro-batch gradients.
+  auto gpipe = MakeJob("{name: backprop, micro_batches: 3, schedule: gpipe}", 2);
+  auto one_f_one_b = MakeJob("{name: backprop, micro_batches: 3, schedule: 1f1b}", 2);
+  auto recompute = MakeJob("{name: backprop, micro_batches: 3, recompute: true}", 2);
+  ASSERT_TRUE(gpipe && one_f_one_b && recompute);
+  RunAll(*gpipe);
+  RunAll(*one_f_one_b);
+  RunAll(*recompute);
+  ExpectSameParameters(one_f_one_b->Parameters(), gpipe->Parameters());
+  ExpectSameParameters(recompute->Parameters(), gpipe->Parameters());
+}
+
+TEST(PetraTest, OneStageEqualsBackprop) {
+  auto petra = MakeJob("{name: petra}", 1);
+  auto backprop = MakeJob("{name: backprop}", 1);
+  ASSERT_TRUE(petra && backprop);
+  RunAll(*petra);
+  RunAll(*backprop);
+  ExpectSameParameters(petra->Parameters(), backprop->Parameters());
+  EXPECT_EQ(SummaryValue(petra->stage(0), "peak_stashed_parameter_bytes"), 0.0);
+}
+
+TEST(FeaturesReplayTest, OneStageEqualsBackprop) {
+  auto replay = MakeJob("{name: features_replay}", 1);
+  auto backprop = MakeJob("{name: backprop}", 1);
+  ASSERT_TRUE(replay && backprop);
+  RunAll(*replay);
+  RunAll(*backprop);
+  ExpectSameParameters(replay->Parameters(), backprop->Parameters());
+}
+
+TEST(FeaturesReplayTest, TwoStagesReportTheirLag) {
+  auto job = MakeJob("{name: features_replay}", 2);
+  ASSERT_NE(job, nullptr);
+  RunAll(*job);
+  EXPECT_EQ(SummaryValue(job->stage(0), "staleness_steps"), 1.0);
+  EXPECT_EQ(SummaryValue(job->stage(1), "staleness_steps"), 0.0);
+  EXPECT_EQ(SummaryValue(job->stage(0), "peak_inputs"), 2.0);  // J - j inputs
+}
+
+TEST(NwiseTest, NEqualToStagesIsBackprop) {
+  auto nwise = MakeJob("{name: nwise, n: 2}", 2);
+  auto backprop = MakeJob("{name: backprop}", 2);
+  ASSERT_TRUE(nwise && backprop);
+  RunAll(*nwise);
+  RunAll(*backprop);
+  ExpectSameParameters(nwise->Parameters(), backprop->Parameters());
+  EXPECT_EQ(SummaryValue(nwise->stage(0), "aux_head_parameters"), -1.0);  // no aux head
+}
+
+TEST(DelayedTest, TwoStagesReportStalenessAndBuffers) {
+  auto job = MakeJob("{name: delayed}", 2, 6);
+  ASSERT_NE(job, nullptr);
+  RunAll(*job);
+  // Stage 0 keeps d_0 = 2(J-1)+1 = 3 mini-batches in flight, 2 steps stale.
+  EXPECT_EQ(SummaryValue(job->stage(0), "staleness_steps"), 2.0);
+  EXPECT_EQ(SummaryValue(job->stage(0), "peak_inputs"), 3.0);
+  EXPECT_EQ(SummaryValue(job->stage(0), "peak_stashed_versions"), 3.0);
+  EXPECT_GT(SummaryValue(job->stage(0), "peak_stashed_parameter_bytes"), 0.0);
+  // The last stage steps at once: never stale, nothing held.
+  EXPECT_LE(SummaryValue(job->stage(1), "staleness_steps"), 0.0);
+  EXPECT_LE(SummaryValue(job->stage(1), "peak_inputs"), 0.0);
+  EXPECT_EQ(job->stage(1).steps().size(), 6u);
+  EXPECT_EQ(job->stage(0).steps().size(), 6u);
+}
+
+TEST(DelayedTest, MaxInFlightCapsTheDepth) {
+  auto job = MakeJob("{name: delayed, max_in_flight: 2, weights: current}", 2, 6);
+  ASSERT_NE(job, nullptr);
+  RunAll(*job);
+  EXPECT_EQ(SummaryValue(job->stage(0), "peak_inputs"), 2.0);
+  EXPECT_EQ(SummaryValue(job->stage(0), "staleness_steps"), 1.0);
+  EXPECT_EQ(SummaryValue(job->stage(0), "peak_stashed_versions"), 0.0);
+}
+
+// Stage 0 of a two-stage job, with stage 1 played by the test: a BACKWARD
+// message whose tensor has the wrong shape is rejected, naming the tensor.
+struct BadGradientCase {
+  std::string algorithm;
+  std::string tensor;  // the one the error must name
+};
+
+class BadGradientTest : public ::testing::TestWithParam<BadGradientCase> {};
+
+TEST_P(BadGradientTest, IsInvalidArgumentNamingTheTensor) {
+  auto job = MakeJob(GetParam().algorithm, 2);
+  ASSERT_NE(job, nullptr);
+  v1::StageMessage back;
+  back.set_kind(v1::StageMessage::BACKWARD);
+  back.set_step(0);
+  back.set_micro_batch(0);
+  back.set_origin_stage(1);  // nwise: the last stage's loss
+  const torch::Tensor wrong = torch::zeros({16, 1, 2, 2});
+  ASSERT_TRUE(EncodeTensor(wrong, &(*back.mutable_tensors())["grad"]).ok());
+  ASSERT_TRUE(EncodeTensor(wrong, &(*back.mutable_tensors())["x"]).ok());
+  ASSERT_TRUE(job->backward_queue(0).Push(back));
+  std::vector<absl::Status> results = job->Run({0});
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kInvalidArgument) << results[0];
+  EXPECT_NE(results[0].message().find("tensors['" + GetParam().tensor + "']"), std::string::npos)
+      << results[0];
+  EXPECT_NE(results[0].message().find("does not match"), std::string::npos) << results[0];
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, BadGradientTest,
+                         ::testing::Values(BadGradientCase{"{name: backprop}", "grad"},
+                                           BadGradientCase{"{name: delayed}", "grad"},
+                                           BadGradientCase{"{name: features_replay}", "grad"},
+                                           BadGradientCase{"{name: petra}", "x"},
+                                           BadGradientCase{"{name: nwise, n: 2}", "grad"}));
+
+TEST(MissingGradientTest, IsInvalidArgument) {
+  auto job = MakeJob("{name: backprop}", 2);
+  ASSERT_NE(job, nullptr);
+  v1::StageMessage back;
+  back.set_kind(v1::StageMessage::BACKWARD);
+  ASSERT_TRUE(job->backward_queue(0).Push(back));
+  std::vector<absl::Status> results = job->Run({0});
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kInvalidArgument) << results[0];
+  EXPECT_NE(results[0].message().find("missing 'grad'"), std::string::npos) << results[0];
+}
+
+// A stopped job ends every algorithm with CANCELLED, whether it was blocked on
+// a peer or checking Interrupted() between steps.
+class CancelTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CancelTest, StoppedJobEndsTheAlgorithm) {
+  {
+    // Stage 0 alone: it blocks waiting for stage 1, which never answers.
+    auto job = MakeJob(GetParam(), 2, 1000);
+    ASSERT_NE(job, nullptr);
+    std::thread stopper([&job] {
+      // Wait until stage 0 has sent something, then stop the job.
+      auto first = job->forward_queue(0).Pop();
+      EXPECT_TRUE(first.has_value());
+      job->Stop(absl::CancelledError("job cancelled"));
+    });
+    std::vector<absl::Status> results = job->Run({0});
+    stopper.join();
+    EXPECT_EQ(results[0].code(), absl::StatusCode::kCancelled) << results[0];
+  }
+  {
+    // A single stage never blocks: Interrupted() stops it.
+    auto job = MakeJob(GetParam(), 1, 1000);
+    ASSERT_NE(job, nullptr);
+    job->Stop(absl::CancelledError("job cancelled"));
+    std::vector<absl::Status> results = job->Run();
+    EXPECT_EQ(results[0].code(), absl::StatusCode::kCancelled) << results[0];
+    EXPECT_TRUE(job->stage(0).steps().empty());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, CancelTest,
+                         ::testing::Values("{name: backprop}", "{name: delayed}", "{name: petra}",
+                                           "{name: features_replay}", "{name: nwise, n: 1}",
+                                           "{name: auxnet}"));
+
+TEST(AuxNetTest, TwoStagesTrainAndReport) {
+  auto job = MakeJob("{name: auxnet, beta: 1.0, aux_lr: 0.01, serial_loss_every: 2}", 2);
+  ASSERT_NE(job, nullptr);
+  RunAll(*job);
+  EXPECT_GT(SummaryValue(job->stage(1), "auxnet_parameters"), 0.0);
+  EXPECT_EQ(SummaryValue(job->stage(0), "auxnet_parameters"), -1.0);
+  EXPECT_GE(SummaryValue(job->stage(1), "serial_train_loss"), 0.0);
+  EXPECT_EQ(job->stage(1).steps().size(), 4u);
+  for (const auto& p : job->Parameters()) EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
+}
+
+}  // namespace
+}  // namespace stagewise

@@ -1,0 +1,156 @@
+// An in-process stand-in for StageRuntime, for unit tests of the training
+// algorithms without gRPC: a FakeJob holds the J stages of one job (model
+// slice, optimizer, schedule, synthetic data on stage 0, metrics) connected by
+// in-memory bounded queues, and runs each stage's algorithm on its own thread.
+// Learning rate, evaluation policy and training batches follow
+// worker/stage_runtime.cc for the job's first phase. A test may run only some
+// stages and play the others itself through the queues (Forward/Backward).
+#ifndef STAGEWISE_TESTS_UNIT_FAKE_STAGE_CONTEXT_H_
+#define STAGEWISE_TESTS_UNIT_FAKE_STAGE_CONTEXT_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "services/common/bounded_queue.h"
+#include "services/common/job_spec.h"
+#include "services/data/dataset.h"
+#include "services/metrics/metrics.h"
+#include "worker/stage_context.h"
+
+namespace stagewise::testing {
+
+using MessageQueue = BoundedQueue<v1::StageMessage>;
+
+// What the last stage reported through ReportStep / ReportEval.
+struct StepReport {
+  int64_t steps_done = 0;
+  double loss = 0;
+  int64_t samples = 0;
+};
+struct EvalReport {
+  int64_t steps_done = 0;
+  double loss = 0;
+  double accuracy = 0;
+  int64_t samples = 0;
+};
+
+class FakeJob;
+
+class FakeStageContext : public worker::StageContext {
+ public:
+  const JobSpec& spec() const override { return spec_; }
+  const std::string& job_id() const override { return job_id_; }
+  int stage() const override { return stage_; }
+  int num_stages() const override { return num_stages_; }
+  models::Model& model() override { return *model_; }
+  torch::optim::Optimizer& optimizer() override { return *optimizer_; }
+  torch::Device device() const override { return torch::kCPU; }
+  const std::vector<models::BlockMode>& block_modes() const override { return block_modes_; }
+  int64_t steps_per_epoch() const override { return steps_per_epoch_; }
+  int64_t total_steps() const override { return total_steps_; }
+  double LearningRate(int64_t step) const override;
+  bool EvalDue(int64_t steps_done) const override;
+  data::Batch TrainBatch(int64_t step) const override;
+  const data::BatchSampler& train_batches() const override { return *train_; }
+  const data::BatchSampler& test_batches() const override { return *test_; }
+  absl::StatusOr<v1::StageMessage> ReceiveFromPrev() override;
+  absl::StatusOr<v1::StageMessage> ReceiveFromNext() override;
+  absl::Status SendToNext(v1::StageMessage message) override;
+  absl::Status SendToPrev(v1::StageMessage message) override;
+  absl::Status Interrupted() const override;
+  void ReportStep(int64_t steps_done, double train_loss, int64_t samples) override;
+  void ReportEval(int64_t steps_done, double loss, double accuracy, int64_t samples) override;
+  metrics::StageMetrics& stage_metrics() override { return *metrics_; }
+  void Summarize(const std::string& key, double value) override;
+
+  // What the algorithm left behind, for assertions.
+  std::map<std::string, double> summary() const;
+  std::vector<StepReport> steps() const;
+  std::vector<EvalReport> evals() const;
+  void set_block_modes(std::vector<models::BlockMode> modes) { block_modes_ = std::move(modes); }
+
+ private:
+  friend class FakeJob;
+  FakeStageContext() = default;
+  absl::StatusOr<v1::StageMessage> Receive(MessageQueue* queue);
+
+  FakeJob* job_ = nullptr;
+  JobSpec spec_;
+  std::string job_id_ = "fake-job";
+  int stage_ = 0;
+  int num_stages_ = 1;
+  std::shared_ptr<models::Model> model_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::vector<models::BlockMode> block_modes_;
+  int64_t steps_per_epoch_ = 1;
+  int64_t total_steps_ = 0;
+  double base_lr_ = 0;
+  const data::BatchSampler* train_ = nullptr;  // stage 0 only; owned by the job
+  const data::BatchSampler* test_ = nullptr;
+  MessageQueue* from_prev_ = nullptr;  // owned by the job; null at the ends
+  MessageQueue* from_next_ = nullptr;
+  MessageQueue* to_next_ = nullptr;
+  MessageQueue* to_prev_ = nullptr;
+  std::unique_ptr<metrics::StageMetrics> metrics_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, double> summary_ ABSL_GUARDED_BY(mu_);
+  std::vector<StepReport> steps_ ABSL_GUARDED_BY(mu_);
+  std::vector<EvalReport> evals_ ABSL_GUARDED_BY(mu_);
+};
+
+class FakeJob {
+ public:
+  // Builds every stage of `spec` (its first phase) on the CPU.
+  static absl::StatusOr<std::unique_ptr<FakeJob>> Create(const JobSpec& spec,
+                                                         size_t queue_capacity = 64);
+  // Parses `yaml` first.
+  static absl::StatusOr<std::unique_ptr<FakeJob>> FromYaml(const std::string& yaml,
+                                                           size_t queue_capacity = 64);
+  ~FakeJob();
+
+  int num_stages() const { return static_cast<int>(stages_.size()); }
+  FakeStageContext& stage(int j) { return *stages_.at(j); }
+
+  // Runs the spec's algorithm on `stages` (all when empty), each on its own
+  // thread, until every one returns; returns each one's status in order. A
+  // stage that fails stops the job (the others get its status), as in the
+  // runtime. Call once.
+  std::vector<absl::Status> Run(std::vector<int> stages = {});
+
+  // Stops the job: Interrupted() and blocked receives answer `why`.
+  void Stop(const absl::Status& why);
+
+  // The queues between stage j and j+1, for tests that play a stage: FORWARD
+  // (and EVAL, AUX) messages stage j sent up, and BACKWARD messages for j.
+  MessageQueue& forward_queue(int j) { return *forward_.at(j); }
+  MessageQueue& backward_queue(int j) { return *backward_.at(j); }
+
+  // Parameters of every stage in order, detached copies (comparable with the
+  // whole model's parameters(), which list blocks in the same order).
+  std::vector<torch::Tensor> Parameters() const;
+
+ private:
+  friend class FakeStageContext;
+  FakeJob() = default;
+  absl::Status failure() const;
+
+  std::unique_ptr<metrics::MetricsServer> metrics_server_;
+  data::Datasets data_;
+  std::unique_ptr<data::BatchSampler> train_, test_;
+  std::vector<std::unique_ptr<MessageQueue>> forward_, backward_;
+  std::vector<std::unique_ptr<FakeStageContext>> stages_;
+  mutable absl::Mutex mu_;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace stagewise::testing
+
+#endif  // STAGEWISE_TESTS_UNIT_FAKE_STAGE_CONTEXT_H_
