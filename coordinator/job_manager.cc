@@ -1,13 +1,12 @@
 #include "coordinator/job_manager.h"
 
 #include <algorithm>
-#include <cmath>
-#include <iostream>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
-#include "services/planner/planner.h"
+#include "absl/synchronization/notification.h"
+#include "services/common/log.h"
+#include "services/common/status_macros.h"
 #include "services/data/sizes.h"
 #include "services/models/plan.h"
 
@@ -15,6 +14,13 @@ namespace stagewise::coordinator {
 namespace {
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+v1::Command StartCommand(const std::string& job_id, int phase) {
+  v1::Command start;
+  start.mutable_start()->set_job_id(job_id);
+  start.mutable_start()->set_phase(phase);
+  return start;
+}
 
 }  // namespace
 
@@ -24,72 +30,153 @@ JobManager::JobManager(JobStore* store, metrics::CoordinatorMetrics* metrics,
 
 JobManager::~JobManager() { Stop(); }
 
+// --- Start, Stop and the loop ---------------------------------------------
+
 absl::Status JobManager::Start() {
-  auto unfinished = store_->UnfinishedJobs();
-  if (!unfinished.ok()) return unfinished.status();
-  absl::MutexLock lock(&mu_);
-  for (const JobRecord& rec : *unfinished) {
+  STAGEWISE_ASSIGN_OR_RETURN(std::vector<JobRecord> unfinished, store_->UnfinishedJobs());
+  // No loop yet: this thread owns the loop's state until the loop starts.
+  for (const JobRecord& rec : unfinished) {
     const std::string& id = rec.status.job_id();
-    statuses_[id] = rec.status;
     if (rec.status.state() == v1::PENDING) {
       auto spec = ParseJobSpec(rec.spec_yaml);
-      auto plan = spec.ok() ? models::PlanModel(spec->model)
-                            : absl::StatusOr<std::vector<models::BlockInfo>>(spec.status());
-      auto ranges = plan.ok()
-                        ? models::ResolvePartition(spec->stages, static_cast<int>(plan->size()))
-                        : absl::StatusOr<std::vector<std::pair<int, int>>>(plan.status());
+      auto blocks = spec.ok() ? models::PlanModel(spec->model)
+                              : absl::StatusOr<std::vector<models::BlockInfo>>(spec.status());
+      auto ranges = blocks.ok()
+                        ? models::ResolvePartition(spec->stages, static_cast<int>(blocks->size()))
+                        : absl::StatusOr<std::vector<std::pair<int, int>>>(blocks.status());
       if (ranges.ok()) {
-        active_[id] = NewActiveJob(*spec, rec.spec_yaml, *plan, *ranges);
-        pending_.push_back(id);
+        Job job = NewJob(rec.status, *spec, rec.spec_yaml, *blocks, *ranges);
+        scheduler_.Enqueue({id, static_cast<int>(job.ranges.size()), job.needs_plan});
+        jobs_.emplace(id, std::move(job));
+        Publish(rec.status, "");
         continue;
       }
-      TransitionLocked(id, v1::FAILED, std::string(ranges.status().message()));
+      (void)Transition(id, v1::FAILED, std::string(ranges.status().message()));
       continue;
     }
     // Recovery from checkpoints arrives with a later version; until then a job
     // interrupted by a coordinator restart ends here, with the reason kept.
-    TransitionLocked(id, v1::FAILED,
+    (void)Transition(id, v1::FAILED,
                      absl::StrCat("the coordinator restarted while the job was ",
                                   v1::JobState_Name(rec.status.state())));
   }
-  housekeeping_ = std::thread([this] { Housekeeping(); });
+  RefreshGauges();
+  {
+    absl::MutexLock lock(&queue_mu_);
+    if (running_ || stopping_) return absl::FailedPreconditionError("JobManager: started twice");
+    running_ = true;
+  }
+  loop_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
 }
 
 void JobManager::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&queue_mu_);
     if (stopping_) return;
     stopping_ = true;
   }
-  if (housekeeping_.joinable()) housekeeping_.join();
+  if (loop_.joinable()) loop_.join();
 }
 
-void JobManager::Housekeeping() {
+bool JobManager::Post(Task task) {
+  absl::MutexLock lock(&queue_mu_);
+  if (!running_ || stopping_) return false;
+  // The loop itself never waits for room (it is the one making room).
+  if (std::this_thread::get_id() != loop_id_) {
+    queue_mu_.Await(absl::Condition(this, &JobManager::HasRoomLocked));
+    if (stopping_) return false;
+  }
+  queue_.push_back(std::move(task));
+  return true;
+}
+
+bool JobManager::RunOnLoop(Task task) {
+  bool on_loop = false;
+  {
+    absl::MutexLock lock(&queue_mu_);
+    on_loop = running_ && std::this_thread::get_id() == loop_id_;
+  }
+  if (on_loop) {
+    task();
+    return true;
+  }
+  auto done = std::make_shared<absl::Notification>();
+  if (!Post([task = std::move(task), done] {
+        task();
+        done->Notify();
+      })) {
+    return false;
+  }
+  // Stop runs every task queued before it, so this always returns.
+  done->WaitForNotification();
+  return true;
+}
+
+void JobManager::Loop() {
+  {
+    absl::MutexLock lock(&queue_mu_);
+    loop_id_ = std::this_thread::get_id();
+  }
   for (;;) {
+    const absl::Time deadline = NextDeadline();
+    std::deque<Task> tasks;
+    bool stopping = false;
     {
-      absl::MutexLock lock(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.housekeeping)) return;
-      const absl::Time now = absl::Now();
-      std::vector<std::string> lost;
-      for (const auto& [id, w] : workers_) {
-        if (now - w.last_seen > options_.heartbeat_timeout) lost.push_back(id);
-      }
-      for (const std::string& id : lost) {
-        CommandSink* sink = workers_[id].sink;
-        WorkerLostLocked(id, absl::StrCat("no heartbeat for ",
-                                          absl::FormatDuration(options_.heartbeat_timeout)));
-        if (sink != nullptr) sink->Close(absl::UnavailableError("missed heartbeats"));
-      }
-      RefreshGaugesLocked();
+      absl::MutexLock lock(&queue_mu_);
+      queue_mu_.AwaitWithDeadline(absl::Condition(this, &JobManager::HasWorkLocked), deadline);
+      tasks.swap(queue_);
+      stopping = stopping_;
     }
+    for (Task& task : tasks) {
+      task();
+      ScheduleIfNeeded();
+      if (absl::Now() >= flush_due_) FlushProgress();
+    }
+    Housekeeping(absl::Now());
+    ScheduleIfNeeded();
+    bool idle = false;
+    {
+      absl::MutexLock lock(&queue_mu_);
+      idle = queue_.empty();
+    }
+    if (idle) FlushProgress();  // the queue ran dry: write the batch now
+    RefreshGauges();
+    if (stopping && idle) break;
+  }
+  FlushProgress();
+}
+
+absl::Time JobManager::NextDeadline() const {
+  absl::Time deadline = absl::Now() + options_.housekeeping;
+  // Expire() needs strictly more than the timeout of silence.
+  deadline =
+      std::min(deadline, registry_.NextExpiry(options_.heartbeat_timeout) + absl::Milliseconds(1));
+  deadline = std::min(deadline, flush_due_);
+  if (!metrics_expiry_.empty()) deadline = std::min(deadline, metrics_expiry_.front().first);
+  return deadline;
+}
+
+void JobManager::Housekeeping(absl::Time now) {
+  for (const WorkerRegistry::Removed& lost : registry_.Expire(now, options_.heartbeat_timeout)) {
+    OnWorkerLost(
+        lost, absl::StrCat("no heartbeat for ", absl::FormatDuration(options_.heartbeat_timeout)));
+  }
+  if (now >= flush_due_) FlushProgress();
+  while (!metrics_expiry_.empty() && metrics_expiry_.front().first <= now) {
+    metrics_->RemoveJob(metrics_expiry_.front().second);
+    metrics_expiry_.pop_front();
   }
 }
 
-JobManager::ActiveJob JobManager::NewActiveJob(const JobSpec& spec, const std::string& yaml,
-                                               const std::vector<models::BlockInfo>& blocks,
-                                               const std::vector<std::pair<int, int>>& ranges) {
-  ActiveJob job;
+// --- Clients ----------------------------------------------------------------
+
+JobManager::Job JobManager::NewJob(const v1::JobStatus& status, const JobSpec& spec,
+                                   const std::string& yaml,
+                                   const std::vector<models::BlockInfo>& blocks,
+                                   const std::vector<std::pair<int, int>>& ranges) {
+  Job job;
+  job.status = status;
   job.spec = spec;
   job.yaml = yaml;
   job.ranges = ranges;
@@ -101,8 +188,9 @@ JobManager::ActiveJob JobManager::NewActiveJob(const JobSpec& spec, const std::s
   if (!job.needs_plan && reversible && spec.stages.modes != "auto") {
     for (const auto& [b, e] : ranges) {
       std::vector<std::string> modes;
-      for (int i = b; i < e; ++i)
+      for (int i = b; i < e; ++i) {
         modes.push_back(blocks[i].reversible ? spec.stages.modes : "store");
+      }
       job.modes.push_back(std::move(modes));
     }
   }
@@ -110,106 +198,114 @@ JobManager::ActiveJob JobManager::NewActiveJob(const JobSpec& spec, const std::s
 }
 
 absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml) {
-  auto spec = ParseJobSpec(yaml);
-  if (!spec.ok()) return spec.status();
+  STAGEWISE_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(yaml));
   // ParseJobSpec accepts only the algorithms of the schema table
   // (services/common/job_spec.cc), which is also what workers construct.
-  auto plan = models::PlanModel(spec->model);
-  if (!plan.ok()) return plan.status();
-  auto ranges = models::ResolvePartition(spec->stages, static_cast<int>(plan->size()));
-  if (!ranges.ok()) return ranges.status();
-  const int64_t per_epoch = data::NominalTrainSize(spec->data) / spec->batch_size;
+  STAGEWISE_ASSIGN_OR_RETURN(std::vector<models::BlockInfo> blocks, models::PlanModel(spec.model));
+  STAGEWISE_ASSIGN_OR_RETURN(
+      auto ranges, models::ResolvePartition(spec.stages, static_cast<int>(blocks.size())));
+  const int64_t per_epoch = data::NominalTrainSize(spec.data) / spec.batch_size;
   if (per_epoch < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("batch_size: ", spec->batch_size, " is larger than the training set"));
+        absl::StrCat("batch_size: ", spec.batch_size, " is larger than the training set"));
+  }
+  {
+    absl::MutexLock lock(&queue_mu_);
+    if (!running_ || stopping_) {
+      return absl::UnavailableError("the coordinator is not running (starting or shutting down)");
+    }
   }
   JobRecord record;
   record.spec_yaml = yaml;
   v1::JobStatus& st = record.status;
   st.set_job_id(store_->NewJobId());
-  st.set_name(spec->name);
+  st.set_name(spec.name);
   st.set_state(v1::PENDING);
-  st.set_algorithm(spec->algorithm.name);
-  {
-    const std::vector<PhaseSpec> phases = Phases(*spec);
-    st.set_num_phases(static_cast<int>(phases.size()));
-    st.set_phase(0);
-    st.set_phase_name(phases.front().name);
-  }
-  st.set_num_stages(static_cast<int>(ranges->size()));
-  st.set_total_steps(data::TotalSteps(*spec, per_epoch));
+  st.set_algorithm(spec.algorithm.name);
+  const std::vector<PhaseSpec> phases = Phases(spec);
+  st.set_num_phases(static_cast<int>(phases.size()));
+  st.set_phase(0);
+  st.set_phase_name(phases.front().name);
+  st.set_num_stages(static_cast<int>(ranges.size()));
+  st.set_total_steps(data::TotalSteps(spec, per_epoch));
   st.set_created_unix_ms(NowMs());
   st.set_updated_unix_ms(st.created_unix_ms());
-  if (absl::Status s = store_->CreateJob(record); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
-  active_[st.job_id()] = NewActiveJob(*spec, yaml, *plan, *ranges);
-  statuses_[st.job_id()] = st;
-  pending_.push_back(st.job_id());
-  metrics_->CountTransition("PENDING");
-  ScheduleLocked();
+  // The one durable write of a submission, on the caller's thread, no lock held.
+  STAGEWISE_RETURN_IF_ERROR(store_->CreateJob(record));
+  Publish(st, "");  // visible to GetJob / WatchJob before the id is returned
+  Job job = NewJob(st, spec, yaml, blocks, ranges);
+  if (!Post([this, job = std::move(job)]() mutable { Admit(std::move(job)); })) {
+    // Stopping: the job stays PENDING in the store; the next Start queues it.
+    STAGEWISE_LOG(WARNING) << "job " << st.job_id() << " submitted while stopping; kept PENDING";
+  }
   return st.job_id();
+}
+
+void JobManager::Admit(Job job) {
+  const std::string id = job.status.job_id();
+  metrics_->CountTransition("PENDING");
+  scheduler_.Enqueue({id, static_cast<int>(job.ranges.size()), job.needs_plan && !job.planned});
+  jobs_.emplace(id, std::move(job));
+  schedule_needed_ = true;
 }
 
 absl::StatusOr<v1::JobStatus> JobManager::GetJob(const std::string& job_id) const {
   {
-    absl::MutexLock lock(&mu_);
-    auto it = statuses_.find(job_id);
-    if (it != statuses_.end()) return it->second;
+    absl::MutexLock lock(&view_mu_);
+    auto it = view_.find(job_id);
+    if (it != view_.end()) return it->second;
   }
-  auto rec = store_->GetJob(job_id);
-  if (!rec.ok()) return rec.status();
-  return rec->status;
+  STAGEWISE_ASSIGN_OR_RETURN(JobRecord rec, store_->GetJob(job_id));
+  return rec.status;
 }
 
 absl::StatusOr<std::vector<v1::JobStatus>> JobManager::ListJobs(int limit) const {
-  return store_->ListJobs(limit);
+  STAGEWISE_ASSIGN_OR_RETURN(std::vector<v1::JobStatus> jobs, store_->ListJobs(limit));
+  // Live jobs' progress may be newer than its last batched write.
+  absl::MutexLock lock(&view_mu_);
+  for (v1::JobStatus& job : jobs) {
+    auto it = view_.find(job.job_id());
+    if (it != view_.end()) job = it->second;
+  }
+  return jobs;
 }
 
 absl::StatusOr<v1::JobStatus> JobManager::Cancel(const std::string& job_id,
                                                  const std::string& reason) {
   const std::string why = reason.empty() ? "cancelled by the user" : reason;
-  absl::MutexLock lock(&mu_);
-  auto it = statuses_.find(job_id);
-  if (it == statuses_.end()) {
-    auto rec = store_->GetJob(job_id);  // finished (or unknown: NOT_FOUND)
-    if (!rec.ok()) return rec.status();
-    return rec->status;
-  }
-  if (it->second.state() == v1::PENDING) {
-    pending_.erase(std::remove(pending_.begin(), pending_.end(), job_id), pending_.end());
-    active_.erase(job_id);
-    TransitionLocked(job_id, v1::CANCELLED, why);
-  } else {
-    EndJobLocked(job_id, v1::CANCELLED, why);
-  }
-  auto rec = store_->GetJob(job_id);
-  if (!rec.ok()) return rec.status();
-  return rec->status;
+  absl::StatusOr<v1::JobStatus> result = absl::UnavailableError("the coordinator is stopping");
+  RunOnLoop([&] { result = CancelJob(job_id, why); });
+  return result;
 }
 
-std::vector<v1::WorkerInfo> JobManager::ListWorkers() const {
-  absl::MutexLock lock(&mu_);
-  std::vector<v1::WorkerInfo> out;
-  for (const auto& [id, w] : workers_) {
-    v1::WorkerInfo info = w.info;
-    (*info.mutable_labels())["state"] =
-        w.sink == nullptr ? "registering" : (w.job_id.empty() ? "idle" : "busy");
-    if (!w.job_id.empty()) {
-      (*info.mutable_labels())["job"] = w.job_id;
-      (*info.mutable_labels())["stage"] = std::to_string(w.stage);
-    }
-    out.push_back(std::move(info));
-  }
-  return out;
+absl::StatusOr<v1::JobStatus> JobManager::CancelJob(const std::string& job_id,
+                                                    const std::string& reason) {
+  if (jobs_.count(job_id)) EndJob(job_id, v1::CANCELLED, reason);
+  // Finished (or unknown: NOT_FOUND) jobs answer with their stored status.
+  STAGEWISE_ASSIGN_OR_RETURN(JobRecord rec, store_->GetJob(job_id));
+  return rec.status;
 }
+
+std::vector<v1::WorkerInfo> JobManager::ListWorkers() const { return registry_.List(); }
 
 absl::StatusOr<int64_t> JobManager::Subscribe(const std::string& job_id, Listener listener) {
-  auto current = GetJob(job_id);
-  if (!current.ok()) return current.status();
-  absl::MutexLock lock(&mu_);
-  auto it = statuses_.find(job_id);
   v1::JobEvent first;
-  *first.mutable_status() = it != statuses_.end() ? it->second : *current;
+  {
+    absl::MutexLock lock(&view_mu_);
+    auto it = view_.find(job_id);
+    if (it != view_.end()) {
+      *first.mutable_status() = it->second;
+      listener(first);
+      const int64_t id = next_subscription_++;
+      listeners_[id] = {job_id, std::move(listener)};
+      return id;
+    }
+  }
+  // Not live: finished (its last event is its stored status) or unknown.
+  STAGEWISE_ASSIGN_OR_RETURN(JobRecord rec, store_->GetJob(job_id));
+  absl::MutexLock lock(&view_mu_);
+  auto it = view_.find(job_id);
+  *first.mutable_status() = it != view_.end() ? it->second : rec.status;
   listener(first);
   const int64_t id = next_subscription_++;
   listeners_[id] = {job_id, std::move(listener)};
@@ -217,26 +313,33 @@ absl::StatusOr<int64_t> JobManager::Subscribe(const std::string& job_id, Listene
 }
 
 void JobManager::Unsubscribe(int64_t subscription) {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&view_mu_);
   listeners_.erase(subscription);
 }
 
+void JobManager::Publish(const v1::JobStatus& status, const std::string& message) {
+  v1::JobEvent event;
+  *event.mutable_status() = status;
+  event.set_message(message);
+  absl::MutexLock lock(&view_mu_);
+  if (IsTerminal(status.state())) {
+    view_.erase(status.job_id());
+  } else {
+    view_[status.job_id()] = status;
+  }
+  for (auto& [id, entry] : listeners_) {
+    if (entry.first == status.job_id()) entry.second(event);
+  }
+}
+
+// --- Workers (gRPC threads) ------------------------------------------------
+
 absl::StatusOr<v1::RegisterWorkerResponse> JobManager::Register(const v1::WorkerInfo& info) {
-  if (info.address().empty()) {
-    return absl::InvalidArgumentError("WorkerInfo.address: empty");
+  std::optional<WorkerRegistry::Removed> replaced;
+  STAGEWISE_ASSIGN_OR_RETURN(std::string id, registry_.Register(info, absl::Now(), &replaced));
+  if (replaced.has_value()) {
+    Post([this, lost = *replaced] { OnWorkerLost(lost, "it registered again (restarted?)"); });
   }
-  absl::MutexLock lock(&mu_);
-  std::string id = info.worker_id().empty() ? info.address() : info.worker_id();
-  if (workers_.count(id)) {
-    // The same worker came back (restart): its old stream and job are gone.
-    CommandSink* old = workers_[id].sink;
-    WorkerLostLocked(id, "it registered again (restarted?)");
-    if (old != nullptr) old->Close(absl::AbortedError("replaced by a new registration"));
-  }
-  Worker& w = workers_[id];
-  w.info = info;
-  w.info.set_worker_id(id);
-  w.last_seen = absl::Now();
   v1::RegisterWorkerResponse resp;
   resp.set_worker_id(id);
   resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
@@ -244,367 +347,310 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::Register(const v1::Worker
 }
 
 absl::Status JobManager::Connect(const std::string& worker_id, CommandSink* sink) {
-  absl::MutexLock lock(&mu_);
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("WorkerEvent.worker_id: '", worker_id, "' is not registered"));
-  }
-  it->second.sink = sink;
-  it->second.last_seen = absl::Now();
-  ScheduleLocked();
-  RefreshGaugesLocked();
+  STAGEWISE_RETURN_IF_ERROR(registry_.Connect(worker_id, sink, absl::Now()));
+  Post([this] { schedule_needed_ = true; });
   return absl::OkStatus();
 }
 
 void JobManager::Disconnect(const std::string& worker_id, CommandSink* sink,
                             const absl::Status& why) {
-  absl::MutexLock lock(&mu_);
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end() || it->second.sink != sink) return;
-  WorkerLostLocked(worker_id, absl::StrCat("its control stream closed (", why.message(), ")"));
-}
-
-void JobManager::WorkerLostLocked(const std::string& worker_id, const std::string& why) {
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end()) return;
-  const std::string job = it->second.job_id;
-  const int stage = it->second.stage;
-  workers_.erase(it);
-  std::cerr << "coordinator: lost worker " << worker_id << ": " << why << "\n";
-  if (!job.empty()) {
-    EndJobLocked(job, v1::FAILED,
-                 absl::StrCat("lost worker ", worker_id, " (stage ", stage, "): ", why));
-  }
-  RefreshGaugesLocked();
+  std::optional<WorkerRegistry::Removed> removed = registry_.Disconnect(worker_id, sink);
+  if (!removed.has_value()) return;
+  Post([this, lost = *removed, why = std::string(why.message())] {
+    OnWorkerLost(lost, absl::StrCat("its control stream closed (", why, ")"));
+  });
 }
 
 void JobManager::OnEvent(const v1::WorkerEvent& event) {
-  absl::MutexLock lock(&mu_);
-  auto wit = workers_.find(event.worker_id());
-  if (wit == workers_.end()) return;
-  wit->second.last_seen = absl::Now();
+  if (!registry_.Touch(event.worker_id(), absl::Now())) return;
   switch (event.event_case()) {
-    case v1::WorkerEvent::kAck: {
-      for (auto& [id, job] : active_) {
-        if (job.pending_acks.erase(event.ack().command_id()) == 0) continue;
-        if (job.pending_acks.empty() && statuses_[id].state() == v1::CONFIGURING) {
-          if (!TransitionLocked(id, v1::RUNNING, "")) break;
-          job.started = absl::Now();
-          job.last_step_time = job.started;
-          for (size_t j = 0; j < job.workers.size(); ++j) {
-            v1::Command start;
-            start.mutable_start()->set_job_id(id);
-            SendLocked(job.workers[j], std::move(start));
-          }
-        }
-        break;
-      }
-      return;
-    }
-    case v1::WorkerEvent::kMetrics: {
-      const v1::MetricsReport& m = event.metrics();
-      auto jit = active_.find(m.job_id());
-      if (jit == active_.end()) return;
-      ActiveJob& job = jit->second;
-      v1::JobStatus st = statuses_[m.job_id()];
-      std::vector<MetricPoint> points;
-      const int64_t now_ms = NowMs();
-      const bool last_stage = m.stage() == static_cast<int>(job.workers.size()) - 1;
-      if (last_stage && m.values().count("train_loss")) {
-        st.set_step(m.step());
-        const int64_t per_epoch = data::NominalTrainSize(job.spec.data) / job.spec.batch_size;
-        st.set_epoch(static_cast<int>(m.step() / std::max<int64_t>(1, per_epoch)));
-        st.set_train_loss(m.values().at("train_loss"));
-        const double seconds = absl::ToDoubleSeconds(absl::Now() - job.started);
-        if (seconds > 0) {
-          st.set_samples_per_second(static_cast<double>(m.step() * job.spec.batch_size) / seconds);
-        }
-        points.push_back({m.step(), "train_loss", st.train_loss(), now_ms});
-        points.push_back({m.step(), "samples_per_second", st.samples_per_second(), now_ms});
-        metrics_->SetJobProgress(m.job_id(), m.step(), st.train_loss(), st.samples_per_second());
-      }
-      if (m.values().count("eval_accuracy")) {
-        st.set_eval_loss(m.values().at("eval_loss"));
-        st.set_eval_accuracy(m.values().at("eval_accuracy"));
-        points.push_back({m.step(), "eval_loss", st.eval_loss(), now_ms});
-        points.push_back({m.step(), "eval_accuracy", st.eval_accuracy(), now_ms});
-        metrics_->SetJobEval(m.job_id(), st.eval_loss(), st.eval_accuracy());
-      }
-      if (points.empty()) return;
-      if (absl::Status s = store_->AppendMetrics(m.job_id(), points); !s.ok()) {
-        std::cerr << "coordinator: " << s << "\n";
-      }
-      UpdateStatusLocked(st, "");
-      return;
-    }
-    case v1::WorkerEvent::kResult: {
-      auto jit = active_.find(event.result().job_id());
-      if (jit == active_.end()) return;
-      jit->second.finished_stages.insert(event.result().stage());
-      v1::JobStatus st = statuses_[event.result().job_id()];
-      std::vector<MetricPoint> points;
-      for (const auto& [key, value] : event.result().values()) {
-        const std::string name = absl::StrCat("stage", event.result().stage(), ".", key);
-        (*st.mutable_summary())[name] = value;
-        points.push_back({st.step(), name, value, NowMs()});
-      }
-      (void)store_->AppendMetrics(st.job_id(), points);
-      UpdateStatusLocked(st, "");
-      if (jit->second.finished_stages.size() == jit->second.workers.size()) {
-        EndJobLocked(event.result().job_id(), v1::SUCCEEDED, "");
-      }
-      return;
-    }
-    case v1::WorkerEvent::kPhaseDone: {
-      // Every stage finished phase p: record it and let them all start p + 1.
-      const v1::PhaseDone& d = event.phase_done();
-      auto jit = active_.find(d.job_id());
-      if (jit == active_.end()) return;
-      ActiveJob& job = jit->second;
-      std::set<int>& done = job.phase_done[d.phase()];
-      done.insert(d.stage());
-      if (done.size() < job.workers.size()) return;
-      const std::vector<PhaseSpec> phases = Phases(job.spec);
-      const int next = d.phase() + 1;
-      if (next >= static_cast<int>(phases.size())) {
-        EndJobLocked(d.job_id(), v1::FAILED,
-                     absl::StrCat("stages reported the end of phase ", d.phase(),
-                                  " but the job has only ", phases.size(), " phase(s)"));
-        return;
-      }
-      v1::JobStatus st = statuses_[d.job_id()];
-      st.set_phase(next);
-      st.set_phase_name(phases[next].name);
-      st.set_algorithm(phases[next].algorithm.name);
-      UpdateStatusLocked(
-          st, absl::StrCat("phase ", next + 1, "/", phases.size(), " (", phases[next].name, ", ",
-                           phases[next].algorithm.name, ") started"));
-      for (const std::string& worker : job.workers) {
-        v1::Command start;
-        start.mutable_start()->set_job_id(d.job_id());
-        start.mutable_start()->set_phase(next);
-        SendLocked(worker, std::move(start));
-      }
-      return;
-    }
+    case v1::WorkerEvent::kAck:
+    case v1::WorkerEvent::kMetrics:
+    case v1::WorkerEvent::kResult:
+    case v1::WorkerEvent::kPhaseDone:
     case v1::WorkerEvent::kProfile:
-      OnProfileLocked(event.profile());
+    case v1::WorkerEvent::kError:
+      Post([this, event] { HandleEvent(event); });
       return;
-    case v1::WorkerEvent::kError: {
-      const v1::StageError& e = event.error();
-      if (active_.count(e.job_id())) EndJobLocked(e.job_id(), v1::FAILED, e.message());
-      return;
-    }
     default:
-      return;  // heartbeat
+      return;  // a heartbeat: Touch was all of it
   }
 }
 
-void JobManager::ScheduleLocked() {
-  std::vector<std::string> still_pending;
-  for (const std::string& id : pending_) {
-    ActiveJob& job = active_[id];
-    const size_t need = job.ranges.size();
-    std::vector<std::string> idle;
-    for (const auto& [wid, w] : workers_) {
-      if (w.sink != nullptr && w.job_id.empty()) idle.push_back(wid);
-    }
-    if (idle.size() < need || stopping_) {
-      const std::string reason = absl::StrCat("waiting for ", need, " idle workers (", idle.size(),
-                                              " idle, ", workers_.size(), " registered)");
-      v1::JobStatus st = statuses_[id];
-      if (st.reason() != reason) {
-        st.set_reason(reason);
-        UpdateStatusLocked(st, reason);
-      }
-      still_pending.push_back(id);
-      continue;
-    }
-    idle.resize(need);
-    const bool profile = job.needs_plan && !job.planned;
-    if (!TransitionLocked(id, profile ? v1::PROFILING : v1::CONFIGURING, "")) continue;
-    job.workers = idle;
-    for (size_t j = 0; j < need; ++j) {
-      workers_[idle[j]].job_id = id;
-      workers_[idle[j]].stage = static_cast<int>(j);
-    }
-    if (profile) {
-      // One worker profiles (workers of a job share a device type); the plan
-      // follows when its ProfileResult arrives.
-      v1::Command c;
-      c.mutable_profile()->set_job_id(id);
-      c.mutable_profile()->set_job_spec_yaml(job.yaml);
-      SendLocked(idle[0], std::move(c));
-      continue;
-    }
-    ConfigureLocked(id);
-  }
-  pending_ = std::move(still_pending);
-  RefreshGaugesLocked();
-}
+// --- Loop thread: events ----------------------------------------------------
 
-void JobManager::ConfigureLocked(const std::string& id) {
-  ActiveJob& job = active_[id];
-  const size_t need = job.workers.size();
-  for (size_t j = 0; j < need; ++j) {
-    v1::Command c;
-    v1::StageAssignment* a = c.mutable_configure();
-    a->set_job_id(id);
-    a->set_stage(static_cast<int>(j));
-    a->set_num_stages(static_cast<int>(need));
-    a->set_block_begin(job.ranges[j].first);
-    a->set_block_end(job.ranges[j].second);
-    if (j + 1 < need) a->set_next_address(workers_[job.workers[j + 1]].info.address());
-    a->set_job_spec_yaml(job.yaml);
-    if (j < job.modes.size()) {
-      for (const std::string& m : job.modes[j]) a->add_block_modes(m);
-    }
-    c.set_command_id(next_command_++);
-    job.pending_acks.insert(c.command_id());
-    SendLocked(job.workers[j], std::move(c));
+void JobManager::HandleEvent(const v1::WorkerEvent& event) {
+  switch (event.event_case()) {
+    case v1::WorkerEvent::kAck:
+      return OnAck(event.ack());
+    case v1::WorkerEvent::kMetrics:
+      return OnMetrics(event.metrics());
+    case v1::WorkerEvent::kResult:
+      return OnResult(event.result());
+    case v1::WorkerEvent::kPhaseDone:
+      return OnPhaseDone(event.phase_done());
+    case v1::WorkerEvent::kProfile:
+      return OnProfile(event.profile());
+    case v1::WorkerEvent::kError:
+      return OnError(event.error());
+    default:
+      return;
   }
 }
 
-void JobManager::OnProfileLocked(const v1::ProfileResult& result) {
-  auto jit = active_.find(result.job_id());
-  if (jit == active_.end() || jit->second.planned) return;
-  ActiveJob& job = jit->second;
-  auto profile = planner::ParseProfile(result.profile());
-  if (!profile.ok()) {
-    EndJobLocked(result.job_id(), v1::FAILED,
-                 absl::StrCat("profile from the worker: ", profile.status().message()));
+void JobManager::OnAck(const v1::Ack& ack) {
+  for (auto& [id, job] : jobs_) {
+    if (job.pending_acks.erase(ack.command_id()) == 0) continue;
+    if (!job.pending_acks.empty() || job.status.state() != v1::CONFIGURING) return;
+    const std::string job_id = id;  // `id` dies if the transition ends the job
+    if (!Transition(job_id, v1::RUNNING, "").ok()) return;
+    Job& running = jobs_.at(job_id);
+    running.started = absl::Now();
+    for (const std::string& worker : running.workers) Send(worker, StartCommand(job_id, 0));
     return;
   }
-  planner::PlanOptions options =
-      planner::PlanOptionsForJob(job.spec, static_cast<int>(profile->blocks.size()));
-  if (options.memory_caps.empty()) {
-    // The workers' own --memory-bytes, where every one of them says.
-    std::vector<int64_t> caps;
-    for (const std::string& w : job.workers) caps.push_back(workers_[w].info.memory_bytes());
-    if (std::all_of(caps.begin(), caps.end(), [](int64_t c) { return c > 0; })) {
-      options.memory_caps = caps;
+}
+
+void JobManager::OnMetrics(const v1::MetricsReport& m) {
+  auto it = jobs_.find(m.job_id());
+  if (it == jobs_.end() || it->second.workers.empty()) return;
+  Job& job = it->second;
+  v1::JobStatus& st = job.status;
+  std::vector<MetricPoint> points;
+  const int64_t now_ms = NowMs();
+  const bool last_stage = m.stage() == static_cast<int>(job.workers.size()) - 1;
+  if (last_stage && m.values().count("train_loss")) {
+    st.set_step(m.step());
+    const int64_t per_epoch = data::NominalTrainSize(job.spec.data) / job.spec.batch_size;
+    st.set_epoch(static_cast<int>(m.step() / std::max<int64_t>(1, per_epoch)));
+    st.set_train_loss(m.values().at("train_loss"));
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - job.started);
+    if (seconds > 0) {
+      st.set_samples_per_second(static_cast<double>(m.step() * job.spec.batch_size) / seconds);
     }
+    points.push_back({m.step(), "train_loss", st.train_loss(), now_ms});
+    points.push_back({m.step(), "samples_per_second", st.samples_per_second(), now_ms});
+    metrics_->SetJobProgress(m.job_id(), m.step(), st.train_loss(), st.samples_per_second());
   }
-  auto plan = planner::MakePlan(*profile, options);
-  if (!plan.ok()) {
-    EndJobLocked(result.job_id(), v1::FAILED, absl::StrCat("plan: ", plan.status().message()));
+  if (m.values().count("eval_accuracy")) {
+    st.set_eval_loss(m.values().count("eval_loss") ? m.values().at("eval_loss") : 0.0);
+    st.set_eval_accuracy(m.values().at("eval_accuracy"));
+    points.push_back({m.step(), "eval_loss", st.eval_loss(), now_ms});
+    points.push_back({m.step(), "eval_accuracy", st.eval_accuracy(), now_ms});
+    metrics_->SetJobEval(m.job_id(), st.eval_loss(), st.eval_accuracy());
+  }
+  if (points.empty()) return;
+  UpdateProgress(job, "", std::move(points));
+}
+
+void JobManager::OnResult(const v1::StageResult& result) {
+  auto it = jobs_.find(result.job_id());
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  job.finished_stages.insert(result.stage());
+  std::vector<MetricPoint> points;
+  const int64_t now_ms = NowMs();
+  for (const auto& [key, value] : result.values()) {
+    const std::string name = absl::StrCat("stage", result.stage(), ".", key);
+    (*job.status.mutable_summary())[name] = value;
+    points.push_back({job.status.step(), name, value, now_ms});
+  }
+  UpdateProgress(job, "", std::move(points));
+  if (job.finished_stages.size() == job.workers.size()) {
+    EndJob(result.job_id(), v1::SUCCEEDED, "");
+  }
+}
+
+void JobManager::OnPhaseDone(const v1::PhaseDone& d) {
+  // Every stage finished phase p: record it and let them all start p + 1.
+  auto it = jobs_.find(d.job_id());
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  std::set<int>& done = job.phase_done[d.phase()];
+  done.insert(d.stage());
+  if (done.size() < job.workers.size()) return;
+  const std::vector<PhaseSpec> phases = Phases(job.spec);
+  const int next = d.phase() + 1;
+  if (next >= static_cast<int>(phases.size())) {
+    EndJob(d.job_id(), v1::FAILED,
+           absl::StrCat("stages reported the end of phase ", d.phase(), " but the job has only ",
+                        phases.size(), " phase(s)"));
+    return;
+  }
+  job.status.set_phase(next);
+  job.status.set_phase_name(phases[next].name);
+  job.status.set_algorithm(phases[next].algorithm.name);
+  UpdateProgress(job,
+                 absl::StrCat("phase ", next + 1, "/", phases.size(), " (", phases[next].name, ", ",
+                              phases[next].algorithm.name, ") started"),
+                 {});
+  FlushProgress();  // the new phase is on disk before the stages start it
+  for (const std::string& worker : job.workers) Send(worker, StartCommand(d.job_id(), next));
+}
+
+void JobManager::OnProfile(const v1::ProfileResult& result) {
+  auto it = jobs_.find(result.job_id());
+  if (it == jobs_.end() || it->second.planned) return;
+  const std::string job_id = result.job_id();
+  Job& job = it->second;
+  auto planned = scheduler_.PlanFromProfile(job.spec, result, job.workers);
+  if (!planned.ok()) {
+    EndJob(job_id, v1::FAILED, std::string(planned.status().message()));
     return;
   }
   job.planned = true;
-  job.ranges.clear();
-  job.modes.clear();
-  v1::JobStatus st = statuses_[result.job_id()];
-  auto& summary = *st.mutable_summary();
-  for (size_t j = 0; j < plan->stages.size(); ++j) {
-    const planner::StagePlan& s = plan->stages[j];
-    job.ranges.emplace_back(s.begin, s.end);
-    std::vector<std::string> modes;
-    for (int i = s.begin; i < s.end; ++i)
-      modes.push_back(s.store[i - s.begin] ? "store" : "rebuild");
-    job.modes.push_back(std::move(modes));
-    const std::string stage = absl::StrCat("plan.stage", j, ".");
-    summary[stage + "block_begin"] = s.begin;
-    summary[stage + "block_end"] = s.end;
-    summary[stage + "peak_bytes"] = static_cast<double>(s.estimate.peak_bytes);
-    summary[stage + "seconds_per_batch"] = s.estimate.time_s() + s.estimate.aux_head_s;
-    int rebuilt = 0;
-    for (int i = s.begin; i < s.end; ++i) rebuilt += s.store[i - s.begin] ? 0 : 1;
-    summary[stage + "rebuild_blocks"] = rebuilt;
-  }
-  for (const planner::Prediction& p : plan->predictions) {
-    // "nwise n=1" -> plan.predicted.nwise_n1 (summary keys carry no spaces).
-    summary[absl::StrCat("plan.predicted.",
-                         absl::StrReplaceAll(p.algorithm, {{" ", "_"}, {"=", ""}}))] =
-        p.seconds_per_batch;
-  }
+  job.ranges = std::move(planned->ranges);
+  job.modes = std::move(planned->modes);
+  auto& summary = *job.status.mutable_summary();
+  for (const auto& [key, value] : planned->summary) summary[key] = value;
   summary["plan.profile_cached"] = result.cached() ? 1 : 0;
-  UpdateStatusLocked(st, "planned");
-  if (!TransitionLocked(result.job_id(), v1::CONFIGURING, "")) return;
-  ConfigureLocked(result.job_id());
+  UpdateProgress(job, "planned", {});
+  // Transition writes the plan first, then the state.
+  if (!Transition(job_id, v1::CONFIGURING, "").ok()) return;
+  Configure(job_id, jobs_.at(job_id));
 }
 
-void JobManager::SendLocked(const std::string& worker_id, v1::Command command) {
-  if (command.command_id() == 0) command.set_command_id(next_command_++);
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end() || it->second.sink == nullptr) return;
-  it->second.sink->Send(command);
+void JobManager::OnError(const v1::StageError& e) {
+  if (jobs_.count(e.job_id())) EndJob(e.job_id(), v1::FAILED, e.message());
 }
 
-void JobManager::EndJobLocked(const std::string& job_id, v1::JobState state,
-                              const std::string& reason) {
-  auto jit = active_.find(job_id);
-  if (jit == active_.end()) return;
-  ActiveJob job = std::move(jit->second);
-  active_.erase(jit);
-  pending_.erase(std::remove(pending_.begin(), pending_.end(), job_id), pending_.end());
-  TransitionLocked(job_id, state, reason);
-  for (const std::string& wid : job.workers) {
-    auto w = workers_.find(wid);
-    if (w == workers_.end() || w->second.job_id != job_id) continue;
-    if (state != v1::SUCCEEDED) {
-      v1::Command stop;
-      stop.mutable_stop()->set_job_id(job_id);
-      stop.mutable_stop()->set_reason(reason);
-      SendLocked(wid, std::move(stop));
+void JobManager::OnWorkerLost(const WorkerRegistry::Removed& worker, const std::string& why) {
+  STAGEWISE_LOG(WARNING) << "lost worker " << worker.worker_id << ": " << why;
+  if (!worker.job_id.empty()) {
+    EndJob(worker.job_id, v1::FAILED,
+           absl::StrCat("lost worker ", worker.worker_id, " (stage ", worker.stage, "): ", why));
+  }
+}
+
+// --- Loop thread: lifecycle -------------------------------------------------
+
+void JobManager::ScheduleIfNeeded() {
+  if (!schedule_needed_) return;
+  schedule_needed_ = false;
+  Schedule();
+}
+
+void JobManager::Schedule() {
+  Scheduler::Round round = scheduler_.Schedule();
+  for (const Scheduler::Waiting& w : round.waiting) {
+    auto it = jobs_.find(w.job_id);
+    if (it == jobs_.end() || it->second.status.reason() == w.reason) continue;
+    it->second.status.set_reason(w.reason);
+    UpdateProgress(it->second, w.reason, {});
+  }
+  for (const Scheduler::Placement& p : round.placed) {
+    auto it = jobs_.find(p.job_id);
+    if (it == jobs_.end()) {
+      registry_.Release(p.job_id);
+      continue;
     }
-    w->second.job_id.clear();
-    w->second.stage = -1;
+    it->second.workers = p.workers;
+    auto moved = Transition(p.job_id, p.profile ? v1::PROFILING : v1::CONFIGURING, "");
+    if (!moved.ok()) {
+      EndJob(p.job_id, v1::FAILED,
+             absl::StrCat("cannot record the placement: ", moved.status().message()));
+      continue;
+    }
+    Job& job = jobs_.at(p.job_id);
+    if (p.profile) {
+      Send(p.workers.front(), Scheduler::ProfileCommand(p.job_id, job.yaml));
+    } else {
+      Configure(p.job_id, job);
+    }
   }
-  ScheduleLocked();
 }
 
-bool JobManager::TransitionLocked(const std::string& job_id, v1::JobState to,
-                                  const std::string& reason) {
-  auto st = store_->Transition(job_id, to, reason);
-  if (!st.ok()) {
-    std::cerr << "coordinator: job " << job_id << ": " << st.status() << "\n";
-    return false;
+void JobManager::Configure(const std::string& job_id, Job& job) {
+  std::vector<v1::Command> commands =
+      scheduler_.StageAssignments(job_id, job.yaml, job.workers, job.ranges, job.modes);
+  for (size_t j = 0; j < commands.size(); ++j) {
+    commands[j].set_command_id(next_command_++);
+    job.pending_acks.insert(commands[j].command_id());
+    Send(job.workers[j], std::move(commands[j]));
   }
-  if (auto it = statuses_.find(job_id); it != statuses_.end()) {
-    // Keep progress the store may not have seen yet.
-    v1::JobStatus merged = it->second;
-    merged.set_state(st->state());
-    merged.set_reason(st->reason());
-    merged.set_updated_unix_ms(st->updated_unix_ms());
-    *st = merged;
+}
+
+absl::StatusOr<v1::JobStatus> JobManager::Transition(const std::string& job_id, v1::JobState to,
+                                                     const std::string& reason) {
+  FlushProgress();  // what happened before the transition is on disk before it
+  absl::StatusOr<v1::JobStatus> st = store_->Transition(job_id, to, reason);
+  if (!st.ok()) {
+    STAGEWISE_LOG(ERROR) << "job " << job_id << ": " << st.status();
+    return st.status();
+  }
+  if (auto it = jobs_.find(job_id); it != jobs_.end()) {
+    // Keep our copy (the flush made it the store's, but a failed flush would not).
+    v1::JobStatus& ours = it->second.status;
+    ours.set_state(st->state());
+    ours.set_reason(st->reason());
+    ours.set_updated_unix_ms(st->updated_unix_ms());
+    *st = ours;
   }
   metrics_->CountTransition(v1::JobState_Name(to));
   if (IsTerminal(to)) {
-    statuses_.erase(job_id);
-  } else {
-    statuses_[job_id] = *st;
+    if (options_.finished_job_metrics_ttl <= absl::ZeroDuration()) {
+      metrics_->RemoveJob(job_id);
+    } else {
+      metrics_expiry_.emplace_back(absl::Now() + options_.finished_job_metrics_ttl, job_id);
+    }
   }
-  (void)store_->UpdateStatus(*st);
-  NotifyLocked(*st, reason);
-  return true;
+  Publish(*st, reason);
+  return st;
 }
 
-void JobManager::UpdateStatusLocked(const v1::JobStatus& status, const std::string& message) {
-  v1::JobStatus st = status;
-  st.set_updated_unix_ms(NowMs());
-  statuses_[st.job_id()] = st;
-  if (absl::Status s = store_->UpdateStatus(st); !s.ok()) {
-    std::cerr << "coordinator: job " << st.job_id() << ": " << s << "\n";
+void JobManager::EndJob(const std::string& job_id, v1::JobState state, const std::string& reason) {
+  if (!jobs_.count(job_id)) return;
+  scheduler_.Remove(job_id);
+  (void)Transition(job_id, state, reason);
+  jobs_.erase(job_id);
+  for (const std::string& worker : registry_.Release(job_id)) {
+    if (state == v1::SUCCEEDED) continue;
+    v1::Command stop;
+    stop.mutable_stop()->set_job_id(job_id);
+    stop.mutable_stop()->set_reason(reason);
+    Send(worker, std::move(stop));
   }
-  NotifyLocked(st, message);
+  schedule_needed_ = true;
 }
 
-void JobManager::NotifyLocked(const v1::JobStatus& status, const std::string& message) {
-  v1::JobEvent event;
-  *event.mutable_status() = status;
-  event.set_message(message);
-  for (auto& [id, entry] : listeners_) {
-    if (entry.first == status.job_id()) entry.second(event);
+void JobManager::UpdateProgress(Job& job, const std::string& message,
+                                std::vector<MetricPoint> points) {
+  job.status.set_updated_unix_ms(NowMs());
+  dirty_.insert(job.status.job_id());
+  for (MetricPoint& p : points) points_.emplace_back(job.status.job_id(), std::move(p));
+  if (flush_due_ == absl::InfiniteFuture()) {
+    flush_due_ = absl::Now() + options_.progress_flush_interval;
+  }
+  Publish(job.status, message);
+}
+
+void JobManager::FlushProgress() {
+  flush_due_ = absl::InfiniteFuture();
+  if (dirty_.empty() && points_.empty()) return;
+  JobStore::ProgressBatch batch;
+  for (const std::string& id : dirty_) {
+    auto it = jobs_.find(id);
+    if (it != jobs_.end()) batch.statuses.push_back(it->second.status);
+  }
+  batch.points = std::move(points_);
+  dirty_.clear();
+  points_.clear();
+  if (absl::Status s = store_->WriteProgress(batch); !s.ok()) {
+    STAGEWISE_LOG(ERROR) << "progress of " << batch.statuses.size() << " job(s), "
+                         << batch.points.size() << " metric point(s) not saved: " << s;
   }
 }
 
-void JobManager::RefreshGaugesLocked() {
-  int64_t idle = 0, busy = 0;
-  for (const auto& [id, w] : workers_) (w.job_id.empty() ? idle : busy)++;
-  metrics_->SetWorkers(idle, busy);
+void JobManager::Send(const std::string& worker_id, v1::Command command) {
+  if (command.command_id() == 0) command.set_command_id(next_command_++);
+  registry_.Send(worker_id, command);
+}
+
+void JobManager::RefreshGauges() {
+  const WorkerRegistry::Counts workers = registry_.GetCounts();
+  metrics_->SetWorkers(workers.idle, workers.busy);
   std::map<std::string, int64_t> counts = {{"PENDING", 0}, {"CONFIGURING", 0}, {"RUNNING", 0}};
-  for (const auto& [id, st] : statuses_) counts[v1::JobState_Name(st.state())]++;
+  for (const auto& [id, job] : jobs_) counts[v1::JobState_Name(job.status.state())]++;
   for (const auto& [state, n] : counts) metrics_->SetJobsInState(state, n);
 }
 

@@ -1,24 +1,58 @@
-// The coordinator's core: job queue and state machine, worker registry,
-// partition assignment, progress and results. Transport-free: the gRPC
-// service in coordinator_service.cc adapts it. Every state transition is
-// persisted in the JobStore before it is acted on.
+// The coordinator's core, transport-free (coordinator_service.cc adapts it to
+// gRPC). JobManager is the facade that wires three parts together:
+//   - WorkerRegistry (worker_registry.h): registration, control streams,
+//     heartbeats, idle/busy;
+//   - Scheduler (scheduler.h): the PENDING queue, placement (FIFO with
+//     backfill), the PROFILING step and the plan;
+//   - the job lifecycle (here): the state machine, phases, progress, results,
+//     watchers.
+// Every state transition is persisted in the JobStore before it is acted on.
+//
+// Threading and ownership:
+//   - One manager thread, the loop (started by Start, joined by Stop), owns the
+//     live jobs, the Scheduler and the CommandSink traffic, and is the only
+//     thread that writes the store after Start (except Submit's CreateJob). It
+//     runs tasks from a bounded FIFO queue, one at a time, and between them
+//     expires workers that missed their heartbeats (a timed wait on the queue,
+//     no polling), flushes batched progress and drops the metric series of
+//     jobs that ended long enough ago.
+//   - gRPC callback threads call OnEvent, Connect and Disconnect: they update
+//     the WorkerRegistry (its own leaf mutex), enqueue a task and return at
+//     once; they block only while the queue is full (backpressure on that
+//     worker's stream). Heartbeats are not enqueued at all.
+//   - Submit validates and writes the new job (one durable write) on the
+//     caller's thread with no manager lock held, then enqueues it. Cancel
+//     enqueues the cancellation and waits for the loop to persist it.
+//   - GetJob, ListJobs, ListWorkers, Subscribe and Unsubscribe read a view of
+//     the live jobs' statuses (view_mu_) that the loop publishes after each
+//     change, the registry, or the store. No lock is held during a store write.
+//   - Listeners run on the loop thread (or, for the first event, on the
+//     subscriber's thread) under view_mu_: they must not block nor call back
+//     into the manager.
+// Progress (MetricsReport, StageResult, PENDING reasons) is written in
+// batches (JobStore::WriteProgress: one transaction) when the queue runs dry,
+// every progress_flush_interval, and before any transition of the job.
 #ifndef STAGEWISE_COORDINATOR_JOB_MANAGER_H_
 #define STAGEWISE_COORDINATOR_JOB_MANAGER_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
-#include <memory>
 #include <set>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/scheduler.h"
 #include "coordinator/store.h"
+#include "coordinator/worker_registry.h"
 #include "services/common/job_spec.h"
 #include "services/metrics/metrics.h"
 #include "services/models/block_info.h"
@@ -26,20 +60,19 @@
 
 namespace stagewise::coordinator {
 
-// How the manager reaches one connected worker (its control stream).
-class CommandSink {
- public:
-  virtual ~CommandSink() = default;
-  // Non-blocking; false once the stream is gone.
-  virtual bool Send(const v1::Command& command) = 0;
-  // Ends the stream with `status` (e.g. the worker missed its heartbeats).
-  virtual void Close(const absl::Status& status) = 0;
-};
-
 struct JobManagerOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(10);
+  // The loop's longest wait when nothing is due (an upper bound: heartbeat
+  // expiry and flushes wake it when they are due).
   absl::Duration housekeeping = absl::Milliseconds(250);
+  // Longest delay of a progress write while events keep arriving.
+  absl::Duration progress_flush_interval = absl::Milliseconds(100);
+  // How long a finished job's stagewise_job_*{job} series stay exported (so
+  // a scraper sees the final values) before CoordinatorMetrics::RemoveJob.
+  absl::Duration finished_job_metrics_ttl = absl::Minutes(5);
+  // Tasks waiting for the loop before OnEvent & co. block.
+  size_t max_queued_tasks = 4096;
 };
 
 class JobManager {
@@ -48,8 +81,9 @@ class JobManager {
   ~JobManager();
 
   // Resumes persisted state (jobs interrupted by a restart are failed with a
-  // reason until recovery exists) and starts housekeeping.
+  // reason until recovery exists) and starts the loop thread.
   absl::Status Start();
+  // Runs the tasks already queued, flushes progress and joins the loop.
   void Stop();
 
   // Clients.
@@ -70,18 +104,16 @@ class JobManager {
   // The worker's control stream is open (first event received).
   absl::Status Connect(const std::string& worker_id, CommandSink* sink);
   // The stream ended; `sink` guards against a newer stream of the same worker.
+  // The manager never uses `sink` once this returns.
   void Disconnect(const std::string& worker_id, CommandSink* sink, const absl::Status& why);
   void OnEvent(const v1::WorkerEvent& event);
 
  private:
-  struct Worker {
-    v1::WorkerInfo info;
-    CommandSink* sink = nullptr;
-    absl::Time last_seen;
-    std::string job_id;  // empty when idle
-    int stage = -1;
-  };
-  struct ActiveJob {
+  using Task = std::function<void()>;
+
+  // A live job (PENDING, PROFILING, CONFIGURING, RUNNING). Loop thread only.
+  struct Job {
+    v1::JobStatus status;  // the latest status (the store has it once flushed)
     JobSpec spec;
     std::string yaml;
     std::vector<std::pair<int, int>> ranges;
@@ -90,54 +122,94 @@ class JobManager {
     bool needs_plan = false;
     bool planned = false;
     std::vector<std::vector<std::string>> modes;  // per stage, per block; empty = default
-    std::vector<std::string> workers;             // by stage
+    std::vector<std::string> workers;             // by stage, once placed
     std::set<int64_t> pending_acks;
     std::set<int> finished_stages;
     std::map<int, std::set<int>> phase_done;  // phase -> stages that finished it
-    int64_t last_step = 0;
-    absl::Time last_step_time;
     absl::Time started;
   };
+  static Job NewJob(const v1::JobStatus& status, const JobSpec& spec, const std::string& yaml,
+                    const std::vector<models::BlockInfo>& blocks,
+                    const std::vector<std::pair<int, int>>& ranges);
 
-  static ActiveJob NewActiveJob(const JobSpec& spec, const std::string& yaml,
-                                const std::vector<models::BlockInfo>& blocks,
-                                const std::vector<std::pair<int, int>>& ranges);
-  void Housekeeping();
-  void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Persists, updates metrics and notifies watchers. False if the store refused.
-  bool TransitionLocked(const std::string& job_id, v1::JobState to, const std::string& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UpdateStatusLocked(const v1::JobStatus& status, const std::string& message)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void NotifyLocked(const v1::JobStatus& status, const std::string& message)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends an active job: stops its stages, frees its workers.
-  void EndJobLocked(const std::string& job_id, v1::JobState state, const std::string& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The queue. Post is false (and drops the task) once Stop has begun or
+  // before Start; it blocks while the queue is full unless called on the loop.
+  bool Post(Task task) ABSL_LOCKS_EXCLUDED(queue_mu_);
+  // Runs `task` on the loop and waits for it; false if the loop is gone.
+  bool RunOnLoop(Task task) ABSL_LOCKS_EXCLUDED(queue_mu_);
+  bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
+    return !queue_.empty() || stopping_;
+  }
+  bool HasRoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
+    return queue_.size() < options_.max_queued_tasks || stopping_;
+  }
+  void Loop();
+  // When the loop must wake up although no task arrived.
+  absl::Time NextDeadline() const;
+  // Heartbeat expiry, due flushes, expired metric series.
+  void Housekeeping(absl::Time now);
+
+  // Loop thread: per-event handlers.
+  void HandleEvent(const v1::WorkerEvent& event);
+  void OnAck(const v1::Ack& ack);
+  void OnMetrics(const v1::MetricsReport& report);
+  void OnResult(const v1::StageResult& result);
+  void OnPhaseDone(const v1::PhaseDone& done);
+  void OnProfile(const v1::ProfileResult& result);
+  void OnError(const v1::StageError& error);
+  void OnWorkerLost(const WorkerRegistry::Removed& worker, const std::string& why);
+
+  // Loop thread: the lifecycle.
+  void Admit(Job job);
+  absl::StatusOr<v1::JobStatus> CancelJob(const std::string& job_id, const std::string& reason);
+  void Schedule();
+  void ScheduleIfNeeded();
   // Sends every stage its StageAssignment (job.workers already chosen).
-  void ConfigureLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A worker's profile arrived: plan, record the plan, configure.
-  void OnProfileLocked(const v1::ProfileResult& result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SendLocked(const std::string& worker_id, v1::Command command)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void WorkerLostLocked(const std::string& worker_id, const std::string& why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RefreshGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Configure(const std::string& job_id, Job& job);
+  // Persists (after flushing the job's progress), counts, publishes. The
+  // persisted status, or the store's error (logged).
+  absl::StatusOr<v1::JobStatus> Transition(const std::string& job_id, v1::JobState to,
+                                           const std::string& reason);
+  // Ends a live job: persists `state`, stops its stages, frees its workers,
+  // schedules the queue.
+  void EndJob(const std::string& job_id, v1::JobState state, const std::string& reason);
+  // A progress change of a live job: publishes it now, writes it with the
+  // next flush.
+  void UpdateProgress(Job& job, const std::string& message, std::vector<MetricPoint> points);
+  void FlushProgress();
+  void Send(const std::string& worker_id, v1::Command command);
+  void RefreshGauges();
 
-  JobStore* store_;
-  metrics::CoordinatorMetrics* metrics_;
+  // Any thread: the view of live jobs, and watchers.
+  void Publish(const v1::JobStatus& status, const std::string& message)
+      ABSL_LOCKS_EXCLUDED(view_mu_);
+
+  JobStore* const store_;
+  metrics::CoordinatorMetrics* const metrics_;
   const JobManagerOptions options_;
+  WorkerRegistry registry_;  // thread-safe
 
-  mutable absl::Mutex mu_;
-  std::map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, ActiveJob> active_ ABSL_GUARDED_BY(mu_);        // CONFIGURING/RUNNING
-  std::vector<std::string> pending_ ABSL_GUARDED_BY(mu_);               // PENDING, in order
-  std::map<std::string, v1::JobStatus> statuses_ ABSL_GUARDED_BY(mu_);  // cache of live jobs
-  std::map<int64_t, std::pair<std::string, Listener>> listeners_ ABSL_GUARDED_BY(mu_);
-  int64_t next_subscription_ ABSL_GUARDED_BY(mu_) = 1;
-  int64_t next_command_ ABSL_GUARDED_BY(mu_) = 1;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread housekeeping_;
+  // Loop thread only (and the Start caller before the loop exists).
+  Scheduler scheduler_{&registry_};
+  std::map<std::string, Job> jobs_;
+  std::set<std::string> dirty_;                              // jobs with unwritten status
+  std::vector<std::pair<std::string, MetricPoint>> points_;  // unwritten metric history
+  absl::Time flush_due_ = absl::InfiniteFuture();
+  std::deque<std::pair<absl::Time, std::string>> metrics_expiry_;  // (when, job) in order
+  int64_t next_command_ = 1;
+  bool schedule_needed_ = false;  // the queue or the idle workers changed
+
+  mutable absl::Mutex queue_mu_;
+  std::deque<Task> queue_ ABSL_GUARDED_BY(queue_mu_);
+  bool running_ ABSL_GUARDED_BY(queue_mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
+  std::thread::id loop_id_ ABSL_GUARDED_BY(queue_mu_);
+  std::thread loop_;
+
+  mutable absl::Mutex view_mu_;
+  std::map<std::string, v1::JobStatus> view_ ABSL_GUARDED_BY(view_mu_);  // live jobs
+  std::map<int64_t, std::pair<std::string, Listener>> listeners_ ABSL_GUARDED_BY(view_mu_);
+  int64_t next_subscription_ ABSL_GUARDED_BY(view_mu_) = 1;
 };
 
 }  // namespace stagewise::coordinator

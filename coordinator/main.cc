@@ -3,11 +3,13 @@
 
 #include <CLI/CLI.hpp>
 #include <csignal>
-#include <iostream>
+#include <cstdlib>
+#include <string>
 
 #include "coordinator/coordinator_service.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/store.h"
+#include "services/common/log.h"
 #include "services/metrics/metrics.h"
 #include "services/rpc/server.h"
 
@@ -16,6 +18,7 @@ int main(int argc, char** argv) {
   std::string metrics_listen = "0.0.0.0:9090";
   std::string db = "stagewise.db";
   std::string port_file;
+  std::string log_level = "info";
   double heartbeat_timeout_s = 10;
   CLI::App app{
       "stagewise-coordinator: accepts jobs, assigns stages to workers, tracks progress.\n"
@@ -29,7 +32,16 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-timeout", heartbeat_timeout_s,
                  "Seconds without a heartbeat before a worker is declared lost")
       ->capture_default_str();
+  app.add_option("--log-level", log_level,
+                 "debug | info | warning | error | off (env STAGEWISE_LOG_LEVEL sets the default)");
+  if (const char* env = std::getenv("STAGEWISE_LOG_LEVEL")) log_level = env;
   CLI11_PARSE(app, argc, argv);
+  if (auto level = stagewise::log::ParseLevel(log_level); level.ok()) {
+    stagewise::log::SetLogLevel(*level);
+  } else {
+    STAGEWISE_LOG(ERROR) << "stagewise-coordinator: --log-level: " << level.status().message();
+    return 2;
+  }
 
   sigset_t signals;
   sigemptyset(&signals);
@@ -39,12 +51,13 @@ int main(int argc, char** argv) {
 
   auto store = stagewise::coordinator::JobStore::Open(db);
   if (!store.ok()) {
-    std::cerr << "stagewise-coordinator: --db: " << store.status().message() << "\n";
+    STAGEWISE_LOG(ERROR) << "stagewise-coordinator: --db: " << store.status().message();
     return 1;
   }
   auto metrics = stagewise::metrics::MetricsServer::Start(metrics_listen);
   if (!metrics.ok()) {
-    std::cerr << "stagewise-coordinator: --metrics-listen: " << metrics.status().message() << "\n";
+    STAGEWISE_LOG(ERROR) << "stagewise-coordinator: --metrics-listen: "
+                         << metrics.status().message();
     return 1;
   }
   stagewise::metrics::CoordinatorMetrics coordinator_metrics((*metrics)->registry());
@@ -52,7 +65,7 @@ int main(int argc, char** argv) {
   options.heartbeat_timeout = absl::Seconds(heartbeat_timeout_s);
   stagewise::coordinator::JobManager manager(store->get(), &coordinator_metrics, options);
   if (absl::Status s = manager.Start(); !s.ok()) {
-    std::cerr << "stagewise-coordinator: " << s.message() << "\n";
+    STAGEWISE_LOG(ERROR) << "stagewise-coordinator: " << s.message();
     return 1;
   }
   stagewise::coordinator::CoordinatorService service(&manager);
@@ -63,21 +76,21 @@ int main(int argc, char** argv) {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
-    std::cerr << "stagewise-coordinator: --listen: cannot serve on " << listen << "\n";
+    STAGEWISE_LOG(ERROR) << "stagewise-coordinator: --listen: cannot serve on " << listen;
     return 1;
   }
-  std::cerr << "stagewise-coordinator: serving on port " << port << ", metrics on port "
-            << (*metrics)->port() << ", state in " << db << "\n";
+  STAGEWISE_LOG(INFO) << "stagewise-coordinator: serving on port " << port << ", metrics on port "
+                      << (*metrics)->port() << ", state in " << db;
   if (!port_file.empty()) {
     if (absl::Status s = stagewise::rpc::WritePortFile(port_file, port, (*metrics)->port());
         !s.ok()) {
-      std::cerr << "stagewise-coordinator: " << s.message() << "\n";
+      STAGEWISE_LOG(ERROR) << "stagewise-coordinator: --port-file: " << s.message();
       return 1;
     }
   }
   int signal = 0;
   sigwait(&signals, &signal);
-  std::cerr << "stagewise-coordinator: signal " << signal << ", shutting down\n";
+  STAGEWISE_LOG(INFO) << "stagewise-coordinator: signal " << signal << ", shutting down";
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   manager.Stop();
   return 0;

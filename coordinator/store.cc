@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "google/protobuf/message_lite.h"
+#include "services/common/status_macros.h"
 
 namespace stagewise::coordinator {
 namespace {
@@ -131,11 +132,7 @@ class Stmt {
     return SqliteError(db_, rc, op_);
   }
   // For statements that return no rows.
-  absl::Status Run() {
-    absl::StatusOr<bool> row = Step();
-    if (!row.ok()) return row.status();
-    return absl::OkStatus();
-  }
+  absl::Status Run() { return Step().status(); }
   // Rewinds for another execution with new binds.
   void Reset() {
     sqlite3_reset(stmt_);
@@ -185,14 +182,12 @@ class WriteTxn {
   WriteTxn& operator=(const WriteTxn&) = delete;
 
   absl::Status Begin() {
-    if (absl::Status s = Exec(db_, "BEGIN IMMEDIATE", absl::StrCat(op_, " (begin)")); !s.ok()) {
-      return s;
-    }
+    STAGEWISE_RETURN_IF_ERROR(Exec(db_, "BEGIN IMMEDIATE", absl::StrCat(op_, " (begin)")));
     active_ = true;
     return absl::OkStatus();
   }
   absl::Status Commit() {
-    if (absl::Status s = Exec(db_, "COMMIT", absl::StrCat(op_, " (commit)")); !s.ok()) return s;
+    STAGEWISE_RETURN_IF_ERROR(Exec(db_, "COMMIT", absl::StrCat(op_, " (commit)")));
     active_ = false;
     return absl::OkStatus();
   }
@@ -273,15 +268,11 @@ struct JobStore::Impl {
   absl::StatusOr<Row> ReadJob(absl::string_view job_id, absl::string_view op)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     Stmt select(db, op);
-    if (absl::Status s = select.Prepare(
-            "SELECT state, status, spec_yaml, created_ms, updated_ms FROM jobs WHERE job_id = ?1");
-        !s.ok()) {
-      return s;
-    }
+    STAGEWISE_RETURN_IF_ERROR(select.Prepare(
+        "SELECT state, status, spec_yaml, created_ms, updated_ms FROM jobs WHERE job_id = ?1"));
     select.BindText(1, job_id);
-    absl::StatusOr<bool> row = select.Step();
-    if (!row.ok()) return row.status();
-    if (!*row) return JobNotFound(job_id);
+    STAGEWISE_ASSIGN_OR_RETURN(const bool row, select.Step());
+    if (!row) return JobNotFound(job_id);
     Row out;
     out.state = static_cast<v1::JobState>(select.Int64(0));
     if (!select.ParseProto(1, &out.status)) return CorruptStatus(op, job_id);
@@ -296,9 +287,7 @@ struct JobStore::Impl {
   absl::StatusOr<bool> JobExists(absl::string_view job_id, absl::string_view op)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     Stmt select(db, op);
-    if (absl::Status s = select.Prepare("SELECT 1 FROM jobs WHERE job_id = ?1"); !s.ok()) {
-      return s;
-    }
+    STAGEWISE_RETURN_IF_ERROR(select.Prepare("SELECT 1 FROM jobs WHERE job_id = ?1"));
     select.BindText(1, job_id);
     return select.Step();
   }
@@ -306,19 +295,14 @@ struct JobStore::Impl {
   // Writes state, status blob and timestamps of an existing job.
   absl::Status WriteStatus(const v1::JobStatus& status, absl::string_view op)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    absl::StatusOr<std::string> bytes = Serialize(status, op);
-    if (!bytes.ok()) return bytes.status();
+    STAGEWISE_ASSIGN_OR_RETURN(std::string bytes, Serialize(status, op));
     Stmt update(db, op);
-    if (absl::Status s =
-            update.Prepare("UPDATE jobs SET name = ?2, state = ?3, status = ?4, updated_ms = ?5 "
-                           "WHERE job_id = ?1");
-        !s.ok()) {
-      return s;
-    }
+    STAGEWISE_RETURN_IF_ERROR(update.Prepare(
+        "UPDATE jobs SET name = ?2, state = ?3, status = ?4, updated_ms = ?5 WHERE job_id = ?1"));
     update.BindText(1, status.job_id());
     update.BindText(2, status.name());
     update.BindInt64(3, status.state());
-    update.BindBlob(4, *bytes);
+    update.BindBlob(4, bytes);
     update.BindInt64(5, status.updated_unix_ms());
     return update.Run();
   }
@@ -335,25 +319,24 @@ absl::Status Migrate(sqlite3* db) {
   constexpr absl::string_view kOp = "JobStore::Open (migrate schema)";
   for (;;) {
     WriteTxn txn(db, kOp);
-    if (absl::Status s = txn.Begin(); !s.ok()) return s;
+    STAGEWISE_RETURN_IF_ERROR(txn.Begin());
     // Read inside the write transaction: another process may have migrated
     // the file since we looked.
     Stmt query(db, kOp);
-    if (absl::Status s = query.Prepare("PRAGMA user_version"); !s.ok()) return s;
-    absl::StatusOr<bool> row = query.Step();
-    if (!row.ok()) return row.status();
-    const int64_t version = *row ? query.Int64(0) : 0;
+    STAGEWISE_RETURN_IF_ERROR(query.Prepare("PRAGMA user_version"));
+    STAGEWISE_ASSIGN_OR_RETURN(const bool row, query.Step());
+    const int64_t version = row ? query.Int64(0) : 0;
     if (version == JobStore::kSchemaVersion) return txn.Commit();
     if (version < 0 || version > JobStore::kSchemaVersion) {
       return absl::FailedPreconditionError(absl::StrCat(
           "database schema version ", version,
           " is not supported by this binary (newest known: ", JobStore::kSchemaVersion, ")"));
     }
-    if (absl::Status s = Exec(db, kMigrations[version], kOp); !s.ok()) return s;
+    STAGEWISE_RETURN_IF_ERROR(Exec(db, kMigrations[version], kOp));
     // The version is our own integer, not user data; PRAGMA takes no binds.
     const std::string set_version = absl::StrCat("PRAGMA user_version = ", version + 1);
-    if (absl::Status s = Exec(db, set_version.c_str(), kOp); !s.ok()) return s;
-    if (absl::Status s = txn.Commit(); !s.ok()) return s;
+    STAGEWISE_RETURN_IF_ERROR(Exec(db, set_version.c_str(), kOp));
+    STAGEWISE_RETURN_IF_ERROR(txn.Commit());
   }
 }
 
@@ -372,10 +355,9 @@ absl::Status Configure(sqlite3* db, const JobStoreOptions& options) {
   // one sequential append. An in-memory database reports "memory" instead.
   {
     Stmt wal(db, "JobStore::Open (journal_mode=WAL)");
-    if (absl::Status s = wal.Prepare("PRAGMA journal_mode = WAL"); !s.ok()) return s;
-    absl::StatusOr<bool> row = wal.Step();
-    if (!row.ok()) return row.status();
-    const std::string mode = *row ? wal.Text(0) : std::string();
+    STAGEWISE_RETURN_IF_ERROR(wal.Prepare("PRAGMA journal_mode = WAL"));
+    STAGEWISE_ASSIGN_OR_RETURN(const bool row, wal.Step());
+    const std::string mode = row ? wal.Text(0) : std::string();
     if (mode != "wal" && mode != "memory") {
       return absl::FailedPreconditionError(
           absl::StrCat("JobStore::Open: cannot enable WAL (journal_mode is '", mode, "')"));
@@ -386,15 +368,9 @@ absl::Status Configure(sqlite3* db, const JobStoreOptions& options) {
   // SUCCEEDED) right after Transition() returns, so a committed transition
   // must be on disk by then. Commits are rare (transitions, batched metrics),
   // so the extra fsync per commit is cheap.
-  if (absl::Status s = Exec(db, "PRAGMA synchronous = FULL", "JobStore::Open (synchronous)");
-      !s.ok()) {
-    return s;
-  }
+  STAGEWISE_RETURN_IF_ERROR(Exec(db, "PRAGMA synchronous = FULL", "JobStore::Open (synchronous)"));
   // Per connection, and must be set outside a transaction.
-  if (absl::Status s = Exec(db, "PRAGMA foreign_keys = ON", "JobStore::Open (foreign_keys)");
-      !s.ok()) {
-    return s;
-  }
+  STAGEWISE_RETURN_IF_ERROR(Exec(db, "PRAGMA foreign_keys = ON", "JobStore::Open (foreign_keys)"));
   return Migrate(db);
 }
 
@@ -437,28 +413,24 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
 
 absl::Status JobStore::CreateJob(const JobRecord& record) {
   constexpr absl::string_view kOp = "JobStore::CreateJob";
-  if (absl::Status s = CheckJobId(record.status.job_id(), "status.job_id"); !s.ok()) return s;
+  STAGEWISE_RETURN_IF_ERROR(CheckJobId(record.status.job_id(), "status.job_id"));
   v1::JobStatus status = record.status;
   status.set_state(v1::PENDING);
   const int64_t now = NowMs();
   if (status.created_unix_ms() == 0) status.set_created_unix_ms(now);
   if (status.updated_unix_ms() == 0) status.set_updated_unix_ms(now);
-  absl::StatusOr<std::string> bytes = Serialize(status, kOp);
-  if (!bytes.ok()) return bytes.status();
+  STAGEWISE_ASSIGN_OR_RETURN(std::string bytes, Serialize(status, kOp));
 
   absl::MutexLock lock(&impl_->mu);
   Stmt insert(impl_->db, kOp);
-  if (absl::Status s = insert.Prepare(
-          "INSERT INTO jobs (job_id, name, state, spec_yaml, status, created_ms, updated_ms) "
-          "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
-      !s.ok()) {
-    return s;
-  }
+  STAGEWISE_RETURN_IF_ERROR(
+      insert.Prepare("INSERT INTO jobs (job_id, name, state, spec_yaml, status, created_ms, "
+                     "updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"));
   insert.BindText(1, status.job_id());
   insert.BindText(2, status.name());
   insert.BindInt64(3, status.state());
   insert.BindText(4, record.spec_yaml);
-  insert.BindBlob(5, *bytes);
+  insert.BindBlob(5, bytes);
   insert.BindInt64(6, status.created_unix_ms());
   insert.BindInt64(7, status.updated_unix_ms());
   absl::Status inserted = insert.Run();
@@ -470,76 +442,123 @@ absl::Status JobStore::CreateJob(const JobRecord& record) {
 
 absl::Status JobStore::UpdateStatus(const v1::JobStatus& status) {
   constexpr absl::string_view kOp = "JobStore::UpdateStatus";
-  if (absl::Status s = CheckJobId(status.job_id(), "status.job_id"); !s.ok()) return s;
+  STAGEWISE_RETURN_IF_ERROR(CheckJobId(status.job_id(), "status.job_id"));
 
   absl::MutexLock lock(&impl_->mu);
   WriteTxn txn(impl_->db, kOp);
-  if (absl::Status s = txn.Begin(); !s.ok()) return s;
-  absl::StatusOr<Impl::Row> current = impl_->ReadJob(status.job_id(), kOp);
-  if (!current.ok()) return current.status();
-  if (status.state() != v1::JOB_STATE_UNSPECIFIED && status.state() != current->state) {
+  STAGEWISE_RETURN_IF_ERROR(txn.Begin());
+  STAGEWISE_ASSIGN_OR_RETURN(Impl::Row current, impl_->ReadJob(status.job_id(), kOp));
+  if (status.state() != v1::JOB_STATE_UNSPECIFIED && status.state() != current.state) {
     return absl::InvalidArgumentError(absl::StrCat(
         "status.state: UpdateStatus cannot move job '", status.job_id(), "' from ",
-        StateName(current->state), " to ", StateName(status.state()), "; use Transition"));
+        StateName(current.state), " to ", StateName(status.state()), "; use Transition"));
   }
   v1::JobStatus updated = status;
-  updated.set_state(current->state);
-  updated.set_created_unix_ms(current->status.created_unix_ms());
+  updated.set_state(current.state);
+  updated.set_created_unix_ms(current.status.created_unix_ms());
   updated.set_updated_unix_ms(NowMs());
-  if (absl::Status s = impl_->WriteStatus(updated, kOp); !s.ok()) return s;
+  STAGEWISE_RETURN_IF_ERROR(impl_->WriteStatus(updated, kOp));
+  return txn.Commit();
+}
+
+absl::Status JobStore::WriteProgress(const ProgressBatch& batch) {
+  constexpr absl::string_view kOp = "JobStore::WriteProgress";
+  if (batch.statuses.empty() && batch.points.empty()) return absl::OkStatus();
+  for (const v1::JobStatus& status : batch.statuses) {
+    STAGEWISE_RETURN_IF_ERROR(CheckJobId(status.job_id(), "statuses[].job_id"));
+  }
+  for (size_t i = 0; i < batch.points.size(); ++i) {
+    STAGEWISE_RETURN_IF_ERROR(CheckJobId(batch.points[i].first, "points[].first"));
+    if (batch.points[i].second.name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("points[", i, "].name is empty"));
+    }
+  }
+  const int64_t now = NowMs();
+
+  absl::MutexLock lock(&impl_->mu);
+  // One transaction for the batch: one fsync, and all-or-nothing.
+  WriteTxn txn(impl_->db, kOp);
+  STAGEWISE_RETURN_IF_ERROR(txn.Begin());
+  for (const v1::JobStatus& status : batch.statuses) {
+    STAGEWISE_ASSIGN_OR_RETURN(Impl::Row current, impl_->ReadJob(status.job_id(), kOp));
+    if (status.state() != v1::JOB_STATE_UNSPECIFIED && status.state() != current.state) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "statuses[].state: WriteProgress cannot move job '", status.job_id(), "' from ",
+          StateName(current.state), " to ", StateName(status.state()), "; use Transition"));
+    }
+    v1::JobStatus updated = status;
+    updated.set_state(current.state);
+    updated.set_created_unix_ms(current.status.created_unix_ms());
+    updated.set_updated_unix_ms(now);
+    STAGEWISE_RETURN_IF_ERROR(impl_->WriteStatus(updated, kOp));
+  }
+  if (batch.points.empty()) return txn.Commit();
+  Stmt insert(impl_->db, kOp);
+  STAGEWISE_RETURN_IF_ERROR(insert.Prepare(
+      "INSERT INTO metrics (job_id, step, name, value, unix_ms) VALUES (?1, ?2, ?3, ?4, ?5)"));
+  std::string checked;  // the last job id known to exist (points come grouped by job)
+  for (const auto& [job_id, point] : batch.points) {
+    if (job_id != checked) {
+      STAGEWISE_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id, kOp));
+      if (!exists) return JobNotFound(job_id);
+      checked = job_id;
+    }
+    insert.Reset();
+    insert.BindText(1, job_id);
+    insert.BindInt64(2, point.step);
+    insert.BindText(3, point.name);
+    insert.BindDouble(4, point.value);
+    insert.BindInt64(5, point.unix_ms != 0 ? point.unix_ms : now);
+    STAGEWISE_RETURN_IF_ERROR(insert.Run());
+  }
   return txn.Commit();
 }
 
 absl::StatusOr<v1::JobStatus> JobStore::Transition(const std::string& job_id, v1::JobState to,
                                                    const std::string& reason) {
   constexpr absl::string_view kOp = "JobStore::Transition";
-  if (absl::Status s = CheckJobId(job_id, "job_id"); !s.ok()) return s;
+  STAGEWISE_RETURN_IF_ERROR(CheckJobId(job_id, "job_id"));
   if (!v1::JobState_IsValid(to) || to == v1::JOB_STATE_UNSPECIFIED) {
     return absl::InvalidArgumentError(absl::StrCat("to: not a job state: ", StateName(to)));
   }
 
   absl::MutexLock lock(&impl_->mu);
   WriteTxn txn(impl_->db, kOp);
-  if (absl::Status s = txn.Begin(); !s.ok()) return s;
-  absl::StatusOr<Impl::Row> current = impl_->ReadJob(job_id, kOp);
-  if (!current.ok()) return current.status();
-  const v1::JobState from = current->state;
+  STAGEWISE_RETURN_IF_ERROR(txn.Begin());
+  STAGEWISE_ASSIGN_OR_RETURN(Impl::Row current, impl_->ReadJob(job_id, kOp));
+  const v1::JobState from = current.state;
   if (!IsAllowedTransition(from, to)) {
     return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "': transition ",
                                                       StateName(from), " -> ", StateName(to),
                                                       " is not allowed"));
   }
   const int64_t now = NowMs();
-  v1::JobStatus status = std::move(current->status);
+  v1::JobStatus status = std::move(current.status);
   status.set_state(to);
   status.set_reason(reason);
   status.set_updated_unix_ms(now);
-  if (absl::Status s = impl_->WriteStatus(status, kOp); !s.ok()) return s;
+  STAGEWISE_RETURN_IF_ERROR(impl_->WriteStatus(status, kOp));
 
   Stmt log(impl_->db, kOp);
-  if (absl::Status s =
-          log.Prepare("INSERT INTO transitions (job_id, from_state, to_state, reason, unix_ms) "
-                      "VALUES (?1, ?2, ?3, ?4, ?5)");
-      !s.ok()) {
-    return s;
-  }
+  STAGEWISE_RETURN_IF_ERROR(
+      log.Prepare("INSERT INTO transitions (job_id, from_state, to_state, reason, unix_ms) "
+                  "VALUES (?1, ?2, ?3, ?4, ?5)"));
   log.BindText(1, job_id);
   log.BindInt64(2, from);
   log.BindInt64(3, to);
   log.BindText(4, reason);
   log.BindInt64(5, now);
-  if (absl::Status s = log.Run(); !s.ok()) return s;
-  if (absl::Status s = txn.Commit(); !s.ok()) return s;
+  STAGEWISE_RETURN_IF_ERROR(log.Run());
+  STAGEWISE_RETURN_IF_ERROR(txn.Commit());
   return status;
 }
 
 absl::StatusOr<JobRecord> JobStore::GetJob(const std::string& job_id) const {
   absl::MutexLock lock(&impl_->mu);
-  absl::StatusOr<Impl::Row> row = impl_->ReadJob(job_id, "JobStore::GetJob");
-  if (!row.ok()) return row.status();
+  STAGEWISE_ASSIGN_OR_RETURN(Impl::Row row, impl_->ReadJob(job_id, "JobStore::GetJob"));
   JobRecord record;
-  record.status = std::move(row->status);
-  record.spec_yaml = std::move(row->spec_yaml);
+  record.status = std::move(row.status);
+  record.spec_yaml = std::move(row.spec_yaml);
   return record;
 }
 
@@ -547,18 +566,14 @@ absl::StatusOr<std::vector<v1::JobStatus>> JobStore::ListJobs(int limit) const {
   constexpr absl::string_view kOp = "JobStore::ListJobs";
   absl::MutexLock lock(&impl_->mu);
   Stmt select(impl_->db, kOp);
-  if (absl::Status s =
-          select.Prepare("SELECT job_id, state, status, created_ms, updated_ms FROM jobs "
-                         "ORDER BY created_ms DESC, rowid DESC LIMIT ?1");
-      !s.ok()) {
-    return s;
-  }
+  STAGEWISE_RETURN_IF_ERROR(
+      select.Prepare("SELECT job_id, state, status, created_ms, updated_ms FROM jobs ORDER BY "
+                     "created_ms DESC, rowid DESC LIMIT ?1"));
   select.BindInt64(1, limit > 0 ? limit : -1);  // a negative LIMIT means none
   std::vector<v1::JobStatus> jobs;
   for (;;) {
-    absl::StatusOr<bool> row = select.Step();
-    if (!row.ok()) return row.status();
-    if (!*row) break;
+    STAGEWISE_ASSIGN_OR_RETURN(const bool row, select.Step());
+    if (!row) break;
     v1::JobStatus& status = jobs.emplace_back();
     if (!select.ParseProto(2, &status)) return CorruptStatus(kOp, select.Text(0));
     status.set_state(static_cast<v1::JobState>(select.Int64(1)));
@@ -572,20 +587,16 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::UnfinishedJobs() const {
   constexpr absl::string_view kOp = "JobStore::UnfinishedJobs";
   absl::MutexLock lock(&impl_->mu);
   Stmt select(impl_->db, kOp);
-  if (absl::Status s = select.Prepare(
-          "SELECT job_id, state, status, spec_yaml, created_ms, updated_ms FROM jobs "
-          "WHERE state NOT IN (?1, ?2, ?3) ORDER BY created_ms ASC, rowid ASC");
-      !s.ok()) {
-    return s;
-  }
+  STAGEWISE_RETURN_IF_ERROR(
+      select.Prepare("SELECT job_id, state, status, spec_yaml, created_ms, updated_ms FROM jobs "
+                     "WHERE state NOT IN (?1, ?2, ?3) ORDER BY created_ms ASC, rowid ASC"));
   select.BindInt64(1, v1::SUCCEEDED);
   select.BindInt64(2, v1::FAILED);
   select.BindInt64(3, v1::CANCELLED);
   std::vector<JobRecord> jobs;
   for (;;) {
-    absl::StatusOr<bool> row = select.Step();
-    if (!row.ok()) return row.status();
-    if (!*row) break;
+    STAGEWISE_ASSIGN_OR_RETURN(const bool row, select.Step());
+    if (!row) break;
     JobRecord& record = jobs.emplace_back();
     if (!select.ParseProto(2, &record.status)) return CorruptStatus(kOp, select.Text(0));
     record.status.set_state(static_cast<v1::JobState>(select.Int64(1)));
@@ -600,22 +611,17 @@ absl::StatusOr<std::vector<TransitionRecord>> JobStore::Transitions(
     const std::string& job_id) const {
   constexpr absl::string_view kOp = "JobStore::Transitions";
   absl::MutexLock lock(&impl_->mu);
-  absl::StatusOr<bool> exists = impl_->JobExists(job_id, kOp);
-  if (!exists.ok()) return exists.status();
-  if (!*exists) return JobNotFound(job_id);
+  STAGEWISE_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id, kOp));
+  if (!exists) return JobNotFound(job_id);
   Stmt select(impl_->db, kOp);
-  if (absl::Status s =
-          select.Prepare("SELECT from_state, to_state, reason, unix_ms FROM transitions "
-                         "WHERE job_id = ?1 ORDER BY id");
-      !s.ok()) {
-    return s;
-  }
+  STAGEWISE_RETURN_IF_ERROR(
+      select.Prepare("SELECT from_state, to_state, reason, unix_ms FROM transitions "
+                     "WHERE job_id = ?1 ORDER BY id"));
   select.BindText(1, job_id);
   std::vector<TransitionRecord> transitions;
   for (;;) {
-    absl::StatusOr<bool> row = select.Step();
-    if (!row.ok()) return row.status();
-    if (!*row) break;
+    STAGEWISE_ASSIGN_OR_RETURN(const bool row, select.Step());
+    if (!row) break;
     TransitionRecord& t = transitions.emplace_back();
     t.from = static_cast<v1::JobState>(select.Int64(0));
     t.to = static_cast<v1::JobState>(select.Int64(1));
@@ -628,7 +634,7 @@ absl::StatusOr<std::vector<TransitionRecord>> JobStore::Transitions(
 absl::Status JobStore::AppendMetrics(const std::string& job_id,
                                      const std::vector<MetricPoint>& points) {
   constexpr absl::string_view kOp = "JobStore::AppendMetrics";
-  if (absl::Status s = CheckJobId(job_id, "job_id"); !s.ok()) return s;
+  STAGEWISE_RETURN_IF_ERROR(CheckJobId(job_id, "job_id"));
   for (size_t i = 0; i < points.size(); ++i) {
     if (points[i].name.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("points[", i, "].name is empty"));
@@ -639,16 +645,12 @@ absl::Status JobStore::AppendMetrics(const std::string& job_id,
   absl::MutexLock lock(&impl_->mu);
   // One transaction for the batch: one fsync, and all-or-nothing.
   WriteTxn txn(impl_->db, kOp);
-  if (absl::Status s = txn.Begin(); !s.ok()) return s;
-  absl::StatusOr<bool> exists = impl_->JobExists(job_id, kOp);
-  if (!exists.ok()) return exists.status();
-  if (!*exists) return JobNotFound(job_id);
+  STAGEWISE_RETURN_IF_ERROR(txn.Begin());
+  STAGEWISE_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id, kOp));
+  if (!exists) return JobNotFound(job_id);
   Stmt insert(impl_->db, kOp);
-  if (absl::Status s = insert.Prepare(
-          "INSERT INTO metrics (job_id, step, name, value, unix_ms) VALUES (?1, ?2, ?3, ?4, ?5)");
-      !s.ok()) {
-    return s;
-  }
+  STAGEWISE_RETURN_IF_ERROR(insert.Prepare(
+      "INSERT INTO metrics (job_id, step, name, value, unix_ms) VALUES (?1, ?2, ?3, ?4, ?5)"));
   for (const MetricPoint& point : points) {
     insert.Reset();
     insert.BindText(1, job_id);
@@ -656,7 +658,7 @@ absl::Status JobStore::AppendMetrics(const std::string& job_id,
     insert.BindText(3, point.name);
     insert.BindDouble(4, point.value);
     insert.BindInt64(5, point.unix_ms != 0 ? point.unix_ms : now);
-    if (absl::Status s = insert.Run(); !s.ok()) return s;
+    STAGEWISE_RETURN_IF_ERROR(insert.Run());
   }
   return txn.Commit();
 }
@@ -665,27 +667,21 @@ absl::StatusOr<std::vector<MetricPoint>> JobStore::Metrics(const std::string& jo
                                                            const std::string& name) const {
   constexpr absl::string_view kOp = "JobStore::Metrics";
   absl::MutexLock lock(&impl_->mu);
-  absl::StatusOr<bool> exists = impl_->JobExists(job_id, kOp);
-  if (!exists.ok()) return exists.status();
-  if (!*exists) return JobNotFound(job_id);
+  STAGEWISE_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id, kOp));
+  if (!exists) return JobNotFound(job_id);
   Stmt select(impl_->db, kOp);
   // Two statements rather than "(?2 = '' OR name = ?2)", which would keep
   // the planner off the (job_id, name) index.
-  if (absl::Status s =
-          select.Prepare(name.empty() ? "SELECT step, name, value, unix_ms FROM metrics "
-                                        "WHERE job_id = ?1 ORDER BY id"
-                                      : "SELECT step, name, value, unix_ms FROM metrics "
-                                        "WHERE job_id = ?1 AND name = ?2 ORDER BY id");
-      !s.ok()) {
-    return s;
-  }
+  STAGEWISE_RETURN_IF_ERROR(select.Prepare(
+      name.empty() ? "SELECT step, name, value, unix_ms FROM metrics WHERE job_id = ?1 ORDER BY id"
+                   : "SELECT step, name, value, unix_ms FROM metrics "
+                     "WHERE job_id = ?1 AND name = ?2 ORDER BY id"));
   select.BindText(1, job_id);
   if (!name.empty()) select.BindText(2, name);
   std::vector<MetricPoint> points;
   for (;;) {
-    absl::StatusOr<bool> row = select.Step();
-    if (!row.ok()) return row.status();
-    if (!*row) break;
+    STAGEWISE_ASSIGN_OR_RETURN(const bool row, select.Step());
+    if (!row) break;
     MetricPoint& point = points.emplace_back();
     point.step = select.Int64(0);
     point.name = select.Text(1);

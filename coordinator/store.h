@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -37,7 +38,8 @@ struct TransitionRecord {
 
 // True for SUCCEEDED, FAILED, CANCELLED.
 bool IsTerminal(v1::JobState state);
-// Whether the state machine allows from -> to (ARCHITECTURE.md):
+// Whether the state machine allows from -> to (docs/architecture.md, "Job state
+// machine"):
 // PENDING -> PROFILING | CONFIGURING | CANCELLED | FAILED; PROFILING -> CONFIGURING | ...;
 // CONFIGURING -> RUNNING | FAILED | CANCELLED | PENDING; RUNNING <-> CHECKPOINTING;
 // RUNNING -> SUCCEEDED | FAILED | CANCELLED | RECOVERING; RECOVERING -> CONFIGURING | FAILED |
@@ -82,6 +84,14 @@ class JobStore {
   absl::StatusOr<std::vector<TransitionRecord>> Transitions(const std::string& job_id) const;
 
   absl::Status AppendMetrics(const std::string& job_id, const std::vector<MetricPoint>& points);
+  // Progress of live jobs in one transaction (one fsync, all or nothing):
+  // every status replaces the stored one as UpdateStatus does (no state
+  // change), then every point is appended as AppendMetrics does.
+  struct ProgressBatch {
+    std::vector<v1::JobStatus> statuses;
+    std::vector<std::pair<std::string, MetricPoint>> points;  // (job_id, point), in order
+  };
+  absl::Status WriteProgress(const ProgressBatch& batch);
   // All points of a job in insertion order, optionally only one name.
   absl::StatusOr<std::vector<MetricPoint>> Metrics(const std::string& job_id,
                                                    const std::string& name = "") const;

@@ -8,15 +8,9 @@
 #include "services/common/status_macros.h"
 #include "services/tensor/codec.h"
 #include "services/training/optimizer.h"
+#include "worker/algorithms/common.h"
 
 namespace stagewise::worker {
-namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 // Feeds one inbox from one peer stream, validating every message first.
 class StageRuntime::InboxSink : public MessageSink {

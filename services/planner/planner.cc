@@ -10,10 +10,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "services/common/job_spec.h"
 #include "services/planner/knapsack.h"
 #include "services/planner/partition.h"
 #include "services/planner/timing_model.h"
-#include "services/common/job_spec.h"
 
 namespace stagewise::planner {
 namespace {
@@ -465,6 +466,27 @@ std::string ProfileText(const ModelProfile& p) {
                               b.reversible ? Ms(b.inverse_s) : "-", HumanBytes(b.output_bytes),
                               HumanBytes(b.graph_bytes), HumanBytes(b.parameter_bytes),
                               HumanBytes(b.optimizer_bytes)));
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, double>> PlanSummary(const Plan& plan) {
+  std::vector<std::pair<std::string, double>> out;
+  for (size_t j = 0; j < plan.stages.size(); ++j) {
+    const StagePlan& s = plan.stages[j];
+    const std::string prefix = absl::StrCat("plan.stage", j, ".");
+    int rebuilt = 0;
+    for (size_t i = 0; i < s.store.size(); ++i) rebuilt += s.store[i] ? 0 : 1;
+    out.emplace_back(prefix + "block_begin", s.begin);
+    out.emplace_back(prefix + "block_end", s.end);
+    out.emplace_back(prefix + "peak_bytes", static_cast<double>(s.estimate.peak_bytes));
+    out.emplace_back(prefix + "seconds_per_batch", s.estimate.time_s() + s.estimate.aux_head_s);
+    out.emplace_back(prefix + "rebuild_blocks", rebuilt);
+  }
+  for (const Prediction& p : plan.predictions) {
+    out.emplace_back(
+        absl::StrCat("plan.predicted.", absl::StrReplaceAll(p.algorithm, {{" ", "_"}, {"=", ""}})),
+        p.seconds_per_batch);
   }
   return out;
 }

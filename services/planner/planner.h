@@ -1,8 +1,8 @@
-// The planner (ARCHITECTURE.md, "Partitions"; ALGORITHMS.md, "Reversible
-// layers"): from a ModelProfile, the partition over J workers that minimises
-// the slowest stage under each worker's memory cap, the mode of every
-// reversible block (store = compute-centric, rebuild = memory-centric; seed
-// 001) and each algorithm's predicted time per mini-batch.
+// The planner (docs/planner.md): from a ModelProfile, the partition over J
+// workers that minimises the slowest stage under each worker's memory cap,
+// the mode of every reversible block (store = compute-centric, rebuild =
+// memory-centric, as in "An Efficient Training Framework for Reversible
+// Neural Architectures") and each algorithm's predicted time per mini-batch.
 //
 // Memory model (what a stage's CPU tensors peak at, as the memory meter
 // counts them): parameters, BatchNorm buffers, gradients and optimizer state;
@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "services/planner/profile.h"
 #include "services/common/job_spec.h"
+#include "services/planner/profile.h"
 
 namespace stagewise::planner {
 
@@ -109,6 +109,12 @@ absl::StatusOr<Plan> MakePlan(const ModelProfile& profile, const PlanOptions& op
 // (the plan's modes for backprop and petra).
 std::vector<Prediction> PredictAlgorithms(const ModelProfile& profile, const Plan& plan,
                                           const PlanOptions& options);
+
+// The plan as JobStatus.summary entries, in stage order then predictions:
+//   plan.stageJ.{block_begin,block_end,peak_bytes,seconds_per_batch,rebuild_blocks}
+//   plan.predicted.<algorithm> (seconds per mini-batch; "nwise n=1" -> nwise_n1:
+//   summary keys carry no spaces and no '=').
+std::vector<std::pair<std::string, double>> PlanSummary(const Plan& plan);
 
 std::string PlanText(const ModelProfile& profile, const Plan& plan);
 std::string PlanJson(const ModelProfile& profile, const Plan& plan);

@@ -161,7 +161,9 @@ TEST(NwiseOracle, NEqualsOneIsLocalLearningWithoutBackwardTraffic) {
     EXPECT_FALSE(s.count(stage + "backward_bytes_sent")) << stage;
     EXPECT_EQ(s.at(stage + "bytes_sent"), j < 3 ? s.at(stage + "forward_bytes_sent") : 0.0)
         << stage;
-    if (j < 3) EXPECT_GT(s.at(stage + "aux_head_parameters"), 0) << stage;
+    if (j < 3) {
+      EXPECT_GT(s.at(stage + "aux_head_parameters"), 0) << stage;
+    }
   }
   EXPECT_EQ(s.at("stage0.bytes_received"), 0.0);
 }

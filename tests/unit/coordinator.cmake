@@ -1,1 +1,8 @@
-# Unit tests of the coordinator area (included from CMakeLists.txt).
+#Unit tests of the coordinator area(included from CMakeLists.txt) : the
+#transport - free parts with fakes(no gRPC, no real workers).
+stagewise_add_test(NAME worker_registry_test SOURCES worker_registry_test.cc LIBS
+                       stagewise_job_manager LABELS unit)
+    stagewise_add_test(
+        NAME scheduler_test SOURCES scheduler_test.cc LIBS stagewise_job_manager LABELS unit)
+        stagewise_add_test(NAME job_manager_test SOURCES job_manager_test.cc LIBS
+                               stagewise_job_manager LABELS unit)

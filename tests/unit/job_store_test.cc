@@ -518,6 +518,62 @@ TEST(JobStoreTest, MetricsRejectEmptyNameAtomically) {
   EXPECT_THAT(*points, IsEmpty());
 }
 
+TEST(JobStoreTest, WriteProgressWritesStatusesAndPointsTogether) {
+  auto store = OpenOrDie(":memory:");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->CreateJob(MakeJob("job-a")).ok());
+  ASSERT_TRUE(store->CreateJob(MakeJob("job-b")).ok());
+  ASSERT_TRUE(store->Transition("job-b", v1::CONFIGURING, "").ok());
+  EXPECT_TRUE(store->WriteProgress({}).ok());
+
+  JobStore::ProgressBatch batch;
+  v1::JobStatus a = MakeJob("job-a").status;
+  a.set_state(v1::PENDING);
+  a.set_reason("waiting for 2 idle workers");
+  v1::JobStatus b = MakeJob("job-b").status;
+  b.set_state(v1::CONFIGURING);
+  b.set_step(7);
+  batch.statuses = {a, b};
+  batch.points = {{"job-b", {6, "train_loss", 2.0, 10}},
+                  {"job-a", {0, "queue", 1.0, 11}},
+                  {"job-b", {7, "train_loss", 1.5, 12}}};
+  ASSERT_TRUE(store->WriteProgress(batch).ok());
+  auto ga = store->GetJob("job-a");
+  auto gb = store->GetJob("job-b");
+  ASSERT_TRUE(ga.ok() && gb.ok());
+  EXPECT_EQ(ga->status.reason(), "waiting for 2 idle workers");
+  EXPECT_EQ(ga->status.state(), v1::PENDING);
+  EXPECT_EQ(gb->status.step(), 7);
+  EXPECT_EQ(gb->status.state(), v1::CONFIGURING);
+  auto points = store->Metrics("job-b", "train_loss");
+  ASSERT_TRUE(points.ok());
+  ASSERT_EQ(points->size(), 2u);
+  EXPECT_EQ((*points)[0].step, 6);
+  EXPECT_EQ((*points)[1].step, 7);
+
+  // All or nothing: a state change (or an unknown job) anywhere refuses the batch.
+  JobStore::ProgressBatch bad;
+  v1::JobStatus moved = b;
+  moved.set_state(v1::RUNNING);
+  moved.set_step(99);
+  bad.statuses = {moved};
+  bad.points = {{"job-a", {1, "queue", 2.0, 13}}};
+  absl::Status s = store->WriteProgress(bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("use Transition"));
+  bad.statuses.clear();
+  bad.points.push_back({"job-ghost", {1, "x", 1.0, 14}});
+  EXPECT_EQ(store->WriteProgress(bad).code(), absl::StatusCode::kNotFound);
+  bad.points = {{"job-a", {1, "", 1.0, 15}}};
+  EXPECT_EQ(store->WriteProgress(bad).code(), absl::StatusCode::kInvalidArgument);
+  gb = store->GetJob("job-b");
+  ASSERT_TRUE(gb.ok());
+  EXPECT_EQ(gb->status.step(), 7);
+  auto queue = store->Metrics("job-a", "queue");
+  ASSERT_TRUE(queue.ok());
+  EXPECT_EQ(queue->size(), 1u);
+}
+
 TEST(JobStoreTest, UnknownJobIsNotFound) {
   auto store = OpenOrDie(":memory:");
   ASSERT_NE(store, nullptr);

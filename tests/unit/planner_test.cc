@@ -1,5 +1,5 @@
 // The planner's dynamic programs against brute force, and its plans against
-// their caps (ALGORITHMS.md, "Reversible layers": oracle).
+// their caps (docs/planner.md).
 #include "services/planner/planner.h"
 
 #include <gtest/gtest.h>
@@ -110,7 +110,9 @@ TEST(Knapsack, ChainKnapsackEqualsBruteForceOnRandomInstances) {
     double v = 0;
     int stored = 0;
     for (int i = 0; i < n; ++i) {
-      if (items[i].forced) EXPECT_TRUE(r.chosen[i]) << "forced block " << i;
+      if (items[i].forced) {
+        EXPECT_TRUE(r.chosen[i]) << "forced block " << i;
+      }
       if (r.chosen[i]) v += items[i].value, ++stored;
     }
     EXPECT_NEAR(v, best, 1e-9);
@@ -187,7 +189,9 @@ TEST(Partition, MinMaxEqualsBruteForceOnSmallCases) {
     double worst = 0;
     for (int j = 0; j < J; ++j) {
       EXPECT_LT(r.ranges[j].first, r.ranges[j].second);
-      if (j > 0) EXPECT_EQ(r.ranges[j].first, r.ranges[j - 1].second);
+      if (j > 0) {
+        EXPECT_EQ(r.ranges[j].first, r.ranges[j - 1].second);
+      }
       worst = std::max(worst, cost(r.ranges[j].first, r.ranges[j].second, j));
     }
     EXPECT_NEAR(worst, r.bottleneck, 1e-9);
@@ -350,6 +354,39 @@ TEST(Profile, SerializeParseRoundTrip) {
   auto bad = ParseProfile("stagewise-profile 1\nblock 0 stem 0 x\n");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("line 2"), std::string::npos);
+}
+
+TEST(Planner, PlanSummaryNamesEveryStageAndPrediction) {
+  Plan plan;
+  StagePlan a;
+  a.begin = 0;
+  a.end = 3;
+  a.store = {true, false, false};
+  a.estimate.forward_s = 1;
+  a.estimate.backward_s = 2;
+  a.estimate.step_s = 0.5;
+  a.estimate.message_s = 0.25;
+  a.estimate.aux_head_s = 0.125;
+  a.estimate.peak_bytes = 1 << 20;
+  StagePlan b;
+  b.begin = 3;
+  b.end = 5;
+  b.store = {true, true};
+  b.estimate.forward_s = 4;
+  plan.stages = {a, b};
+  plan.predictions = {{"petra", 1.5, 2, ""}, {"nwise n=2", 0.75, 4, ""}};
+
+  const std::vector<std::pair<std::string, double>> summary = PlanSummary(plan);
+  const std::vector<std::pair<std::string, double>> expected = {
+      {"plan.stage0.block_begin", 0},       {"plan.stage0.block_end", 3},
+      {"plan.stage0.peak_bytes", 1 << 20},  {"plan.stage0.seconds_per_batch", 3.875},
+      {"plan.stage0.rebuild_blocks", 2},    {"plan.stage1.block_begin", 3},
+      {"plan.stage1.block_end", 5},         {"plan.stage1.peak_bytes", 0},
+      {"plan.stage1.seconds_per_batch", 4}, {"plan.stage1.rebuild_blocks", 0},
+      {"plan.predicted.petra", 1.5},        {"plan.predicted.nwise_n2", 0.75},
+  };
+  EXPECT_EQ(summary, expected);
+  EXPECT_TRUE(PlanSummary(Plan{}).empty());
 }
 
 }  // namespace

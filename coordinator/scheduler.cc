@@ -1,0 +1,122 @@
+#include "coordinator/scheduler.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "services/planner/planner.h"
+#include "services/planner/profile.h"
+
+namespace stagewise::coordinator {
+
+void Scheduler::Enqueue(Request request) { queue_.push_back(std::move(request)); }
+
+bool Scheduler::Remove(const std::string& job_id) {
+  auto it = std::find_if(queue_.begin(), queue_.end(),
+                         [&](const Request& r) { return r.job_id == job_id; });
+  if (it == queue_.end()) return false;
+  queue_.erase(it);
+  return true;
+}
+
+bool Scheduler::Queued(const std::string& job_id) const {
+  return std::any_of(queue_.begin(), queue_.end(),
+                     [&](const Request& r) { return r.job_id == job_id; });
+}
+
+Scheduler::Round Scheduler::Schedule() {
+  Round round;
+  std::vector<Request> still_queued;
+  for (Request& request : queue_) {
+    std::vector<std::string> workers = registry_->Claim(request.job_id, request.workers);
+    if (workers.empty()) {
+      const WorkerRegistry::Counts counts = registry_->GetCounts();
+      round.waiting.push_back(
+          {request.job_id,
+           absl::StrCat("waiting for ", request.workers, " idle workers (", counts.idle, " idle, ",
+                        counts.registered, " registered)")});
+      still_queued.push_back(std::move(request));
+      continue;
+    }
+    round.placed.push_back({request.job_id, std::move(workers), request.profile});
+  }
+  queue_ = std::move(still_queued);
+  return round;
+}
+
+v1::Command Scheduler::ProfileCommand(const std::string& job_id, const std::string& job_spec_yaml) {
+  v1::Command c;
+  c.mutable_profile()->set_job_id(job_id);
+  c.mutable_profile()->set_job_spec_yaml(job_spec_yaml);
+  return c;
+}
+
+absl::StatusOr<Scheduler::PlannedStages> Scheduler::PlanFromProfile(
+    const JobSpec& spec, const v1::ProfileResult& result,
+    const std::vector<std::string>& workers) const {
+  auto profile = planner::ParseProfile(result.profile());
+  if (!profile.ok()) {
+    return absl::Status(profile.status().code(),
+                        absl::StrCat("profile from the worker: ", profile.status().message()));
+  }
+  planner::PlanOptions options =
+      planner::PlanOptionsForJob(spec, static_cast<int>(profile->blocks.size()));
+  if (options.memory_caps.empty()) {
+    // The workers' own --memory-bytes, where every one of them says.
+    std::vector<int64_t> caps;
+    for (const std::string& w : workers) {
+      std::optional<v1::WorkerInfo> info = registry_->Info(w);
+      caps.push_back(info.has_value() ? info->memory_bytes() : 0);
+    }
+    if (std::all_of(caps.begin(), caps.end(), [](int64_t c) { return c > 0; })) {
+      options.memory_caps = caps;
+    }
+  }
+  auto plan = planner::MakePlan(*profile, options);
+  if (!plan.ok()) {
+    return absl::Status(plan.status().code(), absl::StrCat("plan: ", plan.status().message()));
+  }
+  PlannedStages out;
+  for (const planner::StagePlan& s : plan->stages) {
+    out.ranges.emplace_back(s.begin, s.end);
+    std::vector<std::string> modes;
+    for (int i = s.begin; i < s.end; ++i) {
+      modes.push_back(s.store[i - s.begin] ? "store" : "rebuild");
+    }
+    out.modes.push_back(std::move(modes));
+  }
+  out.summary = planner::PlanSummary(*plan);
+  return out;
+}
+
+std::vector<v1::Command> Scheduler::StageAssignments(
+    const std::string& job_id, const std::string& job_spec_yaml,
+    const std::vector<std::string>& workers, const std::vector<std::pair<int, int>>& ranges,
+    const std::vector<std::vector<std::string>>& modes) const {
+  std::vector<v1::Command> out;
+  const size_t n = workers.size();
+  for (size_t j = 0; j < n; ++j) {
+    v1::Command c;
+    v1::StageAssignment* a = c.mutable_configure();
+    a->set_job_id(job_id);
+    a->set_stage(static_cast<int>(j));
+    a->set_num_stages(static_cast<int>(n));
+    if (j < ranges.size()) {
+      a->set_block_begin(ranges[j].first);
+      a->set_block_end(ranges[j].second);
+    }
+    if (j + 1 < n) {
+      std::optional<v1::WorkerInfo> next = registry_->Info(workers[j + 1]);
+      if (next.has_value()) a->set_next_address(next->address());
+    }
+    a->set_job_spec_yaml(job_spec_yaml);
+    if (j < modes.size()) {
+      for (const std::string& m : modes[j]) a->add_block_modes(m);
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+}  // namespace stagewise::coordinator

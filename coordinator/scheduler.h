@@ -1,0 +1,92 @@
+// The coordinator's scheduler: the queue of PENDING jobs and their placement
+// on idle workers, and the placement-side commands (the ProfileCommand of the
+// PROFILING step, the StageAssignments of CONFIGURING, the plan that turns a
+// worker's profile into stage ranges and block modes).
+//
+// Policy: FIFO with backfill. Jobs are considered in submission order; a job
+// is placed as soon as enough workers are idle (the first idle workers by id,
+// stage j on the j-th); a job that does not fit keeps its place while a later,
+// smaller job may take the idle workers.
+//
+// Threading: not thread-safe. Owned and called by the JobManager's loop thread
+// only; it reaches workers through the (thread-safe) WorkerRegistry. It never
+// writes the store: the JobManager persists each placement's transition before
+// sending the commands built here.
+#ifndef STAGEWISE_COORDINATOR_SCHEDULER_H_
+#define STAGEWISE_COORDINATOR_SCHEDULER_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/worker_registry.h"
+#include "services/common/job_spec.h"
+#include "stagewise/v1/coordinator.pb.h"
+
+namespace stagewise::coordinator {
+
+class Scheduler {
+ public:
+  explicit Scheduler(WorkerRegistry* registry) : registry_(registry) {}
+
+  struct Request {
+    std::string job_id;
+    int workers = 1;       // one per stage
+    bool profile = false;  // needs a ProfileCommand (PROFILING) before its stages
+  };
+  // Appends a PENDING job to the queue.
+  void Enqueue(Request request);
+  // Drops a job from the queue; false if it was not queued.
+  bool Remove(const std::string& job_id);
+  bool Queued(const std::string& job_id) const;
+  size_t size() const { return queue_.size(); }
+
+  struct Placement {
+    std::string job_id;
+    std::vector<std::string> workers;  // by stage; already claimed in the registry
+    bool profile = false;
+  };
+  struct Waiting {
+    std::string job_id;
+    std::string reason;  // "waiting for N idle workers (I idle, R registered)"
+  };
+  struct Round {
+    std::vector<Placement> placed;  // in queue order, removed from the queue
+    std::vector<Waiting> waiting;   // still queued
+  };
+  // One pass over the queue (FIFO with backfill).
+  Round Schedule();
+
+  // The PROFILING step: one worker (workers of a job share a device type)
+  // profiles the model; its ProfileResult leads to PlanFromProfile.
+  static v1::Command ProfileCommand(const std::string& job_id, const std::string& job_spec_yaml);
+
+  // Stage ranges and block modes from a worker's profile, and the plan as
+  // JobStatus.summary entries (planner::PlanSummary).
+  struct PlannedStages {
+    std::vector<std::pair<int, int>> ranges;
+    std::vector<std::vector<std::string>> modes;  // per stage, per block: store | rebuild
+    std::vector<std::pair<std::string, double>> summary;
+  };
+  // Caps: stages.memory_budget, else every worker's --memory-bytes when all
+  // of them report one. Errors name the profile or the plan.
+  absl::StatusOr<PlannedStages> PlanFromProfile(const JobSpec& spec,
+                                                const v1::ProfileResult& result,
+                                                const std::vector<std::string>& workers) const;
+
+  // Every stage's StageAssignment (command ids unset), stage j for workers[j],
+  // each pointing at the next stage's address.
+  std::vector<v1::Command> StageAssignments(
+      const std::string& job_id, const std::string& job_spec_yaml,
+      const std::vector<std::string>& workers, const std::vector<std::pair<int, int>>& ranges,
+      const std::vector<std::vector<std::string>>& modes) const;
+
+ private:
+  WorkerRegistry* registry_;
+  std::vector<Request> queue_;
+};
+
+}  // namespace stagewise::coordinator
+
+#endif  // STAGEWISE_COORDINATOR_SCHEDULER_H_

@@ -1,0 +1,110 @@
+// The coordinator's worker registry: which workers registered, which of them
+// have a control stream open (and through which CommandSink), when each was
+// last heard from, and which job stage each one runs (idle / busy).
+//
+// Threading: thread-safe. One mutex guards everything and is a leaf lock: it
+// is held only for in-memory bookkeeping and for CommandSink::Send/Close,
+// which never block. gRPC callback threads call Register, Connect, Disconnect
+// and Touch directly (so a connect is refused at once, and a heartbeat never
+// waits behind a disk write); the JobManager's loop thread claims and releases
+// workers, sends commands and expires silent workers; ListWorkers may be called
+// from anywhere.
+//
+// Sinks: a sink given to Connect is used only until Disconnect(id, sink)
+// returns or the registry removes the worker (Expire, a second Register); after
+// that the registry never touches it again, so its owner may delete it.
+#ifndef STAGEWISE_COORDINATOR_WORKER_REGISTRY_H_
+#define STAGEWISE_COORDINATOR_WORKER_REGISTRY_H_
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "stagewise/v1/coordinator.pb.h"
+
+namespace stagewise::coordinator {
+
+// How the coordinator reaches one connected worker (its control stream).
+class CommandSink {
+ public:
+  virtual ~CommandSink() = default;
+  // Non-blocking; false once the stream is gone.
+  virtual bool Send(const v1::Command& command) = 0;
+  // Ends the stream with `status` (e.g. the worker missed its heartbeats).
+  virtual void Close(const absl::Status& status) = 0;
+};
+
+class WorkerRegistry {
+ public:
+  // A worker that left the registry, and the job stage it was running (if any).
+  struct Removed {
+    std::string worker_id;
+    std::string job_id;  // empty when it was idle
+    int stage = -1;
+  };
+  struct Counts {
+    int idle = 0;        // connected, no job
+    int busy = 0;        // running a job stage
+    int registered = 0;  // every worker, connected or not
+  };
+
+  WorkerRegistry() = default;
+  WorkerRegistry(const WorkerRegistry&) = delete;
+  WorkerRegistry& operator=(const WorkerRegistry&) = delete;
+
+  // The worker's id: info.worker_id, or its address when that is empty. A
+  // worker that registers again (it restarted) replaces its old entry: the old
+  // stream is closed with ABORTED and the old entry is returned in `*replaced`.
+  // INVALID_ARGUMENT without an address.
+  absl::StatusOr<std::string> Register(const v1::WorkerInfo& info, absl::Time now,
+                                       std::optional<Removed>* replaced);
+  // The worker's control stream is open. NOT_FOUND if it never registered.
+  absl::Status Connect(const std::string& worker_id, CommandSink* sink, absl::Time now);
+  // The stream ended: removes the worker if `sink` is still its stream (a newer
+  // stream of the same worker keeps it).
+  std::optional<Removed> Disconnect(const std::string& worker_id, CommandSink* sink);
+  // Records that the worker was heard from; false if it is not registered.
+  bool Touch(const std::string& worker_id, absl::Time now);
+  // Removes every worker silent for longer than `timeout` and closes its
+  // stream with UNAVAILABLE.
+  std::vector<Removed> Expire(absl::Time now, absl::Duration timeout);
+  // When the first worker would expire (InfiniteFuture when there is none).
+  absl::Time NextExpiry(absl::Duration timeout) const;
+
+  Counts GetCounts() const;
+  // Gives stages 0..n-1 of `job_id` to the first n idle workers (by id), all at
+  // once; empty (and nothing claimed) when fewer than n are idle.
+  std::vector<std::string> Claim(const std::string& job_id, int n);
+  // Frees every worker still running a stage of `job_id`; returns their ids.
+  std::vector<std::string> Release(const std::string& job_id);
+  // The registration of a worker (nullopt if it is gone).
+  std::optional<v1::WorkerInfo> Info(const std::string& worker_id) const;
+  // Sends on the worker's stream; false if it is gone or not connected.
+  bool Send(const std::string& worker_id, const v1::Command& command);
+
+  // Every worker, with labels state = registering | idle | busy and, when
+  // busy, job and stage.
+  std::vector<v1::WorkerInfo> List() const;
+
+ private:
+  struct Worker {
+    v1::WorkerInfo info;
+    CommandSink* sink = nullptr;  // null until Connect
+    absl::Time last_seen;
+    std::string job_id;  // empty when idle
+    int stage = -1;
+  };
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace stagewise::coordinator
+
+#endif  // STAGEWISE_COORDINATOR_WORKER_REGISTRY_H_

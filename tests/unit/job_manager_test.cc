@@ -1,0 +1,534 @@
+// JobManager with fakes: an in-memory JobStore, fake control streams that
+// record commands, no gRPC and no real workers. The manager handles events on
+// its own thread; Sync() waits until it has handled everything sent before.
+#include "coordinator/job_manager.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <prometheus/registry.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "services/metrics/metrics.h"
+#include "services/models/plan.h"
+#include "services/planner/profile.h"
+#include "tests/unit/coordinator_fakes.h"
+
+namespace stagewise::coordinator {
+namespace {
+
+using testing::AckEvent;
+using ::testing::ElementsAre;
+using testing::ErrorEvent;
+using testing::FakeSink;
+using ::testing::HasSubstr;
+using testing::HeartbeatEvent;
+using testing::Info;
+using testing::JobYaml;
+using testing::MetricsEvent;
+using testing::PhaseDoneEvent;
+using testing::ProfileEvent;
+using testing::ResultEvent;
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = JobStore::Open(":memory:");
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    metrics_ = std::make_unique<metrics::CoordinatorMetrics>(registry_);
+  }
+  void TearDown() override { manager_.reset(); }
+
+  static JobManagerOptions Options() {
+    JobManagerOptions o;
+    o.heartbeat_timeout = absl::Hours(1);  // no expiry unless a test asks for it
+    return o;
+  }
+  void StartManager(JobManagerOptions options = Options()) {
+    manager_ = std::make_unique<JobManager>(store_.get(), metrics_.get(), options);
+    ASSERT_TRUE(manager_->Start().ok());
+  }
+  // Registers and connects a worker through a fake stream.
+  FakeSink* AddWorker(const std::string& id) {
+    auto r = manager_->Register(Info(id));
+    EXPECT_TRUE(r.ok()) << r.status();
+    auto sink = std::make_unique<FakeSink>();
+    EXPECT_TRUE(manager_->Connect(id, sink.get()).ok());
+    sinks_[id] = std::move(sink);
+    return sinks_[id].get();
+  }
+  FakeSink& Sink(const std::string& id) { return *sinks_.at(id); }
+  // Every task queued before this call has run (Cancel waits for the loop).
+  void Sync() { (void)manager_->Cancel("job-none", ""); }
+  v1::JobStatus Status(const std::string& id) {
+    auto st = manager_->GetJob(id);
+    EXPECT_TRUE(st.ok()) << st.status();
+    return st.ok() ? *st : v1::JobStatus();
+  }
+  std::string Submit(const std::string& yaml) {
+    auto id = manager_->Submit(yaml);
+    EXPECT_TRUE(id.ok()) << id.status();
+    Sync();
+    return id.ok() ? *id : "";
+  }
+  // Acks every configure command the workers got; the job then runs.
+  void AckAll(const std::vector<std::string>& workers) {
+    for (const std::string& w : workers) {
+      for (const v1::Command& c : Sink(w).Of(v1::Command::kConfigure)) {
+        manager_->OnEvent(AckEvent(w, c.command_id()));
+      }
+    }
+    Sync();
+  }
+  std::vector<v1::JobState> Transitions(const std::string& id) {
+    std::vector<v1::JobState> out;
+    auto ts = store_->Transitions(id);
+    EXPECT_TRUE(ts.ok()) << ts.status();
+    if (ts.ok()) {
+      for (const TransitionRecord& t : *ts) out.push_back(t.to);
+    }
+    return out;
+  }
+  absl::StatusOr<double> Gauge(const std::string& name, const std::string& job) {
+    return metrics::FindSample(metrics::TextExposition(registry_), name, {{"job", job}});
+  }
+
+  prometheus::Registry registry_;
+  std::unique_ptr<metrics::CoordinatorMetrics> metrics_;
+  std::unique_ptr<JobStore> store_;
+  std::map<std::string, std::unique_ptr<FakeSink>> sinks_;
+  std::unique_ptr<JobManager> manager_;  // destroyed first: it may still use the sinks
+};
+
+TEST_F(JobManagerTest, JobRunsFromPendingToSucceeded) {
+  StartManager();
+  AddWorker("w0");
+  AddWorker("w1");
+  const std::string yaml = JobYaml(2, 4);
+  const std::string id = Submit(yaml);
+
+  // Placed at once on the two idle workers: CONFIGURING, one assignment each.
+  EXPECT_EQ(Status(id).state(), v1::CONFIGURING);
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok());
+  auto blocks = models::PlanModel(spec->model);
+  ASSERT_TRUE(blocks.ok());
+  auto ranges = models::ResolvePartition(spec->stages, static_cast<int>(blocks->size()));
+  ASSERT_TRUE(ranges.ok());
+  ASSERT_EQ(ranges->size(), 2u);
+  for (int j = 0; j < 2; ++j) {
+    const std::string w = "w" + std::to_string(j);
+    const auto configure = Sink(w).Of(v1::Command::kConfigure);
+    ASSERT_EQ(configure.size(), 1u) << w;
+    const v1::StageAssignment& a = configure[0].configure();
+    EXPECT_EQ(a.job_id(), id);
+    EXPECT_EQ(a.stage(), j);
+    EXPECT_EQ(a.num_stages(), 2);
+    EXPECT_EQ(a.block_begin(), (*ranges)[j].first);
+    EXPECT_EQ(a.block_end(), (*ranges)[j].second);
+    EXPECT_EQ(a.next_address(), j == 0 ? "w1.example:7000" : "");
+    EXPECT_EQ(a.job_spec_yaml(), yaml);
+    EXPECT_TRUE(Sink(w).Of(v1::Command::kStart).empty());
+  }
+
+  // One ack is not enough; both are.
+  const int64_t first = Sink("w0").Of(v1::Command::kConfigure)[0].command_id();
+  manager_->OnEvent(AckEvent("w0", first));
+  Sync();
+  EXPECT_EQ(Status(id).state(), v1::CONFIGURING);
+  AckAll({"w1"});
+  EXPECT_EQ(Status(id).state(), v1::RUNNING);
+  for (const char* w : {"w0", "w1"}) {
+    const auto start = Sink(w).Of(v1::Command::kStart);
+    ASSERT_EQ(start.size(), 1u) << w;
+    EXPECT_EQ(start[0].start().job_id(), id);
+    EXPECT_EQ(start[0].start().phase(), 0);
+  }
+
+  // Progress comes from the last stage.
+  manager_->OnEvent(MetricsEvent("w0", id, 0, 3, 9.0));  // not the last stage: ignored
+  manager_->OnEvent(MetricsEvent("w1", id, 1, 4, 0.25));
+  Sync();
+  EXPECT_EQ(Status(id).step(), 4);
+  EXPECT_DOUBLE_EQ(Status(id).train_loss(), 0.25);
+  auto step = Gauge("stagewise_job_step", id);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 4);
+
+  manager_->OnEvent(ResultEvent("w0", id, 0, 0.5));
+  Sync();
+  EXPECT_EQ(Status(id).state(), v1::RUNNING);
+  manager_->OnEvent(ResultEvent("w1", id, 1, 0.75));
+  Sync();
+  const v1::JobStatus done = Status(id);
+  EXPECT_EQ(done.state(), v1::SUCCEEDED);
+  EXPECT_EQ(done.step(), 4);
+  EXPECT_DOUBLE_EQ(done.summary().at("stage1.eval_accuracy"), 0.75);
+  EXPECT_THAT(Transitions(id), ElementsAre(v1::CONFIGURING, v1::RUNNING, v1::SUCCEEDED));
+  // The metric history reached the store (batched).
+  auto losses = store_->Metrics(id, "train_loss");
+  ASSERT_TRUE(losses.ok());
+  ASSERT_EQ(losses->size(), 1u);
+  EXPECT_EQ((*losses)[0].step, 4);
+  // A job that succeeded stops nobody; its workers are idle again.
+  EXPECT_TRUE(Sink("w0").Of(v1::Command::kStop).empty());
+  for (const v1::WorkerInfo& w : manager_->ListWorkers()) {
+    EXPECT_EQ(w.labels().at("state"), "idle") << w.worker_id();
+  }
+}
+
+TEST_F(JobManagerTest, JobWaitsForEnoughIdleWorkersWithTheReason) {
+  StartManager();
+  AddWorker("w0");
+  const std::string id = Submit(JobYaml(2, 4));
+  v1::JobStatus st = Status(id);
+  EXPECT_EQ(st.state(), v1::PENDING);
+  EXPECT_EQ(st.reason(), "waiting for 2 idle workers (1 idle, 1 registered)");
+  EXPECT_TRUE(Sink("w0").commands().empty());
+  // The reason is progress, written to the store too.
+  auto stored = store_->GetJob(id);
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->status.reason(), st.reason());
+
+  AddWorker("w1");
+  Sync();
+  EXPECT_EQ(Status(id).state(), v1::CONFIGURING);
+  EXPECT_EQ(Sink("w1").Of(v1::Command::kConfigure).size(), 1u);
+}
+
+TEST_F(JobManagerTest, FifoWithBackfill) {
+  StartManager();
+  AddWorker("w0");
+  AddWorker("w1");
+  AddWorker("w2");
+  const std::string a = Submit(JobYaml(2, 4));
+  const std::string b = Submit(JobYaml(3, 4));
+  const std::string c = Submit(JobYaml(1, 4));
+  EXPECT_EQ(Status(a).state(), v1::CONFIGURING);
+  EXPECT_EQ(Status(b).state(), v1::PENDING);
+  EXPECT_EQ(Status(b).reason(), "waiting for 3 idle workers (1 idle, 3 registered)");
+  EXPECT_EQ(Status(c).state(), v1::CONFIGURING);  // backfilled on w2
+  EXPECT_EQ(Sink("w2").Of(v1::Command::kConfigure).at(0).configure().job_id(), c);
+
+  // a and c end: b, first in line, takes all three workers.
+  ASSERT_TRUE(manager_->Cancel(a, "").ok());
+  ASSERT_TRUE(manager_->Cancel(c, "").ok());
+  Sync();
+  EXPECT_EQ(Status(b).state(), v1::CONFIGURING);
+  for (const char* w : {"w0", "w1", "w2"}) {
+    EXPECT_EQ(Sink(w).Of(v1::Command::kConfigure).back().configure().job_id(), b) << w;
+  }
+}
+
+TEST_F(JobManagerTest, LostHeartbeatFailsTheJobNamingTheWorker) {
+  JobManagerOptions options = Options();
+  options.heartbeat_timeout = absl::Seconds(1);
+  options.housekeeping = absl::Milliseconds(20);
+  StartManager(options);
+  AddWorker("w0");
+  AddWorker("w1");
+  const std::string id = Submit(JobYaml(2, 4));
+  AckAll({"w0", "w1"});
+  ASSERT_EQ(Status(id).state(), v1::RUNNING);
+  // w0 keeps beating, w1 falls silent.
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (!IsTerminal(Status(id).state()) && absl::Now() < deadline) {
+    manager_->OnEvent(HeartbeatEvent("w0"));
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const v1::JobStatus st = Status(id);
+  EXPECT_EQ(st.state(), v1::FAILED);
+  EXPECT_THAT(st.reason(), HasSubstr("lost worker w1 (stage 1)"));
+  EXPECT_THAT(st.reason(), HasSubstr("no heartbeat"));
+  EXPECT_TRUE(Sink("w1").closed());
+  const auto stop = Sink("w0").Of(v1::Command::kStop);
+  ASSERT_EQ(stop.size(), 1u);
+  EXPECT_EQ(stop[0].stop().reason(), st.reason());
+  auto workers = manager_->ListWorkers();
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0].worker_id(), "w0");
+}
+
+TEST_F(JobManagerTest, ClosedStreamOrStageErrorFailsTheJob) {
+  StartManager();
+  AddWorker("w0");
+  AddWorker("w1");
+  const std::string first = Submit(JobYaml(2, 4));
+  AckAll({"w0", "w1"});
+  manager_->OnEvent(ErrorEvent("w1", first, 1, "stage 1: tensors['x'] is short"));
+  Sync();
+  v1::JobStatus st = Status(first);
+  EXPECT_EQ(st.state(), v1::FAILED);
+  EXPECT_EQ(st.reason(), "stage 1: tensors['x'] is short");
+  EXPECT_EQ(Sink("w0").Of(v1::Command::kStop).size(), 1u);
+  EXPECT_EQ(Sink("w1").Of(v1::Command::kStop).size(), 1u);
+
+  // Both workers are idle again and take the next job; then w0's stream ends.
+  const std::string second = Submit(JobYaml(2, 4));
+  EXPECT_EQ(Status(second).state(), v1::CONFIGURING);
+  FakeSink stale;
+  manager_->Disconnect("w0", &stale, absl::UnavailableError("old stream"));  // not its stream
+  Sync();
+  EXPECT_EQ(Status(second).state(), v1::CONFIGURING);
+  manager_->Disconnect("w0", &Sink("w0"), absl::UnavailableError("gone"));
+  Sync();
+  st = Status(second);
+  EXPECT_EQ(st.state(), v1::FAILED);
+  EXPECT_THAT(st.reason(), HasSubstr("lost worker w0 (stage 0): its control stream closed"));
+}
+
+TEST_F(JobManagerTest, CancelPendingAndRunningJobs) {
+  StartManager();
+  AddWorker("w0");
+  const std::string running = Submit(JobYaml(1, 4));
+  AckAll({"w0"});
+  const std::string pending = Submit(JobYaml(1, 4));
+  ASSERT_EQ(Status(pending).state(), v1::PENDING);
+
+  auto cancelled = manager_->Cancel(pending, "");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  EXPECT_EQ(cancelled->reason(), "cancelled by the user");
+
+  cancelled = manager_->Cancel(running, "changed my mind");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  EXPECT_EQ(cancelled->reason(), "changed my mind");
+  const auto stop = Sink("w0").Of(v1::Command::kStop);
+  ASSERT_EQ(stop.size(), 1u);
+  EXPECT_EQ(stop[0].stop().job_id(), running);
+  EXPECT_EQ(stop[0].stop().reason(), "changed my mind");
+
+  // Cancelling a finished job answers with its status; an unknown one is NOT_FOUND.
+  auto again = manager_->Cancel(running, "twice");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->reason(), "changed my mind");
+  EXPECT_EQ(manager_->Cancel("job-unknown", "").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerTest, PhasesStartWhenEveryStageFinishedThePrevious) {
+  StartManager();
+  AddWorker("w0");
+  AddWorker("w1");
+  const std::string id =
+      Submit(JobYaml(2, 0,
+                     "phases:\n  - {name: local, steps: 2, algorithm: {name: nwise, n: 1}}\n"
+                     "  - {name: finetune, steps: 2, algorithm: backprop}\n"));
+  ASSERT_FALSE(id.empty());
+  AckAll({"w0", "w1"});
+  ASSERT_EQ(Status(id).state(), v1::RUNNING);
+  EXPECT_EQ(Status(id).num_phases(), 2);
+  EXPECT_EQ(Status(id).phase_name(), "local");
+
+  manager_->OnEvent(PhaseDoneEvent("w0", id, 0, 0));
+  Sync();
+  EXPECT_EQ(Status(id).phase(), 0);
+  EXPECT_EQ(Sink("w0").Of(v1::Command::kStart).size(), 1u);
+  manager_->OnEvent(PhaseDoneEvent("w1", id, 1, 0));
+  Sync();
+  const v1::JobStatus st = Status(id);
+  EXPECT_EQ(st.state(), v1::RUNNING);
+  EXPECT_EQ(st.phase(), 1);
+  EXPECT_EQ(st.phase_name(), "finetune");
+  EXPECT_EQ(st.algorithm(), "backprop");
+  for (const char* w : {"w0", "w1"}) {
+    const auto start = Sink(w).Of(v1::Command::kStart);
+    ASSERT_EQ(start.size(), 2u) << w;
+    EXPECT_EQ(start[1].start().phase(), 1);
+  }
+  // Recorded before the stages were let go.
+  auto stored = store_->GetJob(id);
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->status.phase(), 1);
+
+  // A phase past the last one fails the job.
+  manager_->OnEvent(PhaseDoneEvent("w0", id, 0, 1));
+  manager_->OnEvent(PhaseDoneEvent("w1", id, 1, 1));
+  Sync();
+  EXPECT_EQ(Status(id).state(), v1::FAILED);
+  EXPECT_THAT(Status(id).reason(), HasSubstr("only 2 phase(s)"));
+}
+
+TEST_F(JobManagerTest, WatchersGetTheCurrentStatusThenEveryChangeThenTheEnd) {
+  StartManager();
+  AddWorker("w0");
+  const std::string first = Submit(JobYaml(1, 4));  // holds w0
+  const std::string id = Submit(JobYaml(1, 4));
+  std::vector<v1::JobEvent> events;  // appended on the subscriber's then the loop's thread
+  absl::Mutex mu;
+  auto sub = manager_->Subscribe(id, [&](const v1::JobEvent& e) {
+    absl::MutexLock lock(&mu);
+    events.push_back(e);
+  });
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_EQ(events.size(), 1u);
+    EXPECT_EQ(events[0].status().state(), v1::PENDING);
+  }
+  ASSERT_TRUE(manager_->Cancel(first, "").ok());  // w0 is free: id is placed
+  Sync();
+  AckAll({"w0"});
+  manager_->OnEvent(MetricsEvent("w0", id, 0, 2, 1.5));
+  manager_->OnEvent(ResultEvent("w0", id, 0, 0.5));
+  Sync();
+  std::vector<v1::JobState> states;
+  {
+    absl::MutexLock lock(&mu);
+    for (const v1::JobEvent& e : events) states.push_back(e.status().state());
+    ASSERT_FALSE(events.empty());
+    EXPECT_EQ(events.back().status().state(), v1::SUCCEEDED);
+  }
+  EXPECT_THAT(states, ::testing::Contains(v1::CONFIGURING));
+  EXPECT_THAT(states, ::testing::Contains(v1::RUNNING));
+  EXPECT_EQ(std::count(states.begin(), states.end(), v1::SUCCEEDED), 1);
+  EXPECT_TRUE(std::is_sorted(states.begin(), states.end()));  // the enum follows the lifecycle
+  manager_->Unsubscribe(*sub);
+
+  // Watching a finished job: its final status, at once.
+  std::vector<v1::JobEvent> late;
+  auto sub2 = manager_->Subscribe(id, [&](const v1::JobEvent& e) { late.push_back(e); });
+  ASSERT_TRUE(sub2.ok());
+  ASSERT_EQ(late.size(), 1u);
+  EXPECT_EQ(late[0].status().state(), v1::SUCCEEDED);
+  manager_->Unsubscribe(*sub2);
+  EXPECT_EQ(manager_->Subscribe("job-unknown", [](const v1::JobEvent&) {}).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerTest, RestartFailsInterruptedJobsAndRequeuesPendingOnes) {
+  StartManager();
+  AddWorker("w0");
+  const std::string running = Submit(JobYaml(1, 4));
+  AckAll({"w0"});
+  const std::string pending = Submit(JobYaml(1, 4));
+  ASSERT_EQ(Status(running).state(), v1::RUNNING);
+  ASSERT_EQ(Status(pending).state(), v1::PENDING);
+  manager_.reset();  // the coordinator goes away; the store stays
+  sinks_.clear();
+
+  StartManager();
+  v1::JobStatus st = Status(running);
+  EXPECT_EQ(st.state(), v1::FAILED);
+  EXPECT_EQ(st.reason(), "the coordinator restarted while the job was RUNNING");
+  EXPECT_EQ(Status(pending).state(), v1::PENDING);
+  AddWorker("w0");
+  Sync();
+  EXPECT_EQ(Status(pending).state(), v1::CONFIGURING);
+}
+
+TEST_F(JobManagerTest, ProfilingPlansThenConfiguresTheStages) {
+  StartManager();
+  AddWorker("w0");
+  AddWorker("w1");
+  const std::string yaml = JobYaml(0, 4, "").replace(JobYaml(0, 4, "").find("stages: 0"), 9,
+                                                     "stages: {count: 2, partition: auto}");
+  const std::string id = Submit(yaml);
+  ASSERT_EQ(Status(id).state(), v1::PROFILING);
+  const auto profile = Sink("w0").Of(v1::Command::kProfile);
+  ASSERT_EQ(profile.size(), 1u);
+  EXPECT_EQ(profile[0].profile().job_id(), id);
+  EXPECT_EQ(profile[0].profile().job_spec_yaml(), yaml);
+  EXPECT_TRUE(Sink("w1").commands().empty());
+
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok());
+  auto blocks = models::PlanModel(spec->model);
+  ASSERT_TRUE(blocks.ok());
+  planner::ModelProfile p;
+  p.key = "k";
+  p.model = "mlp";
+  p.batch_size = 16;
+  p.device = "cpu";
+  p.threads = 1;
+  p.repeats = 1;
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    planner::BlockProfile b;
+    b.index = static_cast<int>(i);
+    b.kind = "linear";
+    b.forward_s = b.forward_nograd_s = 0.01;
+    b.backward_s = 0.02;
+    b.input_bytes = b.output_bytes = 1024;
+    p.blocks.push_back(b);
+  }
+  manager_->OnEvent(ProfileEvent("w0", id, planner::SerializeProfile(p)));
+  Sync();
+  const v1::JobStatus st = Status(id);
+  ASSERT_EQ(st.state(), v1::CONFIGURING) << st.reason();
+  const auto& summary = st.summary();
+  ASSERT_TRUE(summary.count("plan.stage1.block_begin"));
+  EXPECT_EQ(summary.at("plan.profile_cached"), 0);
+  const auto c0 = Sink("w0").Of(v1::Command::kConfigure);
+  const auto c1 = Sink("w1").Of(v1::Command::kConfigure);
+  ASSERT_EQ(c0.size(), 1u);
+  ASSERT_EQ(c1.size(), 1u);
+  EXPECT_EQ(c0[0].configure().block_begin(), 0);
+  EXPECT_EQ(c0[0].configure().block_end(), summary.at("plan.stage0.block_end"));
+  EXPECT_EQ(c1[0].configure().block_begin(), summary.at("plan.stage1.block_begin"));
+  EXPECT_EQ(c1[0].configure().block_end(), static_cast<int>(blocks->size()));
+  EXPECT_THAT(Transitions(id), ElementsAre(v1::PROFILING, v1::CONFIGURING));
+}
+
+TEST_F(JobManagerTest, BadProfileFailsTheJob) {
+  StartManager();
+  AddWorker("w0");
+  const std::string yaml = JobYaml(0, 4, "").replace(JobYaml(0, 4, "").find("stages: 0"), 9,
+                                                     "stages: {count: 1, partition: auto}");
+  const std::string id = Submit(yaml);
+  ASSERT_EQ(Status(id).state(), v1::PROFILING);
+  manager_->OnEvent(ProfileEvent("w0", id, "garbage"));
+  Sync();
+  EXPECT_EQ(Status(id).state(), v1::FAILED);
+  EXPECT_THAT(Status(id).reason(), HasSubstr("profile from the worker"));
+}
+
+TEST_F(JobManagerTest, FinishedJobsLeaveTheMetricsAfterTheirTtl) {
+  JobManagerOptions options = Options();
+  options.finished_job_metrics_ttl = absl::ZeroDuration();
+  StartManager(options);
+  AddWorker("w0");
+  const std::string id = Submit(JobYaml(1, 4));
+  AckAll({"w0"});
+  manager_->OnEvent(MetricsEvent("w0", id, 0, 2, 1.5));
+  Sync();
+  ASSERT_TRUE(Gauge("stagewise_job_step", id).ok());
+  ASSERT_TRUE(manager_->Cancel(id, "").ok());
+  EXPECT_EQ(Gauge("stagewise_job_step", id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Gauge("stagewise_job_train_loss", id).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerTest, FinishedJobsKeepTheirMetricsWithinTheTtl) {
+  StartManager();  // default TTL: minutes
+  AddWorker("w0");
+  const std::string id = Submit(JobYaml(1, 4));
+  AckAll({"w0"});
+  manager_->OnEvent(MetricsEvent("w0", id, 0, 2, 1.5));
+  ASSERT_TRUE(manager_->Cancel(id, "").ok());
+  auto step = Gauge("stagewise_job_step", id);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 2);
+}
+
+TEST_F(JobManagerTest, RefusesBadInput) {
+  StartManager();
+  v1::WorkerInfo no_address = Info("w0");
+  no_address.clear_address();
+  EXPECT_EQ(manager_->Register(no_address).status().code(), absl::StatusCode::kInvalidArgument);
+  FakeSink sink;
+  EXPECT_EQ(manager_->Connect("nobody", &sink).code(), absl::StatusCode::kNotFound);
+  auto bad = manager_->Submit(JobYaml(2, 4, "optimiser: {lr: 1}\n"));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("optimiser"));
+  auto jobs = manager_->ListJobs(0);
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_TRUE(jobs->empty());
+}
+
+}  // namespace
+}  // namespace stagewise::coordinator

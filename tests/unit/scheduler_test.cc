@@ -1,0 +1,165 @@
+// Scheduler alone: FIFO with backfill over a real WorkerRegistry with fake
+// streams, the commands it builds, and plans from a worker's profile.
+#include "coordinator/scheduler.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "services/planner/profile.h"
+#include "tests/unit/coordinator_fakes.h"
+
+namespace stagewise::coordinator {
+namespace {
+
+using ::testing::ElementsAre;
+using testing::FakeSink;
+using ::testing::HasSubstr;
+using testing::Info;
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void AddWorker(const std::string& id, int64_t memory_bytes = 0) {
+    std::optional<WorkerRegistry::Removed> replaced;
+    ASSERT_TRUE(registry_.Register(Info(id, memory_bytes), absl::Now(), &replaced).ok());
+    sinks_.push_back(std::make_unique<FakeSink>());
+    ASSERT_TRUE(registry_.Connect(id, sinks_.back().get(), absl::Now()).ok());
+  }
+  static std::vector<std::string> Ids(const std::vector<Scheduler::Placement>& placed) {
+    std::vector<std::string> ids;
+    for (const auto& p : placed) ids.push_back(p.job_id);
+    return ids;
+  }
+
+  std::vector<std::unique_ptr<FakeSink>> sinks_;
+  WorkerRegistry registry_;
+  Scheduler scheduler_{&registry_};
+};
+
+TEST_F(SchedulerTest, FifoWithBackfill) {
+  AddWorker("w0");
+  AddWorker("w1");
+  AddWorker("w2");
+  scheduler_.Enqueue({"a", 2, false});
+  scheduler_.Enqueue({"b", 3, false});
+  scheduler_.Enqueue({"c", 1, true});
+  Scheduler::Round round = scheduler_.Schedule();
+  // a takes w0, w1; b (3) does not fit and keeps its place; c backfills w2.
+  ASSERT_THAT(Ids(round.placed), ElementsAre("a", "c"));
+  EXPECT_THAT(round.placed[0].workers, ElementsAre("w0", "w1"));
+  EXPECT_FALSE(round.placed[0].profile);
+  EXPECT_THAT(round.placed[1].workers, ElementsAre("w2"));
+  EXPECT_TRUE(round.placed[1].profile);
+  ASSERT_EQ(round.waiting.size(), 1u);
+  EXPECT_EQ(round.waiting[0].job_id, "b");
+  EXPECT_EQ(round.waiting[0].reason, "waiting for 3 idle workers (1 idle, 3 registered)");
+  EXPECT_TRUE(scheduler_.Queued("b"));
+  EXPECT_FALSE(scheduler_.Queued("a"));
+
+  // d arrives after b: when a's workers come back, b still does not fit, d does.
+  scheduler_.Enqueue({"d", 2, false});
+  registry_.Release("a");
+  round = scheduler_.Schedule();
+  EXPECT_THAT(Ids(round.placed), ElementsAre("d"));
+  ASSERT_EQ(round.waiting.size(), 1u);
+  EXPECT_EQ(round.waiting[0].reason, "waiting for 3 idle workers (2 idle, 3 registered)");
+
+  // Everything idle again: b, first in line, goes before e.
+  scheduler_.Enqueue({"e", 1, false});
+  registry_.Release("c");
+  registry_.Release("d");
+  round = scheduler_.Schedule();
+  EXPECT_THAT(Ids(round.placed), ElementsAre("b"));
+  ASSERT_EQ(round.waiting.size(), 1u);
+  EXPECT_EQ(round.waiting[0].job_id, "e");
+  EXPECT_EQ(round.waiting[0].reason, "waiting for 1 idle workers (0 idle, 3 registered)");
+  EXPECT_TRUE(scheduler_.Remove("e"));
+  EXPECT_FALSE(scheduler_.Remove("e"));
+  EXPECT_EQ(scheduler_.size(), 0u);
+}
+
+TEST_F(SchedulerTest, StageAssignmentsChainTheStages) {
+  AddWorker("w0");
+  AddWorker("w1");
+  const std::vector<v1::Command> commands = scheduler_.StageAssignments(
+      "job-1", "yaml", {"w1", "w0"}, {{0, 3}, {3, 5}}, {{"store", "rebuild", "store"}});
+  ASSERT_EQ(commands.size(), 2u);
+  const v1::StageAssignment& a0 = commands[0].configure();
+  const v1::StageAssignment& a1 = commands[1].configure();
+  EXPECT_EQ(a0.job_id(), "job-1");
+  EXPECT_EQ(a0.stage(), 0);
+  EXPECT_EQ(a0.num_stages(), 2);
+  EXPECT_EQ(a0.block_begin(), 0);
+  EXPECT_EQ(a0.block_end(), 3);
+  EXPECT_EQ(a0.next_address(), "w0.example:7000");
+  EXPECT_EQ(a0.job_spec_yaml(), "yaml");
+  EXPECT_THAT(a0.block_modes(), ElementsAre("store", "rebuild", "store"));
+  EXPECT_EQ(a1.stage(), 1);
+  EXPECT_EQ(a1.block_begin(), 3);
+  EXPECT_EQ(a1.block_end(), 5);
+  EXPECT_EQ(a1.next_address(), "");
+  EXPECT_TRUE(a1.block_modes().empty());
+
+  const v1::Command profile = Scheduler::ProfileCommand("job-1", "yaml");
+  EXPECT_EQ(profile.profile().job_id(), "job-1");
+  EXPECT_EQ(profile.profile().job_spec_yaml(), "yaml");
+}
+
+planner::ModelProfile FourBlocks() {
+  planner::ModelProfile p;
+  p.key = "k";
+  p.model = "mlp";
+  p.batch_size = 16;
+  p.device = "cpu";
+  p.threads = 1;
+  p.repeats = 1;
+  for (int i = 0; i < 4; ++i) {
+    planner::BlockProfile b;
+    b.index = i;
+    b.kind = "linear";
+    b.forward_s = 0.01 * (i + 1);
+    b.forward_nograd_s = b.forward_s;
+    b.backward_s = 2 * b.forward_s;
+    b.input_bytes = b.output_bytes = 1024;
+    b.parameter_bytes = 4096;
+    p.blocks.push_back(b);
+  }
+  return p;
+}
+
+TEST_F(SchedulerTest, PlanFromProfilePartitionsAndSummarises) {
+  AddWorker("w0");
+  AddWorker("w1");
+  auto spec = ParseJobSpec(testing::JobYaml(2, 4));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  spec->stages.partition = "auto";
+  v1::ProfileResult result;
+  result.set_job_id("job-1");
+  result.set_profile(planner::SerializeProfile(FourBlocks()));
+  auto planned = scheduler_.PlanFromProfile(*spec, result, {"w0", "w1"});
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  ASSERT_EQ(planned->ranges.size(), 2u);
+  EXPECT_EQ(planned->ranges[0].first, 0);
+  EXPECT_EQ(planned->ranges[0].second, planned->ranges[1].first);
+  EXPECT_EQ(planned->ranges[1].second, 4);
+  ASSERT_EQ(planned->modes.size(), 2u);
+  EXPECT_EQ(planned->modes[0].size(),
+            static_cast<size_t>(planned->ranges[0].second - planned->ranges[0].first));
+  bool has_cut = false;
+  for (const auto& [key, value] : planned->summary) {
+    if (key == "plan.stage1.block_begin") has_cut = value == planned->ranges[1].first;
+  }
+  EXPECT_TRUE(has_cut);
+
+  result.set_profile("not a profile");
+  auto bad = scheduler_.PlanFromProfile(*spec, result, {"w0", "w1"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("profile from the worker"));
+}
+
+}  // namespace
+}  // namespace stagewise::coordinator
