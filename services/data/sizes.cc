@@ -20,6 +20,7 @@ int64_t PhaseSteps(const PhaseSpec& phase, int64_t steps_per_epoch) {
 }
 
 int64_t TotalSteps(const JobSpec& spec, int64_t steps_per_epoch) {
+  if (spec.steps > 0) return spec.steps;  // a step budget for the whole job
   int64_t total = 0;
   for (const PhaseSpec& phase : Phases(spec)) total += PhaseSteps(phase, steps_per_epoch);
   return total;

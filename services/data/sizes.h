@@ -17,8 +17,10 @@ int64_t NominalTrainSize(const DataSpec& spec);
 // Optimizer steps of one phase: its `steps`, else ceil(epochs x steps_per_epoch).
 int64_t PhaseSteps(const PhaseSpec& phase, int64_t steps_per_epoch);
 
-// Optimizer steps of the whole job: the sum of its phases' steps (what every
-// stage runs, what the coordinator shows and what the reference trainer runs).
+// Optimizer steps of the whole job: its `steps` when set (a step budget for
+// the whole job, e.g. `train-local --steps`), else the sum of its phases'
+// steps, each phase rounded up on its own (what every stage runs, what the
+// coordinator shows and what the reference trainer runs).
 int64_t TotalSteps(const JobSpec& spec, int64_t steps_per_epoch);
 
 }  // namespace stagewise::data

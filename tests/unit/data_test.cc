@@ -920,5 +920,26 @@ TEST(SeedTest, PinnedValues) {
             (std::vector<int64_t>{4, 2, 8, 7, 5, 0, 9, 6, 3, 1}));
 }
 
+// One step count for the coordinator, the stages and the reference trainer:
+// each phase is rounded up on its own, and a job-level step budget wins.
+TEST(TotalSteps, SumsPhasesRoundedUpEachAndHonoursAStepBudget) {
+  JobSpec spec;
+  PhaseSpec a, b;
+  a.epochs = 0.5;
+  b.epochs = 0.5;
+  spec.phases = {a, b};
+  spec.epochs = 1.0;
+  EXPECT_EQ(PhaseSteps(a, 937), 469);
+  EXPECT_EQ(TotalSteps(spec, 937), 938);  // not ceil(1.0 * 937) = 937
+  spec.steps = 2;                         // e.g. train-local --steps 2
+  EXPECT_EQ(TotalSteps(spec, 937), 2);
+  JobSpec single;
+  single.epochs = 1.5;
+  EXPECT_EQ(TotalSteps(single, 10), 15);
+  PhaseSpec by_steps;
+  by_steps.steps = 7;
+  EXPECT_EQ(PhaseSteps(by_steps, 10), 7);
+}
+
 }  // namespace
 }  // namespace stagewise::data
