@@ -174,7 +174,7 @@ int AuxNetSpeedups(const std::string& base, int64_t steps, const std::vector<int
   return 0;
 }
 
-int Planner(const std::string& base, int64_t steps, int J) {
+int Planner(const std::string& base, int J) {
   namespace planner = stagewise::planner;
   at::set_num_threads(1);
   const std::string cache = absl::StrCat("/tmp/stagewise-bench-profiles-", getpid());
@@ -323,7 +323,7 @@ int main(int argc, char** argv) {
   base += absl::StrCat("steps: ", steps, "\n");
   if (interlock) return Interlock(base, steps, stage_counts.front());
   if (auxnet) return AuxNetSpeedups(base, steps, stage_counts);
-  if (plan) return Planner(base, steps, stage_counts.front());
+  if (plan) return Planner(base, stage_counts.front());  // fixed rounds; steps unused
   std::cout << absl::StrFormat(
       "%s, batch %d, %d steps per run, %d intra-op threads shared by all stages\n",
       spec->model.name, batch, steps, at::get_num_threads());
