@@ -1,8 +1,10 @@
 #include "coordinator/coordinator_service.h"
 
-#include <deque>
+#include <string>
 
 #include "absl/synchronization/mutex.h"
+#include "services/common/log.h"
+#include "services/rpc/outbox.h"
 #include "services/rpc/status.h"
 
 namespace stagewise::coordinator {
@@ -14,41 +16,32 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Sta
   return reactor;
 }
 
-// One worker's control stream: events in, commands out (one write in flight).
+// One worker's control stream: events in, commands out through an outbox.
 class ControlReactor final : public grpc::ServerBidiReactor<v1::WorkerEvent, v1::Command>,
                              public CommandSink {
  public:
-  explicit ControlReactor(JobManager* manager) : manager_(manager) { StartRead(&event_); }
+  // Commands are few and small (configure, start, stop per job); a worker that
+  // stops reading misses heartbeats long before this many pile up.
+  static constexpr size_t kOutboxCapacity = 1024;
+
+  explicit ControlReactor(JobManager* manager)
+      : manager_(manager),
+        outbox_("control", kOutboxCapacity,
+                {[this](const v1::Command* command) { StartWrite(command); },
+                 [this](const absl::Status& status) { Finish(rpc::ToGrpcStatus(status)); }}) {
+    StartRead(&event_);
+  }
 
   bool Send(const v1::Command& command) override {
-    const v1::Command* start = nullptr;
-    {
-      absl::MutexLock lock(&mu_);
-      if (closing_) return false;
-      // Commands are few and small (configure, start, stop per job): the
-      // queue stays short; a worker that stops reading misses heartbeats first.
-      outbox_.push_back(command);
-      if (!writing_) {
-        writing_ = true;
-        start = &outbox_.front();
-      }
+    absl::Status s = outbox_.TrySend(command);
+    if (absl::IsResourceExhausted(s)) {
+      STAGEWISE_LOG(WARNING) << "closing a control stream whose worker does not read: " << s;
+      outbox_.Close(absl::ResourceExhaustedError("the worker does not read its commands"));
     }
-    if (start != nullptr) StartWrite(start);
-    return true;
+    return s.ok();
   }
 
-  void Close(const absl::Status& status) override {
-    bool finish = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (closing_) return;
-      closing_ = true;
-      status_ = status;
-      finish = !writing_;
-      finish_started_ = finish;
-    }
-    if (finish) Finish(rpc::ToGrpcStatus(status));
-  }
+  void Close(const absl::Status& status) override { outbox_.Close(status); }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
@@ -67,34 +60,12 @@ class ControlReactor final : public grpc::ServerBidiReactor<v1::WorkerEvent, v1:
     StartRead(&event_);
   }
 
-  void OnWriteDone(bool ok) override {
-    const v1::Command* next = nullptr;
-    bool finish = false;
-    absl::Status status;
-    {
-      absl::MutexLock lock(&mu_);
-      outbox_.pop_front();
-      if (!ok) {
-        outbox_.clear();
-        closing_ = true;
-      }
-      if (!outbox_.empty()) {
-        next = &outbox_.front();
-      } else {
-        writing_ = false;
-        if (closing_ && !finish_started_) {
-          finish_started_ = finish = true;
-          status = status_;
-        }
-      }
-    }
-    if (next != nullptr) StartWrite(next);
-    if (finish) Finish(rpc::ToGrpcStatus(status));
-  }
+  void OnWriteDone(bool ok) override { outbox_.OnWriteDone(ok); }
 
   void OnCancel() override { Close(absl::CancelledError("the worker went away")); }
 
   void OnDone() override {
+    outbox_.OnDone(absl::OkStatus());
     if (!worker_id_.empty()) {
       manager_->Disconnect(worker_id_, this, absl::UnavailableError("control stream ended"));
     }
@@ -103,62 +74,44 @@ class ControlReactor final : public grpc::ServerBidiReactor<v1::WorkerEvent, v1:
 
  private:
   JobManager* manager_;
+  // Touched only by reactions on the read side (one read in flight at a time).
   v1::WorkerEvent event_;
   std::string worker_id_;
-  absl::Mutex mu_;
-  std::deque<v1::Command> outbox_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool closing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finish_started_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  rpc::Outbox<v1::Command> outbox_;
 };
 
 bool Terminal(const v1::JobEvent& e) { return IsTerminal(e.status().state()); }
 
 // Streams a job's events. Progress events that arrive while a write is in
-// flight replace each other (bounded: at most one waiting), so a slow client
-// never holds the coordinator back; the terminal event is always delivered.
+// flight replace each other (the outbox holds the one in flight plus at most
+// one waiting), so a slow client never holds the coordinator back; the
+// terminal event is always delivered, then the stream finishes.
 class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
  public:
-  WatchReactor(JobManager* manager, const std::string& job_id) : manager_(manager) {
+  WatchReactor(JobManager* manager, const std::string& job_id)
+      : manager_(manager),
+        outbox_("watch", /*capacity=*/2,
+                {[this](const v1::JobEvent* event) { StartWrite(event); },
+                 [this](const absl::Status& status) { Finish(rpc::ToGrpcStatus(status)); }}) {
+    // OnDone unsubscribes: no Finish until the subscription is known, even if
+    // the listener delivers the terminal event from inside Subscribe.
+    outbox_.AcquireHold();
     auto sub = manager_->Subscribe(job_id, [this](const v1::JobEvent& e) { Push(e); });
-    if (!sub.ok()) {
+    if (sub.ok()) {
       absl::MutexLock lock(&mu_);
-      finished_ = true;
-      Finish(rpc::ToGrpcStatus(sub.status()));
-      return;
+      subscription_ = *sub;
+    } else {
+      outbox_.Close(sub.status());
     }
-    absl::MutexLock lock(&mu_);
-    subscription_ = *sub;
-    if (done_sending_ && !writing_ && !finished_) {
-      finished_ = true;
-      Finish(grpc::Status::OK);
-    }
+    outbox_.ReleaseHold();
   }
 
-  void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
-    if (!ok) {
-      if (!finished_) {
-        finished_ = true;
-        Finish(grpc::Status::CANCELLED);
-      }
-      return;
-    }
-    StartNextLocked();
-  }
+  void OnWriteDone(bool ok) override { outbox_.OnWriteDone(ok); }
 
-  void OnCancel() override {
-    absl::MutexLock lock(&mu_);
-    if (!finished_ && !writing_) {
-      finished_ = true;
-      Finish(grpc::Status::CANCELLED);
-    }
-    cancelled_ = true;
-  }
+  void OnCancel() override { outbox_.Close(absl::CancelledError("the watcher went away")); }
 
   void OnDone() override {
+    outbox_.OnDone(absl::OkStatus());
     int64_t sub = 0;
     {
       absl::MutexLock lock(&mu_);
@@ -169,45 +122,19 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
   }
 
  private:
+  // The job manager's listener: never blocks.
   void Push(const v1::JobEvent& e) {
+    // One event at a time, so nothing replaces the terminal event before the
+    // outbox is closed behind it.
     absl::MutexLock lock(&mu_);
-    if (done_sending_ || finished_) return;
-    waiting_ = e;
-    has_waiting_ = true;
-    if (Terminal(e)) done_sending_ = true;
-    if (!writing_) StartNextLocked();
-  }
-
-  void StartNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_) return;
-    if (cancelled_) {
-      finished_ = true;
-      Finish(grpc::Status::CANCELLED);
-      return;
-    }
-    if (has_waiting_) {
-      current_ = waiting_;
-      has_waiting_ = false;
-      writing_ = true;
-      StartWrite(&current_);
-      return;
-    }
-    if (done_sending_ && subscription_ != 0) {
-      finished_ = true;
-      Finish(grpc::Status::OK);
-    }
+    if (!outbox_.TrySendOrReplace(e).ok()) return;  // closed: nothing more to say
+    if (Terminal(e)) outbox_.Close(absl::OkStatus());
   }
 
   JobManager* manager_;
   absl::Mutex mu_;
-  v1::JobEvent current_ ABSL_GUARDED_BY(mu_);
-  v1::JobEvent waiting_ ABSL_GUARDED_BY(mu_);
-  bool has_waiting_ ABSL_GUARDED_BY(mu_) = false;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool done_sending_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   int64_t subscription_ ABSL_GUARDED_BY(mu_) = 0;
+  rpc::Outbox<v1::JobEvent> outbox_;
 };
 
 }  // namespace

@@ -1,21 +1,20 @@
 // The two ends of StageService.Exchange as callback reactors. Reactor
 // callbacks never block: incoming messages go to a sink (the stage's inbox);
 // reads pause while the inbox is full and resume when it has room; outgoing
-// messages wait in a bounded outbox with one write in flight.
+// messages wait in a bounded rpc::Outbox with one write in flight.
 #ifndef STAGEWISE_WORKER_PEER_STREAM_H_
 #define STAGEWISE_WORKER_PEER_STREAM_H_
 
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "services/rpc/outbox.h"
 #include "stagewise/v1/stage.grpc.pb.h"
 
 namespace stagewise::worker {
@@ -37,22 +36,24 @@ class PeerStream : public std::enable_shared_from_this<PeerStream> {
   virtual ~PeerStream() = default;
 
   // Blocks while the outbox is full. Fails once the stream is closed or broken.
-  absl::Status Send(v1::StageMessage message);
+  absl::Status Send(v1::StageMessage message) { return outbox_.Send(std::move(message)); }
   // No more sends; ends the stream once queued writes are out. An error status
-  // is reported to the peer (server side) or cancels the call (client side).
-  void Close(const absl::Status& status);
-  // Blocks until gRPC is done with the stream.
-  void WaitDone();
-  bool done() const;
-  int64_t bytes_sent() const;
-  int64_t bytes_received() const;
-  const std::string& name() const { return name_; }
+  // drops the queued writes and is reported to the peer (server side) or
+  // cancels the call at once (client side).
+  void Close(const absl::Status& status) {
+    outbox_.Close(status);
+    if (!status.ok()) OnClosedWithError();
+  }
+  // Blocks until gRPC is done with the stream (the sink has been told).
+  void WaitDone() const { outbox_.WaitDone(); }
+  bool done() const { return outbox_.done(); }
+  const std::string& name() const { return outbox_.name(); }
 
  protected:
   // Starts the first read; call once the reactor is ready.
   void BeginReading(MessageSink* sink);
   void OnReadDoneImpl(bool ok);
-  void OnWriteDoneImpl(bool ok);
+  void OnWriteDoneImpl(bool ok) { outbox_.OnWriteDone(ok); }
   void OnDoneImpl(const absl::Status& status);
 
   virtual void DoStartRead(v1::StageMessage* into) = 0;
@@ -60,34 +61,20 @@ class PeerStream : public std::enable_shared_from_this<PeerStream> {
   virtual void DoFinish(const absl::Status& status) = 0;
   // The peer will send nothing more.
   virtual void OnReadSideDone() {}
+  // Close was called with an error (maybe not the first Close).
+  virtual void OnClosedWithError() {}
 
   // Keeps the object alive while gRPC holds the reactor.
   std::shared_ptr<PeerStream> self_;
 
  private:
+  // The sink has room again: read on, from outside a reaction.
   void ResumeRead();
-  void MaybeFinishLocked(std::function<void()>* action) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !closed_.ok() || closing_ || outbox_.size() < capacity_;
-  }
 
-  const std::string name_;
-  const size_t capacity_;
   MessageSink* sink_ = nullptr;
+  // Only touched by the one read in flight (reads are never concurrent).
   v1::StageMessage read_buffer_;
-  mutable absl::Mutex mu_;
-  std::deque<v1::StageMessage> outbox_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool read_starting_ ABSL_GUARDED_BY(mu_) = false;  // between deciding to read and StartRead
-  bool read_side_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool closing_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status close_status_ ABSL_GUARDED_BY(mu_);
-  bool finish_started_ ABSL_GUARDED_BY(mu_) = false;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;  // a write failed: the call is over
-  absl::Status closed_ ABSL_GUARDED_BY(mu_);  // non-OK once no more sends are possible
-  int64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
+  rpc::Outbox<v1::StageMessage> outbox_;
 };
 
 // Server end, on stage j+1: created by StageService for each Exchange call.
@@ -114,6 +101,7 @@ class UpstreamStream : public PeerStream,
   // Stage j closes its writes only when the job is over on its side.
   void OnReadSideDone() override { Close(absl::OkStatus()); }
   std::unique_ptr<MessageSink> router_sink_;
+  // Set by OnCancel, read by OnDone: the status the sink is told.
   std::atomic<bool> cancelled_{false};
 };
 
@@ -132,6 +120,9 @@ class DownstreamStream : public PeerStream,
   void DoStartRead(v1::StageMessage* into) override { StartRead(into); }
   void DoStartWrite(const v1::StageMessage* m) override { StartWrite(m); }
   void DoFinish(const absl::Status& status) override;
+  // Fails a write stuck behind a peer that stopped reading, so the outbox
+  // finishes (and releases the hold) without waiting for it.
+  void OnClosedWithError() override { context_.TryCancel(); }
   grpc::ClientContext context_;
 };
 

@@ -1,6 +1,8 @@
-// A bounded multi-producer multi-consumer queue. Producers that must never
-// block (gRPC reactors) use TryPush/ForcePush plus a room callback; consumers
-// (the compute thread) block in Pop. Close() wakes everybody.
+// A bounded multi-producer multi-consumer queue (a stage's inbox). Producers
+// that must never block (gRPC reactors) ForcePush, check HasRoom and, when
+// full, pause until the NotifyWhenRoom callback runs; producer threads that may
+// block use Push. Consumers (the compute thread) block in Pop. Close() wakes
+// everybody.
 #ifndef STAGEWISE_SERVICES_COMMON_BOUNDED_QUEUE_H_
 #define STAGEWISE_SERVICES_COMMON_BOUNDED_QUEUE_H_
 

@@ -16,7 +16,8 @@
 namespace stagewise::rpc {
 
 struct RpcOptions {
-  // Larger tensors are chunked by the sender; this bounds one message.
+  // Bounds one message either way. Nothing is chunked: a StageMessage (all its
+  // tensors) must fit, or the call fails with RESOURCE_EXHAUSTED.
   int max_message_bytes = 256 << 20;
   int keepalive_time_ms = 20000;
   int keepalive_timeout_ms = 10000;

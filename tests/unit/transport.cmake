@@ -1,1 +1,7 @@
 # Unit tests of the transport area (included from CMakeLists.txt).
+stagewise_add_test(NAME outbox_test SOURCES outbox_test.cc
+  LIBS stagewise_rpc LABELS unit)
+stagewise_add_test(NAME bounded_queue_test SOURCES bounded_queue_test.cc
+  LIBS stagewise_log absl::synchronization absl::time LABELS unit)
+stagewise_add_test(NAME peer_stream_test SOURCES peer_stream_test.cc
+  LIBS stagewise_worker LABELS unit TORCH)
