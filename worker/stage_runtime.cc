@@ -373,9 +373,10 @@ absl::Status StageRuntime::ValidateIncoming(const v1::StageMessage& m, bool from
         "StageMessage.job_id: '", m.job_id(), "' is not the job of this stage ('", job_id(), "')"));
   }
   const auto kind = m.kind();
-  const bool ok_kind = from_prev ? (kind == v1::StageMessage::FORWARD ||
-                                    kind == v1::StageMessage::EVAL || kind == v1::StageMessage::AUX)
-                                 : (kind == v1::StageMessage::BACKWARD || kind == v1::StageMessage::AUX);
+  const bool ok_kind = from_prev
+                           ? (kind == v1::StageMessage::FORWARD || kind == v1::StageMessage::EVAL ||
+                              kind == v1::StageMessage::AUX)
+                           : (kind == v1::StageMessage::BACKWARD || kind == v1::StageMessage::AUX);
   if (!ok_kind) {
     return absl::InvalidArgumentError(
         absl::StrCat("StageMessage.kind: ", v1::StageMessage::Kind_Name(kind),

@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "services/profiler/profiler.h"
 #include "services/common/log.h"
+#include "services/profiler/profiler.h"
 #include "services/rpc/status.h"
 
 namespace stagewise::worker {

@@ -12,10 +12,10 @@
 #include "absl/strings/str_format.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/format.h"
-#include "services/planner/planner.h"
-#include "services/profiler/profiler.h"
 #include "services/common/job_spec.h"
 #include "services/models/model.h"
+#include "services/planner/planner.h"
+#include "services/profiler/profiler.h"
 
 namespace stagewise::cli {
 namespace {

@@ -62,10 +62,10 @@ struct Voidify {
 #define STAGEWISE_LOG_LEVEL_WARNING ::stagewise::log::Level::kWarning
 #define STAGEWISE_LOG_LEVEL_ERROR ::stagewise::log::Level::kError
 
-#define STAGEWISE_LOG(severity)                                        \
-  !::stagewise::log::Enabled(STAGEWISE_LOG_LEVEL_##severity)           \
-      ? (void)0                                                        \
-      : ::stagewise::log::Voidify() &                                  \
+#define STAGEWISE_LOG(severity)                              \
+  !::stagewise::log::Enabled(STAGEWISE_LOG_LEVEL_##severity) \
+      ? (void)0                                              \
+      : ::stagewise::log::Voidify() &                        \
             ::stagewise::log::Line(STAGEWISE_LOG_LEVEL_##severity, __FILE__, __LINE__).stream()
 
 #endif  // STAGEWISE_SERVICES_COMMON_LOG_H_

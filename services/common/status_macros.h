@@ -11,18 +11,19 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-#define STAGEWISE_RETURN_IF_ERROR(expr)                      \
-  do {                                                       \
-    const absl::Status stagewise_status_ = (expr);           \
-    if (!stagewise_status_.ok()) return stagewise_status_;   \
+#define STAGEWISE_RETURN_IF_ERROR(expr)                    \
+  do {                                                     \
+    const absl::Status stagewise_status_ = (expr);         \
+    if (!stagewise_status_.ok()) return stagewise_status_; \
   } while (0)
 
 #define STAGEWISE_STATUS_CONCAT_INNER_(a, b) a##b
 #define STAGEWISE_STATUS_CONCAT_(a, b) STAGEWISE_STATUS_CONCAT_INNER_(a, b)
 
 // `lhs` may declare a variable (`auto x`) or name an existing one (`x`).
-#define STAGEWISE_ASSIGN_OR_RETURN(lhs, expr) \
-  STAGEWISE_ASSIGN_OR_RETURN_IMPL_(STAGEWISE_STATUS_CONCAT_(stagewise_statusor_, __LINE__), lhs, expr)
+#define STAGEWISE_ASSIGN_OR_RETURN(lhs, expr)                                                    \
+  STAGEWISE_ASSIGN_OR_RETURN_IMPL_(STAGEWISE_STATUS_CONCAT_(stagewise_statusor_, __LINE__), lhs, \
+                                   expr)
 
 #define STAGEWISE_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \
   auto statusor = (expr);                                     \

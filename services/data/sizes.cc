@@ -1,7 +1,7 @@
+#include "services/data/sizes.h"
+
 #include <algorithm>
 #include <cmath>
-
-#include "services/data/sizes.h"
 
 namespace stagewise::data {
 
@@ -15,8 +15,9 @@ int64_t NominalTrainSize(const DataSpec& spec) {
 }
 
 int64_t PhaseSteps(const PhaseSpec& phase, int64_t steps_per_epoch) {
-  return phase.steps > 0 ? phase.steps
-                         : static_cast<int64_t>(std::ceil(phase.epochs * static_cast<double>(steps_per_epoch)));
+  return phase.steps > 0
+             ? phase.steps
+             : static_cast<int64_t>(std::ceil(phase.epochs * static_cast<double>(steps_per_epoch)));
 }
 
 int64_t TotalSteps(const JobSpec& spec, int64_t steps_per_epoch) {

@@ -12,7 +12,6 @@
 namespace stagewise::models {
 namespace {
 
-
 int64_t Down(int64_t size) { return (size + 1) / 2; }  // 3x3/2 pad 1, 1x1/2, 7x7/2 pad 3
 
 // Builder that appends blocks while tracking the per-sample shape.

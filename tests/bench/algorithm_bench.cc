@@ -37,8 +37,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "services/planner/planner.h"
-#include "services/profiler/profiler.h"
 #include "services/planner/timing_model.h"
+#include "services/profiler/profiler.h"
 #include "tests/integration/cluster.h"
 #include "tests/oracle/planner_util.h"
 

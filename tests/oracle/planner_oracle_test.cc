@@ -13,12 +13,12 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "services/planner/planner.h"
-#include "services/profiler/profiler.h"
 #include "services/models/batch_norm.h"
 #include "services/models/memory_meter.h"
 #include "services/models/modal_pass.h"
 #include "services/models/model.h"
+#include "services/planner/planner.h"
+#include "services/profiler/profiler.h"
 #include "tests/oracle/oracle_util.h"
 #include "tests/oracle/planner_util.h"
 

@@ -1,12 +1,13 @@
 // The shared logger (services/common/log.h) and status macros
 // (services/common/status_macros.h).
+#include "services/common/log.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "services/common/log.h"
 #include "services/common/status_macros.h"
 
 namespace stagewise {
@@ -38,9 +39,10 @@ TEST_F(LogTest, LineHasSeverityTimeFileAndMessage) {
   log::SetLogLevel(log::Level::kInfo);
   STAGEWISE_LOG(WARNING) << "lost worker " << 7;
   ASSERT_EQ(Captured().size(), 1u);
-  EXPECT_THAT(Captured()[0],
-              MatchesRegex("W[0-9]{8} [0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{6} log_test\\.cc:[0-9]+\\] "
-                           "lost worker 7\n"));
+  EXPECT_THAT(
+      Captured()[0],
+      MatchesRegex("W[0-9]{8} [0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{6} log_test\\.cc:[0-9]+\\] "
+                   "lost worker 7\n"));
 }
 
 TEST_F(LogTest, LinesBelowTheLevelAreNotEvaluated) {
@@ -91,9 +93,7 @@ TEST(LogLevelTest, ParsesNamesAndRejectsOthers) {
   }
 }
 
-absl::Status FailIf(bool fail) {
-  return fail ? absl::NotFoundError("nope") : absl::OkStatus();
-}
+absl::Status FailIf(bool fail) { return fail ? absl::NotFoundError("nope") : absl::OkStatus(); }
 
 absl::StatusOr<int> Half(int x) {
   if (x % 2 != 0) return absl::InvalidArgumentError("odd");
