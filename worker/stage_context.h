@@ -64,6 +64,24 @@ class StageContext {
   virtual absl::Status SendToNext(v1::StageMessage message) = 0;
   virtual absl::Status SendToPrev(v1::StageMessage message) = 0;
 
+  // Checkpoints and resume (docs/fault_tolerance.md).
+  // The step of the current phase this run starts from: 0, or the step of the
+  // checkpoint the job resumed from when it lies inside this phase.
+  virtual int64_t first_step() const = 0;
+  // Whether a checkpoint is taken after `steps_done` steps of the phase: only
+  // inside the phase (0 < steps_done < total_steps()); the runtime itself
+  // takes those at phase starts and at the end of the job.
+  virtual bool CheckpointDue(int64_t steps_done) const = 0;
+  // Writes this stage's shard at the consistent cut after `steps_done` steps
+  // of the phase: parameters, buffers, optimizer, RNG and data position, plus
+  // the running algorithm's Algorithm::SaveState. The schedules call it where
+  // CheckpointDue says, once nothing of the stage is in flight that SaveState
+  // does not record.
+  virtual absl::Status Checkpoint(int64_t steps_done) = 0;
+  // When this phase resumes inside it (first_step() > 0): the algorithm state
+  // that Algorithm::SaveState wrote at that checkpoint; nullptr otherwise.
+  virtual torch::serialize::InputArchive* resume_state() = 0;
+
   // OK while the job runs; the reason once it was stopped or failed. Algorithms
   // check it at least once per step (a single stage never blocks on a peer).
   virtual absl::Status Interrupted() const = 0;
@@ -84,6 +102,16 @@ class Algorithm {
  public:
   virtual ~Algorithm() = default;
   virtual absl::Status Run(StageContext& ctx) = 0;
+  // What the algorithm carries across a checkpoint boundary besides the
+  // stage's model and optimizer (aux heads and their optimizers, stored
+  // inputs, a gradient already received, partial accumulations), written
+  // into `archive` at StageContext::Checkpoint. Run reads it back through
+  // ctx.resume_state() after its own set-up. Default: nothing.
+  virtual absl::Status SaveState(StageContext& ctx, torch::serialize::OutputArchive& archive) {
+    (void)ctx;
+    (void)archive;
+    return absl::OkStatus();
+  }
 };
 
 // The algorithm the spec names (worker/algorithms/registry.cc);

@@ -483,6 +483,10 @@ absl::Status StageRuntime::Interrupted() const {
   return stopping_ ? absl::CancelledError("stopped") : absl::OkStatus();
 }
 
+bool StageRuntime::CheckpointDue(int64_t) const { return false; }
+
+absl::Status StageRuntime::Checkpoint(int64_t) { return absl::OkStatus(); }
+
 double StageRuntime::LearningRate(int64_t step) const {
   return training::LearningRateAt(spec_.schedule, base_lr_, step, steps_per_epoch_, phase_steps_);
 }

@@ -79,6 +79,10 @@ class StageRuntime final : public StageContext {
   absl::Status SendToNext(v1::StageMessage message) override;
   absl::Status SendToPrev(v1::StageMessage message) override;
   absl::Status Interrupted() const override;
+  int64_t first_step() const override { return first_step_; }
+  bool CheckpointDue(int64_t steps_done) const override;
+  absl::Status Checkpoint(int64_t steps_done) override;
+  torch::serialize::InputArchive* resume_state() override { return resume_state_.get(); }
   void ReportStep(int64_t steps_done, double train_loss, int64_t samples) override;
   void ReportEval(int64_t steps_done, double loss, double accuracy, int64_t samples) override;
   metrics::StageMetrics& stage_metrics() override { return *metrics_; }
@@ -123,6 +127,10 @@ class StageRuntime final : public StageContext {
   int released_phase_ ABSL_GUARDED_BY(mu_) = 0;  // highest phase the coordinator let start
   double base_lr_ = 0;
   std::unique_ptr<metrics::StageMetrics> metrics_;
+  // Resume (StageAssignment.resume): the step of the current phase the run
+  // starts from, and the algorithm state saved there.
+  int64_t first_step_ = 0;
+  std::unique_ptr<torch::serialize::InputArchive> resume_state_;
 
   BoundedQueue<v1::StageMessage> from_prev_;
   BoundedQueue<v1::StageMessage> from_next_;
