@@ -22,10 +22,11 @@ function(stagewise_process_defaults target)
   target_link_libraries(${target} PRIVATE stagewise_malloc_tuning)
 endfunction()
 
-# stagewise_add_test(NAME n SOURCES ... LIBS ... LABELS ... [TORCH])
-# One GoogleTest executable; every test case becomes a ctest test with LABELS.
+# stagewise_add_test(NAME n SOURCES ... LIBS ... LABELS ... [TIMEOUT s] [TORCH])
+# One GoogleTest executable; every test case becomes a ctest test with LABELS
+# (and a TIMEOUT in seconds, for the slow suites).
 function(stagewise_add_test)
-  cmake_parse_arguments(T "TORCH" "NAME" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "TORCH" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main GTest::gmock)
   stagewise_process_defaults(${T_NAME})
@@ -36,7 +37,11 @@ function(stagewise_add_test)
   target_compile_definitions(${T_NAME} PRIVATE
     STAGEWISE_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
     STAGEWISE_BINARY_DIR="${CMAKE_BINARY_DIR}")
+  set(extra)
+  if(T_TIMEOUT)
+    set(extra TIMEOUT ${T_TIMEOUT})
+  endif()
   gtest_discover_tests(${T_NAME}
-    PROPERTIES LABELS "${T_LABELS}"
+    PROPERTIES LABELS "${T_LABELS}" ${extra}
     DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -1,6 +1,7 @@
 #include "coordinator/job_manager.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -15,11 +16,56 @@ namespace {
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
-v1::Command StartCommand(const std::string& job_id, int phase) {
+v1::Command StartCommand(const std::string& job_id, int phase, int64_t from_step = 0) {
   v1::Command start;
   start.mutable_start()->set_job_id(job_id);
   start.mutable_start()->set_phase(phase);
+  start.mutable_start()->set_from_step(from_step);
   return start;
+}
+
+// Errors that another attempt may get past: a peer, the network or a worker
+// went away. Everything else is deterministic (docs/fault_tolerance.md).
+bool Retryable(const v1::StageError& e) {
+  const auto code = static_cast<absl::StatusCode>(e.code());
+  return e.retryable() || code == absl::StatusCode::kUnavailable ||
+         code == absl::StatusCode::kAborted || code == absl::StatusCode::kDeadlineExceeded;
+}
+
+// The job event's attempt, or -1 for events without one.
+int EventAttempt(const v1::WorkerEvent& event) {
+  switch (event.event_case()) {
+    case v1::WorkerEvent::kMetrics:
+      return event.metrics().attempt();
+    case v1::WorkerEvent::kResult:
+      return event.result().attempt();
+    case v1::WorkerEvent::kPhaseDone:
+      return event.phase_done().attempt();
+    case v1::WorkerEvent::kCheckpointSaved:
+      return event.checkpoint_saved().attempt();
+    case v1::WorkerEvent::kError:
+      // Profiling errors (stage -1) belong to no attempt.
+      return event.error().stage() < 0 ? -1 : event.error().attempt();
+    default:
+      return -1;
+  }
+}
+
+std::string EventJob(const v1::WorkerEvent& event) {
+  switch (event.event_case()) {
+    case v1::WorkerEvent::kMetrics:
+      return event.metrics().job_id();
+    case v1::WorkerEvent::kResult:
+      return event.result().job_id();
+    case v1::WorkerEvent::kPhaseDone:
+      return event.phase_done().job_id();
+    case v1::WorkerEvent::kCheckpointSaved:
+      return event.checkpoint_saved().job_id();
+    case v1::WorkerEvent::kError:
+      return event.error().job_id();
+    default:
+      return "";
+  }
 }
 
 }  // namespace
@@ -37,28 +83,50 @@ absl::Status JobManager::Start() {
   // No loop yet: this thread owns the loop's state until the loop starts.
   for (const JobRecord& rec : unfinished) {
     const std::string& id = rec.status.job_id();
-    if (rec.status.state() == v1::PENDING) {
-      auto spec = ParseJobSpec(rec.spec_yaml);
-      auto blocks = spec.ok() ? models::PlanModel(spec->model)
-                              : absl::StatusOr<std::vector<models::BlockInfo>>(spec.status());
-      auto ranges = blocks.ok()
-                        ? models::ResolvePartition(spec->stages, static_cast<int>(blocks->size()))
-                        : absl::StatusOr<std::vector<std::pair<int, int>>>(blocks.status());
-      if (ranges.ok()) {
-        Job job = NewJob(rec.status, *spec, rec.spec_yaml, *blocks, *ranges);
-        scheduler_.Enqueue({id, static_cast<int>(job.ranges.size()), job.needs_plan});
-        jobs_.emplace(id, std::move(job));
-        Publish(rec.status, "");
-        continue;
-      }
+    auto spec = ParseJobSpec(rec.spec_yaml);
+    auto blocks = spec.ok() ? models::PlanModel(spec->model)
+                            : absl::StatusOr<std::vector<models::BlockInfo>>(spec.status());
+    auto ranges = blocks.ok()
+                      ? models::ResolvePartition(spec->stages, static_cast<int>(blocks->size()))
+                      : absl::StatusOr<std::vector<std::pair<int, int>>>(blocks.status());
+    if (!ranges.ok()) {
       (void)Transition(id, v1::FAILED, std::string(ranges.status().message()));
       continue;
     }
-    // Recovery from checkpoints arrives with a later version; until then a job
-    // interrupted by a coordinator restart ends here, with the reason kept.
-    (void)Transition(id, v1::FAILED,
-                     absl::StrCat("the coordinator restarted while the job was ",
-                                  v1::JobState_Name(rec.status.state())));
+    Job job = NewJob(rec.status, *spec, rec.spec_yaml, *blocks, *ranges);
+    job.attempt = rec.status.attempt();
+    for (const v1::JobAttempt& a : rec.status.attempts()) {
+      job.max_step = std::max(job.max_step, a.reached_step());
+    }
+    job.max_step = std::max(job.max_step, rec.status.step());
+    const v1::JobState state = rec.status.state();
+    if (state == v1::PENDING || state == v1::PROFILING) {
+      // Not placed yet (or only profiling): queue it again as it was.
+      if (state == v1::PROFILING) {
+        jobs_.emplace(id, std::move(job));
+        if (!Transition(id, v1::PENDING, "the coordinator restarted while the job was PROFILING")
+                 .ok()) {
+          jobs_.erase(id);
+          continue;
+        }
+      } else {
+        jobs_.emplace(id, std::move(job));
+        Publish(rec.status, "");
+      }
+      Job& queued = jobs_.at(id);
+      scheduler_.Enqueue({id, static_cast<int>(queued.ranges.size()), queued.needs_plan});
+      continue;
+    }
+    // It was placed: its stages stopped when they lost this coordinator.
+    // Resume it from its newest committed checkpoint.
+    jobs_.emplace(id, std::move(job));
+    const std::string why =
+        absl::StrCat("the coordinator restarted while the job was ", v1::JobState_Name(state));
+    if (state == v1::RECOVERING) {
+      QueueRecovery(id, jobs_.at(id), why);
+    } else {
+      Recover(id, why, "coordinator_restart");
+    }
   }
   RefreshGauges();
   {
@@ -154,6 +222,9 @@ absl::Time JobManager::NextDeadline() const {
       std::min(deadline, registry_.NextExpiry(options_.heartbeat_timeout) + absl::Milliseconds(1));
   deadline = std::min(deadline, flush_due_);
   if (!metrics_expiry_.empty()) deadline = std::min(deadline, metrics_expiry_.front().first);
+  for (const auto& [id, job] : jobs_) {
+    deadline = std::min({deadline, job.recovery_deadline, job.configure_deadline});
+  }
   return deadline;
 }
 
@@ -162,6 +233,7 @@ void JobManager::Housekeeping(absl::Time now) {
     OnWorkerLost(
         lost, absl::StrCat("no heartbeat for ", absl::FormatDuration(options_.heartbeat_timeout)));
   }
+  CheckDeadlines(now);
   if (now >= flush_due_) FlushProgress();
   while (!metrics_expiry_.empty() && metrics_expiry_.front().first <= now) {
     metrics_->RemoveJob(metrics_expiry_.front().second);
@@ -209,6 +281,14 @@ absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml) {
     return absl::InvalidArgumentError(
         absl::StrCat("batch_size: ", spec.batch_size, " is larger than the training set"));
   }
+  if (!spec.checkpoint.dir.empty()) {
+    // The coordinator writes the manifests: it must reach checkpoint.dir too.
+    if (absl::Status s = checkpoint::ProbeWritable(spec.checkpoint.dir); !s.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          s.message(), " (the coordinator commits checkpoints there: mount the same volume on "
+                       "the coordinator and every worker)"));
+    }
+  }
   {
     absl::MutexLock lock(&queue_mu_);
     if (!running_ || stopping_) {
@@ -230,6 +310,7 @@ absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml) {
   st.set_total_steps(data::TotalSteps(spec, per_epoch));
   st.set_created_unix_ms(NowMs());
   st.set_updated_unix_ms(st.created_unix_ms());
+  st.set_last_checkpoint_step(-1);
   // The one durable write of a submission, on the caller's thread, no lock held.
   STAGEWISE_RETURN_IF_ERROR(store_->CreateJob(record));
   Publish(st, "");  // visible to GetJob / WatchJob before the id is returned
@@ -287,6 +368,28 @@ absl::StatusOr<v1::JobStatus> JobManager::CancelJob(const std::string& job_id,
 }
 
 std::vector<v1::WorkerInfo> JobManager::ListWorkers() const { return registry_.List(); }
+
+absl::StatusOr<v1::ListCheckpointsResponse> JobManager::ListCheckpoints(
+    const std::string& job_id) const {
+  STAGEWISE_ASSIGN_OR_RETURN(JobRecord rec, store_->GetJob(job_id));
+  STAGEWISE_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(rec.spec_yaml));
+  v1::ListCheckpointsResponse out;
+  if (spec.checkpoint.dir.empty()) return out;
+  out.set_dir(checkpoint::JobDir(spec.checkpoint.dir, job_id));
+  std::vector<std::string> skipped;
+  for (const checkpoint::Committed& c :
+       checkpoint::ListCommitted(spec.checkpoint.dir, job_id, false, &skipped)) {
+    v1::CheckpointInfo* info = out.add_checkpoints();
+    info->set_step(c.manifest.step());
+    info->set_phase(c.manifest.phase());
+    info->set_created_unix_ms(c.manifest.created_unix_ms());
+    info->set_bytes(c.bytes);
+    info->set_manifest_path(c.dir + "/" + checkpoint::kManifestName);
+    info->set_num_shards(c.manifest.shards_size());
+  }
+  for (std::string& line : skipped) out.add_skipped(std::move(line));
+  return out;
+}
 
 absl::StatusOr<int64_t> JobManager::Subscribe(const std::string& job_id, Listener listener) {
   v1::JobEvent first;
@@ -370,6 +473,7 @@ void JobManager::OnEvent(const v1::WorkerEvent& event) {
     case v1::WorkerEvent::kPhaseDone:
     case v1::WorkerEvent::kProfile:
     case v1::WorkerEvent::kError:
+    case v1::WorkerEvent::kCheckpointSaved:
       Post([this, event] { HandleEvent(event); });
       return;
     default:
@@ -380,7 +484,26 @@ void JobManager::OnEvent(const v1::WorkerEvent& event) {
 // --- Loop thread: events ----------------------------------------------------
 
 void JobManager::HandleEvent(const v1::WorkerEvent& event) {
+  if (const int attempt = EventAttempt(event); attempt >= 0) {
+    auto it = jobs_.find(EventJob(event));
+    if (it == jobs_.end()) return;
+    Job& job = it->second;
+    if (attempt != job.attempt) {
+      // An abandoned attempt. Only its root cause still matters: a
+      // deterministic error that ended it (its peers' broken streams may have
+      // been reported first) would fail the next attempt the same way.
+      if (event.has_error() && attempt == job.attempt - 1 &&
+          job.status.state() == v1::RECOVERING && !Retryable(event.error()) &&
+          event.error().code() != static_cast<int>(absl::StatusCode::kCancelled) &&
+          event.error().code() != static_cast<int>(absl::StatusCode::kDataLoss)) {
+        EndJob(it->first, v1::FAILED, event.error().message());
+      }
+      return;
+    }
+  }
   switch (event.event_case()) {
+    case v1::WorkerEvent::kCheckpointSaved:
+      return OnCheckpointSaved(event.checkpoint_saved());
     case v1::WorkerEvent::kAck:
       return OnAck(event.ack());
     case v1::WorkerEvent::kMetrics:
@@ -406,7 +529,16 @@ void JobManager::OnAck(const v1::Ack& ack) {
     if (!Transition(job_id, v1::RUNNING, "").ok()) return;
     Job& running = jobs_.at(job_id);
     running.started = absl::Now();
-    for (const std::string& worker : running.workers) Send(worker, StartCommand(job_id, 0));
+    running.configure_deadline = absl::InfiniteFuture();
+    const int phase = running.resume ? running.resume->manifest.phase() : 0;
+    const int64_t from = running.resume ? running.resume->manifest.step() : 0;
+    if (running.attempt_ended != absl::InfinitePast()) {
+      metrics_->ObserveRecovery(absl::ToDoubleSeconds(running.started - running.attempt_ended));
+      running.attempt_ended = absl::InfinitePast();
+    }
+    for (const std::string& worker : running.workers) {
+      Send(worker, StartCommand(job_id, phase, from));
+    }
     return;
   }
 }
@@ -421,12 +553,16 @@ void JobManager::OnMetrics(const v1::MetricsReport& m) {
   const bool last_stage = m.stage() == static_cast<int>(job.workers.size()) - 1;
   if (last_stage && m.values().count("train_loss")) {
     st.set_step(m.step());
+    job.max_step = std::max(job.max_step, m.step());
+    if (st.attempts_size() > 0) st.mutable_attempts(st.attempts_size() - 1)->set_reached_step(m.step());
     const int64_t per_epoch = data::NominalTrainSize(job.spec.data) / job.spec.batch_size;
     st.set_epoch(static_cast<int>(m.step() / std::max<int64_t>(1, per_epoch)));
     st.set_train_loss(m.values().at("train_loss"));
     const double seconds = absl::ToDoubleSeconds(absl::Now() - job.started);
     if (seconds > 0) {
-      st.set_samples_per_second(static_cast<double>(m.step() * job.spec.batch_size) / seconds);
+      const int64_t from = job.resume ? job.resume->manifest.step() : 0;
+      st.set_samples_per_second(static_cast<double>((m.step() - from) * job.spec.batch_size) /
+                                seconds);
     }
     points.push_back({m.step(), "train_loss", st.train_loss(), now_ms});
     points.push_back({m.step(), "samples_per_second", st.samples_per_second(), now_ms});
@@ -457,6 +593,12 @@ void JobManager::OnResult(const v1::StageResult& result) {
   }
   UpdateProgress(job, "", std::move(points));
   if (job.finished_stages.size() == job.workers.size()) {
+    if (job.status.attempts_size() > 0) {
+      v1::JobAttempt* a = job.status.mutable_attempts(job.status.attempts_size() - 1);
+      a->set_ended_unix_ms(now_ms);
+      a->set_reached_step(job.status.total_steps());
+    }
+    job.status.set_step(job.status.total_steps());
     EndJob(result.job_id(), v1::SUCCEEDED, "");
   }
 }
@@ -511,14 +653,251 @@ void JobManager::OnProfile(const v1::ProfileResult& result) {
 }
 
 void JobManager::OnError(const v1::StageError& e) {
-  if (jobs_.count(e.job_id())) EndJob(e.job_id(), v1::FAILED, e.message());
+  auto it = jobs_.find(e.job_id());
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  const auto code = static_cast<absl::StatusCode>(e.code());
+  if (code == absl::StatusCode::kDataLoss && job.resume &&
+      job.status.state() == v1::CONFIGURING) {
+    // The shard it was told to load is damaged: never offer that checkpoint
+    // again; the next attempt takes an older one.
+    const std::string dir = job.resume->dir;
+    if (absl::Status s = checkpoint::MarkCorrupt(dir, e.message()); !s.ok()) {
+      STAGEWISE_LOG(ERROR) << "job " << e.job_id() << ": " << s;
+    }
+    Recover(e.job_id(),
+            absl::StrCat("checkpoint ", dir, " is corrupt (skipped from now on): ", e.message()),
+            "corrupt_checkpoint");
+    return;
+  }
+  if (e.stage() >= 0 && Retryable(e)) {
+    Recover(e.job_id(), e.message(), "stage_error");
+    return;
+  }
+  EndJob(e.job_id(), v1::FAILED, e.message());
 }
 
 void JobManager::OnWorkerLost(const WorkerRegistry::Removed& worker, const std::string& why) {
   STAGEWISE_LOG(WARNING) << "lost worker " << worker.worker_id << ": " << why;
-  if (!worker.job_id.empty()) {
-    EndJob(worker.job_id, v1::FAILED,
-           absl::StrCat("lost worker ", worker.worker_id, " (stage ", worker.stage, "): ", why));
+  if (worker.job_id.empty()) return;
+  const std::string text =
+      worker.stage >= 0
+          ? absl::StrCat("lost worker ", worker.worker_id, " (stage ", worker.stage, "): ", why)
+          : absl::StrCat("lost worker ", worker.worker_id, ": ", why);
+  Recover(worker.job_id, text, "worker_lost");
+}
+
+void JobManager::OnCheckpointSaved(const v1::CheckpointSaved& saved) {
+  auto it = jobs_.find(saved.job_id());
+  if (it == jobs_.end() || it->second.spec.checkpoint.dir.empty()) return;
+  Job& job = it->second;
+  if (saved.stage() < 0 || saved.stage() >= static_cast<int>(job.workers.size())) return;
+  std::map<int, v1::CheckpointSaved>& stages = job.shards[saved.step()];
+  stages[saved.stage()] = saved;
+  if (stages.size() == job.workers.size()) CommitCheckpoint(saved.job_id(), job, saved.step());
+}
+
+void JobManager::CommitCheckpoint(const std::string& job_id, Job& job, int64_t step) {
+  const std::map<int, v1::CheckpointSaved> stages = std::move(job.shards[step]);
+  job.shards.erase(job.shards.begin(), job.shards.upper_bound(step));
+  const std::string& root = job.spec.checkpoint.dir;
+  const std::string dir = checkpoint::StepDir(root, job_id, step);
+  v1::CheckpointManifest m;
+  m.set_format(checkpoint::kFormat);
+  m.set_job_id(job_id);
+  m.set_step(step);
+  m.set_phase(stages.begin()->second.phase());
+  m.set_phase_step(stages.begin()->second.phase_step());
+  m.set_total_steps(job.status.total_steps());
+  m.set_created_unix_ms(NowMs());
+  m.set_attempt(job.attempt);
+  m.set_job_spec_yaml(job.yaml);
+  absl::Status problem;
+  for (const auto& [stage, saved] : stages) {
+    v1::CheckpointShard* shard = m.add_shards();
+    shard->set_stage(stage);
+    shard->set_file(checkpoint::ShardFileName(stage));
+    shard->set_bytes(saved.bytes());
+    shard->set_crc32(saved.crc32());
+    shard->set_block_begin(job.ranges.at(stage).first);
+    shard->set_block_end(job.ranges.at(stage).second);
+    if (static_cast<size_t>(stage) < job.modes.size()) {
+      for (const std::string& mode : job.modes[stage]) shard->add_block_modes(mode);
+    }
+    if (saved.phase() != m.phase() || saved.phase_step() != m.phase_step()) {
+      problem = absl::InternalError(absl::StrCat("stage ", stage, " saved phase ", saved.phase(),
+                                                 " step ", saved.phase_step(), ", stage 0 phase ",
+                                                 m.phase(), " step ", m.phase_step()));
+    }
+    // The worker's path must be the coordinator's: the same volume, mounted
+    // at the same place.
+    const std::string here = dir + "/" + shard->file();
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(here, ec);
+    if (problem.ok() && (ec || static_cast<int64_t>(size) != saved.bytes())) {
+      problem = absl::FailedPreconditionError(absl::StrCat(
+          "stage ", stage, " wrote ", saved.path(), " (", saved.bytes(), " bytes) but the coordinator ",
+          ec ? absl::StrCat("cannot see ", here) : absl::StrCat("sees ", size, " bytes at ", here),
+          ": checkpoint.dir must be the same shared volume, at the same path, everywhere"));
+    }
+  }
+  if (problem.ok()) problem = checkpoint::WriteManifest(dir, m);
+  if (!problem.ok()) {
+    STAGEWISE_LOG(ERROR) << "job " << job_id << ": checkpoint at step " << step
+                         << " not committed: " << problem;
+    UpdateProgress(job, absl::StrCat("checkpoint at step ", step, " NOT committed: ",
+                                     problem.message()),
+                   {});
+    return;
+  }
+  metrics_->CountCheckpoint();
+  job.status.set_last_checkpoint_step(step);
+  auto pruned = checkpoint::Prune(root, job_id, job.spec.checkpoint.keep);
+  if (!pruned.ok()) STAGEWISE_LOG(WARNING) << "job " << job_id << ": " << pruned.status();
+  UpdateProgress(job, absl::StrCat("checkpoint at step ", step, " committed"), {});
+}
+
+void JobManager::Recover(const std::string& job_id, const std::string& why,
+                         const std::string& cause) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  const v1::JobState state = job.status.state();
+  if (state == v1::PENDING || state == v1::RECOVERING) {
+    // Not running (anymore): nothing to end. A lost worker names the cause
+    // better than the broken streams its peers reported first.
+    if (state == v1::RECOVERING && cause == "worker_lost" && job.status.attempts_size() > 0) {
+      job.status.mutable_attempts(job.status.attempts_size() - 1)->set_end_reason(why);
+      UpdateProgress(job, why, {});
+    }
+    return;
+  }
+  STAGEWISE_LOG(WARNING) << "job " << job_id << " attempt " << job.attempt << " ended: " << why;
+  // End the attempt: its stages stop, its workers are free again.
+  for (const std::string& worker : registry_.Release(job_id)) {
+    v1::Command stop;
+    stop.mutable_stop()->set_job_id(job_id);
+    stop.mutable_stop()->set_reason(absl::StrCat("attempt ", job.attempt, " ended: ", why));
+    Send(worker, std::move(stop));
+  }
+  job.workers.clear();
+  job.pending_acks.clear();
+  job.finished_stages.clear();
+  job.phase_done.clear();
+  job.shards.clear();
+  job.configure_deadline = absl::InfiniteFuture();
+  job.attempt_ended = absl::Now();
+  job.max_step = std::max(job.max_step, job.status.step());
+  if (state == v1::PROFILING) {
+    // Only the profile was lost: back to the queue as it was.
+    scheduler_.Enqueue({job_id, static_cast<int>(job.ranges.size()), job.needs_plan});
+    (void)Transition(job_id, v1::PENDING, why);
+    schedule_needed_ = true;
+    return;
+  }
+  if (job.status.attempts_size() > 0) {
+    v1::JobAttempt* a = job.status.mutable_attempts(job.status.attempts_size() - 1);
+    if (a->ended_unix_ms() == 0) a->set_ended_unix_ms(NowMs());
+    a->set_end_reason(why);
+  }
+  metrics_->CountRestart(cause);
+  int ended = 0;
+  for (const v1::JobAttempt& a : job.status.attempts()) ended += a.ended_unix_ms() > 0 ? 1 : 0;
+  if (ended > job.spec.recovery.max_restarts) {
+    EndJob(job_id, v1::FAILED,
+           absl::StrCat("gave up after ", ended, " attempt(s) (recovery.max_restarts: ",
+                        job.spec.recovery.max_restarts, "); the last one ended: ", why));
+    return;
+  }
+  job.attempt++;
+  job.status.set_attempt(job.attempt);
+  UpdateProgress(job, "", {});  // the new attempt number is written with the transition
+  if (!Transition(job_id, v1::RECOVERING, why).ok()) return;
+  QueueRecovery(job_id, jobs_.at(job_id), why);
+}
+
+bool JobManager::QueueRecovery(const std::string& job_id, Job& job, const std::string& why) {
+  job.resume.reset();
+  if (!job.spec.checkpoint.dir.empty()) {
+    std::vector<std::string> skipped;
+    std::vector<checkpoint::Committed> committed =
+        checkpoint::ListCommitted(job.spec.checkpoint.dir, job_id, false, &skipped);
+    for (const std::string& line : skipped) {
+      STAGEWISE_LOG(WARNING) << "job " << job_id << ": skipping checkpoint " << line;
+    }
+    for (checkpoint::Committed& c : committed) {
+      if (c.manifest.shards_size() != static_cast<int>(job.ranges.size()) &&
+          !job.needs_plan) {
+        STAGEWISE_LOG(WARNING) << "job " << job_id << ": skipping checkpoint " << c.dir << ": "
+                               << c.manifest.shards_size() << " shards for "
+                               << job.ranges.size() << " stages";
+        continue;
+      }
+      job.resume = std::move(c);
+      break;
+    }
+  }
+  if (job.resume) {
+    // The stages must be cut as in the checkpoint (a planned partition, too).
+    job.ranges.clear();
+    job.modes.clear();
+    bool any_modes = false;
+    for (const v1::CheckpointShard& shard : job.resume->manifest.shards()) {
+      job.ranges.emplace_back(shard.block_begin(), shard.block_end());
+      job.modes.emplace_back(shard.block_modes().begin(), shard.block_modes().end());
+      any_modes = any_modes || shard.block_modes_size() > 0;
+    }
+    if (!any_modes) job.modes.clear();
+    job.planned = true;
+    UpdateProgress(job,
+                   absl::StrCat("attempt ", job.attempt, " will resume from the checkpoint at step ",
+                                job.resume->manifest.step(), " (", job.resume->dir, ")"),
+                   {});
+  } else if (!job.spec.recovery.from_scratch) {
+    EndJob(job_id, v1::FAILED,
+           absl::StrCat("no committed checkpoint to resume from and recovery.from_scratch is "
+                        "false; the last attempt ended: ",
+                        why));
+    return false;
+  } else {
+    UpdateProgress(job,
+                   absl::StrCat("attempt ", job.attempt,
+                                " will start from step 0 (no committed checkpoint)"),
+                   {});
+  }
+  job.recovery_deadline =
+      absl::Now() + absl::Seconds(job.spec.recovery.wait_seconds);
+  scheduler_.Requeue({job_id, static_cast<int>(job.ranges.size()), job.needs_plan && !job.planned});
+  schedule_needed_ = true;
+  return true;
+}
+
+void JobManager::CheckDeadlines(absl::Time now) {
+  std::vector<std::pair<std::string, bool>> due;  // (job, recovering)
+  for (const auto& [id, job] : jobs_) {
+    if (job.status.state() == v1::RECOVERING && now >= job.recovery_deadline) {
+      due.emplace_back(id, true);
+    } else if (job.status.state() == v1::CONFIGURING && now >= job.configure_deadline) {
+      due.emplace_back(id, false);
+    }
+  }
+  for (const auto& [id, recovering] : due) {
+    Job& job = jobs_.at(id);
+    if (recovering) {
+      const std::string last =
+          job.status.attempts_size() > 0
+              ? job.status.attempts(job.status.attempts_size() - 1).end_reason()
+              : job.status.reason();
+      EndJob(id, v1::FAILED,
+             absl::StrCat("no ", job.ranges.size(), " idle workers within recovery.wait_seconds (",
+                          job.spec.recovery.wait_seconds, " s) after attempt ", job.attempt - 1,
+                          " ended: ", last));
+    } else {
+      Recover(id,
+              absl::StrCat("the stages did not acknowledge their assignment within ",
+                           absl::FormatDuration(options_.configure_timeout)),
+              "configure_timeout");
+    }
   }
 }
 
@@ -563,7 +942,46 @@ void JobManager::Schedule() {
 void JobManager::Configure(const std::string& job_id, Job& job) {
   std::vector<v1::Command> commands =
       scheduler_.StageAssignments(job_id, job.yaml, job.workers, job.ranges, job.modes);
+  job.recovery_deadline = absl::InfiniteFuture();
+  job.configure_deadline = absl::Now() + options_.configure_timeout;
+  // A new attempt: its record, and where it starts.
+  v1::JobAttempt* a = job.status.add_attempts();
+  a->set_attempt(job.attempt);
+  a->set_started_unix_ms(NowMs());
+  for (const std::string& w : job.workers) a->add_workers(w);
+  if (job.resume) {
+    const v1::CheckpointManifest& m = job.resume->manifest;
+    a->set_from_step(m.step());
+    a->set_reached_step(m.step());
+    const int64_t redone = std::max<int64_t>(0, job.max_step - m.step());
+    job.status.set_steps_redone(job.status.steps_redone() + redone);
+    metrics_->AddStepsRedone(redone);
+    job.status.set_step(m.step());
+    job.status.set_phase(m.phase());
+    const std::vector<PhaseSpec> phases = Phases(job.spec);
+    if (m.phase() >= 0 && m.phase() < static_cast<int>(phases.size())) {
+      job.status.set_phase_name(phases[m.phase()].name);
+      job.status.set_algorithm(phases[m.phase()].algorithm.name);
+    }
+    for (size_t j = 0; j < commands.size(); ++j) {
+      const v1::CheckpointShard& shard = m.shards(static_cast<int>(j));
+      v1::ResumePoint* r = commands[j].mutable_configure()->mutable_resume();
+      r->set_step(m.step());
+      r->set_phase(m.phase());
+      r->set_phase_step(m.phase_step());
+      r->set_shard_path(job.resume->dir + "/" + shard.file());
+      r->set_shard_bytes(shard.bytes());
+      r->set_shard_crc32(shard.crc32());
+    }
+  } else if (job.attempt > 0) {
+    job.status.set_steps_redone(job.status.steps_redone() + job.max_step);
+    metrics_->AddStepsRedone(job.max_step);
+    job.status.set_step(0);
+    job.status.set_phase(0);
+  }
+  UpdateProgress(job, "", {});
   for (size_t j = 0; j < commands.size(); ++j) {
+    commands[j].mutable_configure()->set_attempt(job.attempt);
     commands[j].set_command_id(next_command_++);
     job.pending_acks.insert(commands[j].command_id());
     Send(job.workers[j], std::move(commands[j]));

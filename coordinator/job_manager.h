@@ -40,6 +40,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -53,6 +54,7 @@
 #include "coordinator/scheduler.h"
 #include "coordinator/store.h"
 #include "coordinator/worker_registry.h"
+#include "services/checkpoint/checkpoint.h"
 #include "services/common/job_spec.h"
 #include "services/metrics/metrics.h"
 #include "services/models/block_info.h"
@@ -73,6 +75,9 @@ struct JobManagerOptions {
   absl::Duration finished_job_metrics_ttl = absl::Minutes(5);
   // Tasks waiting for the loop before OnEvent & co. block.
   size_t max_queued_tasks = 4096;
+  // How long the stages of a (re)placed job may take to acknowledge their
+  // StageAssignment before the attempt is given up (and recovered).
+  absl::Duration configure_timeout = absl::Seconds(120);
 };
 
 class JobManager {
@@ -92,6 +97,10 @@ class JobManager {
   absl::StatusOr<std::vector<v1::JobStatus>> ListJobs(int limit) const;
   absl::StatusOr<v1::JobStatus> Cancel(const std::string& job_id, const std::string& reason);
   std::vector<v1::WorkerInfo> ListWorkers() const;
+  // The job's committed checkpoints, newest first, read from checkpoint.dir
+  // (the coordinator must reach it); NOT_FOUND for an unknown job, an empty
+  // list for a job without checkpoint.dir.
+  absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id) const;
 
   // Watchers get the current status at once, then every change; the last event
   // of a job carries a terminal state. Listeners must not block.
@@ -127,6 +136,15 @@ class JobManager {
     std::set<int> finished_stages;
     std::map<int, std::set<int>> phase_done;  // phase -> stages that finished it
     absl::Time started;
+    // Fault tolerance (docs/fault_tolerance.md).
+    int attempt = 0;  // mirrors status.attempt; events of other attempts are dropped
+    absl::Time recovery_deadline = absl::InfiniteFuture();   // RECOVERING: fail after
+    absl::Time configure_deadline = absl::InfiniteFuture();  // CONFIGURING: recover after
+    absl::Time attempt_ended = absl::InfinitePast();          // for the recovery time
+    int64_t max_step = 0;  // the furthest step any attempt reached
+    std::optional<checkpoint::Committed> resume;  // what the next attempt loads
+    // Shards reported for checkpoints not committed yet: step -> stage -> report.
+    std::map<int64_t, std::map<int, v1::CheckpointSaved>> shards;
   };
   static Job NewJob(const v1::JobStatus& status, const JobSpec& spec, const std::string& yaml,
                     const std::vector<models::BlockInfo>& blocks,
@@ -158,6 +176,21 @@ class JobManager {
   void OnProfile(const v1::ProfileResult& result);
   void OnError(const v1::StageError& error);
   void OnWorkerLost(const WorkerRegistry::Removed& worker, const std::string& why);
+  void OnCheckpointSaved(const v1::CheckpointSaved& saved);
+
+  // Loop thread: fault tolerance. Ends the running attempt of a job (stops
+  // its stages, frees its workers) and queues the next one, or fails the job
+  // when recovery.max_restarts is spent or nothing can be resumed. `cause`
+  // labels the restart metric.
+  void Recover(const std::string& job_id, const std::string& why, const std::string& cause);
+  // Chooses the checkpoint to resume from and requeues a RECOVERING job;
+  // false if the job was failed instead.
+  bool QueueRecovery(const std::string& job_id, Job& job, const std::string& why);
+  // Every shard of `step` reported: writes the manifest, prunes.
+  void CommitCheckpoint(const std::string& job_id, Job& job, int64_t step);
+  // Fails RECOVERING jobs past recovery.wait_seconds and recovers CONFIGURING
+  // ones past configure_timeout.
+  void CheckDeadlines(absl::Time now);
 
   // Loop thread: the lifecycle.
   void Admit(Job job);

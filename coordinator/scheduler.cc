@@ -12,6 +12,15 @@ namespace stagewise::coordinator {
 
 void Scheduler::Enqueue(Request request) { queue_.push_back(std::move(request)); }
 
+void Scheduler::Requeue(Request request) {
+  Remove(request.job_id);
+  // After the recovering jobs already queued, before everything else.
+  auto it = queue_.begin();
+  while (it != queue_.end() && it->recovering) ++it;
+  request.recovering = true;
+  queue_.insert(it, std::move(request));
+}
+
 bool Scheduler::Remove(const std::string& job_id) {
   auto it = std::find_if(queue_.begin(), queue_.end(),
                          [&](const Request& r) { return r.job_id == job_id; });

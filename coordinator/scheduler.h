@@ -34,9 +34,13 @@ class Scheduler {
     std::string job_id;
     int workers = 1;       // one per stage
     bool profile = false;  // needs a ProfileCommand (PROFILING) before its stages
+    bool recovering = false;  // set by Requeue
   };
   // Appends a PENDING job to the queue.
   void Enqueue(Request request);
+  // Puts a RECOVERING job at the head of the queue: a job that already ran
+  // goes before the jobs that wait for their first placement.
+  void Requeue(Request request);
   // Drops a job from the queue; false if it was not queued.
   bool Remove(const std::string& job_id);
   bool Queued(const std::string& job_id) const;

@@ -238,13 +238,13 @@ bool IsAllowedTransition(v1::JobState from, v1::JobState to) {
     case v1::PROFILING:
       return to == v1::CONFIGURING || to == v1::PENDING;
     case v1::CONFIGURING:
-      return to == v1::RUNNING || to == v1::PENDING;
+      return to == v1::RUNNING || to == v1::PENDING || to == v1::RECOVERING;
     case v1::RUNNING:
       return to == v1::CHECKPOINTING || to == v1::SUCCEEDED || to == v1::RECOVERING;
     case v1::CHECKPOINTING:
       return to == v1::RUNNING || to == v1::RECOVERING;
     case v1::RECOVERING:
-      return to == v1::CONFIGURING;
+      return to == v1::CONFIGURING || to == v1::PROFILING;
     default:
       return false;
   }

@@ -41,9 +41,9 @@ bool IsTerminal(v1::JobState state);
 // Whether the state machine allows from -> to (docs/architecture.md, "Job state
 // machine"):
 // PENDING -> PROFILING | CONFIGURING | CANCELLED | FAILED; PROFILING -> CONFIGURING | ...;
-// CONFIGURING -> RUNNING | FAILED | CANCELLED | PENDING; RUNNING <-> CHECKPOINTING;
-// RUNNING -> SUCCEEDED | FAILED | CANCELLED | RECOVERING; RECOVERING -> CONFIGURING | FAILED |
-// CANCELLED; terminal states go nowhere.
+// CONFIGURING -> RUNNING | FAILED | CANCELLED | PENDING | RECOVERING; RUNNING <-> CHECKPOINTING;
+// RUNNING -> SUCCEEDED | FAILED | CANCELLED | RECOVERING; RECOVERING -> CONFIGURING | PROFILING
+// (a job that never got its plan) | FAILED | CANCELLED; terminal states go nowhere.
 // Also: every non-terminal state -> FAILED | CANCELLED; PROFILING -> PENDING
 // (like CONFIGURING -> PENDING: the workers went away before placement);
 // CHECKPOINTING -> RECOVERING (a worker lost mid-checkpoint). No self-loops,

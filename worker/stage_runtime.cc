@@ -4,7 +4,13 @@
 #include <cmath>
 #include <filesystem>
 
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <mutex>
+#include <sstream>
+
 #include "absl/strings/str_cat.h"
+#include "services/checkpoint/checkpoint.h"
 #include "services/common/status_macros.h"
 #include "services/tensor/codec.h"
 #include "services/training/optimizer.h"
@@ -164,6 +170,20 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
     return absl::InternalError(
         absl::StrCat("setting up stage ", assignment.stage(), ": ", e.what()));
   }
+  if (!rt->spec_.checkpoint.dir.empty()) {
+    // Fail before the job starts, not at its first checkpoint.
+    absl::Status s =
+        checkpoint::ProbeWritable(checkpoint::JobDir(rt->spec_.checkpoint.dir, assignment.job_id()));
+    if (!s.ok()) return absl::FailedPreconditionError(s.message());
+  }
+  if (assignment.has_resume()) {
+    try {
+      if (absl::Status s = rt->LoadResume(assignment.resume()); !s.ok()) return s;
+    } catch (const std::exception& e) {
+      return absl::DataLossError(absl::StrCat("loading the checkpoint shard ",
+                                              assignment.resume().shard_path(), ": ", e.what()));
+    }
+  }
   int64_t param_bytes = 0;
   for (const auto& p : rt->model_->parameters()) param_bytes += p.numel() * p.element_size();
   rt->metrics_->SetMemory("parameters", param_bytes);
@@ -233,8 +253,9 @@ absl::Status StageRuntime::AwaitPhase(int p) {
 }
 
 absl::Status StageRuntime::RunPhases() {
-  for (int p = 0; p < static_cast<int>(phases_.size()); ++p) {
-    if (p > 0) {
+  if (resumed_at_end_) return absl::OkStatus();  // nothing left to train
+  for (int p = start_phase_; p < static_cast<int>(phases_.size()); ++p) {
+    if (p > start_phase_) {
       // Every message of phase p-1 was consumed; phase p traffic cannot exist
       // yet (no stage starts it before every stage reported PhaseDone).
       if (from_prev_.size() != 0 || from_next_.size() != 0) {
@@ -246,12 +267,18 @@ absl::Status StageRuntime::RunPhases() {
         done->set_job_id(job_id());
         done->set_stage(stage());
         done->set_phase(p - 1);
+        done->set_attempt(assignment_.attempt());
         env_.emit(std::move(event));
       } else {
         STAGEWISE_RETURN_IF_ERROR(BeginPhase(p));  // no coordinator: go on
       }
       STAGEWISE_RETURN_IF_ERROR(AwaitPhase(p));
       STAGEWISE_RETURN_IF_ERROR(EnterPhase(p));
+      first_step_ = 0;
+      resume_state_.reset();
+      // A checkpoint that falls on a phase boundary is taken at the start of
+      // the next phase (its optimizer reset done, no algorithm state yet).
+      if (CheckpointScheduled(phase_offset_)) STAGEWISE_RETURN_IF_ERROR(WriteShard(0, false));
     }
     STAGEWISE_RETURN_IF_ERROR(algorithm_->Run(*this));
   }
@@ -276,7 +303,16 @@ void StageRuntime::ComputeLoop() {
       downstream_->Close(absl::OkStatus());
       downstream_->WaitDone();
     }
-    status = SaveFinalState();
+    // The final checkpoint (the model `stagewise export` writes), unless the
+    // job resumed from it.
+    if (!spec_.checkpoint.dir.empty() && !resumed_at_end_) {
+      try {
+        status = WriteShard(phase_steps_, false);
+      } catch (const std::exception& e) {
+        status = absl::InternalError(absl::StrCat("stage ", stage(), ": checkpoint: ", e.what()));
+      }
+    }
+    if (status.ok()) status = SaveFinalState();
   }
   bool report = false;
   {
@@ -292,6 +328,7 @@ void StageRuntime::ComputeLoop() {
   v1::WorkerEvent event;
   if (status.ok()) {
     auto* r = event.mutable_result();
+    r->set_attempt(assignment_.attempt());
     r->set_job_id(job_id());
     r->set_stage(stage());
     (*r->mutable_values())["steps"] = static_cast<double>(total_steps_);
@@ -304,7 +341,11 @@ void StageRuntime::ComputeLoop() {
     auto* e = event.mutable_error();
     e->set_job_id(job_id());
     e->set_stage(stage());
+    e->set_attempt(assignment_.attempt());
     e->set_code(static_cast<int>(status.code()));
+    // A peer or the network went away: another attempt may well succeed.
+    e->set_retryable(absl::IsUnavailable(status) || absl::IsAborted(status) ||
+                     absl::IsDeadlineExceeded(status));
     e->set_message(absl::StrCat("stage ", stage(), ": ", status.message()));
   }
   env_.emit(std::move(event));
@@ -357,6 +398,8 @@ void StageRuntime::Join() {
   if (compute_.joinable()) compute_.join();
 }
 
+bool StageRuntime::started() const { return compute_.joinable(); }
+
 bool StageRuntime::running() const {
   absl::MutexLock lock(&mu_);
   return compute_.joinable() && !finished_;
@@ -397,6 +440,12 @@ absl::Status StageRuntime::ValidateIncoming(const v1::StageMessage& m, bool from
 absl::Status StageRuntime::AttachUpstream(const v1::StageMessage& message,
                                           std::shared_ptr<UpstreamStream> stream,
                                           MessageSink** sink) {
+  if (message.attempt() != assignment_.attempt()) {
+    // A stage of an abandoned attempt: refuse it without failing this one.
+    return absl::FailedPreconditionError(
+        absl::StrCat("StageMessage.attempt: ", message.attempt(), ", but job ", job_id(),
+                     " runs attempt ", assignment_.attempt(), " here"));
+  }
   if (absl::Status s = ValidateIncoming(message, true); !s.ok()) {
     Fail(s);
     return s;
@@ -438,6 +487,7 @@ absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFromNext() {
 absl::Status StageRuntime::SendToNext(v1::StageMessage message) {
   if (!downstream_) return absl::FailedPreconditionError("the last stage has no next stage");
   message.set_job_id(job_id());
+  message.set_attempt(assignment_.attempt());
   const auto size = static_cast<int64_t>(message.ByteSizeLong());
   const auto kind = message.kind();
   absl::Status s = downstream_->Send(std::move(message));
@@ -454,6 +504,7 @@ absl::Status StageRuntime::SendToPrev(v1::StageMessage message) {
   }
   if (!upstream) return absl::FailedPreconditionError("no stream from the previous stage yet");
   message.set_job_id(job_id());
+  message.set_attempt(assignment_.attempt());
   const auto size = static_cast<int64_t>(message.ByteSizeLong());
   const auto kind = message.kind();
   absl::Status s = upstream->Send(std::move(message));
@@ -483,9 +534,162 @@ absl::Status StageRuntime::Interrupted() const {
   return stopping_ ? absl::CancelledError("stopped") : absl::OkStatus();
 }
 
-bool StageRuntime::CheckpointDue(int64_t) const { return false; }
+bool StageRuntime::CheckpointScheduled(int64_t step) const {
+  const CheckpointSpec& c = spec_.checkpoint;
+  if (c.dir.empty() || step <= 0 || step >= total_steps_) return false;
+  if (c.every_steps > 0 && step % c.every_steps == 0) return true;
+  return c.every_epochs > 0 && step % (c.every_epochs * steps_per_epoch_) == 0;
+}
 
-absl::Status StageRuntime::Checkpoint(int64_t) { return absl::OkStatus(); }
+bool StageRuntime::CheckpointDue(int64_t steps_done) const {
+  return steps_done > 0 && steps_done < phase_steps_ &&
+         CheckpointScheduled(phase_offset_ + steps_done);
+}
+
+absl::Status StageRuntime::Checkpoint(int64_t steps_done) {
+  if (!CheckpointDue(steps_done)) {
+    return absl::InternalError(absl::StrCat("no checkpoint is due after step ", steps_done,
+                                            " of phase ", phase_));
+  }
+  try {
+    return WriteShard(steps_done, true);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("stage ", stage(), ": checkpoint: ", e.what()));
+  }
+}
+
+namespace {
+torch::Tensor Scalar(int64_t v) { return torch::tensor(v, torch::kInt64); }
+int64_t ReadScalar(torch::serialize::InputArchive& a, const std::string& key) {
+  torch::Tensor t;
+  a.read(key, t);
+  return t.item<int64_t>();
+}
+}  // namespace
+
+absl::Status StageRuntime::WriteShard(int64_t phase_step, bool with_algorithm) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t step = phase_offset_ + phase_step;
+  torch::serialize::OutputArchive archive;
+  {
+    torch::serialize::OutputArchive model;
+    model_->save(model);
+    archive.write("model", model);
+  }
+  {
+    torch::serialize::OutputArchive optimizer;
+    optimizer_->save(optimizer);
+    archive.write("optimizer", optimizer);
+  }
+  {
+    torch::serialize::OutputArchive algorithm;
+    if (with_algorithm) STAGEWISE_RETURN_IF_ERROR(algorithm_->SaveState(*this, algorithm));
+    archive.write("algorithm", algorithm);
+  }
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    archive.write("rng", gen.get_state());
+  }
+  archive.write("step", Scalar(step));
+  archive.write("phase", Scalar(phase_));
+  archive.write("phase_step", Scalar(phase_step));
+  archive.write("stage", Scalar(stage()));
+  archive.write("block_begin", Scalar(assignment_.block_begin()));
+  archive.write("block_end", Scalar(assignment_.block_end()));
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  const std::string data = std::move(bytes).str();
+  const std::string path =
+      checkpoint::StepDir(spec_.checkpoint.dir, job_id(), step) + "/" +
+      checkpoint::ShardFileName(stage());
+  if (absl::Status s = checkpoint::WriteFileAtomically(path, data); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("checkpoint.dir: ", s.message()));
+  }
+  metrics_->ObserveCompute("checkpoint", SecondsSince(t0));
+  if (!env_.emit) return absl::OkStatus();
+  v1::WorkerEvent event;
+  auto* saved = event.mutable_checkpoint_saved();
+  saved->set_job_id(job_id());
+  saved->set_stage(stage());
+  saved->set_attempt(assignment_.attempt());
+  saved->set_step(step);
+  saved->set_phase(phase_);
+  saved->set_phase_step(phase_step);
+  saved->set_path(path);
+  saved->set_bytes(static_cast<int64_t>(data.size()));
+  saved->set_crc32(checkpoint::Crc32(data));
+  env_.emit(std::move(event));
+  return absl::OkStatus();
+}
+
+absl::Status StageRuntime::LoadResume(const v1::ResumePoint& resume) {
+  absl::StatusOr<std::string> read = checkpoint::ReadFile(resume.shard_path());
+  if (!read.ok()) {
+    // Missing or unreadable: that checkpoint is unusable, an older one may not be.
+    return absl::DataLossError(absl::StrCat("checkpoint shard: ", read.status().message()));
+  }
+  const std::string& data = *read;
+  if (absl::Status s = checkpoint::VerifyBytes(data, resume.shard_bytes(), resume.shard_crc32(),
+                                               resume.shard_path());
+      !s.ok()) {
+    return absl::DataLossError(s.message());
+  }
+  torch::serialize::InputArchive archive;
+  archive.load_from(data.data(), data.size(), env_.device);
+  const int64_t step = ReadScalar(archive, "step");
+  const int64_t phase = ReadScalar(archive, "phase");
+  const int64_t phase_step = ReadScalar(archive, "phase_step");
+  if (step != resume.step() || phase != resume.phase() || phase_step != resume.phase_step() ||
+      ReadScalar(archive, "stage") != stage() ||
+      ReadScalar(archive, "block_begin") != assignment_.block_begin() ||
+      ReadScalar(archive, "block_end") != assignment_.block_end()) {
+    return absl::DataLossError(absl::StrCat(
+        resume.shard_path(), ": holds step ", step, " (phase ", phase, ", step ", phase_step,
+        ") of stage ", ReadScalar(archive, "stage"), ", blocks [",
+        ReadScalar(archive, "block_begin"), ", ", ReadScalar(archive, "block_end"),
+        "); the resume point says step ", resume.step(), " of stage ", stage(), ", blocks [",
+        assignment_.block_begin(), ", ", assignment_.block_end(), ")"));
+  }
+  if (phase < 0 || phase >= static_cast<int64_t>(phases_.size())) {
+    return absl::DataLossError(absl::StrCat(resume.shard_path(), ": phase ", phase,
+                                            " of a job with ", phases_.size(), " phase(s)"));
+  }
+  for (int p = 1; p <= phase; ++p) STAGEWISE_RETURN_IF_ERROR(EnterPhase(p));
+  if (phase_step < 0 || phase_step > phase_steps_ || phase_offset_ + phase_step != step) {
+    return absl::DataLossError(absl::StrCat(resume.shard_path(), ": step ", phase_step,
+                                            " of phase ", phase, " does not fit this job"));
+  }
+  {
+    torch::serialize::InputArchive model;
+    archive.read("model", model);
+    model_->load(model);
+  }
+  {
+    torch::serialize::InputArchive optimizer;
+    archive.read("optimizer", optimizer);
+    optimizer_->load(optimizer);
+  }
+  {
+    torch::Tensor rng;
+    archive.read("rng", rng);
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng);
+  }
+  if (phase_step > 0) {
+    resume_state_ = std::make_unique<torch::serialize::InputArchive>();
+    archive.read("algorithm", *resume_state_);
+  }
+  start_phase_ = static_cast<int>(phase);
+  first_step_ = phase_step;
+  resumed_at_end_ = step == total_steps_;
+  {
+    absl::MutexLock lock(&mu_);
+    released_phase_ = start_phase_;
+  }
+  return absl::OkStatus();
+}
 
 double StageRuntime::LearningRate(int64_t step) const {
   return training::LearningRateAt(spec_.schedule, base_lr_, step, steps_per_epoch_, phase_steps_);
@@ -521,6 +725,7 @@ void StageRuntime::ReportStep(int64_t phase_steps_done, double train_loss, int64
   }
   v1::WorkerEvent event;
   auto* m = event.mutable_metrics();
+  m->set_attempt(assignment_.attempt());
   m->set_job_id(job_id());
   m->set_stage(stage());
   m->set_step(steps_done);
@@ -536,6 +741,7 @@ void StageRuntime::ReportEval(int64_t phase_steps_done, double loss, double accu
   const int64_t steps_done = phase_offset_ + phase_steps_done;
   v1::WorkerEvent event;
   auto* m = event.mutable_metrics();
+  m->set_attempt(assignment_.attempt());
   m->set_job_id(job_id());
   m->set_stage(stage());
   m->set_step(steps_done);

@@ -50,6 +50,8 @@ class StageRuntime final : public StageContext {
   void Fail(const absl::Status& why);
   void Join();
   bool running() const;
+  // Start() was called (the compute thread exists or existed).
+  bool started() const;
   // The result of the compute thread once it has ended.
   std::optional<absl::Status> outcome() const;
 
@@ -63,6 +65,7 @@ class StageRuntime final : public StageContext {
   const std::string& job_id() const override { return assignment_.job_id(); }
   int stage() const override { return assignment_.stage(); }
   int num_stages() const override { return assignment_.num_stages(); }
+  int attempt() const { return assignment_.attempt(); }
   models::Model& model() override { return *model_; }
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
   torch::Device device() const override { return env_.device; }
@@ -95,6 +98,16 @@ class StageRuntime final : public StageContext {
   absl::Status ValidateIncoming(const v1::StageMessage& m, bool from_prev) const;
   void ComputeLoop();
   absl::Status SaveFinalState() const;
+  // Whether checkpoint.every_* asks for a checkpoint after global step `step`.
+  bool CheckpointScheduled(int64_t step) const;
+  // Writes this stage's shard of the checkpoint after `phase_step` steps of
+  // the current phase (atomically) and reports it to the coordinator.
+  // `with_algorithm`: include Algorithm::SaveState (inside a phase only).
+  absl::Status WriteShard(int64_t phase_step, bool with_algorithm);
+  // Loads the shard named by StageAssignment.resume (Create, after phase 0
+  // is set up): enters the checkpoint's phase, restores everything.
+  absl::Status LoadResume(const v1::ResumePoint& resume);
+  void FillAttempt(v1::WorkerEvent* event) const;
   void Abort(const absl::Status& why, bool report);
   // Counts a message sent: bytes, and for FORWARD/BACKWARD the message size
   // (metric) and largest size and total (summary).
@@ -131,6 +144,8 @@ class StageRuntime final : public StageContext {
   // starts from, and the algorithm state saved there.
   int64_t first_step_ = 0;
   std::unique_ptr<torch::serialize::InputArchive> resume_state_;
+  int start_phase_ = 0;        // the phase the compute thread begins with
+  bool resumed_at_end_ = false;  // resumed from the checkpoint at the last step
 
   BoundedQueue<v1::StageMessage> from_prev_;
   BoundedQueue<v1::StageMessage> from_next_;

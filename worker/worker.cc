@@ -105,15 +105,24 @@ bool Worker::registered() const {
 }
 
 void Worker::ControlLoop() {
+  // Exponential backoff while the coordinator stays away (restarting,
+  // rescheduled); back to the shortest delay once a session was established.
+  absl::Duration delay = options_.reconnect;
   while (!shutdown_) {
-    absl::Status s = ControlSession();
+    bool established = false;
+    absl::Status s = ControlSession(&established);
     if (shutdown_) break;
-    STAGEWISE_LOG(WARNING) << "control session ended: " << s << "; reconnecting";
-    absl::SleepFor(options_.reconnect);
+    if (established) delay = options_.reconnect;
+    STAGEWISE_LOG(WARNING) << "control session ended: " << s << "; reconnecting in "
+                           << absl::FormatDuration(delay);
+    for (absl::Duration slept; slept < delay && !shutdown_; slept += absl::Milliseconds(50)) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    delay = std::min(delay * 2, std::max(options_.max_reconnect, options_.reconnect));
   }
 }
 
-absl::Status Worker::ControlSession() {
+absl::Status Worker::ControlSession(bool* established) {
   v1::RegisterWorkerRequest req;
   v1::WorkerInfo* info = req.mutable_worker();
   info->set_worker_id(options_.name.empty() ? address() : options_.name);
@@ -144,6 +153,7 @@ absl::Status Worker::ControlSession() {
     absl::MutexLock lock(&mu_);
     connected_ = true;
   }
+  *established = true;
   v1::WorkerEvent hello;
   hello.mutable_heartbeat()->set_unix_ms(absl::ToUnixMillis(absl::Now()));
   Emit(hello);
@@ -201,11 +211,17 @@ void Worker::HandleCommand(const v1::Command& command) {
     e.mutable_ack()->set_command_id(command.command_id());
     Emit(e);
   };
-  auto error = [&](const std::string& job, int stage, const absl::Status& s) {
+  auto error = [&](const std::string& job, int stage, const absl::Status& s, int attempt = -1) {
     v1::WorkerEvent e;
     auto* err = e.mutable_error();
     err->set_job_id(job);
     err->set_stage(stage);
+    if (attempt < 0) {
+      std::shared_ptr<StageRuntime> rt = runtime();
+      attempt = rt && rt->job_id() == job ? rt->attempt() : 0;
+    }
+    err->set_attempt(attempt);
+    err->set_retryable(absl::IsUnavailable(s) || absl::IsAborted(s) || absl::IsDeadlineExceeded(s));
     err->set_code(static_cast<int>(s.code()));
     err->set_message(absl::StrCat("stage ", stage, " (", address(), "): ", s.message()));
     Emit(e);
@@ -215,9 +231,16 @@ void Worker::HandleCommand(const v1::Command& command) {
       const v1::StageAssignment& a = command.configure();
       std::shared_ptr<StageRuntime> old = runtime();
       if (old && old->running()) {
-        error(a.job_id(), a.stage(),
-              absl::FailedPreconditionError(absl::StrCat("busy with job ", old->job_id())));
-        return;
+        if (old->job_id() != a.job_id()) {
+          error(a.job_id(), a.stage(),
+                absl::FailedPreconditionError(absl::StrCat("busy with job ", old->job_id())),
+                a.attempt());
+          return;
+        }
+        // A new attempt of the job this worker still runs (the coordinator
+        // recovered it): the old attempt is over.
+        old->Stop(absl::AbortedError(absl::StrCat("superseded by attempt ", a.attempt())));
+        old->Join();
       }
       RuntimeEnv env;
       env.device = device_;
@@ -226,7 +249,7 @@ void Worker::HandleCommand(const v1::Command& command) {
       env.rpc = options_.rpc;
       auto rt = StageRuntime::Create(a, std::move(env));
       if (!rt.ok()) {
-        error(a.job_id(), a.stage(), rt.status());
+        error(a.job_id(), a.stage(), rt.status(), a.attempt());
         return;
       }
       {
@@ -243,7 +266,7 @@ void Worker::HandleCommand(const v1::Command& command) {
               absl::FailedPreconditionError("start for a job this worker is not configured for"));
         return;
       }
-      if (command.start().phase() > 0) {
+      if (rt->started()) {
         // A multi-phase job goes on with its next phase on the same runtime.
         if (absl::Status s = rt->BeginPhase(command.start().phase()); !s.ok()) {
           error(rt->job_id(), rt->stage(), s);

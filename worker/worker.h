@@ -30,7 +30,8 @@ struct WorkerOptions {
   int64_t memory_bytes = 0;
   std::string profile_cache;  // "" = planner::DefaultProfileCacheDir()
   absl::Duration heartbeat = absl::Seconds(1);
-  absl::Duration reconnect = absl::Seconds(1);
+  absl::Duration reconnect = absl::Seconds(1);      // first retry after losing the coordinator
+  absl::Duration max_reconnect = absl::Seconds(8);  // backoff cap
   rpc::RpcOptions rpc;
 };
 
@@ -54,7 +55,8 @@ class Worker {
  private:
   class Service;
   void ControlLoop();
-  absl::Status ControlSession();
+  // One registration and control stream; `*established` once the stream is up.
+  absl::Status ControlSession(bool* established);
   void HandleCommand(const v1::Command& command);
   void Emit(v1::WorkerEvent event);
   absl::Status Route(const v1::StageMessage& first, std::shared_ptr<UpstreamStream> stream,

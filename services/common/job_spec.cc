@@ -661,7 +661,7 @@ absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root) {
   Section top(root, "");
   top.CheckKeys({"name", "seed", "device", "model", "data", "algorithm", "stages", "optimizer",
                  "schedule", "batch_size", "eval_batch_size", "epochs", "steps", "eval",
-                 "checkpoint", "phases"});
+                 "checkpoint", "recovery", "phases"});
   top.Read("name", &spec.name);
   top.Read("seed", &spec.seed);
   top.Read("device", &spec.device);
@@ -732,6 +732,13 @@ absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root) {
   checkpoint.Read("every_steps", &spec.checkpoint.every_steps);
   checkpoint.Read("keep", &spec.checkpoint.keep);
   if (!checkpoint.status().ok()) return checkpoint.status();
+
+  Section recovery = child("recovery");
+  recovery.CheckKeys({"max_restarts", "wait_seconds", "from_scratch"});
+  recovery.Read("max_restarts", &spec.recovery.max_restarts);
+  recovery.Read("wait_seconds", &spec.recovery.wait_seconds);
+  recovery.Read("from_scratch", &spec.recovery.from_scratch);
+  if (!recovery.status().ok()) return recovery.status();
 
   if (const YAML::Node* node = top.Find("phases")) {
     // With phases, the algorithm and the length are given per phase.
@@ -1025,6 +1032,15 @@ absl::Status ValidateCheckpoint(const CheckpointSpec& checkpoint) {
   return check.status();
 }
 
+absl::Status ValidateRecovery(const RecoverySpec& recovery) {
+  Checker check;
+  check(AtLeast("recovery.max_restarts", int64_t{recovery.max_restarts}, int64_t{0}));
+  if (!(recovery.wait_seconds > 0)) {
+    check(KeyError("recovery.wait_seconds", "must be > 0"));
+  }
+  return check.status();
+}
+
 // Wraps a yaml-cpp exception as a user-facing error with the text position.
 absl::Status YamlError(const YAML::Exception& e) {
   if (e.mark.is_null()) {
@@ -1209,6 +1225,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   check(AtLeast("eval.every_epochs", int64_t{spec.eval.every_epochs}, int64_t{0}));
   check(AtLeast("eval.every_steps", spec.eval.every_steps, int64_t{0}));
   check(ValidateCheckpoint(spec.checkpoint));
+  check(ValidateRecovery(spec.recovery));
   return check.status();
 }
 

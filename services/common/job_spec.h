@@ -131,6 +131,15 @@ struct CheckpointSpec {
   int keep = 3;
 };
 
+// What happens when a worker is lost or the coordinator restarts
+// (docs/fault_tolerance.md): the job resumes from its newest committed
+// checkpoint on the workers available.
+struct RecoverySpec {
+  int max_restarts = 3;        // recoveries before the job fails
+  double wait_seconds = 300;   // how long a recovering job waits for workers
+  bool from_scratch = true;    // without a committed checkpoint, restart from step 0
+};
+
 // One phase of a job that switches algorithm and hyper-parameters part-way
 // (interlocking backprop's FINE-TUNING: n = 1 for T1 epochs, then backprop
 // with a new learning rate and a reset optimizer).
@@ -160,6 +169,7 @@ struct JobSpec {
   int64_t steps = 0;
   EvalSpec eval;
   CheckpointSpec checkpoint;
+  RecoverySpec recovery;
   // Optional. When given, `algorithm` is the first phase's and epochs/steps
   // the sum over phases.
   std::vector<PhaseSpec> phases;

@@ -318,7 +318,42 @@ class CoordinatorFamilies {
         transitions_(prometheus::BuildCounter()
                          .Name("stagewise_coordinator_job_transitions_total")
                          .Help("Job state transitions, by target state.")
-                         .Register(registry)) {}
+                         .Register(registry)),
+        restarts_(prometheus::BuildCounter()
+                      .Name("stagewise_coordinator_job_restarts_total")
+                      .Help("Attempts of jobs that ended early and were recovered, by cause "
+                            "(worker_lost, stage_error, coordinator_restart, configure_timeout, "
+                            "corrupt_checkpoint).")
+                      .Register(registry)),
+        steps_redone_family_(prometheus::BuildCounter()
+                                 .Name("stagewise_coordinator_steps_redone_total")
+                                 .Help("Optimizer steps that recoveries had to train again "
+                                       "(reached before the failure, after the checkpoint "
+                                       "resumed from).")
+                                 .Register(registry)),
+        checkpoints_family_(prometheus::BuildCounter()
+                                .Name("stagewise_coordinator_checkpoints_committed_total")
+                                .Help("Checkpoints committed (every shard durable, manifest "
+                                      "written).")
+                                .Register(registry)),
+        recovery_family_(prometheus::BuildHistogram()
+                             .Name("stagewise_coordinator_recovery_seconds")
+                             .Help("From the end of an attempt to its successor running again.")
+                             .Register(registry)),
+        steps_redone_(steps_redone_family_.Add({})),
+        checkpoints_(checkpoints_family_.Add({})),
+        recovery_seconds_(recovery_family_.Add(
+            {}, Histogram::BucketBoundaries{0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600})) {}
+
+  void CountRestart(const std::string& cause) {
+    absl::MutexLock lock(&mu_);
+    Counter*& counter = restarts_by_cause_[cause];
+    if (counter == nullptr) counter = &restarts_.Add({{"cause", cause}});
+    counter->Increment();
+  }
+  void AddStepsRedone(int64_t steps) { steps_redone_.Increment(static_cast<double>(steps)); }
+  void CountCheckpoint() { checkpoints_.Increment(); }
+  void ObserveRecovery(double seconds) { recovery_seconds_.Observe(seconds); }
 
   void Unregister(Registry& registry) {
     registry.Remove(train_loss_);
@@ -329,6 +364,10 @@ class CoordinatorFamilies {
     registry.Remove(jobs_);
     registry.Remove(workers_);
     registry.Remove(transitions_);
+    registry.Remove(restarts_);
+    registry.Remove(steps_redone_family_);
+    registry.Remove(checkpoints_family_);
+    registry.Remove(recovery_family_);
   }
 
   void SetJobProgress(const std::string& job, int64_t step, double train_loss,
@@ -406,7 +445,15 @@ class CoordinatorFamilies {
   Family<Gauge>& jobs_;
   Family<Gauge>& workers_;
   Family<Counter>& transitions_;
+  Family<Counter>& restarts_;
+  Family<Counter>& steps_redone_family_;
+  Family<Counter>& checkpoints_family_;
+  Family<Histogram>& recovery_family_;
+  Counter& steps_redone_;
+  Counter& checkpoints_;
+  Histogram& recovery_seconds_;
   absl::Mutex mu_;
+  std::map<std::string, Counter*> restarts_by_cause_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobGauges> job_gauges_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Gauge*> jobs_by_state_ ABSL_GUARDED_BY(mu_);
   Gauge* workers_idle_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -562,5 +609,17 @@ void CoordinatorMetrics::CountTransition(const std::string& to_state) {
 }
 
 void CoordinatorMetrics::RemoveJob(const std::string& job) { impl_->families->RemoveJob(job); }
+
+void CoordinatorMetrics::CountRestart(const std::string& cause) {
+  impl_->families->CountRestart(cause);
+}
+
+void CoordinatorMetrics::AddStepsRedone(int64_t steps) { impl_->families->AddStepsRedone(steps); }
+
+void CoordinatorMetrics::CountCheckpoint() { impl_->families->CountCheckpoint(); }
+
+void CoordinatorMetrics::ObserveRecovery(double seconds) {
+  impl_->families->ObserveRecovery(seconds);
+}
 
 }  // namespace stagewise::metrics

@@ -100,6 +100,13 @@ class CoordinatorMetrics {
   void CountTransition(const std::string& to_state);
   // Drops the stagewise_job_*{job} series of a finished or deleted job.
   void RemoveJob(const std::string& job);
+  // Fault tolerance: an attempt ended early and the job is recovering
+  // (`cause`: worker_lost, stage_error, ...); steps trained again; a
+  // checkpoint committed; seconds from an attempt's end to the next running.
+  void CountRestart(const std::string& cause);
+  void AddStepsRedone(int64_t steps);
+  void CountCheckpoint();
+  void ObserveRecovery(double seconds);
 
  private:
   struct Impl;

@@ -2,9 +2,13 @@
 // record commands, no gRPC and no real workers. The manager handles events on
 // its own thread; Sync() waits until it has handled everything sent before.
 #include "coordinator/job_manager.h"
+#include "services/checkpoint/checkpoint.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 #include <prometheus/registry.h>
 
 #include <algorithm>
@@ -226,7 +230,7 @@ TEST_F(JobManagerTest, FifoWithBackfill) {
   }
 }
 
-TEST_F(JobManagerTest, LostHeartbeatFailsTheJobNamingTheWorker) {
+TEST_F(JobManagerTest, LostHeartbeatRecoversTheJobNamingTheWorker) {
   JobManagerOptions options = Options();
   options.heartbeat_timeout = absl::Seconds(1);
   options.housekeeping = absl::Milliseconds(20);
@@ -238,24 +242,42 @@ TEST_F(JobManagerTest, LostHeartbeatFailsTheJobNamingTheWorker) {
   ASSERT_EQ(Status(id).state(), v1::RUNNING);
   // w0 keeps beating, w1 falls silent.
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (!IsTerminal(Status(id).state()) && absl::Now() < deadline) {
+  while (Status(id).state() == v1::RUNNING && absl::Now() < deadline) {
     manager_->OnEvent(HeartbeatEvent("w0"));
     absl::SleepFor(absl::Milliseconds(20));
   }
-  const v1::JobStatus st = Status(id);
-  EXPECT_EQ(st.state(), v1::FAILED);
+  v1::JobStatus st = Status(id);
+  EXPECT_EQ(st.state(), v1::RECOVERING);
   EXPECT_THAT(st.reason(), HasSubstr("lost worker w1 (stage 1)"));
   EXPECT_THAT(st.reason(), HasSubstr("no heartbeat"));
+  EXPECT_EQ(st.attempt(), 1);
+  ASSERT_EQ(st.attempts_size(), 1);
+  EXPECT_EQ(st.attempts(0).end_reason(), st.reason());
   EXPECT_TRUE(Sink("w1").closed());
   const auto stop = Sink("w0").Of(v1::Command::kStop);
   ASSERT_EQ(stop.size(), 1u);
-  EXPECT_EQ(stop[0].stop().reason(), st.reason());
+  EXPECT_THAT(stop[0].stop().reason(), HasSubstr(st.reason()));
   auto workers = manager_->ListWorkers();
   ASSERT_EQ(workers.size(), 1u);
   EXPECT_EQ(workers[0].worker_id(), "w0");
+
+  // w1 comes back: attempt 1 is configured, from step 0 (no checkpoints).
+  manager_->OnEvent(HeartbeatEvent("w0"));
+  AddWorker("w1");
+  Sync();
+  st = Status(id);
+  ASSERT_EQ(st.state(), v1::CONFIGURING);
+  ASSERT_EQ(st.attempts_size(), 2);
+  EXPECT_EQ(st.attempts(1).from_step(), 0);
+  for (const char* w : {"w0", "w1"}) {
+    const auto configure = Sink(w).Of(v1::Command::kConfigure);
+    ASSERT_FALSE(configure.empty()) << w;
+    EXPECT_EQ(configure.back().configure().attempt(), 1) << w;
+    EXPECT_FALSE(configure.back().configure().has_resume()) << w;
+  }
 }
 
-TEST_F(JobManagerTest, ClosedStreamOrStageErrorFailsTheJob) {
+TEST_F(JobManagerTest, ClosedStreamRecoversAndDeterministicErrorsFail) {
   StartManager();
   AddWorker("w0");
   AddWorker("w1");
@@ -264,13 +286,13 @@ TEST_F(JobManagerTest, ClosedStreamOrStageErrorFailsTheJob) {
   manager_->OnEvent(ErrorEvent("w1", first, 1, "stage 1: tensors['x'] is short"));
   Sync();
   v1::JobStatus st = Status(first);
-  EXPECT_EQ(st.state(), v1::FAILED);
+  EXPECT_EQ(st.state(), v1::FAILED);  // INTERNAL: not retried
   EXPECT_EQ(st.reason(), "stage 1: tensors['x'] is short");
   EXPECT_EQ(Sink("w0").Of(v1::Command::kStop).size(), 1u);
   EXPECT_EQ(Sink("w1").Of(v1::Command::kStop).size(), 1u);
 
   // Both workers are idle again and take the next job; then w0's stream ends.
-  const std::string second = Submit(JobYaml(2, 4));
+  const std::string second = Submit(JobYaml(2, 4, "recovery: {wait_seconds: 600}\n"));
   EXPECT_EQ(Status(second).state(), v1::CONFIGURING);
   FakeSink stale;
   manager_->Disconnect("w0", &stale, absl::UnavailableError("old stream"));  // not its stream
@@ -279,7 +301,7 @@ TEST_F(JobManagerTest, ClosedStreamOrStageErrorFailsTheJob) {
   manager_->Disconnect("w0", &Sink("w0"), absl::UnavailableError("gone"));
   Sync();
   st = Status(second);
-  EXPECT_EQ(st.state(), v1::FAILED);
+  EXPECT_EQ(st.state(), v1::RECOVERING);
   EXPECT_THAT(st.reason(), HasSubstr("lost worker w0 (stage 0): its control stream closed"));
 }
 
@@ -402,7 +424,7 @@ TEST_F(JobManagerTest, WatchersGetTheCurrentStatusThenEveryChangeThenTheEnd) {
             absl::StatusCode::kNotFound);
 }
 
-TEST_F(JobManagerTest, RestartFailsInterruptedJobsAndRequeuesPendingOnes) {
+TEST_F(JobManagerTest, RestartRecoversInterruptedJobsAndRequeuesPendingOnes) {
   StartManager();
   AddWorker("w0");
   const std::string running = Submit(JobYaml(1, 4));
@@ -415,12 +437,106 @@ TEST_F(JobManagerTest, RestartFailsInterruptedJobsAndRequeuesPendingOnes) {
 
   StartManager();
   v1::JobStatus st = Status(running);
-  EXPECT_EQ(st.state(), v1::FAILED);
+  EXPECT_EQ(st.state(), v1::RECOVERING);
   EXPECT_EQ(st.reason(), "the coordinator restarted while the job was RUNNING");
+  EXPECT_EQ(st.attempt(), 1);
   EXPECT_EQ(Status(pending).state(), v1::PENDING);
+  // The recovering job goes before the one still waiting for its first run.
   AddWorker("w0");
   Sync();
-  EXPECT_EQ(Status(pending).state(), v1::CONFIGURING);
+  EXPECT_EQ(Status(running).state(), v1::CONFIGURING);
+  EXPECT_EQ(Status(pending).state(), v1::PENDING);
+  EXPECT_EQ(Sink("w0").Of(v1::Command::kConfigure).back().configure().attempt(), 1);
+}
+
+// Shards reported by every stage commit a checkpoint (MANIFEST written);
+// the next attempt resumes from it; events of the old attempt are ignored;
+// recovery.max_restarts bounds the attempts.
+TEST_F(JobManagerTest, CommitsCheckpointsAndResumesFromTheNewest) {
+  const std::string root = ::testing::TempDir() + "jm_checkpoints_" + std::to_string(::getpid());
+  std::filesystem::remove_all(root);
+  StartManager();
+  AddWorker("w0");
+  AddWorker("w1");
+  const std::string id = Submit(JobYaml(
+      2, 40,
+      "checkpoint: {dir: " + root + ", every_steps: 10, keep: 2}\nrecovery: {max_restarts: 1}\n"));
+  AckAll({"w0", "w1"});
+  ASSERT_EQ(Status(id).state(), v1::RUNNING);
+  auto saved = [&](const std::string& w, int stage, int64_t step, int attempt) {
+    const std::string dir = checkpoint::StepDir(root, id, step);
+    const std::string data = "shard " + std::to_string(stage) + " at " + std::to_string(step);
+    EXPECT_TRUE(checkpoint::WriteFileAtomically(dir + "/" + checkpoint::ShardFileName(stage),
+                                                data)
+                    .ok());
+    v1::WorkerEvent e;
+    e.set_worker_id(w);
+    v1::CheckpointSaved* c = e.mutable_checkpoint_saved();
+    c->set_job_id(id);
+    c->set_stage(stage);
+    c->set_attempt(attempt);
+    c->set_step(step);
+    c->set_phase_step(step);
+    c->set_path(dir + "/" + checkpoint::ShardFileName(stage));
+    c->set_bytes(static_cast<int64_t>(data.size()));
+    c->set_crc32(checkpoint::Crc32(data));
+    manager_->OnEvent(e);
+  };
+  saved("w0", 0, 10, 0);
+  saved("w1", 1, 10, 0);
+  saved("w0", 0, 20, 0);
+  saved("w1", 1, 20, 0);
+  saved("w0", 0, 30, 0);  // stage 1 never reports step 30: not committed
+  Sync();
+  EXPECT_EQ(Status(id).last_checkpoint_step(), 20);
+  auto listed = manager_->ListCheckpoints(id);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->checkpoints_size(), 2);
+  EXPECT_EQ(listed->checkpoints(0).step(), 20);
+  EXPECT_EQ(listed->checkpoints(1).step(), 10);
+  ASSERT_EQ(listed->skipped_size(), 1);
+  EXPECT_THAT(listed->skipped(0), HasSubstr("not committed"));
+
+  // A retryable stage error ends attempt 0; the next attempt resumes at 20.
+  v1::WorkerEvent broke = ErrorEvent("w0", id, 0, "stage 0: the stream to stage 1 broke");
+  broke.mutable_error()->set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+  manager_->OnEvent(broke);
+  Sync();
+  v1::JobStatus st = Status(id);
+  ASSERT_EQ(st.state(), v1::CONFIGURING) << st.reason();  // both workers were free again
+  EXPECT_EQ(st.attempt(), 1);
+  EXPECT_EQ(st.step(), 20);
+  ASSERT_EQ(st.attempts_size(), 2);
+  EXPECT_EQ(st.attempts(1).from_step(), 20);
+  for (int j = 0; j < 2; ++j) {
+    const std::string w = "w" + std::to_string(j);
+    const v1::StageAssignment& a = Sink(w).Of(v1::Command::kConfigure).back().configure();
+    EXPECT_EQ(a.attempt(), 1);
+    ASSERT_TRUE(a.has_resume()) << w;
+    EXPECT_EQ(a.resume().step(), 20);
+    EXPECT_EQ(a.resume().shard_path(),
+              checkpoint::StepDir(root, id, 20) + "/" + checkpoint::ShardFileName(j));
+  }
+  // A late report of attempt 0 changes nothing.
+  saved("w1", 1, 30, 0);
+  Sync();
+  EXPECT_EQ(Status(id).last_checkpoint_step(), 20);
+
+  // A corrupt shard: that checkpoint is marked and never offered again.
+  v1::WorkerEvent corrupt = ErrorEvent("w1", id, 1, "stage 1: checksum mismatch");
+  corrupt.mutable_error()->set_code(static_cast<int>(absl::StatusCode::kDataLoss));
+  corrupt.mutable_error()->set_attempt(1);
+  manager_->OnEvent(corrupt);
+  Sync();
+  st = Status(id);
+  EXPECT_EQ(st.state(), v1::FAILED);  // max_restarts: 1 is spent
+  EXPECT_THAT(st.reason(), HasSubstr("gave up after 2 attempt(s)"));
+  EXPECT_THAT(st.reason(), HasSubstr("is corrupt"));
+  listed = manager_->ListCheckpoints(id);
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->checkpoints_size(), 1);
+  EXPECT_EQ(listed->checkpoints(0).step(), 10);
+  std::filesystem::remove_all(root);
 }
 
 TEST_F(JobManagerTest, ProfilingPlansThenConfiguresTheStages) {

@@ -225,6 +225,7 @@ TEST(JobStoreTest, EveryAllowedTransitionSucceeds) {
       {v1::RUNNING, v1::CHECKPOINTING},    {v1::RUNNING, v1::SUCCEEDED},
       {v1::RUNNING, v1::RECOVERING},       {v1::CHECKPOINTING, v1::RUNNING},
       {v1::CHECKPOINTING, v1::RECOVERING}, {v1::RECOVERING, v1::CONFIGURING},
+      {v1::CONFIGURING, v1::RECOVERING},   {v1::RECOVERING, v1::PROFILING},
   };
   for (v1::JobState from : non_terminal) {
     expected.emplace(from, v1::FAILED);
@@ -244,6 +245,8 @@ TEST(JobStoreTest, AllowedTransitionTable) {
   EXPECT_TRUE(IsAllowedTransition(v1::RUNNING, v1::SUCCEEDED));
   EXPECT_TRUE(IsAllowedTransition(v1::RUNNING, v1::RECOVERING));
   EXPECT_TRUE(IsAllowedTransition(v1::RECOVERING, v1::CONFIGURING));
+  EXPECT_TRUE(IsAllowedTransition(v1::CONFIGURING, v1::RECOVERING));
+  EXPECT_TRUE(IsAllowedTransition(v1::RECOVERING, v1::PROFILING));
   for (v1::JobState from : {v1::PENDING, v1::PROFILING, v1::CONFIGURING, v1::RUNNING,
                             v1::CHECKPOINTING, v1::RECOVERING}) {
     EXPECT_FALSE(IsTerminal(from));

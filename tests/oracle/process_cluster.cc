@@ -1,0 +1,205 @@
+#include "tests/oracle/process_cluster.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "services/checkpoint/checkpoint.h"
+#include "services/common/job_spec.h"
+#include "services/models/model.h"
+
+namespace stagewise::testing {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string MakeTempDir() {
+  std::string templ = (fs::temp_directory_path() / "stagewise_cluster_XXXXXX").string();
+  if (::mkdtemp(templ.data()) == nullptr) return "";
+  return templ;
+}
+
+}  // namespace
+
+ProcessCluster::ProcessCluster(int workers, double heartbeat_timeout_s)
+    : heartbeat_timeout_s_(heartbeat_timeout_s) {
+  dir_ = MakeTempDir();
+  if (dir_.empty()) {
+    error_ = absl::InternalError("mkdtemp failed");
+    return;
+  }
+  bin_ = std::string(STAGEWISE_BINARY_DIR) + "/bin";
+  error_ = StartCoordinator();
+  if (!error_.ok()) return;
+  client_ = std::make_unique<CoordinatorClient>(absl::StrCat("127.0.0.1:", coordinator_port_));
+  for (int i = 0; i < workers; ++i) {
+    const std::string name = absl::StrCat("w", i);
+    worker_argv_.push_back({bin_ + "/stagewise-worker", "--coordinator",
+                            absl::StrCat("127.0.0.1:", coordinator_port_), "--listen",
+                            "127.0.0.1:0", "--advertise", "127.0.0.1", "--metrics-listen", "",
+                            "--name", name, "--threads", "1", "--port-file",
+                            absl::StrCat(dir_, "/", name, ".port"), "--log-level", "warning"});
+    workers_.emplace_back();
+    error_ = StartWorker(i);
+    if (!error_.ok()) return;
+  }
+  error_ = WaitForWorkers(workers);
+}
+
+ProcessCluster::~ProcessCluster() {
+  std::vector<cli::Child*> all;
+  for (auto& w : workers_) {
+    if (w) all.push_back(w.get());
+  }
+  if (coordinator_) all.push_back(coordinator_.get());
+  cli::TerminateAll(all, absl::Seconds(10));
+  workers_.clear();
+  coordinator_.reset();
+  client_.reset();
+  if (!dir_.empty() && ::getenv("STAGEWISE_KEEP_TEST_DIRS") == nullptr) {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+}
+
+absl::Status ProcessCluster::StartCoordinator() {
+  const std::string port_file = dir_ + "/coordinator.port";
+  fs::remove(port_file);
+  std::vector<std::string> argv = {
+      bin_ + "/stagewise-coordinator",
+      "--listen",
+      absl::StrCat("127.0.0.1:", coordinator_port_),
+      "--metrics-listen",
+      "",
+      "--db",
+      dir_ + "/coordinator.db",
+      "--port-file",
+      port_file,
+      "--heartbeat-timeout",
+      absl::StrCat(heartbeat_timeout_s_),
+      "--log-level",
+      "warning"};
+  auto child = cli::Child::Spawn(argv, dir_ + "/coordinator.log");
+  if (!child.ok()) return child.status();
+  coordinator_ = std::move(*child);
+  auto ports = cli::WaitForPortFile(port_file, absl::Seconds(60), *coordinator_);
+  if (!ports.ok()) {
+    return absl::Status(ports.status().code(), absl::StrCat(ports.status().message(), "\n",
+                                                            cli::TailFile(CoordinatorLog(), 30)));
+  }
+  coordinator_port_ = ports->grpc;
+  return absl::OkStatus();
+}
+
+absl::Status ProcessCluster::StartWorker(int i) {
+  const std::string& port_file = worker_argv_[i][14];
+  fs::remove(port_file);
+  auto child = cli::Child::Spawn(worker_argv_[i], absl::StrCat(dir_, "/w", i, ".log"));
+  if (!child.ok()) return child.status();
+  workers_[i] = std::move(*child);
+  auto ports = cli::WaitForPortFile(port_file, absl::Seconds(60), *workers_[i]);
+  if (!ports.ok()) {
+    return absl::Status(ports.status().code(), absl::StrCat(ports.status().message(), "\n",
+                                                            cli::TailFile(WorkerLog(i), 30)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ProcessCluster::KillWorker(int i) {
+  if (!workers_[i]) return absl::FailedPreconditionError("not running");
+  workers_[i]->Signal(SIGKILL);
+  absl::Status s = workers_[i]->Terminate(absl::Seconds(10));  // reaps it
+  workers_[i].reset();
+  return s;
+}
+
+absl::Status ProcessCluster::KillAndRestartWorker(int i) {
+  if (absl::Status s = KillWorker(i); !s.ok()) return s;
+  return StartWorker(i);
+}
+
+absl::Status ProcessCluster::KillAndRestartCoordinator() {
+  coordinator_->Signal(SIGKILL);
+  if (absl::Status s = coordinator_->Terminate(absl::Seconds(10)); !s.ok()) return s;
+  coordinator_.reset();
+  return StartCoordinator();
+}
+
+absl::Status ProcessCluster::WaitForWorkers(int n, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Status last;
+  while (absl::Now() < deadline) {
+    auto workers = client_->ListWorkers();
+    if (workers.ok() && static_cast<int>(workers->size()) >= n) return absl::OkStatus();
+    if (!workers.ok()) last = workers.status();
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("fewer than ", n, " workers registered: ", last.ToString()));
+}
+
+absl::StatusOr<v1::JobStatus> ProcessCluster::WaitFor(
+    const std::string& job_id, const std::function<bool(const v1::JobStatus&)>& done,
+    absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::StatusOr<v1::JobStatus> st = absl::DeadlineExceededError("never asked");
+  while (absl::Now() < deadline) {
+    st = client_->GetJob(job_id);
+    if (st.ok() && (done(*st) || st->state() == v1::SUCCEEDED || st->state() == v1::FAILED ||
+                    st->state() == v1::CANCELLED)) {
+      return st;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "job ", job_id, " not there after ", absl::FormatDuration(timeout), "; last: ",
+      st.ok() ? st->DebugString() : st.status().ToString()));
+}
+
+absl::StatusOr<v1::JobStatus> ProcessCluster::WaitForEnd(const std::string& job_id,
+                                                         absl::Duration timeout) {
+  return WaitFor(
+      job_id, [](const v1::JobStatus&) { return false; }, timeout);
+}
+
+std::string ProcessCluster::WorkerLog(int i) const { return absl::StrCat(dir_, "/w", i, ".log"); }
+std::string ProcessCluster::CoordinatorLog() const { return dir_ + "/coordinator.log"; }
+
+absl::StatusOr<std::map<std::string, torch::Tensor>> CheckpointTensors(
+    const std::string& checkpoint_root, const std::string& job_id, int64_t step) {
+  const std::string dir = checkpoint::StepDir(checkpoint_root, job_id, step);
+  auto manifest = checkpoint::ReadManifest(dir);
+  if (!manifest.ok()) return manifest.status();
+  auto spec = ParseJobSpec(manifest->job_spec_yaml());
+  if (!spec.ok()) return spec.status();
+  std::map<std::string, torch::Tensor> out;
+  for (const v1::CheckpointShard& shard : manifest->shards()) {
+    const std::string path = dir + "/" + shard.file();
+    if (absl::Status s = checkpoint::VerifyFile(path, shard.bytes(), shard.crc32()); !s.ok()) {
+      return s;
+    }
+    auto model = models::BuildModel(spec->model, static_cast<uint64_t>(spec->seed),
+                                    shard.block_begin(), shard.block_end());
+    if (!model.ok()) return model.status();
+    try {
+      torch::serialize::InputArchive archive, sub;
+      archive.load_from(path);
+      archive.read("model", sub);
+      (*model)->load(sub);
+    } catch (const std::exception& e) {
+      return absl::DataLossError(absl::StrCat(path, ": ", e.what()));
+    }
+    for (const auto& item : (*model)->named_parameters()) {
+      out[item.key()] = item.value().detach().clone();
+    }
+    for (const auto& item : (*model)->named_buffers()) {
+      out[item.key()] = item.value().detach().clone();
+    }
+  }
+  return out;
+}
+
+}  // namespace stagewise::testing

@@ -1,0 +1,80 @@
+// A stagewise cluster of real processes for fault-tolerance tests: one
+// `stagewise-coordinator` (SQLite file) and J `stagewise-worker`s on
+// 127.0.0.1, each a child the test can SIGKILL and start again with the same
+// arguments. Logs and the database live in a temporary directory removed by
+// the destructor (unless STAGEWISE_KEEP_TEST_DIRS is set).
+#ifndef STAGEWISE_TESTS_ORACLE_PROCESS_CLUSTER_H_
+#define STAGEWISE_TESTS_ORACLE_PROCESS_CLUSTER_H_
+
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "clients/cli/process.h"
+#include "clients/client/coordinator_client.h"
+#include "stagewise/v1/coordinator.pb.h"
+
+namespace stagewise::testing {
+
+class ProcessCluster {
+ public:
+  // Starts the coordinator and `workers` workers and waits until they are
+  // registered. Check ok() (and error()) before use.
+  explicit ProcessCluster(int workers, double heartbeat_timeout_s = 5);
+  ~ProcessCluster();
+
+  bool ok() const { return error_.ok(); }
+  const absl::Status& error() const { return error_; }
+  const std::string& dir() const { return dir_; }  // temporary directory of this cluster
+  CoordinatorClient& client() { return *client_; }
+  int num_workers() const { return static_cast<int>(workers_.size()); }
+
+  // SIGKILL, then the same command line again (the same name, so it registers
+  // as the same worker). Returns once it answers on its port again.
+  absl::Status KillAndRestartWorker(int i);
+  absl::Status KillWorker(int i);
+  absl::Status StartWorker(int i);
+  // SIGKILL of the coordinator, then the same command line (same port, same db).
+  absl::Status KillAndRestartCoordinator();
+
+  // Waits until `n` workers are registered (ListWorkers).
+  absl::Status WaitForWorkers(int n, absl::Duration timeout = absl::Seconds(60));
+  // Polls the job (through coordinator restarts) until `done(status)` or a
+  // terminal state; returns the last status.
+  absl::StatusOr<v1::JobStatus> WaitFor(const std::string& job_id,
+                                        const std::function<bool(const v1::JobStatus&)>& done,
+                                        absl::Duration timeout = absl::Seconds(300));
+  absl::StatusOr<v1::JobStatus> WaitForEnd(const std::string& job_id,
+                                           absl::Duration timeout = absl::Seconds(300));
+  // The log of worker i / of the coordinator (for failure messages).
+  std::string WorkerLog(int i) const;
+  std::string CoordinatorLog() const;
+
+ private:
+  absl::Status StartCoordinator();
+
+  absl::Status error_;
+  std::string dir_;
+  std::string bin_;
+  int coordinator_port_ = 0;
+  double heartbeat_timeout_s_;
+  std::unique_ptr<cli::Child> coordinator_;
+  std::vector<std::vector<std::string>> worker_argv_;
+  std::vector<std::unique_ptr<cli::Child>> workers_;
+  std::unique_ptr<CoordinatorClient> client_;
+};
+
+// The parameters and buffers (by global name) of the committed checkpoint at
+// `step` of a job, read from its shards (each loaded into its stage's model
+// rebuilt from the manifest's spec). Errors name the file.
+absl::StatusOr<std::map<std::string, torch::Tensor>> CheckpointTensors(
+    const std::string& checkpoint_root, const std::string& job_id, int64_t step);
+
+}  // namespace stagewise::testing
+
+#endif  // STAGEWISE_TESTS_ORACLE_PROCESS_CLUSTER_H_
