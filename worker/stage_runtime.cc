@@ -276,6 +276,7 @@ absl::Status StageRuntime::RunPhases() {
       STAGEWISE_RETURN_IF_ERROR(EnterPhase(p));
       first_step_ = 0;
       resume_state_.reset();
+      resume_archive_.reset();
       // A checkpoint that falls on a phase boundary is taken at the start of
       // the next phase (its optimizer reset done, no algorithm state yet).
       if (CheckpointScheduled(phase_offset_)) STAGEWISE_RETURN_IF_ERROR(WriteShard(0, false));
@@ -635,7 +636,8 @@ absl::Status StageRuntime::LoadResume(const v1::ResumePoint& resume) {
       !s.ok()) {
     return absl::DataLossError(s.message());
   }
-  torch::serialize::InputArchive archive;
+  resume_archive_ = std::make_unique<torch::serialize::InputArchive>();
+  torch::serialize::InputArchive& archive = *resume_archive_;
   archive.load_from(data.data(), data.size(), env_.device);
   const int64_t step = ReadScalar(archive, "step");
   const int64_t phase = ReadScalar(archive, "phase");

@@ -4,17 +4,23 @@
 // features_replay and nwise reduce to backprop where their papers say they
 // do; delayed reports the staleness and buffers docs/algorithms.md documents;
 // malformed gradients and stopped jobs end the algorithm with the right
-// status. The real-process versions of these checks are tests/oracle/.
+// status; a job resumed from a checkpoint continues on exactly the
+// trajectory of the job that wrote it (every algorithm), and does not
+// without the algorithm's saved state. The real-process versions of these
+// checks are tests/oracle/.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/job_spec.h"
+#include "services/models/modal_pass.h"
 #include "services/tensor/codec.h"
 #include "services/training/optimizer.h"
 #include "services/training/reference_trainer.h"
@@ -24,10 +30,12 @@
 namespace stagewise {
 namespace {
 
+using testing::FakeCheckpoint;
 using testing::FakeJob;
 
 // A tiny RevNet (reversible and non-reversible blocks) on synthetic data.
-std::string JobYaml(const std::string& algorithm, int stages, int steps = 4) {
+std::string JobYaml(const std::string& algorithm, int stages, int steps = 4,
+                    const std::string& eval = "{every_epochs: 0, at_end: true}") {
   return absl::StrCat(R"(name: unit
 seed: 7
 model: {name: revnet, depth: 18, width: 4, blocks: [1, 1, 1, 1]}
@@ -41,8 +49,8 @@ schedule: {name: cosine, warmup_epochs: 0.25}
 batch_size: 16
 steps: )",
                       steps, R"(
-eval: {every_epochs: 0, at_end: true}
-)");
+eval: )",
+                      eval, "\n");
 }
 
 std::unique_ptr<FakeJob> MakeJob(const std::string& algorithm, int stages, int steps = 4) {
@@ -298,6 +306,240 @@ TEST(AuxNetTest, TwoStagesTrainAndReport) {
   EXPECT_GE(SummaryValue(job->stage(1), "serial_train_loss"), 0.0);
   EXPECT_EQ(job->stage(1).steps().size(), 4u);
   for (const auto& p : job->Parameters()) EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
+}
+
+// ---- Checkpoints and resume ----
+
+// The largest |got - want| of any tensor relative to that tensor's largest
+// magnitude (0 when bitwise equal); infinity if the shapes differ. `where`
+// gets the tensor and the difference of the first that is not bitwise equal.
+double MaxRelativeDiff(const std::vector<torch::Tensor>& got,
+                       const std::vector<torch::Tensor>& want, std::string* where = nullptr) {
+  if (got.size() != want.size()) return std::numeric_limits<double>::infinity();
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!got[i].sizes().equals(want[i].sizes())) return std::numeric_limits<double>::infinity();
+    if (torch::equal(got[i], want[i])) continue;
+    const torch::Tensor g = got[i].to(torch::kFloat64), w = want[i].to(torch::kFloat64);
+    const double err = (g - w).abs().max().item<double>();
+    const double rel = err / std::max(w.abs().max().item<double>(), 1e-30);
+    if (where != nullptr && where->empty()) {
+      *where = absl::StrCat("tensor ", i, ": max diff ", err, " (relative ", rel, ")");
+    }
+    worst = std::max(worst, rel);
+  }
+  return worst;
+}
+
+// The contract: bitwise the same parameters and BatchNorm buffers.
+void ExpectIdentical(const FakeJob& got, const FakeJob& want) {
+  std::string where;
+  EXPECT_EQ(MaxRelativeDiff(got.Parameters(), want.Parameters(), &where), 0.0)
+      << "parameters: " << where;
+  where.clear();
+  EXPECT_EQ(MaxRelativeDiff(got.Buffers(), want.Buffers(), &where), 0.0) << "buffers: " << where;
+}
+
+struct ResumeCase {
+  std::string name;
+  std::string algorithm;
+  int stages = 3;
+  int steps = 8;
+  int every = 3;                   // checkpoint every this many steps
+  std::vector<int64_t> resume_at;  // checkpoints to resume from
+  std::string eval = "{every_epochs: 0, at_end: true}";
+  bool rebuild = false;  // block modes: reversible blocks rebuild (ModalPass)
+};
+
+// Block modes as the planner may assign them: every reversible block
+// rebuilds its input in the backward, the others store.
+void SetRebuildModes(FakeJob& job) {
+  for (int j = 0; j < job.num_stages(); ++j) {
+    std::vector<models::BlockMode> modes;
+    for (const auto& block : job.stage(j).model().blocks()) {
+      modes.push_back(block->reversible() ? models::BlockMode::kRebuild
+                                          : models::BlockMode::kStore);
+    }
+    job.stage(j).set_block_modes(std::move(modes));
+  }
+}
+
+std::string ResumeCaseName(const ::testing::TestParamInfo<ResumeCase>& info) {
+  return info.param.name;
+}
+
+void PrintTo(const ResumeCase& c, std::ostream* os) { *os << c.name << " " << c.algorithm; }
+
+// Run A: uninterrupted, checkpoints every k steps. Run B: a fresh job with
+// the same checkpoint schedule resumed from A's checkpoint after s steps.
+// B ends with bitwise the parameters and BatchNorm buffers of A.
+class ResumeTest : public ::testing::TestWithParam<ResumeCase> {};
+
+TEST_P(ResumeTest, ContinuesOnTheSameTrajectory) {
+  const ResumeCase& c = GetParam();
+  const std::string yaml = JobYaml(c.algorithm, c.stages, c.steps, c.eval);
+  auto a = FakeJob::FromYaml(yaml);
+  ASSERT_TRUE(a.ok()) << a.status();
+  (*a)->set_checkpoint_every(c.every);
+  if (c.rebuild) SetRebuildModes(**a);
+  RunAll(**a);
+  const auto checkpoints = (*a)->checkpoints();
+  std::vector<int64_t> taken, want;
+  for (const auto& [step, shards] : checkpoints) {
+    taken.push_back(step);
+    ASSERT_EQ(shards.size(), static_cast<size_t>(c.stages)) << step;
+    for (int j = 0; j < c.stages; ++j) EXPECT_FALSE(shards[j].empty()) << step << " " << j;
+  }
+  for (int64_t s = c.every; s < c.steps; s += c.every) want.push_back(s);
+  ASSERT_EQ(taken, want);
+  for (int64_t s : c.resume_at) {
+    SCOPED_TRACE(absl::StrCat("resume at ", s));
+    auto b = FakeJob::FromYaml(yaml);
+    ASSERT_TRUE(b.ok()) << b.status();
+    (*b)->set_checkpoint_every(c.every);
+    if (c.rebuild) SetRebuildModes(**b);
+    ASSERT_TRUE((*b)->Resume(checkpoints.at(s), s).ok());
+    RunAll(**b);
+    ExpectIdentical(**b, **a);
+    // B trains steps s+1 .. T only.
+    const auto reported = (*b)->stage(c.stages - 1).steps();
+    ASSERT_EQ(reported.size(), static_cast<size_t>(c.steps - s));
+    EXPECT_EQ(reported.front().steps_done, s + 1);
+    EXPECT_EQ(reported.back().steps_done, c.steps);
+    // And it takes A's later checkpoints again.
+    std::vector<int64_t> again;
+    for (const auto& [step, shards] : (*b)->checkpoints()) again.push_back(step);
+    std::vector<int64_t> later;
+    for (int64_t t : want) {
+      if (t > s) later.push_back(t);
+    }
+    EXPECT_EQ(again, later);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Algorithms, ResumeTest,
+    ::testing::Values(
+        ResumeCase{"backprop_gpipe", "{name: backprop, micro_batches: 3}", 3, 6, 2, {2, 4}},
+        ResumeCase{
+            "backprop_1f1b", "{name: backprop, micro_batches: 4, schedule: 1f1b}", 3, 6, 2, {4}},
+        ResumeCase{"backprop_1f1b_recompute",
+                   "{name: backprop, micro_batches: 3, schedule: 1f1b, recompute: true}",
+                   3,
+                   6,
+                   2,
+                   {2}},
+        ResumeCase{"backprop_block_modes",
+                   "{name: backprop, micro_batches: 2}",
+                   3,
+                   6,
+                   2,
+                   {2},
+                   "{every_epochs: 0, at_end: true}",
+                   /*rebuild=*/true},
+        // The checkpoint drains where an evaluation is also due.
+        ResumeCase{"delayed_stash",
+                   "{name: delayed}",
+                   3,
+                   8,
+                   3,
+                   {3, 6},
+                   "{every_steps: 3, every_epochs: 0, at_end: true}"},
+        ResumeCase{"delayed_current", "{name: delayed, weights: current}", 3, 8, 3, {3}},
+        ResumeCase{"petra", "{name: petra}", 3, 8, 3, {3}},
+        // Cuts after 3 (inside an accumulation window) and 6 steps.
+        ResumeCase{"petra_accumulation2", "{name: petra, accumulation: 2}", 3, 8, 3, {3, 6}},
+        // Every step: cuts in the warm-up (stage 0 holds no gradient at 1)
+        // and after it.
+        ResumeCase{"features_replay_every_step", "{name: features_replay}", 3, 8, 1, {1, 2, 5}},
+        ResumeCase{"features_replay",
+                   "{name: features_replay}",
+                   3,
+                   8,
+                   3,
+                   {3, 6},
+                   "{every_steps: 2, every_epochs: 0, at_end: true}"},
+        // Aux head on stage 1 only; on stages 0 and 1 with mix_local.
+        ResumeCase{
+            "nwise", "{name: nwise, n: 2, micro_batches: 2, aux_head: 'conv:8'}", 3, 8, 3, {3}},
+        ResumeCase{"nwise_mix_local",
+                   "{name: nwise, n: 2, mix_local: true, aux_head: linear}",
+                   3,
+                   8,
+                   3,
+                   {3, 6}},
+        ResumeCase{"auxnet",
+                   "{name: auxnet, beta: 1.0, aux_lr: 0.01, serial_loss_every: 2, noise_std: 0.1}",
+                   3,
+                   8,
+                   3,
+                   {3, 6}}),
+    ResumeCaseName);
+
+// Resumed with its algorithm state zeroed (tensors only: the counters still
+// check out), each of these algorithms leaves A's trajectory: ResumeTest's
+// equality depends on the state they save.
+class ResumeWithoutStateTest : public ::testing::TestWithParam<ResumeCase> {};
+
+TEST_P(ResumeWithoutStateTest, ZeroedStateLeavesTheTrajectory) {
+  const ResumeCase& c = GetParam();
+  const std::string yaml = JobYaml(c.algorithm, c.stages, c.steps, c.eval);
+  auto a = FakeJob::FromYaml(yaml);
+  ASSERT_TRUE(a.ok()) << a.status();
+  (*a)->set_checkpoint_every(c.every);
+  RunAll(**a);
+  const int64_t s = c.resume_at.at(0);
+  const FakeCheckpoint checkpoint = (*a)->checkpoints().at(s);
+  auto b = FakeJob::FromYaml(yaml);
+  ASSERT_TRUE(b.ok()) << b.status();
+  (*b)->set_checkpoint_every(c.every);
+  ASSERT_TRUE((*b)->Resume(checkpoint, s, FakeJob::AlgorithmState::kZeroed).ok());
+  RunAll(**b);
+  EXPECT_GT(MaxRelativeDiff((*b)->Parameters(), (*a)->Parameters()), 1e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Algorithms, ResumeWithoutStateTest,
+    ::testing::Values(
+        ResumeCase{"petra_accumulation2", "{name: petra, accumulation: 2}", 3, 8, 3, {3}},
+        ResumeCase{"features_replay", "{name: features_replay}", 3, 8, 3, {3}},
+        ResumeCase{
+            "nwise", "{name: nwise, n: 2, micro_batches: 2, aux_head: 'conv:8'}", 3, 8, 3, {3}},
+        ResumeCase{"auxnet", "{name: auxnet, beta: 1.0, aux_lr: 0.01}", 3, 8, 3, {3}}),
+    ResumeCaseName);
+
+// Resumed inside the phase with no algorithm state at all, an algorithm that
+// saves state fails at once (FAILED_PRECONDITION) instead of blocking on a
+// gradient nobody sends or training from a fresh state; backprop needs none.
+TEST(ResumeMissingStateTest, IsFailedPreconditionExceptForBackprop) {
+  for (const std::string algorithm : {"{name: delayed}", "{name: petra}", "{name: features_replay}",
+                                      "{name: nwise, n: 2}", "{name: auxnet}"}) {
+    SCOPED_TRACE(algorithm);
+    const std::string yaml = JobYaml(algorithm, 3, 6);
+    auto a = FakeJob::FromYaml(yaml);
+    ASSERT_TRUE(a.ok()) << a.status();
+    (*a)->set_checkpoint_every(2);
+    RunAll(**a);
+    auto b = FakeJob::FromYaml(yaml);
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_TRUE((*b)->Resume((*a)->checkpoints().at(2), 2, FakeJob::AlgorithmState::kNone).ok());
+    for (const absl::Status& status : (*b)->Run()) {
+      EXPECT_TRUE(status.code() == absl::StatusCode::kFailedPrecondition ||
+                  status.code() == absl::StatusCode::kCancelled)
+          << status;
+    }
+    EXPECT_EQ((*b)->stage(0).steps().size(), 0u);
+  }
+  auto a = MakeJob("{name: backprop}", 2, 6);
+  ASSERT_NE(a, nullptr);
+  a->set_checkpoint_every(2);
+  RunAll(*a);
+  auto b = MakeJob("{name: backprop}", 2, 6);
+  ASSERT_NE(b, nullptr);
+  b->set_checkpoint_every(2);
+  ASSERT_TRUE(b->Resume(a->checkpoints().at(4), 4, FakeJob::AlgorithmState::kNone).ok());
+  RunAll(*b);
+  ExpectIdentical(*b, *a);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "tests/unit/fake_stage_context.h"
 
+#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -22,6 +23,32 @@ bool FakeStageContext::EvalDue(int64_t steps_done) const {
   if (steps_done == total_steps_) return e.at_end || e.every_epochs > 0 || e.every_steps > 0;
   if (e.every_steps > 0 && steps_done % e.every_steps == 0) return true;
   return e.every_epochs > 0 && steps_done % (e.every_epochs * steps_per_epoch_) == 0;
+}
+
+bool FakeStageContext::CheckpointDue(int64_t steps_done) const {
+  return checkpoint_every_ > 0 && steps_done > 0 && steps_done < total_steps_ &&
+         steps_done % checkpoint_every_ == 0;
+}
+
+absl::Status FakeStageContext::Checkpoint(int64_t steps_done) {
+  if (!CheckpointDue(steps_done)) {
+    return absl::InternalError(
+        absl::StrCat("stage ", stage_, ": checkpoint after step ", steps_done, " is not due"));
+  }
+  if (algorithm_ == nullptr) {
+    return absl::InternalError(absl::StrCat("stage ", stage_, ": checkpoint outside Run"));
+  }
+  torch::serialize::OutputArchive archive, model, optimizer, algorithm;
+  model_->save(model);
+  optimizer_->save(optimizer);
+  STAGEWISE_RETURN_IF_ERROR(algorithm_->SaveState(*this, algorithm));
+  archive.write("model", model);
+  archive.write("optimizer", optimizer);
+  archive.write("algorithm", algorithm);
+  archive.write("steps_done", c10::IValue(steps_done));
+  std::ostringstream out;
+  archive.save_to(out);
+  return job_->AddShard(steps_done, stage_, out.str());
 }
 
 data::Batch FakeStageContext::TrainBatch(int64_t step) const {
@@ -190,6 +217,105 @@ absl::Status FakeJob::failure() const {
   return failure_;
 }
 
+absl::Status FakeJob::AddShard(int64_t steps_done, int stage, std::string shard) {
+  absl::MutexLock lock(&mu_);
+  FakeCheckpoint& checkpoint = checkpoints_[steps_done];
+  checkpoint.resize(stages_.size());
+  if (!checkpoint.at(stage).empty()) {
+    return absl::InternalError(
+        absl::StrCat("stage ", stage, ": checkpoint after step ", steps_done, " taken twice"));
+  }
+  checkpoint[stage] = std::move(shard);
+  return absl::OkStatus();
+}
+
+void FakeJob::set_checkpoint_every(int64_t every) {
+  for (auto& s : stages_) s->checkpoint_every_ = every;
+}
+
+std::map<int64_t, FakeCheckpoint> FakeJob::checkpoints() const {
+  absl::MutexLock lock(&mu_);
+  return checkpoints_;
+}
+
+namespace {
+
+// A copy of `in` with every floating-point tensor zeroed (nested archives
+// too); integers, integer tensors and other values are kept.
+void ZeroedCopy(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out) {
+  for (const std::string& key : in.keys()) {
+    c10::IValue value;
+    in.read(key, value);
+    if (value.isObject()) {
+      torch::serialize::InputArchive nested_in;
+      in.read(key, nested_in);
+      torch::serialize::OutputArchive nested_out;
+      ZeroedCopy(nested_in, nested_out);
+      out.write(key, nested_out);
+    } else if (value.isTensor()) {
+      const torch::Tensor t = value.toTensor().detach();
+      out.write(key, t.is_floating_point() ? torch::zeros_like(t) : t.clone());
+    } else if (key != "training") {
+      out.write(key, value);
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status FakeJob::Resume(const FakeCheckpoint& checkpoint, int64_t step, AlgorithmState state) {
+  if (checkpoint.size() != stages_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint has ", checkpoint.size(),
+                                                   " shards for ", stages_.size(), " stages"));
+  }
+  for (size_t j = 0; j < stages_.size(); ++j) {
+    FakeStageContext& s = *stages_[j];
+    if (step <= 0 || step >= s.total_steps_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("resume step ", step, " outside (0, ", s.total_steps_, ")"));
+    }
+    if (checkpoint[j].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint has no shard for stage ", j));
+    }
+    try {
+      auto shard = std::make_unique<torch::serialize::InputArchive>();
+      std::istringstream in(checkpoint[j]);
+      shard->load_from(in);
+      c10::IValue saved_step;
+      shard->read("steps_done", saved_step);
+      if (saved_step.toInt() != step) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "stage ", j, "'s shard was taken after step ", saved_step.toInt(), ", not ", step));
+      }
+      torch::serialize::InputArchive model, optimizer;
+      shard->read("model", model);
+      s.model_->load(model);
+      shard->read("optimizer", optimizer);
+      s.optimizer_->load(optimizer);
+      s.resume_state_.reset();
+      if (state != AlgorithmState::kNone) {
+        auto algorithm = std::make_unique<torch::serialize::InputArchive>();
+        shard->read("algorithm", *algorithm);
+        if (state == AlgorithmState::kZeroed) {
+          torch::serialize::OutputArchive zeroed;
+          ZeroedCopy(*algorithm, zeroed);
+          std::ostringstream out;
+          zeroed.save_to(out);
+          std::istringstream back(out.str());
+          algorithm = std::make_unique<torch::serialize::InputArchive>();
+          algorithm->load_from(back);
+        }
+        s.resume_state_ = std::move(algorithm);
+      }
+      s.resume_shard_ = std::move(shard);
+    } catch (const std::exception& e) {
+      return absl::DataLossError(absl::StrCat("stage ", j, "'s shard: ", e.what()));
+    }
+    s.first_step_ = step;
+  }
+  return absl::OkStatus();
+}
+
 void FakeJob::Stop(const absl::Status& why) {
   {
     absl::MutexLock lock(&mu_);
@@ -211,10 +337,16 @@ std::vector<absl::Status> FakeJob::Run(std::vector<int> stages) {
       absl::Status status;
       try {
         auto algorithm = worker::MakeAlgorithm(ctx.spec().algorithm);
-        status = algorithm.ok() ? (*algorithm)->Run(ctx) : algorithm.status();
+        if (algorithm.ok()) {
+          ctx.algorithm_ = algorithm->get();
+          status = (*algorithm)->Run(ctx);
+        } else {
+          status = algorithm.status();
+        }
       } catch (const std::exception& e) {
         status = absl::InternalError(absl::StrCat("stage ", ctx.stage(), ": ", e.what()));
       }
+      ctx.algorithm_ = nullptr;
       if (!status.ok()) Stop(status);
       results[i] = status;
     });
@@ -227,6 +359,14 @@ std::vector<torch::Tensor> FakeJob::Parameters() const {
   std::vector<torch::Tensor> out;
   for (const auto& s : stages_) {
     for (const auto& p : s->model_->parameters()) out.push_back(p.detach().clone());
+  }
+  return out;
+}
+
+std::vector<torch::Tensor> FakeJob::Buffers() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& s : stages_) {
+    for (const auto& b : s->model_->buffers()) out.push_back(b.detach().clone());
   }
   return out;
 }

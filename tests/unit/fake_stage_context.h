@@ -5,6 +5,13 @@
 // Learning rate, evaluation policy and training batches follow
 // worker/stage_runtime.cc for the job's first phase. A test may run only some
 // stages and play the others itself through the queues (Forward/Backward).
+//
+// Checkpoints: with set_checkpoint_every(k) the stages checkpoint after every
+// k steps (inside the phase); each Checkpoint serializes the stage's model,
+// optimizer and the running algorithm's SaveState into a shard (a string).
+// A fresh job built from the same spec can Resume from a complete checkpoint:
+// it loads the shards and its algorithms start at that step with the saved
+// algorithm state, as StageRuntime does when a job resumes.
 #ifndef STAGEWISE_TESTS_UNIT_FAKE_STAGE_CONTEXT_H_
 #define STAGEWISE_TESTS_UNIT_FAKE_STAGE_CONTEXT_H_
 
@@ -44,6 +51,11 @@ struct EvalReport {
 
 class FakeJob;
 
+// One checkpoint of a FakeJob: stage j's shard at [j], as
+// FakeStageContext::Checkpoint serialized it (archive entries "model",
+// "optimizer", "algorithm" and "steps_done").
+using FakeCheckpoint = std::vector<std::string>;
+
 class FakeStageContext : public worker::StageContext {
  public:
   const JobSpec& spec() const override { return spec_; }
@@ -70,6 +82,12 @@ class FakeStageContext : public worker::StageContext {
   void ReportEval(int64_t steps_done, double loss, double accuracy, int64_t samples) override;
   metrics::StageMetrics& stage_metrics() override { return *metrics_; }
   void Summarize(const std::string& key, double value) override;
+  int64_t first_step() const override { return first_step_; }
+  bool CheckpointDue(int64_t steps_done) const override;
+  // Writes this stage's shard of checkpoint `steps_done` into the job;
+  // INTERNAL unless CheckpointDue(steps_done), or if it was taken already.
+  absl::Status Checkpoint(int64_t steps_done) override;
+  torch::serialize::InputArchive* resume_state() override { return resume_state_.get(); }
 
   // What the algorithm left behind, for assertions.
   std::map<std::string, double> summary() const;
@@ -79,6 +97,11 @@ class FakeStageContext : public worker::StageContext {
 
  private:
   friend class FakeJob;
+
+  // One checkpoint of a FakeJob: stage j's shard at [j], as
+  // FakeStageContext::Checkpoint serialized it (archive entries "model",
+  // "optimizer", "algorithm" and "steps_done").
+  using FakeCheckpoint = std::vector<std::string>;
   FakeStageContext() = default;
   absl::StatusOr<v1::StageMessage> Receive(MessageQueue* queue);
 
@@ -100,6 +123,13 @@ class FakeStageContext : public worker::StageContext {
   MessageQueue* to_next_ = nullptr;
   MessageQueue* to_prev_ = nullptr;
   std::unique_ptr<metrics::StageMetrics> metrics_;
+  worker::Algorithm* algorithm_ = nullptr;  // while Run runs on this stage's thread
+  int64_t checkpoint_every_ = 0;
+  int64_t first_step_ = 0;
+  // After Resume: the loaded shard (kept alive for the nested archive) and
+  // the algorithm's part of it.
+  std::unique_ptr<torch::serialize::InputArchive> resume_shard_;
+  std::unique_ptr<torch::serialize::InputArchive> resume_state_;
   mutable absl::Mutex mu_;
   std::map<std::string, double> summary_ ABSL_GUARDED_BY(mu_);
   std::vector<StepReport> steps_ ABSL_GUARDED_BY(mu_);
@@ -136,11 +166,36 @@ class FakeJob {
   // Parameters of every stage in order, detached copies (comparable with the
   // whole model's parameters(), which list blocks in the same order).
   std::vector<torch::Tensor> Parameters() const;
+  // Buffers (BatchNorm running statistics and counts) of every stage in order,
+  // copies.
+  std::vector<torch::Tensor> Buffers() const;
+
+  // Checkpoints after every `every` steps s with 0 < s < total_steps (0: none,
+  // the default). Call before Run.
+  void set_checkpoint_every(int64_t every);
+  // The checkpoints taken so far, by step; a complete one has a shard for
+  // every stage.
+  std::map<int64_t, FakeCheckpoint> checkpoints() const;
+
+  // How Resume hands the saved algorithm state to the algorithms.
+  enum class AlgorithmState {
+    kSaved,   // as saved (what StageRuntime does)
+    kZeroed,  // every floating-point tensor in it zeroed, integers kept: a
+              // state that passes the algorithms' consistency checks but
+              // does not restore what they carried (sanity tests)
+    kNone,    // resume_state() is nullptr
+  };
+  // Loads `checkpoint`, taken after `step` steps of this job's spec, into
+  // every stage of this fresh job (model, optimizer), so that Run starts at
+  // `step` with the saved algorithm state. Call before Run.
+  absl::Status Resume(const FakeCheckpoint& checkpoint, int64_t step,
+                      AlgorithmState state = AlgorithmState::kSaved);
 
  private:
   friend class FakeStageContext;
   FakeJob() = default;
   absl::Status failure() const;
+  absl::Status AddShard(int64_t steps_done, int stage, std::string shard);
 
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
   data::Datasets data_;
@@ -149,6 +204,7 @@ class FakeJob {
   std::vector<std::unique_ptr<FakeStageContext>> stages_;
   mutable absl::Mutex mu_;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, FakeCheckpoint> checkpoints_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace stagewise::testing

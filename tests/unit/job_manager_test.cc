@@ -248,15 +248,17 @@ TEST_F(JobManagerTest, LostHeartbeatRecoversTheJobNamingTheWorker) {
   }
   v1::JobStatus st = Status(id);
   EXPECT_EQ(st.state(), v1::RECOVERING);
-  EXPECT_THAT(st.reason(), HasSubstr("lost worker w1 (stage 1)"));
-  EXPECT_THAT(st.reason(), HasSubstr("no heartbeat"));
+  // The reason now says what it waits for; the attempt keeps why it ended.
+  EXPECT_THAT(st.reason(), HasSubstr("waiting for 2 idle workers"));
   EXPECT_EQ(st.attempt(), 1);
   ASSERT_EQ(st.attempts_size(), 1);
-  EXPECT_EQ(st.attempts(0).end_reason(), st.reason());
+  const std::string ended = st.attempts(0).end_reason();
+  EXPECT_THAT(ended, HasSubstr("lost worker w1 (stage 1)"));
+  EXPECT_THAT(ended, HasSubstr("no heartbeat"));
   EXPECT_TRUE(Sink("w1").closed());
   const auto stop = Sink("w0").Of(v1::Command::kStop);
   ASSERT_EQ(stop.size(), 1u);
-  EXPECT_THAT(stop[0].stop().reason(), HasSubstr(st.reason()));
+  EXPECT_THAT(stop[0].stop().reason(), HasSubstr(ended));
   auto workers = manager_->ListWorkers();
   ASSERT_EQ(workers.size(), 1u);
   EXPECT_EQ(workers[0].worker_id(), "w0");
@@ -302,7 +304,9 @@ TEST_F(JobManagerTest, ClosedStreamRecoversAndDeterministicErrorsFail) {
   Sync();
   st = Status(second);
   EXPECT_EQ(st.state(), v1::RECOVERING);
-  EXPECT_THAT(st.reason(), HasSubstr("lost worker w0 (stage 0): its control stream closed"));
+  ASSERT_EQ(st.attempts_size(), 1);
+  EXPECT_THAT(st.attempts(0).end_reason(),
+              HasSubstr("lost worker w0 (stage 0): its control stream closed"));
 }
 
 TEST_F(JobManagerTest, CancelPendingAndRunningJobs) {

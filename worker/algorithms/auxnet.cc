@@ -22,10 +22,22 @@
 // the stages also run the true serial forward (no graph, statistics frozen)
 // so the last stage can report the real training loss. BatchNorm running
 // statistics move in the local forward, once per sample; evaluation runs the
-// serial forward through the main stages.
+// serial forward through the main stages. The noise comes from the stage's
+// own generator, seeded from (seed, stage), so it does not depend on what
+// else draws random numbers in the process.
+//
+// Checkpoints: the cut is the iteration boundary, where every message of the
+// iteration was consumed (the lambdas are recomputed each iteration, beta and
+// the serial-loss cadence follow from the step). The state besides model and
+// optimizer is stage k's AuxNet (parameters, BatchNorm buffers), its
+// optimizer and the noise generator; SaveState writes them and a resumed run
+// loads them after building them.
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "services/models/aux_net.h"
@@ -62,10 +74,30 @@ class AuxNetAlgorithm : public Algorithm {
 
   absl::Status Run(StageContext& ctx) override {
     STAGEWISE_RETURN_IF_ERROR(Setup(ctx));
+    STAGEWISE_ASSIGN_OR_RETURN(torch::serialize::InputArchive* const state,
+                               ResumeState(ctx, "auxnet"));
+    if (state != nullptr) {
+      STAGEWISE_RETURN_IF_ERROR(Restore(*state));
+    }
     const int64_t T = ctx.total_steps();
     window_ = std::max<int64_t>(1, std::min<int64_t>(10, T / 5));
     STAGEWISE_RETURN_IF_ERROR(RunLockStep(ctx, [&](int64_t t) { return Iteration(ctx, t); }));
     Finish(ctx);
+    return absl::OkStatus();
+  }
+
+  // Stage k >= 1: AuxNet_{k-1}, its optimizer and the noise generator.
+  absl::Status SaveState(StageContext&, torch::serialize::OutputArchive& archive) override {
+    WriteStateInt(archive, "auxnet", auxnet_ ? 1 : 0);
+    if (!auxnet_) return absl::OkStatus();
+    WriteStateModule(archive, "auxnet_module", *auxnet_);
+    WriteStateOptimizer(archive, "aux_optimizer", *aux_optimizer_);
+    torch::Tensor rng;
+    {
+      std::lock_guard<std::mutex> lock(noise_.mutex());
+      rng = noise_.get_state();
+    }
+    WriteStateTensor(archive, "noise_rng", rng);
     return absl::OkStatus();
   }
 
@@ -82,6 +114,29 @@ class AuxNetAlgorithm : public Algorithm {
         auxnet_, models::MakeAuxNet(kind_, plan[prev_first].in_shape, first.in_shape,
                                     models::AuxNetSeed(ctx.spec().seed, first.index)));
     aux_optimizer_ = SetUpAuxModule(ctx, *auxnet_, "auxnet_parameters");
+    constexpr uint64_t kNoiseStream = 0x6e6f697365ULL;  // "noise"
+    noise_ = at::make_generator<at::CPUGeneratorImpl>(
+        models::AuxNetSeed(ctx.spec().seed, first.index) ^ kNoiseStream);
+    return absl::OkStatus();
+  }
+
+  absl::Status Restore(torch::serialize::InputArchive& state) {
+    STAGEWISE_ASSIGN_OR_RETURN(const int64_t saved, ReadStateInt(state, "auxnet"));
+    if (saved != (auxnet_ ? 1 : 0)) {
+      return absl::DataLossError(absl::StrCat("resume state: auxnet saved ", saved ? "an" : "no",
+                                              " AuxNet, this stage has ",
+                                              auxnet_ ? "one" : "none"));
+    }
+    if (!auxnet_) return absl::OkStatus();
+    STAGEWISE_RETURN_IF_ERROR(ReadStateModule(state, "auxnet_module", *auxnet_));
+    STAGEWISE_RETURN_IF_ERROR(ReadStateOptimizer(state, "aux_optimizer", *aux_optimizer_));
+    STAGEWISE_ASSIGN_OR_RETURN(torch::Tensor rng, ReadStateTensor(state, "noise_rng", torch::kCPU));
+    try {
+      std::lock_guard<std::mutex> lock(noise_.mutex());
+      noise_.set_state(rng);
+    } catch (const std::exception& e) {
+      return absl::DataLossError(absl::StrCat("resume state: 'noise_rng': ", e.what()));
+    }
     return absl::OkStatus();
   }
 
@@ -148,7 +203,11 @@ class AuxNetAlgorithm : public Algorithm {
       }
       STAGEWISE_RETURN_IF_ERROR(SendAux(ctx, false, t, kChain, lambda, nullptr));
       x = lambda.detach();
-      if (noise_std_ > 0) x = x + noise_std_ * torch::randn_like(x);
+      if (noise_std_ > 0) {
+        const torch::Tensor noise =
+            torch::randn(x.sizes(), noise_, torch::TensorOptions().dtype(x.scalar_type()));
+        x = x + noise_std_ * noise.to(x.device());
+      }
       x.requires_grad_(true);
     }
     // 2. Stage k-1's target, lambda_{k+1}, from above.
@@ -268,6 +327,7 @@ class AuxNetAlgorithm : public Algorithm {
   const int64_t serial_every_;
   models::AuxNet auxnet_{nullptr};
   std::unique_ptr<torch::optim::Optimizer> aux_optimizer_;
+  at::Generator noise_;  // stage k >= 1: the noise on lambda_k
   int64_t window_ = 1;
   std::vector<double> first_violations_;
   std::deque<double> last_violations_;

@@ -9,6 +9,11 @@
 // training framework), the stage runs a ModalPass:
 // storing blocks keep their graph, rebuilding reversible blocks keep nothing
 // and rebuild their inputs from their outputs in the backward.
+//
+// Checkpoints: the cut is the mini-batch boundary. Every micro-batch's
+// gradient came back before the step (GPipe, 1F1B, recompute and block modes
+// alike) and gradients are zeroed at the start of each mini-batch, so there
+// is no state besides the model and optimizer.
 #include <chrono>
 #include <vector>
 
@@ -26,6 +31,16 @@ class Backprop : public Algorithm {
       : micro_batches_(static_cast<int>(spec.GetInt("micro_batches"))),
         one_f_one_b_(spec.GetString("schedule") == "1f1b"),
         recompute_(spec.GetBool("recompute")) {}
+
+  // Nothing to save; checks that the cut has nothing in flight.
+  absl::Status SaveState(StageContext&, torch::serialize::OutputArchive&) override {
+    for (const auto& f : inflight_) {
+      if (f.input.defined() || f.output.defined() || f.pass) {
+        return absl::FailedPreconditionError("backprop: checkpoint with a micro-batch in flight");
+      }
+    }
+    return absl::OkStatus();
+  }
 
   absl::Status Run(StageContext& ctx) override {
     ctx.stage_metrics().SetStaleness(0);

@@ -202,6 +202,104 @@ absl::Status SendForward(StageContext& ctx, int64_t step, int micro_batch, const
   return ctx.SendToNext(std::move(fwd));
 }
 
+namespace {
+
+std::string TorchMessage(const std::exception& e) {
+  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) return c10->what_without_backtrace();
+  return e.what();
+}
+
+absl::Status MissingState(const std::string& key, const std::string& what) {
+  return absl::DataLossError(absl::StrCat("resume state: ", what, " '", key, "' is missing"));
+}
+
+}  // namespace
+
+absl::StatusOr<torch::serialize::InputArchive*> ResumeState(StageContext& ctx,
+                                                            const std::string& algorithm) {
+  if (ctx.first_step() == 0) return nullptr;
+  torch::serialize::InputArchive* state = ctx.resume_state();
+  if (state == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        algorithm, ": the phase resumes at step ", ctx.first_step(), " without its saved state"));
+  }
+  return state;
+}
+
+void WriteStateInt(torch::serialize::OutputArchive& archive, const std::string& key,
+                   int64_t value) {
+  archive.write(key, c10::IValue(value));
+}
+
+void WriteStateTensor(torch::serialize::OutputArchive& archive, const std::string& key,
+                      const torch::Tensor& tensor) {
+  archive.write(key, tensor.detach());
+}
+
+void WriteStateModule(torch::serialize::OutputArchive& archive, const std::string& key,
+                      const torch::nn::Module& module) {
+  torch::serialize::OutputArchive nested;
+  module.save(nested);
+  archive.write(key, nested);
+}
+
+void WriteStateOptimizer(torch::serialize::OutputArchive& archive, const std::string& key,
+                         const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive nested;
+  optimizer.save(nested);
+  archive.write(key, nested);
+}
+
+absl::StatusOr<int64_t> ReadStateInt(torch::serialize::InputArchive& archive,
+                                     const std::string& key) {
+  c10::IValue value;
+  try {
+    if (!archive.try_read(key, value)) return MissingState(key, "integer");
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat("resume state: '", key, "': ", TorchMessage(e)));
+  }
+  if (!value.isInt()) {
+    return absl::DataLossError(absl::StrCat("resume state: '", key, "' is not an integer"));
+  }
+  return value.toInt();
+}
+
+absl::StatusOr<torch::Tensor> ReadStateTensor(torch::serialize::InputArchive& archive,
+                                              const std::string& key, torch::Device device) {
+  torch::Tensor tensor;
+  try {
+    if (!archive.try_read(key, tensor) || !tensor.defined()) return MissingState(key, "tensor");
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat("resume state: '", key, "': ", TorchMessage(e)));
+  }
+  // A copy of its own (the archive's tensor may share storage with it).
+  return tensor.detach().clone().to(device);
+}
+
+absl::Status ReadStateModule(torch::serialize::InputArchive& archive, const std::string& key,
+                             torch::nn::Module& module) {
+  try {
+    torch::serialize::InputArchive nested;
+    if (!archive.try_read(key, nested)) return MissingState(key, "module");
+    module.load(nested);
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat("resume state: '", key, "': ", TorchMessage(e)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadStateOptimizer(torch::serialize::InputArchive& archive, const std::string& key,
+                                torch::optim::Optimizer& optimizer) {
+  try {
+    torch::serialize::InputArchive nested;
+    if (!archive.try_read(key, nested)) return MissingState(key, "optimizer");
+    optimizer.load(nested);
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat("resume state: '", key, "': ", TorchMessage(e)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunEvaluation(StageContext& ctx, int64_t steps_done) {
   torch::NoGradGuard no_grad;
   ctx.model().eval();

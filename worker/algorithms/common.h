@@ -108,6 +108,33 @@ absl::Status SendGrad(StageContext& ctx, int64_t step, int micro_batch, const to
 absl::StatusOr<torch::Tensor> ReceiveGrad(StageContext& ctx, int64_t step, int micro_batch,
                                           torch::Tensor* x = nullptr);
 
+// Algorithm state in a checkpoint (Algorithm::SaveState writes it into the
+// archive it is given; Run reads it back from ctx.resume_state()). Tensors
+// are written detached and read back as copies on `device`; a missing or
+// malformed entry is DATA_LOSS "resume state: ...".
+//
+// ResumeState: nullptr when the phase starts at its step 0, else the state
+// SaveState wrote at the checkpoint the job resumes from; FAILED_PRECONDITION
+// naming `algorithm` when the phase resumes inside it without one.
+absl::StatusOr<torch::serialize::InputArchive*> ResumeState(StageContext& ctx,
+                                                            const std::string& algorithm);
+void WriteStateInt(torch::serialize::OutputArchive& archive, const std::string& key, int64_t value);
+void WriteStateTensor(torch::serialize::OutputArchive& archive, const std::string& key,
+                      const torch::Tensor& tensor);
+// `module`'s parameters and buffers, or `optimizer`'s state, as a nested archive.
+void WriteStateModule(torch::serialize::OutputArchive& archive, const std::string& key,
+                      const torch::nn::Module& module);
+void WriteStateOptimizer(torch::serialize::OutputArchive& archive, const std::string& key,
+                         const torch::optim::Optimizer& optimizer);
+absl::StatusOr<int64_t> ReadStateInt(torch::serialize::InputArchive& archive,
+                                     const std::string& key);
+absl::StatusOr<torch::Tensor> ReadStateTensor(torch::serialize::InputArchive& archive,
+                                              const std::string& key, torch::Device device);
+absl::Status ReadStateModule(torch::serialize::InputArchive& archive, const std::string& key,
+                             torch::nn::Module& module);
+absl::Status ReadStateOptimizer(torch::serialize::InputArchive& archive, const std::string& key,
+                                torch::optim::Optimizer& optimizer);
+
 // Forward-only pass over the test set through the real stages in eval mode:
 // stage 0 sends EVAL batches, the last stage reports loss and accuracy. Every
 // stage calls it at the same point of its schedule.

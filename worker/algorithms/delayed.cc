@@ -11,7 +11,12 @@
 // the input gradient down. The last stage does forward, loss, backward and
 // step at once. BatchNorm running statistics are updated in the forward pass;
 // the recomputation leaves them alone. The pipeline drains where an
-// evaluation is due, so evaluation sees settled parameters.
+// evaluation or a checkpoint is due, so evaluation sees settled parameters.
+//
+// Checkpoints: the cut is a drain, so nothing is in flight there; the only
+// state besides the model and optimizer is the step count (= the cut's step
+// on every stage), which a resumed run takes from ctx.first_step(). SaveState
+// records it to check the resume against.
 #include <chrono>
 #include <map>
 #include <vector>
@@ -29,11 +34,31 @@ class Delayed : public Algorithm {
       : stash_(spec.GetString("weights") == "stash"),
         max_in_flight_(spec.GetInt("max_in_flight")) {}
 
+  // The cut is a drain: nothing in flight, the step count is the cut's step.
+  absl::Status SaveState(StageContext&, torch::serialize::OutputArchive& archive) override {
+    if (!inflight_.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("delayed: checkpoint with ", inflight_.size(), " mini-batches in flight"));
+    }
+    WriteStateInt(archive, "steps", steps_);
+    return absl::OkStatus();
+  }
+
   absl::Status Run(StageContext& ctx) override {
     const int64_t J = ctx.num_stages(), j = ctx.stage();
     depth_ = 2 * (J - 1 - j) + 1;
     if (max_in_flight_ > 0) depth_ = std::min(depth_, max_in_flight_);
     params_ = ctx.model().parameters();
+    steps_ = ctx.first_step();
+    STAGEWISE_ASSIGN_OR_RETURN(torch::serialize::InputArchive* const state,
+                               ResumeState(ctx, "delayed"));
+    if (state != nullptr) {
+      STAGEWISE_ASSIGN_OR_RETURN(const int64_t saved, ReadStateInt(*state, "steps"));
+      if (saved != steps_) {
+        return absl::DataLossError(absl::StrCat("resume state: delayed saved ", saved,
+                                                " steps, the job resumes at step ", steps_));
+      }
+    }
     return RunDrainedPipeline(
         ctx, depth_, [&](int64_t t) { return Forward(ctx, t); },
         [&](int64_t t) { return Backward(ctx, t); });

@@ -15,6 +15,15 @@
 // forward pass (once per sample); the replay freezes them. The gradients of
 // the last J-1-j mini-batches never reach stage j (as in the paper, training
 // stops at iteration T-1).
+//
+// Checkpoints: the cut after iteration t is not drained (a drain would drop
+// gradients). Stage j's state there, besides model and optimizer, is its
+// stored inputs (mini-batches t-J+2+j .. t) and the gradient for mini-batch
+// t+1-(J-1-j) that stage j+1 sent during iteration t. Where a checkpoint is
+// due after iteration t, the stage receives that gradient at the end of the
+// iteration (before the checkpoint) instead of at the start of iteration
+// t+1; SaveState writes both, and a resumed run starts from them.
+#include <algorithm>
 #include <chrono>
 #include <map>
 
@@ -33,20 +42,55 @@ class FeaturesReplay : public Algorithm {
     const int64_t J = ctx.num_stages(), j = ctx.stage();
     lag_ = J - 1 - j;
     ctx.Summarize("staleness_steps", static_cast<double>(lag_));
+    STAGEWISE_ASSIGN_OR_RETURN(torch::serialize::InputArchive* const state,
+                               ResumeState(ctx, "features_replay"));
+    if (state != nullptr) {
+      STAGEWISE_RETURN_IF_ERROR(Restore(ctx, *state));
+    }
     STAGEWISE_RETURN_IF_ERROR(RunLockStep(ctx, [&](int64_t t) -> absl::Status {
       STAGEWISE_RETURN_IF_ERROR(Iteration(ctx, t));
       ctx.ReportStep(t + 1, loss_, samples_);
+      // A checkpoint follows: the gradient stage j+1 sent during iteration t
+      // (for mini-batch t+1-lag, used in iteration t+1) is taken now, so the
+      // cut has no message in flight towards this stage.
+      if (ctx.CheckpointDue(t + 1) && ExpectsGrad(ctx, t + 1)) {
+        STAGEWISE_ASSIGN_OR_RETURN(pending_, ReceiveGrad(ctx, t + 1 - lag_, 0));
+        pending_step_ = t + 1 - lag_;
+      }
       return absl::OkStatus();
     }));
     // Training stops at iteration T-1; the gradient stage j+1 sent during it
     // (for mini-batch T-(J-1-j)) would only be used at iteration T. It is
     // received and dropped, so no message outlives the phase.
     const int64_t T = ctx.total_steps();
-    if (!ctx.last() && T >= lag_) {
-      STAGEWISE_ASSIGN_OR_RETURN(v1::StageMessage msg, ctx.ReceiveFromNext());
-      STAGEWISE_RETURN_IF_ERROR(ExpectMessage(msg, v1::StageMessage::BACKWARD, T - lag_, 0));
+    if (ExpectsGrad(ctx, T)) {
+      if (pending_step_ == T - lag_) {
+        ClearPending();  // already taken (never at the phase end: no checkpoint there)
+      } else {
+        STAGEWISE_ASSIGN_OR_RETURN(v1::StageMessage msg, ctx.ReceiveFromNext());
+        STAGEWISE_RETURN_IF_ERROR(ExpectMessage(msg, v1::StageMessage::BACKWARD, T - lag_, 0));
+      }
+    }
+    if (pending_.defined()) {
+      return absl::InternalError(
+          absl::StrCat("a gradient for mini-batch ", pending_step_, " was never used"));
     }
     history_.clear();
+    return absl::OkStatus();
+  }
+
+  // The stored inputs and the gradient taken ahead of the next iteration.
+  absl::Status SaveState(StageContext&, torch::serialize::OutputArchive& archive) override {
+    WriteStateInt(archive, "lag", lag_);
+    WriteStateInt(archive, "history", static_cast<int64_t>(history_.size()));
+    int64_t i = 0;
+    for (const auto& [step, x] : history_) {
+      WriteStateInt(archive, absl::StrCat("history_step_", i), step);
+      WriteStateTensor(archive, absl::StrCat("history_", i), x);
+      ++i;
+    }
+    WriteStateInt(archive, "pending_step", pending_.defined() ? pending_step_ : -1);
+    if (pending_.defined()) WriteStateTensor(archive, "pending", pending_);
     return absl::OkStatus();
   }
 
@@ -55,6 +99,55 @@ class FeaturesReplay : public Algorithm {
     int64_t bytes = 0;
     for (const auto& [t, x] : history_) bytes += TensorBytes(x);
     ReportHeldInputs(ctx, static_cast<int64_t>(history_.size()), bytes, &peak_inputs_);
+  }
+
+  // Whether stage j receives a gradient in iteration t (for mini-batch
+  // t - lag): stage j+1 sent it during iteration t-1.
+  bool ExpectsGrad(const StageContext& ctx, int64_t t) const {
+    return !ctx.last() && t - lag_ >= 0;
+  }
+
+  void ClearPending() {
+    pending_ = torch::Tensor();
+    pending_step_ = -1;
+  }
+
+  // A resumed run at step s (after iteration s-1): the inputs of mini-batches
+  // max(0, s-lag) .. s-1 and, where iteration s replays one, its gradient.
+  absl::Status Restore(StageContext& ctx, torch::serialize::InputArchive& state) {
+    const int64_t s = ctx.first_step();
+    STAGEWISE_ASSIGN_OR_RETURN(const int64_t lag, ReadStateInt(state, "lag"));
+    if (lag != lag_) {
+      return absl::DataLossError(absl::StrCat("resume state: features_replay saved lag ", lag,
+                                              ", this stage has lag ", lag_));
+    }
+    STAGEWISE_ASSIGN_OR_RETURN(const int64_t count, ReadStateInt(state, "history"));
+    history_.clear();
+    for (int64_t i = 0; i < count; ++i) {
+      STAGEWISE_ASSIGN_OR_RETURN(const int64_t step,
+                                 ReadStateInt(state, absl::StrCat("history_step_", i)));
+      STAGEWISE_ASSIGN_OR_RETURN(history_[step],
+                                 ReadStateTensor(state, absl::StrCat("history_", i), ctx.device()));
+    }
+    const int64_t from = ctx.last() ? s : std::max<int64_t>(0, s - lag_);
+    bool complete = static_cast<int64_t>(history_.size()) == s - from;
+    for (int64_t r = from; complete && r < s; ++r) complete = history_.count(r) > 0;
+    if (!complete) {
+      return absl::DataLossError(absl::StrCat(
+          "resume state: features_replay at step ", s, " needs the inputs of mini-batches ", from,
+          " to ", s - 1, ", got ", history_.size(), " inputs that do not match"));
+    }
+    STAGEWISE_ASSIGN_OR_RETURN(pending_step_, ReadStateInt(state, "pending_step"));
+    const int64_t want = ExpectsGrad(ctx, s) ? s - lag_ : -1;
+    if (pending_step_ != want) {
+      return absl::DataLossError(absl::StrCat("resume state: features_replay at step ", s,
+                                              " needs the gradient of mini-batch ", want,
+                                              " (-1: none), got ", pending_step_));
+    }
+    if (want >= 0) {
+      STAGEWISE_ASSIGN_OR_RETURN(pending_, ReadStateTensor(state, "pending", ctx.device()));
+    }
+    return absl::OkStatus();
   }
 
   absl::Status Iteration(StageContext& ctx, int64_t t) {
@@ -82,7 +175,17 @@ class FeaturesReplay : public Algorithm {
     // Replay of mini-batch t - (J-1-j) with the gradient of iteration t-1.
     const int64_t r = t - lag_;
     if (r < 0) return absl::OkStatus();  // warm-up: no gradient yet
-    STAGEWISE_ASSIGN_OR_RETURN(torch::Tensor grad, ReceiveGrad(ctx, r, 0));
+    torch::Tensor grad;
+    if (pending_.defined()) {
+      if (pending_step_ != r) {
+        return absl::InternalError(absl::StrCat("the gradient taken ahead is for mini-batch ",
+                                                pending_step_, ", iteration ", t, " replays ", r));
+      }
+      grad = pending_;
+      ClearPending();
+    } else {
+      STAGEWISE_ASSIGN_OR_RETURN(grad, ReceiveGrad(ctx, r, 0));
+    }
     auto it = history_.find(r);
     if (it == history_.end()) {
       return absl::InternalError(absl::StrCat("no stored input for mini-batch ", r));
@@ -103,6 +206,10 @@ class FeaturesReplay : public Algorithm {
   double loss_ = 0;
   int64_t samples_ = 0;
   std::map<int64_t, torch::Tensor> history_;
+  // The gradient for mini-batch pending_step_, received at the end of the
+  // iteration before a checkpoint (or restored from one).
+  torch::Tensor pending_;
+  int64_t pending_step_ = -1;
 };
 
 }  // namespace

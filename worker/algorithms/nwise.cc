@@ -19,6 +19,12 @@
 // (up to n-1 per micro-batch), steps, and only then takes the next mini-batch.
 // Each micro-batch's loss is scaled by n_m/B, so gradients are mini-batch means.
 // BatchNorm running statistics move in the single forward pass.
+//
+// Checkpoints: the cut is the mini-batch boundary, where nothing is in flight
+// (every gradient of the mini-batch was received and the stage stepped); the
+// state besides model and optimizer is the aux head (parameters, BatchNorm
+// buffers) and its optimizer, which SaveState writes and a resumed run loads
+// after building them.
 #include <chrono>
 #include <map>
 #include <set>
@@ -49,7 +55,30 @@ class Nwise : public Algorithm {
           absl::StrCat("algorithm.n: must be <= stages.count (", J_, "), got ", n_));
     }
     STAGEWISE_RETURN_IF_ERROR(Setup(ctx));
+    STAGEWISE_ASSIGN_OR_RETURN(torch::serialize::InputArchive* const state,
+                               ResumeState(ctx, "nwise"));
+    if (state != nullptr) {
+      STAGEWISE_ASSIGN_OR_RETURN(const int64_t saved, ReadStateInt(*state, "aux_head"));
+      if (saved != (head_ ? 1 : 0)) {
+        return absl::DataLossError(absl::StrCat("resume state: nwise saved ", saved ? "an" : "no",
+                                                " aux head, this stage has ",
+                                                head_ ? "one" : "none"));
+      }
+      if (head_) {
+        STAGEWISE_RETURN_IF_ERROR(ReadStateModule(*state, "aux_head_module", *head_));
+        STAGEWISE_RETURN_IF_ERROR(ReadStateOptimizer(*state, "aux_optimizer", *aux_optimizer_));
+      }
+    }
     return RunLockStep(ctx, [&](int64_t t) { return MiniBatch(ctx, t); });
+  }
+
+  absl::Status SaveState(StageContext&, torch::serialize::OutputArchive& archive) override {
+    WriteStateInt(archive, "aux_head", head_ ? 1 : 0);
+    if (head_) {
+      WriteStateModule(archive, "aux_head_module", *head_);
+      WriteStateOptimizer(archive, "aux_optimizer", *aux_optimizer_);
+    }
+    return absl::OkStatus();
   }
 
  private:

@@ -16,7 +16,13 @@
 // back its input with the gradient. No parameter copies anywhere.
 //
 // The schedule is delayed's: 2(J-1-j)+1 mini-batches in flight at stage j in
-// 1F1B order, drained where an evaluation is due.
+// 1F1B order, drained where an evaluation or a checkpoint is due.
+//
+// Checkpoints: at the drain nothing is in flight; backward passes and updates
+// done follow from the cut's step s (s and s / k on every stage). When s is
+// not a multiple of k, the gradients of the s mod k backward passes of the
+// open window sit in the parameters' .grad: SaveState writes them and a
+// resumed run puts them back, so the window completes as it would have.
 #include <chrono>
 #include <map>
 #include <vector>
@@ -36,6 +42,26 @@ class Petra : public Algorithm {
   explicit Petra(const AlgorithmSpec& spec)
       : k_(spec.GetInt("accumulation")), verify_(spec.GetBool("verify_rebuild")) {}
 
+  // The cut is a drain: nothing in flight; the open accumulation window's
+  // gradient sums (if any) are the state.
+  absl::Status SaveState(StageContext& ctx, torch::serialize::OutputArchive& archive) override {
+    if (!inflight_.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("petra: checkpoint with ", inflight_.size(), " mini-batches in flight"));
+    }
+    WriteStateInt(archive, "backwards", backwards_);
+    WriteStateInt(archive, "updates", updates_);
+    const std::vector<torch::Tensor> params = ctx.model().parameters();
+    const bool open_window = backwards_ % k_ != 0;
+    WriteStateInt(archive, "partial_grads", open_window ? static_cast<int64_t>(params.size()) : 0);
+    for (size_t i = 0; open_window && i < params.size(); ++i) {
+      const torch::Tensor& g = params[i].grad();
+      WriteStateInt(archive, absl::StrCat("has_grad_", i), g.defined() ? 1 : 0);
+      if (g.defined()) WriteStateTensor(archive, absl::StrCat("grad_", i), g);
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Run(StageContext& ctx) override {
     const int64_t J = ctx.num_stages(), j = ctx.stage();
     depth_ = 2 * (J - 1 - j) + 1;
@@ -47,6 +73,13 @@ class Petra : public Algorithm {
     ctx.Summarize("peak_inputs", 0);
     ctx.Summarize("peak_input_bytes", 0);
     ctx.Summarize("peak_stashed_parameter_bytes", 0);  // PETRA never copies parameters
+    backwards_ = ctx.first_step();
+    updates_ = backwards_ / k_;
+    STAGEWISE_ASSIGN_OR_RETURN(torch::serialize::InputArchive* const state,
+                               ResumeState(ctx, "petra"));
+    if (state != nullptr) {
+      STAGEWISE_RETURN_IF_ERROR(Restore(ctx, *state));
+    }
     return RunDrainedPipeline(
         ctx, depth_, [&](int64_t t) { return Forward(ctx, t); },
         [&](int64_t t) { return Backward(ctx, t); });
@@ -186,6 +219,39 @@ class Petra : public Algorithm {
     Accumulate(ctx, 0.0, samples);
     ReportBuffers(ctx);
     return SendGrad(ctx, t, 0, g, h);
+  }
+
+  // A resumed run: the counters must match the cut's step; the open window's
+  // gradient sums go back into .grad.
+  absl::Status Restore(StageContext& ctx, torch::serialize::InputArchive& state) {
+    STAGEWISE_ASSIGN_OR_RETURN(const int64_t backwards, ReadStateInt(state, "backwards"));
+    STAGEWISE_ASSIGN_OR_RETURN(const int64_t updates, ReadStateInt(state, "updates"));
+    if (backwards != backwards_ || updates != updates_) {
+      return absl::DataLossError(absl::StrCat(
+          "resume state: petra saved ", backwards, " backward passes and ", updates,
+          " updates, the job resumes at step ", backwards_, " with accumulation ", k_));
+    }
+    STAGEWISE_ASSIGN_OR_RETURN(const int64_t count, ReadStateInt(state, "partial_grads"));
+    std::vector<torch::Tensor> params = ctx.model().parameters();
+    const int64_t want = backwards_ % k_ != 0 ? static_cast<int64_t>(params.size()) : 0;
+    if (count != want) {
+      return absl::DataLossError(
+          absl::StrCat("resume state: petra saved ", count, " partial gradients, expected ", want));
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      STAGEWISE_ASSIGN_OR_RETURN(const int64_t has,
+                                 ReadStateInt(state, absl::StrCat("has_grad_", i)));
+      if (has == 0) continue;
+      STAGEWISE_ASSIGN_OR_RETURN(torch::Tensor g,
+                                 ReadStateTensor(state, absl::StrCat("grad_", i), ctx.device()));
+      if (!g.sizes().equals(params[i].sizes())) {
+        return absl::DataLossError(absl::StrCat("resume state: petra grad_", i, " has shape ",
+                                                c10::str(g.sizes()), ", the parameter ",
+                                                c10::str(params[i].sizes())));
+      }
+      params[i].mutable_grad() = g;
+    }
+    return absl::OkStatus();
   }
 
   // Block mode "store" (the planner): the reversible block keeps its input
