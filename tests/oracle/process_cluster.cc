@@ -34,7 +34,7 @@ ProcessCluster::ProcessCluster(int workers, double heartbeat_timeout_s)
   bin_ = std::string(STAGEWISE_BINARY_DIR) + "/bin";
   error_ = StartCoordinator();
   if (!error_.ok()) return;
-  client_ = std::make_unique<CoordinatorClient>(absl::StrCat("127.0.0.1:", coordinator_port_));
+  client_ = std::make_unique<::stagewise::client::CoordinatorClient>(absl::StrCat("127.0.0.1:", coordinator_port_));
   for (int i = 0; i < workers; ++i) {
     const std::string name = absl::StrCat("w", i);
     worker_argv_.push_back({bin_ + "/stagewise-worker", "--coordinator",

@@ -31,7 +31,7 @@ class ProcessCluster {
   bool ok() const { return error_.ok(); }
   const absl::Status& error() const { return error_; }
   const std::string& dir() const { return dir_; }  // temporary directory of this cluster
-  CoordinatorClient& client() { return *client_; }
+  ::stagewise::client::CoordinatorClient& client() { return *client_; }
   int num_workers() const { return static_cast<int>(workers_.size()); }
 
   // SIGKILL, then the same command line again (the same name, so it registers
@@ -66,7 +66,7 @@ class ProcessCluster {
   std::unique_ptr<cli::Child> coordinator_;
   std::vector<std::vector<std::string>> worker_argv_;
   std::vector<std::unique_ptr<cli::Child>> workers_;
-  std::unique_ptr<CoordinatorClient> client_;
+  std::unique_ptr<::stagewise::client::CoordinatorClient> client_;
 };
 
 // The parameters and buffers (by global name) of the committed checkpoint at

@@ -514,7 +514,7 @@ TEST_F(JobManagerTest, CommitsCheckpointsAndResumesFromTheNewest) {
   EXPECT_EQ(st.attempts(1).from_step(), 20);
   for (int j = 0; j < 2; ++j) {
     const std::string w = "w" + std::to_string(j);
-    const v1::StageAssignment& a = Sink(w).Of(v1::Command::kConfigure).back().configure();
+    const v1::StageAssignment a = Sink(w).Of(v1::Command::kConfigure).back().configure();
     EXPECT_EQ(a.attempt(), 1);
     ASSERT_TRUE(a.has_resume()) << w;
     EXPECT_EQ(a.resume().step(), 20);
