@@ -198,4 +198,13 @@ grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerCo
   return Done(ctx, absl::OkStatus());
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(
+    grpc::CallbackServerContext* ctx, const v1::ListCheckpointsRequest* request,
+    v1::ListCheckpointsResponse* response) {
+  // Reads checkpoint.dir (directory listings and stats, no shard contents).
+  auto listing = manager_->ListCheckpoints(request->job_id());
+  if (listing.ok()) *response = std::move(*listing);
+  return Done(ctx, listing.status());
+}
+
 }  // namespace stagewise::coordinator

@@ -284,8 +284,9 @@ absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml) {
   if (!spec.checkpoint.dir.empty()) {
     // The coordinator writes the manifests: it must reach checkpoint.dir too.
     if (absl::Status s = checkpoint::ProbeWritable(spec.checkpoint.dir); !s.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          s.message(), " (the coordinator commits checkpoints there: mount the same volume on "
+      return absl::FailedPreconditionError(
+          absl::StrCat(s.message(),
+                       " (the coordinator commits checkpoints there: mount the same volume on "
                        "the coordinator and every worker)"));
     }
   }
@@ -492,8 +493,8 @@ void JobManager::HandleEvent(const v1::WorkerEvent& event) {
       // An abandoned attempt. Only its root cause still matters: a
       // deterministic error that ended it (its peers' broken streams may have
       // been reported first) would fail the next attempt the same way.
-      if (event.has_error() && attempt == job.attempt - 1 &&
-          job.status.state() == v1::RECOVERING && !Retryable(event.error()) &&
+      if (event.has_error() && attempt == job.attempt - 1 && job.status.state() == v1::RECOVERING &&
+          !Retryable(event.error()) &&
           event.error().code() != static_cast<int>(absl::StatusCode::kCancelled) &&
           event.error().code() != static_cast<int>(absl::StatusCode::kDataLoss)) {
         EndJob(it->first, v1::FAILED, event.error().message());
@@ -554,7 +555,8 @@ void JobManager::OnMetrics(const v1::MetricsReport& m) {
   if (last_stage && m.values().count("train_loss")) {
     st.set_step(m.step());
     job.max_step = std::max(job.max_step, m.step());
-    if (st.attempts_size() > 0) st.mutable_attempts(st.attempts_size() - 1)->set_reached_step(m.step());
+    if (st.attempts_size() > 0)
+      st.mutable_attempts(st.attempts_size() - 1)->set_reached_step(m.step());
     const int64_t per_epoch = data::NominalTrainSize(job.spec.data) / job.spec.batch_size;
     st.set_epoch(static_cast<int>(m.step() / std::max<int64_t>(1, per_epoch)));
     st.set_train_loss(m.values().at("train_loss"));
@@ -657,8 +659,7 @@ void JobManager::OnError(const v1::StageError& e) {
   if (it == jobs_.end()) return;
   Job& job = it->second;
   const auto code = static_cast<absl::StatusCode>(e.code());
-  if (code == absl::StatusCode::kDataLoss && job.resume &&
-      job.status.state() == v1::CONFIGURING) {
+  if (code == absl::StatusCode::kDataLoss && job.resume && job.status.state() == v1::CONFIGURING) {
     // The shard it was told to load is damaged: never offer that checkpoint
     // again; the next attempt takes an older one.
     const std::string dir = job.resume->dir;
@@ -736,7 +737,8 @@ void JobManager::CommitCheckpoint(const std::string& job_id, Job& job, int64_t s
     const auto size = std::filesystem::file_size(here, ec);
     if (problem.ok() && (ec || static_cast<int64_t>(size) != saved.bytes())) {
       problem = absl::FailedPreconditionError(absl::StrCat(
-          "stage ", stage, " wrote ", saved.path(), " (", saved.bytes(), " bytes) but the coordinator ",
+          "stage ", stage, " wrote ", saved.path(), " (", saved.bytes(),
+          " bytes) but the coordinator ",
           ec ? absl::StrCat("cannot see ", here) : absl::StrCat("sees ", size, " bytes at ", here),
           ": checkpoint.dir must be the same shared volume, at the same path, everywhere"));
     }
@@ -745,9 +747,8 @@ void JobManager::CommitCheckpoint(const std::string& job_id, Job& job, int64_t s
   if (!problem.ok()) {
     STAGEWISE_LOG(ERROR) << "job " << job_id << ": checkpoint at step " << step
                          << " not committed: " << problem;
-    UpdateProgress(job, absl::StrCat("checkpoint at step ", step, " NOT committed: ",
-                                     problem.message()),
-                   {});
+    UpdateProgress(
+        job, absl::StrCat("checkpoint at step ", step, " NOT committed: ", problem.message()), {});
     return;
   }
   metrics_->CountCheckpoint();
@@ -826,11 +827,10 @@ bool JobManager::QueueRecovery(const std::string& job_id, Job& job, const std::s
       STAGEWISE_LOG(WARNING) << "job " << job_id << ": skipping checkpoint " << line;
     }
     for (checkpoint::Committed& c : committed) {
-      if (c.manifest.shards_size() != static_cast<int>(job.ranges.size()) &&
-          !job.needs_plan) {
+      if (c.manifest.shards_size() != static_cast<int>(job.ranges.size()) && !job.needs_plan) {
         STAGEWISE_LOG(WARNING) << "job " << job_id << ": skipping checkpoint " << c.dir << ": "
-                               << c.manifest.shards_size() << " shards for "
-                               << job.ranges.size() << " stages";
+                               << c.manifest.shards_size() << " shards for " << job.ranges.size()
+                               << " stages";
         continue;
       }
       job.resume = std::move(c);
@@ -849,10 +849,11 @@ bool JobManager::QueueRecovery(const std::string& job_id, Job& job, const std::s
     }
     if (!any_modes) job.modes.clear();
     job.planned = true;
-    UpdateProgress(job,
-                   absl::StrCat("attempt ", job.attempt, " will resume from the checkpoint at step ",
-                                job.resume->manifest.step(), " (", job.resume->dir, ")"),
-                   {});
+    UpdateProgress(
+        job,
+        absl::StrCat("attempt ", job.attempt, " will resume from the checkpoint at step ",
+                     job.resume->manifest.step(), " (", job.resume->dir, ")"),
+        {});
   } else if (!job.spec.recovery.from_scratch) {
     EndJob(job_id, v1::FAILED,
            absl::StrCat("no committed checkpoint to resume from and recovery.from_scratch is "
@@ -860,13 +861,12 @@ bool JobManager::QueueRecovery(const std::string& job_id, Job& job, const std::s
                         why));
     return false;
   } else {
-    UpdateProgress(job,
-                   absl::StrCat("attempt ", job.attempt,
-                                " will start from step 0 (no committed checkpoint)"),
-                   {});
+    UpdateProgress(
+        job,
+        absl::StrCat("attempt ", job.attempt, " will start from step 0 (no committed checkpoint)"),
+        {});
   }
-  job.recovery_deadline =
-      absl::Now() + absl::Seconds(job.spec.recovery.wait_seconds);
+  job.recovery_deadline = absl::Now() + absl::Seconds(job.spec.recovery.wait_seconds);
   scheduler_.Requeue({job_id, static_cast<int>(job.ranges.size()), job.needs_plan && !job.planned});
   schedule_needed_ = true;
   return true;

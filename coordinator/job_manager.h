@@ -140,8 +140,8 @@ class JobManager {
     int attempt = 0;  // mirrors status.attempt; events of other attempts are dropped
     absl::Time recovery_deadline = absl::InfiniteFuture();   // RECOVERING: fail after
     absl::Time configure_deadline = absl::InfiniteFuture();  // CONFIGURING: recover after
-    absl::Time attempt_ended = absl::InfinitePast();          // for the recovery time
-    int64_t max_step = 0;  // the furthest step any attempt reached
+    absl::Time attempt_ended = absl::InfinitePast();         // for the recovery time
+    int64_t max_step = 0;                         // the furthest step any attempt reached
     std::optional<checkpoint::Committed> resume;  // what the next attempt loads
     // Shards reported for checkpoints not committed yet: step -> stage -> report.
     std::map<int64_t, std::map<int, v1::CheckpointSaved>> shards;

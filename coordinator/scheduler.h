@@ -32,8 +32,8 @@ class Scheduler {
 
   struct Request {
     std::string job_id;
-    int workers = 1;       // one per stage
-    bool profile = false;  // needs a ProfileCommand (PROFILING) before its stages
+    int workers = 1;          // one per stage
+    bool profile = false;     // needs a ProfileCommand (PROFILING) before its stages
     bool recovering = false;  // set by Requeue
   };
   // Appends a PENDING job to the queue.

@@ -1,11 +1,10 @@
 #include "worker/stage_runtime.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-
-#include <ATen/CPUGeneratorImpl.h>
-
 #include <mutex>
 #include <sstream>
 
@@ -172,8 +171,8 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
   }
   if (!rt->spec_.checkpoint.dir.empty()) {
     // Fail before the job starts, not at its first checkpoint.
-    absl::Status s =
-        checkpoint::ProbeWritable(checkpoint::JobDir(rt->spec_.checkpoint.dir, assignment.job_id()));
+    absl::Status s = checkpoint::ProbeWritable(
+        checkpoint::JobDir(rt->spec_.checkpoint.dir, assignment.job_id()));
     if (!s.ok()) return absl::FailedPreconditionError(s.message());
   }
   if (assignment.has_resume()) {
@@ -443,9 +442,9 @@ absl::Status StageRuntime::AttachUpstream(const v1::StageMessage& message,
                                           MessageSink** sink) {
   if (message.attempt() != assignment_.attempt()) {
     // A stage of an abandoned attempt: refuse it without failing this one.
-    return absl::FailedPreconditionError(
-        absl::StrCat("StageMessage.attempt: ", message.attempt(), ", but job ", job_id(),
-                     " runs attempt ", assignment_.attempt(), " here"));
+    return absl::FailedPreconditionError(absl::StrCat("StageMessage.attempt: ", message.attempt(),
+                                                      ", but job ", job_id(), " runs attempt ",
+                                                      assignment_.attempt(), " here"));
   }
   if (absl::Status s = ValidateIncoming(message, true); !s.ok()) {
     Fail(s);
@@ -549,8 +548,8 @@ bool StageRuntime::CheckpointDue(int64_t steps_done) const {
 
 absl::Status StageRuntime::Checkpoint(int64_t steps_done) {
   if (!CheckpointDue(steps_done)) {
-    return absl::InternalError(absl::StrCat("no checkpoint is due after step ", steps_done,
-                                            " of phase ", phase_));
+    return absl::InternalError(
+        absl::StrCat("no checkpoint is due after step ", steps_done, " of phase ", phase_));
   }
   try {
     return WriteShard(steps_done, true);
@@ -601,9 +600,8 @@ absl::Status StageRuntime::WriteShard(int64_t phase_step, bool with_algorithm) {
   std::ostringstream bytes;
   archive.save_to(bytes);
   const std::string data = std::move(bytes).str();
-  const std::string path =
-      checkpoint::StepDir(spec_.checkpoint.dir, job_id(), step) + "/" +
-      checkpoint::ShardFileName(stage());
+  const std::string path = checkpoint::StepDir(spec_.checkpoint.dir, job_id(), step) + "/" +
+                           checkpoint::ShardFileName(stage());
   if (absl::Status s = checkpoint::WriteFileAtomically(path, data); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("checkpoint.dir: ", s.message()));
   }
@@ -646,12 +644,12 @@ absl::Status StageRuntime::LoadResume(const v1::ResumePoint& resume) {
       ReadScalar(archive, "stage") != stage() ||
       ReadScalar(archive, "block_begin") != assignment_.block_begin() ||
       ReadScalar(archive, "block_end") != assignment_.block_end()) {
-    return absl::DataLossError(absl::StrCat(
-        resume.shard_path(), ": holds step ", step, " (phase ", phase, ", step ", phase_step,
-        ") of stage ", ReadScalar(archive, "stage"), ", blocks [",
-        ReadScalar(archive, "block_begin"), ", ", ReadScalar(archive, "block_end"),
-        "); the resume point says step ", resume.step(), " of stage ", stage(), ", blocks [",
-        assignment_.block_begin(), ", ", assignment_.block_end(), ")"));
+    return absl::DataLossError(
+        absl::StrCat(resume.shard_path(), ": holds step ", step, " (phase ", phase, ", step ",
+                     phase_step, ") of stage ", ReadScalar(archive, "stage"), ", blocks [",
+                     ReadScalar(archive, "block_begin"), ", ", ReadScalar(archive, "block_end"),
+                     "); the resume point says step ", resume.step(), " of stage ", stage(),
+                     ", blocks [", assignment_.block_begin(), ", ", assignment_.block_end(), ")"));
   }
   if (phase < 0 || phase >= static_cast<int64_t>(phases_.size())) {
     return absl::DataLossError(absl::StrCat(resume.shard_path(), ": phase ", phase,

@@ -147,7 +147,7 @@ class StageRuntime final : public StageContext {
   // The shard resume_state_ was read from: a nested archive may rely on its
   // parent's compilation unit, so the parent lives as long.
   std::unique_ptr<torch::serialize::InputArchive> resume_archive_;
-  int start_phase_ = 0;        // the phase the compute thread begins with
+  int start_phase_ = 0;          // the phase the compute thread begins with
   bool resumed_at_end_ = false;  // resumed from the checkpoint at the last step
 
   BoundedQueue<v1::StageMessage> from_prev_;

@@ -34,12 +34,17 @@ struct ValidateArgs {
 
 // Commands that talk to a coordinator. `coordinator` is the --coordinator
 // flag ("" = $STAGEWISE_COORDINATOR, else 127.0.0.1:7070).
+// --reconnect-timeout: how long `submit` and `watch` wait for a coordinator
+// that went away mid-watch ("0" = give up at once).
+inline constexpr char kDefaultReconnectTimeout[] = "10m";
+
 struct SubmitArgs {
   std::string coordinator;
   std::string job_path;
   bool wait = true;
   bool quiet = false;
   std::string output = "text";
+  std::string reconnect_timeout = kDefaultReconnectTimeout;
 };
 
 struct JobArgs {  // status, watch
@@ -47,6 +52,25 @@ struct JobArgs {  // status, watch
   std::string job_id;
   bool quiet = false;
   std::string output = "text";
+  std::string reconnect_timeout = kDefaultReconnectTimeout;
+};
+
+struct CheckpointsArgs {
+  std::string coordinator;
+  std::string job_id;
+  std::string output = "text";
+};
+
+// `export`: a committed checkpoint's shards -> one whole-model file. Either
+// `job_id` (the coordinator names the checkpoint's files, which must be
+// readable here) or `checkpoint` (a step directory, or a job's checkpoint
+// directory: its newest, or `step`).
+struct ExportArgs {
+  std::string coordinator;
+  std::string job_id;
+  std::string checkpoint;
+  int64_t step = -1;  // -1 = the newest committed checkpoint
+  std::string out_dir;
 };
 
 struct ListArgs {
@@ -76,6 +100,11 @@ struct LocalArgs {
   bool quiet = false;
   std::string output = "text";
   int64_t steps = -1;  // >= 1: run this many steps (each phase, with phases)
+  // Fault injection: kill -9 and restart this many workers / coordinators at
+  // random moments while the job runs (needs checkpoint.dir).
+  int chaos = 0;
+  int chaos_coordinator = 0;
+  uint64_t chaos_seed = 0;  // 0 = pick one (printed)
 };
 
 // `plan`: profile here (cached) and plan the job's partition and modes.
@@ -104,6 +133,8 @@ int Watch(const JobArgs& args, std::ostream& out, std::ostream& err);
 int List(const ListArgs& args, std::ostream& out, std::ostream& err);
 int Cancel(const CancelArgs& args, std::ostream& out, std::ostream& err);
 int Workers(const WorkersArgs& args, std::ostream& out, std::ostream& err);
+int Checkpoints(const CheckpointsArgs& args, std::ostream& out, std::ostream& err);
+int Export(const ExportArgs& args, std::ostream& out, std::ostream& err);
 int Local(const LocalArgs& args, std::ostream& out, std::ostream& err);
 int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err);
 

@@ -30,6 +30,19 @@ std::string StepOfTotal(const v1::JobStatus& s) {
                              : absl::StrCat(s.step());
 }
 
+// Recovery details are worth showing once there was a recovery or a checkpoint.
+bool ShowsRecovery(const v1::JobStatus& s) {
+  return s.attempts_size() > 1 || s.attempt() > 0 || s.last_checkpoint_step() > 0 ||
+         s.steps_redone() > 0;
+}
+
+std::string LocalTime(int64_t unix_ms, absl::TimeZone tz) {
+  if (unix_ms <= 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(unix_ms), tz);
+}
+
+std::string JsonString(const std::string& s) { return absl::StrCat("\"", JsonEscape(s), "\""); }
+
 std::map<std::string, std::string> SortedLabels(const v1::WorkerInfo& w) {
   return {w.labels().begin(), w.labels().end()};
 }
@@ -90,9 +103,20 @@ std::string RenderTable(const std::vector<std::string>& header,
 
 std::string JobProgressLine(const v1::JobStatus& s, std::optional<double> eta_seconds) {
   std::string line = client::JobStateName(s.state());
+  if (s.state() == v1::RECOVERING) {
+    // Where the new attempt resumes: the last committed checkpoint, or the start.
+    const int64_t from = std::max<int64_t>(0, s.last_checkpoint_step());
+    absl::StrAppend(&line, "  attempt ", s.attempt(), "  resuming at step ", from,
+                    s.total_steps() > 0 ? absl::StrCat("/", s.total_steps()) : "");
+    if (s.num_phases() > 1) {
+      absl::StrAppend(&line, "  phase ", s.phase() + 1, "/", s.num_phases(), " ", s.phase_name());
+    }
+    return line;
+  }
   if (s.step() > 0 || s.state() == v1::RUNNING) {
     absl::StrAppend(&line, "  epoch ", s.epoch(), "  step ", StepOfTotal(s));
   }
+  if (s.attempt() > 0) absl::StrAppend(&line, "  attempt ", s.attempt());
   if (s.num_phases() > 1) {
     absl::StrAppend(&line, "  phase ", s.phase() + 1, "/", s.num_phases(), " ", s.phase_name());
   }
@@ -106,7 +130,32 @@ std::string JobProgressLine(const v1::JobStatus& s, std::optional<double> eta_se
   return line;
 }
 
-std::string JobTable(const v1::JobStatus& s) {
+std::string AttemptsTable(const v1::JobStatus& s, absl::TimeZone tz) {
+  std::vector<std::vector<std::string>> rows;
+  for (int i = 0; i < s.attempts_size(); ++i) {
+    const v1::JobAttempt& a = s.attempts(i);
+    const bool last = i + 1 == s.attempts_size();
+    const int64_t until = a.ended_unix_ms() > 0 ? a.ended_unix_ms() : s.updated_unix_ms();
+    std::string duration = "-";
+    if (a.started_unix_ms() > 0 && until >= a.started_unix_ms()) {
+      duration = HumanDuration((until - a.started_unix_ms()) / 1000.0);
+    }
+    std::string end;
+    if (!a.end_reason().empty()) {
+      end = a.end_reason();
+    } else if (last && client::IsTerminal(s.state())) {
+      end = client::JobStateName(s.state());
+    } else {
+      end = a.ended_unix_ms() > 0 ? "ended" : "running";
+    }
+    rows.push_back({absl::StrCat(a.attempt()), absl::StrCat(a.from_step()),
+                    absl::StrCat(a.reached_step()), LocalTime(a.started_unix_ms(), tz), duration,
+                    end, a.workers().empty() ? "-" : absl::StrJoin(a.workers(), ",")});
+  }
+  return RenderTable({"ATTEMPT", "FROM", "REACHED", "STARTED", "DURATION", "END", "WORKERS"}, rows);
+}
+
+std::string JobTable(const v1::JobStatus& s, absl::TimeZone tz) {
   std::string out;
   auto row = [&](const std::string& k, const std::string& v) {
     absl::StrAppend(&out, absl::StrFormat("%-15s %s\n", k, v));
@@ -140,6 +189,14 @@ std::string JobTable(const v1::JobStatus& s) {
         name, "=", bytes ? HumanBytes(static_cast<int64_t>(value)) : absl::StrFormat("%g", value)));
   }
   for (const auto& [stage, values] : stages) row(stage, absl::StrJoin(values, " "));
+  if (ShowsRecovery(s)) {
+    row("last checkpoint", s.last_checkpoint_step() >= 0
+                               ? absl::StrCat("step ", s.last_checkpoint_step())
+                               : std::string("none"));
+    row("recoveries", absl::StrCat(std::max(s.attempt(), s.attempts_size() - 1)));
+    row("steps redone", absl::StrCat(s.steps_redone()));
+    if (s.attempts_size() > 0) absl::StrAppend(&out, "\n", AttemptsTable(s, tz));
+  }
   return out;
 }
 
@@ -158,12 +215,68 @@ std::string JobJson(const v1::JobStatus& s) {
       ",\"samples_per_second\":", JsonNumber(s.samples_per_second()),
       ",\"seconds\":", seconds.has_value() ? JsonNumber(*seconds) : "null",
       ",\"created_unix_ms\":", s.created_unix_ms(), ",\"updated_unix_ms\":", s.updated_unix_ms(),
-      ",\"summary\":{",
+      ",\"attempt\":", s.attempt(), ",\"last_checkpoint_step\":",
+      s.last_checkpoint_step() >= 0 ? absl::StrCat(s.last_checkpoint_step()) : "null",
+      ",\"steps_redone\":", s.steps_redone(), ",\"attempts\":[",
+      absl::StrJoin(s.attempts(), ",",
+                    [](std::string* o, const v1::JobAttempt& a) {
+                      std::vector<std::string> workers;
+                      for (const std::string& w : a.workers()) workers.push_back(JsonString(w));
+                      absl::StrAppend(o, "{\"attempt\":", a.attempt(),
+                                      ",\"from_step\":", a.from_step(),
+                                      ",\"reached_step\":", a.reached_step(),
+                                      ",\"started_unix_ms\":", a.started_unix_ms(),
+                                      ",\"ended_unix_ms\":", a.ended_unix_ms(),
+                                      ",\"end_reason\":", JsonString(a.end_reason()),
+                                      ",\"workers\":[", absl::StrJoin(workers, ","), "]}");
+                    }),
+      "],\"summary\":{",
       absl::StrJoin(std::map<std::string, double>(s.summary().begin(), s.summary().end()), ",",
                     [](std::string* o, const std::pair<const std::string, double>& kv) {
                       absl::StrAppend(o, "\"", JsonEscape(kv.first), "\":", JsonNumber(kv.second));
                     }),
       "}}");
+}
+
+std::string CheckpointDir(const v1::CheckpointInfo& c) {
+  const std::string& m = c.manifest_path();
+  const size_t slash = m.rfind('/');
+  if (slash == std::string::npos) return m.empty() ? "-" : ".";
+  return slash == 0 ? "/" : m.substr(0, slash);
+}
+
+std::string CheckpointsTable(const v1::ListCheckpointsResponse& r, absl::TimeZone tz) {
+  std::string out;
+  if (!r.checkpoints().empty()) {
+    std::vector<std::vector<std::string>> rows;
+    for (const v1::CheckpointInfo& c : r.checkpoints()) {
+      rows.push_back({absl::StrCat(c.step()), absl::StrCat(c.phase() + 1),
+                      LocalTime(c.created_unix_ms(), tz), HumanBytes(c.bytes()),
+                      absl::StrCat(c.num_shards()), CheckpointDir(c)});
+    }
+    out = RenderTable({"STEP", "PHASE", "CREATED", "SIZE", "SHARDS", "PATH"}, rows);
+  }
+  if (!r.skipped().empty()) {
+    absl::StrAppend(&out, out.empty() ? "" : "\n", "skipped (not usable):\n");
+    for (const std::string& why : r.skipped()) absl::StrAppend(&out, "  ", why, "\n");
+  }
+  return out;
+}
+
+std::string CheckpointsJson(const std::string& job_id, const v1::ListCheckpointsResponse& r) {
+  std::vector<std::string> items;
+  for (const v1::CheckpointInfo& c : r.checkpoints()) {
+    items.push_back(absl::StrCat("{\"step\":", c.step(), ",\"phase\":", c.phase(),
+                                 ",\"created_unix_ms\":", c.created_unix_ms(),
+                                 ",\"bytes\":", c.bytes(), ",\"num_shards\":", c.num_shards(),
+                                 ",\"path\":", JsonString(CheckpointDir(c)),
+                                 ",\"manifest_path\":", JsonString(c.manifest_path()), "}"));
+  }
+  std::vector<std::string> skipped;
+  for (const std::string& why : r.skipped()) skipped.push_back(JsonString(why));
+  return absl::StrCat("{\"job_id\":", JsonString(job_id), ",\"dir\":", JsonString(r.dir()),
+                      ",\"checkpoints\":[", absl::StrJoin(items, ","), "],\"skipped\":[",
+                      absl::StrJoin(skipped, ","), "]}");
 }
 
 std::string JobListTable(const std::vector<v1::JobStatus>& jobs, absl::Time now) {

@@ -21,12 +21,25 @@ std::string HumanAge(absl::Duration d);  // kubectl style: "45s", "12m", "5h", "
 std::string RenderTable(const std::vector<std::string>& header,
                         const std::vector<std::vector<std::string>>& rows);
 
-// One progress line: state, epoch, step/total, train loss, samples/s, ETA.
+// One progress line: state, epoch, step/total, attempt (after a recovery),
+// train loss, samples/s, ETA. RECOVERING shows the attempt and the step it
+// resumes at.
 std::string JobProgressLine(const v1::JobStatus& s, std::optional<double> eta_seconds);
 
-// The full status of one job (submit/watch/local result, `status`).
-std::string JobTable(const v1::JobStatus& s);
+// The full status of one job (submit/watch/local result, `status`). A job
+// that was recovered or has a checkpoint also gets its last checkpoint, the
+// steps redone and a table of its attempts (times in `tz`).
+std::string JobTable(const v1::JobStatus& s, absl::TimeZone tz = absl::LocalTimeZone());
 std::string JobJson(const v1::JobStatus& s);
+// The attempts table alone (ATTEMPT FROM REACHED STARTED DURATION END WORKERS).
+std::string AttemptsTable(const v1::JobStatus& s, absl::TimeZone tz);
+
+// `checkpoints`: the committed checkpoints (step, phase, creation time in
+// `tz`, size, shards, directory), then the skipped step directories and why.
+std::string CheckpointsTable(const v1::ListCheckpointsResponse& r, absl::TimeZone tz);
+std::string CheckpointsJson(const std::string& job_id, const v1::ListCheckpointsResponse& r);
+// The step directory of a checkpoint (its manifest's directory).
+std::string CheckpointDir(const v1::CheckpointInfo& c);
 
 std::string JobListTable(const std::vector<v1::JobStatus>& jobs, absl::Time now);
 std::string JobListJson(const std::vector<v1::JobStatus>& jobs);

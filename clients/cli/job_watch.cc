@@ -2,11 +2,15 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "clients/cli/commands.h"
+#include "clients/cli/format.h"
 #include "clients/cli/job_format.h"
 
 namespace stagewise::cli {
@@ -33,13 +37,7 @@ void ProgressDisplay::OnEvent(const v1::JobEvent& event, absl::Time now) {
   if (quiet_) return;
   if (!event.message().empty() && event.message() != last_message_) {
     last_message_ = event.message();
-    if (line_open_) err_ << "\r\033[K";
-    err_ << client::JobStateName(event.status().state()) << ": " << event.message() << "\n";
-    line_open_ = false;
-    if (tty_ && !last_line_.empty()) {  // put the progress line back under it
-      err_ << last_line_;
-      line_open_ = true;
-    }
+    Note(absl::StrCat(client::JobStateName(event.status().state()), ": ", event.message()));
   }
   const std::string line = JobProgressLine(event.status(), eta);
   if (tty_) {
@@ -60,6 +58,18 @@ void ProgressDisplay::OnEvent(const v1::JobEvent& event, absl::Time now) {
   err_.flush();
 }
 
+void ProgressDisplay::Note(const std::string& text) {
+  if (quiet_) return;
+  if (line_open_) err_ << "\r\033[K";
+  err_ << text << "\n";
+  line_open_ = false;
+  if (tty_ && !last_line_.empty()) {  // put the progress line back under it
+    err_ << last_line_;
+    line_open_ = true;
+  }
+  err_.flush();
+}
+
 void ProgressDisplay::Finish() {
   if (line_open_) err_ << "\n";
   line_open_ = false;
@@ -67,16 +77,45 @@ void ProgressDisplay::Finish() {
 }
 
 absl::StatusOr<v1::JobStatus> WatchWithProgress(client::CoordinatorClient& client,
-                                                const std::string& job_id, bool quiet,
-                                                std::ostream& err) {
+                                                const std::string& job_id,
+                                                const WatchOptions& options, std::ostream& err) {
   const bool tty = &err == &std::cerr && isatty(fileno(stderr)) != 0;
-  ProgressDisplay display(err, tty, quiet);
-  absl::StatusOr<v1::JobStatus> result = client.Watch(job_id, [&](const v1::JobEvent& e) {
-    display.OnEvent(e, absl::Now());
-    return true;
-  });
+  ProgressDisplay display(err, tty, options.quiet);
+  absl::StatusOr<v1::JobStatus> result = client.WatchReconnecting(
+      job_id,
+      [&](const v1::JobEvent& e) {
+        display.OnEvent(e, absl::Now());
+        if (options.after_event) {
+          for (const std::string& line : options.after_event(e)) display.Note(line);
+        }
+        return true;
+      },
+      options.reconnect,
+      [&](const client::ConnectionChange& change) {
+        if (change.lost) {
+          display.Note(absl::StrCat("coordinator unavailable (", change.reason, "); reconnecting"));
+        } else {
+          display.Note(absl::StrCat("reconnected (after ",
+                                    HumanDuration(absl::ToDoubleSeconds(change.down_for)), ")"));
+        }
+      });
   display.Finish();
   return result;
+}
+
+absl::StatusOr<absl::Duration> ParseTimeout(const std::string& text, const std::string& flag) {
+  absl::Duration d;
+  double seconds = 0;
+  if (absl::SimpleAtod(text, &seconds) && std::isfinite(seconds)) {
+    d = absl::Seconds(seconds);
+  } else if (!absl::ParseDuration(text, &d)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, ": expected a duration such as 10m, 90s or 1h30m (or seconds), got \"", text, "\""));
+  }
+  if (d < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": must not be negative, got ", text));
+  }
+  return d;
 }
 
 int ReportResult(const v1::JobStatus& status, const std::string& output, std::ostream& out,

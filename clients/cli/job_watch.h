@@ -3,9 +3,11 @@
 #ifndef STAGEWISE_CLIENTS_CLI_JOB_WATCH_H_
 #define STAGEWISE_CLIENTS_CLI_JOB_WATCH_H_
 
+#include <functional>
 #include <iosfwd>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -21,6 +23,9 @@ class ProgressDisplay {
  public:
   ProgressDisplay(std::ostream& err, bool tty, bool quiet);
   void OnEvent(const v1::JobEvent& event, absl::Time now);
+  // Prints `text` on a line of its own (above the in-place progress line on
+  // a terminal). Nothing with `quiet`.
+  void Note(const std::string& text);
   // Ends a pending in-place line so that what follows starts on its own line.
   void Finish();
 
@@ -41,11 +46,26 @@ class ProgressDisplay {
   int64_t rate_since_step_ = 0;
 };
 
-// Watches `job_id` with a ProgressDisplay until the job ends (or the watch is
-// stopped or breaks).
+struct WatchOptions {
+  bool quiet = false;
+  // Reconnection when the coordinator goes away mid-watch (restart, network).
+  client::ReconnectPolicy reconnect;
+  // Runs after each event is shown (e.g. `local --chaos`); the lines it
+  // returns are printed on lines of their own.
+  std::function<std::vector<std::string>(const v1::JobEvent&)> after_event;
+};
+
+// Watches `job_id` with a ProgressDisplay until the job ends, the watch is
+// stopped, or it breaks for good. A coordinator that goes away is waited for
+// (options.reconnect), with one line when it is lost ("coordinator unavailable
+// (REASON); reconnecting") and one when it is back ("reconnected (after 3s)").
 absl::StatusOr<v1::JobStatus> WatchWithProgress(client::CoordinatorClient& client,
-                                                const std::string& job_id, bool quiet,
-                                                std::ostream& err);
+                                                const std::string& job_id,
+                                                const WatchOptions& options, std::ostream& err);
+
+// "10m", "90s", "1h30m" (absl::ParseDuration) or a plain number of seconds;
+// "0" = never reconnect. INVALID_ARGUMENT naming `flag` otherwise.
+absl::StatusOr<absl::Duration> ParseTimeout(const std::string& text, const std::string& flag);
 
 // Prints a finished (or any) job's status as a table or JSON on `out`, and
 // the reason on `err` when it did not succeed. Returns kExitOk for SUCCEEDED,

@@ -1,17 +1,20 @@
 // `stagewise local`: the embedded mode. Starts a coordinator and J workers as
 // child processes on loopback, runs one job through them exactly as `submit`
 // would, prints the result and stops every child, also on Ctrl-C and when a
-// child dies.
+// child dies. With --chaos / --chaos-coordinator it kills and restarts
+// children on purpose while the job runs (chaos.h decides when and which).
 #include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -22,8 +25,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "clients/cli/chaos.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/job_format.h"
 #include "clients/cli/job_watch.h"
@@ -50,6 +55,11 @@ std::string SignalName(int signo) {
 struct Proc {
   std::string label;  // "coordinator", "worker local-1"
   std::unique_ptr<Child> child;
+  std::vector<std::string> argv;  // to restart it as it was started
+  std::string log_path;
+  std::string port_file;
+  int port = 0;             // its gRPC port once known; a restart binds it again
+  bool restarting = false;  // killed on purpose (chaos), being restarted; under mu_
 };
 
 class LocalRun {
@@ -64,7 +74,15 @@ class LocalRun {
   // Steps of Run().
   absl::Status MakeDir();
   absl::StatusOr<Proc*> Start(const std::string& label, std::vector<std::string> argv,
-                              const std::string& log_name);
+                              const std::string& log_name, const std::string& port_file);
+  // Chaos: checks that the job can recover (exit code, or -1 to go on) and
+  // sets up the schedule.
+  int SetUpChaos(const JobSpec& spec, int num_workers);
+  // Chaos, on the main thread (the watch's event callback): the kill due now,
+  // if any, carried out; returns the lines to print.
+  std::vector<std::string> AfterEvent(const v1::JobEvent& event);
+  // kill -9 and restart with the same argv (the same --listen port).
+  absl::Status KillAndRestart(Proc* proc);
 
   // On the signal watcher's thread.
   void OnSignal(int signo);
@@ -83,6 +101,11 @@ class LocalRun {
   void Shutdown();
 
   std::string Path(const std::string& name) const { return absl::StrCat(dir_, "/", name); }
+
+  std::unique_ptr<ChaosSchedule> chaos_;
+  uint64_t chaos_seed_ = 0;
+  Proc* coordinator_ = nullptr;  // also in procs_
+  std::vector<Proc*> workers_;   // likewise
 
   const LocalArgs& args_;
   std::ostream& out_;
@@ -117,10 +140,15 @@ absl::Status LocalRun::MakeDir() {
 }
 
 absl::StatusOr<Proc*> LocalRun::Start(const std::string& label, std::vector<std::string> argv,
-                                      const std::string& log_name) {
+                                      const std::string& log_name, const std::string& port_file) {
   absl::StatusOr<std::unique_ptr<Child>> child = Child::Spawn(argv, Path(log_name));
   if (!child.ok()) return child.status();
-  auto proc = std::make_unique<Proc>(Proc{label, std::move(*child)});
+  auto proc = std::make_unique<Proc>();
+  proc->label = label;
+  proc->child = std::move(*child);
+  proc->argv = std::move(argv);
+  proc->log_path = Path(log_name);
+  proc->port_file = port_file;
   Proc* raw = proc.get();
   absl::MutexLock lock(&mu_);
   procs_.push_back(std::move(proc));
@@ -154,7 +182,7 @@ void LocalRun::OnTick() {
     absl::MutexLock lock(&mu_);
     if (stopping_ || dead_ != nullptr) return;
     for (const auto& p : procs_) {
-      if (!p->child->IsRunning()) {
+      if (!p->restarting && !p->child->IsRunning()) {
         dead_ = dead = p.get();
         break;
       }
@@ -175,7 +203,7 @@ const Proc* LocalRun::FindDeadChild(absl::Duration grace) {
       absl::MutexLock lock(&mu_);
       if (dead_ != nullptr) return dead_;
       for (const auto& p : procs_) {
-        if (!p->child->IsRunning()) return dead_ = p.get();
+        if (!p->restarting && !p->child->IsRunning()) return dead_ = p.get();
       }
     }
     if (absl::Now() >= end) return nullptr;
@@ -253,6 +281,83 @@ void LocalRun::Shutdown() {
   }
 }
 
+int LocalRun::SetUpChaos(const JobSpec& spec, int num_workers) {
+  if (args_.chaos <= 0 && args_.chaos_coordinator <= 0) return -1;
+  if (spec.checkpoint.dir.empty()) {
+    err_ << "error: --chaos and --chaos-coordinator need checkpoints to recover from, and "
+         << args_.job_path << " has no checkpoint.dir; add for example\n"
+         << "  checkpoint: {dir: checkpoints, every_steps: 50}\n"
+         << "(a relative dir is relative to this directory, where the local processes run)\n";
+    return kExitInvalid;
+  }
+  if (spec.checkpoint.every_steps <= 0 && spec.checkpoint.every_epochs <= 0) {
+    err_ << "warning: checkpoint.every_steps and checkpoint.every_epochs are 0: the job takes "
+            "no periodic checkpoints, so a recovery may have to start over\n";
+  }
+  if (args_.chaos > spec.recovery.max_restarts) {
+    err_ << "warning: --chaos " << args_.chaos << " kills more workers than recovery.max_restarts ("
+         << spec.recovery.max_restarts << ") lets the job recover from: it will probably fail\n";
+  }
+  chaos_seed_ = args_.chaos_seed;
+  std::random_device random;
+  while (chaos_seed_ == 0) chaos_seed_ = random();  // 0 means "pick one"
+  chaos_ = std::make_unique<ChaosSchedule>(args_.chaos, args_.chaos_coordinator, num_workers,
+                                           chaos_seed_);
+  return -1;
+}
+
+absl::Status LocalRun::KillAndRestart(Proc* proc) {
+  {
+    absl::MutexLock lock(&mu_);
+    proc->restarting = true;  // OnTick must not take this death for a crash
+  }
+  proc->child->Kill();
+  // Restart on the same port, so that the others find it where it was.
+  std::vector<std::string> argv = proc->argv;
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == "--listen" && proc->port > 0)
+      argv[i + 1] = absl::StrCat("127.0.0.1:", proc->port);
+  }
+  std::remove(proc->port_file.c_str());
+  std::ofstream(proc->log_path, std::ios::app)
+      << "=== stagewise local --chaos: killed with signal 9; restarting ===\n";
+  absl::StatusOr<std::unique_ptr<Child>> child = Child::Spawn(argv, proc->log_path);
+  absl::MutexLock lock(&mu_);
+  // On failure the dead child stays: OnTick then reports it like any death.
+  if (child.ok()) proc->child = std::move(*child);
+  proc->restarting = false;
+  return child.status();
+}
+
+std::vector<std::string> LocalRun::AfterEvent(const v1::JobEvent& event) {
+  if (chaos_ == nullptr || abort_) return {};
+  std::optional<ChaosSchedule::Kill> kill = chaos_->Next(event.status());
+  if (!kill.has_value()) return {};
+  // A worker the job runs on (with more workers than stages, killing an idle
+  // one would test nothing), else any.
+  std::vector<Proc*> candidates;
+  const auto& attempts = event.status().attempts();
+  if (!attempts.empty()) {
+    const auto& running_on = attempts[attempts.size() - 1].workers();
+    for (Proc* w : workers_) {
+      const std::string name(absl::StripPrefix(w->label, "worker "));
+      if (std::find(running_on.begin(), running_on.end(), name) != running_on.end()) {
+        candidates.push_back(w);
+      }
+    }
+  }
+  if (candidates.empty()) candidates = workers_;
+  Proc* victim = kill->target == ChaosSchedule::Target::kCoordinator
+                     ? coordinator_
+                     : candidates[static_cast<size_t>(kill->worker) % candidates.size()];
+  const pid_t pid = victim->child->pid();
+  const absl::Status restarted = KillAndRestart(victim);
+  std::string line = absl::StrCat("chaos: killed ", victim->label, " (pid ", pid, ") at step ",
+                                  event.status().step(), "; restarting");
+  if (!restarted.ok()) absl::StrAppend(&line, " failed: ", restarted.message());
+  return {line};
+}
+
 int LocalRun::Run() {
   // The job: parsed here only for its stage count (the coordinator validates
   // it again and is the authority), and sent as written.
@@ -284,6 +389,7 @@ int LocalRun::Run() {
   const int num_workers = args_.workers > 0 ? args_.workers : std::max(1, stages);
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const int threads = args_.threads > 0 ? args_.threads : std::max(1, cores / num_workers);
+  if (const int code = SetUpChaos(*spec, num_workers); code >= 0) return code;
 
   // The binaries: next to this executable (a build or install tree), then PATH.
   const std::string self_dir = SelfExecutableDir();
@@ -309,6 +415,10 @@ int LocalRun::Run() {
   if (!args_.quiet) {
     err_ << "local: starting a coordinator and " << num_workers << " worker(s) (" << threads
          << " thread(s) each); logs in " << dir_ << "\n";
+    if (chaos_ != nullptr) {
+      err_ << "local: chaos: " << args_.chaos << " worker and " << args_.chaos_coordinator
+           << " coordinator kill(s) planned (--chaos-seed " << chaos_seed_ << ")\n";
+    }
   }
 
   // Coordinator.
@@ -316,11 +426,13 @@ int LocalRun::Run() {
       Start("coordinator",
             {binaries[0], "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--db",
              Path("coordinator.db"), "--port-file", Path("coordinator.port")},
-            "coordinator.log");
+            "coordinator.log", Path("coordinator.port"));
   if (!coordinator.ok()) return Fail(coordinator.status(), nullptr);
+  coordinator_ = *coordinator;
   absl::StatusOr<Ports> coordinator_ports =
       WaitForPortFile(Path("coordinator.port"), kStartTimeout, *(*coordinator)->child, &abort_);
   if (!coordinator_ports.ok()) return Fail(coordinator_ports.status(), *coordinator);
+  coordinator_->port = coordinator_ports->grpc;
   const std::string address = absl::StrCat("127.0.0.1:", coordinator_ports->grpc);
   client::CoordinatorClient* client;
   {
@@ -338,7 +450,7 @@ int LocalRun::Run() {
                "127.0.0.1", "--metrics-listen", "127.0.0.1:0", "--port-file",
                Path(absl::StrCat("worker-", n, ".port")), "--name", absl::StrCat("local-", n),
                "--threads", absl::StrCat(threads)},
-              absl::StrCat("worker-", n, ".log"));
+              absl::StrCat("worker-", n, ".log"), Path(absl::StrCat("worker-", n, ".port")));
     if (!worker.ok()) return Fail(worker.status(), nullptr);
     workers.push_back(*worker);
   }
@@ -346,7 +458,9 @@ int LocalRun::Run() {
     absl::StatusOr<Ports> ports = WaitForPortFile(Path(absl::StrCat("worker-", n, ".port")),
                                                   kStartTimeout, *workers[n]->child, &abort_);
     if (!ports.ok()) return Fail(ports.status(), workers[n]);
+    workers[n]->port = ports->grpc;
   }
+  workers_ = workers;
   absl::Status registered = client->WaitForWorkers(num_workers, kStartTimeout, [this] {
     return abort_ ? absl::CancelledError("stopped waiting for workers") : absl::OkStatus();
   });
@@ -371,7 +485,15 @@ int LocalRun::Run() {
   if (abort_) CancelJobOnce("stagewise local was interrupted");  // raced with the submit
   if (!args_.quiet) err_ << "submitted job " << *job_id << "\n";
 
-  absl::StatusOr<v1::JobStatus> result = WatchWithProgress(*client, *job_id, args_.quiet, err_);
+  WatchOptions watch_options;
+  watch_options.quiet = args_.quiet;
+  watch_options.after_event = [this](const v1::JobEvent& e) { return AfterEvent(e); };
+  absl::StatusOr<v1::JobStatus> result = WatchWithProgress(*client, *job_id, watch_options, err_);
+  if (chaos_ != nullptr && !args_.quiet) {
+    err_ << "local: chaos: " << chaos_->Summary() << " made (--chaos-seed " << chaos_seed_ << ")";
+    if (chaos_->made() < chaos_->planned()) err_ << "; the job ended before the rest";
+    err_ << "\n";
+  }
   const Proc* dead = nullptr;
   {
     absl::MutexLock lock(&mu_);

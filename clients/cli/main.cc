@@ -69,6 +69,13 @@ int main(int argc, char** argv) {
   submit_cmd->add_flag("!--no-wait", submit.wait, "Print the job id and return at once");
   submit_cmd->add_flag("-q,--quiet", submit.quiet, "No progress, only the result");
   output_option(submit_cmd, submit.output, "Result format");
+  const auto reconnect_option = [](CLI::App* cmd, std::string& value) {
+    cmd->add_option("--reconnect-timeout", value,
+                    "When the coordinator goes away while following the job (a restart), "
+                    "reconnect for up to this long (e.g. 10m, 90s; 0 = give up at once)")
+        ->capture_default_str();
+  };
+  reconnect_option(submit_cmd, submit.reconnect_timeout);
 
   JobArgs status;
   auto* status_cmd = app.add_subcommand("status", "Show one job's state and metrics");
@@ -87,6 +94,7 @@ int main(int argc, char** argv) {
   watch_cmd->add_option("job_id", watch.job_id, "Job id")->required();
   watch_cmd->add_flag("-q,--quiet", watch.quiet, "No progress, only the result");
   output_option(watch_cmd, watch.output, "Result format");
+  reconnect_option(watch_cmd, watch.reconnect_timeout);
 
   CancelArgs cancel;
   auto* cancel_cmd = app.add_subcommand("cancel", "Cancel a job");
@@ -98,6 +106,35 @@ int main(int argc, char** argv) {
   auto* workers_cmd =
       app.add_subcommand("workers", "List the workers registered with the coordinator");
   output_option(workers_cmd, workers.output, "Output format");
+
+  CheckpointsArgs checkpoints;
+  auto* checkpoints_cmd = app.add_subcommand(
+      "checkpoints",
+      "List a job's committed checkpoints (step, phase, time, size, path) and the step\n"
+      "directories that were skipped, with the reason");
+  checkpoints_cmd->add_option("job_id", checkpoints.job_id, "Job id")->required();
+  output_option(checkpoints_cmd, checkpoints.output, "Output format");
+
+  ExportArgs export_args;
+  auto* export_cmd = app.add_subcommand(
+      "export",
+      "Write a committed checkpoint's weights as one whole-model file DIR/model.pt (plus\n"
+      "job.yaml and README.txt), checking every shard. With JOB_ID the coordinator names the\n"
+      "checkpoint, whose files are then read HERE: run it where checkpoint.dir is mounted at\n"
+      "the coordinator's path. --checkpoint reads a checkpoint directory offline.");
+  export_cmd->add_option("job_id", export_args.job_id,
+                         "Job id (asks the coordinator; not with --checkpoint)");
+  export_cmd->add_option("--checkpoint", export_args.checkpoint,
+                         "A checkpoint's step directory (<checkpoint.dir>/<job id>/step-...), or "
+                         "a job's checkpoint directory (then its newest checkpoint, or --step)");
+  export_cmd
+      ->add_option("--step", export_args.step,
+                   "The checkpoint taken after this step (default: the newest committed one)")
+      ->check(CLI::NonNegativeNumber);
+  export_cmd
+      ->add_option("-o,--output-dir", export_args.out_dir,
+                   "Directory to write model.pt, job.yaml and README.txt to (created)")
+      ->required();
 
   LocalArgs local;
   auto* local_cmd = app.add_subcommand(
@@ -118,6 +155,19 @@ int main(int argc, char** argv) {
                    "Run this many steps instead of the spec's length (each phase this many, "
                    "for jobs with phases); handy for smoke runs")
       ->check(CLI::PositiveNumber);
+  local_cmd
+      ->add_option("--chaos", local.chaos,
+                   "Fault injection: kill -9 a random worker this many times while the job "
+                   "runs, each time after it made progress, and restart it (same flags, port "
+                   "and name). Needs checkpoint.dir in the job")
+      ->check(CLI::NonNegativeNumber);
+  local_cmd
+      ->add_option("--chaos-coordinator", local.chaos_coordinator,
+                   "Likewise kill -9 and restart the coordinator (same port and database) this "
+                   "many times")
+      ->check(CLI::NonNegativeNumber);
+  local_cmd->add_option("--chaos-seed", local.chaos_seed,
+                        "Seed of the kills' moments and victims (default: a random one, printed)");
   local_cmd->add_flag("--keep-logs", local.keep_logs,
                       "Keep the processes' logs and database and print where they are");
   local_cmd->add_flag("-q,--quiet", local.quiet, "No progress, only the result");
@@ -181,13 +231,16 @@ int main(int argc, char** argv) {
   if (validate_cmd->parsed()) return Validate(validate, std::cout, std::cerr);
   if (plan_cmd->parsed()) return Plan(plan, std::cout, std::cerr);
   submit.coordinator = status.coordinator = list.coordinator = watch.coordinator =
-      cancel.coordinator = workers.coordinator = coordinator;
+      cancel.coordinator = workers.coordinator = checkpoints.coordinator = export_args.coordinator =
+          coordinator;
   if (submit_cmd->parsed()) return Submit(submit, std::cout, std::cerr);
   if (status_cmd->parsed()) return JobStatusCommand(status, std::cout, std::cerr);
   if (list_cmd->parsed()) return List(list, std::cout, std::cerr);
   if (watch_cmd->parsed()) return Watch(watch, std::cout, std::cerr);
   if (cancel_cmd->parsed()) return Cancel(cancel, std::cout, std::cerr);
   if (workers_cmd->parsed()) return Workers(workers, std::cout, std::cerr);
+  if (checkpoints_cmd->parsed()) return Checkpoints(checkpoints, std::cout, std::cerr);
+  if (export_cmd->parsed()) return Export(export_args, std::cout, std::cerr);
   if (local_cmd->parsed()) return Local(local, std::cout, std::cerr);
   return kExitInvalid;
 }

@@ -212,6 +212,13 @@ absl::Status Child::Terminate(absl::Duration timeout) {
   return absl::OkStatus();
 }
 
+int Child::Kill() {
+  Signal(SIGKILL);
+  absl::MutexLock lock(&mu_);
+  ReapLocked(0);
+  return wait_status_.value_or(-1);
+}
+
 std::vector<Child*> TerminateAll(const std::vector<Child*>& children, absl::Duration timeout) {
   for (Child* c : children) c->Signal(SIGTERM);
   const absl::Time end = absl::Now() + timeout;

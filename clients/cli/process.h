@@ -56,6 +56,10 @@ class Child {
   // Sends `signo` to the child's process group while it is running.
   void Signal(int signo);
 
+  // SIGKILL to the child's process group (no grace: `local --chaos`), then
+  // waits for it and reaps it. Returns its wait status (as DescribeExit shows).
+  int Kill();
+
  private:
   Child(pid_t pid, std::string name, std::string log_path);
   // Requires mu_. Calls waitpid with `flags`; records the status if reaped.

@@ -1,5 +1,5 @@
 // The commands that talk to a running coordinator: submit, status, list,
-// watch, cancel, workers.
+// watch, cancel, workers, checkpoints.
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -29,9 +29,13 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
 // Follows a submitted job to its end. Ctrl-C stops watching but leaves the job
 // running: on a cluster a job is worth more than the terminal that started it.
 int WatchUntilDone(client::CoordinatorClient& client, const std::string& job_id, bool quiet,
-                   const std::string& output, std::ostream& out, std::ostream& err) {
+                   absl::Duration reconnect_timeout, const std::string& output, std::ostream& out,
+                   std::ostream& err) {
   SignalWatcher signals([&client](int) { client.StopWatching(); });
-  absl::StatusOr<v1::JobStatus> result = WatchWithProgress(client, job_id, quiet, err);
+  WatchOptions options;
+  options.quiet = quiet;
+  options.reconnect.give_up_after = reconnect_timeout;
+  absl::StatusOr<v1::JobStatus> result = WatchWithProgress(client, job_id, options, err);
   if (const int signo = signals.first_signal(); signo != 0) {
     err << "stopped watching job " << job_id << "; it keeps running (stagewise watch " << job_id
         << ", stagewise cancel " << job_id << ")\n";
@@ -44,6 +48,9 @@ int WatchUntilDone(client::CoordinatorClient& client, const std::string& job_id,
 }  // namespace
 
 int Submit(const SubmitArgs& args, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<absl::Duration> reconnect =
+      ParseTimeout(args.reconnect_timeout, "--reconnect-timeout");
+  if (!reconnect.ok()) return ReportError(reconnect.status(), err);
   absl::StatusOr<std::string> yaml = ReadTextFile(args.job_path);
   if (!yaml.ok()) return ReportError(yaml.status(), err);
   client::CoordinatorClient client(client::ResolveCoordinatorAddress(args.coordinator));
@@ -64,12 +71,15 @@ int Submit(const SubmitArgs& args, std::ostream& out, std::ostream& err) {
     return kExitOk;
   }
   if (!args.quiet) err << "submitted job " << *job_id << " to " << client.address() << "\n";
-  return WatchUntilDone(client, *job_id, args.quiet, args.output, out, err);
+  return WatchUntilDone(client, *job_id, args.quiet, *reconnect, args.output, out, err);
 }
 
 int Watch(const JobArgs& args, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<absl::Duration> reconnect =
+      ParseTimeout(args.reconnect_timeout, "--reconnect-timeout");
+  if (!reconnect.ok()) return ReportError(reconnect.status(), err);
   client::CoordinatorClient client(client::ResolveCoordinatorAddress(args.coordinator));
-  return WatchUntilDone(client, args.job_id, args.quiet, args.output, out, err);
+  return WatchUntilDone(client, args.job_id, args.quiet, *reconnect, args.output, out, err);
 }
 
 int JobStatusCommand(const JobArgs& args, std::ostream& out, std::ostream& err) {
@@ -120,6 +130,25 @@ int Workers(const WorkersArgs& args, std::ostream& out, std::ostream& err) {
   } else {
     out << WorkersTable(*workers);
   }
+  return kExitOk;
+}
+
+int Checkpoints(const CheckpointsArgs& args, std::ostream& out, std::ostream& err) {
+  client::CoordinatorClient client(client::ResolveCoordinatorAddress(args.coordinator));
+  absl::StatusOr<v1::ListCheckpointsResponse> listing = client.ListCheckpoints(args.job_id);
+  if (!listing.ok()) return ReportError(listing.status(), err);
+  if (args.output == "json") {
+    out << CheckpointsJson(args.job_id, *listing) << "\n";
+    return kExitOk;
+  }
+  if (listing->dir().empty()) {
+    err << "job " << args.job_id << " keeps no checkpoints (its spec has no checkpoint.dir)\n";
+    return kExitOk;
+  }
+  if (listing->checkpoints().empty()) {
+    err << "no committed checkpoints of job " << args.job_id << " in " << listing->dir() << "\n";
+  }
+  out << CheckpointsTable(*listing, absl::LocalTimeZone());
   return kExitOk;
 }
 

@@ -7,6 +7,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "services/rpc/server.h"
 #include "services/rpc/status.h"
@@ -22,6 +23,23 @@ std::string ResolveCoordinatorAddress(const std::string& flag_value) {
 
 bool IsTerminal(v1::JobState state) {
   return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+absl::Duration Backoff::Next() {
+  next_ = next_ <= absl::ZeroDuration() ? initial_ : std::min(next_ * 2, max_);
+  return next_;
+}
+
+bool IsReconnectable(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kUnknown:
+      return true;
+    default:
+      return false;
+  }
 }
 
 std::string JobStateName(v1::JobState state) {
@@ -41,6 +59,11 @@ void CoordinatorClient::SetDeadline(grpc::ClientContext* ctx) const {
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
 }
 
+std::string CoordinatorClient::UnreachableHint() const {
+  return absl::StrCat("cannot reach the coordinator at ", address_,
+                      " (is it running? set --coordinator or STAGEWISE_COORDINATOR): ");
+}
+
 absl::Status CoordinatorClient::Convert(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   // A coordinator that answers may itself say UNAVAILABLE (e.g. shutting
@@ -51,9 +74,7 @@ absl::Status CoordinatorClient::Convert(const grpc::Status& status) {
                            (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
                             !connected && state != GRPC_CHANNEL_IDLE);
   if (unreachable) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot reach the coordinator at ", address_,
-        " (is it running? set --coordinator or STAGEWISE_COORDINATOR): ", status.error_message()));
+    return absl::UnavailableError(absl::StrCat(UnreachableHint(), status.error_message()));
   }
   return rpc::FromGrpcStatus(status);
 }
@@ -114,6 +135,17 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> CoordinatorClient::ListWorkers() {
   return std::vector<v1::WorkerInfo>(resp.workers().begin(), resp.workers().end());
 }
 
+absl::StatusOr<v1::ListCheckpointsResponse> CoordinatorClient::ListCheckpoints(
+    const std::string& job_id) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::ListCheckpointsRequest req;
+  req.set_job_id(job_id);
+  v1::ListCheckpointsResponse resp;
+  if (absl::Status s = Convert(stub_->ListCheckpoints(&ctx, req, &resp)); !s.ok()) return s;
+  return resp;
+}
+
 absl::StatusOr<v1::JobStatus> CoordinatorClient::Watch(
     const std::string& job_id, const std::function<bool(const v1::JobEvent&)>& on_event) {
   grpc::ClientContext ctx;  // no deadline: a job may run for hours
@@ -164,10 +196,70 @@ absl::StatusOr<v1::JobStatus> CoordinatorClient::Watch(
   return absl::AbortedError(message);
 }
 
+absl::StatusOr<v1::JobStatus> CoordinatorClient::WatchReconnecting(
+    const std::string& job_id, const std::function<bool(const v1::JobEvent&)>& on_event,
+    const ReconnectPolicy& policy, const std::function<void(const ConnectionChange&)>& on_change) {
+  Backoff backoff(policy.initial_backoff, policy.max_backoff);
+  bool connected_once = false;
+  std::optional<absl::Time> down_since;  // set while the coordinator is lost
+  while (true) {
+    bool got_event = false;
+    absl::StatusOr<v1::JobStatus> result = Watch(job_id, [&](const v1::JobEvent& event) {
+      if (!got_event) {
+        got_event = connected_once = true;
+        if (down_since.has_value()) {
+          ConnectionChange change;
+          change.down_for = absl::Now() - *down_since;
+          down_since.reset();
+          backoff.Reset();
+          if (on_change) on_change(change);
+        }
+      }
+      return on_event ? on_event(event) : true;
+    });
+    if (result.ok() || !connected_once || policy.give_up_after <= absl::ZeroDuration() ||
+        !IsReconnectable(result.status()) || IsStopped()) {
+      return result;
+    }
+    const absl::Time now = absl::Now();
+    if (!down_since.has_value()) {
+      down_since = now;
+      ConnectionChange change;
+      change.lost = true;
+      absl::string_view reason = result.status().message();
+      const std::string hint = UnreachableHint();
+      absl::ConsumePrefix(&reason, hint);
+      change.reason = std::string(reason);
+      if (on_change) on_change(change);
+    }
+    const absl::Time give_up_at = *down_since + policy.give_up_after;
+    if (now >= give_up_at) {
+      return absl::UnavailableError(absl::StrCat(
+          "lost the coordinator at ", address_, " for ", absl::FormatDuration(now - *down_since),
+          "; gave up watching job ", job_id, " (it may still be running: stagewise watch ", job_id,
+          "). Last error: ", result.status().message()));
+    }
+    if (SleepUnlessStopped(std::min(backoff.Next(), give_up_at - now))) {
+      return absl::CancelledError("stopped watching");
+    }
+  }
+}
+
 void CoordinatorClient::StopWatching() {
   absl::MutexLock lock(&mu_);
   stopped_ = true;
   for (grpc::ClientContext* ctx : watches_) ctx->TryCancel();
+}
+
+bool CoordinatorClient::IsStopped() {
+  absl::MutexLock lock(&mu_);
+  return stopped_;
+}
+
+bool CoordinatorClient::SleepUnlessStopped(absl::Duration d) {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&stopped_), d);
+  return stopped_;
 }
 
 absl::Status CoordinatorClient::WaitForWorkers(int count, absl::Duration timeout,

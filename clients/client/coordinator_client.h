@@ -28,6 +28,42 @@ inline constexpr char kCoordinatorEnvVar[] = "STAGEWISE_COORDINATOR";
 // "127.0.0.1:7070".
 std::string ResolveCoordinatorAddress(const std::string& flag_value);
 
+// How a watch survives the coordinator going away (a restart, a network
+// blip): reconnect with exponential backoff, up to a time limit.
+struct ReconnectPolicy {
+  absl::Duration initial_backoff = absl::Milliseconds(200);
+  absl::Duration max_backoff = absl::Seconds(5);
+  // How long the coordinator may stay unreachable before the watch gives up
+  // (UNAVAILABLE); zero or less: never reconnect.
+  absl::Duration give_up_after = absl::Minutes(10);
+};
+
+// Delays between reconnection attempts: `initial`, doubling, at most `max`.
+class Backoff {
+ public:
+  Backoff(absl::Duration initial, absl::Duration max) : initial_(initial), max_(max) {}
+  absl::Duration Next();
+  void Reset() { next_ = absl::ZeroDuration(); }
+
+ private:
+  absl::Duration initial_;
+  absl::Duration max_;
+  absl::Duration next_ = absl::ZeroDuration();
+};
+
+// Whether a watch that broke is worth reconnecting: the coordinator could not
+// be reached (UNAVAILABLE), or it ended the stream before the job did
+// (ABORTED, CANCELLED, UNKNOWN: a server shutting down or killed). NOT_FOUND,
+// INVALID_ARGUMENT and the like are answers, not outages.
+bool IsReconnectable(const absl::Status& status);
+
+// A watch lost or regained its coordinator (see WatchReconnecting).
+struct ConnectionChange {
+  bool lost = false;   // true: the stream broke; false: events flow again
+  std::string reason;  // lost: why, without the "cannot reach ..." hint
+  absl::Duration down_for = absl::ZeroDuration();  // regained: how long it was lost
+};
+
 // SUCCEEDED, FAILED or CANCELLED.
 bool IsTerminal(v1::JobState state);
 // "RUNNING", "SUCCEEDED", ... (the proto enum name).
@@ -50,6 +86,10 @@ class CoordinatorClient {
   absl::StatusOr<std::vector<v1::JobStatus>> ListJobs(int limit = 0);
   absl::StatusOr<v1::JobStatus> Cancel(const std::string& job_id, const std::string& reason);
   absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
+  // The job's committed checkpoints (newest first), the step directories that
+  // were skipped and why, and the job's checkpoint directory, as the
+  // coordinator sees them. NOT_FOUND for an unknown job.
+  absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id);
 
   // Streams the job's events until the job reaches a terminal state (returns
   // its last status), `on_event` returns false (returns the last status seen,
@@ -59,11 +99,27 @@ class CoordinatorClient {
   absl::StatusOr<v1::JobStatus> Watch(const std::string& job_id,
                                       const std::function<bool(const v1::JobEvent&)>& on_event);
 
+  // Watch, surviving a coordinator restart: when a stream that delivered at
+  // least one event breaks in a reconnectable way (IsReconnectable), watches
+  // again after a backoff until events flow again, and gives up with
+  // UNAVAILABLE ("lost the coordinator at ADDR for 10m; gave up watching job
+  // ...") once the coordinator has been gone for `policy.give_up_after`. A
+  // first stream that breaks before any event returns its error at once (a
+  // wrong address should not hang). `on_change` (optional) hears of every loss
+  // and recovery, on the calling thread. StopWatching() ends it, also while
+  // it waits to reconnect.
+  absl::StatusOr<v1::JobStatus> WatchReconnecting(
+      const std::string& job_id, const std::function<bool(const v1::JobEvent&)>& on_event,
+      const ReconnectPolicy& policy,
+      const std::function<void(const ConnectionChange&)>& on_change = nullptr);
+
   // Ends every Watch in progress on this client with CANCELLED, and makes
   // later Watch calls return CANCELLED at once (sticky, so a stop that races
   // with the start of a Watch is never lost). Thread-safe; meant for a
   // signal-handling or supervising thread.
   void StopWatching();
+  // Whether StopWatching() was called.
+  bool IsStopped();
 
   // Polls ListWorkers until at least `count` workers are registered.
   // UNAVAILABLE is retried until the timeout (the coordinator may be starting);
@@ -80,6 +136,10 @@ class CoordinatorClient {
   // on deadlines that expired before a connection was made.
   absl::Status Convert(const grpc::Status& status);
   void SetDeadline(grpc::ClientContext* ctx) const;
+  // "cannot reach the coordinator at ADDR (is it running? ...): "
+  std::string UnreachableHint() const;
+  // Sleeps for `d` or until StopWatching(); true if stopped.
+  bool SleepUnlessStopped(absl::Duration d);
 
   std::string address_;
   absl::Duration deadline_;

@@ -15,10 +15,10 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/match.h"
 
 namespace stagewise::checkpoint {
 namespace fs = std::filesystem;
@@ -66,7 +66,8 @@ std::vector<std::pair<int64_t, std::string>> StepDirs(const std::string& job_dir
     const int64_t step = StepOf(it->path().filename().string());
     if (step >= 0) dirs.emplace_back(step, it->path().string());
   }
-  std::sort(dirs.begin(), dirs.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::sort(dirs.begin(), dirs.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
   return dirs;
 }
 
@@ -153,8 +154,8 @@ absl::Status VerifyBytes(absl::string_view data, int64_t bytes, uint32_t crc32,
   }
   const uint32_t got = Crc32(data);
   if (got != crc32) {
-    return absl::DataLossError(absl::StrFormat("%s: checksum mismatch: CRC-32 0x%08x, the manifest says 0x%08x",
-                                               what, got, crc32));
+    return absl::DataLossError(absl::StrFormat(
+        "%s: checksum mismatch: CRC-32 0x%08x, the manifest says 0x%08x", what, got, crc32));
   }
   return absl::OkStatus();
 }
@@ -190,7 +191,8 @@ absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir)
   auto text = ReadFile(path);
   if (!text.ok()) {
     if (absl::IsNotFound(text.status())) {
-      return absl::NotFoundError(absl::StrCat(step_dir, ": no ", kManifestName, " (not committed)"));
+      return absl::NotFoundError(
+          absl::StrCat(step_dir, ": no ", kManifestName, " (not committed)"));
     }
     return text.status();
   }
@@ -215,8 +217,8 @@ absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir)
     }
     if (shard.file().empty() || shard.file().find('/') != std::string::npos ||
         shard.file() == "..") {
-      return absl::DataLossError(absl::StrCat(path, ": shards[", j, "].file '", shard.file(),
-                                              "' is not a file name"));
+      return absl::DataLossError(
+          absl::StrCat(path, ": shards[", j, "].file '", shard.file(), "' is not a file name"));
     }
     if (shard.bytes() <= 0) {
       return absl::DataLossError(absl::StrCat(path, ": shards[", j, "].bytes is ", shard.bytes()));
@@ -263,8 +265,8 @@ std::vector<Committed> ListCommitted(const std::string& root, const std::string&
         if (ec) {
           s = absl::NotFoundError(absl::StrCat(path, ": missing"));
         } else if (static_cast<int64_t>(size) != shard.bytes()) {
-          s = absl::DataLossError(absl::StrCat(path, ": ", size, " bytes, the manifest says ",
-                                               shard.bytes()));
+          s = absl::DataLossError(
+              absl::StrCat(path, ": ", size, " bytes, the manifest says ", shard.bytes()));
         }
       }
       if (!s.ok()) {

@@ -135,9 +135,9 @@ struct CheckpointSpec {
 // (docs/fault_tolerance.md): the job resumes from its newest committed
 // checkpoint on the workers available.
 struct RecoverySpec {
-  int max_restarts = 3;        // recoveries before the job fails
-  double wait_seconds = 300;   // how long a recovering job waits for workers
-  bool from_scratch = true;    // without a committed checkpoint, restart from step 0
+  int max_restarts = 3;       // recoveries before the job fails
+  double wait_seconds = 300;  // how long a recovering job waits for workers
+  bool from_scratch = true;   // without a committed checkpoint, restart from step 0
 };
 
 // One phase of a job that switches algorithm and hyper-parameters part-way

@@ -1,12 +1,22 @@
 // The `stagewise` binary as a user runs it: real child processes.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
+
+#include "services/checkpoint/checkpoint.h"
+#include "services/common/job_spec.h"
+#include "services/models/model.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -37,10 +47,13 @@ class Cli : public ::testing::Test {
 
   Result Stagewise(const std::string& args) {
     const fs::path out = dir_ / "stdout", err = dir_ / "stderr";
-    // Profiles (plan, and jobs the coordinator plans) stay in the test's directory.
-    const std::string cmd = "STAGEWISE_PROFILE_CACHE=" + (dir_ / "profiles").string() + " " +
-                            std::string(STAGEWISE_BINARY_DIR) + "/bin/stagewise " + args + " >" +
-                            out.string() + " 2>" + err.string() + " </dev/null";
+    // Everything a run leaves stays in the test's directory: profiles (plan,
+    // and jobs the coordinator plans), `local`'s logs (TMPDIR) and relative
+    // checkpoint directories (the examples').
+    const std::string cmd =
+        "cd " + dir_.string() + " && STAGEWISE_PROFILE_CACHE=" + (dir_ / "profiles").string() +
+        " TMPDIR=" + dir_.string() + " " + std::string(STAGEWISE_BINARY_DIR) + "/bin/stagewise " +
+        args + " >" + out.string() + " 2>" + err.string() + " </dev/null";
     Result r;
     const int status = std::system(cmd.c_str());
     r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -238,6 +251,234 @@ TEST_F(Cli, EveryExampleRunsTwoStepsOnLocalWorkers) {
     ++n;
   }
   EXPECT_GE(n, 3);
+}
+
+// ---------------------------------------------------------------------------
+// Fault tolerance: checkpoints of a distributed job, export, chaos.
+
+// The value of "key":"..." or "key":123 in one line of JSON.
+std::string JsonField(const std::string& json, const std::string& key) {
+  std::smatch m;
+  if (std::regex_search(json, m, std::regex("\"" + key + "\":(\"([^\"]*)\"|[-0-9.]+)"))) {
+    return m[2].matched ? m[2].str() : m[1].str();
+  }
+  return "";
+}
+
+// "logs kept in DIR" on stderr.
+std::string KeptLogs(const std::string& err) {
+  std::smatch m;
+  return std::regex_search(err, m, std::regex("logs kept in ([^\n]+)")) ? m[1].str() : "";
+}
+
+// A real coordinator on an existing database, stopped at the end of scope.
+class CoordinatorProcess {
+ public:
+  CoordinatorProcess(const fs::path& db, const fs::path& dir)
+      : port_file_(dir / "coordinator-again.port") {
+    const std::string binary = std::string(STAGEWISE_BINARY_DIR) + "/bin/stagewise-coordinator";
+    const std::string log = (dir / "coordinator-again.log").string();
+    std::vector<std::string> args = {
+        binary, "--listen",  "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+        "--db", db.string(), "--port-file", port_file_.string()};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+  }
+  ~CoordinatorProcess() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    for (int i = 0; i < 1000; ++i) {
+      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  // "127.0.0.1:PORT" once it serves; "" if it does not within 30 s.
+  std::string Address() {
+    for (int i = 0; i < 3000; ++i) {
+      std::ifstream in(port_file_);
+      int port = 0;
+      if (in >> port && port > 0) return "127.0.0.1:" + std::to_string(port);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return "";
+  }
+
+ private:
+  fs::path port_file_;
+  pid_t pid_ = -1;
+};
+
+// Two stages with batch norm (buffers as well as parameters).
+constexpr const char* kCheckpointedRevNet = R"(name: ckpt-revnet
+seed: 5
+model: {name: revnet, depth: 18, width: 4, blocks: [2, 2, 1, 1]}
+data: {dataset: synthetic, train_size: 128, test_size: 32, shape: [1, 12, 12], classes: 4}
+algorithm: backprop
+stages: {count: 2}
+optimizer: {name: sgd, lr: 0.05, momentum: 0.9}
+batch_size: 16
+steps: 20
+)";
+
+// Every tensor of `whole` equals the same-named tensor of the shards of the
+// checkpoint in `step_dir` (each loaded into its own stage model).
+void ExpectEqualToTheShards(const stagewise::models::Model& whole, const stagewise::JobSpec& spec,
+                            const fs::path& step_dir) {
+  absl::StatusOr<stagewise::v1::CheckpointManifest> manifest =
+      stagewise::checkpoint::ReadManifest(step_dir.string());
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  const auto params = whole.named_parameters();
+  const auto buffers = whole.named_buffers();
+  size_t compared = 0;
+  for (const auto& shard : manifest->shards()) {
+    auto stage = stagewise::models::BuildModel(spec.model, static_cast<uint64_t>(spec.seed),
+                                               shard.block_begin(), shard.block_end());
+    ASSERT_TRUE(stage.ok()) << stage.status();
+    torch::serialize::InputArchive archive, model_archive;
+    archive.load_from((step_dir / shard.file()).string());
+    archive.read("model", model_archive);
+    (*stage)->load(model_archive);
+    for (const auto& p : (*stage)->named_parameters()) {
+      ASSERT_NE(params.find(p.key()), nullptr) << p.key();
+      EXPECT_TRUE(torch::equal(p.value(), params[p.key()])) << p.key();
+      ++compared;
+    }
+    for (const auto& b : (*stage)->named_buffers()) {
+      ASSERT_NE(buffers.find(b.key()), nullptr) << b.key();
+      EXPECT_TRUE(torch::equal(b.value(), buffers[b.key()])) << b.key();
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, params.size() + buffers.size());
+  EXPECT_GT(buffers.size(), 0u);  // batch norm statistics came along
+}
+
+TEST_F(Cli, CheckpointsOfALocalJobAreListedAndExported) {
+  const fs::path ckpt = dir_ / "ckpt";
+  Result r =
+      Stagewise("local -q -o json --threads 1 --keep-logs " +
+                WriteJob(std::string(kCheckpointedRevNet) + "checkpoint: {dir: " + ckpt.string() +
+                         ", every_steps: 10, keep: 3}\n"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string job_id = JsonField(r.out, "job_id");
+  ASSERT_FALSE(job_id.empty()) << r.out;
+  const fs::path job_dir = ckpt / job_id;
+  const fs::path last = job_dir / "step-0000000020";
+  ASSERT_TRUE(fs::exists(last / "MANIFEST")) << r.err;
+  ASSERT_TRUE(fs::exists(job_dir / "step-0000000010" / "MANIFEST")) << r.err;
+  const std::string logs = KeptLogs(r.err);
+  ASSERT_FALSE(logs.empty()) << r.err;
+
+  // The coordinator again, on the database `local` kept: it still knows the job.
+  CoordinatorProcess coordinator(fs::path(logs) / "coordinator.db", dir_);
+  const std::string address = coordinator.Address();
+  ASSERT_FALSE(address.empty()) << Slurp(dir_ / "coordinator-again.log");
+  const std::string at = " --coordinator " + address;
+
+  r = Stagewise("checkpoints " + job_id + at);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("STEP  PHASE  CREATED"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(last.string()), std::string::npos) << r.out;
+  EXPECT_LT(r.out.find("step-0000000020"), r.out.find("step-0000000010")) << r.out;  // newest first
+  r = Stagewise("checkpoints -o json " + job_id + at);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(JsonField(r.out, "step"), "20") << r.out;
+  EXPECT_EQ(JsonField(r.out, "dir"), job_dir.string()) << r.out;
+
+  r = Stagewise("status " + job_id + at);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("last checkpoint step 20"), std::string::npos) << r.out;
+
+  // Export through the coordinator (the files are on this machine).
+  const fs::path exported = dir_ / "exported";
+  r = Stagewise("export " + job_id + " -o " + exported.string() + at);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("after step 20"), std::string::npos) << r.out;
+  for (const char* file : {"model.pt", "job.yaml", "README.txt"}) {
+    EXPECT_TRUE(fs::exists(exported / file)) << file;
+    EXPECT_NE(r.out.find((exported / file).string()), std::string::npos) << r.out;
+  }
+  EXPECT_NE(Slurp(exported / "README.txt").find("torch.jit.load(\"model.pt\")"), std::string::npos);
+
+  // model.pt loads into the model built from job.yaml and holds exactly the
+  // shards' tensors.
+  absl::StatusOr<stagewise::JobSpec> spec =
+      stagewise::LoadJobSpec((exported / "job.yaml").string());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto model = stagewise::models::BuildModel(spec->model, static_cast<uint64_t>(spec->seed));
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::shared_ptr<stagewise::models::Model> whole = *model;
+  torch::load(whole, (exported / "model.pt").string());
+  ExpectEqualToTheShards(*whole, *spec, last);
+  // ... which training changed.
+  auto initial = stagewise::models::BuildModel(spec->model, static_cast<uint64_t>(spec->seed));
+  bool changed = false;
+  const auto initial_params = (*initial)->named_parameters();
+  for (const auto& p : whole->named_parameters()) {
+    changed = changed || !torch::equal(p.value(), initial_params[p.key()]);
+  }
+  EXPECT_TRUE(changed);
+
+  // Offline: a job's checkpoint directory and --step picks the older one.
+  const fs::path older = dir_ / "older";
+  r = Stagewise("export --checkpoint " + job_dir.string() + " --step 10 -o " + older.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("after step 10"), std::string::npos) << r.out;
+  std::shared_ptr<stagewise::models::Model> at10 =
+      *stagewise::models::BuildModel(spec->model, static_cast<uint64_t>(spec->seed));
+  torch::load(at10, (older / "model.pt").string());
+  ExpectEqualToTheShards(*at10, *spec, job_dir / "step-0000000010");
+  r = Stagewise("export --checkpoint " + job_dir.string() + " --step 15 -o " + older.string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("no committed checkpoint after step 15"), std::string::npos) << r.err;
+
+  // A damaged shard is refused, naming the file; nothing is written.
+  const fs::path copy = dir_ / "copy" / "step-0000000020";
+  fs::create_directories(copy.parent_path());
+  fs::copy(last, copy, fs::copy_options::recursive);
+  {
+    std::fstream shard(copy / "stage-1.pt", std::ios::in | std::ios::out | std::ios::binary);
+    shard.seekp(100);
+    shard.put('\x5a');
+  }
+  const fs::path refused = dir_ / "refused";
+  r = Stagewise("export --checkpoint " + copy.string() + " -o " + refused.string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.err.find((copy / "stage-1.pt").string()), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(refused / "model.pt"));
+}
+
+TEST_F(Cli, LocalChaosKillsProcessesAndTheJobStillSucceeds) {
+  std::string job = std::string(kCheckpointedRevNet) +
+                    "checkpoint: {dir: " + (dir_ / "ckpt").string() +
+                    ", every_steps: 20, keep: 2}\n" + "recovery: {max_restarts: 5}\n";
+  job.replace(job.find("steps: 20"), 9, "steps: 400");
+  Result r = Stagewise(
+      "local -o json --threads 1 --chaos 2 --chaos-coordinator 1 "
+      "--chaos-seed 3 " +
+      WriteJob(job));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(JsonField(r.out, "state"), "SUCCEEDED") << r.out;
+  EXPECT_NE(r.err.find("chaos: killed "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("local: chaos: "), std::string::npos) << r.err;
+  // Each worker kill started a new attempt.
+  size_t worker_kills = 0;
+  for (size_t at = r.err.find("chaos: killed worker"); at != std::string::npos;
+       at = r.err.find("chaos: killed worker", at + 1)) {
+    ++worker_kills;
+  }
+  EXPECT_GE(std::stoi(JsonField(r.out, "attempt")), static_cast<int>(worker_kills)) << r.out;
 }
 
 }  // namespace

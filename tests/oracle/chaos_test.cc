@@ -74,8 +74,8 @@ TEST(ChaosTest, WorkerAndCoordinatorKills) {
       return s.step() >= checkpoint_seen + extra;
     });
     ASSERT_TRUE(st.ok()) << st.status();
-    ASSERT_EQ(st->state(), v1::RUNNING) << "the job ended before fault " << fault << ": "
-                                        << st->DebugString();
+    ASSERT_EQ(st->state(), v1::RUNNING)
+        << "the job ended before fault " << fault << ": " << st->DebugString();
     last_checkpoint = st->last_checkpoint_step();
     if (fault == coordinator_at) {
       std::cout << "[chaos] fault " << fault << ": kill -9 the coordinator at step " << st->step()
@@ -105,8 +105,8 @@ TEST(ChaosTest, WorkerAndCoordinatorKills) {
               << "\n";
     if (i + 1 < done->attempts_size()) {
       EXPECT_FALSE(a.end_reason().empty()) << i;
-      coordinator_seen = coordinator_seen ||
-                         a.end_reason().find("coordinator restarted") != std::string::npos;
+      coordinator_seen =
+          coordinator_seen || a.end_reason().find("coordinator restarted") != std::string::npos;
     } else {
       EXPECT_TRUE(a.end_reason().empty()) << a.end_reason();
       EXPECT_EQ(a.reached_step(), total);

@@ -34,7 +34,8 @@ ProcessCluster::ProcessCluster(int workers, double heartbeat_timeout_s)
   bin_ = std::string(STAGEWISE_BINARY_DIR) + "/bin";
   error_ = StartCoordinator();
   if (!error_.ok()) return;
-  client_ = std::make_unique<::stagewise::client::CoordinatorClient>(absl::StrCat("127.0.0.1:", coordinator_port_));
+  client_ = std::make_unique<::stagewise::client::CoordinatorClient>(
+      absl::StrCat("127.0.0.1:", coordinator_port_));
   for (int i = 0; i < workers; ++i) {
     const std::string name = absl::StrCat("w", i);
     worker_argv_.push_back({bin_ + "/stagewise-worker", "--coordinator",
@@ -68,20 +69,19 @@ ProcessCluster::~ProcessCluster() {
 absl::Status ProcessCluster::StartCoordinator() {
   const std::string port_file = dir_ + "/coordinator.port";
   fs::remove(port_file);
-  std::vector<std::string> argv = {
-      bin_ + "/stagewise-coordinator",
-      "--listen",
-      absl::StrCat("127.0.0.1:", coordinator_port_),
-      "--metrics-listen",
-      "",
-      "--db",
-      dir_ + "/coordinator.db",
-      "--port-file",
-      port_file,
-      "--heartbeat-timeout",
-      absl::StrCat(heartbeat_timeout_s_),
-      "--log-level",
-      "warning"};
+  std::vector<std::string> argv = {bin_ + "/stagewise-coordinator",
+                                   "--listen",
+                                   absl::StrCat("127.0.0.1:", coordinator_port_),
+                                   "--metrics-listen",
+                                   "",
+                                   "--db",
+                                   dir_ + "/coordinator.db",
+                                   "--port-file",
+                                   port_file,
+                                   "--heartbeat-timeout",
+                                   absl::StrCat(heartbeat_timeout_s_),
+                                   "--log-level",
+                                   "warning"};
   auto child = cli::Child::Spawn(argv, dir_ + "/coordinator.log");
   if (!child.ok()) return child.status();
   coordinator_ = std::move(*child);
@@ -154,9 +154,9 @@ absl::StatusOr<v1::JobStatus> ProcessCluster::WaitFor(
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
-  return absl::DeadlineExceededError(absl::StrCat(
-      "job ", job_id, " not there after ", absl::FormatDuration(timeout), "; last: ",
-      st.ok() ? st->DebugString() : st.status().ToString()));
+  return absl::DeadlineExceededError(
+      absl::StrCat("job ", job_id, " not there after ", absl::FormatDuration(timeout),
+                   "; last: ", st.ok() ? st->DebugString() : st.status().ToString()));
 }
 
 absl::StatusOr<v1::JobStatus> ProcessCluster::WaitForEnd(const std::string& job_id,

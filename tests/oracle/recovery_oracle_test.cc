@@ -77,8 +77,7 @@ void RunRecoveryOracle(const Case& c) {
 
   // The same job; one worker is killed at a random step past the first
   // checkpoint and started again.
-  const int64_t kill_step =
-      std::uniform_int_distribution<int64_t>(every + 1, total * 6 / 10)(rng);
+  const int64_t kill_step = std::uniform_int_distribution<int64_t>(every + 1, total * 6 / 10)(rng);
   const int victim = std::uniform_int_distribution<int>(0, c.stages - 1)(rng);
   SCOPED_TRACE(absl::StrCat("kill worker ", victim, " at step >= ", kill_step));
   auto id = cluster.client().Submit(yaml);
@@ -87,8 +86,8 @@ void RunRecoveryOracle(const Case& c) {
     return st.state() == v1::RUNNING && st.step() >= kill_step;
   });
   ASSERT_TRUE(reached.ok()) << reached.status();
-  ASSERT_EQ(reached->state(), v1::RUNNING) << "the job ended before the kill: "
-                                           << reached->DebugString();
+  ASSERT_EQ(reached->state(), v1::RUNNING)
+      << "the job ended before the kill: " << reached->DebugString();
   const absl::Time killed = absl::Now();
   ASSERT_TRUE(cluster.KillAndRestartWorker(victim).ok());
   auto resumed = cluster.WaitFor(*id, [](const v1::JobStatus& st) {
@@ -109,15 +108,16 @@ void RunRecoveryOracle(const Case& c) {
   EXPECT_FALSE(done->attempts(0).end_reason().empty());
   std::cout << "[recovery] " << c.algorithm.substr(0, 40) << ": killed worker " << victim
             << " at step " << reached->step() << ", resumed from step " << second.from_step()
-            << ", steps redone " << done->steps_redone() << ", running again after "
-            << recovery_s << " s; first attempt ended: " << done->attempts(0).end_reason()
-            << "\n";
+            << ", steps redone " << done->steps_redone() << ", running again after " << recovery_s
+            << " s; first attempt ended: " << done->attempts(0).end_reason() << "\n";
   auto got = testing::CheckpointTensors(ckpt, *id, total);
   ASSERT_TRUE(got.ok()) << got.status();
   testing::ExpectClose(*got, *want, 1e-6);
 }
 
-TEST(RecoveryOracleTest, Backprop) { RunRecoveryOracle({.algorithm = "{name: backprop, micro_batches: 2}"}); }
+TEST(RecoveryOracleTest, Backprop) {
+  RunRecoveryOracle({.algorithm = "{name: backprop, micro_batches: 2}"});
+}
 
 TEST(RecoveryOracleTest, Delayed) {
   RunRecoveryOracle({.algorithm = "{name: delayed, weights: stash}", .stages = 3});

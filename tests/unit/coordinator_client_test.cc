@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -47,12 +48,22 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
+// 2023-11-14 22:13:20 UTC: the fake's fixed times (the CLI runs with TZ=UTC).
+constexpr int64_t kT0 = 1700000000000;
+
 // ---------------------------------------------------------------------------
 // The fake coordinator. A job's behaviour under WatchJob comes from a marker
 // in its YAML: "# fake: fail", "# fake: forever" (runs until cancelled),
 // "# fake: linger" (keeps the stream open after SUCCEEDED), "# fake: drop"
-// (ends the stream while running); anything else succeeds after 40 steps.
-// A spec containing "momentum: 1.5" is rejected as the real one would be.
+// (ends the stream while running), "# fake: drop-once" (the first watch ends
+// early, later ones succeed), "# fake: recover" (a recovery: RECOVERING as
+// attempt 1 from the checkpoint after step 20, then success), "# fake:
+// chaos" (100 steps, 10 ms apart, a new attempt every 5 steps), "# fake:
+// recovered" (GetJob: a running job in its second attempt); anything else
+// succeeds after 40 steps. ListCheckpoints lists two committed checkpoints
+// and a skipped one ("# fake: no-checkpoints": the job has no
+// checkpoint.dir). A spec containing "momentum: 1.5" is rejected as the real
+// one would be.
 class FakeCoordinator final : public v1::Coordinator::Service {
  public:
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
@@ -77,8 +88,38 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     job.set_created_unix_ms(absl::ToUnixMillis(absl::Now()) - 65000);
     job.set_updated_unix_ms(job.created_unix_ms());
     mode_[id] = "succeed";
-    for (const char* m : {"fail", "forever", "linger", "drop"}) {
+    // Later markers win: "drop-once" contains "drop".
+    for (const char* m : {"fail", "forever", "linger", "drop", "drop-once", "recover", "chaos",
+                          "recovered", "no-checkpoints"}) {
       if (absl::StrContains(yaml, absl::StrCat("# fake: ", m))) mode_[id] = m;
+    }
+    if (mode_[id] == "chaos") job.set_total_steps(100);
+    if (mode_[id] == "recovered") {
+      // Two attempts: the first lost a worker at step 57 and the second
+      // resumed from the checkpoint after step 40.
+      job.set_state(v1::RUNNING);
+      job.set_step(120);
+      job.set_total_steps(200);
+      job.set_attempt(1);
+      job.set_last_checkpoint_step(40);
+      job.set_steps_redone(17);
+      job.set_updated_unix_ms(kT0 + 100000);
+      v1::JobAttempt* a = job.add_attempts();
+      a->set_attempt(0);
+      a->set_from_step(0);
+      a->set_reached_step(57);
+      a->set_started_unix_ms(kT0);
+      a->set_ended_unix_ms(kT0 + 41000);
+      a->set_end_reason("worker local-1 lost: control stream ended");
+      a->add_workers("local-0");
+      a->add_workers("local-1");
+      a = job.add_attempts();
+      a->set_attempt(1);
+      a->set_from_step(40);
+      a->set_reached_step(120);
+      a->set_started_unix_ms(kT0 + 43000);
+      a->add_workers("local-0");
+      a->add_workers("local-2");
     }
     order_.push_back(id);
     submitted_yaml_ = yaml;
@@ -133,13 +174,35 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status ListCheckpoints(grpc::ServerContext*, const v1::ListCheckpointsRequest* req,
+                               v1::ListCheckpointsResponse* resp) override {
+    absl::MutexLock lock(&mu_);
+    if (!jobs_.count(req->job_id())) return NotFound(req->job_id());
+    if (mode_[req->job_id()] == "no-checkpoints") return grpc::Status::OK;
+    const std::string dir = absl::StrCat("/ckpt/", req->job_id());
+    resp->set_dir(dir);
+    for (int64_t step : {40, 20}) {
+      v1::CheckpointInfo* c = resp->add_checkpoints();
+      c->set_step(step);
+      c->set_phase(0);
+      c->set_created_unix_ms(kT0 + 2500 * step);  // step 40: 2023-11-14 22:15:00 UTC
+      c->set_bytes(1536 * 1024);
+      c->set_manifest_path(absl::StrCat(dir, "/step-00000000", step, "/MANIFEST"));
+      c->set_num_shards(2);
+    }
+    resp->add_skipped("step-0000000060: no MANIFEST (not committed)");
+    return grpc::Status::OK;
+  }
+
   grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                         grpc::ServerWriter<v1::JobEvent>* writer) override {
     std::string mode;
+    int watches_of_job = 0;
     {
       absl::MutexLock lock(&mu_);
       if (!jobs_.count(req->job_id())) return NotFound(req->job_id());
       mode = mode_[req->job_id()];
+      watches_of_job = ++watches_of_[req->job_id()];
       ++watches_started_;
     }
     if (!watch_marker_.empty()) std::ofstream(watch_marker_) << "watching\n";
@@ -164,6 +227,38 @@ class FakeCoordinator final : public v1::Coordinator::Service {
       event.set_message(message);
       return writer->Write(event);
     };
+    // Sets fields of the job that `send` leaves alone.
+    auto set = [&](const std::function<void(v1::JobStatus&)>& change) {
+      absl::MutexLock lock(&mu_);
+      change(jobs_[req->job_id()]);
+    };
+    if (mode == "drop-once") {
+      if (watches_of_job == 1) {
+        send(v1::RUNNING, 3, "");
+        return grpc::Status::OK;  // ends before the job: the client watches again
+      }
+      mode = "succeed";
+    }
+    if (mode == "recover") {
+      send(v1::RUNNING, 20, "");
+      set([](v1::JobStatus& j) {
+        j.set_attempt(1);
+        j.set_last_checkpoint_step(20);
+      });
+      send(v1::RECOVERING, 25, "worker local-1 lost; resuming from the checkpoint after step 20");
+      send(v1::RUNNING, 30, "");
+      send(v1::SUCCEEDED, 40, "done");
+      return grpc::Status::OK;
+    }
+    if (mode == "chaos") {
+      for (int64_t step = 1; step <= 100; ++step) {
+        if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+        set([step](v1::JobStatus& j) { j.set_attempt(static_cast<int32_t>(step / 5)); });
+        send(step < 100 ? v1::RUNNING : v1::SUCCEEDED, step, "");
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      return grpc::Status::OK;
+    }
     if (mode == "succeed") {
       send(v1::PENDING, 0, "waiting for 2 workers");
       send(v1::CONFIGURING, 0, "stage 0 on local-0");
@@ -252,6 +347,7 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   int next_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, v1::JobStatus> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> mode_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> watches_of_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, std::string>> cancels_ ABSL_GUARDED_BY(mu_);
   std::string submitted_yaml_ ABSL_GUARDED_BY(mu_);
@@ -264,10 +360,20 @@ class FakeCoordinator final : public v1::Coordinator::Service {
 
 class FakeServer {
  public:
-  FakeServer() {
+  // On `port` (0: one the OS picks), knowing `jobs` (specs, submitted before
+  // it serves); a server restarted on the port it had, knowing the jobs, is
+  // "the coordinator came back".
+  explicit FakeServer(int port = 0, const std::vector<std::string>& jobs = {}) {
+    for (const std::string& yaml : jobs) {
+      v1::SubmitJobRequest req;
+      req.set_job_spec_yaml(yaml);
+      v1::SubmitJobResponse resp;
+      fake_.SubmitJob(nullptr, &req, &resp);
+    }
     grpc::ServerBuilder builder;
     rpc::ConfigureServerBuilder(rpc::RpcOptions{}, &builder);
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(),
+                             &port_);
     builder.RegisterService(&fake_);
     server_ = builder.BuildAndStart();
   }
@@ -535,6 +641,167 @@ TEST(Client, TerminalStates) {
   EXPECT_EQ(client::JobStateName(v1::CHECKPOINTING), "CHECKPOINTING");
 }
 
+TEST_F(ClientTest, ListCheckpoints) {
+  const std::string id = *client_.Submit(kJob);
+  absl::StatusOr<v1::ListCheckpointsResponse> listing = client_.ListCheckpoints(id);
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  EXPECT_EQ(listing->dir(), "/ckpt/job-1");
+  ASSERT_EQ(listing->checkpoints_size(), 2);
+  EXPECT_EQ(listing->checkpoints(0).step(), 40);
+  EXPECT_EQ(listing->checkpoints(0).manifest_path(), "/ckpt/job-1/step-0000000040/MANIFEST");
+  ASSERT_EQ(listing->skipped_size(), 1);
+  EXPECT_EQ(client_.ListCheckpoints("job-404").status().code(), absl::StatusCode::kNotFound);
+}
+
+// ---------------------------------------------------------------------------
+// Watching through a coordinator restart.
+
+TEST(Reconnect, BackoffDoublesUpToItsCapAndResets) {
+  client::Backoff backoff(absl::Milliseconds(200), absl::Seconds(5));
+  std::vector<absl::Duration> delays;
+  for (int i = 0; i < 7; ++i) delays.push_back(backoff.Next());
+  EXPECT_EQ(delays, (std::vector<absl::Duration>{absl::Milliseconds(200), absl::Milliseconds(400),
+                                                 absl::Milliseconds(800), absl::Milliseconds(1600),
+                                                 absl::Milliseconds(3200), absl::Seconds(5),
+                                                 absl::Seconds(5)}));
+  backoff.Reset();
+  EXPECT_EQ(backoff.Next(), absl::Milliseconds(200));
+}
+
+TEST(Reconnect, OnlyOutagesAreReconnectable) {
+  EXPECT_TRUE(client::IsReconnectable(absl::UnavailableError("socket closed")));
+  EXPECT_TRUE(client::IsReconnectable(absl::AbortedError("ended the watch")));
+  EXPECT_TRUE(client::IsReconnectable(absl::CancelledError("server shutting down")));
+  EXPECT_TRUE(client::IsReconnectable(absl::UnknownError("stream removed")));
+  EXPECT_FALSE(client::IsReconnectable(absl::NotFoundError("no job job-1")));
+  EXPECT_FALSE(client::IsReconnectable(absl::InvalidArgumentError("bad")));
+  EXPECT_FALSE(client::IsReconnectable(absl::OkStatus()));
+}
+
+client::ReconnectPolicy FastPolicy(absl::Duration give_up) {
+  client::ReconnectPolicy policy;
+  policy.initial_backoff = absl::Milliseconds(20);
+  policy.max_backoff = absl::Milliseconds(200);
+  policy.give_up_after = give_up;
+  return policy;
+}
+
+TEST_F(ClientTest, WatchReconnectingRidesOutAStreamThatEndsEarly) {
+  const std::string id = *client_.Submit(std::string(kJob) + "# fake: drop-once\n");
+  std::vector<client::ConnectionChange> changes;
+  absl::StatusOr<v1::JobStatus> last =
+      client_.WatchReconnecting(id, nullptr, FastPolicy(absl::Seconds(60)),
+                                [&](const client::ConnectionChange& c) { changes.push_back(c); });
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->state(), v1::SUCCEEDED);
+  EXPECT_EQ(server_.fake().watches_started(), 2);
+  ASSERT_EQ(changes.size(), 2u);
+  EXPECT_TRUE(changes[0].lost);
+  EXPECT_THAT(changes[0].reason, HasSubstr("before the job finished"));
+  EXPECT_FALSE(changes[1].lost);
+  // Without reconnecting, the same watch is an error.
+  const std::string again = *client_.Submit(std::string(kJob) + "# fake: drop-once\n");
+  last = client_.WatchReconnecting(again, nullptr, FastPolicy(absl::ZeroDuration()));
+  EXPECT_EQ(last.status().code(), absl::StatusCode::kAborted) << last.status();
+}
+
+TEST(Reconnect, AWrongAddressIsNotRetried) {
+  client::CoordinatorClient client("127.0.0.1:1", absl::Seconds(3));  // nothing listens
+  int changes = 0;
+  absl::StatusOr<v1::JobStatus> last =
+      client.WatchReconnecting("job-1", nullptr, FastPolicy(absl::Minutes(10)),
+                               [&](const client::ConnectionChange&) { ++changes; });
+  EXPECT_EQ(last.status().code(), absl::StatusCode::kUnavailable) << last.status();
+  EXPECT_EQ(changes, 0);
+}
+
+// A watch of a running job whose coordinator goes away after a few events.
+class RestartTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = std::make_unique<FakeServer>();
+    ASSERT_TRUE(server_->ok());
+    port_ = server_->port();
+    client_ = std::make_unique<client::CoordinatorClient>(server_->address());
+    ASSERT_EQ(*client_->Submit(std::string(kJob) + "# fake: forever\n"), "job-1");
+  }
+
+  // Watches job-1 with `policy`; after the third event, runs `on_third`
+  // on another thread (stopping or restarting the server).
+  absl::StatusOr<v1::JobStatus> WatchAndThen(const client::ReconnectPolicy& policy,
+                                             std::function<void()> on_third) {
+    std::thread actor;
+    int events = 0;
+    absl::StatusOr<v1::JobStatus> last = client_->WatchReconnecting(
+        "job-1",
+        [&](const v1::JobEvent&) {
+          if (++events == 3) actor = std::thread(on_third);
+          return true;
+        },
+        policy,
+        [&](const client::ConnectionChange& c) {
+          absl::MutexLock lock(&mu_);
+          changes_.push_back(c);
+        });
+    if (actor.joinable()) actor.join();
+    return last;
+  }
+
+  std::vector<client::ConnectionChange> changes() {
+    absl::MutexLock lock(&mu_);
+    return changes_;
+  }
+
+  std::unique_ptr<FakeServer> server_;
+  int port_ = 0;
+  std::unique_ptr<client::CoordinatorClient> client_;
+  absl::Mutex mu_;
+  std::vector<client::ConnectionChange> changes_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(RestartTest, WatchReconnectsToTheRestartedCoordinator) {
+  absl::StatusOr<v1::JobStatus> last = WatchAndThen(FastPolicy(absl::Minutes(2)), [this] {
+    server_.reset();  // the coordinator goes away...
+    // ...and comes back where it was, knowing the job (from its database);
+    // here the job then succeeds.
+    server_ = std::make_unique<FakeServer>(port_, std::vector<std::string>{kJob});
+    ASSERT_TRUE(server_->ok());
+  });
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->state(), v1::SUCCEEDED);
+  EXPECT_EQ(last->step(), 40);
+  const std::vector<client::ConnectionChange> c = changes();
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_TRUE(c[0].lost);
+  EXPECT_FALSE(c[0].reason.empty());
+  EXPECT_THAT(c[0].reason, Not(HasSubstr("is it running?")));  // the hint is for humans once
+  EXPECT_FALSE(c[1].lost);
+}
+
+TEST_F(RestartTest, WatchGivesUpOnACoordinatorThatStaysAway) {
+  absl::StatusOr<v1::JobStatus> last =
+      WatchAndThen(FastPolicy(absl::Milliseconds(500)), [this] { server_.reset(); });
+  ASSERT_FALSE(last.ok());
+  EXPECT_EQ(last.status().code(), absl::StatusCode::kUnavailable) << last.status();
+  EXPECT_THAT(std::string(last.status().message()),
+              HasSubstr(absl::StrCat("lost the coordinator at 127.0.0.1:", port_)));
+  EXPECT_THAT(std::string(last.status().message()), HasSubstr("gave up watching job job-1"));
+  const std::vector<client::ConnectionChange> c = changes();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_TRUE(c[0].lost);
+}
+
+TEST_F(RestartTest, StopWatchingEndsTheWaitForTheCoordinator) {
+  absl::StatusOr<v1::JobStatus> last = WatchAndThen(FastPolicy(absl::Minutes(10)), [this] {
+    server_.reset();
+    // Once the loss is noticed, stop (Ctrl-C).
+    const absl::Time end = absl::Now() + absl::Seconds(30);
+    while (changes().empty() && absl::Now() < end) absl::SleepFor(absl::Milliseconds(10));
+    client_->StopWatching();
+  });
+  EXPECT_EQ(last.status().code(), absl::StatusCode::kCancelled) << last.status();
+}
+
 // ---------------------------------------------------------------------------
 // The `stagewise` binary against the fake.
 
@@ -648,9 +915,9 @@ class CliTest : public ::testing::Test {
     return CliProcess(binary_, args, env, dir_).Wait();
   }
   // Runs with --coordinator pointing at the fake.
-  CliResult RunAtFake(std::vector<std::string> args) {
+  CliResult RunAtFake(std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
     args.insert(args.begin(), {"--coordinator", server_.address()});
-    return Run(args);
+    return Run(args, env);
   }
   std::string WriteJob(const std::string& yaml, const std::string& name = "job.yaml") {
     const fs::path p = dir_ / name;
@@ -812,6 +1079,146 @@ TEST_F(CliTest, CtrlCWhileWatchingDetachesAndLeavesTheJob) {
   EXPECT_EQ(r.code, 130) << r.err;
   EXPECT_THAT(r.err, HasSubstr("it keeps running"));
   EXPECT_TRUE(server_.fake().cancels().empty());  // a remote job is not cancelled
+}
+
+TEST_F(CliTest, StatusShowsTheAttemptsOfARecoveredJob) {
+  ASSERT_EQ(RunAtFake({"submit", "--no-wait", WriteJob("name: r\n# fake: recovered\n")}).code, 0);
+  CliResult r = RunAtFake({"status", "job-1"}, {{"TZ", "UTC"}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("last checkpoint step 40\n"));
+  EXPECT_THAT(r.out, HasSubstr("recoveries      1\n"));
+  EXPECT_THAT(r.out, HasSubstr("steps redone    17\n"));
+  EXPECT_THAT(r.out, HasSubstr("ATTEMPT  FROM  REACHED  STARTED              DURATION  END"));
+  EXPECT_THAT(r.out, HasSubstr("0        0     57       2023-11-14 22:13:20  41s       worker "
+                               "local-1 lost: control stream ended  local-0,local-1\n"));
+  // The running attempt: its duration so far (to the last update), "running".
+  EXPECT_THAT(r.out, HasSubstr("1        40    120      2023-11-14 22:14:03  57s       running"
+                               "                                    local-0,local-2\n"));
+  r = RunAtFake({"status", "job-1", "-o", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::optional<google::protobuf::Value> v = ParseJson(r.out);
+  ASSERT_TRUE(v.has_value()) << r.out;
+  const auto& f = v->struct_value().fields();
+  EXPECT_DOUBLE_EQ(f.at("attempt").number_value(), 1);
+  EXPECT_DOUBLE_EQ(f.at("last_checkpoint_step").number_value(), 40);
+  EXPECT_DOUBLE_EQ(f.at("steps_redone").number_value(), 17);
+  ASSERT_EQ(f.at("attempts").list_value().values_size(), 2);
+  const auto& a0 = f.at("attempts").list_value().values(0).struct_value().fields();
+  EXPECT_DOUBLE_EQ(a0.at("reached_step").number_value(), 57);
+  EXPECT_EQ(a0.at("end_reason").string_value(), "worker local-1 lost: control stream ended");
+  EXPECT_EQ(a0.at("workers").list_value().values(1).string_value(), "local-1");
+
+  // A job that never recovered and has no checkpoint shows none of it.
+  ASSERT_EQ(RunAtFake({"submit", "--no-wait", WriteJob(kJob)}).code, 0);
+  r = RunAtFake({"status", "job-2"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, Not(HasSubstr("ATTEMPT")));
+  EXPECT_THAT(r.out, Not(HasSubstr("recoveries")));
+}
+
+TEST_F(CliTest, RecoveringShowsTheAttemptAndWhereItResumes) {
+  CliResult r = RunAtFake({"submit", WriteJob(std::string(kJob) + "# fake: recover\n")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("RECOVERING: worker local-1 lost; resuming from the checkpoint "
+                               "after step 20\n"));
+  EXPECT_THAT(r.err, HasSubstr("RECOVERING  attempt 1  resuming at step 20/40\n"));
+  EXPECT_THAT(r.err, HasSubstr("RUNNING  epoch 1  step 30/40  attempt 1  loss"));
+  EXPECT_THAT(r.out, HasSubstr("recoveries      1\n"));
+}
+
+TEST_F(CliTest, WatchReconnectsWhenTheStreamBreaks) {
+  ASSERT_EQ(
+      RunAtFake({"submit", "--no-wait", WriteJob(std::string(kJob) + "# fake: drop-once\n")}).code,
+      0);
+  CliResult r = RunAtFake({"watch", "job-1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("coordinator unavailable (the coordinator at " + server_.address() +
+                               " ended the watch of job job-1 before the "
+                               "job finished); reconnecting\n"));
+  EXPECT_THAT(r.err, HasSubstr("reconnected (after "));
+  EXPECT_THAT(r.out, HasSubstr("SUCCEEDED"));
+  EXPECT_EQ(server_.fake().watches_started(), 2);
+
+  // --reconnect-timeout 0: the broken stream is the end of it.
+  ASSERT_EQ(
+      RunAtFake({"submit", "--no-wait", WriteJob(std::string(kJob) + "# fake: drop-once\n")}).code,
+      0);
+  r = RunAtFake({"watch", "job-2", "--reconnect-timeout", "0"});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("before the job finished"));
+  EXPECT_THAT(r.err, Not(HasSubstr("reconnecting")));
+
+  r = RunAtFake({"watch", "job-1", "--reconnect-timeout", "soon"});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--reconnect-timeout: expected a duration"));
+  r = RunAtFake({"submit", "--reconnect-timeout", "-5s", WriteJob(kJob)});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(server_.fake().submitted_yaml(), HasSubstr("drop-once"));  // nothing new submitted
+}
+
+TEST_F(CliTest, CheckpointsListsCommittedThenSkipped) {
+  ASSERT_EQ(RunAtFake({"submit", "--no-wait", WriteJob(kJob)}).code, 0);
+  CliResult r = RunAtFake({"checkpoints", "job-1"}, {{"TZ", "UTC"}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out,
+            "STEP  PHASE  CREATED              SIZE    SHARDS  PATH\n"
+            "40    1      2023-11-14 22:15:00  1.5MiB  2       /ckpt/job-1/step-0000000040\n"
+            "20    1      2023-11-14 22:14:10  1.5MiB  2       /ckpt/job-1/step-0000000020\n"
+            "\n"
+            "skipped (not usable):\n"
+            "  step-0000000060: no MANIFEST (not committed)\n");
+  r = RunAtFake({"checkpoints", "job-1", "-o", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::optional<google::protobuf::Value> v = ParseJson(r.out);
+  ASSERT_TRUE(v.has_value()) << r.out;
+  const auto& f = v->struct_value().fields();
+  EXPECT_EQ(f.at("dir").string_value(), "/ckpt/job-1");
+  ASSERT_EQ(f.at("checkpoints").list_value().values_size(), 2);
+  const auto& c = f.at("checkpoints").list_value().values(0).struct_value().fields();
+  EXPECT_DOUBLE_EQ(c.at("step").number_value(), 40);
+  EXPECT_DOUBLE_EQ(c.at("bytes").number_value(), 1536 * 1024);
+  EXPECT_EQ(c.at("path").string_value(), "/ckpt/job-1/step-0000000040");
+  EXPECT_EQ(f.at("skipped").list_value().values_size(), 1);
+
+  r = RunAtFake({"checkpoints", "job-9"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("no job job-9"));
+  ASSERT_EQ(
+      RunAtFake({"submit", "--no-wait", WriteJob(std::string(kJob) + "# fake: no-checkpoints\n")})
+          .code,
+      0);
+  r = RunAtFake({"checkpoints", "job-2"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_THAT(r.err, HasSubstr("job job-2 keeps no checkpoints (its spec has no checkpoint.dir)"));
+}
+
+TEST_F(CliTest, ExportChecksItsArgumentsAndWhereTheFilesAre) {
+  ASSERT_EQ(RunAtFake({"submit", "--no-wait", WriteJob(kJob)}).code, 0);
+  const std::string out_dir = (dir_ / "exported").string();
+  // The coordinator's paths (/ckpt/...) are not on this machine.
+  CliResult r = RunAtFake({"export", "job-1", "-o", out_dir});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("/ckpt/job-1/step-0000000040 on the coordinator, which is not "
+                               "readable here"));
+  EXPECT_THAT(r.err, HasSubstr("where the job's checkpoint directory (/ckpt/job-1) is mounted"));
+  r = RunAtFake({"export", "job-1", "--step", "30", "-o", out_dir});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("no committed checkpoint after step 30 (committed: 40, 20)"));
+  EXPECT_FALSE(fs::exists(out_dir));
+  // Usage errors.
+  r = RunAtFake({"export", "job-1"});
+  EXPECT_EQ(r.code, 2) << r.err;
+  r = RunAtFake({"export", "job-1", "--checkpoint", dir_.string(), "-o", out_dir});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("not both"));
+  r = Run({"export", "--checkpoint", (dir_ / "nothing").string(), "-o", out_dir});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("no such directory"));
+  fs::create_directories(dir_ / "step-0000000010");
+  r = Run({"export", "--checkpoint", (dir_ / "step-0000000010").string(), "-o", out_dir});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("is not a committed checkpoint (no MANIFEST)"));
 }
 
 // ---------------------------------------------------------------------------
@@ -1030,6 +1437,59 @@ TEST_F(LocalTest, InvalidSpecExitsTwo) {
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr("optimiser"));
   EXPECT_TRUE(ChildPids().empty());
+}
+
+TEST_F(LocalTest, ChaosNeedsACheckpointDir) {
+  CliResult r = Start({WriteJob(kJob), "--chaos", "2"}).Wait();
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("has no checkpoint.dir; add for example"));
+  EXPECT_THAT(r.err, HasSubstr("checkpoint: {dir: checkpoints, every_steps: 50}"));
+  EXPECT_TRUE(ChildPids().empty());
+}
+
+TEST_F(LocalTest, ChaosKillsAndRestartsChildrenWithoutStoppingTheRun) {
+  server_.fake().set_workers(2);
+  const std::string job = WriteJob(absl::StrCat(
+      kJob, "checkpoint: {dir: ", (dir_ / "ckpt").string(), ", every_steps: 10}\n# fake: chaos\n"));
+  CliResult r =
+      Start({job, "--chaos", "2", "--chaos-coordinator", "1", "--chaos-seed", "7", "--keep-logs"})
+          .Wait();
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("SUCCEEDED"));
+  EXPECT_THAT(r.err,
+              HasSubstr("chaos: 2 worker and 1 coordinator kill(s) planned (--chaos-seed 7)"));
+  // Every kill is reported as it happens, and counted at the end.
+  int worker_kills = 0, coordinator_kills = 0;
+  for (absl::string_view line : absl::StrSplit(r.err, '\n')) {
+    if (!absl::StartsWith(line, "chaos: killed ")) continue;
+    EXPECT_THAT(std::string(line),
+                ::testing::ContainsRegex(R"(\(pid [0-9]+\) at step [0-9]+; restarting$)"));
+    if (absl::StrContains(line, "killed worker local-")) ++worker_kills;
+    if (absl::StrContains(line, "killed coordinator")) ++coordinator_kills;
+  }
+  EXPECT_GE(worker_kills + coordinator_kills, 1) << r.err;
+  EXPECT_THAT(r.err,
+              HasSubstr(absl::StrCat("local: chaos: ", worker_kills, " of 2 worker kill(s) and ",
+                                     coordinator_kills, " of 1 coordinator kill(s) made")));
+  // Each killed child was started again (same flags, on the port it had).
+  ExpectNoChildLeft(3 + worker_kills + coordinator_kills);
+  const std::string logs = LogDir(r.err);
+  ASSERT_FALSE(logs.empty()) << r.err;
+  int restarted_workers = 0;
+  for (int n = 0; n < 2; ++n) {
+    const std::string log = Slurp(fs::path(logs) / absl::StrCat("worker-", n, ".log"));
+    for (size_t at = log.find("killed with signal 9; restarting"); at != std::string::npos;
+         at = log.find("killed with signal 9; restarting", at + 1)) {
+      ++restarted_workers;
+      EXPECT_THAT(log.substr(at), HasSubstr("--listen 127.0.0.1:12345 "));
+    }
+  }
+  EXPECT_EQ(restarted_workers, worker_kills);
+  if (coordinator_kills > 0) {
+    EXPECT_THAT(Slurp(fs::path(logs) / "coordinator.log"),
+                HasSubstr(absl::StrCat("--listen 127.0.0.1:", server_.port(), " ")));
+  }
+  fs::remove_all(logs);
 }
 
 TEST_F(LocalTest, MissingBinariesFailCleanly) {

@@ -2,22 +2,21 @@
 // record commands, no gRPC and no real workers. The manager handles events on
 // its own thread; Sync() waits until it has handled everything sent before.
 #include "coordinator/job_manager.h"
-#include "services/checkpoint/checkpoint.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <prometheus/registry.h>
 #include <unistd.h>
 
-#include <filesystem>
-#include <prometheus/registry.h>
-
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/checkpoint/checkpoint.h"
 #include "services/metrics/metrics.h"
 #include "services/models/plan.h"
 #include "services/planner/profile.h"
@@ -470,9 +469,8 @@ TEST_F(JobManagerTest, CommitsCheckpointsAndResumesFromTheNewest) {
   auto saved = [&](const std::string& w, int stage, int64_t step, int attempt) {
     const std::string dir = checkpoint::StepDir(root, id, step);
     const std::string data = "shard " + std::to_string(stage) + " at " + std::to_string(step);
-    EXPECT_TRUE(checkpoint::WriteFileAtomically(dir + "/" + checkpoint::ShardFileName(stage),
-                                                data)
-                    .ok());
+    EXPECT_TRUE(
+        checkpoint::WriteFileAtomically(dir + "/" + checkpoint::ShardFileName(stage), data).ok());
     v1::WorkerEvent e;
     e.set_worker_id(w);
     v1::CheckpointSaved* c = e.mutable_checkpoint_saved();
