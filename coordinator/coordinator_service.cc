@@ -1,11 +1,15 @@
 #include "coordinator/coordinator_service.h"
 
 #include <string>
+#include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "services/common/log.h"
 #include "services/rpc/outbox.h"
 #include "services/rpc/status.h"
+#include "services/rpc/tls.h"
 
 namespace stagewise::coordinator {
 namespace {
@@ -24,11 +28,16 @@ class ControlReactor final : public grpc::ServerBidiReactor<v1::WorkerEvent, v1:
   // stops reading misses heartbeats long before this many pile up.
   static constexpr size_t kOutboxCapacity = 1024;
 
-  explicit ControlReactor(JobManager* manager)
+  ControlReactor(JobManager* manager, std::string identity, absl::Status authorized)
       : manager_(manager),
+        identity_(std::move(identity)),
         outbox_("control", kOutboxCapacity,
                 {[this](const v1::Command* command) { StartWrite(command); },
                  [this](const absl::Status& status) { Finish(rpc::ToGrpcStatus(status)); }}) {
+    if (!authorized.ok()) {
+      outbox_.Close(authorized);
+      return;
+    }
     StartRead(&event_);
   }
 
@@ -45,17 +54,30 @@ class ControlReactor final : public grpc::ServerBidiReactor<v1::WorkerEvent, v1:
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      Close(absl::OkStatus());
+      // Workers never half-close their control stream: the read failed on a
+      // frame that is not a WorkerEvent (or the worker went away, and then
+      // nobody reads this status).
+      Close(absl::InvalidArgumentError(
+          "the control stream ended: a malformed WorkerEvent, or the worker half-closed it"));
       return;
     }
     if (worker_id_.empty()) {
-      worker_id_ = event_.worker_id();
-      if (absl::Status s = manager_->Connect(worker_id_, this); !s.ok()) {
-        worker_id_.clear();
+      if (absl::Status s = manager_->Connect(event_.worker_id(), event_.session(), this,
+                                             {.identity = identity_});
+          !s.ok()) {
         Close(s);
         return;
       }
+      worker_id_ = event_.worker_id();
+    } else if (!event_.worker_id().empty() && event_.worker_id() != worker_id_) {
+      // One stream, one worker: an event in another worker's name ends it.
+      Close(absl::PermissionDeniedError(absl::StrCat("WorkerEvent.worker_id: '", event_.worker_id(),
+                                                     "' on the control stream of '", worker_id_,
+                                                     "'")));
+      return;
     }
+    event_.set_worker_id(worker_id_);
+    event_.clear_session();
     manager_->OnEvent(event_);
     StartRead(&event_);
   }
@@ -74,6 +96,7 @@ class ControlReactor final : public grpc::ServerBidiReactor<v1::WorkerEvent, v1:
 
  private:
   JobManager* manager_;
+  const std::string identity_;  // the peer's certificate identity ("" in plaintext)
   // Touched only by reactions on the read side (one read in flight at a time).
   v1::WorkerEvent event_;
   std::string worker_id_;
@@ -88,13 +111,17 @@ bool Terminal(const v1::JobEvent& e) { return IsTerminal(e.status().state()); }
 // terminal event is always delivered, then the stream finishes.
 class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
  public:
-  WatchReactor(JobManager* manager, const std::string& job_id)
+  WatchReactor(JobManager* manager, const std::string& job_id, const absl::Status& authorized)
       : manager_(manager),
         outbox_("watch", /*capacity=*/2,
                 {[this](const v1::JobEvent* event) { StartWrite(event); },
                  [this](const absl::Status& status) { Finish(rpc::ToGrpcStatus(status)); }}) {
     // OnDone unsubscribes: no Finish until the subscription is known, even if
     // the listener delivers the terminal event from inside Subscribe.
+    if (!authorized.ok()) {
+      outbox_.Close(authorized);
+      return;
+    }
     outbox_.AcquireHold();
     auto sub = manager_->Subscribe(job_id, [this](const v1::JobEvent& e) { Push(e); });
     if (sub.ok()) {
@@ -139,23 +166,66 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
 
 }  // namespace
 
+bool IsWorkerIdentity(const std::string& identity) {
+  return identity == "worker" || absl::StartsWith(identity, "worker-") ||
+         absl::StartsWith(identity, "worker.");
+}
+
+absl::StatusOr<rpc::Principal> CoordinatorService::Authorize(grpc::CallbackServerContext* ctx,
+                                                             rpc::Role needed) const {
+  if (policy_.tokens == nullptr) return rpc::Principal{"anonymous", rpc::Role::kAdmin};
+  std::string header;
+  const auto& metadata = ctx->client_metadata();
+  if (auto it = metadata.find("authorization"); it != metadata.end()) {
+    header.assign(it->second.data(), it->second.size());
+  }
+  auto principal = policy_.tokens->Authenticate(header);
+  if (!principal.ok()) {
+    manager_->metrics()->CountRefused("unauthenticated");
+    return principal.status();
+  }
+  if (!rpc::HasRole(*principal, needed)) {
+    manager_->metrics()->CountRefused("permission_denied");
+    return absl::PermissionDeniedError(absl::StrCat(
+        "token '", principal->name, "' has role ", std::string(rpc::RoleName(principal->role)),
+        "; this needs ", std::string(rpc::RoleName(needed))));
+  }
+  return principal;
+}
+
+absl::Status CoordinatorService::AuthorizeWorker(grpc::CallbackServerContext* ctx) const {
+  if (!policy_.require_worker_identity) return absl::OkStatus();
+  const std::string identity = rpc::PeerIdentity(*ctx->auth_context());
+  if (IsWorkerIdentity(identity)) return absl::OkStatus();
+  manager_->metrics()->CountRefused("permission_denied");
+  return absl::PermissionDeniedError(
+      absl::StrCat("certificate '", identity,
+                   "' is not a worker's (worker certificates have the Common Name worker, "
+                   "worker-* or worker.*)"));
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::RegisterWorker(
     grpc::CallbackServerContext* ctx, const v1::RegisterWorkerRequest* request,
     v1::RegisterWorkerResponse* response) {
-  auto r = manager_->Register(request->worker());
+  if (absl::Status s = AuthorizeWorker(ctx); !s.ok()) return Done(ctx, s);
+  auto r =
+      manager_->Register(request->worker(), {.identity = rpc::PeerIdentity(*ctx->auth_context())});
   if (r.ok()) *response = *r;
   return Done(ctx, r.status());
 }
 
 grpc::ServerBidiReactor<v1::WorkerEvent, v1::Command>* CoordinatorService::Control(
-    grpc::CallbackServerContext*) {
-  return new ControlReactor(manager_);
+    grpc::CallbackServerContext* ctx) {
+  return new ControlReactor(manager_, rpc::PeerIdentity(*ctx->auth_context()),
+                            AuthorizeWorker(ctx));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerContext* ctx,
                                                         const v1::SubmitJobRequest* request,
                                                         v1::SubmitJobResponse* response) {
-  auto id = manager_->Submit(request->job_spec_yaml());
+  auto caller = Authorize(ctx, rpc::Role::kSubmit);
+  if (!caller.ok()) return Done(ctx, caller.status());
+  auto id = manager_->Submit(request->job_spec_yaml(), caller->name);
   if (id.ok()) response->set_job_id(*id);
   return Done(ctx, id.status());
 }
@@ -163,6 +233,9 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext* ctx,
                                                      const v1::GetJobRequest* request,
                                                      v1::JobStatus* response) {
+  if (auto caller = Authorize(ctx, rpc::Role::kRead); !caller.ok()) {
+    return Done(ctx, caller.status());
+  }
   auto st = manager_->GetJob(request->job_id());
   if (st.ok()) *response = *st;
   return Done(ctx, st.status());
@@ -171,6 +244,9 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerContext* ctx,
                                                        const v1::ListJobsRequest* request,
                                                        v1::ListJobsResponse* response) {
+  if (auto caller = Authorize(ctx, rpc::Role::kRead); !caller.ok()) {
+    return Done(ctx, caller.status());
+  }
   auto jobs = manager_->ListJobs(request->limit());
   if (jobs.ok()) {
     for (auto& j : *jobs) *response->add_jobs() = std::move(j);
@@ -179,13 +255,27 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
 }
 
 grpc::ServerWriteReactor<v1::JobEvent>* CoordinatorService::WatchJob(
-    grpc::CallbackServerContext*, const v1::WatchJobRequest* request) {
-  return new WatchReactor(manager_, request->job_id());
+    grpc::CallbackServerContext* ctx, const v1::WatchJobRequest* request) {
+  auto caller = Authorize(ctx, rpc::Role::kRead);
+  return new WatchReactor(manager_, request->job_id(), caller.status());
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerContext* ctx,
                                                         const v1::CancelJobRequest* request,
                                                         v1::JobStatus* response) {
+  auto caller = Authorize(ctx, rpc::Role::kSubmit);
+  if (!caller.ok()) return Done(ctx, caller.status());
+  if (caller->role != rpc::Role::kAdmin) {
+    // A submitter cancels only its own jobs.
+    auto st = manager_->GetJob(request->job_id());
+    if (!st.ok()) return Done(ctx, st.status());
+    if (!rpc::CanCancel(*caller, st->owner())) {
+      manager_->metrics()->CountRefused("permission_denied");
+      return Done(ctx, absl::PermissionDeniedError(absl::StrCat(
+                           "token '", caller->name, "' may cancel only its own jobs; job ",
+                           request->job_id(), " was submitted by '", st->owner(), "'")));
+    }
+  }
   auto st = manager_->Cancel(request->job_id(), request->reason());
   if (st.ok()) *response = *st;
   return Done(ctx, st.status());
@@ -194,6 +284,9 @@ grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerContext* ctx,
                                                           const v1::ListWorkersRequest*,
                                                           v1::ListWorkersResponse* response) {
+  if (auto caller = Authorize(ctx, rpc::Role::kRead); !caller.ok()) {
+    return Done(ctx, caller.status());
+  }
   for (auto& w : manager_->ListWorkers()) *response->add_workers() = std::move(w);
   return Done(ctx, absl::OkStatus());
 }
@@ -201,6 +294,9 @@ grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(
     grpc::CallbackServerContext* ctx, const v1::ListCheckpointsRequest* request,
     v1::ListCheckpointsResponse* response) {
+  if (auto caller = Authorize(ctx, rpc::Role::kRead); !caller.ok()) {
+    return Done(ctx, caller.status());
+  }
   // Reads checkpoint.dir (directory listings and stats, no shard contents).
   auto listing = manager_->ListCheckpoints(request->job_id());
   if (listing.ok()) *response = std::move(*listing);

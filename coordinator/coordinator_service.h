@@ -2,14 +2,33 @@
 #ifndef STAGEWISE_COORDINATOR_COORDINATOR_SERVICE_H_
 #define STAGEWISE_COORDINATOR_COORDINATOR_SERVICE_H_
 
+#include <string>
+
+#include "absl/status/statusor.h"
 #include "coordinator/job_manager.h"
+#include "services/rpc/tokens.h"
 #include "stagewise/v1/coordinator.grpc.pb.h"
 
 namespace stagewise::coordinator {
 
+// Who may call what (docs/security.md).
+struct AccessPolicy {
+  // Bearer tokens of clients (null: no token is asked for, every client is
+  // an admin; the coordinator logs a WARNING at startup).
+  const rpc::TokenTable* tokens = nullptr;
+  // With TLS on, RegisterWorker and Control accept only peers whose
+  // certificate identity is a worker's: "worker", or "worker-*" / "worker.*".
+  // Off (plaintext) there is no certificate to check.
+  bool require_worker_identity = false;
+};
+
+// Whether a certificate Common Name is a worker's (see AccessPolicy).
+bool IsWorkerIdentity(const std::string& identity);
+
 class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
-  explicit CoordinatorService(JobManager* manager) : manager_(manager) {}
+  explicit CoordinatorService(JobManager* manager, AccessPolicy policy = {})
+      : manager_(manager), policy_(policy) {}
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
                                            const v1::RegisterWorkerRequest* request,
@@ -38,7 +57,15 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                                             v1::ListCheckpointsResponse* response) override;
 
  private:
+  // The caller of a client RPC if it may do `needed`: UNAUTHENTICATED without
+  // a known token, PERMISSION_DENIED when its role is too low.
+  absl::StatusOr<rpc::Principal> Authorize(grpc::CallbackServerContext* ctx,
+                                           rpc::Role needed) const;
+  // OK if the caller may act as a worker.
+  absl::Status AuthorizeWorker(grpc::CallbackServerContext* ctx) const;
+
   JobManager* manager_;
+  AccessPolicy policy_;
 };
 
 }  // namespace stagewise::coordinator

@@ -1,10 +1,12 @@
 #include "coordinator/job_manager.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "services/common/log.h"
 #include "services/common/status_macros.h"
@@ -269,8 +271,26 @@ JobManager::Job JobManager::NewJob(const v1::JobStatus& status, const JobSpec& s
   return job;
 }
 
-absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml) {
-  STAGEWISE_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(yaml));
+absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml, const std::string& owner) {
+  {
+    // The view holds every live job: count the owner's.
+    absl::MutexLock lock(&view_mu_);
+    int live = 0;
+    for (const auto& [id, st] : view_) live += st.owner() == owner ? 1 : 0;
+    if (live >= options_.max_live_jobs_per_owner) {
+      metrics_->CountRefused("too_many_jobs");
+      return absl::ResourceExhaustedError(
+          absl::StrCat("'", owner.empty() ? "anonymous" : owner, "' has ", live,
+                       " jobs that have not ended; at most ", options_.max_live_jobs_per_owner,
+                       " (wait for some, or cancel)"));
+    }
+  }
+  absl::StatusOr<JobSpec> parsed = ParseJobSpec(yaml);
+  if (!parsed.ok()) {
+    metrics_->CountRefused("bad_spec");
+    return parsed.status();
+  }
+  JobSpec spec = std::move(*parsed);
   // ParseJobSpec accepts only the algorithms of the schema table
   // (services/common/job_spec.cc), which is also what workers construct.
   STAGEWISE_ASSIGN_OR_RETURN(std::vector<models::BlockInfo> blocks, models::PlanModel(spec.model));
@@ -301,6 +321,7 @@ absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml) {
   v1::JobStatus& st = record.status;
   st.set_job_id(store_->NewJobId());
   st.set_name(spec.name);
+  st.set_owner(owner);
   st.set_state(v1::PENDING);
   st.set_algorithm(spec.algorithm.name);
   const std::vector<PhaseSpec> phases = Phases(spec);
@@ -438,20 +459,30 @@ void JobManager::Publish(const v1::JobStatus& status, const std::string& message
 
 // --- Workers (gRPC threads) ------------------------------------------------
 
-absl::StatusOr<v1::RegisterWorkerResponse> JobManager::Register(const v1::WorkerInfo& info) {
+absl::StatusOr<v1::RegisterWorkerResponse> JobManager::Register(
+    const v1::WorkerInfo& info, const WorkerRegistry::Caller& caller) {
   std::optional<WorkerRegistry::Removed> replaced;
-  STAGEWISE_ASSIGN_OR_RETURN(std::string id, registry_.Register(info, absl::Now(), &replaced));
+  v1::RegisterWorkerResponse resp;
+  auto id = registry_.Register(info, caller, absl::Now(), &replaced, resp.mutable_session());
+  if (!id.ok()) {
+    metrics_->CountRefused(absl::IsAlreadyExists(id.status()) ? "worker_id_taken"
+                                                              : "bad_registration");
+    return id.status();
+  }
   if (replaced.has_value()) {
     Post([this, lost = *replaced] { OnWorkerLost(lost, "it registered again (restarted?)"); });
   }
-  v1::RegisterWorkerResponse resp;
-  resp.set_worker_id(id);
+  resp.set_worker_id(*id);
   resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
   return resp;
 }
 
-absl::Status JobManager::Connect(const std::string& worker_id, CommandSink* sink) {
-  STAGEWISE_RETURN_IF_ERROR(registry_.Connect(worker_id, sink, absl::Now()));
+absl::Status JobManager::Connect(const std::string& worker_id, const std::string& session,
+                                 CommandSink* sink, const WorkerRegistry::Caller& caller) {
+  if (absl::Status s = registry_.Connect(worker_id, session, caller, sink, absl::Now()); !s.ok()) {
+    metrics_->CountRefused("bad_session");
+    return s;
+  }
   Post([this] { schedule_needed_ = true; });
   return absl::OkStatus();
 }
@@ -484,7 +515,110 @@ void JobManager::OnEvent(const v1::WorkerEvent& event) {
 
 // --- Loop thread: events ----------------------------------------------------
 
+std::string JobManager::Refusal(const v1::WorkerEvent& event, std::string* reason) const {
+  const std::string& sender = event.worker_id();
+  *reason = "not_assigned";
+  if (event.has_ack()) return "";  // OnAck matches it to the command it answers
+  const std::string job_id = event.has_profile() ? event.profile().job_id() : EventJob(event);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    *reason = "unknown_job";  // also the late events of a job that just ended
+    return "no such live job";
+  }
+  const Job& job = it->second;
+  if (const int attempt = EventAttempt(event); attempt >= 0 && attempt != job.attempt) {
+    // An event of an ended attempt (HandleEvent drops all but a root-cause
+    // error): it must come from the worker that ran that stage then.
+    const int stage = event.has_error() ? event.error().stage() : -1;
+    for (const v1::JobAttempt& a : job.status.attempts()) {
+      if (a.attempt() == attempt && stage >= 0 && stage < a.workers_size() &&
+          a.workers(stage) == sender) {
+        return "";
+      }
+    }
+    *reason = "stale_attempt";
+    return absl::StrCat("attempt ", attempt, " of job ", job_id, " is over");
+  }
+  const auto& workers = job.workers;
+  const bool member = std::find(workers.begin(), workers.end(), sender) != workers.end();
+  if (!member) return absl::StrCat("the sender runs no stage of job ", job_id);
+  if (event.has_profile()) {
+    return job.status.state() == v1::PROFILING ? "" : "the job is not profiling";
+  }
+  int stage = -1;
+  switch (event.event_case()) {
+    case v1::WorkerEvent::kMetrics:
+      stage = event.metrics().stage();
+      break;
+    case v1::WorkerEvent::kResult:
+      stage = event.result().stage();
+      break;
+    case v1::WorkerEvent::kPhaseDone:
+      stage = event.phase_done().stage();
+      break;
+    case v1::WorkerEvent::kCheckpointSaved:
+      stage = event.checkpoint_saved().stage();
+      break;
+    case v1::WorkerEvent::kError:
+      stage = event.error().stage();
+      if (stage < 0) return "";  // a profiling or configuration error: any member may send it
+      break;
+    default:
+      return "";
+  }
+  if (stage < 0 || stage >= static_cast<int>(workers.size()) || workers[stage] != sender) {
+    return absl::StrCat("the sender does not run stage ", stage, " of job ", job_id);
+  }
+  *reason = "out_of_range";
+  const int64_t total = job.status.total_steps();
+  auto bad_values = [](const google::protobuf::Map<std::string, double>& values) {
+    if (values.size() > 64) return true;
+    for (const auto& [key, value] : values) {
+      if (key.size() > 64 || !std::isfinite(value)) return true;
+    }
+    return false;
+  };
+  switch (event.event_case()) {
+    case v1::WorkerEvent::kMetrics:
+      if (event.metrics().step() < 0 || event.metrics().step() > total) return "step out of range";
+      if (bad_values(event.metrics().values())) return "too many, too long or non-finite values";
+      return "";
+    case v1::WorkerEvent::kResult:
+      if (bad_values(event.result().values())) return "too many, too long or non-finite values";
+      return "";
+    case v1::WorkerEvent::kPhaseDone:
+      if (event.phase_done().phase() != job.status.phase()) {
+        return absl::StrCat("phase ", event.phase_done().phase(),
+                            " is not the job's current phase ", job.status.phase());
+      }
+      return "";
+    case v1::WorkerEvent::kCheckpointSaved: {
+      const v1::CheckpointSaved& c = event.checkpoint_saved();
+      if (c.step() < 0 || c.step() > total || c.bytes() < 0) return "step or size out of range";
+      if (c.phase() < 0 || c.phase() >= std::max(1, job.status.num_phases())) {
+        return "phase out of range";
+      }
+      return "";
+    }
+    default:
+      return "";
+  }
+}
+
 void JobManager::HandleEvent(const v1::WorkerEvent& event) {
+  std::string reason;
+  if (const std::string why = Refusal(event, &reason); !why.empty()) {
+    metrics_->CountRefused(reason);
+    // Late traffic of ended jobs and attempts is normal: not worth a line.
+    if (reason == "unknown_job" || reason == "stale_attempt") return;
+    // Bounded logging: a misbehaving peer must not flood the log.
+    if (++refused_events_ <= 20 || refused_events_ % 1000 == 0) {
+      STAGEWISE_LOG(WARNING) << "ignoring an event (case " << event.event_case() << ") from worker "
+                             << event.worker_id() << ": " << why << " (" << refused_events_
+                             << " ignored so far)";
+    }
+    return;
+  }
   if (const int attempt = EventAttempt(event); attempt >= 0) {
     auto it = jobs_.find(EventJob(event));
     if (it == jobs_.end()) return;
@@ -506,7 +640,7 @@ void JobManager::HandleEvent(const v1::WorkerEvent& event) {
     case v1::WorkerEvent::kCheckpointSaved:
       return OnCheckpointSaved(event.checkpoint_saved());
     case v1::WorkerEvent::kAck:
-      return OnAck(event.ack());
+      return OnAck(event.ack(), event.worker_id());
     case v1::WorkerEvent::kMetrics:
       return OnMetrics(event.metrics());
     case v1::WorkerEvent::kResult:
@@ -522,9 +656,12 @@ void JobManager::HandleEvent(const v1::WorkerEvent& event) {
   }
 }
 
-void JobManager::OnAck(const v1::Ack& ack) {
+void JobManager::OnAck(const v1::Ack& ack, const std::string& sender) {
   for (auto& [id, job] : jobs_) {
-    if (job.pending_acks.erase(ack.command_id()) == 0) continue;
+    auto pending = job.pending_acks.find(ack.command_id());
+    if (pending == job.pending_acks.end()) continue;
+    if (pending->second != sender) return;  // not the worker the command went to
+    job.pending_acks.erase(pending);
     if (!job.pending_acks.empty() || job.status.state() != v1::CONFIGURING) return;
     const std::string job_id = id;  // `id` dies if the transition ends the job
     if (!Transition(job_id, v1::RUNNING, "").ok()) return;
@@ -693,6 +830,11 @@ void JobManager::OnCheckpointSaved(const v1::CheckpointSaved& saved) {
   if (it == jobs_.end() || it->second.spec.checkpoint.dir.empty()) return;
   Job& job = it->second;
   if (saved.stage() < 0 || saved.stage() >= static_cast<int>(job.workers.size())) return;
+  // Uncommitted checkpoints are few (a stage lags its peers by a step or two):
+  // keep the newest 16 so no sender can grow the map.
+  while (job.shards.size() >= 16 && job.shards.count(saved.step()) == 0) {
+    job.shards.erase(job.shards.begin());
+  }
   std::map<int, v1::CheckpointSaved>& stages = job.shards[saved.step()];
   stages[saved.stage()] = saved;
   if (stages.size() == job.workers.size()) CommitCheckpoint(saved.job_id(), job, saved.step());
@@ -893,9 +1035,12 @@ void JobManager::CheckDeadlines(absl::Time now) {
                           job.spec.recovery.wait_seconds, " s) after attempt ", job.attempt - 1,
                           " ended: ", last));
     } else {
+      std::vector<std::string> silent;
+      for (const auto& [command, worker] : job.pending_acks) silent.push_back(worker);
       Recover(id,
               absl::StrCat("the stages did not acknowledge their assignment within ",
-                           absl::FormatDuration(options_.configure_timeout)),
+                           absl::FormatDuration(options_.configure_timeout), " (no answer from ",
+                           absl::StrJoin(silent, ", "), ")"),
               "configure_timeout");
     }
   }
@@ -983,7 +1128,7 @@ void JobManager::Configure(const std::string& job_id, Job& job) {
   for (size_t j = 0; j < commands.size(); ++j) {
     commands[j].mutable_configure()->set_attempt(job.attempt);
     commands[j].set_command_id(next_command_++);
-    job.pending_acks.insert(commands[j].command_id());
+    job.pending_acks.emplace(commands[j].command_id(), job.workers[j]);
     Send(job.workers[j], std::move(commands[j]));
   }
 }

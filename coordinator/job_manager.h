@@ -78,6 +78,8 @@ struct JobManagerOptions {
   // How long the stages of a (re)placed job may take to acknowledge their
   // StageAssignment before the attempt is given up (and recovered).
   absl::Duration configure_timeout = absl::Seconds(120);
+  // Jobs one owner may have that have not ended (PENDING to RECOVERING).
+  int max_live_jobs_per_owner = 100;
 };
 
 class JobManager {
@@ -92,11 +94,16 @@ class JobManager {
   void Stop();
 
   // Clients.
-  absl::StatusOr<std::string> Submit(const std::string& job_spec_yaml);
+  // `owner`: who submitted it (a token's name; recorded in JobStatus.owner).
+  // RESOURCE_EXHAUSTED when the owner has max_live_jobs_per_owner jobs that
+  // have not ended.
+  absl::StatusOr<std::string> Submit(const std::string& job_spec_yaml,
+                                     const std::string& owner = "");
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job_id) const;
   absl::StatusOr<std::vector<v1::JobStatus>> ListJobs(int limit) const;
   absl::StatusOr<v1::JobStatus> Cancel(const std::string& job_id, const std::string& reason);
   std::vector<v1::WorkerInfo> ListWorkers() const;
+  metrics::CoordinatorMetrics* metrics() const { return metrics_; }
   // The job's committed checkpoints, newest first, read from checkpoint.dir
   // (the coordinator must reach it); NOT_FOUND for an unknown job, an empty
   // list for a job without checkpoint.dir.
@@ -109,12 +116,20 @@ class JobManager {
   void Unsubscribe(int64_t subscription);
 
   // Workers.
-  absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::WorkerInfo& info);
+  // `caller`: who called (its authenticated identity), recorded with the
+  // registration; the response carries the session its Control stream needs.
+  absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::WorkerInfo& info,
+                                                      const WorkerRegistry::Caller& caller = {});
   // The worker's control stream is open (first event received).
-  absl::Status Connect(const std::string& worker_id, CommandSink* sink);
+  // PERMISSION_DENIED unless `session` and `caller` are those of the worker's
+  // registration (see WorkerRegistry::Connect).
+  absl::Status Connect(const std::string& worker_id, const std::string& session, CommandSink* sink,
+                       const WorkerRegistry::Caller& caller = {});
   // The stream ended; `sink` guards against a newer stream of the same worker.
   // The manager never uses `sink` once this returns.
   void Disconnect(const std::string& worker_id, CommandSink* sink, const absl::Status& why);
+  // `event.worker_id()` is the sender: the caller (the Control stream) has
+  // checked that it is the worker whose registration opened the stream.
   void OnEvent(const v1::WorkerEvent& event);
 
  private:
@@ -132,7 +147,7 @@ class JobManager {
     bool planned = false;
     std::vector<std::vector<std::string>> modes;  // per stage, per block; empty = default
     std::vector<std::string> workers;             // by stage, once placed
-    std::set<int64_t> pending_acks;
+    std::map<int64_t, std::string> pending_acks;  // command id -> the worker it went to
     std::set<int> finished_stages;
     std::map<int, std::set<int>> phase_done;  // phase -> stages that finished it
     absl::Time started;
@@ -169,7 +184,12 @@ class JobManager {
 
   // Loop thread: per-event handlers.
   void HandleEvent(const v1::WorkerEvent& event);
-  void OnAck(const v1::Ack& ack);
+  // Why `event` is not taken from its sender (event.worker_id(), which the
+  // control stream authenticated), or "" when it is: it must be about a live
+  // job the sender runs the stage of, in its current phase, with numbers in
+  // range. `reason` gets the metric label of a refusal.
+  std::string Refusal(const v1::WorkerEvent& event, std::string* reason) const;
+  void OnAck(const v1::Ack& ack, const std::string& sender);
   void OnMetrics(const v1::MetricsReport& report);
   void OnResult(const v1::StageResult& result);
   void OnPhaseDone(const v1::PhaseDone& done);
@@ -230,6 +250,8 @@ class JobManager {
   absl::Time flush_due_ = absl::InfiniteFuture();
   std::deque<std::pair<absl::Time, std::string>> metrics_expiry_;  // (when, job) in order
   int64_t next_command_ = 1;
+  // Worker events dropped by Refusal (for bounded logging). Loop thread only.
+  int64_t refused_events_ = 0;
   bool schedule_needed_ = false;  // the queue or the idle workers changed
 
   mutable absl::Mutex queue_mu_;

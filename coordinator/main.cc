@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "coordinator/coordinator_service.h"
@@ -12,6 +13,8 @@
 #include "services/common/log.h"
 #include "services/metrics/metrics.h"
 #include "services/rpc/server.h"
+#include "services/rpc/tls.h"
+#include "services/rpc/tokens.h"
 
 int main(int argc, char** argv) {
   std::string listen = "0.0.0.0:7070";
@@ -20,6 +23,11 @@ int main(int argc, char** argv) {
   std::string port_file;
   std::string log_level = "info";
   double heartbeat_timeout_s = 10;
+  double configure_timeout_s = 120;
+  double metrics_ttl_s = 300;
+  int max_jobs_per_owner = 100;
+  std::string tokens_file;
+  stagewise::rpc::TlsConfig tls;
   CLI::App app{
       "stagewise-coordinator: accepts jobs, assigns stages to workers, tracks progress.\n"
       "State lives in an SQLite file and survives restarts."};
@@ -32,6 +40,26 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-timeout", heartbeat_timeout_s,
                  "Seconds without a heartbeat before a worker is declared lost")
       ->capture_default_str();
+  app.add_option("--configure-timeout", configure_timeout_s,
+                 "Seconds the stages of a placed job have to acknowledge their assignment "
+                 "before the attempt is given up (and recovered)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--finished-job-metrics-ttl", metrics_ttl_s,
+                 "Seconds a finished job's stagewise_job_* series stay on /metrics (so a "
+                 "scraper sees the final values) before they are removed")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--tokens", tokens_file,
+                 "Bearer tokens of clients, one '<secret> <role> <name>' per line (roles: "
+                 "read, submit, admin); without it every client is an admin "
+                 "(env STAGEWISE_TOKENS_FILE)")
+      ->envname("STAGEWISE_TOKENS_FILE");
+  app.add_option("--max-jobs-per-owner", max_jobs_per_owner,
+                 "Jobs one token may have that have not ended")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  stagewise::rpc::AddTlsFlags(&app, &tls);
   app.add_option("--log-level", log_level,
                  "debug | info | warning | error | off (env STAGEWISE_LOG_LEVEL sets the default)");
   if (const char* env = std::getenv("STAGEWISE_LOG_LEVEL")) log_level = env;
@@ -49,6 +77,32 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // Credentials first: a misconfigured coordinator fails before touching state.
+  if (absl::Status s = stagewise::rpc::CheckListenPolicy(listen, tls); !s.ok()) {
+    STAGEWISE_LOG(ERROR) << "stagewise-coordinator: --listen: " << s.message();
+    return 2;
+  }
+  stagewise::rpc::RpcOptions rpc_options;
+  if (absl::Status s = stagewise::rpc::ApplyTls(tls, &rpc_options); !s.ok()) {
+    STAGEWISE_LOG(ERROR) << "stagewise-coordinator: " << s.message();
+    return 2;
+  }
+  if (tls.insecure) {
+    STAGEWISE_LOG(WARNING) << "stagewise-coordinator: --insecure: serving plaintext on " << listen
+                           << ": anyone who reaches it can submit jobs and act as a worker";
+  }
+  std::optional<stagewise::rpc::TokenTable> tokens;
+  if (!tokens_file.empty()) {
+    auto loaded = stagewise::rpc::TokenTable::Load(tokens_file);
+    if (!loaded.ok()) {
+      STAGEWISE_LOG(ERROR) << "stagewise-coordinator: --tokens: " << loaded.status().message();
+      return 2;
+    }
+    tokens = std::move(*loaded);
+  } else {
+    STAGEWISE_LOG(WARNING) << "stagewise-coordinator: no --tokens: every client that reaches "
+                           << listen << " is an admin";
+  }
   auto store = stagewise::coordinator::JobStore::Open(db);
   if (!store.ok()) {
     STAGEWISE_LOG(ERROR) << "stagewise-coordinator: --db: " << store.status().message();
@@ -63,23 +117,28 @@ int main(int argc, char** argv) {
   stagewise::metrics::CoordinatorMetrics coordinator_metrics((*metrics)->registry());
   stagewise::coordinator::JobManagerOptions options;
   options.heartbeat_timeout = absl::Seconds(heartbeat_timeout_s);
+  options.configure_timeout = absl::Seconds(configure_timeout_s);
+  options.finished_job_metrics_ttl = absl::Seconds(metrics_ttl_s);
+  options.max_live_jobs_per_owner = max_jobs_per_owner;
   stagewise::coordinator::JobManager manager(store->get(), &coordinator_metrics, options);
   if (absl::Status s = manager.Start(); !s.ok()) {
     STAGEWISE_LOG(ERROR) << "stagewise-coordinator: " << s.message();
     return 1;
   }
-  stagewise::coordinator::CoordinatorService service(&manager);
+  stagewise::coordinator::CoordinatorService service(
+      &manager, {.tokens = tokens ? &*tokens : nullptr, .require_worker_identity = tls.enabled()});
   grpc::ServerBuilder builder;
-  stagewise::rpc::ConfigureServerBuilder({}, &builder);
+  stagewise::rpc::ConfigureServerBuilder(rpc_options, &builder);
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, stagewise::rpc::ServerCredentials(rpc_options), &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
     STAGEWISE_LOG(ERROR) << "stagewise-coordinator: --listen: cannot serve on " << listen;
     return 1;
   }
-  STAGEWISE_LOG(INFO) << "stagewise-coordinator: serving on port " << port << ", metrics on port "
+  STAGEWISE_LOG(INFO) << "stagewise-coordinator: serving on port " << port
+                      << (tls.enabled() ? " (mutual TLS)" : " (plaintext)") << ", metrics on port "
                       << (*metrics)->port() << ", state in " << db;
   if (!port_file.empty()) {
     if (absl::Status s = stagewise::rpc::WritePortFile(port_file, port, (*metrics)->port());

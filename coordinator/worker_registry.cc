@@ -1,42 +1,114 @@
 #include "coordinator/worker_registry.h"
 
 #include <algorithm>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
 
 namespace stagewise::coordinator {
 
-absl::StatusOr<std::string> WorkerRegistry::Register(const v1::WorkerInfo& info, absl::Time now,
-                                                     std::optional<Removed>* replaced) {
-  if (info.address().empty()) {
-    return absl::InvalidArgumentError("WorkerInfo.address: empty");
+namespace {
+
+// 128 random bits, hex: unguessable by another client.
+std::string NewSession() {
+  std::random_device device;
+  std::string out;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&out, absl::Hex(device(), absl::kZeroPad8));
+  return out;
+}
+
+// Equal strings, in time that depends only on the lengths.
+bool SecretEquals(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+absl::Status CheckText(const std::string& field, const std::string& value, size_t max) {
+  if (value.size() > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", value.size(), " bytes; at most ", max));
   }
+  for (char c : value) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": control characters are not allowed"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckInfo(const v1::WorkerInfo& info) {
+  if (info.address().empty()) return absl::InvalidArgumentError("WorkerInfo.address: empty");
+  STAGEWISE_RETURN_IF_ERROR(CheckText("WorkerInfo.worker_id", info.worker_id(), 128));
+  STAGEWISE_RETURN_IF_ERROR(CheckText("WorkerInfo.address", info.address(), 256));
+  STAGEWISE_RETURN_IF_ERROR(CheckText("WorkerInfo.device", info.device(), 64));
+  STAGEWISE_RETURN_IF_ERROR(CheckText("WorkerInfo.version", info.version(), 64));
+  if (info.labels_size() > 32) {
+    return absl::InvalidArgumentError("WorkerInfo.labels: at most 32 labels");
+  }
+  for (const auto& [key, value] : info.labels()) {
+    STAGEWISE_RETURN_IF_ERROR(CheckText("WorkerInfo.labels key", key, 64));
+    STAGEWISE_RETURN_IF_ERROR(CheckText(absl::StrCat("WorkerInfo.labels[", key, "]"), value, 256));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> WorkerRegistry::Register(const v1::WorkerInfo& info,
+                                                     const Caller& caller, absl::Time now,
+                                                     std::optional<Removed>* replaced,
+                                                     std::string* session) {
+  STAGEWISE_RETURN_IF_ERROR(CheckInfo(info));
   const std::string id = info.worker_id().empty() ? info.address() : info.worker_id();
   absl::MutexLock lock(&mu_);
   replaced->reset();
   if (auto it = workers_.find(id); it != workers_.end()) {
-    // The same worker came back (restart): its old stream and job are gone.
-    *replaced = Removed{id, it->second.job_id, it->second.stage};
     if (it->second.sink != nullptr) {
-      it->second.sink->Close(absl::AbortedError("replaced by a new registration"));
+      return absl::AlreadyExistsError(absl::StrCat(
+          "worker '", id,
+          "' is registered and its control stream is open; a worker that restarted may register "
+          "again once that stream closes or misses its heartbeats"));
     }
+    // The same worker came back before its stream opened: its old entry goes.
+    *replaced = Removed{id, it->second.job_id, it->second.stage};
     workers_.erase(it);
+  } else if (workers_.size() >= kMaxWorkers) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the coordinator keeps at most ", kMaxWorkers, " workers"));
   }
   Worker& w = workers_[id];
   w.info = info;
   w.info.set_worker_id(id);
   w.last_seen = now;
+  w.identity = caller.identity;
+  w.session = NewSession();
+  *session = w.session;
   return id;
 }
 
-absl::Status WorkerRegistry::Connect(const std::string& worker_id, CommandSink* sink,
-                                     absl::Time now) {
+absl::Status WorkerRegistry::Connect(const std::string& worker_id, const std::string& session,
+                                     const Caller& caller, CommandSink* sink, absl::Time now) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) {
     return absl::NotFoundError(
         absl::StrCat("WorkerEvent.worker_id: '", worker_id, "' is not registered"));
+  }
+  if (!SecretEquals(session, it->second.session) || caller.identity != it->second.identity) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("WorkerEvent.session: not the registration of '", worker_id,
+                     "' (a control stream is opened by the worker that registered, with the "
+                     "session RegisterWorker returned)"));
+  }
+  if (it->second.sink != nullptr) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("worker '", worker_id, "' has a control stream open already"));
   }
   it->second.sink = sink;
   it->second.last_seen = now;

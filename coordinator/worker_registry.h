@@ -58,14 +58,30 @@ class WorkerRegistry {
   WorkerRegistry(const WorkerRegistry&) = delete;
   WorkerRegistry& operator=(const WorkerRegistry&) = delete;
 
+  // Who registers and how (the coordinator fills it from the call).
+  struct Caller {
+    // The authenticated identity (the Common Name of the peer's verified
+    // certificate); empty on a plaintext channel.
+    std::string identity;
+  };
+  // Most workers one coordinator keeps (registrations beyond it are refused).
+  static constexpr size_t kMaxWorkers = 4096;
+
   // The worker's id: info.worker_id, or its address when that is empty. A
-  // worker that registers again (it restarted) replaces its old entry: the old
-  // stream is closed with ABORTED and the old entry is returned in `*replaced`.
-  // INVALID_ARGUMENT without an address.
-  absl::StatusOr<std::string> Register(const v1::WorkerInfo& info, absl::Time now,
-                                       std::optional<Removed>* replaced);
-  // The worker's control stream is open. NOT_FOUND if it never registered.
-  absl::Status Connect(const std::string& worker_id, CommandSink* sink, absl::Time now);
+  // worker that registers again (it restarted) replaces its old entry while
+  // the old one has no open control stream (the old entry is returned in
+  // `*replaced`); while the old stream is open the registration is refused
+  // with ALREADY_EXISTS (the worker retries: a dead stream closes, or misses
+  // its heartbeats). Fills `*session` with the secret the control stream must
+  // present. INVALID_ARGUMENT for a bad WorkerInfo (named field).
+  absl::StatusOr<std::string> Register(const v1::WorkerInfo& info, const Caller& caller,
+                                       absl::Time now, std::optional<Removed>* replaced,
+                                       std::string* session);
+  // The worker's control stream is open. NOT_FOUND if it never registered;
+  // PERMISSION_DENIED if `session` is not its registration's or the caller is
+  // another identity; ALREADY_EXISTS if it has an open stream already.
+  absl::Status Connect(const std::string& worker_id, const std::string& session,
+                       const Caller& caller, CommandSink* sink, absl::Time now);
   // The stream ended: removes the worker if `sink` is still its stream (a newer
   // stream of the same worker keeps it).
   std::optional<Removed> Disconnect(const std::string& worker_id, CommandSink* sink);
@@ -96,6 +112,8 @@ class WorkerRegistry {
   struct Worker {
     v1::WorkerInfo info;
     CommandSink* sink = nullptr;  // null until Connect
+    std::string session;          // RegisterWorkerResponse.session
+    std::string identity;         // Caller::identity at registration
     absl::Time last_seen;
     std::string job_id;  // empty when idle
     int stage = -1;

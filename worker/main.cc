@@ -8,6 +8,7 @@
 
 #include "services/common/log.h"
 #include "services/rpc/server.h"
+#include "services/rpc/tls.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
   std::string port_file;
   std::string log_level = "info";
   int threads = 0;
+  stagewise::rpc::TlsConfig tls;
   CLI::App app{
       "stagewise-worker: hosts one stage of a stagewise job at a time.\n"
       "Registers with the coordinator and stays up between jobs."};
@@ -40,6 +42,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "LibTorch CPU threads (0: LibTorch's default)");
   app.add_option("--port-file", port_file,
                  "Write 'GRPC_PORT METRICS_PORT' here once serving (for supervisors)");
+  stagewise::rpc::AddTlsFlags(&app, &tls);
   app.add_option("--log-level", log_level,
                  "debug | info | warning | error | off (env STAGEWISE_LOG_LEVEL sets the default)");
   if (const char* env = std::getenv("STAGEWISE_LOG_LEVEL")) log_level = env;
@@ -51,6 +54,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (threads > 0) torch::set_num_threads(threads);
+  // The same credentials serve stage streams and dial the coordinator and the
+  // next stage (mutual TLS: every peer is a cluster member).
+  if (absl::Status s = stagewise::rpc::CheckListenPolicy(options.listen, tls); !s.ok()) {
+    std::cerr << "stagewise-worker: --listen: " << s.message() << "\n";
+    return 2;
+  }
+  if (absl::Status s = stagewise::rpc::ApplyTls(tls, &options.rpc); !s.ok()) {
+    std::cerr << "stagewise-worker: " << s.message() << "\n";
+    return 2;
+  }
+  if (tls.insecure) {
+    STAGEWISE_LOG(WARNING) << "--insecure: stage streams and the coordinator link are plaintext";
+  }
 
   // Signals are taken synchronously by this thread only.
   sigset_t signals;

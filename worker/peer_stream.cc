@@ -69,6 +69,8 @@ class UpstreamStream::RoutingSink : public MessageSink {
   void StreamClosed(const absl::Status& status) override {
     if (target_ != nullptr) target_->StreamClosed(status);
   }
+  // Whether a first message arrived and found its stage (read side only).
+  bool routed() const { return target_ != nullptr; }
 
  private:
   Router router_;
@@ -78,12 +80,25 @@ class UpstreamStream::RoutingSink : public MessageSink {
 
 UpstreamStream::UpstreamStream(size_t outbox_capacity) : PeerStream("upstream", outbox_capacity) {}
 
+UpstreamStream::~UpstreamStream() = default;
+
 UpstreamStream* UpstreamStream::Start(Router router, size_t outbox_capacity) {
   std::shared_ptr<UpstreamStream> stream(new UpstreamStream(outbox_capacity));
   stream->self_ = stream;
   stream->router_sink_ = std::make_unique<RoutingSink>(std::move(router), stream.get());
   stream->BeginReading(stream->router_sink_.get());
   return stream.get();
+}
+
+void UpstreamStream::OnReadSideDone() {
+  // The reads ended. Before any StageMessage that is a frame that did not
+  // parse (a peer always sends before it half-closes): say so, not OK.
+  if (!router_sink_->routed()) {
+    Close(absl::InvalidArgumentError(
+        "the stream ended before a valid StageMessage arrived (a malformed frame?)"));
+    return;
+  }
+  Close(absl::OkStatus());
 }
 
 void UpstreamStream::OnCancel() {

@@ -86,6 +86,7 @@ class UpstreamStream : public PeerStream,
       const v1::StageMessage& first, std::shared_ptr<UpstreamStream> stream, MessageSink** sink)>;
   // Creates the reactor (owned by gRPC until OnDone) and starts reading.
   static UpstreamStream* Start(Router router, size_t outbox_capacity);
+  ~UpstreamStream() override;
 
   void OnReadDone(bool ok) override { OnReadDoneImpl(ok); }
   void OnWriteDone(bool ok) override { OnWriteDoneImpl(ok); }
@@ -98,9 +99,11 @@ class UpstreamStream : public PeerStream,
   void DoStartRead(v1::StageMessage* into) override { StartRead(into); }
   void DoStartWrite(const v1::StageMessage* m) override { StartWrite(m); }
   void DoFinish(const absl::Status& status) override;
-  // Stage j closes its writes only when the job is over on its side.
-  void OnReadSideDone() override { Close(absl::OkStatus()); }
-  std::unique_ptr<MessageSink> router_sink_;
+  // Stage j closes its writes only when the job is over on its side; a
+  // stream that ends before its first valid message finishes with
+  // INVALID_ARGUMENT (a garbled frame).
+  void OnReadSideDone() override;
+  std::unique_ptr<RoutingSink> router_sink_;
   // Set by OnCancel, read by OnDone: the status the sink is told.
   std::atomic<bool> cancelled_{false};
 };

@@ -324,6 +324,8 @@ void StageRuntime::ComputeLoop() {
     reported_ = true;
   }
   if (!status.ok()) Abort(status, false);
+  // The stage is over: its series leave /metrics now, not at the next job.
+  metrics_->Retire();
   if (!report || !env_.emit) return;
   v1::WorkerEvent event;
   if (status.ok()) {

@@ -57,7 +57,7 @@ absl::Status Worker::Start() {
   service_ = std::make_unique<Service>(this);
   grpc::ServerBuilder builder;
   rpc::ConfigureServerBuilder(options_.rpc, &builder);
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
+  builder.AddListeningPort(options_.listen, rpc::ServerCredentials(options_.rpc), &port_);
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
@@ -155,6 +155,7 @@ absl::Status Worker::ControlSession(bool* established) {
   }
   *established = true;
   v1::WorkerEvent hello;
+  hello.set_session(resp.session());  // opens the stream in this registration's name
   hello.mutable_heartbeat()->set_unix_ms(absl::ToUnixMillis(absl::Now()));
   Emit(hello);
   std::atomic<bool> session_over{false};

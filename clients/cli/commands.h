@@ -105,6 +105,8 @@ struct LocalArgs {
   int chaos = 0;
   int chaos_coordinator = 0;
   uint64_t chaos_seed = 0;  // 0 = pick one (printed)
+  // Plaintext on loopback instead of mutual TLS with throw-away certificates.
+  bool insecure = false;
 };
 
 // `plan`: profile here (cached) and plan the job's partition and modes.

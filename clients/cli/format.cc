@@ -39,11 +39,30 @@ std::string JsonEscape(const std::string& s) {
         out += "\\t";
         break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += absl::StrFormat("\\u%04x", c);
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+          out += absl::StrFormat("\\u%04x", static_cast<unsigned char>(c));
         } else {
           out += c;
         }
+    }
+  }
+  return out;
+}
+
+std::string TerminalSafe(absl::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) {
+      out += absl::StrFormat("\\x%02x", c);
+    } else if (c == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+               static_cast<unsigned char>(s[i + 1]) <= 0x9f) {
+      // U+0080..U+009F in UTF-8: the C1 controls (CSI among them).
+      out += absl::StrFormat("\\u%04x", static_cast<unsigned char>(s[i + 1]));
+      ++i;
+    } else {
+      out += s[i];
     }
   }
   return out;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/strings/string_view.h"
 #include "services/common/job_spec.h"
 #include "services/training/reference_trainer.h"
 
@@ -13,6 +14,10 @@ namespace stagewise::cli {
 std::string HumanCount(int64_t n);          // 1234567 -> "1.23M"
 std::string HumanDuration(double seconds);  // 75 -> "1m15s"
 std::string JsonEscape(const std::string& s);
+// Text from the coordinator (job names, reasons, worker ids) made harmless
+// for a terminal: control characters (C0, DEL, C1) become visible escapes
+// (\x1b, \u009b), so a job cannot move the cursor or retitle the window.
+std::string TerminalSafe(absl::string_view s);
 std::string ProgressLine(const training::Progress& p);
 std::string ResultTable(const JobSpec& spec, const training::TrainResult& r);
 std::string ResultJson(const JobSpec& spec, const training::TrainResult& r);

@@ -80,14 +80,14 @@ std::string RenderTable(const std::vector<std::string>& header,
   for (size_t c = 0; c < header.size(); ++c) width[c] = header[c].size();
   for (const auto& row : rows) {
     for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
-      width[c] = std::max(width[c], row[c].size());
+      width[c] = std::max(width[c], TerminalSafe(row[c]).size());
     }
   }
   std::string out;
   auto line = [&](const std::vector<std::string>& cells) {
     std::string text;
     for (size_t c = 0; c < width.size(); ++c) {
-      const std::string cell = c < cells.size() ? cells[c] : "";
+      const std::string cell = c < cells.size() ? TerminalSafe(cells[c]) : "";
       if (c + 1 == width.size()) {
         absl::StrAppend(&text, cell);  // no trailing blanks
       } else {
@@ -101,7 +101,9 @@ std::string RenderTable(const std::vector<std::string>& header,
   return out;
 }
 
-std::string JobProgressLine(const v1::JobStatus& s, std::optional<double> eta_seconds) {
+namespace {
+
+std::string JobProgressText(const v1::JobStatus& s, std::optional<double> eta_seconds) {
   std::string line = client::JobStateName(s.state());
   if (s.state() == v1::RECOVERING) {
     // Where the new attempt resumes: the last committed checkpoint, or the start.
@@ -128,6 +130,12 @@ std::string JobProgressLine(const v1::JobStatus& s, std::optional<double> eta_se
   }
   if (eta_seconds.has_value()) absl::StrAppend(&line, "  ETA ", HumanDuration(*eta_seconds));
   return line;
+}
+
+}  // namespace
+
+std::string JobProgressLine(const v1::JobStatus& s, std::optional<double> eta_seconds) {
+  return TerminalSafe(JobProgressText(s, eta_seconds));
 }
 
 std::string AttemptsTable(const v1::JobStatus& s, absl::TimeZone tz) {
@@ -158,7 +166,7 @@ std::string AttemptsTable(const v1::JobStatus& s, absl::TimeZone tz) {
 std::string JobTable(const v1::JobStatus& s, absl::TimeZone tz) {
   std::string out;
   auto row = [&](const std::string& k, const std::string& v) {
-    absl::StrAppend(&out, absl::StrFormat("%-15s %s\n", k, v));
+    absl::StrAppend(&out, absl::StrFormat("%-15s %s\n", k, TerminalSafe(v)));
   };
   row("job", s.name().empty() ? s.job_id() : absl::StrCat(s.name(), " (", s.job_id(), ")"));
   row("state", client::JobStateName(s.state()));

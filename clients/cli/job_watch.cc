@@ -37,7 +37,8 @@ void ProgressDisplay::OnEvent(const v1::JobEvent& event, absl::Time now) {
   if (quiet_) return;
   if (!event.message().empty() && event.message() != last_message_) {
     last_message_ = event.message();
-    Note(absl::StrCat(client::JobStateName(event.status().state()), ": ", event.message()));
+    Note(absl::StrCat(client::JobStateName(event.status().state()), ": ",
+                      TerminalSafe(event.message())));
   }
   const std::string line = JobProgressLine(event.status(), eta);
   if (tty_) {
@@ -128,7 +129,7 @@ int ReportResult(const v1::JobStatus& status, const std::string& output, std::os
   out.flush();
   if (status.state() == v1::SUCCEEDED) return kExitOk;
   err << "job " << status.job_id() << " " << client::JobStateName(status.state());
-  if (!status.reason().empty()) err << ": " << status.reason();
+  if (!status.reason().empty()) err << ": " << TerminalSafe(status.reason());
   err << "\n";
   return kExitFailed;
 }
@@ -147,7 +148,7 @@ int ExitCodeFor(const absl::Status& status) {
 }
 
 int ReportError(const absl::Status& status, std::ostream& err) {
-  err << "error: " << status.message() << "\n";
+  err << "error: " << TerminalSafe(status.message()) << "\n";
   return ExitCodeFor(status);
 }
 

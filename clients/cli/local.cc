@@ -36,6 +36,8 @@
 #include "clients/cli/signal_watcher.h"
 #include "clients/client/coordinator_client.h"
 #include "services/common/job_spec.h"
+#include "services/rpc/pki.h"
+#include "services/rpc/tls.h"
 
 namespace stagewise::cli {
 namespace {
@@ -421,11 +423,39 @@ int LocalRun::Run() {
     }
   }
 
+  // Mutual TLS on loopback with throw-away certificates (unless --insecure):
+  // the same setup as a cluster, so nothing differs but the addresses.
+  const std::string pki = Path("tls");
+  auto tls_flags = [&](const std::string& name) -> std::vector<std::string> {
+    if (args_.insecure) return {"--insecure"};
+    const rpc::TlsConfig c = rpc::TlsConfigFor(pki, name);
+    return {"--tls-cert", c.cert_file, "--tls-key", c.key_file, "--tls-ca", c.ca_file};
+  };
+  rpc::RpcOptions client_options;
+  if (!args_.insecure) {
+    if (absl::Status s = rpc::CreateLocalPki(pki); !s.ok()) return Fail(s, nullptr);
+    if (absl::Status s = rpc::ApplyTls(rpc::TlsConfigFor(pki, "client"), &client_options);
+        !s.ok()) {
+      return Fail(s, nullptr);
+    }
+  }
+  if (!args_.quiet) {
+    err_ << (args_.insecure
+                 ? std::string("local: --insecure: plaintext on 127.0.0.1\n")
+                 : absl::StrCat("local: mutual TLS on 127.0.0.1; throw-away certificates in ", pki,
+                                (args_.keep_logs ? "" : " (removed at exit)"), "\n"));
+  }
+  auto with = [](std::vector<std::string> argv, const std::vector<std::string>& more) {
+    argv.insert(argv.end(), more.begin(), more.end());
+    return argv;
+  };
+
   // Coordinator.
   absl::StatusOr<Proc*> coordinator =
       Start("coordinator",
-            {binaries[0], "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--db",
-             Path("coordinator.db"), "--port-file", Path("coordinator.port")},
+            with({binaries[0], "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--db",
+                  Path("coordinator.db"), "--port-file", Path("coordinator.port")},
+                 tls_flags("coordinator")),
             "coordinator.log", Path("coordinator.port"));
   if (!coordinator.ok()) return Fail(coordinator.status(), nullptr);
   coordinator_ = *coordinator;
@@ -437,7 +467,8 @@ int LocalRun::Run() {
   client::CoordinatorClient* client;
   {
     absl::MutexLock lock(&mu_);
-    client_ = std::make_unique<client::CoordinatorClient>(address);
+    client_ =
+        std::make_unique<client::CoordinatorClient>(address, absl::Seconds(10), client_options);
     client = client_.get();
   }
 
@@ -446,10 +477,11 @@ int LocalRun::Run() {
   for (int n = 0; n < num_workers; ++n) {
     absl::StatusOr<Proc*> worker =
         Start(absl::StrCat("worker local-", n),
-              {binaries[1], "--coordinator", address, "--listen", "127.0.0.1:0", "--advertise",
-               "127.0.0.1", "--metrics-listen", "127.0.0.1:0", "--port-file",
-               Path(absl::StrCat("worker-", n, ".port")), "--name", absl::StrCat("local-", n),
-               "--threads", absl::StrCat(threads)},
+              with({binaries[1], "--coordinator", address, "--listen", "127.0.0.1:0", "--advertise",
+                    "127.0.0.1", "--metrics-listen", "127.0.0.1:0", "--port-file",
+                    Path(absl::StrCat("worker-", n, ".port")), "--name", absl::StrCat("local-", n),
+                    "--threads", absl::StrCat(threads)},
+                   tls_flags("worker")),
               absl::StrCat("worker-", n, ".log"), Path(absl::StrCat("worker-", n, ".port")));
     if (!worker.ok()) return Fail(worker.status(), nullptr);
     workers.push_back(*worker);

@@ -4,6 +4,8 @@
 #include <iostream>
 
 #include "clients/cli/commands.h"
+#include "clients/client/coordinator_client.h"
+#include "services/rpc/tls.h"
 
 int main(int argc, char** argv) {
   using namespace stagewise::cli;
@@ -20,6 +22,15 @@ int main(int argc, char** argv) {
   app.add_option("--coordinator", coordinator,
                  "Coordinator address HOST:PORT (default: $STAGEWISE_COORDINATOR, else "
                  "127.0.0.1:7070)");
+  // Transport security and the bearer token of the commands that talk to a
+  // coordinator (global: they may also come after the subcommand).
+  stagewise::rpc::TlsConfig tls;
+  stagewise::rpc::AddTlsFlags(&app, &tls);
+  std::string token;
+  app.add_option("--token", token,
+                 "Bearer token for the coordinator (env STAGEWISE_TOKEN); its role decides what "
+                 "this client may do (read, submit, admin)")
+      ->envname("STAGEWISE_TOKEN");
   const auto output_option = [](CLI::App* cmd, std::string& output, const char* what) {
     cmd->add_option("-o,--output", output, what)
         ->check(CLI::IsMember({"text", "json"}))
@@ -230,6 +241,20 @@ int main(int argc, char** argv) {
   if (train_cmd->parsed()) return TrainLocal(train, std::cout, std::cerr);
   if (validate_cmd->parsed()) return Validate(validate, std::cout, std::cerr);
   if (plan_cmd->parsed()) return Plan(plan, std::cout, std::cerr);
+  if (local_cmd->parsed()) {
+    // `local` makes its own throw-away certificates unless --insecure.
+    local.insecure = tls.insecure;
+    return Local(local, std::cout, std::cerr);
+  }
+  {
+    stagewise::rpc::RpcOptions client_options;
+    if (absl::Status s = stagewise::rpc::ApplyTls(tls, &client_options); !s.ok()) {
+      std::cerr << "error: " << s.message() << "\n";
+      return kExitInvalid;
+    }
+    client_options.bearer_token = token;
+    stagewise::client::SetDefaultClientOptions(client_options);
+  }
   submit.coordinator = status.coordinator = list.coordinator = watch.coordinator =
       cancel.coordinator = workers.coordinator = checkpoints.coordinator = export_args.coordinator =
           coordinator;
@@ -241,6 +266,5 @@ int main(int argc, char** argv) {
   if (workers_cmd->parsed()) return Workers(workers, std::cout, std::cerr);
   if (checkpoints_cmd->parsed()) return Checkpoints(checkpoints, std::cout, std::cerr);
   if (export_cmd->parsed()) return Export(export_args, std::cout, std::cerr);
-  if (local_cmd->parsed()) return Local(local, std::cout, std::cerr);
   return kExitInvalid;
 }

@@ -57,7 +57,7 @@ int Submit(const SubmitArgs& args, std::ostream& out, std::ostream& err) {
   absl::StatusOr<std::string> job_id = client.Submit(*yaml);
   if (!job_id.ok()) {
     if (job_id.status().code() == absl::StatusCode::kInvalidArgument) {
-      err << "error: " << args.job_path << ": " << job_id.status().message() << "\n";
+      err << "error: " << args.job_path << ": " << TerminalSafe(job_id.status().message()) << "\n";
       return kExitInvalid;
     }
     return ReportError(job_id.status(), err);
@@ -113,7 +113,7 @@ int Cancel(const CancelArgs& args, std::ostream& out, std::ostream& err) {
     out << JobJson(*status) << "\n";
   } else {
     out << "job " << status->job_id() << ": " << client::JobStateName(status->state());
-    if (!status->reason().empty()) out << " (" << status->reason() << ")";
+    if (!status->reason().empty()) out << " (" << TerminalSafe(status->reason()) << ")";
     out << "\n";
   }
   return kExitOk;

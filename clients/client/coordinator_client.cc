@@ -47,16 +47,41 @@ std::string JobStateName(v1::JobState state) {
   return name.empty() ? absl::StrCat("STATE_", static_cast<int>(state)) : name;
 }
 
-CoordinatorClient::CoordinatorClient(const std::string& address, absl::Duration deadline)
+namespace {
+absl::Mutex default_options_mu(absl::kConstInit);
+rpc::RpcOptions& DefaultOptionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(default_options_mu) {
+  static auto* options = new rpc::RpcOptions();
+  return *options;
+}
+}  // namespace
+
+void SetDefaultClientOptions(const rpc::RpcOptions& options) {
+  absl::MutexLock lock(&default_options_mu);
+  DefaultOptionsLocked() = options;
+}
+
+rpc::RpcOptions DefaultClientOptions() {
+  absl::MutexLock lock(&default_options_mu);
+  return DefaultOptionsLocked();
+}
+
+CoordinatorClient::CoordinatorClient(const std::string& address, absl::Duration deadline,
+                                     const rpc::RpcOptions& options)
     : address_(address),
       deadline_(deadline),
-      channel_(rpc::MakeChannel(address)),
+      token_(options.bearer_token),
+      channel_(rpc::MakeChannel(address, options)),
       stub_(v1::Coordinator::NewStub(channel_)) {}
 
 CoordinatorClient::~CoordinatorClient() = default;
 
 void CoordinatorClient::SetDeadline(grpc::ClientContext* ctx) const {
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+  AddToken(ctx);
+}
+
+void CoordinatorClient::AddToken(grpc::ClientContext* ctx) const {
+  if (!token_.empty()) ctx->AddMetadata("authorization", "Bearer " + token_);
 }
 
 std::string CoordinatorClient::UnreachableHint() const {
@@ -149,6 +174,7 @@ absl::StatusOr<v1::ListCheckpointsResponse> CoordinatorClient::ListCheckpoints(
 absl::StatusOr<v1::JobStatus> CoordinatorClient::Watch(
     const std::string& job_id, const std::function<bool(const v1::JobEvent&)>& on_event) {
   grpc::ClientContext ctx;  // no deadline: a job may run for hours
+  AddToken(&ctx);
   {
     absl::MutexLock lock(&mu_);
     if (stopped_) return absl::CancelledError("stopped watching");

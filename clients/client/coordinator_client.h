@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "services/rpc/server.h"
 #include "stagewise/v1/coordinator.grpc.pb.h"
 
 namespace stagewise::client {
@@ -69,10 +70,17 @@ bool IsTerminal(v1::JobState state);
 // "RUNNING", "SUCCEEDED", ... (the proto enum name).
 std::string JobStateName(v1::JobState state);
 
+// The transport security and bearer token of every CoordinatorClient made
+// without its own (the CLI sets them once from its flags; plaintext and no
+// token until then).
+void SetDefaultClientOptions(const rpc::RpcOptions& options);
+rpc::RpcOptions DefaultClientOptions();
+
 class CoordinatorClient {
  public:
   explicit CoordinatorClient(const std::string& address,
-                             absl::Duration deadline = absl::Seconds(10));
+                             absl::Duration deadline = absl::Seconds(10),
+                             const rpc::RpcOptions& options = DefaultClientOptions());
   ~CoordinatorClient();
 
   CoordinatorClient(const CoordinatorClient&) = delete;
@@ -135,7 +143,9 @@ class CoordinatorClient {
   // grpc::Status -> absl::Status, with the connection hint on UNAVAILABLE and
   // on deadlines that expired before a connection was made.
   absl::Status Convert(const grpc::Status& status);
+  // The call's deadline and bearer token.
   void SetDeadline(grpc::ClientContext* ctx) const;
+  void AddToken(grpc::ClientContext* ctx) const;
   // "cannot reach the coordinator at ADDR (is it running? ...): "
   std::string UnreachableHint() const;
   // Sleeps for `d` or until StopWatching(); true if stopped.
@@ -143,6 +153,7 @@ class CoordinatorClient {
 
   std::string address_;
   absl::Duration deadline_;
+  std::string token_;  // bearer token ("" = none)
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 

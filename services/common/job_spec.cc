@@ -28,7 +28,12 @@ namespace {
 
 // A job spec is a few hundred bytes; the cap only stops a mistaken path such
 // as /dev/zero from hanging the coordinator.
-constexpr std::uintmax_t kMaxSpecFileBytes = 4 << 20;
+// Limits on what a submitted spec may ask for (docs/security.md): a spec is a
+// few KiB; the bounds only keep hostile input from costing memory or time.
+constexpr size_t kMaxJobSpecBytes = 1 << 20;
+constexpr std::uintmax_t kMaxSpecFileBytes = kMaxJobSpecBytes;
+constexpr int64_t kMaxSteps = 1'000'000'000'000;
+constexpr double kMaxEpochs = 1'000'000;
 
 // ---------------------------------------------------------------------------
 // Small helpers
@@ -71,26 +76,33 @@ bool ParseBoolText(absl::string_view text, bool* out) {
 }
 
 // Optimal string alignment distance: Levenshtein plus adjacent transpositions,
-// so "nmae" is one edit from "name".
+// so "nmae" is one edit from "name". Three rows of memory.
 size_t EditDistance(absl::string_view a, absl::string_view b) {
-  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
-  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  std::vector<size_t> before(b.size() + 1), prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
   for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
     for (size_t j = 1; j <= b.size(); ++j) {
       const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost});
       if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+        cur[j] = std::min(cur[j], before[j - 2] + 1);
       }
     }
+    std::swap(before, prev);
+    std::swap(prev, cur);
   }
-  return d[a.size()][b.size()];
+  return prev[b.size()];
 }
+
+// Words longer than this are not typos of a key or a name: no suggestion (and
+// no quadratic work on hostile input).
+constexpr size_t kMaxSuggestLength = 64;
 
 // The closest candidate if it is close enough to be a plausible typo.
 std::optional<std::string> Suggest(absl::string_view word,
                                    const std::vector<std::string>& candidates) {
+  if (word.size() > kMaxSuggestLength) return std::nullopt;
   const size_t limit = std::clamp<size_t>(word.size() / 2, 1, 2);
   std::optional<std::string> best;
   size_t best_distance = limit + 1;
@@ -104,10 +116,17 @@ std::optional<std::string> Suggest(absl::string_view word,
   return best;
 }
 
+// A user's word quoted back in an error: long ones are cut (a message must
+// stay readable and small whatever was submitted).
+std::string Clip(absl::string_view word) {
+  if (word.size() <= kMaxSuggestLength) return std::string(word);
+  return absl::StrCat(word.substr(0, kMaxSuggestLength), "... (", word.size(), " bytes)");
+}
+
 // "must be one of a, b, c; got 'x'", with a suggestion when one is close.
 std::string ChoiceMessage(absl::string_view value, const std::vector<std::string>& choices) {
   std::string message =
-      absl::StrCat("must be one of ", absl::StrJoin(choices, ", "), "; got '", value, "'");
+      absl::StrCat("must be one of ", absl::StrJoin(choices, ", "), "; got '", Clip(value), "'");
   if (auto suggestion = Suggest(value, choices)) {
     absl::StrAppend(&message, " (did you mean ", *suggestion, "?)");
   }
@@ -254,7 +273,7 @@ class Section {
       } else {
         absl::StrAppend(&message, " (known: ", absl::StrJoin(known, ", "), ")");
       }
-      status_ = KeyError(PathOf(key), message);
+      status_ = KeyError(PathOf(Clip(key)), message);
       return;
     }
   }
@@ -410,8 +429,8 @@ absl::StatusOr<std::string> CanonicalParam(const ParamSchema& param, absl::strin
     return param.min_exclusive ? value <= param.min : value < param.min;
   };
   auto type_error = [&] {
-    return KeyError(path,
-                    absl::StrCat("expected ", ExpectedText(param.type), ", got '", text, "'"));
+    return KeyError(
+        path, absl::StrCat("expected ", ExpectedText(param.type), ", got '", Clip(text), "'"));
   };
   auto bound_text = [&](absl::string_view value) {
     return absl::StrCat("must be ", param.min_exclusive ? "> " : ">= ", FormatDouble(param.min),
@@ -522,7 +541,7 @@ absl::Status ParseStages(const YAML::Node& node, StagesSpec* stages) {
     const std::string value = modes->IsScalar() ? modes->Scalar() : "";
     if (value != "auto" && value != "store" && value != "rebuild") {
       return KeyError(section.PathOf("modes"), absl::StrCat("must be auto, store or rebuild, got '",
-                                                            value, "'", MarkSuffix(*modes)));
+                                                            Clip(value), "'", MarkSuffix(*modes)));
     }
     stages->modes = value;
   }
@@ -548,7 +567,7 @@ absl::Status ParseStages(const YAML::Node& node, StagesSpec* stages) {
     if (value != "even" && value != "auto") {
       return KeyError(
           path, absl::StrCat("must be even, auto or a list of [begin, end) block ranges, got '",
-                             value, "'", MarkSuffix(*partition)));
+                             Clip(value), "'", MarkSuffix(*partition)));
     }
     stages->partition = value;
     return absl::OkStatus();
@@ -1005,6 +1024,14 @@ absl::Status ValidateLength(const JobSpec& spec) {
   Checker check;
   check(AtLeast("epochs", spec.epochs, 0.0));
   check(AtLeast("steps", spec.steps, int64_t{0}));
+  // Bounds far past any real run, so step arithmetic never overflows.
+  if (spec.epochs > kMaxEpochs) {
+    check(KeyError("epochs",
+                   absl::StrCat("must be <= ", kMaxEpochs, ", got ", FormatDouble(spec.epochs))));
+  }
+  if (spec.steps > kMaxSteps) {
+    check(KeyError("steps", absl::StrCat("must be <= ", kMaxSteps, ", got ", spec.steps)));
+  }
   if (!check.status().ok()) return check.status();
   if (spec.epochs > 0 && spec.steps > 0) {
     return KeyError("epochs", absl::StrCat("set exactly one of epochs and steps, got epochs ",
@@ -1230,6 +1257,11 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
 }
 
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text) {
+  if (yaml_text.size() > kMaxJobSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the job spec is ", yaml_text.size(),
+                                                   " bytes; at most ", kMaxJobSpecBytes,
+                                                   " are accepted"));
+  }
   // yaml-cpp reports everything by exception; none may escape (a bad spec
   // must never take down the coordinator).
   try {

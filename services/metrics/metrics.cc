@@ -340,6 +340,12 @@ class CoordinatorFamilies {
                              .Name("stagewise_coordinator_recovery_seconds")
                              .Help("From the end of an attempt to its successor running again.")
                              .Register(registry)),
+        refused_(prometheus::BuildCounter()
+                     .Name("stagewise_coordinator_refused_total")
+                     .Help("Requests and worker events the coordinator refused or ignored, by "
+                           "reason (unauthenticated, permission_denied, not_assigned, "
+                           "out_of_range, bad_session, ...).")
+                     .Register(registry)),
         steps_redone_(steps_redone_family_.Add({})),
         checkpoints_(checkpoints_family_.Add({})),
         recovery_seconds_(recovery_family_.Add(
@@ -349,6 +355,12 @@ class CoordinatorFamilies {
     absl::MutexLock lock(&mu_);
     Counter*& counter = restarts_by_cause_[cause];
     if (counter == nullptr) counter = &restarts_.Add({{"cause", cause}});
+    counter->Increment();
+  }
+  void CountRefused(const std::string& reason) {
+    absl::MutexLock lock(&mu_);
+    Counter*& counter = refused_by_reason_[reason];
+    if (counter == nullptr) counter = &refused_.Add({{"reason", reason}});
     counter->Increment();
   }
   void AddStepsRedone(int64_t steps) { steps_redone_.Increment(static_cast<double>(steps)); }
@@ -368,6 +380,7 @@ class CoordinatorFamilies {
     registry.Remove(steps_redone_family_);
     registry.Remove(checkpoints_family_);
     registry.Remove(recovery_family_);
+    registry.Remove(refused_);
   }
 
   void SetJobProgress(const std::string& job, int64_t step, double train_loss,
@@ -449,11 +462,13 @@ class CoordinatorFamilies {
   Family<Counter>& steps_redone_family_;
   Family<Counter>& checkpoints_family_;
   Family<Histogram>& recovery_family_;
+  Family<Counter>& refused_;
   Counter& steps_redone_;
   Counter& checkpoints_;
   Histogram& recovery_seconds_;
   absl::Mutex mu_;
   std::map<std::string, Counter*> restarts_by_cause_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Counter*> refused_by_reason_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobGauges> job_gauges_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Gauge*> jobs_by_state_ ABSL_GUARDED_BY(mu_);
   Gauge* workers_idle_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -510,7 +525,22 @@ std::string TextExposition(prometheus::Registry& registry) {
 struct StageMetrics::Impl {
   Registry* registry;
   StageFamilies* families;
-  StageSeries* series;
+  // Updates hold mu shared; Retire holds it exclusively, so no update touches
+  // a series while it is removed.
+  mutable absl::Mutex mu;
+  StageSeries* series ABSL_GUARDED_BY(mu) = nullptr;  // null once retired
+  // The totals when retired (summaries may still ask).
+  double idle_total ABSL_GUARDED_BY(mu) = 0;
+  int64_t bytes_total[2] ABSL_GUARDED_BY(mu) = {0, 0};  // received, sent
+
+  void Release() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (series == nullptr) return;
+    idle_total = series->idle->Value();
+    bytes_total[0] = static_cast<int64_t>(series->bytes_received->Value());
+    bytes_total[1] = static_cast<int64_t>(series->bytes_sent->Value());
+    families->ReleaseSeries(series);
+    series = nullptr;
+  }
 };
 
 StageMetrics::StageMetrics(prometheus::Registry& registry, const std::string& job, int stage,
@@ -518,28 +548,45 @@ StageMetrics::StageMetrics(prometheus::Registry& registry, const std::string& jo
     : impl_(std::make_unique<Impl>()) {
   impl_->registry = &registry;
   impl_->families = &StageCache().Acquire(registry);
+  absl::MutexLock lock(&impl_->mu);
   impl_->series = impl_->families->AcquireSeries(
       {{"job", job}, {"stage", std::to_string(stage)}, {"algorithm", algorithm}});
 }
 
 StageMetrics::~StageMetrics() {
-  impl_->families->ReleaseSeries(impl_->series);
+  {
+    absl::MutexLock lock(&impl_->mu);
+    impl_->Release();
+  }
   StageCache().Release(*impl_->registry);
 }
 
+void StageMetrics::Retire() {
+  absl::MutexLock lock(&impl_->mu);
+  impl_->Release();
+}
+
 void StageMetrics::ObserveCompute(const std::string& phase, double seconds) {
+  absl::ReaderMutexLock lock(&impl_->mu);
+  if (impl_->series == nullptr) return;
   impl_->families->Compute(*impl_->series, phase)->Observe(seconds);
 }
 
 void StageMetrics::AddIdle(double seconds) {
+  absl::ReaderMutexLock lock(&impl_->mu);
+  if (impl_->series == nullptr) return;
   if (seconds > 0) impl_->series->idle->Increment(seconds);
 }
 
 void StageMetrics::SetInboxDepth(int64_t depth) {
+  absl::ReaderMutexLock lock(&impl_->mu);
+  if (impl_->series == nullptr) return;
   impl_->series->inbox->Set(static_cast<double>(depth));
 }
 
 void StageMetrics::AddBytes(bool sent, int64_t bytes) {
+  absl::ReaderMutexLock lock(&impl_->mu);
+  if (impl_->series == nullptr) return;
   StageSeries& series = *impl_->series;
   if (bytes > 0) {
     (sent ? series.bytes_sent : series.bytes_received)->Increment(static_cast<double>(bytes));
@@ -548,26 +595,43 @@ void StageMetrics::AddBytes(bool sent, int64_t bytes) {
 }
 
 void StageMetrics::SetStaleness(int64_t steps) {
+  absl::ReaderMutexLock lock(&impl_->mu);
+  if (impl_->series == nullptr) return;
   impl_->series->staleness->Set(static_cast<double>(steps));
 }
 
 void StageMetrics::SetMemory(const std::string& kind, int64_t bytes) {
+  absl::ReaderMutexLock lock(&impl_->mu);
+  if (impl_->series == nullptr) return;
   impl_->families->Memory(*impl_->series, kind)->Set(static_cast<double>(bytes));
 }
 
 void StageMetrics::SetMessageBytes(const std::string& kind, int64_t bytes) {
+  absl::ReaderMutexLock lock(&impl_->mu);
+  if (impl_->series == nullptr) return;
   impl_->families->Message(*impl_->series, kind)->Set(static_cast<double>(bytes));
 }
 
 void StageMetrics::SetValue(const std::string& name, double value) {
+  absl::ReaderMutexLock lock(&impl_->mu);
+  if (impl_->series == nullptr) return;
   impl_->families->Value(*impl_->series, name)->Set(value);
 }
 
-void StageMetrics::IncSteps() { impl_->series->steps->Increment(); }
+void StageMetrics::IncSteps() {
+  absl::ReaderMutexLock lock(&impl_->mu);
+  if (impl_->series == nullptr) return;
+  impl_->series->steps->Increment();
+}
 
-double StageMetrics::idle_seconds() const { return impl_->series->idle->Value(); }
+double StageMetrics::idle_seconds() const {
+  absl::ReaderMutexLock lock(&impl_->mu);
+  return impl_->series == nullptr ? impl_->idle_total : impl_->series->idle->Value();
+}
 
 int64_t StageMetrics::bytes(bool sent) const {
+  absl::ReaderMutexLock lock(&impl_->mu);
+  if (impl_->series == nullptr) return impl_->bytes_total[sent ? 1 : 0];
   const Counter* counter = sent ? impl_->series->bytes_sent : impl_->series->bytes_received;
   return static_cast<int64_t>(counter->Value());
 }
@@ -612,6 +676,10 @@ void CoordinatorMetrics::RemoveJob(const std::string& job) { impl_->families->Re
 
 void CoordinatorMetrics::CountRestart(const std::string& cause) {
   impl_->families->CountRestart(cause);
+}
+
+void CoordinatorMetrics::CountRefused(const std::string& reason) {
+  impl_->families->CountRefused(reason);
 }
 
 void CoordinatorMetrics::AddStepsRedone(int64_t steps) { impl_->families->AddStepsRedone(steps); }

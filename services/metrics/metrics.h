@@ -63,6 +63,9 @@ class StageMetrics {
   StageMetrics(prometheus::Registry& registry, const std::string& job, int stage,
                const std::string& algorithm);
   ~StageMetrics();
+  // The stage ended: its series leave the endpoint now (the object stays
+  // valid; later updates are dropped, the totals below keep their values).
+  void Retire();
   void ObserveCompute(const std::string& phase, double seconds);
   void AddIdle(double seconds);
   void SetInboxDepth(int64_t depth);
@@ -88,6 +91,7 @@ class StageMetrics {
 //   stagewise_coordinator_jobs{state}                                      gauge per state
 //   stagewise_coordinator_workers{state}                                   gauge: idle | busy
 //   stagewise_coordinator_job_transitions_total{to}                        counter
+//   stagewise_coordinator_refused_total{reason}                            counter
 class CoordinatorMetrics {
  public:
   explicit CoordinatorMetrics(prometheus::Registry& registry);
@@ -107,6 +111,9 @@ class CoordinatorMetrics {
   void AddStepsRedone(int64_t steps);
   void CountCheckpoint();
   void ObserveRecovery(double seconds);
+  // Security (docs/security.md): a request or worker event was refused or
+  // ignored, by reason.
+  void CountRefused(const std::string& reason);
 
  private:
   struct Impl;

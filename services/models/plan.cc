@@ -8,6 +8,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "services/common/status_macros.h"
 
 namespace stagewise::models {
 namespace {
@@ -222,7 +224,14 @@ absl::StatusOr<std::vector<BlockInfo>> PlanRevNet(const ModelSpec& spec) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<BlockInfo>> PlanModel(const ModelSpec& spec) {
+namespace {
+
+// Bounds on what a job may describe (docs/security.md): far beyond what one
+// stage can train, small enough that the arithmetic and the refusals are cheap.
+constexpr double kMaxModelParameters = 1e10;
+constexpr double kMaxActivationElements = 1 << 30;
+
+absl::StatusOr<std::vector<BlockInfo>> PlanBlocks(const ModelSpec& spec) {
   if (spec.num_classes < 1) {
     return absl::InvalidArgumentError("model: number of classes unknown (data section missing?)");
   }
@@ -239,6 +248,49 @@ absl::StatusOr<std::vector<BlockInfo>> PlanModel(const ModelSpec& spec) {
   if (spec.name == "revnet") return PlanRevNet(spec);
   return absl::InvalidArgumentError(
       absl::StrCat("model.name: must be mlp, resnet or revnet, got '", spec.name, "'"));
+}
+
+}  // namespace
+
+double EstimateParameters(const BlockInfo& b) {
+  const double in = static_cast<double>(b.in_channels);
+  const double out = static_cast<double>(b.out_channels);
+  const double mid = static_cast<double>(b.mid_channels);
+  if (b.kind == "linear" || b.kind == "head") return in * out + out;
+  if (b.kind == "stem") return (b.imagenet_stem ? 49 : 9) * in * out + 2 * out;
+  if (b.kind == "reversible") {
+    // F and G, each a residual function on one stream.
+    const double one = b.bottleneck ? out * mid + 9 * mid * mid + mid * out : 18 * out * out;
+    return 2 * one + 8 * out;
+  }
+  // residual / downsample, with a projection shortcut when the shape changes.
+  const double body =
+      b.bottleneck ? in * mid + 9 * mid * mid + mid * out : 9 * in * out + 9 * out * out;
+  const double shortcut = (b.stride > 1 || b.in_channels != b.out_channels) ? in * out : 0;
+  return body + shortcut + 6 * out;
+}
+
+absl::StatusOr<std::vector<BlockInfo>> PlanModel(const ModelSpec& spec) {
+  STAGEWISE_ASSIGN_OR_RETURN(std::vector<BlockInfo> blocks, PlanBlocks(spec));
+  // Refuse what no stage could hold, before anything is allocated.
+  double parameters = 0;
+  for (const BlockInfo& b : blocks) {
+    parameters += EstimateParameters(b);
+    double elements = 1;
+    for (int64_t d : b.out_shape) elements *= static_cast<double>(d);
+    if (elements > kMaxActivationElements) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "model: block %d (%s) outputs %.3g values per sample; at most %.3g are supported",
+          b.index, b.kind, elements, kMaxActivationElements));
+    }
+  }
+  if (parameters > kMaxModelParameters) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("model: about %.3g parameters; at most %.3g are supported (check "
+                        "model.hidden / model.width)",
+                        parameters, kMaxModelParameters));
+  }
+  return blocks;
 }
 
 uint64_t BlockSeed(uint64_t job_seed, int index) {

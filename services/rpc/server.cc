@@ -31,7 +31,18 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const RpcO
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, options.keepalive_time_ms);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, options.keepalive_timeout_ms);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (options.channel_credentials == nullptr) {
+    return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  }
+  if (!options.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  return grpc::CreateCustomChannel(target, options.channel_credentials, args);
+}
+
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const RpcOptions& options) {
+  return options.server_credentials != nullptr ? options.server_credentials
+                                               : grpc::InsecureServerCredentials();
 }
 
 absl::Status WritePortFile(const std::string& path, int grpc_port, int metrics_port) {

@@ -5,6 +5,8 @@
 #define STAGEWISE_SERVICES_RPC_SERVER_H_
 
 #include <grpcpp/channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
 #include <cstdint>
@@ -21,13 +23,27 @@ struct RpcOptions {
   int max_message_bytes = 256 << 20;
   int keepalive_time_ms = 20000;
   int keepalive_timeout_ms = 10000;
+  // Transport security, built from the TLS flags by services/rpc/tls.h
+  // (ApplyTls). Null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
+  std::shared_ptr<grpc::ServerCredentials> server_credentials;
+  // Clients: the name to verify in the server's certificate instead of the
+  // target's host ("" = the host).
+  std::string tls_server_name;
+  // Clients of the coordinator: sent as "authorization: Bearer <token>" with
+  // every call ("" = none). Workers never send one.
+  std::string bearer_token;
 };
+
+// The server credentials of `options` (plaintext when none were set).
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const RpcOptions& options);
 
 // Applies limits and keepalive to `builder` and enables the health service.
 // Call before builder.BuildAndStart().
 void ConfigureServerBuilder(const RpcOptions& options, grpc::ServerBuilder* builder);
 
-// Insecure channel to `target` ("host:port") with the same limits and keepalive.
+// Channel to `target` ("host:port") with the same limits and keepalive, and
+// the credentials of `options` (plaintext when none were set).
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            const RpcOptions& options = {});
 

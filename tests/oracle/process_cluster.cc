@@ -2,14 +2,19 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
 #include "services/checkpoint/checkpoint.h"
 #include "services/common/job_spec.h"
 #include "services/models/model.h"
+#include "services/rpc/pki.h"
+#include "services/rpc/tls.h"
 
 namespace stagewise::testing {
 namespace fs = std::filesystem;
@@ -25,29 +30,63 @@ std::string MakeTempDir() {
 }  // namespace
 
 ProcessCluster::ProcessCluster(int workers, double heartbeat_timeout_s)
-    : heartbeat_timeout_s_(heartbeat_timeout_s) {
+    : ProcessCluster(Options{.workers = workers, .heartbeat_timeout_s = heartbeat_timeout_s}) {}
+
+ProcessCluster::ProcessCluster(Options options) : options_(std::move(options)) {
   dir_ = MakeTempDir();
   if (dir_.empty()) {
     error_ = absl::InternalError("mkdtemp failed");
     return;
   }
   bin_ = std::string(STAGEWISE_BINARY_DIR) + "/bin";
+  if (options_.tls) {
+    error_ = rpc::CreateLocalPki(pki_dir());
+    if (!error_.ok()) return;
+  }
+  if (!options_.tokens.empty()) {
+    std::ofstream(dir_ + "/tokens") << options_.tokens;
+    ::chmod((dir_ + "/tokens").c_str(), 0600);
+  }
   error_ = StartCoordinator();
   if (!error_.ok()) return;
+  rpc::RpcOptions client_options = RpcOptionsFor("client");
+  client_options.bearer_token = options_.client_token;
   client_ = std::make_unique<::stagewise::client::CoordinatorClient>(
-      absl::StrCat("127.0.0.1:", coordinator_port_));
-  for (int i = 0; i < workers; ++i) {
+      coordinator_address(), absl::Seconds(10), client_options);
+  const std::string metrics_listen = options_.metrics ? "127.0.0.1:0" : "";
+  for (int i = 0; i < options_.workers; ++i) {
     const std::string name = absl::StrCat("w", i);
-    worker_argv_.push_back({bin_ + "/stagewise-worker", "--coordinator",
-                            absl::StrCat("127.0.0.1:", coordinator_port_), "--listen",
-                            "127.0.0.1:0", "--advertise", "127.0.0.1", "--metrics-listen", "",
-                            "--name", name, "--threads", "1", "--port-file",
-                            absl::StrCat(dir_, "/", name, ".port"), "--log-level", "warning"});
+    worker_port_files_.push_back(absl::StrCat(dir_, "/", name, ".port"));
+    worker_argv_.push_back({bin_ + "/stagewise-worker", "--coordinator", coordinator_address(),
+                            "--listen", "127.0.0.1:0", "--advertise", "127.0.0.1",
+                            "--metrics-listen", metrics_listen, "--name", name, "--threads", "1",
+                            "--port-file", worker_port_files_.back(), "--log-level", "warning"});
+    for (const std::string& flag : TlsFlags("worker")) worker_argv_.back().push_back(flag);
     workers_.emplace_back();
+    worker_ports_.emplace_back();
     error_ = StartWorker(i);
     if (!error_.ok()) return;
   }
-  error_ = WaitForWorkers(workers);
+  error_ = WaitForWorkers(options_.workers);
+}
+
+std::vector<std::string> ProcessCluster::TlsFlags(const std::string& identity) const {
+  if (!options_.tls) return {"--insecure"};
+  const rpc::TlsConfig c = rpc::TlsConfigFor(pki_dir(), identity);
+  return {"--tls-cert", c.cert_file, "--tls-key", c.key_file, "--tls-ca", c.ca_file};
+}
+
+rpc::RpcOptions ProcessCluster::RpcOptionsFor(const std::string& identity) const {
+  rpc::RpcOptions options;
+  if (options_.tls) {
+    absl::Status s = rpc::ApplyTls(rpc::TlsConfigFor(pki_dir(), identity), &options);
+    if (!s.ok()) ADD_FAILURE() << s;
+  }
+  return options;
+}
+
+std::string ProcessCluster::coordinator_address() const {
+  return absl::StrCat("127.0.0.1:", coordinator_port_);
 }
 
 ProcessCluster::~ProcessCluster() {
@@ -73,15 +112,21 @@ absl::Status ProcessCluster::StartCoordinator() {
                                    "--listen",
                                    absl::StrCat("127.0.0.1:", coordinator_port_),
                                    "--metrics-listen",
-                                   "",
+                                   options_.metrics ? "127.0.0.1:0" : "",
                                    "--db",
                                    dir_ + "/coordinator.db",
                                    "--port-file",
                                    port_file,
                                    "--heartbeat-timeout",
-                                   absl::StrCat(heartbeat_timeout_s_),
+                                   absl::StrCat(options_.heartbeat_timeout_s),
                                    "--log-level",
                                    "warning"};
+  argv.insert(argv.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
+  for (const std::string& flag : TlsFlags("coordinator")) argv.push_back(flag);
+  if (!options_.tokens.empty()) {
+    argv.push_back("--tokens");
+    argv.push_back(dir_ + "/tokens");
+  }
   auto child = cli::Child::Spawn(argv, dir_ + "/coordinator.log");
   if (!child.ok()) return child.status();
   coordinator_ = std::move(*child);
@@ -91,11 +136,12 @@ absl::Status ProcessCluster::StartCoordinator() {
                                                             cli::TailFile(CoordinatorLog(), 30)));
   }
   coordinator_port_ = ports->grpc;
+  coordinator_metrics_port_ = ports->metrics;
   return absl::OkStatus();
 }
 
 absl::Status ProcessCluster::StartWorker(int i) {
-  const std::string& port_file = worker_argv_[i][14];
+  const std::string& port_file = worker_port_files_[i];
   fs::remove(port_file);
   auto child = cli::Child::Spawn(worker_argv_[i], absl::StrCat(dir_, "/w", i, ".log"));
   if (!child.ok()) return child.status();
@@ -105,6 +151,7 @@ absl::Status ProcessCluster::StartWorker(int i) {
     return absl::Status(ports.status().code(), absl::StrCat(ports.status().message(), "\n",
                                                             cli::TailFile(WorkerLog(i), 30)));
   }
+  worker_ports_[i] = *ports;
   return absl::OkStatus();
 }
 

@@ -17,14 +17,32 @@
 #include "absl/time/time.h"
 #include "clients/cli/process.h"
 #include "clients/client/coordinator_client.h"
+#include "services/rpc/server.h"
 #include "stagewise/v1/coordinator.pb.h"
 
 namespace stagewise::testing {
 
 class ProcessCluster {
  public:
-  // Starts the coordinator and `workers` workers and waits until they are
+  struct Options {
+    int workers = 2;
+    double heartbeat_timeout_s = 5;
+    // Extra stagewise-coordinator flags (e.g. {"--configure-timeout", "2"}).
+    std::vector<std::string> coordinator_args;
+    // Serve /metrics on 127.0.0.1 (coordinator_metrics_port, worker_metrics_port).
+    bool metrics = false;
+    // Mutual TLS between every process, with throw-away certificates made in
+    // dir()/tls (CreateLocalPki: identities coordinator, worker, client);
+    // false: --insecure.
+    bool tls = true;
+    // Contents of a --tokens file for the coordinator ("" = no tokens).
+    std::string tokens;
+    // The bearer token of client() ("" = none).
+    std::string client_token;
+  };
+  // Starts the coordinator and the workers and waits until they are
   // registered. Check ok() (and error()) before use.
+  explicit ProcessCluster(Options options);
   explicit ProcessCluster(int workers, double heartbeat_timeout_s = 5);
   ~ProcessCluster();
 
@@ -33,6 +51,14 @@ class ProcessCluster {
   const std::string& dir() const { return dir_; }  // temporary directory of this cluster
   ::stagewise::client::CoordinatorClient& client() { return *client_; }
   int num_workers() const { return static_cast<int>(workers_.size()); }
+  std::string coordinator_address() const;
+  int coordinator_metrics_port() const { return coordinator_metrics_port_; }
+  int worker_port(int i) const { return worker_ports_[i].grpc; }
+  int worker_metrics_port(int i) const { return worker_ports_[i].metrics; }
+  // Channel settings of a process with certificate `identity` (coordinator,
+  // worker or client; plaintext when TLS is off).
+  rpc::RpcOptions RpcOptionsFor(const std::string& identity) const;
+  std::string pki_dir() const { return dir_ + "/tls"; }
 
   // SIGKILL, then the same command line again (the same name, so it registers
   // as the same worker). Returns once it answers on its port again.
@@ -57,12 +83,16 @@ class ProcessCluster {
 
  private:
   absl::Status StartCoordinator();
+  std::vector<std::string> TlsFlags(const std::string& identity) const;
 
   absl::Status error_;
   std::string dir_;
   std::string bin_;
   int coordinator_port_ = 0;
-  double heartbeat_timeout_s_;
+  Options options_;
+  int coordinator_metrics_port_ = 0;
+  std::vector<std::string> worker_port_files_;
+  std::vector<cli::Ports> worker_ports_;
   std::unique_ptr<cli::Child> coordinator_;
   std::vector<std::vector<std::string>> worker_argv_;
   std::vector<std::unique_ptr<cli::Child>> workers_;

@@ -62,7 +62,7 @@ class JobManagerTest : public ::testing::Test {
     auto r = manager_->Register(Info(id));
     EXPECT_TRUE(r.ok()) << r.status();
     auto sink = std::make_unique<FakeSink>();
-    EXPECT_TRUE(manager_->Connect(id, sink.get()).ok());
+    EXPECT_TRUE(manager_->Connect(id, r.ok() ? r->session() : "", sink.get()).ok());
     sinks_[id] = std::move(sink);
     return sinks_[id].get();
   }
@@ -639,7 +639,7 @@ TEST_F(JobManagerTest, RefusesBadInput) {
   no_address.clear_address();
   EXPECT_EQ(manager_->Register(no_address).status().code(), absl::StatusCode::kInvalidArgument);
   FakeSink sink;
-  EXPECT_EQ(manager_->Connect("nobody", &sink).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->Connect("nobody", "", &sink).code(), absl::StatusCode::kNotFound);
   auto bad = manager_->Submit(JobYaml(2, 4, "optimiser: {lr: 1}\n"));
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), HasSubstr("optimiser"));

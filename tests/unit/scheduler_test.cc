@@ -25,9 +25,11 @@ class SchedulerTest : public ::testing::Test {
  protected:
   void AddWorker(const std::string& id, int64_t memory_bytes = 0) {
     std::optional<WorkerRegistry::Removed> replaced;
-    ASSERT_TRUE(registry_.Register(Info(id, memory_bytes), absl::Now(), &replaced).ok());
+    std::string session;
+    ASSERT_TRUE(
+        registry_.Register(Info(id, memory_bytes), {}, absl::Now(), &replaced, &session).ok());
     sinks_.push_back(std::make_unique<FakeSink>());
-    ASSERT_TRUE(registry_.Connect(id, sinks_.back().get(), absl::Now()).ok());
+    ASSERT_TRUE(registry_.Connect(id, session, {}, sinks_.back().get(), absl::Now()).ok());
   }
   static std::vector<std::string> Ids(const std::vector<Scheduler::Placement>& placed) {
     std::vector<std::string> ids;

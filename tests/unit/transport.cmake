@@ -5,3 +5,5 @@ stagewise_add_test(NAME bounded_queue_test SOURCES bounded_queue_test.cc
   LIBS stagewise_log absl::synchronization absl::time LABELS unit)
 stagewise_add_test(NAME peer_stream_test SOURCES peer_stream_test.cc
   LIBS stagewise_worker LABELS unit TORCH)
+stagewise_add_test(NAME security_test SOURCES security_test.cc
+  LIBS stagewise_security LABELS unit)

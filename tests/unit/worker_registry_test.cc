@@ -31,28 +31,34 @@ std::map<std::string, std::string> Labels(const WorkerRegistry& registry, const 
 TEST(WorkerRegistry, RegisterConnectAndList) {
   WorkerRegistry registry;
   std::optional<WorkerRegistry::Removed> replaced;
-  auto id = registry.Register(Info("w0"), kT0, &replaced);
+  std::string session, session1;
+  auto id = registry.Register(Info("w0"), {}, kT0, &replaced, &session);
   ASSERT_TRUE(id.ok()) << id.status();
   EXPECT_EQ(*id, "w0");
+  const std::string w0_session = session;
+  EXPECT_EQ(session.size(), 32u);
   EXPECT_FALSE(replaced.has_value());
   EXPECT_EQ(Labels(registry, "w0").at("state"), "registering");
 
   // No worker_id: the address is the id.
   v1::WorkerInfo anonymous = Info("");
   anonymous.set_address("10.0.0.7:7000");
-  auto by_address = registry.Register(anonymous, kT0, &replaced);
+  auto by_address = registry.Register(anonymous, {}, kT0, &replaced, &session);
   ASSERT_TRUE(by_address.ok());
   EXPECT_EQ(*by_address, "10.0.0.7:7000");
 
   v1::WorkerInfo no_address = Info("w9");
   no_address.clear_address();
-  EXPECT_EQ(registry.Register(no_address, kT0, &replaced).status().code(),
+  EXPECT_EQ(registry.Register(no_address, {}, kT0, &replaced, &session).status().code(),
             absl::StatusCode::kInvalidArgument);
 
   FakeSink sink;
-  EXPECT_TRUE(registry.Connect("w0", &sink, kT0).ok());
+  EXPECT_NE(session, w0_session);
+  EXPECT_EQ(registry.Connect("w0", session, {}, &sink, kT0).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(registry.Connect("w0", w0_session, {}, &sink, kT0).ok());
   EXPECT_EQ(Labels(registry, "w0").at("state"), "idle");
-  const absl::Status unknown = registry.Connect("nobody", &sink, kT0);
+  const absl::Status unknown = registry.Connect("nobody", session, {}, &sink, kT0);
   EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(unknown.message(), HasSubstr("'nobody'"));
 
@@ -62,16 +68,24 @@ TEST(WorkerRegistry, RegisterConnectAndList) {
   EXPECT_EQ(counts.registered, 2);
 }
 
-TEST(WorkerRegistry, DisconnectOnlyRemovesTheCurrentStream) {
+TEST(WorkerRegistry, OneStreamPerRegistrationAndOnlyItsOwnSessionAndIdentity) {
   WorkerRegistry registry;
   std::optional<WorkerRegistry::Removed> replaced;
-  ASSERT_TRUE(registry.Register(Info("w0"), kT0, &replaced).ok());
-  FakeSink old_stream, new_stream;
-  ASSERT_TRUE(registry.Connect("w0", &old_stream, kT0).ok());
-  ASSERT_TRUE(registry.Connect("w0", &new_stream, kT0).ok());
-  EXPECT_FALSE(registry.Disconnect("w0", &old_stream).has_value());
+  std::string session;
+  ASSERT_TRUE(registry.Register(Info("w0"), {.identity = "worker"}, kT0, &replaced, &session).ok());
+  FakeSink thief, first, second;
+  // Someone else's identity with the right session, the right identity with
+  // no session: both refused.
+  EXPECT_EQ(registry.Connect("w0", session, {.identity = "client"}, &thief, kT0).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(registry.Connect("w0", "", {.identity = "worker"}, &thief, kT0).code(),
+            absl::StatusCode::kPermissionDenied);
+  ASSERT_TRUE(registry.Connect("w0", session, {.identity = "worker"}, &first, kT0).ok());
+  EXPECT_EQ(registry.Connect("w0", session, {.identity = "worker"}, &second, kT0).code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_FALSE(registry.Disconnect("w0", &second).has_value());
   EXPECT_EQ(registry.List().size(), 1u);
-  auto removed = registry.Disconnect("w0", &new_stream);
+  auto removed = registry.Disconnect("w0", &first);
   ASSERT_TRUE(removed.has_value());
   EXPECT_EQ(removed->worker_id, "w0");
   EXPECT_TRUE(removed->job_id.empty());
@@ -79,32 +93,60 @@ TEST(WorkerRegistry, DisconnectOnlyRemovesTheCurrentStream) {
   EXPECT_FALSE(registry.Send("w0", v1::Command()));
 }
 
-TEST(WorkerRegistry, RegisteringAgainReplacesTheOldIncarnation) {
+TEST(WorkerRegistry, AConnectedWorkersIdCannotBeTakenButAnUnconnectedOneIsReplaced) {
   WorkerRegistry registry;
   std::optional<WorkerRegistry::Removed> replaced;
-  ASSERT_TRUE(registry.Register(Info("w0"), kT0, &replaced).ok());
-  FakeSink sink;
-  ASSERT_TRUE(registry.Connect("w0", &sink, kT0).ok());
-  ASSERT_THAT(registry.Claim("job-1", 1), ElementsAre("w0"));
-
-  ASSERT_TRUE(registry.Register(Info("w0"), kT0, &replaced).ok());
+  std::string session, again;
+  ASSERT_TRUE(registry.Register(Info("w0"), {}, kT0, &replaced, &session).ok());
+  // Registered again before its stream opened (a quick restart): replaced.
+  ASSERT_TRUE(registry.Register(Info("w0"), {}, kT0, &replaced, &again).ok());
   ASSERT_TRUE(replaced.has_value());
-  EXPECT_EQ(replaced->job_id, "job-1");
-  EXPECT_EQ(replaced->stage, 0);
-  EXPECT_TRUE(sink.closed());
-  EXPECT_EQ(sink.close_status().code(), absl::StatusCode::kAborted);
-  EXPECT_EQ(Labels(registry, "w0").at("state"), "registering");
+  EXPECT_NE(again, session);
+  FakeSink sink;
+  EXPECT_EQ(registry.Connect("w0", session, {}, &sink, kT0).code(),
+            absl::StatusCode::kPermissionDenied);
+  ASSERT_TRUE(registry.Connect("w0", again, {}, &sink, kT0).ok());
+  ASSERT_THAT(registry.Claim("job-1", 1), ElementsAre("w0"));
+  // While its stream is open the id is taken: the job is left alone.
+  std::string impostor;
+  auto taken = registry.Register(Info("w0"), {}, kT0, &replaced, &impostor);
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_FALSE(replaced.has_value());
+  EXPECT_FALSE(sink.closed());
+  EXPECT_EQ(Labels(registry, "w0").at("state"), "busy");
+  // Once the stream closed, the restarted worker registers again.
+  ASSERT_TRUE(registry.Disconnect("w0", &sink).has_value());
+  EXPECT_TRUE(registry.Register(Info("w0"), {}, kT0, &replaced, &impostor).ok());
+}
+
+TEST(WorkerRegistry, RefusesBadWorkerInfo) {
+  WorkerRegistry registry;
+  std::optional<WorkerRegistry::Removed> replaced;
+  std::string session;
+  v1::WorkerInfo escape = Info("w\x1b[2J");
+  auto s = registry.Register(escape, {}, kT0, &replaced, &session);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), HasSubstr("WorkerInfo.worker_id"));
+  v1::WorkerInfo long_id = Info(std::string(1000, 'w'));
+  EXPECT_THAT(registry.Register(long_id, {}, kT0, &replaced, &session).status().message(),
+              HasSubstr("at most 128"));
+  v1::WorkerInfo labels = Info("w0");
+  for (int i = 0; i < 40; ++i) (*labels.mutable_labels())["k" + std::to_string(i)] = "v";
+  EXPECT_THAT(registry.Register(labels, {}, kT0, &replaced, &session).status().message(),
+              HasSubstr("WorkerInfo.labels"));
+  EXPECT_TRUE(registry.List().empty());
 }
 
 TEST(WorkerRegistry, ExpiresOnlySilentWorkersAndClosesTheirStreams) {
   WorkerRegistry registry;
   std::optional<WorkerRegistry::Removed> replaced;
+  std::string session, session1;
   const absl::Duration timeout = absl::Seconds(10);
   FakeSink s0, s1;
-  ASSERT_TRUE(registry.Register(Info("w0"), kT0, &replaced).ok());
-  ASSERT_TRUE(registry.Register(Info("w1"), kT0, &replaced).ok());
-  ASSERT_TRUE(registry.Connect("w0", &s0, kT0).ok());
-  ASSERT_TRUE(registry.Connect("w1", &s1, kT0).ok());
+  ASSERT_TRUE(registry.Register(Info("w0"), {}, kT0, &replaced, &session).ok());
+  ASSERT_TRUE(registry.Register(Info("w1"), {}, kT0, &replaced, &session1).ok());
+  ASSERT_TRUE(registry.Connect("w0", session, {}, &s0, kT0).ok());
+  ASSERT_TRUE(registry.Connect("w1", session1, {}, &s1, kT0).ok());
   ASSERT_THAT(registry.Claim("job-1", 2), ElementsAre("w0", "w1"));
   EXPECT_EQ(registry.NextExpiry(timeout), kT0 + timeout);
 
@@ -125,14 +167,15 @@ TEST(WorkerRegistry, ExpiresOnlySilentWorkersAndClosesTheirStreams) {
 TEST(WorkerRegistry, ClaimIsAllOrNothingInIdOrderAndReleaseFrees) {
   WorkerRegistry registry;
   std::optional<WorkerRegistry::Removed> replaced;
+  std::string session, session1;
   FakeSink sinks[3];
   for (int i = 2; i >= 0; --i) {
     const std::string id = "w" + std::to_string(i);
-    ASSERT_TRUE(registry.Register(Info(id), kT0, &replaced).ok());
-    ASSERT_TRUE(registry.Connect(id, &sinks[i], kT0).ok());
+    ASSERT_TRUE(registry.Register(Info(id), {}, kT0, &replaced, &session).ok());
+    ASSERT_TRUE(registry.Connect(id, session, {}, &sinks[i], kT0).ok());
   }
   // A registered worker without a stream is never claimed.
-  ASSERT_TRUE(registry.Register(Info("w3"), kT0, &replaced).ok());
+  ASSERT_TRUE(registry.Register(Info("w3"), {}, kT0, &replaced, &session).ok());
 
   EXPECT_TRUE(registry.Claim("big", 4).empty());
   EXPECT_EQ(registry.GetCounts().idle, 3);

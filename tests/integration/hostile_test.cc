@@ -1,0 +1,654 @@
+// Hostile input against the real binaries (docs/security.md): a client that
+// speaks the coordinator's worker protocol without being a well-behaved
+// worker, oversized or absurd job specs, and garbled frames. Each case is a
+// regression test of a defect a black-box probe of the running processes
+// found; each checks that the coordinator stays up, the victim job's record
+// stays consistent, and the real worker keeps training.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "clients/cli/process.h"
+#include "clients/client/coordinator_client.h"
+#include "services/metrics/metrics.h"
+#include "services/rpc/pki.h"
+#include "services/rpc/server.h"
+#include "services/rpc/tls.h"
+#include "stagewise/v1/coordinator.grpc.pb.h"
+#include "stagewise/v1/stage.grpc.pb.h"
+#include "tests/oracle/process_cluster.h"
+
+namespace stagewise {
+namespace {
+
+using testing::ProcessCluster;
+
+constexpr char kJob[] = R"(name: victim
+model: {name: mlp, hidden: [32, 32]}
+data: {dataset: synthetic, train_size: 256, test_size: 32, shape: [1, 8, 8], classes: 4}
+batch_size: 16
+recovery: {max_restarts: 0}
+)";
+
+std::string LongJob(int stages) {
+  return absl::StrCat(kJob, "stages: ", stages, "\nsteps: 100000000\n");
+}
+
+// Speaks the worker side of the coordinator protocol by hand: registers (or
+// not), opens a Control stream and sends whatever the test wants.
+class FakeWorker {
+ public:
+  // A rogue cluster member: it has a worker certificate (mutual TLS lets it
+  // in), so only the coordinator's own checks stand in its way.
+  FakeWorker(const ProcessCluster& cluster, std::string id)
+      : id_(std::move(id)),
+        stub_(v1::Coordinator::NewStub(
+            rpc::MakeChannel(cluster.coordinator_address(), cluster.RpcOptionsFor("worker")))) {}
+  ~FakeWorker() { Close(); }
+
+  grpc::Status Register() {
+    v1::RegisterWorkerRequest req;
+    req.mutable_worker()->set_worker_id(id_);
+    req.mutable_worker()->set_address("127.0.0.1:1");
+    req.mutable_worker()->set_device("cpu");
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::RegisterWorkerResponse resp;
+    grpc::Status s = stub_->RegisterWorker(&ctx, req, &resp);
+    if (s.ok()) session_ = resp.session();
+    return s;
+  }
+
+  // Opens the control stream with a heartbeat (carrying the session, if any)
+  // and starts reading commands in the background.
+  void Open(const std::string& session_override = "-") {
+    stream_ = stub_->Control(&ctx_);
+    v1::WorkerEvent hello;
+    hello.set_worker_id(id_);
+    hello.set_session(session_override == "-" ? session_ : session_override);
+    hello.mutable_heartbeat()->set_unix_ms(1);
+    stream_->Write(hello);
+    reader_ = std::thread([this] {
+      v1::Command c;
+      while (stream_->Read(&c)) {
+        if (c.has_configure()) configured_job_ = c.configure().job_id();
+        ++commands_;
+      }
+      finished_ = stream_->Finish();
+      done_ = true;
+    });
+  }
+
+  bool Send(v1::WorkerEvent e) {
+    if (e.worker_id().empty()) e.set_worker_id(id_);
+    return stream_->Write(e);
+  }
+  bool Heartbeat() {
+    v1::WorkerEvent e;
+    e.mutable_heartbeat()->set_unix_ms(1);
+    return Send(e);
+  }
+  // Waits for the coordinator to end the stream; its status.
+  grpc::Status WaitClosed(absl::Duration timeout = absl::Seconds(20)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (!done_ && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+    if (!done_) return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "still open");
+    reader_.join();
+    return finished_;
+  }
+  void Close() {
+    if (!stream_) return;
+    ctx_.TryCancel();
+    if (reader_.joinable()) reader_.join();
+    stream_.reset();
+  }
+  bool done() const { return done_; }
+  int commands() const { return commands_; }
+  std::string configured_job() const { return configured_job_; }
+
+ private:
+  std::string id_;
+  std::string session_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerEvent, v1::Command>> stream_;
+  std::thread reader_;
+  std::atomic<bool> done_{false};
+  std::atomic<int> commands_{0};
+  std::string configured_job_;
+  grpc::Status finished_;
+};
+
+absl::StatusOr<v1::JobStatus> WaitRunning(ProcessCluster& cluster, const std::string& id) {
+  return cluster.WaitFor(
+      id, [](const v1::JobStatus& s) { return s.state() == v1::RUNNING && s.step() > 0; },
+      absl::Seconds(60));
+}
+
+// The job record is still the one the coordinator made: phase 0 of its own
+// algorithm, no step below 0, finite losses.
+void ExpectConsistent(const v1::JobStatus& st) {
+  EXPECT_EQ(st.phase(), 0);
+  EXPECT_FALSE(st.algorithm().empty());
+  EXPECT_GE(st.step(), 0);
+  EXPECT_TRUE(std::isfinite(st.train_loss()));
+  EXPECT_TRUE(std::isfinite(st.eval_accuracy()));
+}
+
+ProcessCluster::Options OneWorker() {
+  ProcessCluster::Options o;
+  o.workers = 1;
+  o.heartbeat_timeout_s = 3;
+  return o;
+}
+
+TEST(Hostile, OutOfRangePhaseDoneLeavesTheCoordinatorAndThePendingJobIntact) {
+  ProcessCluster cluster(OneWorker());
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  // Three stages with one real worker (and the fake): the job stays PENDING.
+  auto id = cluster.client().Submit(LongJob(3));
+  ASSERT_TRUE(id.ok()) << id.status();
+  FakeWorker fake(cluster, "zz-fake");
+  ASSERT_TRUE(fake.Register().ok());
+  fake.Open();
+  for (int phase :
+       {std::numeric_limits<int>::max(), std::numeric_limits<int>::min(), -1, -2, -1000, 1, 7}) {
+    for (int stage : {0, 1, 2, -1, 1 << 30}) {
+      v1::WorkerEvent e;
+      e.mutable_phase_done()->set_job_id(*id);
+      e.mutable_phase_done()->set_stage(stage);
+      e.mutable_phase_done()->set_phase(phase);
+      fake.Send(e);
+    }
+  }
+  fake.Heartbeat();
+  absl::SleepFor(absl::Milliseconds(500));
+  auto st = cluster.client().GetJob(*id);
+  ASSERT_TRUE(st.ok()) << st.status() << "\n" << cluster.CoordinatorLog();
+  EXPECT_EQ(st->state(), v1::PENDING);
+  ExpectConsistent(*st);
+  fake.Close();
+  // The coordinator still serves: the real worker runs a small job.
+  auto small = cluster.client().Submit(absl::StrCat(kJob, "steps: 3\n"));
+  ASSERT_TRUE(small.ok()) << small.status();
+  auto end = cluster.WaitForEnd(*small, absl::Seconds(120));
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_EQ(end->state(), v1::SUCCEEDED) << end->reason();
+}
+
+TEST(Hostile, EvalAccuracyWithoutEvalLossKeepsTheStreamReading) {
+  ProcessCluster cluster(OneWorker());
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto id = cluster.client().Submit(LongJob(3));
+  ASSERT_TRUE(id.ok()) << id.status();
+  FakeWorker fake(cluster, "zz-fake");
+  ASSERT_TRUE(fake.Register().ok());
+  fake.Open();
+  v1::WorkerEvent e;
+  e.mutable_metrics()->set_job_id(*id);
+  e.mutable_metrics()->set_stage(2);
+  e.mutable_metrics()->set_step(3);
+  (*e.mutable_metrics()->mutable_values())["eval_accuracy"] = 0.5;
+  fake.Send(e);
+  // Twice the heartbeat timeout of heartbeats: the stream must still be read.
+  for (int i = 0; i < 24; ++i) {
+    ASSERT_TRUE(fake.Heartbeat());
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+  EXPECT_FALSE(fake.done());
+  auto workers = cluster.client().ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  bool listed = false;
+  for (const auto& w : *workers) listed |= w.worker_id() == "zz-fake";
+  EXPECT_TRUE(listed) << "the fake worker was dropped: its stream stopped being read";
+  auto st = cluster.client().GetJob(*id);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->eval_accuracy(), 0.0) << "an unassigned worker's report was taken";
+}
+
+TEST(Hostile, ReportsFromWorkersNotAssignedToTheJobAreIgnored) {
+  constexpr double kForged = 0.123456;  // no real evaluation of 32 samples gives this
+  ProcessCluster cluster(OneWorker());
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto pending = cluster.client().Submit(LongJob(3));
+  ASSERT_TRUE(pending.ok());
+  auto running = cluster.client().Submit(LongJob(1));
+  ASSERT_TRUE(running.ok());
+  ASSERT_TRUE(WaitRunning(cluster, *running).ok());
+  FakeWorker fake(cluster, "zz-fake");
+  ASSERT_TRUE(fake.Register().ok());
+  fake.Open();
+  for (const std::string& job : {*pending, *running}) {
+    for (int stage : {0, 1, 2}) {
+      v1::WorkerEvent m;
+      m.mutable_metrics()->set_job_id(job);
+      m.mutable_metrics()->set_stage(stage);
+      m.mutable_metrics()->set_step(-5);
+      (*m.mutable_metrics()->mutable_values())["train_loss"] =
+          std::numeric_limits<double>::quiet_NaN();
+      (*m.mutable_metrics()->mutable_values())["eval_accuracy"] = kForged;
+      fake.Send(m);
+      v1::WorkerEvent r;
+      r.mutable_result()->set_job_id(job);
+      r.mutable_result()->set_stage(stage);
+      (*r.mutable_result()->mutable_values())["eval_accuracy"] = kForged;
+      fake.Send(r);
+      v1::WorkerEvent err;
+      err.mutable_error()->set_job_id(job);
+      err.mutable_error()->set_stage(stage);
+      err.mutable_error()->set_code(13);
+      err.mutable_error()->set_message("forged");
+      fake.Send(err);
+    }
+  }
+  fake.Heartbeat();
+  absl::SleepFor(absl::Milliseconds(500));
+  auto p = cluster.client().GetJob(*pending);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->state(), v1::PENDING);
+  EXPECT_EQ(p->step(), 0);
+  ExpectConsistent(*p);
+  auto r = cluster.client().GetJob(*running);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->state(), v1::RUNNING) << r->reason();
+  ExpectConsistent(*r);
+  EXPECT_NE(r->eval_accuracy(), kForged);
+  EXPECT_EQ(r->summary().count("stage0.eval_accuracy"), 0u);
+  // The real worker keeps training it.
+  const int64_t before = r->step();
+  auto later = cluster.WaitFor(
+      *running, [&](const v1::JobStatus& s) { return s.step() > before + 5; }, absl::Seconds(60));
+  ASSERT_TRUE(later.ok());
+  EXPECT_EQ(later->state(), v1::RUNNING) << later->reason();
+}
+
+TEST(Hostile, EventsNamingAnotherWorkerAreRefused) {
+  ProcessCluster cluster(OneWorker());
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto running = cluster.client().Submit(LongJob(1));
+  ASSERT_TRUE(running.ok());
+  ASSERT_TRUE(WaitRunning(cluster, *running).ok());
+  FakeWorker fake(cluster, "zz-fake");
+  ASSERT_TRUE(fake.Register().ok());
+  fake.Open();
+  // w0 runs the job; the fake claims to be w0 in its events.
+  v1::WorkerEvent err;
+  err.set_worker_id("w0");
+  err.mutable_error()->set_job_id(*running);
+  err.mutable_error()->set_stage(0);
+  err.mutable_error()->set_code(13);
+  err.mutable_error()->set_message("forged");
+  fake.Send(err);
+  grpc::Status closed = fake.WaitClosed();
+  EXPECT_EQ(closed.error_code(), grpc::StatusCode::PERMISSION_DENIED) << closed.error_message();
+  auto r = cluster.client().GetJob(*running);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->state(), v1::RUNNING) << r->reason();
+}
+
+TEST(Hostile, ControlStreamWithoutTheRegistrationSessionIsRefused) {
+  ProcessCluster cluster(OneWorker());
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto running = cluster.client().Submit(LongJob(1));
+  ASSERT_TRUE(running.ok());
+  ASSERT_TRUE(WaitRunning(cluster, *running).ok());
+  // Takes over w0's command stream without registering.
+  FakeWorker thief(cluster, "w0");
+  thief.Open("");
+  grpc::Status closed = thief.WaitClosed();
+  EXPECT_EQ(closed.error_code(), grpc::StatusCode::PERMISSION_DENIED) << closed.error_message();
+  FakeWorker guesser(cluster, "w0");
+  guesser.Open("0123456789abcdef0123456789abcdef");
+  closed = guesser.WaitClosed();
+  EXPECT_EQ(closed.error_code(), grpc::StatusCode::PERMISSION_DENIED) << closed.error_message();
+  EXPECT_EQ(thief.commands() + guesser.commands(), 0);
+  auto r = cluster.client().GetJob(*running);
+  ASSERT_TRUE(r.ok());
+  const int64_t before = r->step();
+  auto later = cluster.WaitFor(
+      *running, [&](const v1::JobStatus& s) { return s.step() > before + 5; }, absl::Seconds(60));
+  ASSERT_TRUE(later.ok());
+  EXPECT_EQ(later->state(), v1::RUNNING) << later->reason();
+}
+
+TEST(Hostile, RegisteringUnderAConnectedWorkersIdIsRefused) {
+  ProcessCluster cluster(OneWorker());
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto running = cluster.client().Submit(LongJob(1));
+  ASSERT_TRUE(running.ok());
+  ASSERT_TRUE(WaitRunning(cluster, *running).ok());
+  FakeWorker impostor(cluster, "w0");
+  grpc::Status s = impostor.Register();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS) << s.error_message();
+  absl::SleepFor(absl::Milliseconds(500));
+  auto r = cluster.client().GetJob(*running);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->state(), v1::RUNNING) << r->reason();
+  EXPECT_EQ(r->attempt(), 0);
+}
+
+TEST(Hostile, AnAssignedWorkerThatNeverAcknowledgesTimesOut) {
+  ProcessCluster::Options o = OneWorker();
+  o.coordinator_args = {"--configure-timeout", "2"};
+  ProcessCluster cluster(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  FakeWorker fake(cluster, "a-fake");  // sorts before w0: stage 0
+  ASSERT_TRUE(fake.Register().ok());
+  fake.Open();
+  ASSERT_TRUE(cluster.WaitForWorkers(2).ok());
+  std::atomic<bool> beating{true};
+  std::thread beat([&] {
+    while (beating) {
+      fake.Heartbeat();
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+  });
+  auto id = cluster.client().Submit(LongJob(2));
+  ASSERT_TRUE(id.ok());
+  auto end = cluster.WaitForEnd(*id, absl::Seconds(60));
+  beating = false;
+  beat.join();
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_EQ(end->state(), v1::FAILED);
+  EXPECT_NE(end->reason().find("acknowledge"), std::string::npos) << end->reason();
+  EXPECT_EQ(fake.configured_job(), *id);
+}
+
+TEST(Hostile, OversizedAndAbsurdSpecsAreRefusedCheaply) {
+  ProcessCluster cluster(OneWorker());
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  // An unknown key of 4 MB: refused, and the error does not echo it.
+  std::string key(4 << 20, 'k');
+  auto big_key = cluster.client().Submit(absl::StrCat(kJob, "steps: 3\n", key, ": 1\n"));
+  ASSERT_FALSE(big_key.ok());
+  EXPECT_EQ(big_key.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LT(big_key.status().message().size(), 2000u) << big_key.status().message().substr(0, 200);
+  // An unknown key just under the size limit: refused with a bounded message.
+  std::string medium(200 << 10, 'q');
+  auto medium_key = cluster.client().Submit(absl::StrCat(kJob, "steps: 3\n", medium, ": 1\n"));
+  ASSERT_FALSE(medium_key.ok());
+  EXPECT_EQ(medium_key.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LT(medium_key.status().message().size(), 2000u)
+      << medium_key.status().message().substr(0, 300);
+  // An unknown key of ordinary length still gets its suggestion.
+  auto typo = cluster.client().Submit(absl::StrCat(kJob, "steps: 3\nbatchsize: 4\n"));
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(typo.status().message().find("did you mean batch_size"), std::string::npos)
+      << typo.status();
+  // A model of 1.6e12 parameters and 9e18 steps.
+  auto huge_model = cluster.client().Submit(R"(name: huge
+model: {name: mlp, hidden: [1265000, 1265000]}
+data: {dataset: synthetic, train_size: 256, test_size: 32, shape: [1, 8, 8], classes: 4}
+batch_size: 16
+steps: 3
+)");
+  ASSERT_FALSE(huge_model.ok());
+  EXPECT_NE(huge_model.status().message().find("parameters"), std::string::npos)
+      << huge_model.status();
+  auto many_steps = cluster.client().Submit(absl::StrCat(kJob, "steps: 9000000000000000000\n"));
+  ASSERT_FALSE(many_steps.ok());
+  EXPECT_NE(many_steps.status().message().find("steps"), std::string::npos) << many_steps.status();
+  // Still serving.
+  auto small = cluster.client().Submit(absl::StrCat(kJob, "steps: 3\n"));
+  ASSERT_TRUE(small.ok()) << small.status();
+  auto end = cluster.WaitForEnd(*small, absl::Seconds(120));
+  ASSERT_TRUE(end.ok());
+  EXPECT_EQ(end->state(), v1::SUCCEEDED) << end->reason();
+}
+
+TEST(Hostile, GarbledFramesAreAnsweredWithAnError) {
+  ProcessCluster cluster(OneWorker());
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto channel_to = [&](const std::string& target) {
+    return rpc::MakeChannel(target, cluster.RpcOptionsFor("worker"));
+  };
+  const std::string garbage("\xff\xff\xff\xff\x0f\x80", 6);
+  auto garble = [&](const std::string& target, const std::string& method) {
+    grpc::GenericStub stub(channel_to(target));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::CompletionQueue cq;
+    auto call = stub.PrepareCall(&ctx, method, &cq);
+    void* tag = nullptr;
+    bool ok = false;
+    call->StartCall(reinterpret_cast<void*>(1));
+    cq.Next(&tag, &ok);
+    grpc::Slice slice(garbage);
+    grpc::ByteBuffer buffer(&slice, 1);
+    call->Write(buffer, reinterpret_cast<void*>(2));
+    cq.Next(&tag, &ok);
+    call->WritesDone(reinterpret_cast<void*>(3));
+    cq.Next(&tag, &ok);
+    grpc::Status status;
+    call->Finish(&status, reinterpret_cast<void*>(4));
+    while (cq.Next(&tag, &ok) && tag != reinterpret_cast<void*>(4)) {
+    }
+    cq.Shutdown();
+    while (cq.Next(&tag, &ok)) {
+    }
+    return status;
+  };
+  grpc::Status control = garble(cluster.coordinator_address(), "/stagewise.v1.Coordinator/Control");
+  EXPECT_EQ(control.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << control.error_message();
+  grpc::Status exchange = garble(absl::StrCat("127.0.0.1:", cluster.worker_port(0)),
+                                 "/stagewise.v1.StageService/Exchange");
+  EXPECT_EQ(exchange.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << exchange.error_message();
+  auto workers = cluster.client().ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  EXPECT_EQ(workers->size(), 1u);
+}
+
+TEST(Hostile, TheCliEscapesControlCharactersFromTheCoordinator) {
+  ProcessCluster cluster(OneWorker());
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto id = cluster.client().Submit(LongJob(3));
+  ASSERT_TRUE(id.ok());
+  auto cancelled = cluster.client().Cancel(*id, "\x1b]0;pwned\x07\x1b[2J done\r");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"status", *id}, {"list"}}) {
+    const rpc::TlsConfig tls = rpc::TlsConfigFor(cluster.pki_dir(), "client");
+    std::vector<std::string> argv = {std::string(STAGEWISE_BINARY_DIR) + "/bin/stagewise",
+                                     "--coordinator",
+                                     cluster.coordinator_address(),
+                                     "--tls-cert",
+                                     tls.cert_file,
+                                     "--tls-key",
+                                     tls.key_file,
+                                     "--tls-ca",
+                                     tls.ca_file};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const std::string log = cluster.dir() + "/cli.out";
+    auto child = cli::Child::Spawn(argv, log);
+    ASSERT_TRUE(child.ok());
+    for (int i = 0; i < 1500 && (*child)->IsRunning(); ++i) absl::SleepFor(absl::Milliseconds(20));
+    ASSERT_FALSE((*child)->IsRunning());
+    const std::string out = cli::TailFile(log, 100);
+    EXPECT_NE(out.find("pwned"), std::string::npos) << out;
+    EXPECT_EQ(out.find('\x1b'), std::string::npos) << "raw ESC printed";
+    EXPECT_EQ(out.find('\x07'), std::string::npos) << "raw BEL printed";
+    EXPECT_NE(out.find("\\x1b"), std::string::npos) << out;
+  }
+}
+
+std::string Scrape(int port) {
+  auto text = metrics::Scrape("127.0.0.1", port);
+  return text.ok() ? *text : "";
+}
+
+TEST(Hostile, FinishedJobsLeaveTheMetricsEndpoints) {
+  ProcessCluster::Options o = OneWorker();
+  o.metrics = true;
+  o.coordinator_args = {"--finished-job-metrics-ttl", "1"};
+  ProcessCluster cluster(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto id = cluster.client().Submit(absl::StrCat(kJob, "steps: 3\n"));
+    ASSERT_TRUE(id.ok());
+    auto end = cluster.WaitForEnd(*id, absl::Seconds(120));
+    ASSERT_TRUE(end.ok());
+    ASSERT_EQ(end->state(), v1::SUCCEEDED) << end->reason();
+    ids.push_back(*id);
+  }
+  // The worker drops a stage's series when the stage ends.
+  auto scraped = metrics::Scrape("127.0.0.1", cluster.worker_metrics_port(0));
+  ASSERT_TRUE(scraped.ok()) << scraped.status();
+  const std::string worker = *scraped;
+  for (const std::string& id : ids) {
+    EXPECT_EQ(worker.find(absl::StrCat("job=\"", id, "\"")), std::string::npos) << id;
+  }
+  // The coordinator drops a finished job's series after the TTL.
+  std::string coordinator;
+  for (int i = 0; i < 100; ++i) {
+    coordinator = Scrape(cluster.coordinator_metrics_port());
+    bool any = false;
+    for (const std::string& id : ids) any |= coordinator.find(id) != std::string::npos;
+    if (!any) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_NE(coordinator.find("stagewise_coordinator_"), std::string::npos);
+  for (const std::string& id : ids) EXPECT_EQ(coordinator.find(id), std::string::npos) << id;
+}
+
+// --- Transport security and tokens ------------------------------------------
+
+grpc::Status ListWorkersWith(const std::string& target,
+                             std::shared_ptr<grpc::ChannelCredentials> creds,
+                             const std::string& token = "") {
+  grpc::ChannelArguments args;
+  auto stub = v1::Coordinator::NewStub(grpc::CreateCustomChannel(target, creds, args));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+  v1::ListWorkersRequest req;
+  v1::ListWorkersResponse resp;
+  return stub->ListWorkers(&ctx, req, &resp);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(Tls, ClientsWithoutAGoodCertificateAreRefusedAndTheJobTrainsOn) {
+  ProcessCluster cluster(OneWorker());
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto running = cluster.client().Submit(LongJob(1));
+  ASSERT_TRUE(running.ok()) << running.status();
+  ASSERT_TRUE(WaitRunning(cluster, *running).ok());
+  const std::string target = cluster.coordinator_address();
+  const std::string ca = ReadFile(cluster.pki_dir() + "/ca.pem");
+
+  // The cluster's own client certificate works.
+  grpc::SslCredentialsOptions good;
+  good.pem_root_certs = ca;
+  good.pem_cert_chain = ReadFile(cluster.pki_dir() + "/client.pem");
+  good.pem_private_key = ReadFile(cluster.pki_dir() + "/client.key");
+  EXPECT_TRUE(ListWorkersWith(target, grpc::SslCredentials(good)).ok());
+
+  // Plaintext, and TLS without a client certificate.
+  EXPECT_EQ(ListWorkersWith(target, grpc::InsecureChannelCredentials()).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  grpc::SslCredentialsOptions no_cert;
+  no_cert.pem_root_certs = ca;
+  EXPECT_EQ(ListWorkersWith(target, grpc::SslCredentials(no_cert)).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+
+  // A certificate of another CA.
+  const std::string other = cluster.dir() + "/other-ca";
+  ASSERT_TRUE(rpc::CreateLocalPki(other).ok());
+  grpc::SslCredentialsOptions foreign = good;
+  foreign.pem_cert_chain = ReadFile(other + "/client.pem");
+  foreign.pem_private_key = ReadFile(other + "/client.key");
+  EXPECT_EQ(ListWorkersWith(target, grpc::SslCredentials(foreign)).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+
+  // An expired certificate of the right CA.
+  rpc::CertSpec expired;
+  expired.common_name = "client";
+  expired.hosts = {"localhost", "127.0.0.1"};
+  expired.not_before = absl::Now() - absl::Hours(48);
+  expired.not_after = absl::Now() - absl::Hours(24);
+  ASSERT_TRUE(rpc::IssueCert(cluster.pki_dir(), "ca", cluster.dir(), "expired", expired).ok());
+  grpc::SslCredentialsOptions stale = good;
+  stale.pem_cert_chain = ReadFile(cluster.dir() + "/expired.pem");
+  stale.pem_private_key = ReadFile(cluster.dir() + "/expired.key");
+  EXPECT_EQ(ListWorkersWith(target, grpc::SslCredentials(stale)).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+
+  // A member with a client certificate cannot act as a worker.
+  auto stub = v1::Coordinator::NewStub(rpc::MakeChannel(target, cluster.RpcOptionsFor("client")));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::RegisterWorkerRequest req;
+  req.mutable_worker()->set_worker_id("spy");
+  req.mutable_worker()->set_address("127.0.0.1:1");
+  v1::RegisterWorkerResponse resp;
+  EXPECT_EQ(stub->RegisterWorker(&ctx, req, &resp).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+
+  // The job never noticed.
+  auto r = cluster.client().GetJob(*running);
+  ASSERT_TRUE(r.ok());
+  const int64_t before = r->step();
+  auto later = cluster.WaitFor(
+      *running, [&](const v1::JobStatus& st) { return st.step() > before + 5; }, absl::Seconds(60));
+  ASSERT_TRUE(later.ok());
+  EXPECT_EQ(later->state(), v1::RUNNING) << later->reason();
+}
+
+TEST(Tls, TokensDecideWhatAClientMayDo) {
+  ProcessCluster::Options o = OneWorker();
+  o.tokens =
+      "# secret role name\n"
+      "admin-0123456789abcdef admin root\n"
+      "reader-0123456789abcdef read viewer\n"
+      "alice-0123456789abcdef submit alice\n"
+      "bob-0123456789abcdefgh submit bob\n";
+  o.client_token = "admin-0123456789abcdef";
+  ProcessCluster cluster(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto as = [&](const std::string& token) {
+    rpc::RpcOptions options = cluster.RpcOptionsFor("client");
+    options.bearer_token = token;
+    return std::make_unique<client::CoordinatorClient>(cluster.coordinator_address(),
+                                                       absl::Seconds(10), options);
+  };
+  auto alice = as("alice-0123456789abcdef");
+  auto bob = as("bob-0123456789abcdefgh");
+  auto reader = as("reader-0123456789abcdef");
+  auto nobody = as("");
+  auto forged = as("root-0123456789abcdef0");
+
+  auto id = alice->Submit(LongJob(1));
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(WaitRunning(cluster, *id).ok());
+  EXPECT_EQ(nobody->GetJob(*id).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(forged->GetJob(*id).status().code(), absl::StatusCode::kUnauthenticated);
+  auto seen = reader->GetJob(*id);
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  EXPECT_EQ(seen->owner(), "alice");
+  EXPECT_EQ(reader->Cancel(*id, "no").status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(reader->Submit(LongJob(1)).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(bob->Cancel(*id, "mine now").status().code(), absl::StatusCode::kPermissionDenied);
+  auto still = cluster.client().GetJob(*id);
+  ASSERT_TRUE(still.ok());
+  EXPECT_EQ(still->state(), v1::RUNNING) << still->reason();
+  auto cancelled = alice->Cancel(*id, "done with it");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  auto end = cluster.WaitForEnd(*id, absl::Seconds(60));
+  ASSERT_TRUE(end.ok());
+  EXPECT_EQ(end->state(), v1::CANCELLED);
+}
+
+}  // namespace
+}  // namespace stagewise
