@@ -26,38 +26,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "services/common/status_macros.h"
+#include "services/rpc/openssl_ptr.h"
 
 namespace stagewise::rpc {
 namespace {
 
-struct BioDeleter {
-  void operator()(BIO* bio) const { BIO_free(bio); }
-};
-struct X509Deleter {
-  void operator()(X509* cert) const { X509_free(cert); }
-};
-struct PkeyDeleter {
-  void operator()(EVP_PKEY* key) const { EVP_PKEY_free(key); }
-};
-struct ExtensionDeleter {
-  void operator()(X509_EXTENSION* ext) const { X509_EXTENSION_free(ext); }
-};
-struct GeneralNameDeleter {
-  void operator()(GENERAL_NAME* name) const { GENERAL_NAME_free(name); }
-};
-struct GeneralNamesDeleter {
-  void operator()(GENERAL_NAMES* names) const { GENERAL_NAMES_free(names); }
-};
-struct BignumDeleter {
-  void operator()(BIGNUM* bn) const { BN_free(bn); }
-};
-using BioPtr = std::unique_ptr<BIO, BioDeleter>;
-using X509Ptr = std::unique_ptr<X509, X509Deleter>;
-using PkeyPtr = std::unique_ptr<EVP_PKEY, PkeyDeleter>;
-using ExtensionPtr = std::unique_ptr<X509_EXTENSION, ExtensionDeleter>;
-using GeneralNamePtr = std::unique_ptr<GENERAL_NAME, GeneralNameDeleter>;
-using GeneralNamesPtr = std::unique_ptr<GENERAL_NAMES, GeneralNamesDeleter>;
-using BignumPtr = std::unique_ptr<BIGNUM, BignumDeleter>;
+using openssl::BignumPtr;
+using openssl::BioPtr;
+using openssl::ExtensionPtr;
+using openssl::GeneralNamePtr;
+using openssl::GeneralNamesPtr;
+using openssl::PkeyPtr;
+using openssl::X509Ptr;
 
 constexpr size_t kMaxPemBytes = 1 << 20;
 

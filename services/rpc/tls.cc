@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "services/common/status_macros.h"
+#include "services/rpc/openssl_ptr.h"
 
 namespace stagewise::rpc {
 namespace {
@@ -35,31 +36,12 @@ constexpr char kCaFlag[] = "--tls-ca";
 // Certificates and keys are small; this bounds a mistaken --tls-cert=/dev/zero.
 constexpr size_t kMaxPemBytes = 1 << 20;
 
-struct BioDeleter {
-  void operator()(BIO* bio) const { BIO_free(bio); }
-};
-struct X509Deleter {
-  void operator()(X509* cert) const { X509_free(cert); }
-};
-struct PkeyDeleter {
-  void operator()(EVP_PKEY* key) const { EVP_PKEY_free(key); }
-};
-struct StoreDeleter {
-  void operator()(X509_STORE* store) const { X509_STORE_free(store); }
-};
-struct StoreCtxDeleter {
-  void operator()(X509_STORE_CTX* ctx) const { X509_STORE_CTX_free(ctx); }
-};
-// Frees the stack only: its certificates are owned elsewhere.
-struct X509StackDeleter {
-  void operator()(STACK_OF(X509) * stack) const { sk_X509_free(stack); }
-};
-using BioPtr = std::unique_ptr<BIO, BioDeleter>;
-using X509Ptr = std::unique_ptr<X509, X509Deleter>;
-using PkeyPtr = std::unique_ptr<EVP_PKEY, PkeyDeleter>;
-using StorePtr = std::unique_ptr<X509_STORE, StoreDeleter>;
-using StoreCtxPtr = std::unique_ptr<X509_STORE_CTX, StoreCtxDeleter>;
-using X509StackPtr = std::unique_ptr<STACK_OF(X509), X509StackDeleter>;
+using openssl::BioPtr;
+using openssl::PkeyPtr;
+using openssl::StoreCtxPtr;
+using openssl::StorePtr;
+using openssl::X509Ptr;
+using openssl::X509StackPtr;
 
 // Never prompts on the terminal for a passphrase: encrypted keys just fail.
 int NoPassphrase(char* /*buf*/, int /*size*/, int /*rwflag*/, void* /*userdata*/) { return -1; }

@@ -143,6 +143,19 @@ void ExpectConsistent(const v1::JobStatus& st) {
   EXPECT_TRUE(std::isfinite(st.eval_accuracy()));
 }
 
+// The job is RUNNING and its real worker takes it on by more than 5 steps.
+void ExpectStillTraining(ProcessCluster& cluster, const std::string& id, int64_t from = -1) {
+  if (from < 0) {
+    auto now = cluster.client().GetJob(id);
+    ASSERT_TRUE(now.ok()) << now.status();
+    from = now->step();
+  }
+  auto later = cluster.WaitFor(
+      id, [&](const v1::JobStatus& st) { return st.step() > from + 5; }, absl::Seconds(60));
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(later->state(), v1::RUNNING) << later->reason();
+}
+
 ProcessCluster::Options OneWorker() {
   ProcessCluster::Options o;
   o.workers = 1;
@@ -263,11 +276,7 @@ TEST(Hostile, ReportsFromWorkersNotAssignedToTheJobAreIgnored) {
   EXPECT_NE(r->eval_accuracy(), kForged);
   EXPECT_EQ(r->summary().count("stage0.eval_accuracy"), 0u);
   // The real worker keeps training it.
-  const int64_t before = r->step();
-  auto later = cluster.WaitFor(
-      *running, [&](const v1::JobStatus& s) { return s.step() > before + 5; }, absl::Seconds(60));
-  ASSERT_TRUE(later.ok());
-  EXPECT_EQ(later->state(), v1::RUNNING) << later->reason();
+  ExpectStillTraining(cluster, *running, r->step());
 }
 
 TEST(Hostile, EventsNamingAnotherWorkerAreRefused) {
@@ -310,13 +319,7 @@ TEST(Hostile, ControlStreamWithoutTheRegistrationSessionIsRefused) {
   closed = guesser.WaitClosed();
   EXPECT_EQ(closed.error_code(), grpc::StatusCode::PERMISSION_DENIED) << closed.error_message();
   EXPECT_EQ(thief.commands() + guesser.commands(), 0);
-  auto r = cluster.client().GetJob(*running);
-  ASSERT_TRUE(r.ok());
-  const int64_t before = r->step();
-  auto later = cluster.WaitFor(
-      *running, [&](const v1::JobStatus& s) { return s.step() > before + 5; }, absl::Seconds(60));
-  ASSERT_TRUE(later.ok());
-  EXPECT_EQ(later->state(), v1::RUNNING) << later->reason();
+  ExpectStillTraining(cluster, *running);
 }
 
 TEST(Hostile, RegisteringUnderAConnectedWorkersIdIsRefused) {
@@ -597,13 +600,7 @@ TEST(Tls, ClientsWithoutAGoodCertificateAreRefusedAndTheJobTrainsOn) {
             grpc::StatusCode::PERMISSION_DENIED);
 
   // The job never noticed.
-  auto r = cluster.client().GetJob(*running);
-  ASSERT_TRUE(r.ok());
-  const int64_t before = r->step();
-  auto later = cluster.WaitFor(
-      *running, [&](const v1::JobStatus& st) { return st.step() > before + 5; }, absl::Seconds(60));
-  ASSERT_TRUE(later.ok());
-  EXPECT_EQ(later->state(), v1::RUNNING) << later->reason();
+  ExpectStillTraining(cluster, *running);
 }
 
 TEST(Tls, TokensDecideWhatAClientMayDo) {
