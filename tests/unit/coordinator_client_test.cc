@@ -1287,8 +1287,10 @@ exec sleep 300
     return extra;
   }
 
+  // --insecure: the stand-ins hand over to the plaintext fake coordinator
+  // (TLS of `local` itself is covered by the integration tests).
   CliProcess Start(std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
-    args.insert(args.begin(), "local");
+    args.insert(args.begin(), {"local", "--insecure"});
     return CliProcess((bin_ / "stagewise").string(), args, Env(env), dir_);
   }
 
