@@ -302,6 +302,10 @@ absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml, const st
         absl::StrCat("batch_size: ", spec.batch_size, " is larger than the training set"));
   }
   if (!spec.checkpoint.dir.empty()) {
+    if (auto dir = ConfinePath("checkpoint.dir", spec.checkpoint.dir, options_.checkpoint_roots);
+        !dir.ok()) {
+      return dir.status();
+    }
     // The coordinator writes the manifests: it must reach checkpoint.dir too.
     if (absl::Status s = checkpoint::ProbeWritable(spec.checkpoint.dir); !s.ok()) {
       return absl::FailedPreconditionError(

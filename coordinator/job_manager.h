@@ -56,6 +56,7 @@
 #include "coordinator/worker_registry.h"
 #include "services/checkpoint/checkpoint.h"
 #include "services/common/job_spec.h"
+#include "services/common/path_policy.h"
 #include "services/metrics/metrics.h"
 #include "services/models/block_info.h"
 #include "stagewise/v1/coordinator.pb.h"
@@ -80,6 +81,9 @@ struct JobManagerOptions {
   absl::Duration configure_timeout = absl::Seconds(120);
   // Jobs one owner may have that have not ended (PENDING to RECOVERING).
   int max_live_jobs_per_owner = 100;
+  // Where a job's checkpoint.dir may point (the binary's --checkpoint-root);
+  // a spec naming a directory elsewhere is refused at submit.
+  PathRoots checkpoint_roots;
 };
 
 class JobManager {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "coordinator/coordinator_service.h"
 #include "coordinator/job_manager.h"
@@ -59,6 +60,13 @@ int main(int argc, char** argv) {
                  "Jobs one token may have that have not ended")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  std::vector<std::string> checkpoint_roots;
+  app.add_option("--checkpoint-root", checkpoint_roots,
+                 "A directory a job's checkpoint.dir may name (or lie under); repeatable. "
+                 "Without one, jobs with checkpoint.dir are refused "
+                 "(env STAGEWISE_CHECKPOINT_ROOT, ':'-separated)")
+      ->envname("STAGEWISE_CHECKPOINT_ROOT")
+      ->delimiter(':');
   stagewise::rpc::AddTlsFlags(&app, &tls);
   app.add_option("--log-level", log_level,
                  "debug | info | warning | error | off (env STAGEWISE_LOG_LEVEL sets the default)");
@@ -120,6 +128,7 @@ int main(int argc, char** argv) {
   options.configure_timeout = absl::Seconds(configure_timeout_s);
   options.finished_job_metrics_ttl = absl::Seconds(metrics_ttl_s);
   options.max_live_jobs_per_owner = max_jobs_per_owner;
+  options.checkpoint_roots = {true, checkpoint_roots, "--checkpoint-root"};
   stagewise::coordinator::JobManager manager(store->get(), &coordinator_metrics, options);
   if (absl::Status s = manager.Start(); !s.ok()) {
     STAGEWISE_LOG(ERROR) << "stagewise-coordinator: " << s.message();

@@ -39,6 +39,24 @@ int main(int argc, char** argv) {
   app.add_option("--profile-cache", options.profile_cache,
                  "Where block profiles are cached (default: $STAGEWISE_PROFILE_CACHE, else "
                  "~/.cache/stagewise/profiles)");
+  options.data_roots = {true, {}, "--data-root"};
+  options.checkpoint_roots = {true, {}, "--checkpoint-root"};
+  app.add_option("--data-root", options.data_roots.roots,
+                 "A directory a job's data.path may name (or lie under); repeatable. Without "
+                 "one, only jobs that leave data.path empty (the dataset's default) run here "
+                 "(env STAGEWISE_DATA_ROOT, ':'-separated)")
+      ->envname("STAGEWISE_DATA_ROOT")
+      ->delimiter(':');
+  app.add_option("--checkpoint-root", options.checkpoint_roots.roots,
+                 "A directory a job's checkpoint.dir may name (or lie under); repeatable. "
+                 "Without one, jobs with checkpoint.dir are refused here "
+                 "(env STAGEWISE_CHECKPOINT_ROOT, ':'-separated)")
+      ->envname("STAGEWISE_CHECKPOINT_ROOT")
+      ->delimiter(':');
+  app.add_option("--max-streams", options.max_streams,
+                 "Stage streams open at once; more are refused (RESOURCE_EXHAUSTED)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
   app.add_option("--threads", threads, "LibTorch CPU threads (0: LibTorch's default)");
   app.add_option("--port-file", port_file,
                  "Write 'GRPC_PORT METRICS_PORT' here once serving (for supervisors)");

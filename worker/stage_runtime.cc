@@ -11,7 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "services/checkpoint/checkpoint.h"
 #include "services/common/status_macros.h"
+#include "services/common/path_policy.h"
 #include "services/tensor/codec.h"
+#include "services/tensor/stage_message.h"
 #include "services/training/optimizer.h"
 #include "worker/algorithms/common.h"
 
@@ -76,6 +78,14 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
   auto spec = ParseJobSpec(assignment.job_spec_yaml());
   if (!spec.ok()) return spec.status();
   rt->spec_ = *spec;
+  // The job spec is the submitter's: its paths stay inside the operator's roots.
+  if (auto data = ConfinePath("data.path", rt->spec_.data.path, rt->env_.data_roots); !data.ok()) {
+    return data.status();
+  }
+  if (auto dir = ConfinePath("checkpoint.dir", rt->spec_.checkpoint.dir, rt->env_.checkpoint_roots);
+      !dir.ok()) {
+    return dir.status();
+  }
   if (assignment.stage() < 0 || assignment.stage() >= assignment.num_stages()) {
     return absl::InvalidArgumentError(absl::StrCat("StageAssignment.stage: ", assignment.stage(),
                                                    " not in [0, ", assignment.num_stages(), ")"));
@@ -413,30 +423,7 @@ std::optional<absl::Status> StageRuntime::outcome() const {
 }
 
 absl::Status StageRuntime::ValidateIncoming(const v1::StageMessage& m, bool from_prev) const {
-  if (m.job_id() != job_id()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "StageMessage.job_id: '", m.job_id(), "' is not the job of this stage ('", job_id(), "')"));
-  }
-  const auto kind = m.kind();
-  const bool ok_kind = from_prev
-                           ? (kind == v1::StageMessage::FORWARD || kind == v1::StageMessage::EVAL ||
-                              kind == v1::StageMessage::AUX)
-                           : (kind == v1::StageMessage::BACKWARD || kind == v1::StageMessage::AUX);
-  if (!ok_kind) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("StageMessage.kind: ", v1::StageMessage::Kind_Name(kind),
-                     " cannot come from stage ", stage() + (from_prev ? -1 : 1)));
-  }
-  if (m.step() < 0 || m.micro_batch() < 0) {
-    return absl::InvalidArgumentError("StageMessage.step/micro_batch: negative");
-  }
-  for (const auto& [name, tensor] : m.tensors()) {
-    if (absl::Status s = ValidateTensorProto(tensor); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("StageMessage.tensors['", name, "']: ", s.message()));
-    }
-  }
-  return absl::OkStatus();
+  return ValidateStageMessage(m, {job_id(), stage(), from_prev});
 }
 
 absl::Status StageRuntime::AttachUpstream(const v1::StageMessage& message,
@@ -448,13 +435,13 @@ absl::Status StageRuntime::AttachUpstream(const v1::StageMessage& message,
                                                       ", but job ", job_id(), " runs attempt ",
                                                       assignment_.attempt(), " here"));
   }
-  if (absl::Status s = ValidateIncoming(message, true); !s.ok()) {
-    Fail(s);
-    return s;
-  }
   if (first()) {
     return absl::FailedPreconditionError("stage 0 takes no stream from a previous stage");
   }
+  // A bad first message refuses this stream only: until a stream is bound it
+  // may be anyone's (a stray or hostile dialer must not fail the job). Once
+  // bound, bad messages from stage j-1 fail the job (InboxSink).
+  if (absl::Status s = ValidateIncoming(message, true); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (!failure_.ok()) return absl::FailedPreconditionError("the job has stopped on this stage");
   if (upstream_) {

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "services/common/bounded_queue.h"
+#include "services/common/path_policy.h"
 #include "services/models/memory_meter.h"
 #include "services/rpc/server.h"
 #include "stagewise/v1/coordinator.pb.h"
@@ -31,6 +32,10 @@ struct RuntimeEnv {
   rpc::RpcOptions rpc;
   size_t inbox_capacity = 64;  // messages per direction
   size_t outbox_capacity = 16;
+  // Where data.path and checkpoint.dir may point (--data-root,
+  // --checkpoint-root); a job naming a path elsewhere fails to configure.
+  PathRoots data_roots;
+  PathRoots checkpoint_roots;
 };
 
 class StageRuntime final : public StageContext {

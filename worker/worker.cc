@@ -12,19 +12,41 @@
 
 namespace stagewise::worker {
 
+namespace {
+
+// An Exchange call refused before it starts: finishes with `status` at once.
+class RefusedExchange : public grpc::ServerBidiReactor<v1::StageMessage, v1::StageMessage> {
+ public:
+  explicit RefusedExchange(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
 class Worker::Service : public v1::StageService::CallbackService {
  public:
-  explicit Service(Worker* worker) : worker_(worker) {}
+  Service(Worker* worker, int max_streams)
+      : worker_(worker), open_(std::make_shared<std::atomic<int>>(0)), max_streams_(max_streams) {}
   grpc::ServerBidiReactor<v1::StageMessage, v1::StageMessage>* Exchange(
       grpc::CallbackServerContext*) override {
+    // A slot per open stream, given back when the stream is destroyed.
+    if (open_->fetch_add(1) >= max_streams_) {
+      open_->fetch_sub(1);
+      return new RefusedExchange(grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("this worker already has ", max_streams_, " stage streams open (--max-streams)")));
+    }
+    std::shared_ptr<void> slot(nullptr, [open = open_](void*) { open->fetch_sub(1); });
     return UpstreamStream::Start(
-        [this](const v1::StageMessage& first, std::shared_ptr<UpstreamStream> stream,
-               MessageSink** sink) { return worker_->Route(first, std::move(stream), sink); },
+        [this, slot](const v1::StageMessage& first, std::shared_ptr<UpstreamStream> stream,
+                     MessageSink** sink) { return worker_->Route(first, std::move(stream), sink); },
         /*outbox_capacity=*/16);
   }
 
  private:
   Worker* worker_;
+  std::shared_ptr<std::atomic<int>> open_;
+  const int max_streams_;
 };
 
 Worker::Worker(WorkerOptions options) : options_(std::move(options)) {}
@@ -54,7 +76,7 @@ absl::Status Worker::Start() {
   if (!metrics.ok()) return metrics.status();
   metrics_ = std::move(*metrics);
 
-  service_ = std::make_unique<Service>(this);
+  service_ = std::make_unique<Service>(this, options_.max_streams);
   grpc::ServerBuilder builder;
   rpc::ConfigureServerBuilder(options_.rpc, &builder);
   builder.AddListeningPort(options_.listen, rpc::ServerCredentials(options_.rpc), &port_);
@@ -248,6 +270,8 @@ void Worker::HandleCommand(const v1::Command& command) {
       env.registry = &metrics_->registry();
       env.emit = [this](v1::WorkerEvent e) { Emit(std::move(e)); };
       env.rpc = options_.rpc;
+      env.data_roots = options_.data_roots;
+      env.checkpoint_roots = options_.checkpoint_roots;
       auto rt = StageRuntime::Create(a, std::move(env));
       if (!rt.ok()) {
         error(a.job_id(), a.stage(), rt.status(), a.attempt());
@@ -336,7 +360,8 @@ absl::Status Worker::Route(const v1::StageMessage& first, std::shared_ptr<Upstre
   std::shared_ptr<StageRuntime> rt = runtime();
   if (!rt || rt->job_id() != first.job_id()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "StageMessage.job_id: this worker runs no stage of job '", first.job_id(), "'"));
+        "StageMessage.job_id: this worker runs no stage of job '",
+        first.job_id().substr(0, 64), first.job_id().size() > 64 ? "...'" : "'"));
   }
   return rt->AttachUpstream(first, std::move(stream), sink);
 }

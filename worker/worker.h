@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "services/common/path_policy.h"
 #include "services/metrics/metrics.h"
 #include "services/rpc/server.h"
 #include "stagewise/v1/coordinator.grpc.pb.h"
@@ -33,6 +34,13 @@ struct WorkerOptions {
   absl::Duration reconnect = absl::Seconds(1);      // first retry after losing the coordinator
   absl::Duration max_reconnect = absl::Seconds(8);  // backoff cap
   rpc::RpcOptions rpc;
+  // Where a job's data.path and checkpoint.dir may point. The binary always
+  // confines (--data-root, --checkpoint-root); embedders may not.
+  PathRoots data_roots;
+  PathRoots checkpoint_roots;
+  // Exchange streams open at once (from stages j-1, or anyone who dials the
+  // port); more are refused with RESOURCE_EXHAUSTED.
+  int max_streams = 64;
 };
 
 class Worker {

@@ -449,13 +449,18 @@ int LocalRun::Run() {
     argv.insert(argv.end(), more.begin(), more.end());
     return argv;
   };
+  // The job's own paths are the only ones its processes may use (you are
+  // the operator here; a cluster's operator chooses the roots).
+  std::vector<std::string> checkpoint_root, data_root;
+  if (!spec->checkpoint.dir.empty()) checkpoint_root = {"--checkpoint-root", spec->checkpoint.dir};
+  if (!spec->data.path.empty()) data_root = {"--data-root", spec->data.path};
 
   // Coordinator.
   absl::StatusOr<Proc*> coordinator =
       Start("coordinator",
             with({binaries[0], "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--db",
                   Path("coordinator.db"), "--port-file", Path("coordinator.port")},
-                 tls_flags("coordinator")),
+                 with(tls_flags("coordinator"), checkpoint_root)),
             "coordinator.log", Path("coordinator.port"));
   if (!coordinator.ok()) return Fail(coordinator.status(), nullptr);
   coordinator_ = *coordinator;
@@ -481,7 +486,7 @@ int LocalRun::Run() {
                     "127.0.0.1", "--metrics-listen", "127.0.0.1:0", "--port-file",
                     Path(absl::StrCat("worker-", n, ".port")), "--name", absl::StrCat("local-", n),
                     "--threads", absl::StrCat(threads)},
-                   tls_flags("worker")),
+                   with(with(tls_flags("worker"), checkpoint_root), data_root)),
               absl::StrCat("worker-", n, ".log"), Path(absl::StrCat("worker-", n, ".port")));
     if (!worker.ok()) return Fail(worker.status(), nullptr);
     workers.push_back(*worker);

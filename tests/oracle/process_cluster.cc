@@ -60,8 +60,11 @@ ProcessCluster::ProcessCluster(Options options) : options_(std::move(options)) {
     worker_argv_.push_back({bin_ + "/stagewise-worker", "--coordinator", coordinator_address(),
                             "--listen", "127.0.0.1:0", "--advertise", "127.0.0.1",
                             "--metrics-listen", metrics_listen, "--name", name, "--threads", "1",
-                            "--port-file", worker_port_files_.back(), "--log-level", "warning"});
+                            "--port-file", worker_port_files_.back(), "--log-level", "warning",
+                            // Jobs may read and checkpoint under the cluster's directory only.
+                            "--data-root", dir_, "--checkpoint-root", dir_});
     for (const std::string& flag : TlsFlags("worker")) worker_argv_.back().push_back(flag);
+    for (const std::string& flag : options_.worker_args) worker_argv_.back().push_back(flag);
     workers_.emplace_back();
     worker_ports_.emplace_back();
     error_ = StartWorker(i);
@@ -120,7 +123,9 @@ absl::Status ProcessCluster::StartCoordinator() {
                                    "--heartbeat-timeout",
                                    absl::StrCat(options_.heartbeat_timeout_s),
                                    "--log-level",
-                                   "warning"};
+                                   "warning",
+                                   "--checkpoint-root",
+                                   dir_};
   argv.insert(argv.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
   for (const std::string& flag : TlsFlags("coordinator")) argv.push_back(flag);
   if (!options_.tokens.empty()) {

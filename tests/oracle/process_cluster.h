@@ -29,6 +29,8 @@ class ProcessCluster {
     double heartbeat_timeout_s = 5;
     // Extra stagewise-coordinator flags (e.g. {"--configure-timeout", "2"}).
     std::vector<std::string> coordinator_args;
+    // Extra stagewise-worker flags (e.g. {"--max-streams", "4"}).
+    std::vector<std::string> worker_args;
     // Serve /metrics on 127.0.0.1 (coordinator_metrics_port, worker_metrics_port).
     bool metrics = false;
     // Mutual TLS between every process, with throw-away certificates made in
@@ -55,6 +57,8 @@ class ProcessCluster {
   int coordinator_metrics_port() const { return coordinator_metrics_port_; }
   int worker_port(int i) const { return worker_ports_[i].grpc; }
   int worker_metrics_port(int i) const { return worker_ports_[i].metrics; }
+  // The process id of worker i (0 when it is not running).
+  pid_t worker_pid(int i) const { return workers_[i] ? workers_[i]->pid() : 0; }
   // Channel settings of a process with certificate `identity` (coordinator,
   // worker or client; plaintext when TLS is off).
   rpc::RpcOptions RpcOptionsFor(const std::string& identity) const;

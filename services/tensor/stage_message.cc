@@ -1,0 +1,78 @@
+#include "services/tensor/stage_message.h"
+
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+
+namespace stagewise {
+namespace {
+
+// A peer's string, short and printable, for an error message.
+std::string Shown(std::string_view text) {
+  constexpr size_t kShown = 64;
+  std::string out;
+  for (char c : text.substr(0, kShown)) {
+    const auto u = static_cast<unsigned char>(c);
+    out += (u < 0x20 || u >= 0x7f) ? '?' : c;
+  }
+  if (text.size() > kShown) absl::StrAppend(&out, "... (", text.size(), " bytes)");
+  return out;
+}
+
+absl::Status CheckName(std::string_view field, const std::string& name,
+                       const StageMessageLimits& limits) {
+  if (name.empty() || name.size() > limits.max_name_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("StageMessage.", field, ": name '", Shown(name),
+                                                   "' must have 1 to ", limits.max_name_bytes,
+                                                   " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateStageMessage(const v1::StageMessage& m, const StageMessageExpectation& expect,
+                                  const StageMessageLimits& limits) {
+  if (m.job_id() != expect.job_id) {
+    return absl::InvalidArgumentError(absl::StrCat("StageMessage.job_id: '", Shown(m.job_id()),
+                                                   "' is not the job of this stage ('",
+                                                   expect.job_id, "')"));
+  }
+  const auto kind = m.kind();
+  const bool ok_kind = expect.from_prev
+                           ? (kind == v1::StageMessage::FORWARD || kind == v1::StageMessage::EVAL ||
+                              kind == v1::StageMessage::AUX)
+                           : (kind == v1::StageMessage::BACKWARD || kind == v1::StageMessage::AUX);
+  if (!ok_kind) {
+    const std::string name = v1::StageMessage::Kind_IsValid(kind)
+                                 ? v1::StageMessage::Kind_Name(kind)
+                                 : absl::StrCat("unknown kind ", static_cast<int>(kind));
+    return absl::InvalidArgumentError(absl::StrCat("StageMessage.kind: ", name,
+                                                   " cannot come from stage ",
+                                                   expect.stage + (expect.from_prev ? -1 : 1)));
+  }
+  if (m.step() < 0 || m.micro_batch() < 0) {
+    return absl::InvalidArgumentError("StageMessage.step/micro_batch: negative");
+  }
+  if (m.tensors_size() > limits.max_tensors) {
+    return absl::InvalidArgumentError(absl::StrCat("StageMessage.tensors: ", m.tensors_size(),
+                                                   " tensors, at most ", limits.max_tensors));
+  }
+  if (m.scalars_size() > limits.max_scalars) {
+    return absl::InvalidArgumentError(absl::StrCat("StageMessage.scalars: ", m.scalars_size(),
+                                                   " scalars, at most ", limits.max_scalars));
+  }
+  for (const auto& [name, value] : m.scalars()) {
+    if (absl::Status s = CheckName("scalars", name, limits); !s.ok()) return s;
+  }
+  for (const auto& [name, tensor] : m.tensors()) {
+    if (absl::Status s = CheckName("tensors", name, limits); !s.ok()) return s;
+    if (absl::Status s = ValidateTensorProto(tensor, limits.max_tensor_bytes); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StageMessage.tensors['", name, "']: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace stagewise

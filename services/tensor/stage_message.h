@@ -1,0 +1,39 @@
+// Checks a StageMessage that arrived from a neighbouring stage before any of
+// it is used: the right job and direction, bounded counts and names, and
+// every tensor well formed (see codec.h). Kept apart from the stage runtime
+// so the fuzz target and the tests call exactly what a worker calls.
+#ifndef STAGEWISE_SERVICES_TENSOR_STAGE_MESSAGE_H_
+#define STAGEWISE_SERVICES_TENSOR_STAGE_MESSAGE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "services/tensor/codec.h"
+#include "stagewise/v1/stage.pb.h"
+
+namespace stagewise {
+
+struct StageMessageLimits {
+  int max_tensors = 32;        // named tensors in one message
+  int max_scalars = 64;        // named scalars in one message
+  size_t max_name_bytes = 64;  // each tensor or scalar name
+  int64_t max_tensor_bytes = kDefaultMaxTensorBytes;
+};
+
+// What the receiving stage expects of its peer.
+struct StageMessageExpectation {
+  std::string job_id;
+  int stage = 0;           // the receiving stage
+  bool from_prev = false;  // true: from stage-1 (FORWARD/EVAL/AUX); false: from stage+1
+};
+
+// INVALID_ARGUMENT naming the offending field, or OK.
+absl::Status ValidateStageMessage(const v1::StageMessage& message,
+                                  const StageMessageExpectation& expect,
+                                  const StageMessageLimits& limits = {});
+
+}  // namespace stagewise
+
+#endif  // STAGEWISE_SERVICES_TENSOR_STAGE_MESSAGE_H_
