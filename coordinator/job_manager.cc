@@ -10,6 +10,7 @@
 #include "absl/synchronization/notification.h"
 #include "services/common/log.h"
 #include "services/common/status_macros.h"
+#include "services/common/utf8.h"
 #include "services/data/sizes.h"
 #include "services/models/plan.h"
 
@@ -379,7 +380,8 @@ absl::StatusOr<std::vector<v1::JobStatus>> JobManager::ListJobs(int limit) const
 
 absl::StatusOr<v1::JobStatus> JobManager::Cancel(const std::string& job_id,
                                                  const std::string& reason) {
-  const std::string why = reason.empty() ? "cancelled by the user" : reason;
+  // Kept and sent as a proto string: valid UTF-8 whatever an embedder passes.
+  const std::string why = reason.empty() ? "cancelled by the user" : ToValidUtf8(reason);
   absl::StatusOr<v1::JobStatus> result = absl::UnavailableError("the coordinator is stopping");
   RunOnLoop([&] { result = CancelJob(job_id, why); });
   return result;
@@ -501,6 +503,13 @@ void JobManager::Disconnect(const std::string& worker_id, CommandSink* sink,
 }
 
 void JobManager::OnEvent(const v1::WorkerEvent& event) {
+  if (event.has_error() && !IsValidUtf8(event.error().message())) {
+    // gRPC only delivers UTF-8; an embedder may not. Reasons are proto strings.
+    v1::WorkerEvent clean = event;
+    clean.mutable_error()->set_message(ToValidUtf8(event.error().message()));
+    OnEvent(clean);
+    return;
+  }
   if (!registry_.Touch(event.worker_id(), absl::Now())) return;
   switch (event.event_case()) {
     case v1::WorkerEvent::kAck:
@@ -1140,7 +1149,8 @@ void JobManager::Configure(const std::string& job_id, Job& job) {
 absl::StatusOr<v1::JobStatus> JobManager::Transition(const std::string& job_id, v1::JobState to,
                                                      const std::string& reason) {
   FlushProgress();  // what happened before the transition is on disk before it
-  absl::StatusOr<v1::JobStatus> st = store_->Transition(job_id, to, reason);
+  absl::StatusOr<v1::JobStatus> st =
+      store_->Transition(job_id, to, IsValidUtf8(reason) ? reason : ToValidUtf8(reason));
   if (!st.ok()) {
     STAGEWISE_LOG(ERROR) << "job " << job_id << ": " << st.status();
     return st.status();

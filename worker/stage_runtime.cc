@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/checkpoint/checkpoint.h"
-#include "services/common/status_macros.h"
 #include "services/common/path_policy.h"
+#include "services/common/status_macros.h"
 #include "services/tensor/codec.h"
 #include "services/tensor/stage_message.h"
 #include "services/training/optimizer.h"
@@ -429,6 +429,10 @@ absl::Status StageRuntime::ValidateIncoming(const v1::StageMessage& m, bool from
 absl::Status StageRuntime::AttachUpstream(const v1::StageMessage& message,
                                           std::shared_ptr<UpstreamStream> stream,
                                           MessageSink** sink) {
+  // A bad first message refuses this stream only: until a stream is bound it
+  // may be anyone's (a stray or hostile dialer must not fail the job). Once
+  // bound, bad messages from stage j-1 fail the job (InboxSink).
+  if (absl::Status s = ValidateIncoming(message, true); !s.ok()) return s;
   if (message.attempt() != assignment_.attempt()) {
     // A stage of an abandoned attempt: refuse it without failing this one.
     return absl::FailedPreconditionError(absl::StrCat("StageMessage.attempt: ", message.attempt(),
@@ -438,10 +442,6 @@ absl::Status StageRuntime::AttachUpstream(const v1::StageMessage& message,
   if (first()) {
     return absl::FailedPreconditionError("stage 0 takes no stream from a previous stage");
   }
-  // A bad first message refuses this stream only: until a stream is bound it
-  // may be anyone's (a stray or hostile dialer must not fail the job). Once
-  // bound, bad messages from stage j-1 fail the job (InboxSink).
-  if (absl::Status s = ValidateIncoming(message, true); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (!failure_.ok()) return absl::FailedPreconditionError("the job has stopped on this stage");
   if (upstream_) {

@@ -32,9 +32,9 @@ class Worker::Service : public v1::StageService::CallbackService {
     // A slot per open stream, given back when the stream is destroyed.
     if (open_->fetch_add(1) >= max_streams_) {
       open_->fetch_sub(1);
-      return new RefusedExchange(grpc::Status(
-          grpc::StatusCode::RESOURCE_EXHAUSTED,
-          absl::StrCat("this worker already has ", max_streams_, " stage streams open (--max-streams)")));
+      return new RefusedExchange(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                              absl::StrCat("this worker already has ", max_streams_,
+                                                           " stage streams open (--max-streams)")));
     }
     std::shared_ptr<void> slot(nullptr, [open = open_](void*) { open->fetch_sub(1); });
     return UpstreamStream::Start(
@@ -359,9 +359,9 @@ absl::Status Worker::Route(const v1::StageMessage& first, std::shared_ptr<Upstre
                            MessageSink** sink) {
   std::shared_ptr<StageRuntime> rt = runtime();
   if (!rt || rt->job_id() != first.job_id()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "StageMessage.job_id: this worker runs no stage of job '",
-        first.job_id().substr(0, 64), first.job_id().size() > 64 ? "...'" : "'"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("StageMessage.job_id: this worker runs no stage of job '",
+                     first.job_id().substr(0, 64), first.job_id().size() > 64 ? "...'" : "'"));
   }
   return rt->AttachUpstream(first, std::move(stream), sink);
 }

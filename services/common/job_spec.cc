@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "services/common/utf8.h"
 #include "yaml-cpp/yaml.h"
 
 namespace stagewise {
@@ -120,7 +121,7 @@ std::optional<std::string> Suggest(absl::string_view word,
 // stay readable and small whatever was submitted).
 std::string Clip(absl::string_view word) {
   if (word.size() <= kMaxSuggestLength) return std::string(word);
-  return absl::StrCat(word.substr(0, kMaxSuggestLength), "... (", word.size(), " bytes)");
+  return absl::StrCat(Utf8Prefix(word, kMaxSuggestLength), "... (", word.size(), " bytes)");
 }
 
 // "must be one of a, b, c; got 'x'", with a suggestion when one is close.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "services/common/utf8.h"
 
 namespace stagewise {
 namespace {
@@ -43,21 +44,20 @@ bool Inside(const fs::path& path, const fs::path& root) {
 }
 
 // Keeps a hostile value from flooding an error message.
-std::string Shown(std::string_view value) {
+std::string Shown(const std::string& value) {
   constexpr size_t kShown = 200;
   if (value.size() <= kShown) return std::string(value);
-  return absl::StrCat(value.substr(0, kShown), "... (", value.size(), " bytes)");
+  return absl::StrCat(Utf8Prefix(value, kShown), "... (", value.size(), " bytes)");
 }
 
 }  // namespace
 
-absl::StatusOr<std::string> ConfinePath(std::string_view key, std::string_view value,
+absl::StatusOr<std::string> ConfinePath(const std::string& key, const std::string& value,
                                         const PathRoots& policy) {
-  if (!policy.confine || value.empty()) return std::string(value);
+  if (!policy.confine || value.empty()) return value;
   if (value.size() > kMaxPathBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(key, ": ", value.size(), " bytes is longer than the ", kMaxPathBytes,
-                     " a path may have"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        key, ": ", value.size(), " bytes is longer than the ", kMaxPathBytes, " a path may have"));
   }
   for (char c : value) {
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
@@ -65,19 +65,19 @@ absl::StatusOr<std::string> ConfinePath(std::string_view key, std::string_view v
           absl::StrCat(key, ": a path must not contain control characters"));
     }
   }
-  const std::string text(value);
+  const std::string& text = value;
   for (const auto& part : fs::path(text)) {
     if (part == "..") {
-      return absl::InvalidArgumentError(
-          absl::StrCat(key, ": '", Shown(value), "' has a '..' component; give a path inside ",
-                       policy.flag, " without one"));
+      return absl::InvalidArgumentError(absl::StrCat(key, ": '", Shown(value),
+                                                     "' has a '..' component; give a path inside ",
+                                                     policy.flag, " without one"));
     }
   }
   if (policy.roots.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(key, ": '", Shown(value), "' refused: this process was started without ",
-                     policy.flag, ", so it accepts no ", key,
-                     " (start it with ", policy.flag, " DIR to allow paths under DIR)"));
+                     policy.flag, ", so it accepts no ", key, " (start it with ", policy.flag,
+                     " DIR to allow paths under DIR)"));
   }
   fs::path resolved;
   std::string why;
@@ -102,8 +102,8 @@ absl::StatusOr<std::string> ConfinePath(std::string_view key, std::string_view v
   }();
   return absl::InvalidArgumentError(absl::StrCat(
       key, ": '", Shown(value), "'", escaped_by_link ? " leads through a symlink to '" : " is '",
-      Shown(resolved.string()), "', outside ", policy.flag, " (",
-      absl::StrJoin(policy.roots, ", "), ")"));
+      Shown(resolved.string()), "', outside ", policy.flag, " (", absl::StrJoin(policy.roots, ", "),
+      ")"));
 }
 
 }  // namespace stagewise

@@ -6,7 +6,6 @@
 #define STAGEWISE_SERVICES_COMMON_PATH_POLICY_H_
 
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -35,7 +34,7 @@ struct PathRoots {
 // A symlink created inside a root after this check can still lead out of it:
 // the check guards against what a job spec says, not against someone who can
 // already write inside the root.
-absl::StatusOr<std::string> ConfinePath(std::string_view key, std::string_view value,
+absl::StatusOr<std::string> ConfinePath(const std::string& key, const std::string& value,
                                         const PathRoots& policy);
 
 }  // namespace stagewise

@@ -1,14 +1,12 @@
 #include "services/tensor/stage_message.h"
 
-#include <string_view>
-
 #include "absl/strings/str_cat.h"
 
 namespace stagewise {
 namespace {
 
 // A peer's string, short and printable, for an error message.
-std::string Shown(std::string_view text) {
+std::string Shown(const std::string& text) {
   constexpr size_t kShown = 64;
   std::string out;
   for (char c : text.substr(0, kShown)) {
@@ -19,7 +17,7 @@ std::string Shown(std::string_view text) {
   return out;
 }
 
-absl::Status CheckName(std::string_view field, const std::string& name,
+absl::Status CheckName(const char* field, const std::string& name,
                        const StageMessageLimits& limits) {
   if (name.empty() || name.size() > limits.max_name_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("StageMessage.", field, ": name '", Shown(name),

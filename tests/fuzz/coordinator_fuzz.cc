@@ -6,6 +6,8 @@
 // disconnects and acknowledgements. Invariants, checked after every
 // operation: nothing crashes, and every job record stays consistent
 // (step <= total, phase in range, a known state, an attempt >= 1 once placed).
+#include <prometheus/registry.h>
+
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -15,6 +17,8 @@
 #include "absl/synchronization/mutex.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/store.h"
+#include "services/common/log.h"
+#include "services/common/utf8.h"
 #include "services/metrics/metrics.h"
 #include "stagewise/v1/coordinator.pb.h"
 #include "tests/fuzz/fuzz_check.h"
@@ -55,6 +59,9 @@ class Reader {
     pos_ += n;
     return out;
   }
+  // Text as gRPC delivers it: proto3 strings are UTF-8 (the parser refuses
+  // anything else), so invalid sequences are made valid.
+  std::string Text() { return ToValidUtf8(Bytes()); }
   std::string Bytes() {
     const size_t want = Byte();
     const size_t n = std::min(want, size_ - std::min(pos_, size_));
@@ -189,7 +196,7 @@ v1::WorkerEvent Shaped(World& world, const std::string& worker, Reader& in) {
       err->set_attempt(attempt);
       err->set_code(in.Value<int32_t>() % 20);
       err->set_retryable(in.Byte() & 1);
-      err->set_message(in.Bytes());
+      err->set_message(in.Text());
       break;
     }
     case 4: {
@@ -200,7 +207,7 @@ v1::WorkerEvent Shaped(World& world, const std::string& worker, Reader& in) {
       c->set_step(in.Value<int64_t>() % 16);
       c->set_phase(in.Byte() % 3);
       c->set_phase_step(in.Value<int64_t>() % 16);
-      c->set_path(in.Bytes());
+      c->set_path(in.Text());
       break;
     }
     case 5:
@@ -217,6 +224,11 @@ v1::WorkerEvent Shaped(World& world, const std::string& worker, Reader& in) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const bool quiet = [] {
+    log::SetLogLevel(log::Level::kOff);  // lost workers and failed jobs are expected here
+    return QuietProtobufLogs();
+  }();
+  (void)quiet;
   World world;
   Reader in(data, size);
   for (const char* yaml : {kJob, kPhasedJob}) {
@@ -253,15 +265,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 4: {  // a client submits (a fixed job, or fuzzed text)
-        const std::string yaml = in.Byte() & 1 ? std::string(kJob) : in.Bytes();
+        const std::string yaml = in.Byte() & 1 ? std::string(kJob) : in.Text();
         auto id = world.manager->Submit(yaml, in.Byte() & 1 ? "alice" : "bob");
         if (id.ok()) world.jobs.push_back(*id);
         break;
       }
       case 5: {  // a client cancels
         const std::string id =
-            world.jobs.empty() ? in.Bytes() : world.jobs[in.Byte() % world.jobs.size()];
-        (void)world.manager->Cancel(id, in.Bytes());
+            world.jobs.empty() ? in.Text() : world.jobs[in.Byte() % world.jobs.size()];
+        (void)world.manager->Cancel(id, in.Text());
         (void)world.manager->GetJob(id);
         (void)world.manager->ListCheckpoints(id);
         break;

@@ -69,8 +69,10 @@ int main(int argc, char** argv) {
     return m;
   };
   // The first byte picks the direction: odd = from the previous stage.
-  Write(root / "stage_message", "forward", "\x01" + message(v1::StageMessage::FORWARD).SerializeAsString());
-  Write(root / "stage_message", "eval", "\x01" + message(v1::StageMessage::EVAL).SerializeAsString());
+  Write(root / "stage_message", "forward",
+        "\x01" + message(v1::StageMessage::FORWARD).SerializeAsString());
+  Write(root / "stage_message", "eval",
+        "\x01" + message(v1::StageMessage::EVAL).SerializeAsString());
   Write(root / "stage_message", "backward",
         std::string(1, '\0') + message(v1::StageMessage::BACKWARD).SerializeAsString());
   Write(root / "stage_message", "aux",
@@ -86,9 +88,8 @@ int main(int argc, char** argv) {
   Write(root / "coordinator", "cancel-and-rejoin", std::string("\x03\x05\x00\x00\x16", 5));
   v1::WorkerEvent phase;
   phase.mutable_phase_done()->set_phase(2147483647);
-  Write(root / "coordinator", "raw-phase-done", "\x03\x02" +
-                                                    std::string(1, static_cast<char>(
-                                                                       phase.ByteSizeLong())) +
-                                                    phase.SerializeAsString());
+  Write(root / "coordinator", "raw-phase-done",
+        "\x03\x02" + std::string(1, static_cast<char>(phase.ByteSizeLong())) +
+            phase.SerializeAsString());
   return 0;
 }

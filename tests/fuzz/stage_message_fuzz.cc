@@ -11,6 +11,8 @@
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const bool quiet = QuietProtobufLogs();
+  (void)quiet;
   if (size < 1) return 0;
   stagewise::v1::StageMessage message;
   if (!message.ParseFromArray(data + 1, static_cast<int>(size - 1))) return 0;

@@ -9,6 +9,8 @@
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const bool quiet = QuietProtobufLogs();
+  (void)quiet;
   stagewise::v1::TensorProto proto;
   if (!proto.ParseFromArray(data, static_cast<int>(size))) return 0;
   constexpr int64_t kMaxBytes = int64_t{1} << 20;  // keeps each run small

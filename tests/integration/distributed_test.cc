@@ -21,7 +21,10 @@ stages: )",
                       extra);
 }
 
-TEST(Distributed, MalformedMessageFailsTheJobAndTheWorkerServesTheNext) {
+// A stream is bound to a stage by its first valid message; until then it may
+// be anyone's, so a malformed first message refuses that stream alone (a bad
+// message on the bound stream still fails the job: StageRuntime::InboxSink).
+TEST(Distributed, MalformedFirstMessageIsRefusedAndTheJobTrainsOn) {
   testing::Cluster cluster({.workers = 2});
   ASSERT_TRUE(cluster.WaitForWorkers(2));
   auto id = cluster.manager().Submit(Job(2, 1000000));
@@ -56,11 +59,22 @@ TEST(Distributed, MalformedMessageFailsTheJobAndTheWorkerServesTheNext) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
   EXPECT_NE(s.error_message().find("tensors['x']"), std::string::npos) << s.error_message();
 
+  auto before = cluster.manager().GetJob(*id);
+  ASSERT_TRUE(before.ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  int64_t step = before->step();
+  while (absl::Now() < deadline && step <= before->step() + 3) {
+    absl::SleepFor(absl::Milliseconds(50));
+    auto now = cluster.manager().GetJob(*id);
+    ASSERT_TRUE(now.ok());
+    ASSERT_EQ(now->state(), v1::RUNNING) << now->reason();
+    step = now->step();
+  }
+  EXPECT_GT(step, before->step() + 3) << "the job stopped training";
+  ASSERT_TRUE(cluster.manager().Cancel(*id, "enough").ok());
   auto st = cluster.WaitForJob(*id);
   ASSERT_TRUE(st.ok()) << st.status();
-  EXPECT_EQ(st->state(), v1::FAILED);
-  EXPECT_NE(st->reason().find("tensors['x']"), std::string::npos) << st->reason();
-  EXPECT_NE(st->reason().find("stage 1"), std::string::npos) << st->reason();
+  EXPECT_EQ(st->state(), v1::CANCELLED);
 
   // Both workers are still up and run the next job to the end.
   ASSERT_TRUE(cluster.WaitForWorkers(2));
@@ -193,12 +207,17 @@ TEST(Distributed, MetricsEndpointsServeTheDocumentedFamilies) {
   auto cancelled = cluster.WaitForJob(*running);
   ASSERT_TRUE(cancelled.ok());
   for (auto& w : cluster.workers()) {
-    if (auto rt = w->runtime()) rt->Join();
-    auto text = metrics::Scrape("127.0.0.1", w->metrics_port());
-    ASSERT_TRUE(text.ok()) << text.status();
-    EXPECT_FALSE(metrics::FindSample(*text, "stagewise_stage_steps_total", {{"job", *running}}).ok())
-        << "a finished stage still exports its series\n"
-        << *text;
+    // The stage retires its series as it ends (after the coordinator's Stop).
+    bool gone = false;
+    std::string text;
+    for (const absl::Time until = absl::Now() + absl::Seconds(30); !gone && absl::Now() < until;) {
+      auto scraped = metrics::Scrape("127.0.0.1", w->metrics_port());
+      ASSERT_TRUE(scraped.ok()) << scraped.status();
+      text = *scraped;
+      gone = !metrics::FindSample(text, "stagewise_stage_steps_total", {{"job", *running}}).ok();
+      if (!gone) absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_TRUE(gone) << "a finished stage still exports its series\n" << text;
   }
 }
 

@@ -7,7 +7,6 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
-
 #include <signal.h>
 
 #include <atomic>
@@ -579,7 +578,15 @@ std::string RandomText(std::mt19937& rng) {
 }
 
 int64_t RandomNumber(std::mt19937& rng) {
-  static constexpr int64_t kEdges[] = {0, 1, -1, 2, 3, 5, 100, 2147483647, -2147483648LL,
+  static constexpr int64_t kEdges[] = {0,
+                                       1,
+                                       -1,
+                                       2,
+                                       3,
+                                       5,
+                                       100,
+                                       2147483647,
+                                       -2147483648LL,
                                        std::numeric_limits<int64_t>::max(),
                                        std::numeric_limits<int64_t>::min()};
   if (rng() % 2) return kEdges[rng() % std::size(kEdges)];
@@ -587,7 +594,10 @@ int64_t RandomNumber(std::mt19937& rng) {
 }
 
 double RandomValue(std::mt19937& rng) {
-  static constexpr double kEdges[] = {0.0, 0.5, -1.0, 1e308,
+  static constexpr double kEdges[] = {0.0,
+                                      0.5,
+                                      -1.0,
+                                      1e308,
                                       std::numeric_limits<double>::quiet_NaN(),
                                       std::numeric_limits<double>::infinity()};
   return kEdges[rng() % std::size(kEdges)];
@@ -682,10 +692,19 @@ std::string RandomSpec(std::mt19937& rng) {
   for (int k = 1 + rng() % 3; k > 0; --k) {
     const size_t at = rng() % lines.size();
     switch (rng() % 4) {
-      case 0: lines.erase(lines.begin() + at); break;
-      case 1: lines.insert(lines.begin() + at, absl::StrCat(RandomText(rng), ": ", RandomNumber(rng))); break;
-      case 2: if (!lines[at].empty()) lines[at][rng() % lines[at].size()] = static_cast<char>(rng() % 128); break;
-      default: lines[at] = absl::StrCat("steps: ", RandomNumber(rng)); break;
+      case 0:
+        lines.erase(lines.begin() + at);
+        break;
+      case 1:
+        lines.insert(lines.begin() + at, absl::StrCat(RandomText(rng), ": ", RandomNumber(rng)));
+        break;
+      case 2:
+        if (!lines[at].empty())
+          lines[at][rng() % lines[at].size()] = static_cast<char>(rng() % 128);
+        break;
+      default:
+        lines[at] = absl::StrCat("steps: ", RandomNumber(rng));
+        break;
     }
     if (lines.empty()) lines.push_back("");
   }
@@ -702,16 +721,19 @@ TEST(Hostile, RandomTrafficLeavesEveryProcessAliveAndEveryJobConsistent) {
   if (const char* env = std::getenv("STAGEWISE_FUZZ_SEED")) seed = std::strtoul(env, nullptr, 10);
   std::mt19937 rng(seed);
   SCOPED_TRACE(absl::StrCat("seed ", seed));
-  ProcessCluster cluster(OneWorker());
+  ProcessCluster::Options two = OneWorker();
+  two.workers = 2;
+  ProcessCluster cluster(two);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  auto victim = cluster.client().Submit(LongJob(1));
+  auto victim = cluster.client().Submit(LongJob(2));
   ASSERT_TRUE(victim.ok()) << victim.status();
   ASSERT_TRUE(WaitRunning(cluster, *victim).ok());
   FakeWorker rogue(cluster, "zz-rogue");
   ASSERT_TRUE(rogue.Register().ok());
   rogue.Open();
   auto exchange = v1::StageService::NewStub(rpc::MakeChannel(
-      absl::StrCat("127.0.0.1:", cluster.worker_port(0)), cluster.RpcOptionsFor("worker")));
+      // w1 runs the victim's stage 1: its stream from stage 0 is bound already.
+      absl::StrCat("127.0.0.1:", cluster.worker_port(1)), cluster.RpcOptionsFor("worker")));
   std::vector<std::string> jobs = {*victim};
   int events = 0, streams = 0, rpcs = 0;
   for (int i = 0; i < 600; ++i) {
@@ -764,7 +786,8 @@ TEST(Hostile, RandomTrafficLeavesEveryProcessAliveAndEveryJobConsistent) {
   // Everyone is alive ...
   auto workers = cluster.client().ListWorkers();
   ASSERT_TRUE(workers.ok()) << workers.status() << "\n" << cluster.CoordinatorLog();
-  EXPECT_EQ(::kill(cluster.worker_pid(0), 0), 0) << cluster.WorkerLog(0);
+  for (int i = 0; i < 2; ++i)
+    EXPECT_EQ(::kill(cluster.worker_pid(i), 0), 0) << cluster.WorkerLog(i);
   // ... every job record is consistent ...
   auto all = cluster.client().ListJobs(1000);
   ASSERT_TRUE(all.ok()) << all.status();

@@ -47,8 +47,8 @@ ProcessCluster::Options OneWorker(std::vector<std::string> worker_args = {}) {
 TEST(Paths, ACheckpointDirOutsideTheRootIsRefusedAtSubmitNamingTheKey) {
   ProcessCluster cluster(OneWorker());
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  const fs::path outside = fs::path(cluster.dir()).parent_path() /
-                           absl::StrCat("stagewise_outside_", ::getpid());
+  const fs::path outside =
+      fs::path(cluster.dir()).parent_path() / absl::StrCat("stagewise_outside_", ::getpid());
   for (const std::string& dir :
        {outside.string(), cluster.dir() + "/ckpt/../../" + outside.filename().string(),
         std::string("/etc/stagewise")}) {
@@ -68,8 +68,8 @@ TEST(Paths, ACheckpointDirOutsideTheRootIsRefusedAtSubmitNamingTheKey) {
   EXPECT_FALSE(fs::exists(outside / "ckpt"));
   fs::remove_all(outside);
   // Inside the root: accepted, and the job checkpoints and succeeds.
-  auto ok = cluster.client().Submit(absl::StrCat(
-      kJob, "steps: 4\ncheckpoint: {dir: '", cluster.dir(), "/ckpt', every_steps: 2}\n"));
+  auto ok = cluster.client().Submit(absl::StrCat(kJob, "steps: 4\ncheckpoint: {dir: '",
+                                                 cluster.dir(), "/ckpt', every_steps: 2}\n"));
   ASSERT_TRUE(ok.ok()) << ok.status();
   auto end = cluster.WaitForEnd(*ok, absl::Seconds(120));
   ASSERT_TRUE(end.ok()) << end.status();
@@ -185,7 +185,8 @@ TEST(Limits, AStalledConsumerCannotGrowTheProducersMemory) {
   const int64_t before = ResidentBytes(worker);
   ASSERT_GT(before, 0);
   constexpr int kOffered = 600;  // 600 MiB of activations, as many of gradients back
-  auto stub = v1::StageService::NewStub(rpc::MakeChannel(a.next_address(), cluster.RpcOptionsFor("worker")));
+  auto stub = v1::StageService::NewStub(
+      rpc::MakeChannel(a.next_address(), cluster.RpcOptionsFor("worker")));
   grpc::ClientContext ctx;
   auto stream = stub->Exchange(&ctx);
   std::atomic<int> written{0};
@@ -196,8 +197,7 @@ TEST(Limits, AStalledConsumerCannotGrowTheProducersMemory) {
     m.set_attempt(a.attempt());
     m.set_kind(v1::StageMessage::FORWARD);
     ASSERT_TRUE(EncodeTensor(torch::randn({kBatch, kWidth}), &(*m.mutable_tensors())["x"]).ok());
-    ASSERT_TRUE(
-        EncodeTensor(torch::randint(10, {kBatch}), &(*m.mutable_tensors())["labels"]).ok());
+    ASSERT_TRUE(EncodeTensor(torch::randint(10, {kBatch}), &(*m.mutable_tensors())["labels"]).ok());
     for (int i = 0; i < kOffered; ++i) {
       m.set_step(i);
       if (!stream->Write(m)) return;

@@ -337,6 +337,26 @@ TEST_F(JobManagerTest, CancelPendingAndRunningJobs) {
   EXPECT_EQ(manager_->Cancel("job-unknown", "").status().code(), absl::StatusCode::kNotFound);
 }
 
+// Found by the coordinator fuzz target: a reason that is not UTF-8 made the
+// stored status unreadable (proto strings must be UTF-8), and ListJobs failed
+// for everyone. Reasons are made valid before they are kept.
+TEST_F(JobManagerTest, ReasonsThatAreNotUtf8AreKeptReadable) {
+  StartManager();
+  AddWorker("w0");
+  const std::string cancelled = Submit(JobYaml(1, 4));
+  ASSERT_TRUE(manager_->Cancel(cancelled, std::string("bye \xea\x00 \xff", 8)).ok());
+  const std::string failed = Submit(JobYaml(1, 4));
+  AckAll({"w0"});
+  manager_->OnEvent(ErrorEvent("w0", failed, 0, "boom \xc3"));
+  Sync();
+  auto jobs = manager_->ListJobs(10);
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 2u);
+  EXPECT_EQ(Status(cancelled).reason(), std::string("bye ?\x00 ?", 8));
+  EXPECT_EQ(Status(failed).state(), v1::FAILED);
+  EXPECT_NE(Status(failed).reason().find("boom ?"), std::string::npos) << Status(failed).reason();
+}
+
 TEST_F(JobManagerTest, PhasesStartWhenEveryStageFinishedThePrevious) {
   StartManager();
   AddWorker("w0");
