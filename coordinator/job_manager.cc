@@ -1175,7 +1175,9 @@ absl::StatusOr<v1::JobStatus> JobManager::Transition(const std::string& job_id, 
   return st;
 }
 
-void JobManager::EndJob(const std::string& job_id, v1::JobState state, const std::string& reason) {
+// By value: callers pass strings owned by the job (its map key, its status),
+// which the erase below destroys (found by the coordinator fuzz target).
+void JobManager::EndJob(std::string job_id, v1::JobState state, std::string reason) {
   if (!jobs_.count(job_id)) return;
   scheduler_.Remove(job_id);
   (void)Transition(job_id, state, reason);

@@ -229,7 +229,7 @@ class JobManager {
                                            const std::string& reason);
   // Ends a live job: persists `state`, stops its stages, frees its workers,
   // schedules the queue.
-  void EndJob(const std::string& job_id, v1::JobState state, const std::string& reason);
+  void EndJob(std::string job_id, v1::JobState state, std::string reason);
   // A progress change of a live job: publishes it now, writes it with the
   // next flush.
   void UpdateProgress(Job& job, const std::string& message, std::vector<MetricPoint> points);

@@ -111,11 +111,7 @@ TEST(Hostile, OutOfRangePhaseDoneLeavesTheCoordinatorAndThePendingJobIntact) {
   ExpectConsistent(*st);
   fake.Close();
   // The coordinator still serves: the real worker runs a small job.
-  auto small = cluster.client().Submit(absl::StrCat(kJob, "steps: 3\n"));
-  ASSERT_TRUE(small.ok()) << small.status();
-  auto end = cluster.WaitForEnd(*small, absl::Seconds(120));
-  ASSERT_TRUE(end.ok()) << end.status();
-  EXPECT_EQ(end->state(), v1::SUCCEEDED) << end->reason();
+  cluster.ExpectRunsToSuccess(absl::StrCat(kJob, "steps: 3\n"), absl::Seconds(120));
 }
 
 TEST(Hostile, EvalAccuracyWithoutEvalLossKeepsTheStreamReading) {
@@ -321,11 +317,7 @@ steps: 3
   ASSERT_FALSE(many_steps.ok());
   EXPECT_NE(many_steps.status().message().find("steps"), std::string::npos) << many_steps.status();
   // Still serving.
-  auto small = cluster.client().Submit(absl::StrCat(kJob, "steps: 3\n"));
-  ASSERT_TRUE(small.ok()) << small.status();
-  auto end = cluster.WaitForEnd(*small, absl::Seconds(120));
-  ASSERT_TRUE(end.ok());
-  EXPECT_EQ(end->state(), v1::SUCCEEDED) << end->reason();
+  cluster.ExpectRunsToSuccess(absl::StrCat(kJob, "steps: 3\n"), absl::Seconds(120));
 }
 
 TEST(Hostile, GarbledFramesAreAnsweredWithAnError) {

@@ -254,4 +254,12 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> CheckpointTensors(
   return out;
 }
 
+void ProcessCluster::ExpectRunsToSuccess(const std::string& job_spec_yaml, absl::Duration timeout) {
+  auto id = client().Submit(job_spec_yaml);
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto end = WaitForEnd(*id, timeout);
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_EQ(end->state(), v1::SUCCEEDED) << end->reason() << "\n" << CoordinatorLog();
+}
+
 }  // namespace stagewise::testing

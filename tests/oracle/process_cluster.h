@@ -81,6 +81,10 @@ class ProcessCluster {
                                         absl::Duration timeout = absl::Seconds(300));
   absl::StatusOr<v1::JobStatus> WaitForEnd(const std::string& job_id,
                                            absl::Duration timeout = absl::Seconds(300));
+  // Submits `job_spec_yaml` and waits for its end; a test failure (not an
+  // error status) when it does not succeed. For "the cluster still serves".
+  void ExpectRunsToSuccess(const std::string& job_spec_yaml,
+                           absl::Duration timeout = absl::Seconds(120));
   // The log of worker i / of the coordinator (for failure messages).
   std::string WorkerLog(int i) const;
   std::string CoordinatorLog() const;
