@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""ctest -L deploy: a real Prometheus scrapes a real `stagewise local` run.
+
+Starts `stagewise local` with a long 2-stage job, points a Prometheus server
+on loopback (Debian's `prometheus`) at the coordinator's and the workers'
+/metrics with the rules of deploy/prometheus/rules, and checks, while the job
+trains:
+  - `promtool check metrics` is clean on every /metrics endpoint;
+  - every recording rule produces series for the job (and its stages);
+  - the scrape keeps stagewise's own `job` label (honor_labels).
+Then stops the job (SIGINT, as Ctrl-C) and cleans up.
+Usage: prometheus_scrape_test.py SOURCE_DIR BINARY_DIR. Exit 77: no prometheus.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+
+SOURCE, BINARY = sys.argv[1], sys.argv[2]
+RULES = os.path.join(SOURCE, "deploy", "prometheus", "rules", "stagewise.rules.yml")
+JOB = """name: scrape-test
+model: {name: mlp, hidden: [64, 32]}
+data: {dataset: synthetic, train_size: 4096, test_size: 256, shape: [1, 16, 16], classes: 4}
+batch_size: 32
+stages: 2
+steps: 100000000
+eval: {every_steps: 50}
+"""
+
+
+def fail(message):
+    print("FAIL: " + message, flush=True)
+    sys.exit(1)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url, timeout=5):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def wait_for(what, predicate, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    fail("timed out waiting for " + what)
+
+
+def main():
+    if not shutil.which("prometheus") or not shutil.which("promtool"):
+        print("prometheus not found (apt-get install prometheus): skipped")
+        return 77
+    work = tempfile.mkdtemp(prefix="stagewise_prometheus_")
+    local = prom = None
+    local_dir = None
+    try:
+        job_path = os.path.join(work, "job.yaml")
+        with open(job_path, "w") as f:
+            f.write(JOB)
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        local = subprocess.Popen(
+            [os.path.join(BINARY, "bin", "stagewise"), "local", "--keep-logs", "--threads", "1", job_path],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=work)
+        # "local: starting ...; logs in DIR"
+        line = local.stderr.readline()
+        m = re.search(r"logs in (\S+)", line)
+        if not m:
+            fail("no log directory in: " + line)
+        local_dir = m.group(1)
+
+        def ports(name):
+            path = os.path.join(local_dir, name + ".port")
+            try:
+                grpc_port, metrics_port = open(path).read().split()
+                return int(metrics_port)
+            except (OSError, ValueError):
+                return None
+
+        targets = {"coordinator": wait_for("the coordinator", lambda: ports("coordinator"), 60)}
+        for n in range(2):
+            targets["worker-%d" % n] = wait_for("worker %d" % n, lambda n=n: ports("worker-%d" % n), 60)
+
+        port = free_port()
+        config = os.path.join(work, "prometheus.yml")
+        static = []
+        for name, p in targets.items():
+            component = "coordinator" if name == "coordinator" else "worker"
+            static.append({"targets": ["127.0.0.1:%d" % p],
+                           "labels": {"app_kubernetes_io_component": component, "pod": name}})
+        with open(config, "w") as f:
+            json.dump({"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                       "rule_files": [RULES],
+                       "scrape_configs": [{"job_name": "stagewise", "honor_labels": True,
+                                           "static_configs": static}]}, f)
+        prom = subprocess.Popen(
+            ["prometheus", "--config.file=" + config, "--storage.tsdb.path=" + os.path.join(work, "tsdb"),
+             "--web.listen-address=127.0.0.1:%d" % port, "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "prometheus.log"), "w"))
+        api = "http://127.0.0.1:%d/api/v1/" % port
+
+        def query(expr):
+            try:
+                body = json.loads(get(api + "query?" + urllib.parse.urlencode({"query": expr})))
+            except OSError:
+                return []
+            return body["data"]["result"] if body.get("status") == "success" else []
+
+        # The job trains: its stages export their series.
+        job_id = wait_for("the job's step metric",
+                          lambda: [r["metric"]["job"] for r in query("stagewise_job_step > 5")], 120)[0]
+        print("job", job_id, "is training; Prometheus on port", port, flush=True)
+
+        for name, p in targets.items():
+            text = get("http://127.0.0.1:%d/metrics" % p)
+            check = subprocess.run(["promtool", "check", "metrics"], input=text, text=True,
+                                   capture_output=True)
+            if check.returncode != 0:
+                fail("promtool check metrics on %s:\n%s%s" % (name, check.stdout, check.stderr))
+            print("promtool check metrics:", name, "clean", flush=True)
+
+        rules = re.findall(r"record: (\S+)", open(RULES).read())
+        if len(rules) < 5:
+            fail("expected the recording rules in " + RULES)
+        for rule in rules:
+            result = wait_for("recording rule " + rule,
+                              lambda rule=rule: query('%s{job="%s"}' % (rule, job_id)), 60)
+            print("rule", rule, "->", len(result), "series", flush=True)
+        per_stage = query('stagewise:stage_compute_utilisation:rate1m{job="%s"}' % job_id)
+        stages = sorted(r["metric"].get("stage") for r in per_stage)
+        if stages != ["0", "1"]:
+            fail("compute utilisation per stage: got stages %s" % stages)
+        if not query('up{app_kubernetes_io_component="worker"} == 1'):
+            fail("no worker target is up")
+        print("PASS", flush=True)
+        return 0
+    finally:
+        if local and local.poll() is None:
+            local.send_signal(signal.SIGINT)
+            try:
+                local.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                local.kill()
+        if prom:
+            prom.terminate()
+            try:
+                prom.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                prom.kill()
+        if local_dir:
+            shutil.rmtree(local_dir, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
