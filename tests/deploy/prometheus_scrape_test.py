@@ -11,6 +11,7 @@ trains:
 Then stops the job (SIGINT, as Ctrl-C) and cleans up.
 Usage: prometheus_scrape_test.py SOURCE_DIR BINARY_DIR. Exit 77: no prometheus.
 """
+import glob
 import json
 import os
 import re
@@ -26,6 +27,7 @@ import urllib.request
 
 SOURCE, BINARY = sys.argv[1], sys.argv[2]
 RULES = os.path.join(SOURCE, "deploy", "prometheus", "rules", "stagewise.rules.yml")
+DASHBOARDS = os.path.join(SOURCE, "deploy", "grafana", "dashboards")
 JOB = """name: scrape-test
 model: {name: mlp, hidden: [64, 32]}
 data: {dataset: synthetic, train_size: 4096, test_size: 256, shape: [1, 16, 16], classes: 4}
@@ -50,6 +52,34 @@ def free_port():
 def get(url, timeout=5):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read().decode()
+
+
+def check_dashboard(path, d):
+    """The parts of Grafana's dashboard model (schemaVersion 36) we rely on."""
+    name = os.path.basename(path)
+    for key, kind in (("uid", str), ("title", str), ("schemaVersion", int), ("panels", list),
+                      ("templating", dict)):
+        if not isinstance(d.get(key), kind):
+            fail("%s: '%s' must be a %s" % (name, key, kind.__name__))
+    variables = {v["name"] for v in d["templating"].get("list", [])}
+    ids = set()
+    for panel in d["panels"]:
+        for key in ("id", "type", "title", "gridPos", "targets"):
+            if key not in panel:
+                fail("%s: a panel without '%s'" % (name, key))
+        if panel["id"] in ids:
+            fail("%s: panel id %s twice" % (name, panel["id"]))
+        ids.add(panel["id"])
+        g = panel["gridPos"]
+        if g["x"] < 0 or g["w"] <= 0 or g["x"] + g["w"] > 24 or g["h"] <= 0:
+            fail("%s: panel '%s' is outside the 24-column grid" % (name, panel["title"]))
+        refs = [t["refId"] for t in panel["targets"]]
+        if not refs or len(set(refs)) != len(refs):
+            fail("%s: panel '%s' needs targets with distinct refIds" % (name, panel["title"]))
+        for t in panel["targets"]:
+            for used in re.findall(r"\$\{?(\w+)", t["expr"] + json.dumps(t.get("datasource", ""))):
+                if used not in variables:
+                    fail("%s: panel '%s' uses an undefined variable $%s" % (name, panel["title"], used))
 
 
 def wait_for(what, predicate, timeout):
@@ -147,6 +177,18 @@ def main():
             fail("compute utilisation per stage: got stages %s" % stages)
         if not query('up{app_kubernetes_io_component="worker"} == 1'):
             fail("no worker target is up")
+
+        # Every panel of every dashboard returns data for this job.
+        for path in sorted(glob.glob(os.path.join(DASHBOARDS, "*.json"))):
+            dashboard = json.load(open(path))
+            check_dashboard(path, dashboard)
+            for panel in dashboard["panels"]:
+                for target in panel["targets"]:
+                    expr = (target["expr"].replace("$job", job_id).replace("$stage", "0|1"))
+                    result = wait_for("%s panel '%s': %s" % (os.path.basename(path), panel["title"], expr),
+                                      lambda expr=expr: query(expr), 90)
+                    print("panel %s / %s -> %d series" % (dashboard["title"], panel["title"], len(result)),
+                          flush=True)
         print("PASS", flush=True)
         return 0
     finally:
