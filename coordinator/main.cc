@@ -13,6 +13,7 @@
 #include "coordinator/store.h"
 #include "services/common/log.h"
 #include "services/metrics/metrics.h"
+#include "services/rpc/health.h"
 #include "services/rpc/server.h"
 #include "services/rpc/tls.h"
 #include "services/rpc/tokens.h"
@@ -60,6 +61,10 @@ int main(int argc, char** argv) {
                  "Jobs one token may have that have not ended")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  std::string health_listen;
+  app.add_option("--health-listen", health_listen,
+                 "Plaintext grpc.health.v1 address for probes that speak no TLS, e.g. "
+                 "0.0.0.0:8081 (empty: off; the health service is always on --listen too)");
   std::vector<std::string> checkpoint_roots;
   app.add_option("--checkpoint-root", checkpoint_roots,
                  "A directory a job's checkpoint.dir may name (or lie under); repeatable. "
@@ -149,6 +154,17 @@ int main(int argc, char** argv) {
   STAGEWISE_LOG(INFO) << "stagewise-coordinator: serving on port " << port
                       << (tls.enabled() ? " (mutual TLS)" : " (plaintext)") << ", metrics on port "
                       << (*metrics)->port() << ", state in " << db;
+  std::unique_ptr<stagewise::rpc::HealthServer> health;
+  if (!health_listen.empty()) {
+    auto started = stagewise::rpc::HealthServer::Start(health_listen);
+    if (!started.ok()) {
+      STAGEWISE_LOG(ERROR) << "stagewise-coordinator: " << started.status().message();
+      return 1;
+    }
+    health = std::move(*started);
+    STAGEWISE_LOG(INFO) << "stagewise-coordinator: health check (plaintext) on port "
+                        << health->port();
+  }
   if (!port_file.empty()) {
     if (absl::Status s = stagewise::rpc::WritePortFile(port_file, port, (*metrics)->port());
         !s.ok()) {
@@ -159,7 +175,9 @@ int main(int argc, char** argv) {
   int signal = 0;
   sigwait(&signals, &signal);
   STAGEWISE_LOG(INFO) << "stagewise-coordinator: signal " << signal << ", shutting down";
+  if (health) health->SetServing(false);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   manager.Stop();
+  health.reset();
   return 0;
 }

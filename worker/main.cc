@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "services/common/log.h"
+#include "services/rpc/health.h"
 #include "services/rpc/server.h"
 #include "services/rpc/tls.h"
 #include "worker/worker.h"
@@ -57,6 +58,10 @@ int main(int argc, char** argv) {
                  "Stage streams open at once; more are refused (RESOURCE_EXHAUSTED)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));
+  std::string health_listen;
+  app.add_option("--health-listen", health_listen,
+                 "Plaintext grpc.health.v1 address for probes that speak no TLS, e.g. "
+                 "0.0.0.0:8081 (empty: off; the health service is always on --listen too)");
   app.add_option("--threads", threads, "LibTorch CPU threads (0: LibTorch's default)");
   app.add_option("--port-file", port_file,
                  "Write 'GRPC_PORT METRICS_PORT' here once serving (for supervisors)");
@@ -100,6 +105,16 @@ int main(int argc, char** argv) {
   }
   STAGEWISE_LOG(INFO) << "serving on " << worker.address() << ", metrics on port "
                       << worker.metrics_port() << ", coordinator " << options.coordinator;
+  std::unique_ptr<stagewise::rpc::HealthServer> health;
+  if (!health_listen.empty()) {
+    auto started = stagewise::rpc::HealthServer::Start(health_listen);
+    if (!started.ok()) {
+      STAGEWISE_LOG(ERROR) << started.status().message();
+      return 1;
+    }
+    health = std::move(*started);
+    STAGEWISE_LOG(INFO) << "health check (plaintext) on port " << health->port();
+  }
   if (!port_file.empty()) {
     if (absl::Status s =
             stagewise::rpc::WritePortFile(port_file, worker.port(), worker.metrics_port());
@@ -111,6 +126,9 @@ int main(int argc, char** argv) {
   int signal = 0;
   sigwait(&signals, &signal);
   STAGEWISE_LOG(INFO) << "signal " << signal << ", shutting down";
+  // Probes see NOT_SERVING while the stage stops.
+  if (health) health->SetServing(false);
   worker.Shutdown();
+  health.reset();
   return 0;
 }

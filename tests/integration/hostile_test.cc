@@ -4,10 +4,14 @@
 // regression test of a defect a black-box probe of the running processes
 // found; each checks that the coordinator stays up, the victim job's record
 // stays consistent, and the real worker keeps training.
+#include <arpa/inet.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
@@ -22,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "clients/cli/process.h"
 #include "clients/client/coordinator_client.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "services/metrics/metrics.h"
 #include "services/rpc/pki.h"
 #include "services/rpc/server.h"
@@ -558,6 +563,52 @@ TEST(Tls, TokensDecideWhatAClientMayDo) {
   auto end = cluster.WaitForEnd(*id, absl::Seconds(60));
   ASSERT_TRUE(end.ok());
   EXPECT_EQ(end->state(), v1::CANCELLED);
+}
+
+// A port no process listens on yet (bound, then released).
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+grpc::Status HealthCheck(const std::string& target, grpc::health::v1::HealthCheckResponse* out) {
+  auto stub = grpc::health::v1::Health::NewStub(rpc::MakeChannel(target, rpc::RpcOptions{}));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  return stub->Check(&ctx, grpc::health::v1::HealthCheckRequest(), out);
+}
+
+// Kubernetes' gRPC probes speak no TLS: --health-listen serves them in
+// plaintext while the main ports still demand a certificate.
+TEST(Tls, TheHealthPortAnswersPlaintextProbesWhileTheMainPortsRequireACertificate) {
+  const int coordinator_health = FreePort(), worker_health = FreePort();
+  ProcessCluster::Options o = OneWorker();
+  o.coordinator_args = {"--health-listen", absl::StrCat("127.0.0.1:", coordinator_health)};
+  o.worker_args = {"--health-listen", absl::StrCat("127.0.0.1:", worker_health)};
+  ProcessCluster cluster(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  for (int port : {coordinator_health, worker_health}) {
+    grpc::health::v1::HealthCheckResponse response;
+    grpc::Status s = HealthCheck(absl::StrCat("127.0.0.1:", port), &response);
+    ASSERT_TRUE(s.ok()) << port << ": " << s.error_message();
+    EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  }
+  for (const std::string& main_port :
+       {cluster.coordinator_address(), absl::StrCat("127.0.0.1:", cluster.worker_port(0))}) {
+    grpc::health::v1::HealthCheckResponse response;
+    EXPECT_EQ(HealthCheck(main_port, &response).error_code(), grpc::StatusCode::UNAVAILABLE)
+        << main_port << " answered a plaintext client";
+  }
 }
 
 // Random bytes for a field: mostly short printable, sometimes long or binary.
