@@ -417,7 +417,9 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
 PlanOptions PlanOptionsForJob(const JobSpec& spec, int num_blocks) {
   PlanOptions o;
   o.num_stages = spec.stages.count;
-  const AlgorithmSpec& a = Phases(spec).front().algorithm;
+  // A copy: Phases() returns a temporary (a reference into it dangled; found
+  // by the AddressSanitizer run, scripts/test --sanitize).
+  const AlgorithmSpec a = Phases(spec).front().algorithm;
   o.algorithm = a.name;
   o.modes = spec.stages.modes;
   if (spec.stages.memory_budget > 0) o.memory_caps = {spec.stages.memory_budget};
