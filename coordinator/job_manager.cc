@@ -1138,6 +1138,17 @@ void JobManager::Configure(const std::string& job_id, Job& job) {
     job.status.set_phase(0);
   }
   UpdateProgress(job, "", {});
+  // A claimed worker whose control stream ended since it was claimed has left
+  // the registry (its stage would get no next_address and fail as a bad
+  // assignment, which would fail the job). The lost-worker task already
+  // queued ends this attempt and recovers the job; send nothing meanwhile.
+  for (size_t j = 0; j + 1 < commands.size(); ++j) {
+    if (commands[j].configure().next_address().empty()) {
+      STAGEWISE_LOG(WARNING) << "job " << job_id << " attempt " << job.attempt << ": worker "
+                             << job.workers[j + 1] << " left before its stage was configured";
+      return;
+    }
+  }
   for (size_t j = 0; j < commands.size(); ++j) {
     commands[j].mutable_configure()->set_attempt(job.attempt);
     commands[j].set_command_id(next_command_++);
