@@ -37,11 +37,24 @@ using ::testing::HasSubstr;
 
 using Bytes = std::vector<uint8_t>;
 
+// The directories MakeTempDir made, removed when the test process exits.
+struct TempDirs {
+  ~TempDirs() {
+    for (const std::string& dir : dirs) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  }
+  std::vector<std::string> dirs;
+};
+
 // A fresh directory per test, so tests may run in parallel under ctest.
 std::string MakeTempDir() {
+  static TempDirs created;
   std::string pattern = (std::filesystem::path(::testing::TempDir()) / "data_test_XXXXXX").string();
   const char* dir = mkdtemp(pattern.data());
   EXPECT_NE(dir, nullptr) << "mkdtemp failed";
+  if (dir != nullptr) created.dirs.push_back(pattern);
   return pattern;
 }
 
