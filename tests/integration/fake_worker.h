@@ -43,6 +43,13 @@ class FakeWorker {
     return s;
   }
 
+  // Register, then Open: a registered rogue member with its control stream.
+  grpc::Status Join() {
+    grpc::Status s = Register();
+    if (s.ok()) Open();
+    return s;
+  }
+
   // Opens the control stream with a heartbeat (carrying the session, if any)
   // and starts reading commands in the background; with `ack_configures` it
   // acknowledges every StageAssignment like a real worker does.

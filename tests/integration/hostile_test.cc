@@ -41,6 +41,7 @@ namespace {
 
 using testing::FakeWorker;
 using testing::ProcessCluster;
+using Options = ProcessCluster::Options;
 
 constexpr char kJob[] = R"(name: victim
 model: {name: mlp, hidden: [32, 32]}
@@ -82,22 +83,14 @@ void ExpectStillTraining(ProcessCluster& cluster, const std::string& id, int64_t
   EXPECT_EQ(later->state(), v1::RUNNING) << later->reason();
 }
 
-ProcessCluster::Options OneWorker() {
-  ProcessCluster::Options o;
-  o.workers = 1;
-  o.heartbeat_timeout_s = 3;
-  return o;
-}
-
 TEST(Hostile, OutOfRangePhaseDoneLeavesTheCoordinatorAndThePendingJobIntact) {
-  ProcessCluster cluster(OneWorker());
+  ProcessCluster cluster(Options::OneWorker());
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   // Three stages with one real worker (and the fake): the job stays PENDING.
   auto id = cluster.client().Submit(LongJob(3));
   ASSERT_TRUE(id.ok()) << id.status();
   FakeWorker fake(cluster, "zz-fake");
-  ASSERT_TRUE(fake.Register().ok());
-  fake.Open();
+  ASSERT_TRUE(fake.Join().ok());
   for (int phase :
        {std::numeric_limits<int>::max(), std::numeric_limits<int>::min(), -1, -2, -1000, 1, 7}) {
     for (int stage : {0, 1, 2, -1, 1 << 30}) {
@@ -120,13 +113,12 @@ TEST(Hostile, OutOfRangePhaseDoneLeavesTheCoordinatorAndThePendingJobIntact) {
 }
 
 TEST(Hostile, EvalAccuracyWithoutEvalLossKeepsTheStreamReading) {
-  ProcessCluster cluster(OneWorker());
+  ProcessCluster cluster(Options::OneWorker());
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   auto id = cluster.client().Submit(LongJob(3));
   ASSERT_TRUE(id.ok()) << id.status();
   FakeWorker fake(cluster, "zz-fake");
-  ASSERT_TRUE(fake.Register().ok());
-  fake.Open();
+  ASSERT_TRUE(fake.Join().ok());
   v1::WorkerEvent e;
   e.mutable_metrics()->set_job_id(*id);
   e.mutable_metrics()->set_stage(2);
@@ -151,7 +143,7 @@ TEST(Hostile, EvalAccuracyWithoutEvalLossKeepsTheStreamReading) {
 
 TEST(Hostile, ReportsFromWorkersNotAssignedToTheJobAreIgnored) {
   constexpr double kForged = 0.123456;  // no real evaluation of 32 samples gives this
-  ProcessCluster cluster(OneWorker());
+  ProcessCluster cluster(Options::OneWorker());
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   auto pending = cluster.client().Submit(LongJob(3));
   ASSERT_TRUE(pending.ok());
@@ -159,8 +151,7 @@ TEST(Hostile, ReportsFromWorkersNotAssignedToTheJobAreIgnored) {
   ASSERT_TRUE(running.ok());
   ASSERT_TRUE(WaitRunning(cluster, *running).ok());
   FakeWorker fake(cluster, "zz-fake");
-  ASSERT_TRUE(fake.Register().ok());
-  fake.Open();
+  ASSERT_TRUE(fake.Join().ok());
   for (const std::string& job : {*pending, *running}) {
     for (int stage : {0, 1, 2}) {
       v1::WorkerEvent m;
@@ -202,14 +193,13 @@ TEST(Hostile, ReportsFromWorkersNotAssignedToTheJobAreIgnored) {
 }
 
 TEST(Hostile, EventsNamingAnotherWorkerAreRefused) {
-  ProcessCluster cluster(OneWorker());
+  ProcessCluster cluster(Options::OneWorker());
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   auto running = cluster.client().Submit(LongJob(1));
   ASSERT_TRUE(running.ok());
   ASSERT_TRUE(WaitRunning(cluster, *running).ok());
   FakeWorker fake(cluster, "zz-fake");
-  ASSERT_TRUE(fake.Register().ok());
-  fake.Open();
+  ASSERT_TRUE(fake.Join().ok());
   // w0 runs the job; the fake claims to be w0 in its events.
   v1::WorkerEvent err;
   err.set_worker_id("w0");
@@ -226,7 +216,7 @@ TEST(Hostile, EventsNamingAnotherWorkerAreRefused) {
 }
 
 TEST(Hostile, ControlStreamWithoutTheRegistrationSessionIsRefused) {
-  ProcessCluster cluster(OneWorker());
+  ProcessCluster cluster(Options::OneWorker());
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   auto running = cluster.client().Submit(LongJob(1));
   ASSERT_TRUE(running.ok());
@@ -245,7 +235,7 @@ TEST(Hostile, ControlStreamWithoutTheRegistrationSessionIsRefused) {
 }
 
 TEST(Hostile, RegisteringUnderAConnectedWorkersIdIsRefused) {
-  ProcessCluster cluster(OneWorker());
+  ProcessCluster cluster(Options::OneWorker());
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   auto running = cluster.client().Submit(LongJob(1));
   ASSERT_TRUE(running.ok());
@@ -261,13 +251,12 @@ TEST(Hostile, RegisteringUnderAConnectedWorkersIdIsRefused) {
 }
 
 TEST(Hostile, AnAssignedWorkerThatNeverAcknowledgesTimesOut) {
-  ProcessCluster::Options o = OneWorker();
+  Options o = Options::OneWorker();
   o.coordinator_args = {"--configure-timeout", "2"};
   ProcessCluster cluster(o);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   FakeWorker fake(cluster, "a-fake");  // sorts before w0: stage 0
-  ASSERT_TRUE(fake.Register().ok());
-  fake.Open();
+  ASSERT_TRUE(fake.Join().ok());
   ASSERT_TRUE(cluster.WaitForWorkers(2).ok());
   std::atomic<bool> beating{true};
   std::thread beat([&] {
@@ -288,7 +277,7 @@ TEST(Hostile, AnAssignedWorkerThatNeverAcknowledgesTimesOut) {
 }
 
 TEST(Hostile, OversizedAndAbsurdSpecsAreRefusedCheaply) {
-  ProcessCluster cluster(OneWorker());
+  ProcessCluster cluster(Options::OneWorker());
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   // An unknown key of 4 MB: refused, and the error does not echo it.
   std::string key(4 << 20, 'k');
@@ -326,7 +315,7 @@ steps: 3
 }
 
 TEST(Hostile, GarbledFramesAreAnsweredWithAnError) {
-  ProcessCluster cluster(OneWorker());
+  ProcessCluster cluster(Options::OneWorker());
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   auto channel_to = [&](const std::string& target) {
     return rpc::MakeChannel(target, cluster.RpcOptionsFor("worker"));
@@ -368,7 +357,7 @@ TEST(Hostile, GarbledFramesAreAnsweredWithAnError) {
 }
 
 TEST(Hostile, TheCliEscapesControlCharactersFromTheCoordinator) {
-  ProcessCluster cluster(OneWorker());
+  ProcessCluster cluster(Options::OneWorker());
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   auto id = cluster.client().Submit(LongJob(3));
   ASSERT_TRUE(id.ok());
@@ -406,7 +395,7 @@ std::string Scrape(int port) {
 }
 
 TEST(Hostile, FinishedJobsLeaveTheMetricsEndpoints) {
-  ProcessCluster::Options o = OneWorker();
+  Options o = Options::OneWorker();
   o.metrics = true;
   o.coordinator_args = {"--finished-job-metrics-ttl", "1"};
   ProcessCluster cluster(o);
@@ -461,7 +450,7 @@ std::string ReadFile(const std::string& path) {
 }
 
 TEST(Tls, ClientsWithoutAGoodCertificateAreRefusedAndTheJobTrainsOn) {
-  ProcessCluster cluster(OneWorker());
+  ProcessCluster cluster(Options::OneWorker());
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   auto running = cluster.client().Submit(LongJob(1));
   ASSERT_TRUE(running.ok()) << running.status();
@@ -522,7 +511,7 @@ TEST(Tls, ClientsWithoutAGoodCertificateAreRefusedAndTheJobTrainsOn) {
 }
 
 TEST(Tls, TokensDecideWhatAClientMayDo) {
-  ProcessCluster::Options o = OneWorker();
+  Options o = Options::OneWorker();
   o.tokens =
       "# secret role name\n"
       "admin-0123456789abcdef admin root\n"
@@ -592,7 +581,7 @@ grpc::Status HealthCheck(const std::string& target, grpc::health::v1::HealthChec
 // plaintext while the main ports still demand a certificate.
 TEST(Tls, TheHealthPortAnswersPlaintextProbesWhileTheMainPortsRequireACertificate) {
   const int coordinator_health = FreePort(), worker_health = FreePort();
-  ProcessCluster::Options o = OneWorker();
+  Options o = Options::OneWorker();
   o.coordinator_args = {"--health-listen", absl::StrCat("127.0.0.1:", coordinator_health)};
   o.worker_args = {"--health-listen", absl::StrCat("127.0.0.1:", worker_health)};
   ProcessCluster cluster(o);
@@ -764,7 +753,7 @@ TEST(Hostile, RandomTrafficLeavesEveryProcessAliveAndEveryJobConsistent) {
   if (const char* env = std::getenv("STAGEWISE_FUZZ_SEED")) seed = std::strtoul(env, nullptr, 10);
   std::mt19937 rng(seed);
   SCOPED_TRACE(absl::StrCat("seed ", seed));
-  ProcessCluster::Options two = OneWorker();
+  Options two = Options::OneWorker();
   two.workers = 2;
   ProcessCluster cluster(two);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
@@ -772,8 +761,7 @@ TEST(Hostile, RandomTrafficLeavesEveryProcessAliveAndEveryJobConsistent) {
   ASSERT_TRUE(victim.ok()) << victim.status();
   ASSERT_TRUE(WaitRunning(cluster, *victim).ok());
   FakeWorker rogue(cluster, "zz-rogue");
-  ASSERT_TRUE(rogue.Register().ok());
-  rogue.Open();
+  ASSERT_TRUE(rogue.Join().ok());
   auto exchange = v1::StageService::NewStub(rpc::MakeChannel(
       // w1 runs the victim's stage 1: its stream from stage 0 is bound already.
       absl::StrCat("127.0.0.1:", cluster.worker_port(1)), cluster.RpcOptionsFor("worker")));

@@ -36,16 +36,10 @@ stages: 1
 recovery: {max_restarts: 0}
 )";
 
-ProcessCluster::Options OneWorker(std::vector<std::string> worker_args = {}) {
-  ProcessCluster::Options o;
-  o.workers = 1;
-  o.heartbeat_timeout_s = 3;
-  o.worker_args = std::move(worker_args);
-  return o;
-}
+using Options = ProcessCluster::Options;
 
 TEST(Paths, ACheckpointDirOutsideTheRootIsRefusedAtSubmitNamingTheKey) {
-  ProcessCluster cluster(OneWorker());
+  ProcessCluster cluster(Options::OneWorker());
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const fs::path outside =
       fs::path(cluster.dir()).parent_path() / absl::StrCat("stagewise_outside_", ::getpid());
@@ -76,7 +70,7 @@ TEST(Paths, ACheckpointDirOutsideTheRootIsRefusedAtSubmitNamingTheKey) {
 }
 
 TEST(Paths, ADataPathOutsideTheWorkersRootFailsTheJobNamingTheKey) {
-  ProcessCluster cluster(OneWorker());
+  ProcessCluster cluster(Options::OneWorker());
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   auto id = cluster.client().Submit(
       "name: escape\nmodel: {name: mlp, hidden: [8]}\n"
@@ -94,7 +88,7 @@ TEST(Paths, ADataPathOutsideTheWorkersRootFailsTheJobNamingTheKey) {
 
 TEST(Limits, StageStreamsBeyondMaxStreamsAreRefused) {
   constexpr int kMax = 4;
-  ProcessCluster cluster(OneWorker({"--max-streams", absl::StrCat(kMax)}));
+  ProcessCluster cluster(Options::OneWorker({"--max-streams", absl::StrCat(kMax)}));
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   auto stub = v1::StageService::NewStub(rpc::MakeChannel(
       absl::StrCat("127.0.0.1:", cluster.worker_port(0)), cluster.RpcOptionsFor("worker")));
@@ -149,7 +143,7 @@ int64_t ResidentBytes(pid_t pid) {
 // flow control stops the sender: the worker's memory stays bounded while the
 // sender offers many times that bound.
 TEST(Limits, AStalledConsumerCannotGrowTheProducersMemory) {
-  ProcessCluster cluster(OneWorker());
+  ProcessCluster cluster(Options::OneWorker());
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   FakeWorker fake(cluster, "a-stage0");  // sorts before w0: it gets stage 0
   ASSERT_TRUE(fake.Register().ok());

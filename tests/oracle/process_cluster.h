@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -41,6 +42,16 @@ class ProcessCluster {
     std::string tokens;
     // The bearer token of client() ("" = none).
     std::string client_token;
+
+    // One worker that is declared lost 3 s after its heartbeats stop (the
+    // hostile and limits tests).
+    static Options OneWorker(std::vector<std::string> worker_args = {}) {
+      Options o;
+      o.workers = 1;
+      o.heartbeat_timeout_s = 3;
+      o.worker_args = std::move(worker_args);
+      return o;
+    }
   };
   // Starts the coordinator and the workers and waits until they are
   // registered. Check ok() (and error()) before use.
