@@ -29,8 +29,19 @@ std::string MakeTempDir() {
 
 }  // namespace
 
+namespace {
+
+ProcessCluster::Options WorkersWithTimeout(int workers, double heartbeat_timeout_s) {
+  ProcessCluster::Options o;
+  o.workers = workers;
+  o.heartbeat_timeout_s = heartbeat_timeout_s;
+  return o;
+}
+
+}  // namespace
+
 ProcessCluster::ProcessCluster(int workers, double heartbeat_timeout_s)
-    : ProcessCluster(Options{.workers = workers, .heartbeat_timeout_s = heartbeat_timeout_s}) {}
+    : ProcessCluster(WorkersWithTimeout(workers, heartbeat_timeout_s)) {}
 
 ProcessCluster::ProcessCluster(Options options) : options_(std::move(options)) {
   dir_ = MakeTempDir();
