@@ -2,8 +2,10 @@
 // job spec names stay under the operator's roots; a worker refuses stage
 // streams beyond --max-streams; a stalled consumer cannot grow a worker's
 // memory without bound (the bounded inbox and outbox push back on the
-// sender through gRPC flow control).
+// sender through gRPC flow control); a garbled message on a bound stream
+// fails its job, not the worker.
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -217,6 +219,84 @@ TEST(Limits, AStalledConsumerCannotGrowTheProducersMemory) {
   auto workers = cluster.client().ListWorkers();
   ASSERT_TRUE(workers.ok());
   EXPECT_EQ(workers->size(), 2u);
+}
+
+// A stream that was bound by a good first message, then carries a message
+// whose tensor lies about its size (a shape of 256 x 1024 floats over 10
+// bytes of data): the worker refuses it before decoding, fails that job with
+// a reason that names the problem, and stays up and registered.
+TEST(Limits, AGarbledMessageOnABoundStreamFailsTheJobAndNotTheWorker) {
+  ProcessCluster cluster(Options::OneWorker());
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  FakeWorker fake(cluster, "a-stage0");  // sorts before w0: it gets stage 0
+  ASSERT_TRUE(fake.Register().ok());
+  fake.Open("-", /*ack_configures=*/true);
+  fake.KeepAlive();
+  constexpr int64_t kBatch = 16, kWidth = 64;
+  auto id = cluster.client().Submit(absl::StrCat(
+      "name: garbled\nmodel: {name: mlp, hidden: [", kWidth, ", ", kWidth,
+      "]}\ndata: {dataset: synthetic, train_size: 100000, test_size: 32, shape: [1, 8, 8], "
+      "classes: 4}\nalgorithm: {name: backprop, micro_batches: 1}\nbatch_size: ",
+      kBatch, "\nstages: 2\nsteps: 1000\nrecovery: {max_restarts: 0}\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto running = cluster.WaitFor(
+      *id, [](const v1::JobStatus& s) { return s.state() == v1::RUNNING; }, absl::Seconds(60));
+  ASSERT_TRUE(running.ok()) << running.status();
+  ASSERT_EQ(running->state(), v1::RUNNING) << running->reason();
+  const std::vector<v1::StageAssignment> assigned = fake.assignments();
+  ASSERT_FALSE(assigned.empty());
+  const v1::StageAssignment a = assigned.back();
+  ASSERT_EQ(a.stage(), 0);
+
+  auto stub = v1::StageService::NewStub(
+      rpc::MakeChannel(a.next_address(), cluster.RpcOptionsFor("worker")));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto stream = stub->Exchange(&ctx);
+  v1::StageMessage good;
+  good.set_job_id(a.job_id());
+  good.set_attempt(a.attempt());
+  good.set_kind(v1::StageMessage::FORWARD);
+  good.set_step(0);
+  torch::manual_seed(1);
+  // The activations of stage 0: the first hidden layer's output.
+  ASSERT_TRUE(EncodeTensor(torch::randn({kBatch, kWidth}), &(*good.mutable_tensors())["x"]).ok());
+  ASSERT_TRUE(EncodeTensor(torch::randint(4, {kBatch}), &(*good.mutable_tensors())["labels"]).ok());
+  ASSERT_TRUE(stream->Write(good));
+  // The worker answers the good message with its gradient: the stream is bound.
+  v1::StageMessage reply;
+  ASSERT_TRUE(stream->Read(&reply)) << cluster.WorkerLog(0);
+  EXPECT_EQ(reply.kind(), v1::StageMessage::BACKWARD);
+
+  v1::StageMessage bad = good;
+  bad.set_step(1);
+  v1::TensorProto& x = (*bad.mutable_tensors())["x"];
+  x.clear_shape();
+  x.add_shape(256);
+  x.add_shape(1024);
+  x.set_data(std::string(10, '\x7f'));
+  (void)stream->Write(bad);
+  auto ended = cluster.WaitFor(
+      *id, [](const v1::JobStatus& s) { return s.state() == v1::FAILED; }, absl::Seconds(60));
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_EQ(ended->state(), v1::FAILED) << ended->reason();
+  EXPECT_NE(ended->reason().find("bytes"), std::string::npos) << ended->reason();
+  ctx.TryCancel();
+  (void)stream->Finish();
+
+  // The worker process is alive, still registered, and serves new streams.
+  const pid_t worker = cluster.worker_pid(0);
+  ASSERT_GT(worker, 0);
+  EXPECT_EQ(::kill(worker, 0), 0) << cluster.WorkerLog(0);
+  auto workers = cluster.client().ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  EXPECT_EQ(workers->size(), 2u);
+  grpc::ClientContext again_ctx;
+  again_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto again = stub->Exchange(&again_ctx);
+  again->WritesDone();
+  grpc::Status answered = again->Finish();
+  EXPECT_EQ(answered.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << answered.error_message();
 }
 
 }  // namespace
