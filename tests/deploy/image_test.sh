@@ -5,7 +5,8 @@
 #   - runtime-packages names the package of every library the binaries link;
 #   - the image's user is 10001:10001 and it holds the three binaries;
 #   - inside the image's own file system (podman image mount; chroot, a
-#     private /proc, as uid 10001): every binary's --help, and a tiny job on
+#     private /proc, as uid 10001, the root read-only as in deploy/k8s):
+#     every binary's --help, and a tiny job on
 #     Fashion-MNIST from the image with `stagewise local` (a coordinator and
 #     2 workers, mutual TLS);
 #   - the docker-archive holds the image.
@@ -21,6 +22,9 @@ skip() { echo "skipped: $*"; exit 77; }
 for tool in mmdebstrap podman unshare chroot; do
   command -v "$tool" >/dev/null || skip "$tool not found (scripts/setup installs it)"
 done
+
+unshare --mount --pid --fork true 2>/dev/null ||
+  skip "cannot make mount and pid namespaces here (unshare; a container without CAP_SYS_ADMIN?)"
 
 work=$(mktemp -d /tmp/stagewise_image_XXXXXX)
 PODMAN=(podman --storage-driver vfs --root "$work/storage" --runroot "$work/run")
@@ -82,8 +86,10 @@ if [ -e "$root/usr/bin/gcc" ] || [ -e "$root/usr/bin/cc" ] || [ -e "$root/usr/bi
   exit 1
 fi
 
-# 4. Run inside the image's file system: a private mount and pid namespace,
-# /proc (LibTorch reads /proc/cpuinfo) and a scratch /tmp, as uid 10001.
+# 4. Run inside the image's file system as Kubernetes runs the pods
+# (deploy/k8s): uid 10001, the root file system read-only, /tmp a writable
+# volume; with a private mount and pid namespace and /proc (LibTorch reads
+# /proc/cpuinfo).
 mkdir -p "$work/tmp/job"
 cat > "$work/tmp/job/tiny.yaml" <<'EOF'
 name: image-tiny
@@ -105,6 +111,7 @@ chmod 1777 "$work/tmp" "$work/tmp/job"
 chmod 0644 "$work/tmp/job/tiny.yaml"
 inside() {
   unshare --mount --pid --fork --kill-child /bin/sh -c '
+    mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" &&
     mount -t proc proc "$1/proc" && mount --bind "$2" "$1/tmp" &&
     exec chroot --userspec=10001:10001 "$1" /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin \
       HOME=/tmp OMP_NUM_THREADS=1 /bin/sh -c "$3"' sh "$root" "$work/tmp" "$1"
@@ -122,11 +129,15 @@ out=$(inside "cd /tmp/job && stagewise local tiny.yaml" 2>&1) || {
 echo "$out" | tail -12
 # local exits 0 only when the job SUCCEEDED.
 grep -qE "^steps +6/6" <<< "$out" || { echo "FAIL: expected 6/6 steps"; exit 1; }
-echo "ok: a 2-stage job ran in the image (coordinator and 2 workers, mutual TLS)"
+echo "ok: a 2-stage job ran in the image (coordinator and 2 workers, mutual TLS, read-only root)"
 
 # 5. The archive operators load into their cluster.
 archive="$2/image/stagewise-$version.tar"
-tar -tf "$archive" | grep -qx "manifest.json" || { echo "FAIL: $archive has no manifest.json"; exit 1; }
-tar -xOf "$archive" manifest.json | grep -q "$name" || { echo "FAIL: $archive does not name $name"; exit 1; }
+# (Whole outputs to files: grep -q would end the pipe early, and tar would
+# then fail with SIGPIPE under pipefail.)
+tar -tf "$archive" > "$work/archive.list"
+grep -qx "manifest.json" "$work/archive.list" || { echo "FAIL: $archive has no manifest.json"; exit 1; }
+tar -xOf "$archive" manifest.json > "$work/manifest.json"
+grep -q "$name" "$work/manifest.json" || { echo "FAIL: $archive does not name $name"; exit 1; }
 echo "ok: $archive ($(du -m "$archive" | cut -f1) MiB) holds $name"
 rm -f "$archive"
