@@ -49,6 +49,12 @@ void PeerStream::OnDoneImpl(const absl::Status& status) {
   // Tell the sink before WaitDone() returns: its owner may be waiting to free it.
   if (sink_ != nullptr) sink_->StreamClosed(status);
   outbox_.OnDone(status);
+  // gRPC's reference goes before WaitDone() returns: a waiter holds one of
+  // its own, so this is not the last and nothing is destroyed here.
+  std::shared_ptr<Released> released = released_;
+  keep.reset();  // `this` may be gone from here on
+  absl::MutexLock lock(&released->mu);
+  released->released = true;
 }
 
 // ---- server end -------------------------------------------------------------

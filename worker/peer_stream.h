@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "services/rpc/outbox.h"
 #include "stagewise/v1/stage.grpc.pb.h"
 
@@ -44,8 +45,17 @@ class PeerStream : public std::enable_shared_from_this<PeerStream> {
     outbox_.Close(status);
     if (!status.ok()) OnClosedWithError();
   }
-  // Blocks until gRPC is done with the stream (the sink has been told).
-  void WaitDone() const { outbox_.WaitDone(); }
+  // Blocks until gRPC is done with the stream (the sink has been told) and
+  // has dropped its own reference to it. Call it before dropping the last
+  // reference of your own (and, for a client, the channel): then the stream,
+  // its ClientContext and maybe the channel are destroyed on your thread,
+  // never on a gRPC callback thread (destroying the last channel there makes
+  // gRPC join that very thread and free its completion queue under it).
+  void WaitDone() const {
+    outbox_.WaitDone();
+    absl::MutexLock lock(&released_->mu);
+    released_->mu.Await(absl::Condition(&released_->released));
+  }
   bool done() const { return outbox_.done(); }
   const std::string& name() const { return outbox_.name(); }
 
@@ -66,6 +76,13 @@ class PeerStream : public std::enable_shared_from_this<PeerStream> {
 
   // Keeps the object alive while gRPC holds the reactor.
   std::shared_ptr<PeerStream> self_;
+  // Set once OnDone has dropped self_ (shared: it outlives the stream when
+  // that was the last reference).
+  struct Released {
+    absl::Mutex mu;
+    bool released ABSL_GUARDED_BY(mu) = false;
+  };
+  const std::shared_ptr<Released> released_ = std::make_shared<Released>();
 
  private:
   // The sink has room again: read on, from outside a reaction.
