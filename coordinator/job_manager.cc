@@ -584,20 +584,23 @@ std::string JobManager::Refusal(const v1::WorkerEvent& event, std::string* reaso
   }
   *reason = "out_of_range";
   const int64_t total = job.status.total_steps();
+  // Non-finite values from the assigned worker are dropped one by one
+  // (WithoutNonFinite), not the whole report: a result whose summary holds a
+  // NaN must still end its stage.
   auto bad_values = [](const google::protobuf::Map<std::string, double>& values) {
     if (values.size() > 64) return true;
     for (const auto& [key, value] : values) {
-      if (key.size() > 64 || !std::isfinite(value)) return true;
+      if (key.size() > 64) return true;
     }
     return false;
   };
   switch (event.event_case()) {
     case v1::WorkerEvent::kMetrics:
       if (event.metrics().step() < 0 || event.metrics().step() > total) return "step out of range";
-      if (bad_values(event.metrics().values())) return "too many, too long or non-finite values";
+      if (bad_values(event.metrics().values())) return "too many or too long values";
       return "";
     case v1::WorkerEvent::kResult:
-      if (bad_values(event.result().values())) return "too many, too long or non-finite values";
+      if (bad_values(event.result().values())) return "too many or too long values";
       return "";
     case v1::WorkerEvent::kPhaseDone:
       if (event.phase_done().phase() != job.status.phase()) {
@@ -617,6 +620,23 @@ std::string JobManager::Refusal(const v1::WorkerEvent& event, std::string* reaso
       return "";
   }
 }
+
+namespace {
+
+// A copy of a report without its NaN and infinite values (a diverged job's
+// loss, say): they would corrupt the job's status and history. The worker
+// itself fails a stage whose training loss stops being finite.
+template <typename Report>
+Report WithoutNonFinite(const Report& report) {
+  Report out = report;
+  auto* values = out.mutable_values();
+  for (auto it = values->begin(); it != values->end();) {
+    it = std::isfinite(it->second) ? std::next(it) : values->erase(it);
+  }
+  return out;
+}
+
+}  // namespace
 
 void JobManager::HandleEvent(const v1::WorkerEvent& event) {
   std::string reason;
@@ -655,9 +675,9 @@ void JobManager::HandleEvent(const v1::WorkerEvent& event) {
     case v1::WorkerEvent::kAck:
       return OnAck(event.ack(), event.worker_id());
     case v1::WorkerEvent::kMetrics:
-      return OnMetrics(event.metrics());
+      return OnMetrics(WithoutNonFinite(event.metrics()));
     case v1::WorkerEvent::kResult:
-      return OnResult(event.result());
+      return OnResult(WithoutNonFinite(event.result()));
     case v1::WorkerEvent::kPhaseDone:
       return OnPhaseDone(event.phase_done());
     case v1::WorkerEvent::kProfile:

@@ -701,8 +701,15 @@ data::Batch StageRuntime::TrainBatch(int64_t step) const {
 void StageRuntime::ReportStep(int64_t phase_steps_done, double train_loss, int64_t samples) {
   metrics_->SetMemory("tensors", memory_->current());
   metrics_->SetMemory("tensors_peak", memory_->peak());
-  if (!env_.emit) return;
   const int64_t steps_done = phase_offset_ + phase_steps_done;
+  if (last() && !std::isfinite(train_loss)) {
+    // Not retryable: a recovery would replay the same trajectory.
+    Fail(absl::FailedPreconditionError(absl::StrCat("training diverged: the loss is ", train_loss,
+                                                    " at step ", steps_done,
+                                                    " (lower optimizer.lr?)")));
+    return;
+  }
+  if (!env_.emit) return;
   // Every stage reports its step (the coordinator tracks the slowest); the last
   // stage adds the loss. Reports are rate-limited to a few per second.
   double seconds = 0;

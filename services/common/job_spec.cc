@@ -697,7 +697,8 @@ absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root) {
   };
 
   Section model = child("model");
-  model.CheckKeys({"name", "depth", "style", "small_input", "width", "blocks", "hidden"});
+  model.CheckKeys({"name", "depth", "style", "small_input", "width", "blocks", "hidden",
+                   "forward_ms", "backward_ms", "reversible"});
   model.Read("name", &spec.model.name);
   model.Read("depth", &spec.model.depth);
   model.Read("style", &spec.model.style);
@@ -705,6 +706,9 @@ absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root) {
   model.Read("width", &spec.model.width);
   model.Read("blocks", &spec.model.blocks);
   model.Read("hidden", &spec.model.hidden);
+  model.Read("forward_ms", &spec.model.forward_ms);
+  model.Read("backward_ms", &spec.model.backward_ms);
+  model.Read("reversible", &spec.model.reversible);
   if (!model.status().ok()) return model.status();
 
   Section data = child("data");
@@ -838,12 +842,33 @@ bool ValidDevice(absl::string_view device) {
 }
 
 absl::Status ValidateModel(const ModelSpec& model) {
-  const std::vector<std::string> names = {"mlp", "resnet", "revnet"};
+  const std::vector<std::string> names = {"mlp", "resnet", "revnet", "emulated"};
   if (model.name.empty()) {
-    return KeyError("model.name", "required (one of mlp, resnet, revnet)");
+    return KeyError("model.name", "required (one of mlp, resnet, revnet, emulated)");
   }
   if (!Contains(names, model.name)) {
     return KeyError("model.name", ChoiceMessage(model.name, names));
+  }
+  if (model.name == "emulated") {
+    // An hour per block and mini-batch is far beyond any benchmark; the cap
+    // keeps the waits representable.
+    constexpr double kMaxMs = 3.6e6;
+    constexpr int kMaxBlocks = 4096;
+    Checker check;
+    check(AtLeast("model.depth", int64_t{model.depth}, int64_t{1}));
+    if (model.depth > kMaxBlocks) {
+      check(KeyError("model.depth", absl::StrCat("at most ", kMaxBlocks, " emulated blocks, got ",
+                                                 model.depth)));
+    }
+    for (const auto& [key, value] : {std::pair<const char*, double>{"model.forward_ms",
+                                                                    model.forward_ms},
+                                     {"model.backward_ms", model.backward_ms}}) {
+      if (!std::isfinite(value) || value < 0 || value > kMaxMs) {
+        check(KeyError(key, absl::StrCat("must be a time in milliseconds in [0, ", kMaxMs,
+                                         "], got ", value)));
+      }
+    }
+    return check.status();
   }
   const std::vector<std::string> styles = {"cifar", "imagenet"};
   if (!Contains(styles, model.style)) {
@@ -1276,6 +1301,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text) {
     if (status.ok()) status = ValidateJobSpec(*spec);
     if (status.ok()) status = FillDataShape(spec->data, &spec->model);
     if (!status.ok()) return status;
+    spec->model.batch_size = spec->batch_size;
     return spec;
   } catch (const YAML::Exception& e) {
     return YamlError(e);

@@ -24,6 +24,13 @@ struct ModelSpec {
   int width = 0;                    // base channels (0 = the paper's default)
   std::vector<int> blocks;          // per-stage block counts; overrides depth
   std::vector<int> hidden = {256};  // mlp: hidden layer sizes
+  // emulated only (docs/models.md, "Emulated accelerators"): depth blocks whose
+  // forward and backward each take this long per mini-batch of batch_size
+  // samples (scaled to the micro-batch), waiting instead of computing.
+  double forward_ms = 1;
+  double backward_ms = 2;
+  bool reversible = true;  // emulated: reversible couplings (PETRA, rebuild)
+  int64_t batch_size = 0;  // filled from the job's batch_size when parsing
   // Filled from the data section when parsing: [C, H, W] and class count.
   std::vector<int64_t> input_shape;
   int num_classes = 0;

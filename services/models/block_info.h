@@ -13,7 +13,7 @@ namespace stagewise::models {
 // partitioner read this without building the model).
 struct BlockInfo {
   int index = 0;     // global position in the model
-  std::string kind;  // stem | linear | residual | downsample | reversible | head
+  std::string kind;  // stem | linear | residual | downsample | reversible | head | emulated
   bool reversible = false;
   std::vector<int64_t> in_shape;  // per sample, without the batch dimension
   std::vector<int64_t> out_shape;
@@ -27,6 +27,10 @@ struct BlockInfo {
   bool flatten = false;        // linear blocks: flatten the input first
   bool relu = true;            // linear blocks: ReLU after the layer
   bool pair = false;           // downsample on a reversible pair (RevNet)
+  // emulated blocks: how long the forward and the backward wait, in seconds
+  // per sample (a micro-batch of n samples waits n times this).
+  double forward_seconds_per_sample = 0;
+  double backward_seconds_per_sample = 0;
 };
 
 }  // namespace stagewise::models

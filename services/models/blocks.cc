@@ -1,9 +1,67 @@
 #include "services/models/blocks.h"
 
+#include <sys/prctl.h>
+
+#include <chrono>
 #include <memory>
+#include <thread>
 
 namespace stagewise::models {
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Waits until `start + seconds`: the time the emulated work would have taken
+// from `start`, whatever the real arithmetic cost. The thread's timer slack
+// drops to 1 us so that sub-millisecond waits do not round up by 50 us each.
+void WaitUntil(Clock::time_point start, double seconds) {
+  static thread_local const bool kFineSlack = prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0) == 0;
+  (void)kFineSlack;
+  if (seconds <= 0) return;
+  std::this_thread::sleep_until(
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
+}
+
+// y = residual * x + scale * x + shift (scale and shift per value of a
+// sample), with the waits of an accelerator: n samples take n * forward_s to
+// go forward and n * backward_s to go back.
+struct EmulatedAffine : public torch::autograd::Function<EmulatedAffine> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& scale, const torch::Tensor& shift,
+                               bool residual, double forward_s, double backward_s) {
+    const Clock::time_point start = Clock::now();
+    torch::Tensor y = torch::addcmul(shift, x, scale);
+    if (residual) y.add_(x);
+    ctx->save_for_backward({x, scale});
+    ctx->saved_data["residual"] = residual;
+    ctx->saved_data["backward_s"] = backward_s * static_cast<double>(x.size(0));
+    WaitUntil(start, forward_s * static_cast<double>(x.size(0)));
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const Clock::time_point start = Clock::now();
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& scale = saved[1];
+    const torch::Tensor& g = grads[0];
+    torch::Tensor gx = g * scale;
+    if (ctx->saved_data["residual"].toBool()) gx.add_(g);
+    torch::Tensor gscale = (g * x).sum(0);
+    torch::Tensor gshift = g.sum(0);
+    WaitUntil(start, ctx->saved_data["backward_s"].toDouble());
+    return {gx, gscale, gshift, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Small random scales keep a deep stack of couplings (which grows like a
+// Fibonacci sequence with scale 1) well inside float range.
+std::pair<torch::Tensor, torch::Tensor> EmulatedParameters(const BlockInfo& info) {
+  std::vector<int64_t> shape = info.in_shape;
+  if (info.reversible) shape[0] /= 2;
+  return {torch::empty(shape).uniform_(-0.01, 0.01), torch::zeros(shape)};
+}
 
 torch::nn::Conv2d Conv(int64_t in, int64_t out, int64_t k, int64_t stride) {
   return torch::nn::Conv2d(
@@ -90,13 +148,38 @@ ReversibleBlock::ReversibleBlock(const BlockInfo& info) : Block(info) {
 torch::Tensor ReversibleBlock::forward(const torch::Tensor& x) {
   auto pair = x.chunk(2, 1);
   // y = x~ + F(x), y~ = x
-  return torch::cat({pair[1] + body_->forward(pair[0]), pair[0]}, 1);
+  return torch::cat({pair[1] + F(pair[0]), pair[0]}, 1);
 }
 
 torch::Tensor ReversibleBlock::inverse(const torch::Tensor& y) {
   auto pair = y.chunk(2, 1);
   // x = y~, x~ = y - F(y~)
-  return torch::cat({pair[1], pair[0] - body_->forward(pair[1])}, 1);
+  return torch::cat({pair[1], pair[0] - F(pair[1])}, 1);
+}
+
+EmulatedBlock::EmulatedBlock(const BlockInfo& info) : Block(info) {
+  auto [scale, shift] = EmulatedParameters(info);
+  scale_ = register_parameter("scale", scale);
+  shift_ = register_parameter("shift", shift);
+}
+
+torch::Tensor EmulatedBlock::forward(const torch::Tensor& x) {
+  return EmulatedAffine::apply(x, scale_, shift_, /*residual=*/true,
+                               info().forward_seconds_per_sample,
+                               info().backward_seconds_per_sample);
+}
+
+EmulatedReversibleBlock::EmulatedReversibleBlock(const BlockInfo& info)
+    : ReversibleBlock(info, CustomF{}) {
+  auto [scale, shift] = EmulatedParameters(info);
+  scale_ = register_parameter("scale", scale);
+  shift_ = register_parameter("shift", shift);
+}
+
+torch::Tensor EmulatedReversibleBlock::F(const torch::Tensor& stream) {
+  return EmulatedAffine::apply(stream, scale_, shift_, /*residual=*/false,
+                               info().forward_seconds_per_sample,
+                               info().backward_seconds_per_sample);
 }
 
 PairDownsampleBlock::PairDownsampleBlock(const BlockInfo& info) : Block(info) {
@@ -132,6 +215,9 @@ std::shared_ptr<Block> MakeBlock(const BlockInfo& info) {
     return std::make_shared<ResidualBlock>(info);
   if (info.kind == "reversible") return std::make_shared<ReversibleBlock>(info);
   if (info.kind == "head") return std::make_shared<HeadBlock>(info);
+  if (info.kind == "emulated" && info.reversible)
+    return std::make_shared<EmulatedReversibleBlock>(info);
+  if (info.kind == "emulated") return std::make_shared<EmulatedBlock>(info);
   TORCH_CHECK(false, "unknown block kind '", info.kind, "'");
 }
 

@@ -81,10 +81,42 @@ class ReversibleBlock : public Block {
   torch::Tensor forward(const torch::Tensor& x) override;
   torch::Tensor inverse(const torch::Tensor& y) override;
   // The coupling function F, for algorithms that rebuild and differentiate in one go.
-  torch::Tensor F(const torch::Tensor& stream) { return body_->forward(stream); }
+  virtual torch::Tensor F(const torch::Tensor& stream) { return body_->forward(stream); }
+
+ protected:
+  // For couplings whose F is not a residual body (they override F).
+  struct CustomF {};
+  ReversibleBlock(const BlockInfo& info, CustomF) : Block(info) {}
 
  private:
   ResidualBody body_{nullptr};
+};
+
+// Emulated accelerator work (docs/models.md, "Emulated accelerators"): an
+// elementwise affine map y = x + scale * x + shift whose forward and backward
+// take the configured time per sample (BlockInfo::*_seconds_per_sample) by
+// waiting, not by burning a core. Real tensors and real autograd, so every
+// algorithm runs on it unchanged; J such stages on one small machine behave
+// like J devices.
+class EmulatedBlock : public Block {
+ public:
+  explicit EmulatedBlock(const BlockInfo& info);
+  torch::Tensor forward(const torch::Tensor& x) override;
+
+ private:
+  torch::Tensor scale_, shift_;
+};
+
+// The reversible variant: the coupling (x, x~) -> (x~ + F(x), x) with
+// F(x) = scale * x + shift, waiting like EmulatedBlock inside F. Its rebuild
+// therefore costs one more forward, as a real reversible block's does.
+class EmulatedReversibleBlock : public ReversibleBlock {
+ public:
+  explicit EmulatedReversibleBlock(const BlockInfo& info);
+  torch::Tensor F(const torch::Tensor& stream) override;
+
+ private:
+  torch::Tensor scale_, shift_;
 };
 
 // Global average pool (images) + linear classifier; plain linear for vectors.

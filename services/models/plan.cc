@@ -222,6 +222,36 @@ absl::StatusOr<std::vector<BlockInfo>> PlanRevNet(const ModelSpec& spec) {
   return p.Take();
 }
 
+// Emulated accelerators (docs/models.md): `depth` blocks that keep the shape
+// and wait a configured time instead of computing, then a head. Reversible
+// blocks couple two halves of the channels, so the channel count must be even.
+absl::StatusOr<std::vector<BlockInfo>> PlanEmulated(const ModelSpec& spec) {
+  if (spec.batch_size < 1) {
+    return absl::InvalidArgumentError(
+        "model: emulated blocks need the job's batch_size (their times are per mini-batch)");
+  }
+  if (spec.reversible && spec.input_shape[0] % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.reversible: reversible emulated blocks split the channels in two; data.shape[0] "
+        "must be even, got ",
+        spec.input_shape[0]));
+  }
+  Planner p(spec.input_shape);
+  const double batch = static_cast<double>(spec.batch_size);
+  for (int i = 0; i < spec.depth; ++i) {
+    BlockInfo b;
+    b.kind = "emulated";
+    b.reversible = spec.reversible;
+    b.in_channels = spec.input_shape[0];
+    b.out_channels = spec.reversible ? spec.input_shape[0] / 2 : spec.input_shape[0];
+    b.forward_seconds_per_sample = spec.forward_ms / 1e3 / batch;
+    b.backward_seconds_per_sample = spec.backward_ms / 1e3 / batch;
+    p.Add(b, spec.input_shape);
+  }
+  p.Head(spec.num_classes);
+  return p.Take();
+}
+
 }  // namespace
 
 namespace {
@@ -246,8 +276,9 @@ absl::StatusOr<std::vector<BlockInfo>> PlanBlocks(const ModelSpec& spec) {
   }
   if (spec.name == "resnet") return PlanResNet(spec);
   if (spec.name == "revnet") return PlanRevNet(spec);
-  return absl::InvalidArgumentError(
-      absl::StrCat("model.name: must be mlp, resnet or revnet, got '", spec.name, "'"));
+  if (spec.name == "emulated") return PlanEmulated(spec);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "model.name: must be mlp, resnet, revnet or emulated, got '", spec.name, "'"));
 }
 
 }  // namespace
@@ -258,6 +289,12 @@ double EstimateParameters(const BlockInfo& b) {
   const double mid = static_cast<double>(b.mid_channels);
   if (b.kind == "linear" || b.kind == "head") return in * out + out;
   if (b.kind == "stem") return (b.imagenet_stem ? 49 : 9) * in * out + 2 * out;
+  if (b.kind == "emulated") {
+    // A scale and a shift per value of the (half) activation.
+    double values = 2 * out;
+    for (size_t d = 1; d < b.in_shape.size(); ++d) values *= static_cast<double>(b.in_shape[d]);
+    return values;
+  }
   if (b.kind == "reversible") {
     // F and G, each a residual function on one stream.
     const double one = b.bottleneck ? out * mid + 9 * mid * mid + mid * out : 18 * out * out;

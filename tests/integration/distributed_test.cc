@@ -112,6 +112,34 @@ TEST(Distributed, JobWaitsForWorkersThenCanBeCancelled) {
   EXPECT_EQ(cancelled->reason(), "changed my mind");
 }
 
+// A diverged loss fails the job naming the cause; it is not retried (a
+// recovery would replay the same trajectory) and the workers take the next job.
+TEST(Distributed, ADivergedLossFailsTheJobAndIsNotRetried) {
+  testing::Cluster cluster({.workers = 2});
+  ASSERT_TRUE(cluster.WaitForWorkers(2));
+  auto id = cluster.manager().Submit(R"(name: diverges
+seed: 1
+model: {name: mlp, hidden: [32]}
+data: {dataset: synthetic, train_size: 256, test_size: 64, shape: [1, 8, 8], classes: 4}
+stages: 2
+optimizer: {lr: 1.0e+30}
+batch_size: 16
+steps: 200
+)");
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto st = cluster.WaitForJob(*id);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->state(), v1::FAILED);
+  EXPECT_NE(st->reason().find("training diverged"), std::string::npos) << st->reason();
+  EXPECT_LE(st->attempts_size(), 1) << "a diverged job was retried";
+  ASSERT_TRUE(cluster.WaitForWorkers(2));
+  auto next = cluster.manager().Submit(Job(2, 3));
+  ASSERT_TRUE(next.ok());
+  auto done = cluster.WaitForJob(*next);
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+}
+
 TEST(Distributed, CancellingARunningJobStopsItsStages) {
   testing::Cluster cluster({.workers = 2});
   ASSERT_TRUE(cluster.WaitForWorkers(2));

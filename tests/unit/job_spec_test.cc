@@ -371,7 +371,8 @@ TEST(JobSpecTest, ModelVariantsThatAreValid) {
         "{name: resnet, depth: 44}",  // any 6n+2
         "{name: resnet, style: imagenet, depth: 50}", "{name: revnet, depth: 18}",
         "{name: resnet, blocks: [2, 2, 2]}", "{name: revnet, blocks: [1, 1, 1, 1]}",
-        "{name: mlp, hidden: []}"}) {
+        "{name: mlp, hidden: []}", "{name: emulated, depth: 4}",
+        "{name: emulated, depth: 2, forward_ms: 0.5, backward_ms: 0, reversible: false}"}) {
     SCOPED_TRACE(model);
     ParseOk(SpecYaml({{"model", model}}));
   }
@@ -401,6 +402,20 @@ std::vector<BadCase> BadCases() {
        "model.depth",
        "18, 34 or 50"},
       {"revnet depth", {{"model", "{name: revnet, depth: 20}"}}, "model.depth", "got 20"},
+      {"emulated depth", {{"model", "{name: emulated}"}}, "model.depth", ">= 1"},
+      {"emulated depth cap", {{"model", "{name: emulated, depth: 5000}"}}, "model.depth", "4096"},
+      {"emulated forward",
+       {{"model", "{name: emulated, depth: 2, forward_ms: -1}"}},
+       "model.forward_ms",
+       "milliseconds"},
+      {"emulated backward",
+       {{"model", "{name: emulated, depth: 2, backward_ms: .nan}"}},
+       "model.backward_ms",
+       "a number"},
+      {"emulated backward cap",
+       {{"model", "{name: emulated, depth: 2, backward_ms: 1e9}"}},
+       "model.backward_ms",
+       "milliseconds"},
       {"model style", {{"model", "{name: resnet, depth: 20, style: tiny}"}}, "model.style", ""},
       {"blocks count",
        {{"model", "{name: resnet, blocks: [1, 1, 1, 1]}"}},

@@ -1,0 +1,301 @@
+// Pipeline efficiency on emulated accelerators: every algorithm at J stages
+// on the `emulated` model (docs/models.md, "Emulated accelerators"), whose
+// blocks wait a configured time per mini-batch instead of computing, so J
+// in-process workers on a small machine behave like J devices. Real tensors,
+// real autograd, real gRPC on loopback. For each algorithm and J it prints the
+// ideal time per mini-batch of the algorithm's schedule, the measured one in
+// steady state, and efficiency = ideal / measured. Never a test.
+//
+//   build/bin/stagewise_emulated_bench [options]
+//     --stages 2,4,8,16      pipeline depths J
+//     --algorithms LIST      from: gpipe,1f1b,backprop,delayed,petra,
+//                            features_replay,nwise,auxnet (default: all)
+//     --rounds 3             repetitions; every round runs every configuration
+//                            once, interleaved; medians and spread count
+//     --forward-ms 5         per block and mini-batch
+//     --backward-ms 10       per block and mini-batch
+//     --blocks-per-stage 2   K: stage j holds blocks [jK, (j+1)K) (+ the head)
+//     --batch 32             samples per mini-batch
+//     --shape 2,16,16        per-sample activation [C, H, W] (C even)
+//     --steps 40             steady-state steps measured per run, after a
+//                            warm-up of 2J + 2 steps (pipeline fill)
+//
+// Ideal time per mini-batch, with F = K * forward_ms and B = K * backward_ms
+// the work of one stage on one mini-batch:
+//   backprop, M micro-batches (GPipe or 1F1B):  (M + J - 1) / M * (F + B)
+//   delayed (one forward + one backward per stage per step):  F + B
+//   petra (the rebuild is one more forward):                   2F + B
+//   features_replay (forward, then replay + backward):         2F + B
+//   nwise n, M: T(A=J, M, N=n) with a slot c(M) = (F + B) / (2M)
+//   auxnet (each stage trains on its own):                     F + B
+// nwise and auxnet add real CPU work that is not emulated (auxiliary heads,
+// AuxNets), so their efficiency also shows what that costs on these cores.
+// Measured: the coordinator's progress events give (step, time); the time per
+// mini-batch is (t_last - t_warm) / (s_last - s_warm) over the steady steps.
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "services/common/job_spec.h"
+#include "services/planner/timing_model.h"
+#include "tests/integration/cluster.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::vector<int> stages = {2, 4, 8, 16};
+  std::vector<std::string> algorithms = {"backprop", "gpipe",           "1f1b",  "delayed",
+                                         "petra",    "features_replay", "nwise", "auxnet"};
+  int rounds = 3;
+  double forward_ms = 5;
+  double backward_ms = 10;
+  int blocks_per_stage = 2;
+  int batch = 32;
+  std::vector<int64_t> shape = {2, 16, 16};
+  int steps = 40;
+};
+
+// One configuration: an algorithm at J stages, with its ideal.
+struct Config {
+  std::string algorithm;  // the --algorithms name
+  std::string label;      // as printed
+  std::string yaml;       // the algorithm: line
+  int J = 1;
+  double ideal_s = 0;  // per mini-batch
+};
+
+[[noreturn]] void Usage(const std::string& why) {
+  std::cerr << "stagewise_emulated_bench: " << why
+            << "\nsee the comment at the top of tests/bench/emulated_bench.cc for the options\n";
+  std::exit(2);
+}
+
+template <typename T>
+std::vector<T> ParseList(const std::string& flag, const std::string& text) {
+  std::vector<T> out;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    T v{};
+    if (!absl::SimpleAtoi(part, &v) || v < 1) Usage(absl::StrCat(flag, ": bad entry '", part, "'"));
+    out.push_back(v);
+  }
+  if (out.empty()) Usage(absl::StrCat(flag, ": empty list"));
+  return out;
+}
+
+Options ParseOptions(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") Usage("help");
+    if (i + 1 >= argc) Usage(absl::StrCat(flag, " needs a value"));
+    const std::string value = argv[++i];
+    auto number = [&](double* out) {
+      if (!absl::SimpleAtod(value, out) || *out < 0) Usage(absl::StrCat(flag, ": bad '", value, "'"));
+    };
+    auto integer = [&](int* out) {
+      if (!absl::SimpleAtoi(value, out) || *out < 1) Usage(absl::StrCat(flag, ": bad '", value, "'"));
+    };
+    if (flag == "--stages") {
+      o.stages = ParseList<int>(flag, value);
+    } else if (flag == "--algorithms") {
+      o.algorithms = absl::StrSplit(value, ',', absl::SkipEmpty());
+    } else if (flag == "--rounds") {
+      integer(&o.rounds);
+    } else if (flag == "--forward-ms") {
+      number(&o.forward_ms);
+    } else if (flag == "--backward-ms") {
+      number(&o.backward_ms);
+    } else if (flag == "--blocks-per-stage") {
+      integer(&o.blocks_per_stage);
+    } else if (flag == "--batch") {
+      integer(&o.batch);
+    } else if (flag == "--shape") {
+      o.shape = ParseList<int64_t>(flag, value);
+      if (o.shape.size() != 3) Usage("--shape: three entries C,H,W");
+    } else if (flag == "--steps") {
+      integer(&o.steps);
+    } else {
+      Usage(absl::StrCat("unknown option ", flag));
+    }
+  }
+  return o;
+}
+
+std::vector<Config> Configs(const Options& o, int J) {
+  const double F = o.blocks_per_stage * o.forward_ms / 1e3;
+  const double B = o.blocks_per_stage * o.backward_ms / 1e3;
+  const int M = 2 * J;
+  std::vector<Config> out;
+  for (const std::string& a : o.algorithms) {
+    Config c;
+    c.algorithm = a;
+    c.J = J;
+    if (a == "backprop") {
+      c.label = "backprop M=1";
+      c.yaml = "{name: backprop}";
+      c.ideal_s = J * (F + B);
+    } else if (a == "gpipe" || a == "1f1b") {
+      c.label = absl::StrCat("backprop ", a == "gpipe" ? "GPipe" : "1F1B", " M=", M);
+      c.yaml = absl::StrCat("{name: backprop, micro_batches: ", M, ", schedule: ", a, "}");
+      c.ideal_s = (M + J - 1.0) / M * (F + B);
+    } else if (a == "delayed") {
+      c.label = "delayed";
+      c.yaml = "{name: delayed}";
+      c.ideal_s = F + B;
+    } else if (a == "petra") {
+      c.label = "petra";
+      c.yaml = "{name: petra}";
+      c.ideal_s = 2 * F + B;
+    } else if (a == "features_replay") {
+      c.label = "features_replay";
+      c.yaml = "{name: features_replay}";
+      c.ideal_s = 2 * F + B;
+    } else if (a == "nwise") {
+      c.label = "nwise n=2 M=2";
+      c.yaml = "{name: nwise, n: 2, micro_batches: 2, aux_head: linear}";
+      stagewise::timing::MicroBatchCost cost;
+      cost.c1 = (F + B) / 2;
+      auto t = stagewise::timing::InterlockTimePerBatch(J, 2, std::min(2, J), cost);
+      if (!t.ok()) Usage(t.status().ToString());
+      c.ideal_s = *t;
+    } else if (a == "auxnet") {
+      c.label = "auxnet K=J";
+      c.yaml = "{name: auxnet, auxnet: conv, serial_loss_every: 0}";
+      c.ideal_s = F + B;
+    } else {
+      Usage(absl::StrCat("--algorithms: unknown '", a, "'"));
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::string JobYaml(const Options& o, const Config& c, int total_steps) {
+  const int depth = c.J * o.blocks_per_stage;
+  std::vector<std::string> ranges;
+  for (int j = 0; j < c.J; ++j) {
+    const int end = j + 1 == c.J ? depth + 1 : (j + 1) * o.blocks_per_stage;  // + head
+    ranges.push_back(absl::StrCat("[", j * o.blocks_per_stage, ", ", end, "]"));
+  }
+  return absl::StrCat(
+      "name: emulated-bench\nseed: 0\n",
+      absl::StrFormat("model: {name: emulated, depth: %d, forward_ms: %g, backward_ms: %g}\n",
+                      depth, o.forward_ms, o.backward_ms),
+      "data: {dataset: synthetic, train_size: ", 64 * o.batch, ", test_size: ", o.batch,
+      ", shape: [", absl::StrJoin(o.shape, ", "), "], classes: 10}\n",
+      "optimizer: {name: sgd, lr: 0.01}\n", "batch_size: ", o.batch, "\n", "steps: ", total_steps,
+      "\n", "eval: {every_epochs: 0, at_end: false}\n",
+      "stages: {count: ", c.J, ", partition: [", absl::StrJoin(ranges, ", "), "]}\n",
+      "algorithm: ", c.yaml, "\n");
+}
+
+// Seconds per mini-batch in steady state, or a negative number on failure.
+double Measure(stagewise::testing::Cluster& cluster, const Options& o, const Config& c) {
+  const int warm = 2 * c.J + 2;
+  const int total = warm + o.steps;
+  std::mutex mu;
+  std::vector<std::pair<int64_t, Clock::time_point>> seen;  // first time each step is seen
+  auto id = cluster.manager().Submit(JobYaml(o, c, total));
+  if (!id.ok()) {
+    std::cerr << c.label << " J=" << c.J << ": " << id.status() << "\n";
+    return -1;
+  }
+  auto sub = cluster.manager().Subscribe(*id, [&](const stagewise::v1::JobEvent& e) {
+    const auto now = Clock::now();
+    std::lock_guard<std::mutex> lock(mu);
+    if (e.status().state() != stagewise::v1::RUNNING) return;
+    if (seen.empty() || e.status().step() > seen.back().first) {
+      seen.emplace_back(e.status().step(), now);
+    }
+  });
+  auto st = cluster.WaitForJob(*id, absl::Minutes(30));
+  if (sub.ok()) cluster.manager().Unsubscribe(*sub);
+  if (!st.ok() || st->state() != stagewise::v1::SUCCEEDED) {
+    std::cerr << c.label << " J=" << c.J << " failed: "
+              << (st.ok() ? st->reason() : st.status().ToString()) << "\n";
+    return -1;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  // The first report at or past the warm-up, and the last one.
+  auto first = std::find_if(seen.begin(), seen.end(), [&](const auto& p) { return p.first >= warm; });
+  if (first == seen.end() || seen.back().first <= first->first) {
+    std::cerr << c.label << " J=" << c.J << ": too few progress reports\n";
+    return -1;
+  }
+  const double seconds = std::chrono::duration<double>(seen.back().second - first->second).count();
+  return seconds / static_cast<double>(seen.back().first - first->first);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = ParseOptions(argc, argv);
+  at::set_num_threads(1);
+  const int max_j = *std::max_element(o.stages.begin(), o.stages.end());
+  std::cout << absl::StrFormat(
+      "emulated accelerators: %d blocks per stage, %.3g ms forward and %.3g ms backward per block "
+      "and mini-batch of %d, activations [%s] per sample, %d steady steps per run, %d rounds "
+      "interleaved\n",
+      o.blocks_per_stage, o.forward_ms, o.backward_ms, o.batch, absl::StrJoin(o.shape, ","),
+      o.steps, o.rounds);
+  stagewise::testing::Cluster::Options co;
+  co.workers = max_j;
+  stagewise::testing::Cluster cluster(co);
+  if (!cluster.WaitForWorkers(max_j, absl::Seconds(60))) {
+    std::cerr << "workers did not come up\n";
+    return 1;
+  }
+  std::vector<Config> configs;
+  for (int J : o.stages) {
+    for (const Config& c : Configs(o, J)) configs.push_back(c);
+  }
+  std::map<size_t, std::vector<double>> measured;  // config index -> seconds per mini-batch
+  bool failed = false;
+  for (int r = 0; r < o.rounds; ++r) {
+    for (size_t i = 0; i < configs.size(); ++i) {
+      const double s = Measure(cluster, o, configs[i]);
+      if (s < 0) {
+        failed = true;
+        continue;
+      }
+      measured[i].push_back(s);
+      std::cerr << absl::StrFormat("round %d: %-22s J=%-2d %8.2f ms/batch (ideal %.2f)\n", r + 1,
+                                   configs[i].label, configs[i].J, 1e3 * s,
+                                   1e3 * configs[i].ideal_s);
+    }
+  }
+  std::cout << absl::StrFormat("%-22s %3s %10s %10s %16s %11s %9s\n", "algorithm", "J",
+                               "ideal ms", "median ms", "min-max ms", "efficiency", "spread");
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const auto it = measured.find(i);
+    if (it == measured.end()) continue;
+    const std::vector<double>& v = it->second;
+    const double med = Median(v);
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    // Spread of the efficiency ratio across rounds, relative to its median.
+    const double spread = (*hi - *lo) / med;
+    std::cout << absl::StrFormat("%-22s %3d %10.2f %10.2f %7.2f-%-8.2f %10.1f%% %8.1f%%\n",
+                                 configs[i].label, configs[i].J, 1e3 * configs[i].ideal_s,
+                                 1e3 * med, 1e3 * *lo, 1e3 * *hi,
+                                 100 * configs[i].ideal_s / med, 100 * spread);
+  }
+  return failed ? 1 : 0;
+}
