@@ -340,7 +340,7 @@ const std::vector<AlgorithmSchema>& AlgorithmSchemas() {
   static const auto* const kSchemas = new std::vector<AlgorithmSchema>{
       {"backprop",
        {IntParam("micro_batches", 1, 1), EnumParam("schedule", "gpipe", {"gpipe", "1f1b"}),
-        BoolParam("recompute", false)}},
+        BoolParam("recompute", false), IntParam("lookahead", 0, 0)}},
       // max_in_flight 0 stands for the pipeline's natural depth at stage j,
       // 2(J-1-j)+1 mini-batches (worker/algorithms/delayed.cc).
       {"delayed",
@@ -857,15 +857,15 @@ absl::Status ValidateModel(const ModelSpec& model) {
     Checker check;
     check(AtLeast("model.depth", int64_t{model.depth}, int64_t{1}));
     if (model.depth > kMaxBlocks) {
-      check(KeyError("model.depth", absl::StrCat("at most ", kMaxBlocks, " emulated blocks, got ",
-                                                 model.depth)));
+      check(KeyError("model.depth",
+                     absl::StrCat("at most ", kMaxBlocks, " emulated blocks, got ", model.depth)));
     }
-    for (const auto& [key, value] : {std::pair<const char*, double>{"model.forward_ms",
-                                                                    model.forward_ms},
-                                     {"model.backward_ms", model.backward_ms}}) {
+    for (const auto& [key, value] :
+         {std::pair<const char*, double>{"model.forward_ms", model.forward_ms},
+          {"model.backward_ms", model.backward_ms}}) {
       if (!std::isfinite(value) || value < 0 || value > kMaxMs) {
-        check(KeyError(key, absl::StrCat("must be a time in milliseconds in [0, ", kMaxMs,
-                                         "], got ", value)));
+        check(KeyError(
+            key, absl::StrCat("must be a time in milliseconds in [0, ", kMaxMs, "], got ", value)));
       }
     }
     return check.status();

@@ -277,8 +277,8 @@ absl::StatusOr<std::vector<BlockInfo>> PlanBlocks(const ModelSpec& spec) {
   if (spec.name == "resnet") return PlanResNet(spec);
   if (spec.name == "revnet") return PlanRevNet(spec);
   if (spec.name == "emulated") return PlanEmulated(spec);
-  return absl::InvalidArgumentError(absl::StrCat(
-      "model.name: must be mlp, resnet, revnet or emulated, got '", spec.name, "'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("model.name: must be mlp, resnet, revnet or emulated, got '", spec.name, "'"));
 }
 
 }  // namespace

@@ -120,7 +120,7 @@ StageRole RoleOf(const PlanOptions& o, int j) {
   const std::string& a = o.algorithm;
   if (Is(a, "backprop") || Is(a, "nwise")) {
     const int M = std::max(1, o.micro_batches);
-    r.inflight = r.last ? 1 : (o.one_f_one_b ? std::min(J - j, M) : M);
+    r.inflight = r.last ? 1 : (o.one_f_one_b ? std::min(J - j + o.lookahead, M) : M);
   } else if (Is(a, "petra") || Is(a, "delayed")) {
     r.inflight = r.last ? 1 : 2 * (J - 1 - j) + 1;
   } else if (Is(a, "features_replay")) {
@@ -426,6 +426,7 @@ PlanOptions PlanOptionsForJob(const JobSpec& spec, int num_blocks) {
   if (a.name == "backprop") {
     o.micro_batches = static_cast<int>(a.GetInt("micro_batches"));
     o.one_f_one_b = a.GetString("schedule") == "1f1b";
+    o.lookahead = static_cast<int>(a.GetInt("lookahead"));
   } else if (a.name == "nwise") {
     o.micro_batches = static_cast<int>(a.GetInt("micro_batches"));
     o.nwise_n = static_cast<int>(a.GetInt("n"));

@@ -63,7 +63,8 @@ struct PlanOptions {
   std::string modes = "auto";
   int micro_batches = 1;  // backprop / nwise
   bool one_f_one_b = false;
-  int nwise_n = 0;  // 0: predicted for n = 1 and n = 2
+  int lookahead = 0;  // backprop 1F1B: extra micro-batches in flight per stage
+  int nwise_n = 0;    // 0: predicted for n = 1 and n = 2
   // Knapsack units: at most this many per stage budget.
   int64_t max_units = 4096;
 };

@@ -8,8 +8,9 @@
 //
 //   build/bin/stagewise_emulated_bench [options]
 //     --stages 2,4,8,16      pipeline depths J
-//     --algorithms LIST      from: gpipe,1f1b,backprop,delayed,petra,
-//                            features_replay,nwise,auxnet (default: all)
+//     --algorithms LIST      from: backprop (M=1), gpipe, 1f1b, 1f1b1 (1F1B with
+//                            lookahead 1), delayed, petra,
+//                            features_replay, nwise, auxnet (default: all)
 //     --rounds 3             repetitions; every round runs every configuration
 //                            once, interleaved; medians and spread count
 //     --forward-ms 5         per block and mini-batch
@@ -19,11 +20,15 @@
 //     --shape 2,16,16        per-sample activation [C, H, W] (C even)
 //     --steps 40             steady-state steps measured per run, after a
 //                            warm-up of 2J + 2 steps (pipeline fill)
+//     --verbose              per run, each stage's idle time (waiting for a
+//                            message) per mini-batch
 //
 // Ideal time per mini-batch, with F = K * forward_ms and B = K * backward_ms
 // the work of one stage on one mini-batch:
-//   backprop, M micro-batches (GPipe or 1F1B):  (M + J - 1) / M * (F + B)
-//   delayed (one forward + one backward per stage per step):  F + B
+//   backprop, M = 2J micro-batches (GPipe or 1F1B):  (M + J - 1) / M * (F + B)
+//   delayed: its forward keeps no graph, so the backward recomputes the
+//     forward from the stored input (weight stashing would otherwise need a
+//     graph per in-flight mini-batch):                         2F + B
 //   petra (the rebuild is one more forward):                   2F + B
 //   features_replay (forward, then replay + backward):         2F + B
 //   nwise n, M: T(A=J, M, N=n) with a slot c(M) = (F + B) / (2M)
@@ -56,7 +61,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   std::vector<int> stages = {2, 4, 8, 16};
-  std::vector<std::string> algorithms = {"backprop", "gpipe",           "1f1b",  "delayed",
+  std::vector<std::string> algorithms = {"backprop", "gpipe",           "1f1b",  "1f1b1", "delayed",
                                          "petra",    "features_replay", "nwise", "auxnet"};
   int rounds = 3;
   double forward_ms = 5;
@@ -65,6 +70,7 @@ struct Options {
   int batch = 32;
   std::vector<int64_t> shape = {2, 16, 16};
   int steps = 40;
+  bool verbose = false;  // per-stage idle time of every run
 };
 
 // One configuration: an algorithm at J stages, with its ideal.
@@ -99,13 +105,19 @@ Options ParseOptions(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "-h" || flag == "--help") Usage("help");
+    if (flag == "--verbose") {
+      o.verbose = true;
+      continue;
+    }
     if (i + 1 >= argc) Usage(absl::StrCat(flag, " needs a value"));
     const std::string value = argv[++i];
     auto number = [&](double* out) {
-      if (!absl::SimpleAtod(value, out) || *out < 0) Usage(absl::StrCat(flag, ": bad '", value, "'"));
+      if (!absl::SimpleAtod(value, out) || *out < 0)
+        Usage(absl::StrCat(flag, ": bad '", value, "'"));
     };
     auto integer = [&](int* out) {
-      if (!absl::SimpleAtoi(value, out) || *out < 1) Usage(absl::StrCat(flag, ": bad '", value, "'"));
+      if (!absl::SimpleAtoi(value, out) || *out < 1)
+        Usage(absl::StrCat(flag, ": bad '", value, "'"));
     };
     if (flag == "--stages") {
       o.stages = ParseList<int>(flag, value);
@@ -150,10 +162,15 @@ std::vector<Config> Configs(const Options& o, int J) {
       c.label = absl::StrCat("backprop ", a == "gpipe" ? "GPipe" : "1F1B", " M=", M);
       c.yaml = absl::StrCat("{name: backprop, micro_batches: ", M, ", schedule: ", a, "}");
       c.ideal_s = (M + J - 1.0) / M * (F + B);
+    } else if (a == "1f1b1") {
+      c.label = absl::StrCat("backprop 1F1B M=", M, " la=1");
+      c.yaml =
+          absl::StrCat("{name: backprop, micro_batches: ", M, ", schedule: 1f1b, lookahead: 1}");
+      c.ideal_s = (M + J - 1.0) / M * (F + B);
     } else if (a == "delayed") {
       c.label = "delayed";
       c.yaml = "{name: delayed}";
-      c.ideal_s = F + B;
+      c.ideal_s = 2 * F + B;
     } else if (a == "petra") {
       c.label = "petra";
       c.yaml = "{name: petra}";
@@ -172,7 +189,7 @@ std::vector<Config> Configs(const Options& o, int J) {
       c.ideal_s = *t;
     } else if (a == "auxnet") {
       c.label = "auxnet K=J";
-      c.yaml = "{name: auxnet, auxnet: conv, serial_loss_every: 0}";
+      c.yaml = "{name: auxnet, auxnet: conv, serial_loss_every: 0, beta: 1.0}";
       c.ideal_s = F + B;
     } else {
       Usage(absl::StrCat("--algorithms: unknown '", a, "'"));
@@ -196,9 +213,8 @@ std::string JobYaml(const Options& o, const Config& c, int total_steps) {
       "data: {dataset: synthetic, train_size: ", 64 * o.batch, ", test_size: ", o.batch,
       ", shape: [", absl::StrJoin(o.shape, ", "), "], classes: 10}\n",
       "optimizer: {name: sgd, lr: 0.01}\n", "batch_size: ", o.batch, "\n", "steps: ", total_steps,
-      "\n", "eval: {every_epochs: 0, at_end: false}\n",
-      "stages: {count: ", c.J, ", partition: [", absl::StrJoin(ranges, ", "), "]}\n",
-      "algorithm: ", c.yaml, "\n");
+      "\n", "eval: {every_epochs: 0, at_end: false}\n", "stages: {count: ", c.J, ", partition: [",
+      absl::StrJoin(ranges, ", "), "]}\n", "algorithm: ", c.yaml, "\n");
 }
 
 // Seconds per mini-batch in steady state, or a negative number on failure.
@@ -223,13 +239,25 @@ double Measure(stagewise::testing::Cluster& cluster, const Options& o, const Con
   auto st = cluster.WaitForJob(*id, absl::Minutes(30));
   if (sub.ok()) cluster.manager().Unsubscribe(*sub);
   if (!st.ok() || st->state() != stagewise::v1::SUCCEEDED) {
-    std::cerr << c.label << " J=" << c.J << " failed: "
-              << (st.ok() ? st->reason() : st.status().ToString()) << "\n";
+    std::cerr << c.label << " J=" << c.J
+              << " failed: " << (st.ok() ? st->reason() : st.status().ToString()) << "\n";
     return -1;
+  }
+  if (o.verbose) {
+    // Where a stage's time went: waiting for a message, per mini-batch.
+    std::string line = absl::StrCat(c.label, " J=", c.J, " idle ms per mini-batch by stage:");
+    for (int j = 0; j < c.J; ++j) {
+      const auto it = st->summary().find(absl::StrCat("stage", j, ".idle_seconds"));
+      if (it != st->summary().end()) {
+        absl::StrAppendFormat(&line, " %.1f", 1e3 * it->second / total);
+      }
+    }
+    std::cerr << line << "\n";
   }
   std::lock_guard<std::mutex> lock(mu);
   // The first report at or past the warm-up, and the last one.
-  auto first = std::find_if(seen.begin(), seen.end(), [&](const auto& p) { return p.first >= warm; });
+  auto first =
+      std::find_if(seen.begin(), seen.end(), [&](const auto& p) { return p.first >= warm; });
   if (first == seen.end() || seen.back().first <= first->first) {
     std::cerr << c.label << " J=" << c.J << ": too few progress reports\n";
     return -1;
@@ -282,8 +310,8 @@ int main(int argc, char** argv) {
                                    1e3 * configs[i].ideal_s);
     }
   }
-  std::cout << absl::StrFormat("%-22s %3s %10s %10s %16s %11s %9s\n", "algorithm", "J",
-                               "ideal ms", "median ms", "min-max ms", "efficiency", "spread");
+  std::cout << absl::StrFormat("%-22s %3s %10s %10s %16s %11s %9s\n", "algorithm", "J", "ideal ms",
+                               "median ms", "min-max ms", "efficiency", "spread");
   for (size_t i = 0; i < configs.size(); ++i) {
     const auto it = measured.find(i);
     if (it == measured.end()) continue;
@@ -294,8 +322,8 @@ int main(int argc, char** argv) {
     const double spread = (*hi - *lo) / med;
     std::cout << absl::StrFormat("%-22s %3d %10.2f %10.2f %7.2f-%-8.2f %10.1f%% %8.1f%%\n",
                                  configs[i].label, configs[i].J, 1e3 * configs[i].ideal_s,
-                                 1e3 * med, 1e3 * *lo, 1e3 * *hi,
-                                 100 * configs[i].ideal_s / med, 100 * spread);
+                                 1e3 * med, 1e3 * *lo, 1e3 * *hi, 100 * configs[i].ideal_s / med,
+                                 100 * spread);
   }
   return failed ? 1 : 0;
 }

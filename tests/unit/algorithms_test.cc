@@ -144,12 +144,19 @@ TEST(BackpropTest, MicroBatchSchedulesAgree) {
   auto gpipe = MakeJob("{name: backprop, micro_batches: 3, schedule: gpipe}", 2);
   auto one_f_one_b = MakeJob("{name: backprop, micro_batches: 3, schedule: 1f1b}", 2);
   auto recompute = MakeJob("{name: backprop, micro_batches: 3, recompute: true}", 2);
-  ASSERT_TRUE(gpipe && one_f_one_b && recompute);
+  // One micro-batch of lookahead, and more than there are micro-batches.
+  auto classic = MakeJob("{name: backprop, micro_batches: 3, schedule: 1f1b, lookahead: 1}", 2);
+  auto deep = MakeJob("{name: backprop, micro_batches: 3, schedule: 1f1b, lookahead: 5}", 2);
+  ASSERT_TRUE(gpipe && one_f_one_b && recompute && classic && deep);
   RunAll(*gpipe);
   RunAll(*one_f_one_b);
   RunAll(*recompute);
+  RunAll(*classic);
+  RunAll(*deep);
   ExpectSameParameters(one_f_one_b->Parameters(), gpipe->Parameters());
   ExpectSameParameters(recompute->Parameters(), gpipe->Parameters());
+  ExpectSameParameters(classic->Parameters(), gpipe->Parameters());
+  ExpectSameParameters(deep->Parameters(), gpipe->Parameters());
 }
 
 TEST(PetraTest, OneStageEqualsBackprop) {

@@ -172,7 +172,7 @@ TEST(JobSpecTest, MinimalSpecGetsStructDefaults) {
   EXPECT_TRUE(spec.data.normalize);
   EXPECT_EQ(spec.data.limit_train, 0);
   EXPECT_EQ(spec.algorithm.name, "backprop");
-  EXPECT_EQ(spec.algorithm.params.size(), 3u);
+  EXPECT_EQ(spec.algorithm.params.size(), 4u);
   EXPECT_EQ(spec.stages.count, 1);
   EXPECT_EQ(spec.stages.partition, "even");
   EXPECT_EQ(spec.optimizer.name, "sgd");
@@ -221,7 +221,8 @@ TEST(JobSpecTest, AlgorithmAsBareNameOrMap) {
 
 TEST(JobSpecTest, EveryAlgorithmGetsItsDefaults) {
   const std::map<std::string, std::map<std::string, std::string>> expected = {
-      {"backprop", {{"micro_batches", "1"}, {"schedule", "gpipe"}, {"recompute", "false"}}},
+      {"backprop",
+       {{"micro_batches", "1"}, {"schedule", "gpipe"}, {"recompute", "false"}, {"lookahead", "0"}}},
       {"delayed", {{"weights", "stash"}, {"max_in_flight", "0"}}},
       {"features_replay", {}},
       {"petra", {{"accumulation", "1"}, {"verify_rebuild", "false"}}},

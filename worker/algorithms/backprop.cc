@@ -30,7 +30,8 @@ class Backprop : public Algorithm {
   explicit Backprop(const AlgorithmSpec& spec)
       : micro_batches_(static_cast<int>(spec.GetInt("micro_batches"))),
         one_f_one_b_(spec.GetString("schedule") == "1f1b"),
-        recompute_(spec.GetBool("recompute")) {}
+        recompute_(spec.GetBool("recompute")),
+        lookahead_(static_cast<int>(spec.GetInt("lookahead"))) {}
 
   // Nothing to save; checks that the cut has nothing in flight.
   absl::Status SaveState(StageContext&, torch::serialize::OutputArchive&) override {
@@ -45,7 +46,9 @@ class Backprop : public Algorithm {
   absl::Status Run(StageContext& ctx) override {
     ctx.stage_metrics().SetStaleness(0);
     const int M = micro_batches_;
-    const int warm = ctx.last() ? 0 : std::min(ctx.num_stages() - 1 - ctx.stage(), M);
+    // 1F1B: J-1-j forwards before the first backward, plus `lookahead` more
+    // (the next micro-batch already queued while a message is on the wire).
+    const int warm = ctx.last() ? 0 : std::min(ctx.num_stages() - 1 - ctx.stage() + lookahead_, M);
     return RunLockStep(ctx, [&](int64_t step) -> absl::Status {
       ctx.optimizer().zero_grad();
       inflight_.assign(M, InFlight{});
@@ -199,6 +202,7 @@ class Backprop : public Algorithm {
   const int micro_batches_;
   const bool one_f_one_b_;
   const bool recompute_;
+  const int lookahead_;
   int64_t peak_held_ = 0;
   std::vector<InFlight> inflight_;
   std::vector<torch::Tensor> xs_, ys_;
