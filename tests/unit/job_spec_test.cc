@@ -49,6 +49,15 @@ JobSpec ParseOk(const std::string& text) {
   return spec.ok() ? *spec : JobSpec{};
 }
 
+// Removes a test's file or directory when it goes out of scope.
+struct RemoveAtExit {
+  std::string path;
+  ~RemoveAtExit() {
+    std::error_code error;
+    std::filesystem::remove_all(path, error);
+  }
+};
+
 std::string WriteTempFile(const std::string& name, const std::string& text) {
   const std::string path = testing::TempDir() + "/" + name;
   std::ofstream(path) << text;
@@ -700,12 +709,14 @@ TEST(JobSpecTest, NothingThrowsOnGarbage) {
 
 TEST(JobSpecTest, LoadJobSpecFromFile) {
   const std::string path = WriteTempFile("job_spec_ok.yaml", SpecYaml({{"seed", "42"}}));
+  const RemoveAtExit remove_ok{path};
   absl::StatusOr<JobSpec> spec = LoadJobSpec(path);
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->seed, 42);
 
   // A bad file reports exactly what ParseJobSpec would.
   const std::string bad = WriteTempFile("job_spec_bad.yaml", SpecYaml({{"batch_size", "0"}}));
+  const RemoveAtExit remove_bad{bad};
   spec = LoadJobSpec(bad);
   ASSERT_FALSE(spec.ok());
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
@@ -772,6 +783,7 @@ std::vector<std::pair<std::string, absl::Status>> ParseAllUnder(const std::strin
 TEST(JobSpecTest, ParseAllUnderFindsEveryYamlFile) {
   // Guards the examples test below against silently iterating nothing.
   const std::string dir = testing::TempDir() + "/job_spec_examples";
+  const RemoveAtExit remove_dir{dir};
   std::filesystem::create_directories(dir + "/nested");
   std::ofstream(dir + "/good.yaml") << SpecYaml();
   std::ofstream(dir + "/nested/bad.yml") << SpecYaml({{"batch_size", "0"}});
