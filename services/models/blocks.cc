@@ -55,12 +55,15 @@ struct EmulatedAffine : public torch::autograd::Function<EmulatedAffine> {
   }
 };
 
+// A scale and a shift per value of a sample (of one stream when reversible).
 // Small random scales keep a deep stack of couplings (which grows like a
 // Fibonacci sequence with scale 1) well inside float range.
-std::pair<torch::Tensor, torch::Tensor> EmulatedParameters(const BlockInfo& info) {
+void RegisterEmulatedParameters(torch::nn::Module& block, const BlockInfo& info,
+                                torch::Tensor* scale, torch::Tensor* shift) {
   std::vector<int64_t> shape = info.in_shape;
   if (info.reversible) shape[0] /= 2;
-  return {torch::empty(shape).uniform_(-0.01, 0.01), torch::zeros(shape)};
+  *scale = block.register_parameter("scale", torch::empty(shape).uniform_(-0.01, 0.01));
+  *shift = block.register_parameter("shift", torch::zeros(shape));
 }
 
 torch::nn::Conv2d Conv(int64_t in, int64_t out, int64_t k, int64_t stride) {
@@ -158,9 +161,7 @@ torch::Tensor ReversibleBlock::inverse(const torch::Tensor& y) {
 }
 
 EmulatedBlock::EmulatedBlock(const BlockInfo& info) : Block(info) {
-  auto [scale, shift] = EmulatedParameters(info);
-  scale_ = register_parameter("scale", scale);
-  shift_ = register_parameter("shift", shift);
+  RegisterEmulatedParameters(*this, info, &scale_, &shift_);
 }
 
 torch::Tensor EmulatedBlock::forward(const torch::Tensor& x) {
@@ -171,9 +172,7 @@ torch::Tensor EmulatedBlock::forward(const torch::Tensor& x) {
 
 EmulatedReversibleBlock::EmulatedReversibleBlock(const BlockInfo& info)
     : ReversibleBlock(info, CustomF{}) {
-  auto [scale, shift] = EmulatedParameters(info);
-  scale_ = register_parameter("scale", scale);
-  shift_ = register_parameter("shift", shift);
+  RegisterEmulatedParameters(*this, info, &scale_, &shift_);
 }
 
 torch::Tensor EmulatedReversibleBlock::F(const torch::Tensor& stream) {

@@ -158,26 +158,20 @@ std::vector<Config> Configs(const Options& o, int J) {
       c.label = "backprop M=1";
       c.yaml = "{name: backprop}";
       c.ideal_s = J * (F + B);
-    } else if (a == "gpipe" || a == "1f1b") {
-      c.label = absl::StrCat("backprop ", a == "gpipe" ? "GPipe" : "1F1B", " M=", M);
-      c.yaml = absl::StrCat("{name: backprop, micro_batches: ", M, ", schedule: ", a, "}");
-      c.ideal_s = (M + J - 1.0) / M * (F + B);
-    } else if (a == "1f1b1") {
-      c.label = absl::StrCat("backprop 1F1B M=", M, " la=1");
+    } else if (a == "gpipe" || a == "1f1b" || a == "1f1b1") {
+      const bool gpipe = a == "gpipe";
+      const int lookahead = a == "1f1b1" ? 1 : 0;
+      c.label = absl::StrCat("backprop ", gpipe ? "GPipe" : "1F1B", " M=", M,
+                             lookahead > 0 ? " la=1" : "");
       c.yaml =
-          absl::StrCat("{name: backprop, micro_batches: ", M, ", schedule: 1f1b, lookahead: 1}");
+          absl::StrCat("{name: backprop, micro_batches: ", M,
+                       ", schedule: ", gpipe ? "gpipe" : "1f1b", ", lookahead: ", lookahead, "}");
       c.ideal_s = (M + J - 1.0) / M * (F + B);
-    } else if (a == "delayed") {
-      c.label = "delayed";
-      c.yaml = "{name: delayed}";
-      c.ideal_s = 2 * F + B;
-    } else if (a == "petra") {
-      c.label = "petra";
-      c.yaml = "{name: petra}";
-      c.ideal_s = 2 * F + B;
-    } else if (a == "features_replay") {
-      c.label = "features_replay";
-      c.yaml = "{name: features_replay}";
+    } else if (a == "delayed" || a == "petra" || a == "features_replay") {
+      // One forward that keeps no graph, then a recomputation, rebuild or
+      // replay (one more forward) and the backward, per stage and step.
+      c.label = a;
+      c.yaml = absl::StrCat("{name: ", a, "}");
       c.ideal_s = 2 * F + B;
     } else if (a == "nwise") {
       c.label = "nwise n=2 M=2";

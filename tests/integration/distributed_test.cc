@@ -21,6 +21,16 @@ stages: )",
                       extra);
 }
 
+// Both workers become idle again and run a 2-stage job of `steps` to the end.
+void ExpectTwoWorkersRunAnotherJob(testing::Cluster& cluster, int64_t steps) {
+  ASSERT_TRUE(cluster.WaitForWorkers(2));
+  auto next = cluster.manager().Submit(Job(2, steps));
+  ASSERT_TRUE(next.ok()) << next.status();
+  auto done = cluster.WaitForJob(*next);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+}
+
 // A stream is bound to a stage by its first valid message; until then it may
 // be anyone's, so a malformed first message refuses that stream alone (a bad
 // message on the bound stream still fails the job: StageRuntime::InboxSink).
@@ -77,12 +87,7 @@ TEST(Distributed, MalformedFirstMessageIsRefusedAndTheJobTrainsOn) {
   EXPECT_EQ(st->state(), v1::CANCELLED);
 
   // Both workers are still up and run the next job to the end.
-  ASSERT_TRUE(cluster.WaitForWorkers(2));
-  auto next = cluster.manager().Submit(Job(2, 5));
-  ASSERT_TRUE(next.ok());
-  auto done = cluster.WaitForJob(*next);
-  ASSERT_TRUE(done.ok());
-  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  ExpectTwoWorkersRunAnotherJob(cluster, 5);
 }
 
 TEST(Distributed, JobWaitsForWorkersThenCanBeCancelled) {
@@ -132,12 +137,7 @@ steps: 200
   EXPECT_EQ(st->state(), v1::FAILED);
   EXPECT_NE(st->reason().find("training diverged"), std::string::npos) << st->reason();
   EXPECT_LE(st->attempts_size(), 1) << "a diverged job was retried";
-  ASSERT_TRUE(cluster.WaitForWorkers(2));
-  auto next = cluster.manager().Submit(Job(2, 3));
-  ASSERT_TRUE(next.ok());
-  auto done = cluster.WaitForJob(*next);
-  ASSERT_TRUE(done.ok());
-  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  ExpectTwoWorkersRunAnotherJob(cluster, 3);
 }
 
 TEST(Distributed, CancellingARunningJobStopsItsStages) {
@@ -150,12 +150,7 @@ TEST(Distributed, CancellingARunningJobStopsItsStages) {
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->state(), v1::CANCELLED);
   // The workers become idle again and run another job.
-  ASSERT_TRUE(cluster.WaitForWorkers(2));
-  auto next = cluster.manager().Submit(Job(2, 3));
-  ASSERT_TRUE(next.ok());
-  auto done = cluster.WaitForJob(*next);
-  ASSERT_TRUE(done.ok());
-  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  ExpectTwoWorkersRunAnotherJob(cluster, 3);
 }
 
 TEST(Distributed, InvalidSpecsAreRefusedNamingTheKey) {
