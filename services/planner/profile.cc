@@ -11,7 +11,9 @@
 namespace stagewise::planner {
 namespace {
 
-constexpr char kMagic[] = "stagewise-profile 1";
+// 2: blocks timed after untimed whole-model passes (services/profiler). A
+// cached profile of another version is not read, so it is profiled again.
+constexpr char kMagic[] = "stagewise-profile 2";
 constexpr char kColumns[] =
     "block index kind reversible forward_s forward_nograd_s backward_s rebuild_backward_s "
     "inverse_s step_s message_s aux_head_s input_bytes output_bytes graph_bytes "

@@ -139,6 +139,17 @@ absl::StatusOr<ModelProfile> ProfileModel(const JobSpec& spec, int64_t batch,
     torch::Tensor labels =
         torch::randint(spec.model.num_classes > 0 ? spec.model.num_classes : 10, {batch},
                        torch::TensorOptions().dtype(torch::kLong).device(device));
+    // Process warm-up, untimed: the first passes of a process grow the heap
+    // to its working size and create LibTorch's kernels' primitives. Timed
+    // from a cold process, the first blocks paid for that: three profiles of
+    // the quickstart model disagreed by up to 2x on blocks 0-3 and by under
+    // 8% on the later ones (tests/bench/profile_agreement.sh).
+    for (int r = 0; r < std::max(2, o.warmup); ++r) {
+      torch::Tensor h = inputs.front();
+      for (const auto& b : blocks) h = b->forward(h);
+      torch::nn::functional::cross_entropy(h, labels).backward();
+      (*model)->zero_grad();
+    }
     for (size_t i = 0; i < blocks.size(); ++i) {
       auto& block = blocks[i];
       BlockProfile b;

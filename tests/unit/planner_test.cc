@@ -351,9 +351,13 @@ TEST(Profile, SerializeParseRoundTrip) {
   ASSERT_TRUE(q.ok()) << q.status();
   EXPECT_EQ(SerializeProfile(*q), SerializeProfile(p));
   EXPECT_EQ(q->blocks.size(), p.blocks.size());
-  auto bad = ParseProfile("stagewise-profile 1\nblock 0 stem 0 x\n");
+  auto bad = ParseProfile("stagewise-profile 2\nblock 0 stem 0 x\n");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("line 2"), std::string::npos);
+  // A profile of the previous version (timed from a cold process) is not taken.
+  std::string old = SerializeProfile(p);
+  old.replace(0, old.find('\n'), "stagewise-profile 1");
+  EXPECT_FALSE(ParseProfile(old).ok());
 }
 
 TEST(Planner, PlanSummaryNamesEveryStageAndPrediction) {
