@@ -89,9 +89,8 @@ absl::Status JobManager::Start() {
     auto spec = ParseJobSpec(rec.spec_yaml);
     auto blocks = spec.ok() ? models::PlanModel(spec->model)
                             : absl::StatusOr<std::vector<models::BlockInfo>>(spec.status());
-    auto ranges = blocks.ok()
-                      ? models::ResolvePartition(spec->stages, static_cast<int>(blocks->size()))
-                      : absl::StatusOr<std::vector<std::pair<int, int>>>(blocks.status());
+    auto ranges = blocks.ok() ? models::ResolvePartition(spec->stages, *blocks)
+                              : absl::StatusOr<std::vector<std::pair<int, int>>>(blocks.status());
     if (!ranges.ok()) {
       (void)Transition(id, v1::FAILED, std::string(ranges.status().message()));
       continue;
@@ -295,8 +294,7 @@ absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml, const st
   // ParseJobSpec accepts only the algorithms of the schema table
   // (services/common/job_spec.cc), which is also what workers construct.
   STAGEWISE_ASSIGN_OR_RETURN(std::vector<models::BlockInfo> blocks, models::PlanModel(spec.model));
-  STAGEWISE_ASSIGN_OR_RETURN(
-      auto ranges, models::ResolvePartition(spec.stages, static_cast<int>(blocks.size())));
+  STAGEWISE_ASSIGN_OR_RETURN(auto ranges, models::ResolvePartition(spec.stages, blocks));
   const int64_t per_epoch = data::NominalTrainSize(spec.data) / spec.batch_size;
   if (per_epoch < 1) {
     return absl::InvalidArgumentError(
@@ -807,7 +805,7 @@ void JobManager::OnProfile(const v1::ProfileResult& result) {
   if (it == jobs_.end() || it->second.planned) return;
   const std::string job_id = result.job_id();
   Job& job = it->second;
-  auto planned = scheduler_.PlanFromProfile(job.spec, result, job.workers);
+  auto planned = scheduler_.PlanFromProfile(job.spec, job.ranges, result, job.workers);
   if (!planned.ok()) {
     EndJob(job_id, v1::FAILED, std::string(planned.status().message()));
     return;

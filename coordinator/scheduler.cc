@@ -62,15 +62,14 @@ v1::Command Scheduler::ProfileCommand(const std::string& job_id, const std::stri
 }
 
 absl::StatusOr<Scheduler::PlannedStages> Scheduler::PlanFromProfile(
-    const JobSpec& spec, const v1::ProfileResult& result,
-    const std::vector<std::string>& workers) const {
+    const JobSpec& spec, const std::vector<std::pair<int, int>>& ranges,
+    const v1::ProfileResult& result, const std::vector<std::string>& workers) const {
   auto profile = planner::ParseProfile(result.profile());
   if (!profile.ok()) {
     return absl::Status(profile.status().code(),
                         absl::StrCat("profile from the worker: ", profile.status().message()));
   }
-  planner::PlanOptions options =
-      planner::PlanOptionsForJob(spec, static_cast<int>(profile->blocks.size()));
+  planner::PlanOptions options = planner::PlanOptionsForJob(spec, ranges);
   if (options.memory_caps.empty()) {
     // The workers' own --memory-bytes, where every one of them says.
     std::vector<int64_t> caps;

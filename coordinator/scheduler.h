@@ -74,8 +74,10 @@ class Scheduler {
     std::vector<std::pair<std::string, double>> summary;
   };
   // Caps: stages.memory_budget, else every worker's --memory-bytes when all
-  // of them report one. Errors name the profile or the plan.
+  // of them report one. `ranges`: the job's resolved partition, kept unless
+  // stages.partition is auto. Errors name the profile or the plan.
   absl::StatusOr<PlannedStages> PlanFromProfile(const JobSpec& spec,
+                                                const std::vector<std::pair<int, int>>& ranges,
                                                 const v1::ProfileResult& result,
                                                 const std::vector<std::string>& workers) const;
 

@@ -42,13 +42,12 @@ int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
     err << "error: " << args.job_path << ": " << blocks.status().message() << "\n";
     return kExitInvalid;
   }
-  if (auto ranges = models::ResolvePartition(spec->stages, static_cast<int>(blocks->size()));
-      !ranges.ok()) {
+  auto ranges = models::ResolvePartition(spec->stages, *blocks);
+  if (!ranges.ok()) {
     err << "error: " << args.job_path << ": " << ranges.status().message() << "\n";
     return kExitInvalid;
   }
-  planner::PlanOptions options =
-      planner::PlanOptionsForJob(*spec, static_cast<int>(blocks->size()));
+  planner::PlanOptions options = planner::PlanOptionsForJob(*spec, *ranges);
   if (args.partition == "auto") options.ranges.clear();
   if (!args.memory_budget.empty()) {
     auto bytes = ParseByteSize(args.memory_budget);

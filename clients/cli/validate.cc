@@ -7,6 +7,7 @@
 #include "clients/cli/format.h"
 #include "services/common/job_spec.h"
 #include "services/models/model.h"
+#include "services/models/plan.h"
 
 namespace stagewise::cli {
 namespace {
@@ -28,7 +29,7 @@ int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err) {
     err << "error: " << args.job_path << ": " << plan.status().message() << "\n";
     return kExitInvalid;
   }
-  auto ranges = models::ResolvePartition(spec->stages, static_cast<int>(plan->size()));
+  auto ranges = models::ResolvePartition(spec->stages, *plan);
   if (!ranges.ok()) {
     err << "error: " << args.job_path << ": " << ranges.status().message() << "\n";
     return kExitInvalid;
@@ -64,9 +65,20 @@ int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err) {
                            b.reversible ? "yes" : "no", ShapeString(b.in_shape),
                            ShapeString(b.out_shape));
   }
+  // Each stage's share of the estimated work (models::EstimateBlockWork).
+  double total = 0;
+  std::vector<double> work(ranges->size(), 0);
+  for (const auto& b : *plan) {
+    const double w = models::EstimateBlockWork(b);
+    total += w;
+    if (stage_of(b.index) >= 0) work[stage_of(b.index)] += w;
+  }
+  out << "partition: " << spec->stages.partition << "; estimated work per stage:";
+  for (double w : work) out << absl::StrFormat(" %.1f%%", total > 0 ? 100 * w / total : 0);
+  out << "\n";
   if (spec->stages.partition == "auto") {
-    out << "partition: auto: the stage column shows the even split; the coordinator plans the\n"
-           "real one from a worker's profile (see it with `stagewise plan`)\n";
+    out << "partition: auto: the stage column shows the balanced estimate; the coordinator plans\n"
+           "the real one from a worker's profile (see it with `stagewise plan`)\n";
   }
   if (spec->stages.memory_budget > 0 || spec->stages.modes != "auto") {
     out << "reversible blocks: modes " << spec->stages.modes;

@@ -527,7 +527,7 @@ absl::Status ParseAlgorithm(const YAML::Node& node, AlgorithmSpec* spec) {
   return absl::OkStatus();
 }
 
-// stages: a count, or {count, partition: even | auto | [[b, e], ...]}.
+// stages: a count, or {count, partition: balanced | even | auto | [[b, e], ...]}.
 absl::Status ParseStages(const YAML::Node& node, StagesSpec* stages) {
   if (node.IsNull()) return absl::OkStatus();
   if (node.IsScalar()) return Convert(node, "stages", &stages->count);
@@ -565,16 +565,18 @@ absl::Status ParseStages(const YAML::Node& node, StagesSpec* stages) {
   const std::string path = section.PathOf("partition");
   if (partition->IsScalar()) {
     const std::string value = partition->Scalar();
-    if (value != "even" && value != "auto") {
+    if (value != "balanced" && value != "even" && value != "auto") {
       return KeyError(
-          path, absl::StrCat("must be even, auto or a list of [begin, end) block ranges, got '",
-                             Clip(value), "'", MarkSuffix(*partition)));
+          path,
+          absl::StrCat("must be balanced, even, auto or a list of [begin, end) block ranges, got '",
+                       Clip(value), "'", MarkSuffix(*partition)));
     }
     stages->partition = value;
     return absl::OkStatus();
   }
   if (!partition->IsSequence()) {
-    return TypeError(*partition, path, "even, auto or a list of [begin, end) block ranges");
+    return TypeError(*partition, path,
+                     "balanced, even, auto or a list of [begin, end) block ranges");
   }
   std::vector<std::pair<int, int>> ranges;
   for (size_t i = 0; i < partition->size(); ++i) {
@@ -937,7 +939,7 @@ absl::Status ValidateStages(const StagesSpec& stages) {
   if (stages.count < 1) {
     return KeyError("stages.count", absl::StrCat("must be >= 1, got ", stages.count));
   }
-  if (stages.partition == "even" || stages.partition == "auto") {
+  if (stages.partition == "balanced" || stages.partition == "even" || stages.partition == "auto") {
     if (!stages.ranges.empty()) {
       return KeyError("stages.partition",
                       absl::StrCat("is '", stages.partition, "' but explicit ranges are given"));
@@ -945,9 +947,10 @@ absl::Status ValidateStages(const StagesSpec& stages) {
     return absl::OkStatus();
   }
   if (stages.partition != "explicit") {
-    return KeyError("stages.partition",
-                    absl::StrCat("must be even, auto or a list of [begin, end) block ranges, got '",
-                                 stages.partition, "'"));
+    return KeyError(
+        "stages.partition",
+        absl::StrCat("must be balanced, even, auto or a list of [begin, end) block ranges, got '",
+                     stages.partition, "'"));
   }
   if (stages.ranges.empty()) {
     return KeyError("stages.partition", "needs at least one [begin, end) range");

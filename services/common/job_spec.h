@@ -87,7 +87,10 @@ int64_t AccumulationFactor(const AlgorithmSpec& spec);
 // stages: how many stages and which global blocks each holds.
 struct StagesSpec {
   int count = 1;
-  std::string partition = "even";  // even | auto | explicit
+  // balanced: cut where the estimated work of the slowest stage is least
+  // (models::EstimateBlockWork); even: the same block count per stage; auto:
+  // profiled and planned by the coordinator; explicit: `ranges`.
+  std::string partition = "balanced";  // balanced | even | auto | explicit
   // explicit: [begin, end) global block ranges, contiguous and covering the model.
   std::vector<std::pair<int, int>> ranges;
   // Reversible blocks (Jiang et al., reversible training framework;

@@ -21,10 +21,23 @@ absl::StatusOr<std::vector<BlockInfo>> PlanModel(const ModelSpec& spec);
 // Seed of global block `index` for a job seeded `job_seed` (splitmix64 mix).
 uint64_t BlockSeed(uint64_t job_seed, int index);
 
-// The [begin, end) block range of every stage: explicit ranges are checked
-// against the model, "even" splits blocks as evenly as possible.
-absl::StatusOr<std::vector<std::pair<int, int>>> ResolvePartition(const StagesSpec& stages,
-                                                                  int num_blocks);
+// Relative forward + backward work of one sample through block `b`, in
+// multiply-accumulate equivalents: the MACs of its convolutions and linear
+// layers, plus a charge per value for the memory-bound work around them
+// (batch norm, ReLU, additions, copies). Calibrated against a one-thread CPU
+// profile of the quickstart RevNet (docs/planner.md, "Balanced partitions").
+// An estimate for the default partition, not a measurement: `partition: auto`
+// profiles the blocks on a worker instead. Emulated blocks convert their
+// configured times at the same calibration, so a mixed model stays consistent.
+double EstimateBlockWork(const BlockInfo& b);
+
+// The [begin, end) block range of every stage. Explicit ranges are checked
+// against the model; "even" splits the block count as evenly as possible;
+// "balanced" (the default) and "auto" cut where the estimated work of the
+// slowest stage is smallest (for "auto" that is a placeholder until the
+// coordinator plans from a profile).
+absl::StatusOr<std::vector<std::pair<int, int>>> ResolvePartition(
+    const StagesSpec& stages, const std::vector<BlockInfo>& blocks);
 
 }  // namespace stagewise::models
 

@@ -414,7 +414,7 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
   return out;
 }
 
-PlanOptions PlanOptionsForJob(const JobSpec& spec, int num_blocks) {
+PlanOptions PlanOptionsForJob(const JobSpec& spec, const std::vector<std::pair<int, int>>& ranges) {
   PlanOptions o;
   o.num_stages = spec.stages.count;
   // A copy: Phases() returns a temporary (a reference into it dangled; found
@@ -431,17 +431,7 @@ PlanOptions PlanOptionsForJob(const JobSpec& spec, int num_blocks) {
     o.micro_batches = static_cast<int>(a.GetInt("micro_batches"));
     o.nwise_n = static_cast<int>(a.GetInt("n"));
   }
-  if (spec.stages.partition == "explicit") {
-    o.ranges = spec.stages.ranges;
-  } else if (spec.stages.partition == "even") {
-    // The same split as models::ResolvePartition: the first n % J stages get one more.
-    const int J = spec.stages.count;
-    for (int j = 0, b = 0; j < J && num_blocks >= J; ++j) {
-      const int size = num_blocks / J + (j < num_blocks % J ? 1 : 0);
-      o.ranges.emplace_back(b, b + size);
-      b += size;
-    }
-  }
+  if (spec.stages.partition != "auto") o.ranges = ranges;
   return o;
 }
 

@@ -70,9 +70,10 @@ struct PlanOptions {
 };
 
 // The options a job implies: its stage count, first phase's algorithm (and
-// micro-batches / n), stages.modes and stages.memory_budget; its explicit or
-// even ranges unless stages.partition is auto (pass the block count).
-PlanOptions PlanOptionsForJob(const JobSpec& spec, int num_blocks);
+// micro-batches / n), stages.modes and stages.memory_budget; `ranges` (the
+// job's resolved partition, models::ResolvePartition) unless
+// stages.partition is auto, which leaves the partition to the planner.
+PlanOptions PlanOptionsForJob(const JobSpec& spec, const std::vector<std::pair<int, int>>& ranges);
 
 struct StagePlan {
   int begin = 0, end = 0;

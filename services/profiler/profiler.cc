@@ -199,7 +199,7 @@ absl::StatusOr<ModelProfile> ProfileModel(const JobSpec& spec, int64_t batch,
       b.message_s = Median(o, cuda, [&] {
         v1::TensorProto proto;
         (void)EncodeTensor(inputs[i + 1], &proto);
-        (void)DecodeTensor(proto);
+        (void)DecodeTensor(&proto);
       });
       if (aux.ok() && i + 1 < blocks.size()) {
         const std::string key = Shape(block->info().out_shape);

@@ -147,17 +147,37 @@ absl::Status EncodeImpl(const torch::Tensor& tensor, v1::TensorProto* out,
   return absl::OkStatus();
 }
 
+c10::ScalarType WireType(const v1::TensorProto& proto, const DTypeInfo& info) {
+  if (proto.compression() == v1::COMPRESSION_FP16) return torch::kHalf;
+  if (proto.compression() == v1::COMPRESSION_BF16) return torch::kBFloat16;
+  return info.torch;
+}
+
 absl::StatusOr<torch::Tensor> DecodeImpl(const v1::TensorProto& proto) {
   const DTypeInfo* info = FindByWire(proto.dtype());
   const std::vector<int64_t> shape(proto.shape().begin(), proto.shape().end());
-  c10::ScalarType wire_type = info->torch;
-  if (proto.compression() == v1::COMPRESSION_FP16) wire_type = torch::kHalf;
-  if (proto.compression() == v1::COMPRESSION_BF16) wire_type = torch::kBFloat16;
+  const c10::ScalarType wire_type = WireType(proto, *info);
 
   // Copy out of the proto so the tensor outlives the message that carried it.
   torch::Tensor tensor = torch::empty(shape, torch::TensorOptions().dtype(wire_type));
   const std::string& data = proto.data();
   if (!data.empty()) std::memcpy(tensor.data_ptr(), data.data(), data.size());
+  if (wire_type != info->torch) tensor = tensor.to(info->torch);
+  return tensor;
+}
+
+absl::StatusOr<torch::Tensor> AdoptImpl(v1::TensorProto* proto) {
+  const DTypeInfo* info = FindByWire(proto->dtype());
+  const c10::ScalarType wire_type = WireType(*proto, *info);
+  const auto item = static_cast<uintptr_t>(c10::elementSize(wire_type));
+  if (reinterpret_cast<uintptr_t>(proto->data().data()) % item != 0) return DecodeImpl(*proto);
+  const std::vector<int64_t> shape(proto->shape().begin(), proto->shape().end());
+  // Shared, so the buffer is freed whether from_blob succeeds or throws.
+  std::shared_ptr<std::string> owned(proto->release_data());
+  char* bytes = owned->data();
+  torch::Tensor tensor = torch::from_blob(
+      bytes, shape, [owned](void*) mutable { owned.reset(); },
+      torch::TensorOptions().dtype(wire_type));
   if (wire_type != info->torch) tensor = tensor.to(info->torch);
   return tensor;
 }
@@ -257,6 +277,21 @@ absl::StatusOr<torch::Tensor> DecodeTensor(const v1::TensorProto& proto, int64_t
   }
   try {
     return DecodeImpl(proto);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("DecodeTensor: LibTorch error: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("DecodeTensor: ", e.what()));
+  }
+}
+
+absl::StatusOr<torch::Tensor> DecodeTensor(v1::TensorProto* proto, int64_t max_bytes) {
+  if (proto == nullptr) return absl::InvalidArgumentError("proto: must not be null");
+  if (absl::Status status = ValidateTensorProto(*proto, max_bytes); !status.ok()) {
+    return status;
+  }
+  try {
+    return AdoptImpl(proto);
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("DecodeTensor: LibTorch error: ", e.what_without_backtrace()));

@@ -29,8 +29,17 @@ absl::Status EncodeTensor(const torch::Tensor& tensor, v1::TensorProto* out,
 absl::Status ValidateTensorProto(const v1::TensorProto& proto,
                                  int64_t max_bytes = kDefaultMaxTensorBytes);
 
-// Validates, then decodes into a new CPU tensor that owns its memory.
+// Validates, then decodes into a new CPU tensor that owns its memory (a copy
+// of the payload).
 absl::StatusOr<torch::Tensor> DecodeTensor(const v1::TensorProto& proto,
+                                           int64_t max_bytes = kDefaultMaxTensorBytes);
+
+// Validates, then decodes without copying: the tensor takes over the proto's
+// payload buffer (the proto's data is left empty), so a message's tensors cost
+// no copy beyond the one gRPC makes while parsing. Compressed payloads are
+// widened to float32 (one pass, as in the copying decode); a payload that is
+// not aligned for its dtype is copied.
+absl::StatusOr<torch::Tensor> DecodeTensor(v1::TensorProto* proto,
                                            int64_t max_bytes = kDefaultMaxTensorBytes);
 
 }  // namespace stagewise

@@ -179,7 +179,8 @@ int Planner(const std::string& base, int J) {
   at::set_num_threads(1);
   const std::string cache = absl::StrCat("/tmp/stagewise-bench-profiles-", getpid());
   setenv("STAGEWISE_PROFILE_CACHE", cache.c_str(), 1);
-  const std::string job = base + absl::StrCat("stages: {count: ", J, "}\nalgorithm: backprop\n");
+  const std::string job =
+      base + absl::StrCat("stages: {count: ", J, ", partition: even}\nalgorithm: backprop\n");
   auto spec = stagewise::ParseJobSpec(job);
   if (!spec.ok()) {
     std::cerr << spec.status() << "\n";
@@ -193,8 +194,12 @@ int Planner(const std::string& base, int J) {
     return 1;
   }
   std::cout << planner::ProfileText(*profile) << "\n";
-  const int n = static_cast<int>(profile->blocks.size());
-  planner::PlanOptions options = planner::PlanOptionsForJob(*spec, n);
+  auto job_options = stagewise::testing::JobPlanOptions(*spec);
+  if (!job_options.ok()) {
+    std::cerr << job_options.status() << "\n";
+    return 1;
+  }
+  planner::PlanOptions options = *job_options;
   auto extremes = stagewise::testing::FindModeMix(*profile, options);
   if (!extremes.ok()) {
     std::cerr << extremes.status() << "\n";
@@ -226,8 +231,9 @@ int Planner(const std::string& base, int J) {
                              {"knapsack", absl::StrCat("memory_budget: ", cap), mixed, {}, {}}};
   for (int round = 0; round < rounds; ++round) {
     for (Case& c : cases) {
-      c.last = Run(
-          base + absl::StrCat("stages: {count: ", J, ", ", c.extra, "}\nalgorithm: backprop\n"), J);
+      c.last = Run(base + absl::StrCat("stages: {count: ", J, ", partition: even, ", c.extra,
+                                       "}\nalgorithm: backprop\n"),
+                   J);
       c.seconds.push_back(c.last.batch_seconds);
     }
   }
@@ -255,7 +261,7 @@ int Planner(const std::string& base, int J) {
     std::cerr << with_head.status() << "\n";
     return 1;
   }
-  options = planner::PlanOptionsForJob(*spec, n);
+  options = *job_options;
   auto plan = planner::MakePlan(*with_head, options);
   std::cout << "\n(b) J=" << J << ", partition "
             << absl::StrJoin(plan->stages, " ",

@@ -60,7 +60,7 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, bool stash) {
   const int64_t per_epoch = batches.batches_per_epoch();
   const int64_t S = spec.steps;
   auto plan = models::PlanModel(spec.model);
-  auto ranges = models::ResolvePartition(spec.stages, static_cast<int>(plan->size()));
+  auto ranges = models::ResolvePartition(spec.stages, *plan);
   const int J = static_cast<int>(ranges->size());
   const double base = training::BaseLearningRate(spec.optimizer, spec.batch_size);
 

@@ -32,8 +32,8 @@ seed: 7
 model: {name: revnet, depth: 18, width: 4, blocks: [2, 2, 1, 1]}
 data: {dataset: synthetic, train_size: 128, test_size: 32, shape: [3, 8, 8], classes: 4}
 algorithm: features_replay
-stages: )",
-                      stages, "\noptimizer: {name: sgd, lr: ", lr,
+stages: {count: )",
+                      stages, ", partition: even}\noptimizer: {name: sgd, lr: ", lr,
                       ", momentum: 0.9, weight_decay: ", weight_decay, R"(}
 schedule: {name: cosine, warmup_epochs: 0.25}
 batch_size: 16
@@ -53,7 +53,7 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec) {
   const int64_t per_epoch = batches.batches_per_epoch();
   const int64_t T = spec.steps;
   auto plan = models::PlanModel(spec.model);
-  auto ranges = models::ResolvePartition(spec.stages, static_cast<int>(plan->size()));
+  auto ranges = models::ResolvePartition(spec.stages, *plan);
   const int J = static_cast<int>(ranges->size());
   const double base = training::BaseLearningRate(spec.optimizer, spec.batch_size);
   std::vector<std::shared_ptr<models::Model>> F(J);

@@ -37,7 +37,7 @@ seed: 11
 model: {name: resnet, depth: 8, width: 4}
 data: {dataset: synthetic, train_size: 128, test_size: 32, shape: [3, 8, 8], classes: 4}
 algorithm: )",
-                      algorithm, "\nstages: ", stages, R"(
+                      algorithm, "\nstages: {count: ", stages, ", partition: even}", R"(
 optimizer: {name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 1.0e-4}
 schedule: {name: cosine, warmup_epochs: 0.25}
 batch_size: 16
@@ -55,7 +55,7 @@ std::map<std::string, torch::Tensor> Reference(const JobSpec& spec, int64_t n, b
   const auto& batches = (*trainer)->train_sampler();
   const int64_t per_epoch = batches.batches_per_epoch();
   auto plan = models::PlanModel(spec.model);
-  auto ranges = models::ResolvePartition(spec.stages, static_cast<int>(plan->size()));
+  auto ranges = models::ResolvePartition(spec.stages, *plan);
   const int J = static_cast<int>(ranges->size());
   const int64_t classes = plan->back().out_shape[0];
   const double base = training::BaseLearningRate(spec.optimizer, spec.batch_size);

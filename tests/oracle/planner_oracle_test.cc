@@ -143,7 +143,6 @@ TEST_F(PlannerOracle, MeasuredPeakMemoryIsWithinTenPercentOfThePlan) {
   po.cache_dir = cache_.string();
   auto profile = planner::CachedProfile(*spec, spec->batch_size, torch::kCPU, po);
   ASSERT_TRUE(profile.ok()) << profile.status();
-  const int n = static_cast<int>(profile->blocks.size());
   for (const auto& b : profile->blocks) {
     EXPECT_GT(b.forward_s, 0) << b.index;
     EXPECT_GT(b.output_bytes, 0) << b.index;
@@ -155,7 +154,9 @@ TEST_F(PlannerOracle, MeasuredPeakMemoryIsWithinTenPercentOfThePlan) {
       EXPECT_GT(b.inverse_s, 0) << b.index;
     }
   }
-  auto extremes = testing::FindModeMix(*profile, planner::PlanOptionsForJob(*spec, n));
+  auto options = testing::JobPlanOptions(*spec);
+  ASSERT_TRUE(options.ok()) << options.status();
+  auto extremes = testing::FindModeMix(*profile, *options);
   ASSERT_TRUE(extremes.ok()) << extremes.status();
   const int64_t cap = extremes->cap;
   std::cout << "cap " << cap << " bytes\n" << planner::PlanText(*profile, extremes->mixed);

@@ -8,9 +8,18 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "services/common/status_macros.h"
+#include "services/models/plan.h"
 #include "services/planner/planner.h"
 
 namespace stagewise::testing {
+
+// planner::PlanOptionsForJob with the job's own resolved partition.
+inline absl::StatusOr<planner::PlanOptions> JobPlanOptions(const JobSpec& spec) {
+  STAGEWISE_ASSIGN_OR_RETURN(auto blocks, models::PlanModel(spec.model));
+  STAGEWISE_ASSIGN_OR_RETURN(auto ranges, models::ResolvePartition(spec.stages, blocks));
+  return planner::PlanOptionsForJob(spec, ranges);
+}
 
 struct ModeExtremes {
   planner::Plan rebuild;  // every reversible block rebuilds

@@ -167,8 +167,7 @@ absl::StatusOr<std::unique_ptr<FakeJob>> FakeJob::Create(const JobSpec& job_spec
   job->test_ = std::make_unique<data::BatchSampler>(job->data_.test, test);
 
   STAGEWISE_ASSIGN_OR_RETURN(auto plan, models::PlanModel(spec.model));
-  STAGEWISE_ASSIGN_OR_RETURN(auto ranges,
-                             models::ResolvePartition(spec.stages, static_cast<int>(plan.size())));
+  STAGEWISE_ASSIGN_OR_RETURN(auto ranges, models::ResolvePartition(spec.stages, plan));
   const int J = static_cast<int>(ranges.size());
   STAGEWISE_ASSIGN_OR_RETURN(job->metrics_server_, metrics::MetricsServer::Start(""));
   for (int j = 0; j + 1 < J; ++j) {

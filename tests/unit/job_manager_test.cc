@@ -122,7 +122,7 @@ TEST_F(JobManagerTest, JobRunsFromPendingToSucceeded) {
   ASSERT_TRUE(spec.ok());
   auto blocks = models::PlanModel(spec->model);
   ASSERT_TRUE(blocks.ok());
-  auto ranges = models::ResolvePartition(spec->stages, static_cast<int>(blocks->size()));
+  auto ranges = models::ResolvePartition(spec->stages, *blocks);
   ASSERT_TRUE(ranges.ok());
   ASSERT_EQ(ranges->size(), 2u);
   for (int j = 0; j < 2; ++j) {

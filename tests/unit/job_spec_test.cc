@@ -183,7 +183,7 @@ TEST(JobSpecTest, MinimalSpecGetsStructDefaults) {
   EXPECT_EQ(spec.algorithm.name, "backprop");
   EXPECT_EQ(spec.algorithm.params.size(), 4u);
   EXPECT_EQ(spec.stages.count, 1);
-  EXPECT_EQ(spec.stages.partition, "even");
+  EXPECT_EQ(spec.stages.partition, "balanced");
   EXPECT_EQ(spec.optimizer.name, "sgd");
   EXPECT_DOUBLE_EQ(spec.optimizer.lr, 0.1);
   EXPECT_DOUBLE_EQ(spec.optimizer.momentum, 0.9);
@@ -324,7 +324,7 @@ TEST(JobSpecTest, CompleteAlgorithmSpecForHandBuiltSpecs) {
 TEST(JobSpecTest, StagesAsCount) {
   const JobSpec spec = ParseOk(SpecYaml({{"stages", "4"}}));
   EXPECT_EQ(spec.stages.count, 4);
-  EXPECT_EQ(spec.stages.partition, "even");
+  EXPECT_EQ(spec.stages.partition, "balanced");
   EXPECT_TRUE(spec.stages.ranges.empty());
 }
 
@@ -334,7 +334,11 @@ TEST(JobSpecTest, StagesAsMap) {
   EXPECT_EQ(spec.stages.partition, "auto");
   spec = ParseOk(SpecYaml({{"stages", "{count: 2}"}}));
   EXPECT_EQ(spec.stages.count, 2);
-  EXPECT_EQ(spec.stages.partition, "even");
+  EXPECT_EQ(spec.stages.partition, "balanced");
+  for (const char* mode : {"balanced", "even"}) {
+    spec = ParseOk(SpecYaml({{"stages", absl::StrCat("{count: 2, partition: ", mode, "}")}}));
+    EXPECT_EQ(spec.stages.partition, mode);
+  }
 }
 
 TEST(JobSpecTest, StagesAsExplicitRanges) {
@@ -504,7 +508,7 @@ std::vector<BadCase> BadCases() {
        "no parameters"},
       {"stages zero", {{"stages", "0"}}, "stages.count", ""},
       {"stages map zero", {{"stages", "{count: -1}"}}, "stages.count", ""},
-      {"partition word", {{"stages", "{partition: balanced}"}}, "stages.partition", ""},
+      {"partition word", {{"stages", "{partition: lopsided}"}}, "stages.partition", ""},
       {"partition start",
        {{"stages", "{partition: [[1, 4], [4, 9]]}"}},
        "stages.partition[0]",

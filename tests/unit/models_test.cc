@@ -247,22 +247,95 @@ TEST(BatchNorm, FrozenRunningStatsStayPutButBatchStatsAreUsed) {
 }
 
 TEST(ResolvePartition, EvenAndExplicit) {
+  const std::vector<BlockInfo> ten(10), twelve(12);
   StagesSpec even;
+  even.partition = "even";
   even.count = 3;
-  auto r = ResolvePartition(even, 10);
+  auto r = ResolvePartition(even, ten);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(*r, (std::vector<std::pair<int, int>>{{0, 4}, {4, 7}, {7, 10}}));
   even.count = 11;
-  EXPECT_NE(ResolvePartition(even, 10).status().message().find("stages.count"), std::string::npos);
+  EXPECT_NE(ResolvePartition(even, ten).status().message().find("stages.count"), std::string::npos);
 
   StagesSpec expl;
+  expl.partition = "explicit";
   expl.ranges = {{0, 2}, {2, 10}};
   expl.count = 2;
-  ASSERT_TRUE(ResolvePartition(expl, 10).ok());
-  EXPECT_NE(ResolvePartition(expl, 12).status().message().find("stages.partition"),
+  ASSERT_TRUE(ResolvePartition(expl, ten).ok());
+  EXPECT_NE(ResolvePartition(expl, twelve).status().message().find("stages.partition"),
             std::string::npos);
   expl.ranges = {{0, 2}, {3, 10}};
-  EXPECT_FALSE(ResolvePartition(expl, 10).ok());
+  EXPECT_FALSE(ResolvePartition(expl, ten).ok());
+}
+
+// The quickstart RevNet: its early blocks work on 28x28 maps and cost more
+// than the later ones, so the even split overloads stage 0 (about 60% of a
+// profiled step on one CPU thread) and the balanced one cuts a block earlier,
+// where the profiled planner cuts too (docs/planner.md).
+TEST(ResolvePartition, BalancedIsTheDefaultAndEvensOutTheEstimatedWork) {
+  ModelSpec model;
+  model.name = "revnet";
+  model.depth = 18;
+  model.width = 16;
+  model.small_input = true;
+  model.input_shape = {1, 28, 28};
+  model.num_classes = 10;
+  auto blocks = PlanModel(model);
+  ASSERT_TRUE(blocks.ok()) << blocks.status();
+  ASSERT_EQ(blocks->size(), 10u);
+  EXPECT_GT(EstimateBlockWork((*blocks)[1]), EstimateBlockWork((*blocks)[6]));
+  EXPECT_GT(EstimateBlockWork((*blocks)[6]),
+            10 * EstimateBlockWork((*blocks)[9]));  // 28.5 vs 1.1 ms
+
+  StagesSpec stages;
+  EXPECT_EQ(stages.partition, "balanced");
+  stages.count = 2;
+  auto balanced = ResolvePartition(stages, *blocks);
+  ASSERT_TRUE(balanced.ok()) << balanced.status();
+  EXPECT_EQ(*balanced, (std::vector<std::pair<int, int>>{{0, 4}, {4, 10}}));
+  stages.partition = "even";
+  auto even = ResolvePartition(stages, *blocks);
+  ASSERT_TRUE(even.ok());
+  EXPECT_EQ(*even, (std::vector<std::pair<int, int>>{{0, 5}, {5, 10}}));
+
+  // The balanced bottleneck is never worse than the even one, for any J.
+  auto bottleneck = [&](const std::vector<std::pair<int, int>>& ranges) {
+    double worst = 0;
+    for (const auto& [b, e] : ranges) {
+      double sum = 0;
+      for (int i = b; i < e; ++i) sum += EstimateBlockWork((*blocks)[i]);
+      worst = std::max(worst, sum);
+    }
+    return worst;
+  };
+  for (int j = 1; j <= 10; ++j) {
+    stages.count = j;
+    stages.partition = "balanced";
+    auto b = ResolvePartition(stages, *blocks);
+    stages.partition = "even";
+    auto e = ResolvePartition(stages, *blocks);
+    ASSERT_TRUE(b.ok() && e.ok()) << j;
+    ASSERT_EQ(b->size(), static_cast<size_t>(j));
+    EXPECT_LE(bottleneck(*b), bottleneck(*e) * (1 + 1e-12)) << j;
+  }
+}
+
+// Emulated blocks are charged by their configured times: heavier blocks get
+// stages of their own.
+TEST(ResolvePartition, BalancedFollowsEmulatedTimes) {
+  std::vector<BlockInfo> blocks(6);
+  for (int i = 0; i < 6; ++i) {
+    blocks[i].index = i;
+    blocks[i].kind = "emulated";
+    blocks[i].in_shape = blocks[i].out_shape = {4};
+    blocks[i].forward_seconds_per_sample = i < 2 ? 4e-3 : 1e-3;
+    blocks[i].backward_seconds_per_sample = 2 * blocks[i].forward_seconds_per_sample;
+  }
+  StagesSpec stages;
+  stages.count = 3;
+  auto r = ResolvePartition(stages, blocks);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, (std::vector<std::pair<int, int>>{{0, 1}, {1, 2}, {2, 6}}));
 }
 
 }  // namespace

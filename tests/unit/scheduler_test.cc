@@ -142,7 +142,7 @@ TEST_F(SchedulerTest, PlanFromProfilePartitionsAndSummarises) {
   v1::ProfileResult result;
   result.set_job_id("job-1");
   result.set_profile(planner::SerializeProfile(FourBlocks()));
-  auto planned = scheduler_.PlanFromProfile(*spec, result, {"w0", "w1"});
+  auto planned = scheduler_.PlanFromProfile(*spec, {}, result, {"w0", "w1"});
   ASSERT_TRUE(planned.ok()) << planned.status();
   ASSERT_EQ(planned->ranges.size(), 2u);
   EXPECT_EQ(planned->ranges[0].first, 0);
@@ -158,7 +158,7 @@ TEST_F(SchedulerTest, PlanFromProfilePartitionsAndSummarises) {
   EXPECT_TRUE(has_cut);
 
   result.set_profile("not a profile");
-  auto bad = scheduler_.PlanFromProfile(*spec, result, {"w0", "w1"});
+  auto bad = scheduler_.PlanFromProfile(*spec, {}, result, {"w0", "w1"});
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("profile from the worker"));
 }

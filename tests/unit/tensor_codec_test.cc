@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <tuple>
@@ -137,6 +138,13 @@ TEST_P(RoundTripTest, BitExact) {
   } else {
     EXPECT_TRUE(decoded->isnan().equal(original.isnan()));
   }
+
+  // The adopting decode gives the same tensor and empties the proto's data.
+  absl::StatusOr<torch::Tensor> adopted = DecodeTensor(&proto);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  EXPECT_TRUE(adopted->is_contiguous());
+  ExpectSameBytes(*adopted, original);
+  EXPECT_TRUE(proto.data().empty());
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDTypesAndShapes, RoundTripTest,
@@ -191,6 +199,50 @@ TEST(TensorCodecTest, DecodedTensorOwnsItsMemory) {
   std::memset(proto.mutable_data()->data(), 0xff, proto.data().size());
   proto.Clear();
   EXPECT_TRUE(torch::equal(*decoded, original));
+}
+
+TEST(TensorCodecTest, AdoptingDecodeTakesThePayloadWithoutACopy) {
+  torch::manual_seed(3);
+  const torch::Tensor original = torch::randn({64, 1000});
+  auto proto = std::make_unique<v1::TensorProto>();
+  ASSERT_TRUE(EncodeTensor(original, proto.get()).ok());
+  const void* payload = proto->data().data();
+  absl::StatusOr<torch::Tensor> adopted = DecodeTensor(proto.get());
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  EXPECT_EQ(adopted->data_ptr(), payload);  // the very buffer gRPC parsed into
+  EXPECT_TRUE(proto->data().empty());
+  proto.reset();  // the tensor owns the buffer now
+  EXPECT_TRUE(torch::equal(*adopted, original));
+  adopted->mul_(2);  // and may write to it
+  EXPECT_TRUE(torch::equal(*adopted, original * 2));
+}
+
+TEST(TensorCodecTest, AdoptingDecodeWidensCompressedPayloads) {
+  torch::manual_seed(4);
+  const torch::Tensor original = torch::randn({32, 33});
+  for (v1::Compression c : {v1::COMPRESSION_FP16, v1::COMPRESSION_BF16}) {
+    EncodeOptions opts;
+    opts.compression = c;
+    v1::TensorProto proto;
+    ASSERT_TRUE(EncodeTensor(original, &proto, opts).ok());
+    absl::StatusOr<torch::Tensor> copied = DecodeTensor(proto);
+    absl::StatusOr<torch::Tensor> adopted = DecodeTensor(&proto);
+    ASSERT_TRUE(copied.ok() && adopted.ok());
+    EXPECT_EQ(adopted->scalar_type(), torch::kFloat32);
+    EXPECT_TRUE(torch::equal(*adopted, *copied));
+  }
+}
+
+TEST(TensorCodecTest, AdoptingDecodeLeavesABadProtoAlone) {
+  v1::TensorProto proto;
+  proto.set_dtype(v1::DTYPE_FLOAT32);
+  proto.add_shape(3);
+  proto.set_data(std::string(11, 'x'));  // 12 bytes expected
+  absl::StatusOr<torch::Tensor> adopted = DecodeTensor(&proto);
+  ASSERT_FALSE(adopted.ok());
+  EXPECT_THAT(adopted.status().message(), HasSubstr("tensor.data"));
+  EXPECT_EQ(proto.data().size(), 11u);
+  EXPECT_FALSE(DecodeTensor(static_cast<v1::TensorProto*>(nullptr)).ok());
 }
 
 TEST(TensorCodecTest, EncodeOverwritesPreviousContents) {

@@ -106,8 +106,7 @@ class AuxNetAlgorithm : public Algorithm {
     if (ctx.first()) return absl::OkStatus();
     // AuxNet_{k-1} maps stage k-1's input shape to stage k's.
     STAGEWISE_ASSIGN_OR_RETURN(auto plan, models::PlanModel(ctx.spec().model));
-    STAGEWISE_ASSIGN_OR_RETURN(
-        auto ranges, models::ResolvePartition(ctx.spec().stages, static_cast<int>(plan.size())));
+    STAGEWISE_ASSIGN_OR_RETURN(auto ranges, models::ResolvePartition(ctx.spec().stages, plan));
     const int prev_first = ranges[ctx.stage() - 1].first;
     const auto& first = ctx.model().blocks().front()->info();
     STAGEWISE_ASSIGN_OR_RETURN(
@@ -154,7 +153,7 @@ class AuxNetAlgorithm : public Algorithm {
     return up ? ctx.SendToNext(std::move(m)) : ctx.SendToPrev(std::move(m));
   }
 
-  static absl::StatusOr<torch::Tensor> Expect(const absl::StatusOr<v1::StageMessage>& msg,
+  static absl::StatusOr<torch::Tensor> Expect(absl::StatusOr<v1::StageMessage> msg,
                                               v1::StageMessage::Kind kind, int64_t t, int mb,
                                               const char* name, torch::Device device,
                                               v1::TensorProto* labels = nullptr) {

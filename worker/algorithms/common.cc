@@ -20,15 +20,15 @@ absl::Status PutTensor(v1::StageMessage* message, const std::string& name,
   return EncodeTensor(tensor.detach(), &(*message->mutable_tensors())[name]);
 }
 
-absl::StatusOr<torch::Tensor> GetTensor(const v1::StageMessage& message, const std::string& name,
+absl::StatusOr<torch::Tensor> GetTensor(v1::StageMessage& message, const std::string& name,
                                         torch::Device device) {
-  auto it = message.tensors().find(name);
-  if (it == message.tensors().end()) {
+  auto it = message.mutable_tensors()->find(name);
+  if (it == message.mutable_tensors()->end()) {
     return absl::InvalidArgumentError(absl::StrCat("StageMessage.tensors: missing '", name, "' in ",
                                                    v1::StageMessage::Kind_Name(message.kind()),
                                                    " message of step ", message.step()));
   }
-  auto t = DecodeTensor(it->second);
+  auto t = DecodeTensor(&it->second);
   if (!t.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("StageMessage.tensors['", name, "']: ", t.status().message()));

@@ -91,8 +91,9 @@ v1::StageMessage NewMessage(v1::StageMessage::Kind kind, int64_t step, int micro
 absl::Status PutTensor(v1::StageMessage* message, const std::string& name,
                        const torch::Tensor& tensor);
 // Decodes tensors[name] onto `device`; INVALID_ARGUMENT naming the tensor if
-// it is missing or malformed.
-absl::StatusOr<torch::Tensor> GetTensor(const v1::StageMessage& message, const std::string& name,
+// it is missing or malformed. The tensor takes the payload over without a copy
+// (DecodeTensor(TensorProto*)): tensors[name] is left without data.
+absl::StatusOr<torch::Tensor> GetTensor(v1::StageMessage& message, const std::string& name,
                                         torch::Device device);
 // INVALID_ARGUMENT unless the message has this kind, step and micro-batch.
 absl::Status ExpectMessage(const v1::StageMessage& message, v1::StageMessage::Kind kind,
