@@ -339,19 +339,30 @@ absl::Status RunEvaluation(StageContext& ctx, int64_t steps_done) {
       }
       done = m->scalars().count("last") && m->scalars().at("last") > 0;
       auto x = GetTensor(*m, "x", ctx.device());
-      auto y = GetTensor(*m, "labels", ctx.device());
-      if (!x.ok() || !y.ok()) {
-        status = x.ok() ? y.status() : x.status();
+      if (!x.ok()) {
+        status = x.status();
+        break;
+      }
+      // Only the last stage decodes the labels (taking their buffer over);
+      // the others pass the (already validated) proto on as it came.
+      auto labels = m->mutable_tensors()->find("labels");
+      if (labels == m->mutable_tensors()->end()) {
+        status = absl::InvalidArgumentError("StageMessage.tensors: EVAL message without 'labels'");
         break;
       }
       torch::Tensor out = ctx.model().forward(*x);
       if (ctx.last()) {
+        auto y = GetTensor(*m, "labels", ctx.device());
+        if (!y.ok()) {
+          status = y.status();
+          break;
+        }
         score(out, *y);
         continue;
       }
       v1::StageMessage fwd = NewMessage(v1::StageMessage::EVAL, steps_done, m->micro_batch());
       status.Update(PutTensor(&fwd, "x", out));
-      (*fwd.mutable_tensors())["labels"] = m->tensors().at("labels");
+      (*fwd.mutable_tensors())["labels"] = std::move(labels->second);
       (*fwd.mutable_scalars())["last"] = done ? 1.0 : 0.0;
       if (status.ok()) status = ctx.SendToNext(std::move(fwd));
     }
