@@ -172,6 +172,10 @@ absl::StatusOr<torch::Tensor> AdoptImpl(v1::TensorProto* proto) {
   const auto item = static_cast<uintptr_t>(c10::elementSize(wire_type));
   if (reinterpret_cast<uintptr_t>(proto->data().data()) % item != 0) return DecodeImpl(*proto);
   const std::vector<int64_t> shape(proto->shape().begin(), proto->shape().end());
+  if (proto->data().empty()) {
+    // No elements: nothing to take over (an empty field has no buffer of its own).
+    return torch::empty(shape, torch::TensorOptions().dtype(info->torch));
+  }
   // Shared, so the buffer is freed whether from_blob succeeds or throws.
   std::shared_ptr<std::string> owned(proto->release_data());
   char* bytes = owned->data();

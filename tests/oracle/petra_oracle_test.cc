@@ -190,7 +190,8 @@ TEST(PetraOracle, OneStageEqualsBackprop) {
 // equal gradient sequences.
 TEST(PetraOracle, ZeroLearningRateRebuildsInputsAndGivesBackpropGradients) {
   const std::string yaml =
-      JobYaml("3", "{name: petra, verify_rebuild: true}", 6, /*lr=*/0.0, /*weight_decay=*/0.0);
+      JobYaml("{count: 3, partition: even}", "{name: petra, verify_rebuild: true}", 6, /*lr=*/0.0,
+              /*weight_decay=*/0.0);
   auto spec = ParseJobSpec(yaml);
   ASSERT_TRUE(spec.ok()) << spec.status();
   auto momentum = [](torch::optim::Optimizer& opt, const torch::Tensor& p) {
@@ -245,7 +246,8 @@ class PetraTrajectory : public ::testing::TestWithParam<int> {};
 
 TEST_P(PetraTrajectory, EqualsTheSingleProcessSimulationOfAlgorithm1) {
   const int k = GetParam();
-  const std::string yaml = JobYaml("3", absl::StrCat("{name: petra, accumulation: ", k, "}"), 12);
+  const std::string yaml = JobYaml("{count: 3, partition: even}",
+                                   absl::StrCat("{name: petra, accumulation: ", k, "}"), 12);
   auto spec = ParseJobSpec(yaml);
   ASSERT_TRUE(spec.ok()) << spec.status();
   auto want = Simulate(*spec, k);
