@@ -1,8 +1,10 @@
 // Fuzz target: a TensorProto off the wire, as a worker decodes it.
 // Invariants: DecodeTensor succeeds exactly when ValidateTensorProto does;
 // a decoded tensor has the shape and dtype the proto declared; an
-// uncompressed tensor encodes back to the very same bytes.
+// uncompressed tensor encodes back to the very same bytes; the decode that
+// takes the payload over gives the same tensor as the copying one.
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "services/tensor/codec.h"
@@ -17,6 +19,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::Status valid = stagewise::ValidateTensorProto(proto, kMaxBytes);
   absl::StatusOr<torch::Tensor> tensor = stagewise::DecodeTensor(proto, kMaxBytes);
   FUZZ_CHECK(valid.ok() == tensor.ok(), "decode and validate disagree");
+  // The worker's decode takes the payload over; it must agree with the copy.
+  stagewise::v1::TensorProto taken = proto;
+  absl::StatusOr<torch::Tensor> adopted = stagewise::DecodeTensor(&taken, kMaxBytes);
+  FUZZ_CHECK(adopted.ok() == tensor.ok(), "adopting and copying decodes disagree");
+  if (adopted.ok()) {
+    FUZZ_CHECK(adopted->scalar_type() == tensor->scalar_type() &&
+                   adopted->sizes() == tensor->sizes() &&
+                   (tensor->nbytes() == 0 ||
+                    std::memcmp(adopted->data_ptr(), tensor->data_ptr(), tensor->nbytes()) == 0),
+               "adopting and copying decodes give different tensors");
+  }
   if (!tensor.ok()) {
     FUZZ_CHECK(tensor.status().code() == absl::StatusCode::kInvalidArgument,
                std::string(tensor.status().message()).c_str());
