@@ -94,6 +94,13 @@ void InstallMemoryMeter() {
   });
 }
 
+std::function<void()> ChargeForeignBytes(int64_t bytes) {
+  std::shared_ptr<MemoryAccount> account = current_account;
+  if (!account || bytes <= 0) return [] {};
+  account->Add(bytes);
+  return [account, bytes] { account->Sub(bytes); };
+}
+
 ScopedMemoryAccount::ScopedMemoryAccount(std::shared_ptr<MemoryAccount> account)
     : previous_(std::move(current_account)) {
   InstallMemoryMeter();

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 namespace stagewise::models {
@@ -36,6 +37,12 @@ void InstallMemoryMeter();
 
 // While alive, CPU tensors allocated on this thread are charged to `account`
 // (nested scopes restore the outer account). Installs the meter if needed.
+// Charges `bytes` that the meter did not allocate (a buffer a tensor took
+// over, e.g. a decoded message payload: DecodeOptions::charge) to this
+// thread's account, if a scope is active; the returned function takes the
+// charge back (call it once, from any thread).
+std::function<void()> ChargeForeignBytes(int64_t bytes);
+
 class ScopedMemoryAccount {
  public:
   explicit ScopedMemoryAccount(std::shared_ptr<MemoryAccount> account);

@@ -166,7 +166,7 @@ absl::StatusOr<torch::Tensor> DecodeImpl(const v1::TensorProto& proto) {
   return tensor;
 }
 
-absl::StatusOr<torch::Tensor> AdoptImpl(v1::TensorProto* proto) {
+absl::StatusOr<torch::Tensor> AdoptImpl(v1::TensorProto* proto, const DecodeOptions& options) {
   const DTypeInfo* info = FindByWire(proto->dtype());
   const c10::ScalarType wire_type = WireType(*proto, *info);
   const auto item = static_cast<uintptr_t>(c10::elementSize(wire_type));
@@ -176,8 +176,14 @@ absl::StatusOr<torch::Tensor> AdoptImpl(v1::TensorProto* proto) {
     // No elements: nothing to take over (an empty field has no buffer of its own).
     return torch::empty(shape, torch::TensorOptions().dtype(info->torch));
   }
-  // Shared, so the buffer is freed whether from_blob succeeds or throws.
-  std::shared_ptr<std::string> owned(proto->release_data());
+  // Shared, so the buffer is freed (and uncharged) whether from_blob
+  // succeeds or throws.
+  std::function<void()> uncharge;
+  if (options.charge) uncharge = options.charge(static_cast<int64_t>(proto->data().size()));
+  std::shared_ptr<std::string> owned(proto->release_data(), [uncharge](std::string* s) {
+    delete s;
+    if (uncharge) uncharge();
+  });
   char* bytes = owned->data();
   torch::Tensor tensor = torch::from_blob(
       bytes, shape, [owned](void*) mutable { owned.reset(); },
@@ -289,13 +295,13 @@ absl::StatusOr<torch::Tensor> DecodeTensor(const v1::TensorProto& proto, int64_t
   }
 }
 
-absl::StatusOr<torch::Tensor> DecodeTensor(v1::TensorProto* proto, int64_t max_bytes) {
+absl::StatusOr<torch::Tensor> DecodeTensor(v1::TensorProto* proto, const DecodeOptions& options) {
   if (proto == nullptr) return absl::InvalidArgumentError("proto: must not be null");
-  if (absl::Status status = ValidateTensorProto(*proto, max_bytes); !status.ok()) {
+  if (absl::Status status = ValidateTensorProto(*proto, options.max_bytes); !status.ok()) {
     return status;
   }
   try {
-    return AdoptImpl(proto);
+    return AdoptImpl(proto, options);
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("DecodeTensor: LibTorch error: ", e.what_without_backtrace()));

@@ -5,6 +5,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/statusor.h"
 #include "stagewise/v1/tensor.pb.h"
@@ -34,13 +35,21 @@ absl::Status ValidateTensorProto(const v1::TensorProto& proto,
 absl::StatusOr<torch::Tensor> DecodeTensor(const v1::TensorProto& proto,
                                            int64_t max_bytes = kDefaultMaxTensorBytes);
 
+struct DecodeOptions {
+  int64_t max_bytes = kDefaultMaxTensorBytes;
+  // Called with the size of a payload buffer the tensor takes over (memory
+  // LibTorch's allocator never saw); the function it returns runs when the
+  // tensor frees the buffer. Workers charge it to the stage's memory meter.
+  std::function<std::function<void()>(int64_t bytes)> charge;
+};
+
 // Validates, then decodes without copying: the tensor takes over the proto's
 // payload buffer (the proto's data is left empty), so a message's tensors cost
 // no copy beyond the one gRPC makes while parsing. Compressed payloads are
 // widened to float32 (one pass, as in the copying decode); a payload that is
 // not aligned for its dtype is copied.
 absl::StatusOr<torch::Tensor> DecodeTensor(v1::TensorProto* proto,
-                                           int64_t max_bytes = kDefaultMaxTensorBytes);
+                                           const DecodeOptions& options = {});
 
 }  // namespace stagewise
 

@@ -21,7 +21,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(valid.ok() == tensor.ok(), "decode and validate disagree");
   // The worker's decode takes the payload over; it must agree with the copy.
   stagewise::v1::TensorProto taken = proto;
-  absl::StatusOr<torch::Tensor> adopted = stagewise::DecodeTensor(&taken, kMaxBytes);
+  stagewise::DecodeOptions options;
+  options.max_bytes = kMaxBytes;
+  absl::StatusOr<torch::Tensor> adopted = stagewise::DecodeTensor(&taken, options);
   FUZZ_CHECK(adopted.ok() == tensor.ok(), "adopting and copying decodes disagree");
   if (adopted.ok()) {
     FUZZ_CHECK(adopted->scalar_type() == tensor->scalar_type() &&

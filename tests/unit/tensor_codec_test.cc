@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <random>
@@ -215,6 +216,26 @@ TEST(TensorCodecTest, AdoptingDecodeTakesThePayloadWithoutACopy) {
   EXPECT_TRUE(torch::equal(*adopted, original));
   adopted->mul_(2);  // and may write to it
   EXPECT_TRUE(torch::equal(*adopted, original * 2));
+}
+
+TEST(TensorCodecTest, AdoptingDecodeChargesTheBufferUntilTheTensorFreesIt) {
+  const torch::Tensor original = torch::arange(1000, torch::kFloat32);
+  v1::TensorProto proto;
+  ASSERT_TRUE(EncodeTensor(original, &proto).ok());
+  int64_t charged = 0;
+  DecodeOptions options;
+  options.charge = [&charged](int64_t bytes) {
+    charged += bytes;
+    return std::function<void()>([&charged, bytes] { charged -= bytes; });
+  };
+  absl::StatusOr<torch::Tensor> adopted = DecodeTensor(&proto, options);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  EXPECT_EQ(charged, 4000);
+  torch::Tensor view = adopted->slice(0, 10, 20);  // shares the buffer
+  adopted = absl::StatusOr<torch::Tensor>(torch::Tensor());
+  EXPECT_EQ(charged, 4000);
+  view = torch::Tensor();
+  EXPECT_EQ(charged, 0);
 }
 
 TEST(TensorCodecTest, AdoptingDecodeWidensCompressedPayloads) {

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/models/batch_norm.h"
+#include "services/models/memory_meter.h"
 #include "services/tensor/codec.h"
 #include "services/training/optimizer.h"
 
@@ -28,7 +29,11 @@ absl::StatusOr<torch::Tensor> GetTensor(v1::StageMessage& message, const std::st
                                                    v1::StageMessage::Kind_Name(message.kind()),
                                                    " message of step ", message.step()));
   }
-  auto t = DecodeTensor(&it->second);
+  // The taken-over buffer counts towards the stage's memory like a tensor
+  // LibTorch allocated (the planner's peak memory is checked against it).
+  DecodeOptions options;
+  options.charge = [](int64_t bytes) { return models::ChargeForeignBytes(bytes); };
+  auto t = DecodeTensor(&it->second, options);
   if (!t.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("StageMessage.tensors['", name, "']: ", t.status().message()));
