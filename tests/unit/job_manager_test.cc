@@ -194,8 +194,13 @@ TEST_F(JobManagerTest, JobWaitsForEnoughIdleWorkersWithTheReason) {
   EXPECT_EQ(st.state(), v1::PENDING);
   EXPECT_EQ(st.reason(), "waiting for 2 idle workers (1 idle, 1 registered)");
   EXPECT_TRUE(Sink("w0").commands().empty());
-  // The reason is progress, written to the store too.
+  // The reason is progress, written to the store too: the manager writes its
+  // batch once its queue runs dry, which may be just after Status() returned.
   auto stored = store_->GetJob(id);
+  for (int i = 0; i < 1000 && stored.ok() && stored->status.reason() != st.reason(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+    stored = store_->GetJob(id);
+  }
   ASSERT_TRUE(stored.ok());
   EXPECT_EQ(stored->status.reason(), st.reason());
 
