@@ -134,9 +134,14 @@ class BenchSink : public MessageSink {
   enum class Decode { kCopy, kAdopt };
 
   absl::StatusOr<bool> Deliver(v1::StageMessage message, std::function<void()>) override {
+    Decode decode;
+    {
+      absl::MutexLock lock(&mu_);
+      decode = decode_;
+    }
     auto it = message.mutable_tensors()->find("x");
     if (it != message.mutable_tensors()->end()) {
-      auto t = decode_ == Decode::kCopy ? stagewise::DecodeTensor(it->second)
+      auto t = decode == Decode::kCopy ? stagewise::DecodeTensor(it->second)
                                         : stagewise::DecodeTensor(&it->second);
       if (!t.ok()) return t.status();
     }
