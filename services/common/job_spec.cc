@@ -138,6 +138,11 @@ bool Contains(const std::vector<std::string>& list, absl::string_view value) {
   return std::find(list.begin(), list.end(), value) != list.end();
 }
 
+const std::vector<std::string>& TransportCompressions() {
+  static const auto* const kChoices = new std::vector<std::string>{"none", "fp16", "bf16"};
+  return *kChoices;
+}
+
 // ---------------------------------------------------------------------------
 // Reading YAML nodes. Every helper returns a status instead of letting
 // yaml-cpp's conversions throw, and every error names the key path and, for
@@ -683,7 +688,7 @@ absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root) {
   Section top(root, "");
   top.CheckKeys({"name", "seed", "device", "model", "data", "algorithm", "stages", "optimizer",
                  "schedule", "batch_size", "eval_batch_size", "epochs", "steps", "eval",
-                 "checkpoint", "recovery", "phases"});
+                 "checkpoint", "recovery", "transport", "phases"});
   top.Read("name", &spec.name);
   top.Read("seed", &spec.seed);
   top.Read("device", &spec.device);
@@ -765,6 +770,11 @@ absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root) {
   recovery.Read("wait_seconds", &spec.recovery.wait_seconds);
   recovery.Read("from_scratch", &spec.recovery.from_scratch);
   if (!recovery.status().ok()) return recovery.status();
+
+  Section transport = child("transport");
+  transport.CheckKeys({"compression"});
+  transport.Read("compression", &spec.transport.compression);
+  if (!transport.status().ok()) return transport.status();
 
   if (const YAML::Node* node = top.Find("phases")) {
     // With phases, the algorithm and the length are given per phase.
@@ -1282,6 +1292,10 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   check(AtLeast("eval.every_steps", spec.eval.every_steps, int64_t{0}));
   check(ValidateCheckpoint(spec.checkpoint));
   check(ValidateRecovery(spec.recovery));
+  if (!Contains(TransportCompressions(), spec.transport.compression)) {
+    check(KeyError("transport.compression",
+                   ChoiceMessage(spec.transport.compression, TransportCompressions())));
+  }
   return check.status();
 }
 

@@ -163,6 +163,13 @@ struct PhaseSpec {
   bool reset_optimizer = true;  // fresh optimizer state at the start of the phase
 };
 
+// How stage-to-stage messages travel (docs/job_spec.md, "transport").
+struct TransportSpec {
+  // Float32 activations and gradients on the wire: "none" (exact), "fp16" or
+  // "bf16" (half the bytes; the receiver widens them back to float32).
+  std::string compression = "none";
+};
+
 struct JobSpec {
   std::string name;
   int64_t seed = 0;
@@ -180,6 +187,7 @@ struct JobSpec {
   EvalSpec eval;
   CheckpointSpec checkpoint;
   RecoverySpec recovery;
+  TransportSpec transport;
   // Optional. When given, `algorithm` is the first phase's and epochs/steps
   // the sum over phases.
   std::vector<PhaseSpec> phases;

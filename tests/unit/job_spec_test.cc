@@ -926,6 +926,19 @@ TEST(JobSpecPhases, EveryPhaseAlgorithmGetsItsDefaults) {
 namespace stagewise {
 namespace {
 
+TEST(JobSpecTest, TransportCompression) {
+  EXPECT_EQ(ParseOk(SpecYaml({})).transport.compression, "none");
+  for (const char* c : {"none", "fp16", "bf16"}) {
+    EXPECT_EQ(ParseOk(SpecYaml({{"transport", absl::StrCat("{compression: ", c, "}")}}))
+                  .transport.compression,
+              c);
+  }
+  EXPECT_THAT(ParseError(SpecYaml({{"transport", "{compression: fp8}"}})),
+              StartsWith("transport.compression: must be one of none, fp16, bf16; got 'fp8'"));
+  EXPECT_THAT(ParseError(SpecYaml({{"transport", "{compresion: fp16}"}})),
+              HasSubstr("transport.compresion"));
+}
+
 TEST(JobSpecTest, StagesModesAndMemoryBudget) {
   JobSpec spec = ParseOk(SpecYaml({{"stages", "{count: 2, memory_budget: 512MiB}"}}));
   EXPECT_EQ(spec.stages.memory_budget, int64_t{512} << 20);

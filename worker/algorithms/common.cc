@@ -17,8 +17,16 @@ v1::StageMessage NewMessage(v1::StageMessage::Kind kind, int64_t step, int micro
 }
 
 absl::Status PutTensor(v1::StageMessage* message, const std::string& name,
-                       const torch::Tensor& tensor) {
-  return EncodeTensor(tensor.detach(), &(*message->mutable_tensors())[name]);
+                       const torch::Tensor& tensor, v1::Compression compression) {
+  EncodeOptions options;
+  options.compression = compression;
+  return EncodeTensor(tensor.detach(), &(*message->mutable_tensors())[name], options);
+}
+
+v1::Compression WireCompression(const JobSpec& spec) {
+  if (spec.transport.compression == "fp16") return v1::COMPRESSION_FP16;
+  if (spec.transport.compression == "bf16") return v1::COMPRESSION_BF16;
+  return v1::COMPRESSION_NONE;
 }
 
 absl::StatusOr<torch::Tensor> GetTensor(v1::StageMessage& message, const std::string& name,
@@ -57,8 +65,8 @@ absl::Status SendGrad(StageContext& ctx, int64_t step, int micro_batch, const to
   if (ctx.first()) return absl::OkStatus();
   v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, step, micro_batch);
   if (origin >= 0) back.set_origin_stage(static_cast<int32_t>(origin));
-  if (x.defined()) STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "x", x));
-  STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", grad));
+  if (x.defined()) STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "x", x, WireCompression(ctx.spec())));
+  STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", grad, WireCompression(ctx.spec())));
   return ctx.SendToPrev(std::move(back));
 }
 
@@ -198,7 +206,7 @@ absl::StatusOr<ForwardInput> ReceiveForward(StageContext& ctx, int64_t step, int
 absl::Status SendForward(StageContext& ctx, int64_t step, int micro_batch, const torch::Tensor& out,
                          const torch::Tensor& labels, v1::TensorProto labels_proto) {
   v1::StageMessage fwd = NewMessage(v1::StageMessage::FORWARD, step, micro_batch);
-  STAGEWISE_RETURN_IF_ERROR(PutTensor(&fwd, "x", out));
+  STAGEWISE_RETURN_IF_ERROR(PutTensor(&fwd, "x", out, WireCompression(ctx.spec())));
   if (ctx.first()) {
     STAGEWISE_RETURN_IF_ERROR(PutTensor(&fwd, "labels", labels));
   } else {
@@ -326,7 +334,7 @@ absl::Status RunEvaluation(StageContext& ctx, int64_t steps_done) {
         continue;
       }
       v1::StageMessage m = NewMessage(v1::StageMessage::EVAL, steps_done, static_cast<int>(i));
-      status.Update(PutTensor(&m, "x", out));
+      status.Update(PutTensor(&m, "x", out, WireCompression(ctx.spec())));
       status.Update(PutTensor(&m, "labels", b.y));
       (*m.mutable_scalars())["last"] = i == n - 1 ? 1.0 : 0.0;
       if (status.ok()) status = ctx.SendToNext(std::move(m));
@@ -366,7 +374,7 @@ absl::Status RunEvaluation(StageContext& ctx, int64_t steps_done) {
         continue;
       }
       v1::StageMessage fwd = NewMessage(v1::StageMessage::EVAL, steps_done, m->micro_batch());
-      status.Update(PutTensor(&fwd, "x", out));
+      status.Update(PutTensor(&fwd, "x", out, WireCompression(ctx.spec())));
       (*fwd.mutable_tensors())["labels"] = std::move(labels->second);
       (*fwd.mutable_scalars())["last"] = done ? 1.0 : 0.0;
       if (status.ok()) status = ctx.SendToNext(std::move(fwd));
