@@ -769,6 +769,8 @@ TEST(JobSpecTest, DocumentedExampleParses) {
   EXPECT_EQ(spec.stages.count, 3);
   EXPECT_EQ(spec.stages.partition, "explicit");
   EXPECT_THAT(spec.model.input_shape, ElementsAre(3, 32, 32));
+  EXPECT_EQ(spec.recovery.max_restarts, 5);
+  EXPECT_EQ(spec.transport.compression, "bf16");
 }
 
 // Parses every example job shipped in examples/ (there may be none yet).
