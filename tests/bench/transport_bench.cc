@@ -142,7 +142,7 @@ class BenchSink : public MessageSink {
     auto it = message.mutable_tensors()->find("x");
     if (it != message.mutable_tensors()->end()) {
       auto t = decode == Decode::kCopy ? stagewise::DecodeTensor(it->second)
-                                        : stagewise::DecodeTensor(&it->second);
+                                       : stagewise::DecodeTensor(&it->second);
       if (!t.ok()) return t.status();
     }
     std::shared_ptr<UpstreamStream> reply;
