@@ -119,18 +119,20 @@ done
 # 4 ms at the rate and never less than 256 KiB (veth passes 64 KiB GSO frames).
 shape() {
   local rate=$1 i burst bits
-  for i in $(seq 0 "$J"); do
-    if [ "$rate" = off ]; then
-      tc -n "${P}h$i" qdisc del dev eth0 root 2>/dev/null || true
-      tc -n "$HUB" qdisc del dev "${P}p$i" root 2>/dev/null || true
-      continue
-    fi
+  if [ "$rate" != off ]; then
     bits=$(python3 -c "import re,sys; m=re.fullmatch(r'([0-9.]+)([kmg]?)bit','$rate'.lower()); \
       sys.exit('bad rate $rate (e.g. 1gbit, 500mbit)') if not m else \
       print(int(float(m[1])*{'':1,'k':1e3,'m':1e6,'g':1e9}[m[2]]))")
     burst=$(( bits / 8 / 250 )); [ "$burst" -lt 262144 ] && burst=262144
-    tc -n "${P}h$i" qdisc replace dev eth0 root tbf rate "$rate" burst "$burst" latency 200ms
-    tc -n "$HUB" qdisc replace dev "${P}p$i" root tbf rate "$rate" burst "$burst" latency 200ms
+  fi
+  for i in $(seq 0 "$J"); do
+    if [ "$rate" = off ]; then
+      tc -n "${P}h$i" qdisc del dev eth0 root 2>/dev/null || true
+      tc -n "$HUB" qdisc del dev "${P}p$i" root 2>/dev/null || true
+    else
+      tc -n "${P}h$i" qdisc replace dev eth0 root tbf rate "$rate" burst "$burst" latency 200ms
+      tc -n "$HUB" qdisc replace dev "${P}p$i" root tbf rate "$rate" burst "$burst" latency 200ms
+    fi
   done
 }
 
