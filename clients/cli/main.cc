@@ -217,7 +217,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   plan_cmd->add_option("--device", plan.device, "Device to profile on (cpu, cuda:0)")
       ->capture_default_str();
-  plan_cmd->add_option("--repeats", plan.repeats, "Timed runs per figure (median kept)")
+  plan_cmd
+      ->add_option(
+          "--repeats", plan.repeats,
+          "Timed rounds per figure (every figure once per round; the lower quartile is kept)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   plan_cmd->add_option("--cache-dir", plan.cache_dir,

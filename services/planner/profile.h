@@ -43,7 +43,7 @@ struct ModelProfile {
   int64_t batch_size = 0;
   std::string device;       // "cpu", "cuda:0"
   int threads = 0;          // LibTorch intra-op threads while profiling
-  int repeats = 0;          // timed runs per figure (the median is kept)
+  int repeats = 0;          // timed rounds per figure (the lower quartile is kept)
   int64_t label_bytes = 0;  // labels of one mini-batch
   std::string aux_head;     // aux head the aux_head_s column was measured with ("" = none)
   std::vector<BlockProfile> blocks;

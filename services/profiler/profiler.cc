@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <vector>
@@ -36,28 +37,43 @@ std::string ModelName(const ModelSpec& m) {
   return name;
 }
 
-// Times `timed` only, with `setup` run (untimed) before each repeat.
-template <typename Setup, typename Fn>
-double MedianAfter(const ProfileOptions& o, bool cuda, Setup&& setup, Fn&& timed) {
-  std::vector<double> t;
-  for (int r = 0; r < o.warmup + o.repeats; ++r) {
-    setup();
-    if (cuda) torch::cuda::synchronize();
-    const auto t0 = std::chrono::steady_clock::now();
-    timed();
-    if (cuda) torch::cuda::synchronize();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (r >= o.warmup) t.push_back(s);
-  }
-  std::sort(t.begin(), t.end());
-  return t.empty() ? 0.0 : t[t.size() / 2];
-}
+// One timed figure of a profile: `setup` and `teardown` run untimed around
+// every sample of `timed`; the median of the samples lands in `*out`.
+struct Probe {
+  Probe(double* out, std::function<void()> setup, std::function<void()> timed,
+        std::function<void()> teardown = nullptr)
+      : out(out), setup(std::move(setup)), timed(std::move(timed)), teardown(std::move(teardown)) {}
+  double* out;
+  std::function<void()> setup, timed, teardown;
+  std::vector<double> samples;
+};
 
-// Runs `fn` warmup + repeats times; the median of the timed runs, in seconds.
-template <typename Fn>
-double Median(const ProfileOptions& o, bool cuda, Fn&& fn) {
-  return MedianAfter(
-      o, cuda, [] {}, fn);
+// Runs every probe once per round, for warmup + repeats rounds, and keeps the
+// median of each probe's timed rounds. Interleaving spreads each figure's
+// samples over the whole profile: a disturbance of a few hundred milliseconds
+// (another process, a page-cache flush, frequency changes) shifts every
+// figure a little instead of the few figures measured back to back during it,
+// which is what made repeated profiles disagree by 20% on single columns.
+void RunInterleaved(std::vector<Probe>& probes, const ProfileOptions& o, bool cuda,
+                    const std::function<void(int round)>& on_round) {
+  const int rounds = o.warmup + o.repeats;
+  for (int r = 0; r < rounds; ++r) {
+    for (Probe& p : probes) {
+      if (p.setup) p.setup();
+      if (cuda) torch::cuda::synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      p.timed();
+      if (cuda) torch::cuda::synchronize();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (p.teardown) p.teardown();
+      if (r >= o.warmup) p.samples.push_back(s);
+    }
+    if (on_round) on_round(r);
+  }
+  for (Probe& p : probes) {
+    std::sort(p.samples.begin(), p.samples.end());
+    *p.out = p.samples.empty() ? 0.0 : p.samples[p.samples.size() / 4];
+  }
 }
 
 std::string AuxHeadOf(const JobSpec& spec, const ProfileOptions& o) {
@@ -132,7 +148,6 @@ absl::StatusOr<ModelProfile> ProfileModel(const JobSpec& spec, int64_t batch,
       torch::NoGradGuard no_grad;
       for (const auto& b : blocks) inputs.push_back(b->forward(inputs.back()));
     }
-    std::map<std::string, double> aux_cost;  // per output shape
     auto aux = aux_spec.empty() ? absl::StatusOr<AuxHeadSpec>(absl::NotFoundError(""))
                                 : ParseAuxHeadSpec(aux_spec);
     if (!aux_spec.empty() && !aux.ok()) return aux.status();
@@ -150,109 +165,155 @@ absl::StatusOr<ModelProfile> ProfileModel(const JobSpec& spec, int64_t batch,
       torch::nn::functional::cross_entropy(h, labels).backward();
       (*model)->zero_grad();
     }
+    // Each block's figures, measured in interleaved rounds (RunInterleaved);
+    // the state the probes work on lives until every round is done.
+    struct BlockState {
+      std::shared_ptr<models::Block> block;
+      std::unique_ptr<models::Model> one;
+      std::unique_ptr<torch::optim::Optimizer> optimizer;
+      torch::Tensor x0, grad, x, out;
+      bool input_grad = false;
+      void Fresh() { x = input_grad ? x0.detach().requires_grad_(true) : x0.detach(); }
+      void Release() {
+        out = torch::Tensor();
+        x = torch::Tensor();
+      }
+    };
+    std::vector<std::unique_ptr<BlockState>> state;
+    std::vector<Probe> probes;
+    auto kept = std::make_shared<std::vector<torch::Tensor>>(3);  // see message_s below
+    auto next = std::make_shared<size_t>(0);
+    std::map<std::string, double> aux_cost;  // per output shape
+    std::vector<std::unique_ptr<torch::optim::Optimizer>> aux_optimizers;
+    p.blocks.resize(blocks.size());
     for (size_t i = 0; i < blocks.size(); ++i) {
-      auto& block = blocks[i];
-      BlockProfile b;
+      const auto& block = blocks[i];
+      BlockProfile& b = p.blocks[i];
       b.index = block->info().index;
       b.kind = block->info().kind;
       b.reversible = block->reversible();
-      const torch::Tensor& x0 = inputs[i];
-      const bool input_grad = i > 0;
       for (const auto& t : block->parameters()) {
         if (t.requires_grad()) b.parameter_bytes += Bytes(t);
       }
       for (const auto& t : block->buffers()) b.buffer_bytes += Bytes(t);
-      models::Model one({block});
-      auto optimizer = training::MakeOptimizer(spec.optimizer, one);
-      torch::Tensor grad = torch::randn_like(inputs[i + 1]);
-      b.input_bytes = Bytes(x0);
+      b.input_bytes = Bytes(inputs[i]);
       b.output_bytes = Bytes(inputs[i + 1]);
-
-      torch::Tensor x, out;
-      auto fresh = [&] { x = input_grad ? x0.detach().requires_grad_(true) : x0.detach(); };
-      b.forward_s = MedianAfter(o, cuda, fresh, [&] { out = block->forward(x); });
-      b.backward_s = MedianAfter(
-          o, cuda,
-          [&] {
-            fresh();
-            out = block->forward(x);
-          },
-          [&] { out.backward(grad); });
-      out = torch::Tensor();
-      x = torch::Tensor();
-      b.forward_nograd_s = Median(o, cuda, [&] {
-        torch::NoGradGuard no_grad;
-        block->forward(x0);
-      });
-      b.step_s = Median(o, cuda, [&] { optimizer->step(); });
+      auto st = std::make_unique<BlockState>();
+      BlockState* s = st.get();
+      s->block = block;
+      s->one = std::make_unique<models::Model>(std::vector<std::shared_ptr<models::Block>>{block});
+      s->optimizer = training::MakeOptimizer(spec.optimizer, *s->one);
+      s->x0 = inputs[i];
+      s->grad = torch::randn_like(inputs[i + 1]);
+      s->input_grad = i > 0;
+      state.push_back(std::move(st));
+      const auto release = [s] { s->Release(); };
+      probes.push_back(
+          {&b.forward_s, [s] { s->Fresh(); }, [s] { s->out = s->block->forward(s->x); }, release});
+      probes.push_back({&b.backward_s,
+                        [s] {
+                          s->Fresh();
+                          s->out = s->block->forward(s->x);
+                        },
+                        [s] { s->out.backward(s->grad); }, release});
+      probes.push_back({&b.forward_nograd_s, nullptr, [s] {
+                          torch::NoGradGuard no_grad;
+                          s->block->forward(s->x0);
+                        }});
+      // The gradients the step applies come from the backward probe above.
+      probes.push_back({&b.step_s, nullptr, [s] { s->optimizer->step(); }});
       if (b.reversible) {
         auto* rev = static_cast<models::ReversibleBlock*>(block.get());
-        const torch::Tensor& y = inputs[i + 1];
-        models::FreezeRunningStats freeze;
-        b.rebuild_backward_s =
-            Median(o, cuda, [&] { models::RebuildBackward(*rev, y, grad, input_grad); });
-        b.inverse_s = Median(o, cuda, [&] {
-          torch::NoGradGuard no_grad;
-          rev->inverse(y);
-        });
+        const torch::Tensor y = inputs[i + 1];
+        const bool input_grad = s->input_grad;
+        probes.push_back({&b.rebuild_backward_s, nullptr, [rev, y, s, input_grad] {
+                            models::FreezeRunningStats freeze;
+                            models::RebuildBackward(*rev, y, s->grad, input_grad);
+                          }});
+        probes.push_back({&b.inverse_s, nullptr, [rev, y] {
+                            torch::NoGradGuard no_grad;
+                            models::FreezeRunningStats freeze;
+                            rev->inverse(y);
+                          }});
       }
-      b.message_s = Median(o, cuda, [&] {
-        v1::TensorProto proto;
-        (void)EncodeTensor(inputs[i + 1], &proto);
-        (void)DecodeTensor(&proto);
-      });
+      const torch::Tensor y = inputs[i + 1];
+      // A message copies the whole output once: a pass over memory whose speed
+      // depends on where the buffer lands in physical memory, which differs
+      // from process to process. The last few decoded buffers (of any block)
+      // stay alive, so each sample writes a different one and the figure is
+      // not one placement's luck (profiles disagreed by up to 27% on this
+      // column when every sample reused the same buffer).
+      probes.push_back({&b.message_s, nullptr, [y, kept, next] {
+                          v1::TensorProto proto;
+                          (void)EncodeTensor(y, &proto);
+                          auto t = DecodeTensor(&proto);
+                          if (t.ok()) (*kept)[(*next)++ % kept->size()] = std::move(*t);
+                        }});
       if (aux.ok() && i + 1 < blocks.size()) {
         const std::string key = Shape(block->info().out_shape);
-        auto it = aux_cost.find(key);
-        if (it == aux_cost.end()) {
+        if (aux_cost.find(key) == aux_cost.end()) {
           auto head =
               models::MakeAuxHead(*aux, block->info().out_shape,
                                   spec.model.num_classes > 0 ? spec.model.num_classes : 10, 1);
           if (!head.ok()) return head.status();
           (*head)->to(device);
           auto head_opt = training::MakeOptimizer(spec.optimizer, **head);
-          const torch::Tensor& h = inputs[i + 1];
-          const double s = Median(o, cuda, [&] {
-            torch::Tensor loss = torch::cross_entropy_loss((*head)->forward(h), labels);
-            loss.backward();
-            head_opt->step();
-          });
-          it = aux_cost.emplace(key, s).first;
+          auto h = *head;
+          auto* opt = head_opt.get();
+          aux_optimizers.push_back(std::move(head_opt));
+          double* out = &aux_cost.emplace(key, 0.0).first->second;
+          probes.push_back({out, nullptr, [h, opt, y, &labels]() mutable {
+                              torch::Tensor loss = torch::cross_entropy_loss(h->forward(y), labels);
+                              loss.backward();
+                              opt->step();
+                            }});
         }
-        b.aux_head_s = it->second;
+      }
+    }
+    RunInterleaved(probes, o, cuda, [&](int r) {
+      if (o.progress) {
+        o.progress(absl::StrCat("profiling: round ", r + 1, " of ", o.warmup + o.repeats, " done (",
+                                probes.size(), " figures per round, ", o.warmup, " untimed)"));
+      }
+    });
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const auto& block = blocks[i];
+      BlockProfile& b = p.blocks[i];
+      BlockState& s = *state[i];
+      if (aux.ok() && i + 1 < blocks.size()) {
+        b.aux_head_s = aux_cost.at(Shape(block->info().out_shape));
       }
       // Memory, with gradients and optimizer state already allocated above.
       {
-        int64_t state = 0;
-        for (const auto& [key, s] : optimizer->state()) {
+        int64_t opt_state = 0;
+        for (const auto& [key, st] : s.optimizer->state()) {
           (void)key;
-          if (auto* m = dynamic_cast<torch::optim::SGDParamState*>(s.get())) {
-            state += Bytes(m->momentum_buffer());
-          } else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s.get())) {
-            state += Bytes(a->exp_avg()) + Bytes(a->exp_avg_sq()) + Bytes(a->max_exp_avg_sq());
+          if (auto* m = dynamic_cast<torch::optim::SGDParamState*>(st.get())) {
+            opt_state += Bytes(m->momentum_buffer());
+          } else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(st.get())) {
+            opt_state += Bytes(a->exp_avg()) + Bytes(a->exp_avg_sq()) + Bytes(a->max_exp_avg_sq());
           }
         }
-        b.optimizer_bytes = state;
+        b.optimizer_bytes = opt_state;
       }
       if (!cuda) {
-        fresh();
+        s.Fresh();
         const int64_t l0 = account->current();
         account->ResetPeak();
-        out = block->forward(x);
+        s.out = block->forward(s.x);
         const int64_t l1 = account->current();
         b.forward_transient_bytes = account->peak() - l1;
         b.graph_bytes = std::max<int64_t>(0, l1 - l0 - b.output_bytes);
         account->ResetPeak();
-        out.backward(grad);
+        s.out.backward(s.grad);
         b.backward_transient_bytes = account->peak() - l1;
-        out = torch::Tensor();
-        x = torch::Tensor();
+        s.Release();
         if (b.reversible) {
           auto* rev = static_cast<models::ReversibleBlock*>(block.get());
           models::FreezeRunningStats freeze;
           const int64_t lr = account->current();
           account->ResetPeak();
-          { auto rebuilt = models::RebuildBackward(*rev, inputs[i + 1], grad, input_grad); }
+          { auto rebuilt = models::RebuildBackward(*rev, inputs[i + 1], s.grad, s.input_grad); }
           b.rebuild_transient_bytes = account->peak() - lr;
         }
       }
@@ -260,7 +321,6 @@ absl::StatusOr<ModelProfile> ProfileModel(const JobSpec& spec, int64_t batch,
         o.progress(absl::StrCat("profiled block ", b.index, " (", b.kind, "): forward ",
                                 b.forward_s * 1e3, " ms, backward ", b.backward_s * 1e3, " ms"));
       }
-      p.blocks.push_back(std::move(b));
     }
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("profiling ", p.model, ": ", e.what()));

@@ -20,8 +20,8 @@
 namespace stagewise::planner {
 
 struct ProfileOptions {
-  int warmup = 2;
-  int repeats = 5;        // timed runs; the median is kept
+  int warmup = 2;         // untimed rounds first
+  int repeats = 5;        // timed rounds; each figure keeps its lower quartile
   std::string aux_head;   // nwise aux head to time on block outputs ("" = the job's, if nwise)
   std::string cache_dir;  // "" = no cache
   bool refresh = false;   // profile again even when cached

@@ -10,7 +10,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "services/models/batch_norm.h"
@@ -133,6 +135,52 @@ class PlannerOracle : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(cache_); }
   std::filesystem::path cache_;
 };
+
+// The profiler times its figures in interleaved rounds; every figure must
+// still land in its own block's field (an aux head's cost is shared by the
+// blocks whose outputs have its shape).
+TEST_F(PlannerOracle, EveryFigureOfEveryBlockIsTimedAndCounted) {
+  auto spec = ParseJobSpec(Job(""));
+  ASSERT_TRUE(spec.ok());
+  planner::ProfileOptions po;
+  po.warmup = 1;
+  po.repeats = 3;
+  po.aux_head = "conv:16,16";
+  std::vector<std::string> progress;
+  po.progress = [&](const std::string& line) { progress.push_back(line); };
+  auto profile = planner::ProfileModel(*spec, 16, torch::kCPU, po);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const auto& blocks = profile->blocks;
+  ASSERT_EQ(blocks.size(), 10u);
+  std::map<int64_t, double> aux_by_bytes;  // same output bytes here = same shape
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const auto& b = blocks[i];
+    EXPECT_EQ(b.index, static_cast<int>(i));
+    EXPECT_GT(b.forward_s, 0) << b.index;
+    EXPECT_GT(b.forward_nograd_s, 0) << b.index;
+    EXPECT_GT(b.backward_s, 0) << b.index;
+    EXPECT_GT(b.step_s, 0) << b.index;
+    EXPECT_GT(b.message_s, 0) << b.index;
+    EXPECT_EQ(b.reversible, b.rebuild_backward_s > 0) << b.index;
+    EXPECT_EQ(b.reversible, b.inverse_s > 0) << b.index;
+    EXPECT_GT(b.parameter_bytes, 0) << b.index;
+    // SGD with momentum: one momentum buffer per parameter byte.
+    EXPECT_EQ(b.optimizer_bytes, b.parameter_bytes) << b.index;
+    if (i + 1 < blocks.size()) {
+      EXPECT_GT(b.aux_head_s, 0) << b.index;
+      auto [it, fresh] = aux_by_bytes.emplace(b.output_bytes, b.aux_head_s);
+      if (!fresh) {
+        EXPECT_EQ(it->second, b.aux_head_s) << b.index;
+      }
+    } else {
+      EXPECT_EQ(b.aux_head_s, 0) << "the head has no aux head after it";
+    }
+  }
+  // One line per round, then one per block.
+  ASSERT_EQ(progress.size(), static_cast<size_t>(po.warmup + po.repeats) + blocks.size());
+  EXPECT_NE(progress.front().find("round 1 of 4"), std::string::npos) << progress.front();
+  EXPECT_NE(progress.back().find("profiled block 9 (head)"), std::string::npos) << progress.back();
+}
 
 TEST_F(PlannerOracle, MeasuredPeakMemoryIsWithinTenPercentOfThePlan) {
   auto spec = ParseJobSpec(Job(""));
