@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "clients/cli/script_job.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
@@ -385,6 +386,10 @@ int LocalRun::Run() {
       return kExitInvalid;
     }
     yaml = *std::move(shortened);
+  }
+  if (absl::Status s = PrepareScriptModel(args_.job_path, &*spec, &yaml); !s.ok()) {
+    err_ << "error: " << args_.job_path << ": " << s.message() << "\n";
+    return kExitInvalid;
   }
   const int stages = spec->stages.ranges.empty() ? spec->stages.count
                                                  : static_cast<int>(spec->stages.ranges.size());

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <thread>
 
+#include "clients/cli/script_job.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -33,6 +34,9 @@ const planner::Prediction* PredictionOf(const planner::Plan& plan) {
 
 int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
   auto spec = LoadJobSpec(args.job_path);
+  if (spec.ok()) {
+    if (absl::Status s = PrepareScriptModel(args.job_path, &*spec); !s.ok()) spec = s;
+  }
   if (!spec.ok()) {
     err << "error: " << args.job_path << ": " << spec.status().message() << "\n";
     return kExitInvalid;

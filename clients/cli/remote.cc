@@ -5,6 +5,7 @@
 #include <memory>
 #include <sstream>
 
+#include "clients/cli/script_job.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -53,6 +54,14 @@ int Submit(const SubmitArgs& args, std::ostream& out, std::ostream& err) {
   if (!reconnect.ok()) return ReportError(reconnect.status(), err);
   absl::StatusOr<std::string> yaml = ReadTextFile(args.job_path);
   if (!yaml.ok()) return ReportError(yaml.status(), err);
+  // A torchscript model is dry-run here, where its file is (the coordinator
+  // reports every other problem with the job, so a parse error waits for it).
+  if (absl::StatusOr<JobSpec> spec = ParseJobSpec(*yaml); spec.ok()) {
+    if (absl::Status s = PrepareScriptModel(args.job_path, &*spec, &*yaml); !s.ok()) {
+      err << "error: " << args.job_path << ": " << TerminalSafe(s.message()) << "\n";
+      return kExitInvalid;
+    }
+  }
   client::CoordinatorClient client(client::ResolveCoordinatorAddress(args.coordinator));
   absl::StatusOr<std::string> job_id = client.Submit(*yaml);
   if (!job_id.ok()) {

@@ -5,6 +5,7 @@
 #include <iostream>
 #include <thread>
 
+#include "clients/cli/script_job.h"
 #include "absl/strings/str_format.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/format.h"
@@ -15,6 +16,9 @@ namespace stagewise::cli {
 
 int TrainLocal(const TrainLocalArgs& args, std::ostream& out, std::ostream& err) {
   auto spec = LoadJobSpec(args.job_path);
+  if (spec.ok()) {
+    if (absl::Status s = PrepareScriptModel(args.job_path, &*spec); !s.ok()) spec = s;
+  }
   if (!spec.ok()) {
     err << "error: " << args.job_path << ": " << spec.status().message() << "\n";
     return kExitInvalid;

@@ -1,6 +1,7 @@
 // `stagewise validate`: parse a job, plan its model and partition, print both.
 #include <iostream>
 
+#include "clients/cli/script_job.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "clients/cli/commands.h"
@@ -20,6 +21,9 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err) {
   auto spec = LoadJobSpec(args.job_path);
+  if (spec.ok()) {
+    if (absl::Status s = PrepareScriptModel(args.job_path, &*spec); !s.ok()) spec = s;
+  }
   if (!spec.ok()) {
     err << "error: " << args.job_path << ": " << spec.status().message() << "\n";
     return kExitInvalid;

@@ -646,6 +646,39 @@ absl::Status InPhase(size_t i, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat("phases[", i, "].", status.message()));
 }
 
+// script_model: {file, bytes, blocks: [{in, out, reversible, parameters}]},
+// what the CLI's dry run of a torchscript model found.
+absl::Status ParseScriptModel(const YAML::Node& node, ModelSpec* model) {
+  Section section(node, "script_model");
+  section.CheckKeys({"file", "bytes", "blocks"});
+  section.Read("file", &model->script_file);
+  section.Read("bytes", &model->script_bytes);
+  if (!section.status().ok()) return section.status();
+  const YAML::Node* blocks = section.Find("blocks");
+  if (blocks == nullptr || !blocks->IsSequence()) {
+    return KeyError("script_model.blocks", "required: a list of {in, out, reversible, parameters}");
+  }
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    Section b((*blocks)[i], absl::StrCat("script_model.blocks[", i, "]"));
+    b.CheckKeys({"in", "out", "reversible", "parameters"});
+    ModelSpec::ScriptBlock block;
+    b.Read("in", &block.in_shape);
+    b.Read("out", &block.out_shape);
+    b.Read("reversible", &block.reversible);
+    b.Read("parameters", &block.parameters);
+    if (!b.status().ok()) return b.status();
+    for (const auto* shape : {&block.in_shape, &block.out_shape}) {
+      if (shape->empty() ||
+          std::any_of(shape->begin(), shape->end(), [](int64_t d) { return d < 1; })) {
+        return KeyError(b.PathOf(shape == &block.in_shape ? "in" : "out"),
+                        "must be a non-empty list of positive sizes");
+      }
+    }
+    model->script_blocks.push_back(std::move(block));
+  }
+  return absl::OkStatus();
+}
+
 // phases: a list of {name, epochs | steps, algorithm, optimizer, schedule,
 // reset_optimizer}; each inherits the job's optimizer and schedule.
 absl::Status ParsePhases(const YAML::Node& node, JobSpec* spec) {
@@ -688,7 +721,7 @@ absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root) {
   Section top(root, "");
   top.CheckKeys({"name", "seed", "device", "model", "data", "algorithm", "stages", "optimizer",
                  "schedule", "batch_size", "eval_batch_size", "epochs", "steps", "eval",
-                 "checkpoint", "recovery", "transport", "phases"});
+                 "checkpoint", "recovery", "transport", "phases", "script_model"});
   top.Read("name", &spec.name);
   top.Read("seed", &spec.seed);
   top.Read("device", &spec.device);
@@ -705,7 +738,7 @@ absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root) {
 
   Section model = child("model");
   model.CheckKeys({"name", "depth", "style", "small_input", "width", "blocks", "hidden",
-                   "forward_ms", "backward_ms", "reversible"});
+                   "forward_ms", "backward_ms", "reversible", "path", "inverse_tolerance"});
   model.Read("name", &spec.model.name);
   model.Read("depth", &spec.model.depth);
   model.Read("style", &spec.model.style);
@@ -716,7 +749,12 @@ absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root) {
   model.Read("forward_ms", &spec.model.forward_ms);
   model.Read("backward_ms", &spec.model.backward_ms);
   model.Read("reversible", &spec.model.reversible);
+  model.Read("path", &spec.model.path);
+  model.Read("inverse_tolerance", &spec.model.inverse_tolerance);
   if (!model.status().ok()) return model.status();
+  if (const YAML::Node* node = top.Find("script_model")) {
+    if (absl::Status s = ParseScriptModel(*node, &spec.model); !s.ok()) return s;
+  }
 
   Section data = child("data");
   data.CheckKeys({"dataset", "path", "augment", "crop_padding", "horizontal_flip", "normalize",
@@ -854,12 +892,30 @@ bool ValidDevice(absl::string_view device) {
 }
 
 absl::Status ValidateModel(const ModelSpec& model) {
-  const std::vector<std::string> names = {"mlp", "resnet", "revnet", "emulated"};
+  const std::vector<std::string> names = {"mlp", "resnet", "revnet", "emulated", "torchscript"};
   if (model.name.empty()) {
-    return KeyError("model.name", "required (one of mlp, resnet, revnet, emulated)");
+    return KeyError("model.name", "required (one of mlp, resnet, revnet, emulated, torchscript)");
   }
   if (!Contains(names, model.name)) {
     return KeyError("model.name", ChoiceMessage(model.name, names));
+  }
+  if (model.name == "torchscript") {
+    if (model.path.empty()) {
+      return KeyError("model.path", "required for model.name torchscript: the TorchScript file");
+    }
+    if (!std::isfinite(model.inverse_tolerance) || model.inverse_tolerance <= 0 ||
+        model.inverse_tolerance > 1) {
+      return KeyError("model.inverse_tolerance",
+                      absl::StrCat("must be in (0, 1], got ", model.inverse_tolerance));
+    }
+    if (model.script_bytes < 0) return KeyError("script_model.bytes", "must be >= 0");
+    return absl::OkStatus();
+  }
+  if (!model.path.empty()) {
+    return KeyError("model.path", "only for model.name torchscript");
+  }
+  if (!model.script_blocks.empty()) {
+    return KeyError("script_model", "only for model.name torchscript");
   }
   if (model.name == "emulated") {
     // An hour per block and mini-batch is far beyond any benchmark; the cap

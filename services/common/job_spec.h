@@ -16,7 +16,7 @@ namespace stagewise {
 
 // model: which zoo network and its size knobs.
 struct ModelSpec {
-  std::string name;                 // mlp | resnet | revnet
+  std::string name;                 // mlp | resnet | revnet | emulated | torchscript
   int depth = 0;                    // resnet: 20/32/56/110 (cifar) or 18/34/50;
                                     // revnet: 18/34/50; mlp: unused
   std::string style = "cifar";      // resnet only: cifar | imagenet
@@ -30,6 +30,22 @@ struct ModelSpec {
   double forward_ms = 1;
   double backward_ms = 2;
   bool reversible = true;  // emulated: reversible couplings (PETRA, rebuild)
+  // torchscript only (docs/torchscript.md): the file, and how closely a
+  // block's exported `inverse` must rebuild its input (max |x - x'| over a
+  // random batch, relative to max |x|).
+  std::string path;
+  double inverse_tolerance = 1e-4;
+  // What a dry run of the file found: the top-level `script_model` section,
+  // which the CLI adds when it submits a torchscript job (the coordinator
+  // partitions without LibTorch; every worker checks its file against it).
+  struct ScriptBlock {
+    std::vector<int64_t> in_shape, out_shape;  // per sample
+    bool reversible = false;
+    int64_t parameters = 0;
+  };
+  std::string script_file;   // absolute path the workers load
+  int64_t script_bytes = 0;  // the file's size, checked by every worker
+  std::vector<ScriptBlock> script_blocks;
   int64_t batch_size = 0;  // filled from the job's batch_size when parsing
   // Filled from the data section when parsing: [C, H, W] and class count.
   std::vector<int64_t> input_shape;

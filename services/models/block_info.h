@@ -13,7 +13,7 @@ namespace stagewise::models {
 // partitioner read this without building the model).
 struct BlockInfo {
   int index = 0;     // global position in the model
-  std::string kind;  // stem | linear | residual | downsample | reversible | head | emulated
+  std::string kind;  // stem | linear | residual | downsample | reversible | head | emulated | script
   bool reversible = false;
   std::vector<int64_t> in_shape;  // per sample, without the batch dimension
   std::vector<int64_t> out_shape;
@@ -31,6 +31,8 @@ struct BlockInfo {
   // per sample (a micro-batch of n samples waits n times this).
   double forward_seconds_per_sample = 0;
   double backward_seconds_per_sample = 0;
+  // script blocks (TorchScript): trainable parameters, counted by the dry run.
+  int64_t parameters = 0;
 };
 
 }  // namespace stagewise::models

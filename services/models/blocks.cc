@@ -154,6 +154,26 @@ torch::Tensor ReversibleBlock::forward(const torch::Tensor& x) {
   return torch::cat({pair[1] + F(pair[0]), pair[0]}, 1);
 }
 
+std::pair<torch::Tensor, torch::Tensor> ReversibleBlock::RebuildBackward(const torch::Tensor& y,
+                                                                         const torch::Tensor& dy,
+                                                                         bool input_grad) {
+  // (y, y~) = (x~ + F(x), x): x = y~, x~ = y - F(x); then
+  // dx~ = dy, dx = dy~ + (dF/dx)^T dy, dtheta = (dF/dtheta)^T dy.
+  auto out = y.chunk(2, 1);
+  auto dout = dy.chunk(2, 1);
+  torch::Tensor a = out[1].detach().requires_grad_(input_grad);
+  torch::Tensor fa = F(a);
+  torch::Tensor rebuilt;
+  {
+    torch::NoGradGuard no_grad;
+    rebuilt = torch::cat({out[1], out[0] - fa}, 1);
+  }
+  fa.backward(dout[0]);
+  torch::Tensor dx;
+  if (input_grad) dx = torch::cat({dout[1] + a.grad(), dout[0]}, 1);
+  return {rebuilt, dx};
+}
+
 torch::Tensor ReversibleBlock::inverse(const torch::Tensor& y) {
   auto pair = y.chunk(2, 1);
   // x = y~, x~ = y - F(y~)

@@ -4,6 +4,8 @@
 
 #include <torch/torch.h>
 
+#include <utility>
+
 #include "services/models/batch_norm.h"
 #include "services/models/block.h"
 
@@ -82,6 +84,12 @@ class ReversibleBlock : public Block {
   torch::Tensor inverse(const torch::Tensor& y) override;
   // The coupling function F, for algorithms that rebuild and differentiate in one go.
   virtual torch::Tensor F(const torch::Tensor& stream) { return body_->forward(stream); }
+  // Rebuilds the input from the output y and back-propagates dy through the
+  // block (parameter gradients accumulate): {x, dx}, dx only if input_grad.
+  // The coupling's version evaluates F once; other reversible blocks override.
+  virtual std::pair<torch::Tensor, torch::Tensor> RebuildBackward(const torch::Tensor& y,
+                                                                  const torch::Tensor& dy,
+                                                                  bool input_grad);
 
  protected:
   // For couplings whose F is not a residual body (they override F).

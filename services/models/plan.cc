@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "services/common/status_macros.h"
 #include "services/planner/partition.h"
 
@@ -262,10 +263,59 @@ namespace {
 constexpr double kMaxModelParameters = 1e10;
 constexpr double kMaxActivationElements = 1 << 30;
 
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// A TorchScript model's blocks, as the CLI's dry run found them (the
+// `script_model` section); the file itself is only read where LibTorch is.
+absl::StatusOr<std::vector<BlockInfo>> PlanScript(const ModelSpec& spec) {
+  if (spec.script_blocks.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model: the blocks of the torchscript model '", spec.path,
+        "' are not known yet: give the job to the stagewise CLI (validate, train-local, local, "
+        "submit), which loads the file, dry-runs it and adds a script_model section"));
+  }
+  std::vector<BlockInfo> blocks;
+  for (size_t i = 0; i < spec.script_blocks.size(); ++i) {
+    const ModelSpec::ScriptBlock& s = spec.script_blocks[i];
+    const std::string where = absl::StrCat("script_model.blocks[", i, "]");
+    if (i == 0 && !spec.input_shape.empty() && s.in_shape != spec.input_shape) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ".in: block 0 takes ",
+                                                     ShapeText(s.in_shape), " but the data has ",
+                                                     ShapeText(spec.input_shape)));
+    }
+    if (i > 0 && s.in_shape != blocks.back().out_shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ".in: block ", i, " takes ", ShapeText(s.in_shape), " but block ", i - 1,
+          " outputs ", ShapeText(blocks.back().out_shape)));
+    }
+    BlockInfo b;
+    b.index = static_cast<int>(i);
+    b.kind = "script";
+    b.reversible = s.reversible;
+    b.in_shape = s.in_shape;
+    b.out_shape = s.out_shape;
+    b.in_channels = s.in_shape.front();
+    b.out_channels = s.out_shape.front();
+    b.parameters = s.parameters;
+    blocks.push_back(std::move(b));
+  }
+  const std::vector<int64_t> classes = {spec.num_classes};
+  if (blocks.back().out_shape != classes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "script_model.blocks[", blocks.size() - 1, "].out: the last block outputs ",
+        ShapeText(blocks.back().out_shape), "; it must output one logit per class, ",
+        ShapeText(classes)));
+  }
+  return blocks;
+}
+
 absl::StatusOr<std::vector<BlockInfo>> PlanBlocks(const ModelSpec& spec) {
   if (spec.num_classes < 1) {
     return absl::InvalidArgumentError("model: number of classes unknown (data section missing?)");
   }
+  if (spec.name == "torchscript") return PlanScript(spec);
   if (spec.name == "mlp") {
     if (spec.input_shape.empty()) return absl::InvalidArgumentError("model: input shape unknown");
     return PlanMlp(spec);
@@ -279,7 +329,8 @@ absl::StatusOr<std::vector<BlockInfo>> PlanBlocks(const ModelSpec& spec) {
   if (spec.name == "revnet") return PlanRevNet(spec);
   if (spec.name == "emulated") return PlanEmulated(spec);
   return absl::InvalidArgumentError(
-      absl::StrCat("model.name: must be mlp, resnet, revnet or emulated, got '", spec.name, "'"));
+      absl::StrCat("model.name: must be mlp, resnet, revnet, emulated or torchscript, got '",
+                   spec.name, "'"));
 }
 
 }  // namespace
@@ -288,6 +339,7 @@ double EstimateParameters(const BlockInfo& b) {
   const double in = static_cast<double>(b.in_channels);
   const double out = static_cast<double>(b.out_channels);
   const double mid = static_cast<double>(b.mid_channels);
+  if (b.kind == "script") return static_cast<double>(b.parameters);
   if (b.kind == "linear" || b.kind == "head") return in * out + out;
   if (b.kind == "stem") return (b.imagenet_stem ? 49 : 9) * in * out + 2 * out;
   if (b.kind == "emulated") {
@@ -390,6 +442,10 @@ double EstimateBlockWork(const BlockInfo& b) {
   const double in_pixels = Pixels(b.in_shape), pixels = Pixels(b.out_shape);
   const double io = kWorkPerBlockValue * (Volume(b.in_shape) + Volume(b.out_shape));
   if (b.kind == "linear" || b.kind == "head") return in * out + kWorkPerLayerOutput * out + io;
+  // A script block's layers are unknown here: every parameter is taken to act
+  // once per output pixel (a convolution's weights do; a linear layer's act
+  // once per sample, and its output has one pixel).
+  if (b.kind == "script") return static_cast<double>(b.parameters) * pixels + io;
   if (b.kind == "stem") {
     // The ImageNet stem's convolution strides by 2 and a max-pool halves again.
     const double conv_pixels = b.imagenet_stem ? 4 * pixels : pixels;

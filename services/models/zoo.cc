@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "services/models/model.h"
+#include "services/models/script_model.h"
 
 namespace stagewise::models {
 namespace {
@@ -53,6 +54,12 @@ void WithInitSeed(uint64_t seed, const std::function<void()>& build) {
 
 absl::StatusOr<std::shared_ptr<Model>> BuildModel(const ModelSpec& spec, uint64_t seed, int begin,
                                                   int end) {
+  if (spec.name == "torchscript") {
+    // The weights come from the file; any partition holds exactly its blocks.
+    auto blocks = LoadScriptBlocks(spec, begin, end);
+    if (!blocks.ok()) return blocks.status();
+    return std::make_shared<Model>(*std::move(blocks));
+  }
   auto plan = PlanModel(spec);
   if (!plan.ok()) return plan.status();
   const int n = static_cast<int>(plan->size());

@@ -1,0 +1,24 @@
+// TorchScript jobs in the CLI (docs/torchscript.md): the CLI is where the model
+// file is known to exist, so it dry-runs the file and tells the coordinator
+// (which has no LibTorch) and the workers what the blocks are.
+#ifndef STAGEWISE_CLIENTS_CLI_SCRIPT_JOB_H_
+#define STAGEWISE_CLIENTS_CLI_SCRIPT_JOB_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "services/common/job_spec.h"
+
+namespace stagewise::cli {
+
+// For a torchscript job without a script_model section: resolves model.path
+// against the job file's folder (when relative), dry-runs the file
+// (models::InspectScriptModel) and fills spec->model.script_*; when `yaml` is
+// given, appends the same as a script_model section to the job's text, which
+// is what gets submitted. Other jobs are left as they are.
+absl::Status PrepareScriptModel(const std::string& job_path, JobSpec* spec,
+                                std::string* yaml = nullptr);
+
+}  // namespace stagewise::cli
+
+#endif  // STAGEWISE_CLIENTS_CLI_SCRIPT_JOB_H_
