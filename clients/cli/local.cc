@@ -20,7 +20,6 @@
 #include <thread>
 #include <vector>
 
-#include "clients/cli/script_job.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
@@ -34,6 +33,7 @@
 #include "clients/cli/job_format.h"
 #include "clients/cli/job_watch.h"
 #include "clients/cli/process.h"
+#include "clients/cli/script_job.h"
 #include "clients/cli/signal_watcher.h"
 #include "clients/client/coordinator_client.h"
 #include "services/common/job_spec.h"

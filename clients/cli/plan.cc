@@ -7,12 +7,12 @@
 #include <iostream>
 #include <thread>
 
-#include "clients/cli/script_job.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/format.h"
+#include "clients/cli/script_job.h"
 #include "services/common/job_spec.h"
 #include "services/models/model.h"
 #include "services/planner/planner.h"

@@ -5,7 +5,6 @@
 #include <memory>
 #include <sstream>
 
-#include "clients/cli/script_job.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -13,6 +12,7 @@
 #include "clients/cli/format.h"
 #include "clients/cli/job_format.h"
 #include "clients/cli/job_watch.h"
+#include "clients/cli/script_job.h"
 #include "clients/cli/signal_watcher.h"
 #include "clients/client/coordinator_client.h"
 

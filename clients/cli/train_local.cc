@@ -5,10 +5,10 @@
 #include <iostream>
 #include <thread>
 
-#include "clients/cli/script_job.h"
 #include "absl/strings/str_format.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/format.h"
+#include "clients/cli/script_job.h"
 #include "services/common/job_spec.h"
 #include "services/training/reference_trainer.h"
 

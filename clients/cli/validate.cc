@@ -1,11 +1,11 @@
 // `stagewise validate`: parse a job, plan its model and partition, print both.
 #include <iostream>
 
-#include "clients/cli/script_job.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/format.h"
+#include "clients/cli/script_job.h"
 #include "services/common/job_spec.h"
 #include "services/models/model.h"
 #include "services/models/plan.h"

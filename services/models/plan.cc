@@ -286,9 +286,9 @@ absl::StatusOr<std::vector<BlockInfo>> PlanScript(const ModelSpec& spec) {
                                                      ShapeText(spec.input_shape)));
     }
     if (i > 0 && s.in_shape != blocks.back().out_shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ".in: block ", i, " takes ", ShapeText(s.in_shape), " but block ", i - 1,
-          " outputs ", ShapeText(blocks.back().out_shape)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".in: block ", i, " takes ", ShapeText(s.in_shape), " but block ",
+                       i - 1, " outputs ", ShapeText(blocks.back().out_shape)));
     }
     BlockInfo b;
     b.index = static_cast<int>(i);
@@ -303,10 +303,10 @@ absl::StatusOr<std::vector<BlockInfo>> PlanScript(const ModelSpec& spec) {
   }
   const std::vector<int64_t> classes = {spec.num_classes};
   if (blocks.back().out_shape != classes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "script_model.blocks[", blocks.size() - 1, "].out: the last block outputs ",
-        ShapeText(blocks.back().out_shape), "; it must output one logit per class, ",
-        ShapeText(classes)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("script_model.blocks[", blocks.size() - 1, "].out: the last block outputs ",
+                     ShapeText(blocks.back().out_shape), "; it must output one logit per class, ",
+                     ShapeText(classes)));
   }
   return blocks;
 }
@@ -328,9 +328,8 @@ absl::StatusOr<std::vector<BlockInfo>> PlanBlocks(const ModelSpec& spec) {
   if (spec.name == "resnet") return PlanResNet(spec);
   if (spec.name == "revnet") return PlanRevNet(spec);
   if (spec.name == "emulated") return PlanEmulated(spec);
-  return absl::InvalidArgumentError(
-      absl::StrCat("model.name: must be mlp, resnet, revnet, emulated or torchscript, got '",
-                   spec.name, "'"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "model.name: must be mlp, resnet, revnet, emulated or torchscript, got '", spec.name, "'"));
 }
 
 }  // namespace

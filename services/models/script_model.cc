@@ -5,10 +5,10 @@
 #include <string>
 #include <system_error>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "services/models/batch_norm.h"
@@ -48,14 +48,17 @@ absl::StatusOr<std::vector<torch::jit::Module>> BlocksOf(const std::string& file
   } catch (const std::exception& e) {
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.path: ", file, " is not a TorchScript file (torch.jit.script(model).save(path) "
-        "writes one): ", what));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.path: ", file,
+                     " is not a TorchScript file (torch.jit.script(model).save(path) "
+                     "writes one): ",
+                     what));
   }
   if (!model.hasattr("blocks") || !model.attr("blocks").isModule()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.path: ", file, " has no `blocks` (an nn.ModuleList of the model's blocks, in order; ",
-        "see docs/torchscript.md)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.path: ", file,
+                     " has no `blocks` (an nn.ModuleList of the model's blocks, in order; ",
+                     "see docs/torchscript.md)"));
   }
   std::vector<torch::jit::Module> blocks;
   for (const auto& child : model.attr("blocks").toModule().named_children()) {
@@ -85,26 +88,34 @@ ScriptBlock::ScriptBlock(const BlockInfo& info, torch::jit::Module module)
   // nn::Module names cannot hold dots: "body.layers.0.weight" is registered
   // as "body_layers_0_weight" (the scripted module keeps its own names).
   for (const auto& p : module_.named_parameters(/*recurse=*/true)) {
-    register_parameter(absl::StrReplaceAll(p.name, {{".", "_"}}), p.value,
-                       p.value.requires_grad());
+    register_parameter(absl::StrReplaceAll(p.name, {{".", "_"}}), p.value, p.value.requires_grad());
   }
   for (const auto& b : module_.named_buffers(/*recurse=*/true)) {
     register_buffer(absl::StrReplaceAll(b.name, {{".", "_"}}), b.value);
-    buffers_.push_back(b.value);
+    Buffer buffer{module_, b.name, b.value};
+    // "body.layers.1.running_mean": owner body.layers.1, attribute running_mean.
+    for (size_t dot = buffer.name.find('.'); dot != std::string::npos;
+         dot = buffer.name.find('.')) {
+      buffer.owner = buffer.owner.attr(buffer.name.substr(0, dot)).toModule();
+      buffer.name = buffer.name.substr(dot + 1);
+    }
+    buffers_.push_back(std::move(buffer));
   }
 }
 
 torch::Tensor ScriptBlock::KeepingBuffers(const std::function<torch::Tensor()>& fn) {
   if (buffers_.empty() || !is_training()) return fn();
-  std::vector<torch::Tensor> saved;
   {
     torch::NoGradGuard no_grad;
-    for (const auto& b : buffers_) saved.push_back(b.clone());
+    for (Buffer& b : buffers_) b.owner.setattr(b.name, b.tensor.clone());
   }
-  torch::Tensor out = fn();
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].copy_(saved[i]);
-  return out;
+  struct Restore {
+    std::vector<Buffer>& buffers;
+    ~Restore() {
+      for (Buffer& b : buffers) b.owner.setattr(b.name, b.tensor);
+    }
+  } restore{buffers_};
+  return fn();
 }
 
 torch::Tensor ScriptBlock::forward(const torch::Tensor& x) {
@@ -212,9 +223,9 @@ absl::StatusOr<std::vector<std::shared_ptr<Block>>> LoadScriptBlocks(const Model
     std::error_code ec;
     const auto size = std::filesystem::file_size(file, ec);
     if (!ec && static_cast<int64_t>(size) != spec.script_bytes) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "model.path: ", file, " has ", size, " bytes here but ", spec.script_bytes,
-          " where the job was submitted: every worker must load the same file"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("model.path: ", file, " has ", size, " bytes here but ", spec.script_bytes,
+                       " where the job was submitted: every worker must load the same file"));
     }
   }
   auto loaded = BlocksOf(file);
@@ -243,9 +254,9 @@ absl::StatusOr<std::vector<std::shared_ptr<Block>>> LoadScriptBlocks(const Model
       info.out_shape = s.out_shape;
       info.parameters = s.parameters;
       if (s.reversible && !HasInverse(m)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "model.path: ", file, ": block ", i, " exports no `inverse` here but did where the ",
-            "job was submitted"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("model.path: ", file, ": block ", i,
+                         " exports no `inverse` here but did where the ", "job was submitted"));
       }
     } else {
       info.reversible = HasInverse(m);
@@ -256,6 +267,25 @@ absl::StatusOr<std::vector<std::shared_ptr<Block>>> LoadScriptBlocks(const Model
     blocks.push_back(std::make_shared<ScriptBlock>(info, m));
   }
   return blocks;
+}
+
+std::string ScriptModelSection(const ModelSpec& model) {
+  std::string file = "\"";
+  for (char c : model.script_file) {
+    if (c == '"' || c == '\\') file += '\\';
+    file += c;
+  }
+  file += '"';
+  std::string section = absl::StrCat(
+      "\n# Added by the stagewise CLI: what a dry run of model.path found.\n"
+      "script_model:\n  file: ",
+      file, "\n  bytes: ", model.script_bytes, "\n  blocks:\n");
+  for (const auto& b : model.script_blocks) {
+    absl::StrAppend(
+        &section, "    - {in: ", ShapeText(b.in_shape), ", out: ", ShapeText(b.out_shape),
+        ", reversible: ", b.reversible ? "true" : "false", ", parameters: ", b.parameters, "}\n");
+  }
+  return section;
 }
 
 }  // namespace stagewise::models

@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -39,11 +40,18 @@ class ScriptBlock : public ReversibleBlock {
   torch::jit::Module& script() { return module_; }
 
  private:
-  // Runs `fn` leaving the buffers (BatchNorm running statistics) as they were.
+  // Runs `fn` leaving the buffers (BatchNorm running statistics) as they were:
+  // the scripted module works on copies meanwhile. (Copying the old values
+  // back afterwards would bump the versions of tensors the graph saved.)
   torch::Tensor KeepingBuffers(const std::function<torch::Tensor()>& fn);
 
+  struct Buffer {
+    torch::jit::Module owner;  // the submodule holding it
+    std::string name;          // its attribute there
+    torch::Tensor tensor;      // the buffer itself (also registered here)
+  };
   torch::jit::Module module_;
-  std::vector<torch::Tensor> buffers_;
+  std::vector<Buffer> buffers_;
 };
 
 // What a dry run of spec.path finds: each block's shapes on a random batch of
@@ -56,6 +64,11 @@ absl::StatusOr<std::vector<ModelSpec::ScriptBlock>> InspectScriptModel(const Mod
 // checked against spec.script_blocks (the file must be the one inspected).
 absl::StatusOr<std::vector<std::shared_ptr<Block>>> LoadScriptBlocks(const ModelSpec& spec,
                                                                      int begin, int end);
+
+// The top-level `script_model` section (YAML, appended to a job's text) that
+// carries model.script_file, script_bytes and script_blocks to the
+// coordinator and the workers.
+std::string ScriptModelSection(const ModelSpec& model);
 
 }  // namespace stagewise::models
 
