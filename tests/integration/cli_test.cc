@@ -13,6 +13,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "services/checkpoint/checkpoint.h"
 #include "services/common/job_spec.h"
@@ -251,6 +252,80 @@ TEST_F(Cli, EveryExampleRunsTwoStepsOnLocalWorkers) {
     ++n;
   }
   EXPECT_GE(n, 3);
+}
+
+// ---------------------------------------------------------------------------
+// Users' own models (docs/torchscript.md), from tests/fixtures/torchscript.
+
+std::string TorchScriptJob(const std::string& fixture, const std::string& algorithm) {
+  return std::string(R"(name: ts
+seed: 1
+model: {name: torchscript, path: ")") +
+         STAGEWISE_SOURCE_DIR + "/tests/fixtures/torchscript/" + fixture + R"("}
+data: {dataset: synthetic, train_size: 256, test_size: 32, shape: [1, 28, 28], classes: 10}
+algorithm: )" +
+         algorithm + R"(
+stages: 2
+optimizer: {name: sgd, lr: 0.05, momentum: 0.9}
+batch_size: 32
+steps: 4
+)";
+}
+
+TEST_F(Cli, TorchScriptModelsTrainWithEveryAlgorithmOnLocalWorkers) {
+  struct Case {
+    std::string fixture, algorithm;
+  };
+  const std::vector<Case> cases = {
+      // Not reversible (PETRA stores every block's input).
+      {"mlp_twin.pt", "{name: backprop, micro_batches: 2}"},
+      {"mlp_twin.pt", "{name: petra}"},
+      // Reversible blocks 1 and 2.
+      {"revnet_twin.pt", "{name: backprop, micro_batches: 2, schedule: 1f1b}"},
+      {"revnet_twin.pt", "{name: petra}"},
+      {"revnet_twin.pt", "{name: delayed}"},
+      {"revnet_twin.pt", "{name: features_replay}"},
+      {"revnet_twin.pt", "{name: nwise, n: 1, aux_head: linear}"},
+      {"revnet_twin.pt", "{name: auxnet}"},
+  };
+  for (const Case& c : cases) {
+    Result r = Stagewise("local -q -o json --threads 1 " +
+                         WriteJob(TorchScriptJob(c.fixture, c.algorithm)));
+    EXPECT_EQ(r.code, 0) << c.fixture << " " << c.algorithm << ": " << r.err;
+    EXPECT_NE(r.out.find("\"state\":\"SUCCEEDED\""), std::string::npos)
+        << c.fixture << " " << c.algorithm << ": " << r.out;
+  }
+  // The planner profiles scripted blocks too (partition: auto, on a worker).
+  std::string yaml = TorchScriptJob("revnet_twin.pt", "{name: petra}");
+  yaml.replace(yaml.find("stages: 2"), 9, "stages: {count: 2, partition: auto}");
+  Result r = Stagewise("local -q -o json --threads 1 " + WriteJob(yaml));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("plan.stage0.block_end"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, BadTorchScriptFilesAreRefusedBeforeAnythingStarts) {
+  Result r = Stagewise("validate " + WriteJob(TorchScriptJob("bad_inverse.pt", "backprop")));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("bad_inverse.pt: block 1 exports `inverse`, but it does not invert"),
+            std::string::npos)
+      << r.err;
+  // `local` stops before starting a coordinator or workers.
+  r = Stagewise("local " + WriteJob(TorchScriptJob("no_blocks.pt", "backprop")));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("has no `blocks`"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("starting a coordinator"), std::string::npos) << r.err;
+  // A relative model.path is read beside the job file, not in the working
+  // directory (the test runs in its own directory; the job is elsewhere).
+  const fs::path jobs = dir_ / "jobs";
+  fs::create_directories(jobs);
+  fs::copy_file(std::string(STAGEWISE_SOURCE_DIR) + "/tests/fixtures/torchscript/mlp_twin.pt",
+                jobs / "model.pt");
+  std::string yaml = TorchScriptJob("mlp_twin.pt", "backprop");
+  const size_t at = yaml.find("path: \"");
+  yaml.replace(at, yaml.find("\"}", at) + 1 - at, "path: model.pt");
+  std::ofstream(jobs / "job.yaml") << yaml;
+  r = Stagewise("train-local -o json --steps 2 " + (jobs / "job.yaml").string());
+  EXPECT_EQ(r.code, 0) << r.err;
 }
 
 // ---------------------------------------------------------------------------
