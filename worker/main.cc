@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
                  "~/.cache/stagewise/profiles)");
   options.data_roots = {true, {}, "--data-root"};
   options.checkpoint_roots = {true, {}, "--checkpoint-root"};
+  options.model_roots = {true, {}, "--model-root"};
   app.add_option("--data-root", options.data_roots.roots,
                  "A directory a job's data.path may name (or lie under); repeatable. Without "
                  "one, only jobs that leave data.path empty (the dataset's default) run here "
@@ -53,6 +54,12 @@ int main(int argc, char** argv) {
                  "Without one, jobs with checkpoint.dir are refused here "
                  "(env STAGEWISE_CHECKPOINT_ROOT, ':'-separated)")
       ->envname("STAGEWISE_CHECKPOINT_ROOT")
+      ->delimiter(':');
+  app.add_option("--model-root", options.model_roots.roots,
+                 "A TorchScript file, or a directory of them, that a job's model (model.name "
+                 "torchscript) may load; repeatable. Without one, torchscript jobs are refused "
+                 "here (env STAGEWISE_MODEL_ROOT, ':'-separated)")
+      ->envname("STAGEWISE_MODEL_ROOT")
       ->delimiter(':');
   app.add_option("--max-streams", options.max_streams,
                  "Stage streams open at once; more are refused (RESOURCE_EXHAUSTED)")

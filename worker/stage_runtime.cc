@@ -86,6 +86,7 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
       !dir.ok()) {
     return dir.status();
   }
+  if (absl::Status s = ConfineModelFile(&rt->spec_.model, rt->env_.model_roots); !s.ok()) return s;
   if (assignment.stage() < 0 || assignment.stage() >= assignment.num_stages()) {
     return absl::InvalidArgumentError(absl::StrCat("StageAssignment.stage: ", assignment.stage(),
                                                    " not in [0, ", assignment.num_stages(), ")"));

@@ -36,6 +36,7 @@ struct RuntimeEnv {
   // --checkpoint-root); a job naming a path elsewhere fails to configure.
   PathRoots data_roots;
   PathRoots checkpoint_roots;
+  PathRoots model_roots;  // a torchscript job's file (--model-root)
 };
 
 class StageRuntime final : public StageContext {

@@ -272,6 +272,7 @@ void Worker::HandleCommand(const v1::Command& command) {
       env.rpc = options_.rpc;
       env.data_roots = options_.data_roots;
       env.checkpoint_roots = options_.checkpoint_roots;
+      env.model_roots = options_.model_roots;
       auto rt = StageRuntime::Create(a, std::move(env));
       if (!rt.ok()) {
         error(a.job_id(), a.stage(), rt.status(), a.attempt());
@@ -340,6 +341,9 @@ void Worker::Profile(const v1::ProfileCommand& command) {
   };
   auto spec = ParseJobSpec(command.job_spec_yaml());
   if (!spec.ok()) return fail(spec.status());
+  if (absl::Status s = ConfineModelFile(&spec->model, options_.model_roots); !s.ok()) {
+    return fail(s);
+  }
   planner::ProfileOptions options;
   options.cache_dir =
       options_.profile_cache.empty() ? planner::DefaultProfileCacheDir() : options_.profile_cache;

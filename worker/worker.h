@@ -38,6 +38,8 @@ struct WorkerOptions {
   // confines (--data-root, --checkpoint-root); embedders may not.
   PathRoots data_roots;
   PathRoots checkpoint_roots;
+  // Where a torchscript job's model file may be (--model-root).
+  PathRoots model_roots;
   // Exchange streams open at once (from stages j-1, or anyone who dials the
   // port); more are refused with RESOURCE_EXHAUSTED.
   int max_streams = 64;

@@ -459,6 +459,10 @@ int LocalRun::Run() {
   std::vector<std::string> checkpoint_root, data_root;
   if (!spec->checkpoint.dir.empty()) checkpoint_root = {"--checkpoint-root", spec->checkpoint.dir};
   if (!spec->data.path.empty()) data_root = {"--data-root", spec->data.path};
+  // A torchscript model: exactly the file the CLI inspected.
+  if (!spec->model.script_file.empty()) {
+    data_root.insert(data_root.end(), {"--model-root", spec->model.script_file});
+  }
 
   // Coordinator.
   absl::StatusOr<Proc*> coordinator =

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "services/common/job_spec.h"
 #include "services/common/utf8.h"
 
 namespace stagewise {
@@ -104,6 +105,16 @@ absl::StatusOr<std::string> ConfinePath(const std::string& key, const std::strin
       key, ": '", Shown(value), "'", escaped_by_link ? " leads through a symlink to '" : " is '",
       Shown(resolved.string()), "', outside ", policy.flag, " (", absl::StrJoin(policy.roots, ", "),
       ")"));
+}
+
+absl::Status ConfineModelFile(ModelSpec* model, const PathRoots& policy) {
+  if (model->name != "torchscript") return absl::OkStatus();
+  const bool inspected = !model->script_file.empty();
+  auto file = ConfinePath(inspected ? "script_model.file" : "model.path",
+                          inspected ? model->script_file : model->path, policy);
+  if (!file.ok()) return file.status();
+  model->script_file = *file;
+  return absl::OkStatus();
 }
 
 }  // namespace stagewise

@@ -37,6 +37,12 @@ struct PathRoots {
 absl::StatusOr<std::string> ConfinePath(const std::string& key, const std::string& value,
                                         const PathRoots& policy);
 
+// A torchscript job's model file (script_model.file, else model.path),
+// confined to `policy`; on success model->script_file is the resolved path
+// the worker then loads. Other models pass unchanged.
+struct ModelSpec;
+absl::Status ConfineModelFile(ModelSpec* model, const PathRoots& policy);
+
 }  // namespace stagewise
 
 #endif  // STAGEWISE_SERVICES_COMMON_PATH_POLICY_H_

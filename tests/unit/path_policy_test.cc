@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <string>
 
+#include "services/common/job_spec.h"
+
 namespace stagewise {
 namespace {
 
@@ -41,6 +43,35 @@ TEST_F(PathPolicyTest, PathsInsideARootAreAcceptedResolved) {
   EXPECT_TRUE(ConfinePath("data.path", (dir_ / "root").string(), Policy()).ok());
   EXPECT_TRUE(ConfinePath("data.path", (dir_ / "root" / "new" / "deeper").string(), Policy()).ok());
   EXPECT_TRUE(ConfinePath("data.path", (dir_ / "root" / "." / "data").string(), Policy()).ok());
+}
+
+TEST_F(PathPolicyTest, ATorchScriptModelFileMustBeUnderAModelRoot) {
+  const fs::path file = dir_ / "root" / "net.pt";
+  const PathRoots file_only{true, {file.string()}, "--model-root"};
+  ModelSpec model;
+  model.name = "torchscript";
+  model.path = "net.pt";  // as the user wrote it; the CLI resolved it:
+  model.script_file = (dir_ / "root" / "." / "net.pt").string();
+  ASSERT_TRUE(ConfineModelFile(&model, file_only).ok());
+  EXPECT_EQ(model.script_file, (fs::canonical(dir_ / "root") / "net.pt").string());
+  // Another file beside it is not the root.
+  model.script_file = (dir_ / "root" / "other.pt").string();
+  absl::Status s = ConfineModelFile(&model, file_only);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("script_model.file: "));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("outside --model-root"));
+  // Without a section, model.path is what is checked.
+  model.script_file.clear();
+  model.path = (dir_ / "outside" / "net.pt").string();
+  s = ConfineModelFile(&model, {true, {(dir_ / "root").string()}, "--model-root"});
+  EXPECT_THAT(std::string(s.message()), HasSubstr("model.path: "));
+  // No root at all: refused, naming the flag.
+  model.script_file = file.string();
+  s = ConfineModelFile(&model, {true, {}, "--model-root"});
+  EXPECT_THAT(std::string(s.message()), HasSubstr("started without --model-root"));
+  // The zoo's models name no file.
+  ModelSpec zoo;
+  zoo.name = "revnet";
+  EXPECT_TRUE(ConfineModelFile(&zoo, {true, {}, "--model-root"}).ok());
 }
 
 TEST_F(PathPolicyTest, EmptyMeansNoneAndUnconfinedPassesAnything) {
