@@ -7,6 +7,7 @@
 // models::BuildModel builds from the job spec: export builds that model,
 // loads every shard into it by name (checking that nothing is missing, extra
 // or of another shape) and saves it.
+#include <torch/script.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/format.h"
@@ -177,6 +179,19 @@ std::string Readme(const v1::CheckpointManifest& m, const JobSpec& spec,
       "  torch::load(model, \"model.pt\");    // or model->load(archive) from an InputArchive\n");
 }
 
+std::string ScriptReadme(const v1::CheckpointManifest& m, const JobSpec& spec,
+                         const std::string& step_dir, int64_t num_parameters) {
+  return absl::StrCat(
+      "Exported by `stagewise export` from the checkpoint\n  ", step_dir, "\nof job ", m.job_id(),
+      " (", spec.name, ") after step ", m.step(), " of ", m.total_steps(), ".\n\n",
+      "model.pt   your TorchScript model (", spec.model.script_file, ") with the trained\n",
+      "           weights and BatchNorm statistics, ", num_parameters, " parameters.\n",
+      "job.yaml   the job as submitted: the model, the data and the seed.\n\n",
+      "Python (PyTorch):\n", "  import torch\n", "  m = torch.jit.load(\"model.pt\")\n",
+      "  m.eval()\n", "  logits = m(x)        # x: [N, ",
+      absl::StrJoin(spec.model.input_shape, ", "), "]\n");
+}
+
 // The step directory named by --checkpoint: a step directory itself (or its
 // MANIFEST), or a job's checkpoint directory (<checkpoint.dir>/<job id>), then
 // its newest committed checkpoint or the one after `step`.
@@ -326,11 +341,41 @@ absl::StatusOr<Exported> ExportStepDir(const std::string& step_dir, int64_t expe
   }
 
   std::string model_bytes;
+  const bool script = spec->model.name == "torchscript";
   try {
-    torch::serialize::OutputArchive archive;
-    (*model)->save(archive);
     std::ostringstream stream;
-    archive.save_to(stream);
+    if (script) {
+      // The user's own TorchScript model back, with the trained weights: the
+      // file the job was submitted with, its tensors replaced by name.
+      torch::jit::Module m = torch::jit::load(spec->model.script_file, torch::kCPU);
+      torch::NoGradGuard no_grad;
+      int index = 0;
+      for (const auto& block : m.attr("blocks").toModule().named_children()) {
+        auto copy_in = [&](const std::string& name, torch::Tensor target) -> absl::Status {
+          const std::string key = absl::StrCat(index, ".", absl::StrReplaceAll(name, {{".", "_"}}));
+          auto it = whole.find(key);
+          if (it == whole.end() || !it->second.sizes().equals(target.sizes())) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                spec->model.script_file, " does not match the checkpoint at block ", index, " (",
+                name, "); was the file changed after the job was submitted?"));
+          }
+          target.copy_(it->second);
+          return absl::OkStatus();
+        };
+        for (const auto& p : block.value.named_parameters()) {
+          if (absl::Status s = copy_in(p.name, p.value); !s.ok()) return s;
+        }
+        for (const auto& b : block.value.named_buffers()) {
+          if (absl::Status s = copy_in(b.name, b.value); !s.ok()) return s;
+        }
+        ++index;
+      }
+      m.save(stream);
+    } else {
+      torch::serialize::OutputArchive archive;
+      (*model)->save(archive);
+      archive.save_to(stream);
+    }
     model_bytes = stream.str();
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("cannot serialize the model: ", e.what()));
@@ -338,10 +383,11 @@ absl::StatusOr<Exported> ExportStepDir(const std::string& step_dir, int64_t expe
   const std::vector<std::pair<std::string, std::string>> files = {
       {kModelFile, model_bytes},
       {kJobFile, manifest->job_spec_yaml()},
-      {kReadmeFile,
-       Readme(*manifest, *spec, step_dir, result.num_parameters,
-              (*model)->named_parameters().size() > 0 ? (*model)->named_parameters().begin()->key()
-                                                      : std::string("0.weight"))}};
+      {kReadmeFile, script ? ScriptReadme(*manifest, *spec, step_dir, result.num_parameters)
+                           : Readme(*manifest, *spec, step_dir, result.num_parameters,
+                                    (*model)->named_parameters().size() > 0
+                                        ? (*model)->named_parameters().begin()->key()
+                                        : std::string("0.weight"))}};
   for (const auto& [name, bytes] : files) {
     const std::string path = (fs::path(out_dir) / name).string();
     if (absl::Status s = checkpoint::WriteFileAtomically(path, bytes); !s.ok()) return s;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <torch/script.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -554,6 +555,35 @@ TEST_F(Cli, LocalChaosKillsProcessesAndTheJobStillSucceeds) {
     ++worker_kills;
   }
   EXPECT_GE(std::stoi(JsonField(r.out, "attempt")), static_cast<int>(worker_kills)) << r.out;
+}
+
+// A TorchScript job's checkpoint exports as the user's own module.
+TEST_F(Cli, ATrainedTorchScriptModelIsExportedAsTorchScript) {
+  const fs::path ckpt = dir_ / "ckpt";
+  std::string yaml = TorchScriptJob("revnet_twin.pt", "{name: petra}");
+  yaml += "checkpoint: {dir: " + ckpt.string() + ", every_steps: 4}\n";
+  Result r = Stagewise("local -q -o json --threads 1 " + WriteJob(yaml));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const fs::path exported = dir_ / "exported";
+  r = Stagewise("export --checkpoint " + ckpt.string() + "/" + JsonField(r.out, "job_id") + " -o " +
+                exported.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(Slurp(exported / "README.txt").find("your TorchScript model"), std::string::npos);
+  // The user's module, forward and all, with weights that training moved.
+  torch::jit::Module trained = torch::jit::load((exported / "model.pt").string());
+  torch::jit::Module initial = torch::jit::load(std::string(STAGEWISE_SOURCE_DIR) +
+                                                "/tests/fixtures/torchscript/revnet_twin.pt");
+  trained.eval();
+  torch::Tensor logits = trained.forward({torch::randn({3, 1, 28, 28})}).toTensor();
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 10}));
+  auto weight = [](torch::jit::Module& m) {
+    for (const auto& p : m.named_parameters()) {
+      if (p.name == "blocks.1.body.layers.0.weight") return p.value;
+    }
+    return torch::Tensor();
+  };
+  ASSERT_TRUE(weight(trained).defined());
+  EXPECT_GT((weight(trained) - weight(initial)).abs().max().item<double>(), 1e-4);
 }
 
 }  // namespace
