@@ -303,4 +303,20 @@ grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(
   return Done(ctx, listing.status());
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::GetJobMetrics(grpc::CallbackServerContext* ctx,
+                                                            const v1::GetJobMetricsRequest* request,
+                                                            v1::JobMetrics* response) {
+  if (auto caller = Authorize(ctx, rpc::Role::kRead); !caller.ok()) {
+    return Done(ctx, caller.status());
+  }
+  if (request->names_size() > 64 || request->max_points() < 0 || request->max_points() > 100000) {
+    return Done(ctx, absl::InvalidArgumentError(
+                         "GetJobMetricsRequest: at most 64 names and max_points in [0, 100000]"));
+  }
+  std::vector<std::string> names(request->names().begin(), request->names().end());
+  auto metrics = manager_->JobMetrics(request->job_id(), names, request->max_points());
+  if (metrics.ok()) *response = std::move(*metrics);
+  return Done(ctx, metrics.status());
+}
+
 }  // namespace stagewise::coordinator

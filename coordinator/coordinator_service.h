@@ -55,6 +55,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* ctx,
                                             const v1::ListCheckpointsRequest* request,
                                             v1::ListCheckpointsResponse* response) override;
+  grpc::ServerUnaryReactor* GetJobMetrics(grpc::CallbackServerContext* ctx,
+                                          const v1::GetJobMetricsRequest* request,
+                                          v1::JobMetrics* response) override;
 
  private:
   // The caller of a client RPC if it may do `needed`: UNAUTHENTICATED without

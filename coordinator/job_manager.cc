@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -414,6 +415,35 @@ absl::StatusOr<v1::ListCheckpointsResponse> JobManager::ListCheckpoints(
     info->set_num_shards(c.manifest.shards_size());
   }
   for (std::string& line : skipped) out.add_skipped(std::move(line));
+  return out;
+}
+
+absl::StatusOr<v1::JobMetrics> JobManager::JobMetrics(const std::string& job_id,
+                                                      const std::vector<std::string>& names,
+                                                      int max_points) const {
+  STAGEWISE_ASSIGN_OR_RETURN(JobRecord rec, store_->GetJob(job_id));
+  (void)rec;
+  STAGEWISE_ASSIGN_OR_RETURN(std::vector<MetricPoint> points, store_->Metrics(job_id));
+  const size_t cap = max_points > 0 ? static_cast<size_t>(max_points) : 5000;
+  std::map<std::string, std::vector<const MetricPoint*>> by_name;
+  for (const MetricPoint& p : points) {
+    if (!names.empty() && std::find(names.begin(), names.end(), p.name) == names.end()) continue;
+    by_name[p.name].push_back(&p);
+  }
+  v1::JobMetrics out;
+  out.set_job_id(job_id);
+  for (const auto& [name, series] : by_name) {
+    const size_t n = series.size();
+    for (size_t k = 0; k < std::min(n, cap); ++k) {
+      // Evenly spaced indices from the first to the last point.
+      const size_t i = n <= cap ? k : (cap == 1 ? n - 1 : k * (n - 1) / (cap - 1));
+      v1::MetricSample* s = out.add_samples();
+      s->set_step(series[i]->step);
+      s->set_name(name);
+      s->set_value(series[i]->value);
+      s->set_unix_ms(series[i]->unix_ms);
+    }
+  }
   return out;
 }
 

@@ -112,6 +112,11 @@ class JobManager {
   // (the coordinator must reach it); NOT_FOUND for an unknown job, an empty
   // list for a job without checkpoint.dir.
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id) const;
+  // The job's stored metric history (what was flushed; a finished job's is
+  // complete), at most `max_points` per metric (<= 0: 5000), evenly thinned.
+  absl::StatusOr<v1::JobMetrics> JobMetrics(const std::string& job_id,
+                                            const std::vector<std::string>& names,
+                                            int max_points) const;
 
   // Watchers get the current status at once, then every change; the last event
   // of a job carries a terminal state. Listeners must not block.

@@ -712,13 +712,19 @@ void StageRuntime::ReportStep(int64_t phase_steps_done, double train_loss, int64
   }
   if (!env_.emit) return;
   // Every stage reports its step (the coordinator tracks the slowest); the last
-  // stage adds the loss. Reports are rate-limited to a few per second.
+  // stage adds the mean loss of the steps since its previous report (one
+  // step's loss is noise). Reports are rate-limited to a few per second.
   double seconds = 0;
   {
     absl::MutexLock lock(&mu_);
+    loss_sum_ += train_loss;
+    ++loss_count_;
     seconds = SecondsSince(last_report_);
     if (seconds < 0.25 && steps_done != total_steps_) return;
     last_report_ = std::chrono::steady_clock::now();
+    train_loss = loss_sum_ / static_cast<double>(loss_count_);
+    loss_sum_ = 0;
+    loss_count_ = 0;
   }
   v1::WorkerEvent event;
   auto* m = event.mutable_metrics();

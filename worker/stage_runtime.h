@@ -171,6 +171,9 @@ class StageRuntime final : public StageContext {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // compute thread done with the job
   std::optional<absl::Status> outcome_ ABSL_GUARDED_BY(mu_);
   std::chrono::steady_clock::time_point last_report_ ABSL_GUARDED_BY(mu_);
+  // The last stage's losses since the last report: it reports their mean.
+  double loss_sum_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t loss_count_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, double> summary_ ABSL_GUARDED_BY(mu_);
   std::thread compute_;
 };

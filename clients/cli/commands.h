@@ -107,6 +107,16 @@ struct LocalArgs {
   uint64_t chaos_seed = 0;  // 0 = pick one (printed)
   // Plaintext on loopback instead of mutual TLS with throw-away certificates.
   bool insecure = false;
+  // Where to write the job's metric history at the end (for `plot`); "" = nowhere.
+  std::string history;
+};
+
+// `plot`: training curves of jobs (ids on a coordinator, or history files).
+struct PlotArgs {
+  std::string coordinator;
+  std::vector<std::string> sources;
+  std::string output;
+  std::string title = "training curves";
 };
 
 // `plan`: profile here (cached) and plan the job's partition and modes.
@@ -138,6 +148,7 @@ int Workers(const WorkersArgs& args, std::ostream& out, std::ostream& err);
 int Checkpoints(const CheckpointsArgs& args, std::ostream& out, std::ostream& err);
 int Export(const ExportArgs& args, std::ostream& out, std::ostream& err);
 int Local(const LocalArgs& args, std::ostream& out, std::ostream& err);
+int Plot(const PlotArgs& args, std::ostream& out, std::ostream& err);
 int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err);
 
 }  // namespace stagewise::cli

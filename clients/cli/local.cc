@@ -30,12 +30,14 @@
 #include "absl/time/clock.h"
 #include "clients/cli/chaos.h"
 #include "clients/cli/commands.h"
+#include "clients/cli/curves.h"
 #include "clients/cli/job_format.h"
 #include "clients/cli/job_watch.h"
 #include "clients/cli/process.h"
 #include "clients/cli/script_job.h"
 #include "clients/cli/signal_watcher.h"
 #include "clients/client/coordinator_client.h"
+#include "services/checkpoint/checkpoint.h"
 #include "services/common/job_spec.h"
 #include "services/rpc/pki.h"
 #include "services/rpc/tls.h"
@@ -556,7 +558,22 @@ int LocalRun::Run() {
     if (result.ok()) out_ << (args_.output == "json" ? JobJson(*result) + "\n" : JobTable(*result));
     return code;
   }
-  const int code = ReportResult(*result, args_.output, out_, err_);
+  int code = ReportResult(*result, args_.output, out_, err_);
+  if (!args_.history.empty()) {
+    absl::Status written = [&]() -> absl::Status {
+      absl::StatusOr<v1::JobMetrics> metrics = client->GetJobMetrics(*job_id);
+      if (!metrics.ok()) return metrics.status();
+      return checkpoint::WriteFileAtomically(args_.history,
+                                             HistoryText(CurvesFromMetrics(*result, *metrics)));
+    }();
+    if (!written.ok()) {
+      err_ << "error: --history " << args_.history << ": " << written.message() << "\n";
+      if (code == kExitOk) code = kExitFailed;
+    } else if (!args_.quiet) {
+      err_ << "local: metric history in " << args_.history << " (stagewise plot " << args_.history
+           << " -o curves.svg)\n";
+    }
+  }
   if (code != kExitOk && !args_.keep_logs) {
     err_ << "(rerun with --keep-logs to keep the coordinator's and workers' logs)\n";
   }

@@ -147,6 +147,18 @@ int main(int argc, char** argv) {
                    "Directory to write model.pt, job.yaml and README.txt to (created)")
       ->required();
 
+  PlotArgs plot_args;
+  auto* plot_cmd = app.add_subcommand(
+      "plot",
+      "Draw training curves with gnuplot: loss and test accuracy against steps and wall time,\n"
+      "every job on shared axes (compare backprop and petra on one picture). A SOURCE is a job\n"
+      "id (its history comes from the coordinator) or a file `stagewise local --history`\n"
+      "wrote.");
+  plot_cmd->add_option("sources", plot_args.sources, "Job ids or history files")->required();
+  plot_cmd->add_option("-o,--output", plot_args.output, "The picture: FILE.svg or FILE.png")
+      ->required();
+  plot_cmd->add_option("--title", plot_args.title, "Title above the panels")->capture_default_str();
+
   LocalArgs local;
   auto* local_cmd = app.add_subcommand(
       "local",
@@ -182,6 +194,9 @@ int main(int argc, char** argv) {
   local_cmd->add_flag("--keep-logs", local.keep_logs,
                       "Keep the processes' logs and database and print where they are");
   local_cmd->add_flag("-q,--quiet", local.quiet, "No progress, only the result");
+  local_cmd->add_option("--history", local.history,
+                        "At the end, write the job's metric history (loss, evaluations, "
+                        "throughput per step) to this file, for `stagewise plot FILE`");
   output_option(local_cmd, local.output, "Result format");
 
   PlanArgs plan;
@@ -269,5 +284,9 @@ int main(int argc, char** argv) {
   if (workers_cmd->parsed()) return Workers(workers, std::cout, std::cerr);
   if (checkpoints_cmd->parsed()) return Checkpoints(checkpoints, std::cout, std::cerr);
   if (export_cmd->parsed()) return Export(export_args, std::cout, std::cerr);
+  if (plot_cmd->parsed()) {
+    plot_args.coordinator = coordinator;
+    return Plot(plot_args, std::cout, std::cerr);
+  }
   return kExitInvalid;
 }

@@ -127,6 +127,16 @@ absl::StatusOr<v1::JobStatus> CoordinatorClient::GetJob(const std::string& job_i
   return resp;
 }
 
+absl::StatusOr<v1::JobMetrics> CoordinatorClient::GetJobMetrics(const std::string& job_id) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::GetJobMetricsRequest req;
+  req.set_job_id(job_id);
+  v1::JobMetrics resp;
+  if (absl::Status s = Convert(stub_->GetJobMetrics(&ctx, req, &resp)); !s.ok()) return s;
+  return resp;
+}
+
 absl::StatusOr<std::vector<v1::JobStatus>> CoordinatorClient::ListJobs(int limit) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx);

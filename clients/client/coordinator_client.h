@@ -98,6 +98,8 @@ class CoordinatorClient {
   // were skipped and why, and the job's checkpoint directory, as the
   // coordinator sees them. NOT_FOUND for an unknown job.
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id);
+  // The job's metric history (GetJobMetrics), every metric.
+  absl::StatusOr<v1::JobMetrics> GetJobMetrics(const std::string& job_id);
 
   // Streams the job's events until the job reaches a terminal state (returns
   // its last status), `on_event` returns false (returns the last status seen,

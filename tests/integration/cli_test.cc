@@ -586,4 +586,65 @@ TEST_F(Cli, ATrainedTorchScriptModelIsExportedAsTorchScript) {
   EXPECT_GT((weight(trained) - weight(initial)).abs().max().item<double>(), 1e-4);
 }
 
+// Training curves: `local --history` then `plot` (gnuplot), rendered by a
+// real SVG renderer.
+uint32_t PngDimension(const std::string& png, size_t offset) {
+  const auto* b = reinterpret_cast<const unsigned char*>(png.data() + offset);
+  return (uint32_t{b[0]} << 24) | (uint32_t{b[1]} << 16) | (uint32_t{b[2]} << 8) | b[3];
+}
+
+TEST_F(Cli, LocalHistoryIsPlottedAndTheSvgRenders) {
+  if (std::system("command -v gnuplot >/dev/null && command -v rsvg-convert >/dev/null") != 0) {
+    GTEST_SKIP() << "needs gnuplot and rsvg-convert (scripts/setup installs gnuplot-nox and "
+                    "librsvg2-bin)";
+  }
+  const std::string job = WriteJob(std::string(kTinyJob) + "eval: {every_steps: 20}\n");
+  Result r = Stagewise("local -q --threads 1 --history " + (dir_ / "a.tsv").string() + " " + job);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string history = Slurp(dir_ / "a.tsv");
+  EXPECT_NE(history.find("# stagewise history: tiny (backprop)"), std::string::npos) << history;
+  EXPECT_NE(history.find("\ttrain_loss\t"), std::string::npos) << history;
+  EXPECT_NE(history.find("20\t"), std::string::npos) << history;
+  // A second run to compare with, under its own name.
+  std::string other = std::string(kTinyJob) + "eval: {every_steps: 20}\n";
+  other.replace(other.find("name: tiny"), 10, "name: tiny_wide");
+  other.replace(other.find("hidden: [32]"), 12, "hidden: [64]");
+  r = Stagewise("local -q --threads 1 --history " + (dir_ / "b.tsv").string() + " " +
+                WriteJob(other));
+  ASSERT_EQ(r.code, 0) << r.err;
+
+  const fs::path svg = dir_ / "curves.svg";
+  r = Stagewise("plot " + (dir_ / "a.tsv").string() + " " + (dir_ / "b.tsv").string() + " -o " +
+                svg.string() + " --title 'two runs'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("(2 jobs)"), std::string::npos) << r.out;
+  const std::string text = Slurp(svg);
+  for (const char* want : {"<svg", "two runs", "test accuracy (%)", "wall time (s)", "step",
+                           "tiny (backprop)", "tiny_wide (backprop)"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want;
+  }
+  const fs::path png = dir_ / "curves.png";
+  ASSERT_EQ(std::system(("rsvg-convert -o " + png.string() + " " + svg.string()).c_str()), 0);
+  const std::string bytes = Slurp(png);
+  ASSERT_GT(bytes.size(), 24u);
+  EXPECT_EQ(bytes.substr(1, 3), "PNG");
+  EXPECT_EQ(PngDimension(bytes, 16), 1200u);
+  EXPECT_EQ(PngDimension(bytes, 20), 800u);
+  // gnuplot writes PNG itself too.
+  r = Stagewise("plot " + (dir_ / "a.tsv").string() + " -o " + (dir_ / "direct.png").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(Slurp(dir_ / "direct.png").substr(1, 3), "PNG");
+
+  // Errors name what is wrong.
+  r = Stagewise("plot " + (dir_ / "a.tsv").string() + " -o " + (dir_ / "c.jpg").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("must be a .svg or a .png file"), std::string::npos) << r.err;
+  std::ofstream(dir_ / "notes.txt") << "1 2 3\n";
+  r = Stagewise("plot " + (dir_ / "notes.txt").string() + " -o " + svg.string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("notes.txt:1: expected step<TAB>seconds<TAB>name<TAB>value"),
+            std::string::npos)
+      << r.err;
+}
+
 }  // namespace

@@ -1,10 +1,14 @@
 // The coordinator and workers as a system: real gRPC on port 0, in-process.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+#include <map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "clients/client/coordinator_client.h"
 #include "services/rpc/server.h"
 #include "tests/integration/cluster.h"
 
@@ -88,6 +92,61 @@ TEST(Distributed, MalformedFirstMessageIsRefusedAndTheJobTrainsOn) {
 
   // Both workers are still up and run the next job to the end.
   ExpectTwoWorkersRunAnotherJob(cluster, 5);
+}
+
+// The metric history `stagewise plot` draws, through the coordinator's RPC.
+TEST(Distributed, AFinishedJobsMetricHistoryComesBackInOrderAndThinned) {
+  testing::Cluster cluster({.workers = 2});
+  ASSERT_TRUE(cluster.WaitForWorkers(2));
+  // Long enough for several reports (they come at most 4 times a second):
+  // emulated blocks wait 4 ms per step whatever the machine.
+  auto id = cluster.manager().Submit(R"(name: history
+model: {name: emulated, depth: 2, forward_ms: 1, backward_ms: 3, reversible: false}
+data: {dataset: synthetic, train_size: 512, test_size: 64, shape: [2, 4, 4], classes: 4}
+stages: 2
+optimizer: {lr: 0.01}
+batch_size: 16
+steps: 300
+eval: {every_steps: 150, every_epochs: 0}
+)");
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto done = cluster.WaitForJob(*id);
+  ASSERT_TRUE(done.ok());
+  ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+
+  client::CoordinatorClient client(cluster.coordinator_address(), absl::Seconds(10));
+  auto metrics = client.GetJobMetrics(*id);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_EQ(metrics->job_id(), *id);
+  std::map<std::string, std::vector<v1::MetricSample>> by_name;
+  for (const auto& s : metrics->samples()) by_name[s.name()].push_back(s);
+  ASSERT_GE(by_name["train_loss"].size(), 3u);
+  int64_t last_step = -1, last_ms = 0;
+  for (const auto& s : by_name["train_loss"]) {
+    EXPECT_GE(s.step(), last_step);
+    EXPECT_GE(s.unix_ms(), last_ms);
+    EXPECT_TRUE(std::isfinite(s.value()));
+    last_step = s.step();
+    last_ms = s.unix_ms();
+  }
+  EXPECT_EQ(last_step, 300);
+  // Two evaluations (steps 150 and 300), accuracy as a fraction.
+  ASSERT_EQ(by_name["eval_accuracy"].size(), 2u);
+  EXPECT_EQ(by_name["eval_accuracy"][0].step(), 150);
+  EXPECT_EQ(by_name["eval_accuracy"][1].step(), 300);
+  for (const auto& s : by_name["eval_accuracy"]) {
+    EXPECT_GE(s.value(), 0.0);
+    EXPECT_LE(s.value(), 1.0);
+  }
+  // Thinned to 3 points of one metric: the first and the last are kept.
+  auto thin = cluster.manager().JobMetrics(*id, {"train_loss"}, 3);
+  ASSERT_TRUE(thin.ok()) << thin.status();
+  ASSERT_EQ(thin->samples_size(), 3);
+  EXPECT_EQ(thin->samples(0).step(), by_name["train_loss"].front().step());
+  EXPECT_EQ(thin->samples(2).step(), 300);
+  for (const auto& s : thin->samples()) EXPECT_EQ(s.name(), "train_loss");
+  // Unknown jobs are NOT_FOUND; absurd requests are refused.
+  EXPECT_EQ(client.GetJobMetrics("job-nope").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(Distributed, JobWaitsForWorkersThenCanBeCancelled) {
