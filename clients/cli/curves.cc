@@ -195,7 +195,7 @@ absl::Status PlotCurves(const std::vector<Curves>& jobs, const std::string& outp
                        : "set terminal pngcairo size 1200,800 enhanced font 'Sans,11'\n");
   gp << "set output " << Quoted(output) << "\n";
   gp << "set multiplot layout 2,2 title " << Quoted(Plain(title)) << " font ',14'\n";
-  gp << "set grid\nset key top right box opaque\nset datafile separator ' '\n";
+  gp << "set grid\nset datafile separator ' '\n";
   struct Panel {
     std::string x_label, y_label;
     int x_column;
@@ -213,6 +213,13 @@ absl::Status PlotCurves(const std::vector<Curves>& jobs, const std::string& outp
        << (panel.x_column == 1 ? absl::StrFormat("%.0f", 1.02 * static_cast<double>(max_step))
                                : absl::StrFormat("%.3f", 1.02 * max_seconds))
        << "]\nset autoscale y\n";
+    // Losses fall and accuracies rise: each panel's legend goes where its
+    // curves are not, with room made for it (offsets: left, right, top, bottom).
+    if (panel.y_label == "loss") {
+      gp << "set key top right box opaque\nset offsets 0, 0, graph 0.4, graph 0.02\n";
+    } else {
+      gp << "set key bottom right box opaque\nset offsets 0, 0, graph 0.05, graph 0.4\n";
+    }
     std::vector<std::string> plots;
     for (size_t j = 0; j < jobs.size(); ++j) {
       for (const std::string& name : panel.names) {
