@@ -289,12 +289,31 @@ TEST_F(Cli, TorchScriptModelsTrainWithEveryAlgorithmOnLocalWorkers) {
       {"revnet_twin.pt", "{name: nwise, n: 1, aux_head: linear}"},
       {"revnet_twin.pt", "{name: auxnet}"},
   };
-  for (const Case& c : cases) {
-    Result r = Stagewise("local -q -o json --threads 1 " +
+  // Every run keeps its metric history, and `plot` draws them all at the end:
+  // the curves work whatever the algorithm.
+  std::string histories;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const fs::path history = dir_ / ("history" + std::to_string(i) + ".tsv");
+    Result r = Stagewise("local -q -o json --threads 1 --history " + history.string() + " " +
                          WriteJob(TorchScriptJob(c.fixture, c.algorithm)));
     EXPECT_EQ(r.code, 0) << c.fixture << " " << c.algorithm << ": " << r.err;
     EXPECT_NE(r.out.find("\"state\":\"SUCCEEDED\""), std::string::npos)
         << c.fixture << " " << c.algorithm << ": " << r.out;
+    const std::string text = Slurp(history);
+    EXPECT_NE(text.find("\ttrain_loss\t"), std::string::npos) << c.algorithm << ": " << text;
+    EXPECT_NE(text.find("4\t"), std::string::npos) << c.algorithm << ": " << text;
+    histories += " " + history.string();
+  }
+  if (std::system("command -v gnuplot >/dev/null") == 0) {
+    Result r = Stagewise("plot" + histories + " -o " + (dir_ / "all.svg").string());
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("(8 jobs)"), std::string::npos) << r.out;
+    const std::string svg = Slurp(dir_ / "all.svg");
+    for (const char* algorithm :
+         {"(backprop)", "(petra)", "(delayed)", "(features_replay)", "(nwise)", "(auxnet)"}) {
+      EXPECT_NE(svg.find(algorithm), std::string::npos) << algorithm;
+    }
   }
   // The planner profiles scripted blocks too (partition: auto, on a worker).
   std::string yaml = TorchScriptJob("revnet_twin.pt", "{name: petra}");
