@@ -15,75 +15,19 @@ seconds covers every step from the first (as train-local counts it).
 """
 import argparse
 import json
+import os
+import sys
 import time
 
 import torch
 from torch import nn
 
 
-def conv(cin, cout, k, stride=1):
-    return nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, bias=False)
-
-
-def body(cin, cout, stride=1):
-    # conv3x3-BN-ReLU-conv3x3-BN, the residual function without its skip.
-    return nn.Sequential(conv(cin, cout, 3, stride), nn.BatchNorm2d(cout), nn.ReLU(),
-                         conv(cout, cout, 3), nn.BatchNorm2d(cout))
-
-
-class Stem(nn.Module):
-    def __init__(self, cin, cout):
-        super().__init__()
-        self.conv, self.bn = conv(cin, cout, 3), nn.BatchNorm2d(cout)
-
-    def forward(self, x):
-        return torch.relu(self.bn(self.conv(x)))
-
-
-class Reversible(nn.Module):
-    """(x, x~) -> (x~ + F(x), x) on the channel-split pair."""
-
-    def __init__(self, stream):
-        super().__init__()
-        self.body = body(stream, stream)
-
-    def forward(self, x):
-        a, b = x.chunk(2, 1)
-        return torch.cat([b + self.body(a), a], 1)
-
-
-class Residual(nn.Module):
-    def __init__(self, cin, cout, stride):
-        super().__init__()
-        self.body = body(cin, cout, stride)
-        self.proj = conv(cin, cout, 1, stride)
-        self.proj_bn = nn.BatchNorm2d(cout)
-
-    def forward(self, x):
-        return torch.relu(self.body(x) + self.proj_bn(self.proj(x)))
-
-
-class PairDownsample(nn.Module):
-    """y = residual block(x) (stride 2), y~ = BN(conv1x1/2(x~))."""
-
-    def __init__(self, stream_in, stream_out):
-        super().__init__()
-        self.first = Residual(stream_in, stream_out, 2)
-        self.proj = conv(stream_in, stream_out, 1, 2)
-        self.proj_bn = nn.BatchNorm2d(stream_out)
-
-    def forward(self, x):
-        a, b = x.chunk(2, 1)
-        return torch.cat([self.first(a), self.proj_bn(self.proj(b))], 1)
-
-
-class Head(nn.Module):
-    def __init__(self, cin, classes):
-        super().__init__()
-        self.fc = nn.Linear(cin, classes)
-
-    def forward(self, x):
-        return self.fc(x.mean((2, 3)))
+# The blocks, module for module the zoo's (services/models/blocks.cc): shared
+# with the TorchScript fixtures, whose twins the oracle tests hold to the zoo.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures",
+                                "torchscript"))
+from make_models import Head, PairDownsample, Reversible, Stem  # noqa: E402
 
 
 def revnet18(width=16, in_channels=1, classes=10):
