@@ -6,6 +6,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "services/common/log.h"
 #include "services/rpc/outbox.h"
 #include "services/rpc/status.h"
@@ -78,6 +80,14 @@ class ControlReactor final : public grpc::ServerBidiReactor<v1::WorkerEvent, v1:
     }
     event_.set_worker_id(worker_id_);
     event_.clear_session();
+    if (event_.has_heartbeat() && event_.heartbeat().probe_unix_us() != 0) {
+      // The worker's clock probe: answered at once, from here, so the round
+      // trip measures the stream and not the job manager's loop.
+      v1::Command reply;
+      reply.mutable_clock()->set_probe_unix_us(event_.heartbeat().probe_unix_us());
+      reply.mutable_clock()->set_coordinator_unix_us(absl::ToUnixMicros(absl::Now()));
+      Send(reply);
+    }
     manager_->OnEvent(event_);
     StartRead(&event_);
   }
@@ -317,6 +327,17 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJobMetrics(grpc::CallbackServer
   auto metrics = manager_->JobMetrics(request->job_id(), names, request->max_points());
   if (metrics.ok()) *response = std::move(*metrics);
   return Done(ctx, metrics.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetJobTrace(grpc::CallbackServerContext* ctx,
+                                                          const v1::GetJobTraceRequest* request,
+                                                          v1::JobTrace* response) {
+  if (auto caller = Authorize(ctx, rpc::Role::kRead); !caller.ok()) {
+    return Done(ctx, caller.status());
+  }
+  auto trace = manager_->JobTrace(request->job_id());
+  if (trace.ok()) *response = std::move(*trace);
+  return Done(ctx, trace.status());
 }
 
 }  // namespace stagewise::coordinator

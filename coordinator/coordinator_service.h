@@ -58,6 +58,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* GetJobMetrics(grpc::CallbackServerContext* ctx,
                                           const v1::GetJobMetricsRequest* request,
                                           v1::JobMetrics* response) override;
+  grpc::ServerUnaryReactor* GetJobTrace(grpc::CallbackServerContext* ctx,
+                                        const v1::GetJobTraceRequest* request,
+                                        v1::JobTrace* response) override;
 
  private:
   // The caller of a client RPC if it may do `needed`: UNAUTHENTICATED without

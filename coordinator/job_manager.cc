@@ -47,6 +47,8 @@ int EventAttempt(const v1::WorkerEvent& event) {
       return event.phase_done().attempt();
     case v1::WorkerEvent::kCheckpointSaved:
       return event.checkpoint_saved().attempt();
+    case v1::WorkerEvent::kTrace:
+      return event.trace().attempt();
     case v1::WorkerEvent::kError:
       // Profiling errors (stage -1) belong to no attempt.
       return event.error().stage() < 0 ? -1 : event.error().attempt();
@@ -65,6 +67,8 @@ std::string EventJob(const v1::WorkerEvent& event) {
       return event.phase_done().job_id();
     case v1::WorkerEvent::kCheckpointSaved:
       return event.checkpoint_saved().job_id();
+    case v1::WorkerEvent::kTrace:
+      return event.trace().job_id();
     case v1::WorkerEvent::kError:
       return event.error().job_id();
     default:
@@ -547,6 +551,7 @@ void JobManager::OnEvent(const v1::WorkerEvent& event) {
     case v1::WorkerEvent::kProfile:
     case v1::WorkerEvent::kError:
     case v1::WorkerEvent::kCheckpointSaved:
+    case v1::WorkerEvent::kTrace:
       Post([this, event] { HandleEvent(event); });
       return;
     default:
@@ -600,6 +605,9 @@ std::string JobManager::Refusal(const v1::WorkerEvent& event, std::string* reaso
     case v1::WorkerEvent::kCheckpointSaved:
       stage = event.checkpoint_saved().stage();
       break;
+    case v1::WorkerEvent::kTrace:
+      stage = event.trace().stage();
+      break;
     case v1::WorkerEvent::kError:
       stage = event.error().stage();
       if (stage < 0) return "";  // a profiling or configuration error: any member may send it
@@ -644,6 +652,10 @@ std::string JobManager::Refusal(const v1::WorkerEvent& event, std::string* reaso
       }
       return "";
     }
+    case v1::WorkerEvent::kTrace:
+      if (!job.spec.trace.enabled) return "the job does not trace";
+      if (event.trace().spans_size() > kMaxTraceSpans) return "too many spans in one chunk";
+      return "";
     default:
       return "";
   }
@@ -700,6 +712,8 @@ void JobManager::HandleEvent(const v1::WorkerEvent& event) {
   switch (event.event_case()) {
     case v1::WorkerEvent::kCheckpointSaved:
       return OnCheckpointSaved(event.checkpoint_saved());
+    case v1::WorkerEvent::kTrace:
+      return OnTrace(event.trace());
     case v1::WorkerEvent::kAck:
       return OnAck(event.ack(), event.worker_id());
     case v1::WorkerEvent::kMetrics:
@@ -740,6 +754,55 @@ void JobManager::OnAck(const v1::Ack& ack, const std::string& sender) {
     }
     return;
   }
+}
+
+void JobManager::OnTrace(const v1::TraceChunk& chunk) {
+  absl::StatusOr<int64_t> stored = store_->TraceSpans(chunk.job_id());
+  if (!stored.ok()) {
+    STAGEWISE_LOG(WARNING) << "job " << chunk.job_id() << ": trace not stored: " << stored.status();
+    return;
+  }
+  v1::TraceChunk kept = chunk;
+  const int64_t room = std::max<int64_t>(0, kMaxTraceSpans - *stored);
+  if (kept.spans_size() > room) {
+    kept.set_refused(kept.spans_size() - room);
+    kept.mutable_spans()->DeleteSubrange(static_cast<int>(room),
+                                         static_cast<int>(kept.spans_size() - room));
+  }
+  if (absl::Status s = store_->AppendTrace(chunk.job_id(), kept); !s.ok()) {
+    STAGEWISE_LOG(WARNING) << "job " << chunk.job_id() << ": trace not stored: " << s;
+  }
+}
+
+absl::StatusOr<v1::JobTrace> JobManager::JobTrace(const std::string& job_id) const {
+  STAGEWISE_ASSIGN_OR_RETURN(JobRecord rec, store_->GetJob(job_id));
+  STAGEWISE_ASSIGN_OR_RETURN(std::vector<v1::TraceChunk> chunks, store_->Trace(job_id));
+  v1::JobTrace out;
+  out.set_job_id(job_id);
+  out.set_name(rec.status.name());
+  out.set_algorithm(rec.status.algorithm());
+  out.set_num_stages(rec.status.num_stages());
+  // Chunks of one stage and attempt go together, onto the coordinator's clock.
+  std::map<std::pair<int, int>, v1::StageTrace> by_stage;
+  for (const v1::TraceChunk& c : chunks) {
+    const bool first = by_stage.count({c.stage(), c.attempt()}) == 0;
+    v1::StageTrace& st = by_stage[{c.stage(), c.attempt()}];
+    st.set_stage(c.stage());
+    st.set_attempt(c.attempt());
+    // -1: no estimate (offset 0) in some chunk.
+    const bool unknown = st.clock_rtt_us() < 0 || c.clock_rtt_us() < 0;
+    st.set_clock_rtt_us(first ? c.clock_rtt_us()
+                              : (unknown ? -1 : std::max(st.clock_rtt_us(), c.clock_rtt_us())));
+    st.set_dropped(std::max(st.dropped(), c.dropped()));
+    out.set_dropped_at_coordinator(out.dropped_at_coordinator() + c.refused());
+    for (const v1::Span& s : c.spans()) {
+      v1::Span* span = st.add_spans();
+      *span = s;
+      span->set_start_us(s.start_us() + c.clock_offset_us());
+    }
+  }
+  for (auto& [key, st] : by_stage) *out.add_stages() = std::move(st);
+  return out;
 }
 
 void JobManager::OnMetrics(const v1::MetricsReport& m) {

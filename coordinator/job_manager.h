@@ -117,6 +117,11 @@ class JobManager {
   absl::StatusOr<v1::JobMetrics> JobMetrics(const std::string& job_id,
                                             const std::vector<std::string>& names,
                                             int max_points) const;
+  // The spans the job's stages recorded (its `trace:` section), on this
+  // coordinator's clock, by stage and attempt. At most kMaxTraceSpans are
+  // kept per job; NOT_FOUND for an unknown job.
+  static constexpr int kMaxTraceSpans = 150000;
+  absl::StatusOr<v1::JobTrace> JobTrace(const std::string& job_id) const;
 
   // Watchers get the current status at once, then every change; the last event
   // of a job carries a terminal state. Listeners must not block.
@@ -200,6 +205,7 @@ class JobManager {
   std::string Refusal(const v1::WorkerEvent& event, std::string* reason) const;
   void OnAck(const v1::Ack& ack, const std::string& sender);
   void OnMetrics(const v1::MetricsReport& report);
+  void OnTrace(const v1::TraceChunk& chunk);
   void OnResult(const v1::StageResult& result);
   void OnPhaseDone(const v1::PhaseDone& done);
   void OnProfile(const v1::ProfileResult& result);

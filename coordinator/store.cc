@@ -61,6 +61,18 @@ CREATE TABLE metrics (
 );
 CREATE INDEX metrics_by_job_name ON metrics(job_id, name);
 )sql",
+    // 1 -> 2: pipeline timelines. `chunk` is a serialized v1::TraceChunk as a
+    // stage sent it (spans on the worker's clock, with its offset).
+    R"sql(
+CREATE TABLE traces (
+  id      INTEGER PRIMARY KEY,
+  job_id  TEXT NOT NULL REFERENCES jobs(job_id) ON DELETE CASCADE,
+  stage   INTEGER NOT NULL,
+  spans   INTEGER NOT NULL,
+  chunk   BLOB NOT NULL
+);
+CREATE INDEX traces_by_job ON traces(job_id);
+)sql",
 };
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == JobStore::kSchemaVersion,
               "one migration per schema version");
@@ -689,6 +701,57 @@ absl::StatusOr<std::vector<MetricPoint>> JobStore::Metrics(const std::string& jo
     point.unix_ms = select.Int64(3);
   }
   return points;
+}
+
+absl::Status JobStore::AppendTrace(const std::string& job_id, const v1::TraceChunk& chunk) {
+  constexpr absl::string_view kOp = "JobStore::AppendTrace";
+  STAGEWISE_RETURN_IF_ERROR(CheckJobId(job_id, "job_id"));
+  const std::string bytes = chunk.SerializeAsString();
+  absl::MutexLock lock(&impl_->mu);
+  WriteTxn txn(impl_->db, kOp);
+  STAGEWISE_RETURN_IF_ERROR(txn.Begin());
+  STAGEWISE_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id, kOp));
+  if (!exists) return JobNotFound(job_id);
+  Stmt insert(impl_->db, kOp);
+  STAGEWISE_RETURN_IF_ERROR(
+      insert.Prepare("INSERT INTO traces (job_id, stage, spans, chunk) VALUES (?1, ?2, ?3, ?4)"));
+  insert.BindText(1, job_id);
+  insert.BindInt64(2, chunk.stage());
+  insert.BindInt64(3, chunk.spans_size());
+  insert.BindBlob(4, bytes);
+  STAGEWISE_RETURN_IF_ERROR(insert.Run());
+  return txn.Commit();
+}
+
+absl::StatusOr<int64_t> JobStore::TraceSpans(const std::string& job_id) const {
+  constexpr absl::string_view kOp = "JobStore::TraceSpans";
+  absl::MutexLock lock(&impl_->mu);
+  Stmt select(impl_->db, kOp);
+  STAGEWISE_RETURN_IF_ERROR(
+      select.Prepare("SELECT COALESCE(SUM(spans), 0) FROM traces WHERE job_id = ?1"));
+  select.BindText(1, job_id);
+  STAGEWISE_ASSIGN_OR_RETURN(const bool row, select.Step());
+  return row ? select.Int64(0) : 0;
+}
+
+absl::StatusOr<std::vector<v1::TraceChunk>> JobStore::Trace(const std::string& job_id) const {
+  constexpr absl::string_view kOp = "JobStore::Trace";
+  absl::MutexLock lock(&impl_->mu);
+  STAGEWISE_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id, kOp));
+  if (!exists) return JobNotFound(job_id);
+  Stmt select(impl_->db, kOp);
+  STAGEWISE_RETURN_IF_ERROR(select.Prepare("SELECT chunk FROM traces WHERE job_id = ?1 ORDER BY id"));
+  select.BindText(1, job_id);
+  std::vector<v1::TraceChunk> chunks;
+  for (;;) {
+    STAGEWISE_ASSIGN_OR_RETURN(const bool row, select.Step());
+    if (!row) break;
+    if (!select.ParseProto(0, &chunks.emplace_back())) {
+      return absl::DataLossError(absl::StrCat(kOp, ": a stored trace chunk of job ", job_id,
+                                              " does not parse"));
+    }
+  }
+  return chunks;
 }
 
 std::string JobStore::NewJobId() const {

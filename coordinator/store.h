@@ -64,7 +64,7 @@ class JobStore {
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path,
                                                         const JobStoreOptions& options);
   // PRAGMA user_version of a database this binary created or migrated.
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
   ~JobStore();
 
   // New job in state PENDING. ALREADY_EXISTS if the id is taken.
@@ -95,6 +95,14 @@ class JobStore {
   // All points of a job in insertion order, optionally only one name.
   absl::StatusOr<std::vector<MetricPoint>> Metrics(const std::string& job_id,
                                                    const std::string& name = "") const;
+
+  // Pipeline timelines (docs/trace.md): a stage's chunk of spans as it sent
+  // it; NOT_FOUND for an unknown job.
+  absl::Status AppendTrace(const std::string& job_id, const v1::TraceChunk& chunk);
+  // The spans stored for a job so far (0 for none or an unknown job).
+  absl::StatusOr<int64_t> TraceSpans(const std::string& job_id) const;
+  // Every chunk of a job in the order stored.
+  absl::StatusOr<std::vector<v1::TraceChunk>> Trace(const std::string& job_id) const;
 
   // A fresh job id: "job-" + 8 random hex digits, not yet used.
   std::string NewJobId() const;

@@ -19,6 +19,7 @@
 #include "services/models/modal_pass.h"
 #include "services/models/model.h"
 #include "stagewise/v1/stage.pb.h"
+#include "worker/trace.h"
 
 namespace stagewise::worker {
 
@@ -91,6 +92,9 @@ class StageContext {
   virtual void ReportEval(int64_t steps_done, double loss, double accuracy, int64_t samples) = 0;
 
   virtual metrics::StageMetrics& stage_metrics() = 0;
+  // The job's pipeline timeline (its `trace:` section), or nullptr when the
+  // job does not trace. Only the compute thread records.
+  virtual Tracer* tracer() { return nullptr; }
   // A value for the job summary (sent with the stage's result), e.g.
   // "peak_inputs", "staleness_steps". Later calls overwrite.
   virtual void Summarize(const std::string& key, double value) = 0;

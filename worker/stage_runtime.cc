@@ -107,6 +107,10 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
 
   rt->metrics_ = std::make_unique<metrics::StageMetrics>(
       *rt->env_.registry, assignment.job_id(), assignment.stage(), rt->spec_.algorithm.name);
+  if (rt->spec_.trace.enabled) {
+    rt->tracer_ = std::make_unique<Tracer>(rt->spec_.trace.from, rt->spec_.trace.to,
+                                           rt->spec_.trace.max_spans);
+  }
   const int64_t batch = rt->spec_.batch_size;
   rt->steps_per_epoch_ = data::NominalTrainSize(rt->spec_.data) / batch;
   if (rt->steps_per_epoch_ < 1) {
@@ -335,6 +339,8 @@ void StageRuntime::ComputeLoop() {
     reported_ = true;
   }
   if (!status.ok()) Abort(status, false);
+  // Before the result: the job ends once every stage's result is in.
+  if (report) EmitTrace();
   // The stage is over: its series leave /metrics now, not at the next job.
   metrics_->Retire();
   if (!report || !env_.emit) return;
@@ -361,6 +367,24 @@ void StageRuntime::ComputeLoop() {
                      absl::IsDeadlineExceeded(status));
     e->set_message(absl::StrCat("stage ", stage(), ": ", status.message()));
   }
+  env_.emit(std::move(event));
+}
+
+void StageRuntime::EmitTrace() {
+  if (!tracer_ || !env_.emit) return;
+  v1::WorkerEvent event;
+  v1::TraceChunk* chunk = event.mutable_trace();
+  *chunk = tracer_->TakeChunk();
+  if (chunk->spans().empty() && chunk->dropped() == 0) return;
+  chunk->set_job_id(job_id());
+  chunk->set_stage(stage());
+  chunk->set_attempt(assignment_.attempt());
+  chunk->set_phase(phase_);
+  // One offset for every chunk of the stage: a newer estimate would move
+  // later spans against earlier ones.
+  if (!trace_clock_.has_value()) trace_clock_ = env_.clock ? env_.clock->Get() : ClockSync::Estimate{};
+  chunk->set_clock_offset_us(trace_clock_->offset_us);
+  chunk->set_clock_rtt_us(trace_clock_->rtt_us);
   env_.emit(std::move(event));
 }
 
@@ -454,24 +478,29 @@ absl::Status StageRuntime::AttachUpstream(const v1::StageMessage& message,
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::StageMessage> StageRuntime::Receive(BoundedQueue<v1::StageMessage>& queue) {
+absl::StatusOr<v1::StageMessage> StageRuntime::Receive(BoundedQueue<v1::StageMessage>& queue,
+                                                       v1::SpanKind wait) {
   const auto t0 = std::chrono::steady_clock::now();
   std::optional<v1::StageMessage> m = queue.Pop();
-  metrics_->AddIdle(SecondsSince(t0));
+  const auto t1 = std::chrono::steady_clock::now();
+  metrics_->AddIdle(std::chrono::duration<double>(t1 - t0).count());
   metrics_->SetInboxDepth(static_cast<int64_t>(queue.size()));
-  if (m.has_value()) return std::move(*m);
+  if (m.has_value()) {
+    if (tracer_) tracer_->Record(wait, m->step(), m->micro_batch(), t0, t1);
+    return std::move(*m);
+  }
   absl::MutexLock lock(&mu_);
   return failure_.ok() ? absl::CancelledError("stopped") : failure_;
 }
 
 absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFromPrev() {
   if (first()) return absl::FailedPreconditionError("stage 0 has no previous stage");
-  return Receive(from_prev_);
+  return Receive(from_prev_, v1::SPAN_WAIT_PREV);
 }
 
 absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFromNext() {
   if (last()) return absl::FailedPreconditionError("the last stage has no next stage");
-  return Receive(from_next_);
+  return Receive(from_next_, v1::SPAN_WAIT_NEXT);
 }
 
 absl::Status StageRuntime::SendToNext(v1::StageMessage message) {
@@ -596,6 +625,7 @@ absl::Status StageRuntime::WriteShard(int64_t phase_step, bool with_algorithm) {
     return absl::Status(s.code(), absl::StrCat("checkpoint.dir: ", s.message()));
   }
   metrics_->ObserveCompute("checkpoint", SecondsSince(t0));
+  if (tracer_) tracer_->Record(v1::SPAN_CHECKPOINT, phase_step, 0, t0, std::chrono::steady_clock::now());
   if (!env_.emit) return absl::OkStatus();
   v1::WorkerEvent event;
   auto* saved = event.mutable_checkpoint_saved();
@@ -711,6 +741,7 @@ void StageRuntime::ReportStep(int64_t phase_steps_done, double train_loss, int64
     return;
   }
   if (!env_.emit) return;
+  if (tracer_ && tracer_->ChunkReady()) EmitTrace();
   // Every stage reports its step (the coordinator tracks the slowest); the last
   // stage adds the mean loss of the steps since its previous report (one
   // step's loss is noise). Reports are rate-limited to a few per second.

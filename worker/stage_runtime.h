@@ -37,6 +37,9 @@ struct RuntimeEnv {
   PathRoots data_roots;
   PathRoots checkpoint_roots;
   PathRoots model_roots;  // a torchscript job's file (--model-root)
+  // This host's clock offset to the coordinator's (the worker's control
+  // stream estimates it); traces carry it. Null: offset 0.
+  std::shared_ptr<const ClockSync> clock;
 };
 
 class StageRuntime final : public StageContext {
@@ -95,12 +98,17 @@ class StageRuntime final : public StageContext {
   void ReportStep(int64_t steps_done, double train_loss, int64_t samples) override;
   void ReportEval(int64_t steps_done, double loss, double accuracy, int64_t samples) override;
   metrics::StageMetrics& stage_metrics() override { return *metrics_; }
+  Tracer* tracer() override { return tracer_.get(); }
   void Summarize(const std::string& key, double value) override;
 
  private:
   class InboxSink;
   explicit StageRuntime(RuntimeEnv env);
-  absl::StatusOr<v1::StageMessage> Receive(BoundedQueue<v1::StageMessage>& queue);
+  absl::StatusOr<v1::StageMessage> Receive(BoundedQueue<v1::StageMessage>& queue,
+                                           v1::SpanKind wait);
+  // Sends the spans recorded since the last chunk to the coordinator (compute
+  // thread; a final one before the stage's result).
+  void EmitTrace();
   absl::Status ValidateIncoming(const v1::StageMessage& m, bool from_prev) const;
   void ComputeLoop();
   absl::Status SaveFinalState() const;
@@ -146,6 +154,8 @@ class StageRuntime final : public StageContext {
   int released_phase_ ABSL_GUARDED_BY(mu_) = 0;  // highest phase the coordinator let start
   double base_lr_ = 0;
   std::unique_ptr<metrics::StageMetrics> metrics_;
+  std::unique_ptr<Tracer> tracer_;  // with the spec's trace: section
+  std::optional<ClockSync::Estimate> trace_clock_;  // taken at the first chunk
   // Resume (StageAssignment.resume): the step of the current phase the run
   // starts from, and the algorithm state saved there.
   int64_t first_step_ = 0;

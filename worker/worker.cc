@@ -179,19 +179,24 @@ absl::Status Worker::ControlSession(bool* established) {
   v1::WorkerEvent hello;
   hello.set_session(resp.session());  // opens the stream in this registration's name
   hello.mutable_heartbeat()->set_unix_ms(absl::ToUnixMillis(absl::Now()));
+  hello.mutable_heartbeat()->set_probe_unix_us(ClockSync::NowUs());
   Emit(hello);
   std::atomic<bool> session_over{false};
   const absl::Duration beat = resp.heartbeat_interval_ms() > 0
                                   ? absl::Milliseconds(resp.heartbeat_interval_ms())
                                   : options_.heartbeat;
   std::thread heartbeat([&] {
-    while (!session_over) {
-      for (absl::Duration slept; slept < beat && !session_over; slept += absl::Milliseconds(50)) {
-        absl::SleepFor(absl::Milliseconds(50));
+    // Every heartbeat probes the clock; the first few follow each other
+    // quickly, so that a job started right away has a good offset estimate.
+    for (int beats = 0; !session_over; ++beats) {
+      const absl::Duration wait = beats < 8 ? std::min(beat, absl::Milliseconds(50)) : beat;
+      for (absl::Duration slept; slept < wait && !session_over; slept += absl::Milliseconds(50)) {
+        absl::SleepFor(std::min(wait, absl::Milliseconds(50)));
       }
       if (session_over) break;
       v1::WorkerEvent e;
       e.mutable_heartbeat()->set_unix_ms(absl::ToUnixMillis(absl::Now()));
+      e.mutable_heartbeat()->set_probe_unix_us(ClockSync::NowUs());
       Emit(e);
     }
   });
@@ -273,6 +278,7 @@ void Worker::HandleCommand(const v1::Command& command) {
       env.data_roots = options_.data_roots;
       env.checkpoint_roots = options_.checkpoint_roots;
       env.model_roots = options_.model_roots;
+      env.clock = clock_;
       auto rt = StageRuntime::Create(a, std::move(env));
       if (!rt.ok()) {
         error(a.job_id(), a.stage(), rt.status(), a.attempt());
@@ -324,6 +330,10 @@ void Worker::HandleCommand(const v1::Command& command) {
       ack();
       return;
     }
+    case v1::Command::kClock:  // the answer to a heartbeat's probe; not acknowledged
+      clock_->AddSample(command.clock().probe_unix_us(), command.clock().coordinator_unix_us(),
+                        ClockSync::NowUs());
+      return;
     case v1::Command::COMMAND_NOT_SET:
       ack();  // nothing to do; an empty command is still acknowledged
   }

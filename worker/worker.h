@@ -84,6 +84,9 @@ class Worker {
   std::thread profile_thread_;  // the last ProfileCommand (joined before the next and at shutdown)
   void Profile(const v1::ProfileCommand& command);
   std::atomic<bool> shutdown_{false};
+  // This host's clock offset to the coordinator's, from the heartbeats'
+  // round trips; stage runtimes stamp their traces with it.
+  std::shared_ptr<ClockSync> clock_ = std::make_shared<ClockSync>();
 
   mutable absl::Mutex mu_;
   std::shared_ptr<StageRuntime> runtime_ ABSL_GUARDED_BY(mu_);

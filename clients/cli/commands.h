@@ -109,6 +109,20 @@ struct LocalArgs {
   bool insecure = false;
   // Where to write the job's metric history at the end (for `plot`); "" = nowhere.
   std::string history;
+  // Where to write the job's pipeline timeline at the end: Chrome trace JSON
+  // and the SVG diagram ("" = nowhere). Either adds `trace: {}` to a job
+  // without a trace section.
+  std::string trace;
+  std::string timeline;
+};
+
+// `trace`: a job's pipeline timeline (a job id on a coordinator, or a trace
+// file) as Chrome trace JSON, an SVG diagram and a summary.
+struct TraceArgs {
+  std::string coordinator;
+  std::string source;
+  std::string output;  // JSON; "" = none
+  std::string svg;     // "" = none
 };
 
 // `plot`: training curves of jobs (ids on a coordinator, or history files).
@@ -149,6 +163,7 @@ int Checkpoints(const CheckpointsArgs& args, std::ostream& out, std::ostream& er
 int Export(const ExportArgs& args, std::ostream& out, std::ostream& err);
 int Local(const LocalArgs& args, std::ostream& out, std::ostream& err);
 int Plot(const PlotArgs& args, std::ostream& out, std::ostream& err);
+int Trace(const TraceArgs& args, std::ostream& out, std::ostream& err);
 int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err);
 
 }  // namespace stagewise::cli

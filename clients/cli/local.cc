@@ -24,6 +24,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
@@ -31,6 +32,7 @@
 #include "clients/cli/chaos.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/curves.h"
+#include "clients/cli/timeline.h"
 #include "clients/cli/job_format.h"
 #include "clients/cli/job_watch.h"
 #include "clients/cli/process.h"
@@ -393,6 +395,14 @@ int LocalRun::Run() {
     err_ << "error: " << args_.job_path << ": " << s.message() << "\n";
     return kExitInvalid;
   }
+  if (!args_.timeline.empty() && !absl::EndsWith(args_.timeline, ".svg")) {
+    err_ << "error: --timeline " << args_.timeline << ": the file must end in .svg\n";
+    return kExitInvalid;
+  }
+  if ((!args_.trace.empty() || !args_.timeline.empty()) && !spec->trace.enabled) {
+    // The default window (docs/trace.md), as if the job had asked for it.
+    yaml += "\ntrace: {}\n";
+  }
   const int stages = spec->stages.ranges.empty() ? spec->stages.count
                                                  : static_cast<int>(spec->stages.ranges.size());
   const int num_workers = args_.workers > 0 ? args_.workers : std::max(1, stages);
@@ -572,6 +582,24 @@ int LocalRun::Run() {
     } else if (!args_.quiet) {
       err_ << "local: metric history in " << args_.history << " (stagewise plot " << args_.history
            << " -o curves.svg)\n";
+    }
+  }
+  if (!args_.trace.empty() || !args_.timeline.empty()) {
+    absl::Status written = [&]() -> absl::Status {
+      absl::StatusOr<v1::JobTrace> trace = client->GetJobTrace(*job_id);
+      if (!trace.ok()) return trace.status();
+      if (!args_.quiet) err_ << TraceSummary(*trace);
+      return WriteTraceFiles(*trace, args_.trace, args_.timeline);
+    }();
+    if (!written.ok()) {
+      err_ << "error: --trace/--timeline: " << written.message() << "\n";
+      if (code == kExitOk) code = kExitFailed;
+    } else if (!args_.quiet) {
+      if (!args_.trace.empty()) {
+        err_ << "local: pipeline trace in " << args_.trace << " (stagewise trace " << args_.trace
+             << " --svg timeline.svg; or open it in ui.perfetto.dev)\n";
+      }
+      if (!args_.timeline.empty()) err_ << "local: pipeline diagram in " << args_.timeline << "\n";
     }
   }
   if (code != kExitOk && !args_.keep_logs) {

@@ -159,6 +159,19 @@ int main(int argc, char** argv) {
       ->required();
   plot_cmd->add_option("--title", plot_args.title, "Title above the panels")->capture_default_str();
 
+  TraceArgs trace_args;
+  auto* trace_cmd = app.add_subcommand(
+      "trace",
+      "A job's pipeline timeline: what every stage's compute thread did, step by step\n"
+      "(forward, backward, rebuild, optimizer step, waiting, sending, evaluation). Needs a\n"
+      "`trace:` section in the job (`local --trace` adds one). Prints a summary per stage;\n"
+      "-o writes Chrome trace JSON (ui.perfetto.dev, chrome://tracing), --svg the pipeline\n"
+      "diagram. SOURCE is a job id on the coordinator or a JSON file this command or\n"
+      "`stagewise local --trace` wrote.");
+  trace_cmd->add_option("source", trace_args.source, "Job id or trace JSON file")->required();
+  trace_cmd->add_option("-o,--output", trace_args.output, "Write Chrome trace JSON here");
+  trace_cmd->add_option("--svg", trace_args.svg, "Draw the pipeline diagram here (FILE.svg)");
+
   LocalArgs local;
   auto* local_cmd = app.add_subcommand(
       "local",
@@ -197,6 +210,13 @@ int main(int argc, char** argv) {
   local_cmd->add_option("--history", local.history,
                         "At the end, write the job's metric history (loss, evaluations, "
                         "throughput per step) to this file, for `stagewise plot FILE`");
+  local_cmd->add_option("--trace", local.trace,
+                        "At the end, write the job's pipeline timeline as Chrome trace JSON "
+                        "(for `stagewise trace FILE`, ui.perfetto.dev); adds `trace: {}` "
+                        "(mini-batches 0-9) to a job without a trace section");
+  local_cmd->add_option("--timeline", local.timeline,
+                        "At the end, draw the job's pipeline diagram to this FILE.svg (adds "
+                        "`trace: {}` like --trace)");
   output_option(local_cmd, local.output, "Result format");
 
   PlanArgs plan;
@@ -287,6 +307,10 @@ int main(int argc, char** argv) {
   if (plot_cmd->parsed()) {
     plot_args.coordinator = coordinator;
     return Plot(plot_args, std::cout, std::cerr);
+  }
+  if (trace_cmd->parsed()) {
+    trace_args.coordinator = coordinator;
+    return Trace(trace_args, std::cout, std::cerr);
   }
   return kExitInvalid;
 }

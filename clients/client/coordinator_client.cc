@@ -137,6 +137,16 @@ absl::StatusOr<v1::JobMetrics> CoordinatorClient::GetJobMetrics(const std::strin
   return resp;
 }
 
+absl::StatusOr<v1::JobTrace> CoordinatorClient::GetJobTrace(const std::string& job_id) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::GetJobTraceRequest req;
+  req.set_job_id(job_id);
+  v1::JobTrace resp;
+  if (absl::Status s = Convert(stub_->GetJobTrace(&ctx, req, &resp)); !s.ok()) return s;
+  return resp;
+}
+
 absl::StatusOr<std::vector<v1::JobStatus>> CoordinatorClient::ListJobs(int limit) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx);

@@ -100,6 +100,8 @@ class CoordinatorClient {
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id);
   // The job's metric history (GetJobMetrics), every metric.
   absl::StatusOr<v1::JobMetrics> GetJobMetrics(const std::string& job_id);
+  // The job's pipeline timeline (GetJobTrace), on the coordinator's clock.
+  absl::StatusOr<v1::JobTrace> GetJobTrace(const std::string& job_id);
 
   // Streams the job's events until the job reaches a terminal state (returns
   // its last status), `on_event` returns false (returns the last status seen,

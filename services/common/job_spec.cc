@@ -721,7 +721,7 @@ absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root) {
   Section top(root, "");
   top.CheckKeys({"name", "seed", "device", "model", "data", "algorithm", "stages", "optimizer",
                  "schedule", "batch_size", "eval_batch_size", "epochs", "steps", "eval",
-                 "checkpoint", "recovery", "transport", "phases", "script_model"});
+                 "checkpoint", "recovery", "transport", "phases", "script_model", "trace"});
   top.Read("name", &spec.name);
   top.Read("seed", &spec.seed);
   top.Read("device", &spec.device);
@@ -813,6 +813,26 @@ absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root) {
   transport.CheckKeys({"compression"});
   transport.Read("compression", &spec.transport.compression);
   if (!transport.status().ok()) return transport.status();
+
+  if (const YAML::Node* node = top.Find("trace")) {
+    spec.trace.enabled = true;
+    Section trace(node->IsNull() ? YAML::Node(YAML::NodeType::Map) : *node, "trace");
+    trace.CheckKeys({"steps", "max_spans"});
+    std::vector<int64_t> steps = {spec.trace.from, spec.trace.to};
+    trace.Read("steps", &steps);
+    trace.Read("max_spans", &spec.trace.max_spans);
+    if (!trace.status().ok()) return trace.status();
+    if (steps.size() != 2 || steps[0] < 0 || steps[1] <= steps[0]) {
+      return KeyError("trace.steps", absl::StrCat("must be [from, to] with 0 <= from < to, got [",
+                                                  absl::StrJoin(steps, ", "), "]"));
+    }
+    spec.trace.from = steps[0];
+    spec.trace.to = steps[1];
+    if (spec.trace.max_spans < 1 || spec.trace.max_spans > 1000000) {
+      return KeyError("trace.max_spans",
+                      absl::StrCat("must be in [1, 1000000], got ", spec.trace.max_spans));
+    }
+  }
 
   if (const YAML::Node* node = top.Find("phases")) {
     // With phases, the algorithm and the length are given per phase.

@@ -186,6 +186,16 @@ struct TransportSpec {
   std::string compression = "none";
 };
 
+// The pipeline timeline (docs/trace.md): stages record what their compute
+// thread does during steps [from, to) of each phase and send it to the
+// coordinator. Off unless the job has a `trace:` section.
+struct TraceSpec {
+  bool enabled = false;
+  int64_t from = 0;  // trace.steps: [from, to]: the first step kept ...
+  int64_t to = 10;   // ... and one past the last
+  int64_t max_spans = 20000;  // per stage; later spans are counted, not kept
+};
+
 struct JobSpec {
   std::string name;
   int64_t seed = 0;
@@ -204,6 +214,7 @@ struct JobSpec {
   CheckpointSpec checkpoint;
   RecoverySpec recovery;
   TransportSpec transport;
+  TraceSpec trace;
   // Optional. When given, `algorithm` is the first phase's and epochs/steps
   // the sum over phases.
   std::vector<PhaseSpec> phases;

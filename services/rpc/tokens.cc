@@ -204,7 +204,8 @@ std::optional<Role> RequiredRole(std::string_view method) {
     name.remove_prefix(slash + 1);
   }
   for (const absl::string_view read :
-       {"GetJob", "ListJobs", "WatchJob", "ListWorkers", "ListCheckpoints"}) {
+       {"GetJob", "ListJobs", "WatchJob", "ListWorkers", "ListCheckpoints", "GetJobMetrics",
+        "GetJobTrace"}) {
     if (name == read) return Role::kRead;
   }
   if (name == "SubmitJob" || name == "CancelJob") return Role::kSubmit;

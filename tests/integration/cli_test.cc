@@ -9,12 +9,18 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
+#include <set>
+#include <tuple>
 #include <fstream>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
 
 #include "services/checkpoint/checkpoint.h"
 #include "services/common/job_spec.h"
@@ -47,14 +53,15 @@ class Cli : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  Result Stagewise(const std::string& args) {
+  // `env`: extra VAR=value words before the binary.
+  Result Stagewise(const std::string& args, const std::string& env = "") {
     const fs::path out = dir_ / "stdout", err = dir_ / "stderr";
     // Everything a run leaves stays in the test's directory: profiles (plan,
     // and jobs the coordinator plans), `local`'s logs (TMPDIR) and relative
     // checkpoint directories (the examples').
     const std::string cmd =
         "cd " + dir_.string() + " && STAGEWISE_PROFILE_CACHE=" + (dir_ / "profiles").string() +
-        " TMPDIR=" + dir_.string() + " " + std::string(STAGEWISE_BINARY_DIR) + "/bin/stagewise " +
+        " TMPDIR=" + dir_.string() + " " + env + " " + std::string(STAGEWISE_BINARY_DIR) + "/bin/stagewise " +
         args + " >" + out.string() + " 2>" + err.string() + " </dev/null";
     Result r;
     const int status = std::system(cmd.c_str());
@@ -273,6 +280,87 @@ steps: 4
 )";
 }
 
+
+// A trace file (`local --trace`, `trace -o`) as a reader of Chrome's format
+// sees it.
+struct TracedSpan {
+  std::string name;
+  int64_t ts = 0, dur = 0, step = 0, micro_batch = 0;
+};
+struct TraceFile {
+  std::map<int, std::string> process_names;  // pid -> "stage j"
+  std::map<int, std::vector<TracedSpan>> tracks;  // pid -> X events in file order
+  int64_t origin_unix_us = 0;
+  int64_t clock_rtt_us = 0;
+};
+
+TraceFile ReadTrace(const fs::path& path) {
+  TraceFile out;
+  google::protobuf::Struct root;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(Slurp(path), &root);
+  EXPECT_TRUE(parsed.ok()) << path << ": " << parsed.ToString();
+  const auto& other = root.fields().at("otherData").struct_value().fields();
+  out.origin_unix_us = std::stoll(other.at("origin_unix_us").string_value());
+  out.clock_rtt_us = static_cast<int64_t>(other.at("clock_rtt_us").number_value());
+  for (const auto& v : root.fields().at("traceEvents").list_value().values()) {
+    const auto& e = v.struct_value().fields();
+    const int pid = static_cast<int>(e.at("pid").number_value());
+    const auto& args = e.at("args").struct_value().fields();
+    if (e.at("ph").string_value() == "M" && e.at("name").string_value() == "process_name") {
+      out.process_names[pid] = args.at("name").string_value();
+    }
+    if (e.at("ph").string_value() != "X") continue;
+    TracedSpan s;
+    s.name = e.at("name").string_value();
+    s.ts = static_cast<int64_t>(e.at("ts").number_value());
+    s.dur = static_cast<int64_t>(e.at("dur").number_value());
+    s.step = static_cast<int64_t>(args.at("step").number_value());
+    s.micro_batch = static_cast<int64_t>(args.at("micro_batch").number_value());
+    out.tracks[pid].push_back(s);
+  }
+  return out;
+}
+
+// One named track per stage with forward and backward spans; spans of a
+// track never overlap; with `causal`, the forward of every (mini-batch,
+// micro-batch) on stage j starts after it ended on stage j-1, within the
+// clocks' stated uncertainty.
+void CheckTrace(const TraceFile& trace, int stages, const std::string& what, bool causal) {
+  ASSERT_EQ(trace.tracks.size(), static_cast<size_t>(stages)) << what;
+  ASSERT_EQ(trace.process_names.size(), static_cast<size_t>(stages)) << what;
+  std::map<std::tuple<int, int64_t, int64_t>, TracedSpan> forwards;
+  for (int j = 0; j < stages; ++j) {
+    EXPECT_EQ(trace.process_names.at(j), "stage " + std::to_string(j)) << what;
+    ASSERT_TRUE(trace.tracks.count(j)) << what << ": no track for stage " << j;
+    const auto& spans = trace.tracks.at(j);
+    std::set<std::string> names;
+    for (size_t i = 0; i < spans.size(); ++i) {
+      names.insert(spans[i].name);
+      if (i > 0) {
+        EXPECT_LE(spans[i - 1].ts + spans[i - 1].dur, spans[i].ts)
+            << what << ": stage " << j << " " << spans[i - 1].name << " of step "
+            << spans[i - 1].step << " overlaps " << spans[i].name << " of step " << spans[i].step;
+      }
+      if (spans[i].name == "forward") {
+        forwards[{j, spans[i].step, spans[i].micro_batch}] = spans[i];
+      }
+    }
+    EXPECT_TRUE(names.count("forward")) << what << ": stage " << j;
+    EXPECT_TRUE(names.count("backward")) << what << ": stage " << j;
+  }
+  if (!causal) return;
+  for (const auto& [key, s] : forwards) {
+    const auto& [j, step, mb] = key;
+    if (j == 0) continue;
+    auto below = forwards.find({j - 1, step, mb});
+    ASSERT_NE(below, forwards.end()) << what << ": stage " << j - 1 << " never forwarded step "
+                                     << step;
+    EXPECT_LE(below->second.ts + below->second.dur, s.ts + std::max<int64_t>(trace.clock_rtt_us, 0))
+        << what << ": stage " << j << " forwards step " << step << "." << mb
+        << " before stage " << j - 1 << " finished it";
+  }
+}
+
 TEST_F(Cli, TorchScriptModelsTrainWithEveryAlgorithmOnLocalWorkers) {
   struct Case {
     std::string fixture, algorithm;
@@ -295,7 +383,9 @@ TEST_F(Cli, TorchScriptModelsTrainWithEveryAlgorithmOnLocalWorkers) {
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     const fs::path history = dir_ / ("history" + std::to_string(i) + ".tsv");
-    Result r = Stagewise("local -q -o json --threads 1 --history " + history.string() + " " +
+    const fs::path trace = dir_ / ("trace" + std::to_string(i) + ".json");
+    Result r = Stagewise("local -q -o json --threads 1 --history " + history.string() +
+                         " --trace " + trace.string() + " " +
                          WriteJob(TorchScriptJob(c.fixture, c.algorithm)));
     EXPECT_EQ(r.code, 0) << c.fixture << " " << c.algorithm << ": " << r.err;
     EXPECT_NE(r.out.find("\"state\":\"SUCCEEDED\""), std::string::npos)
@@ -304,6 +394,14 @@ TEST_F(Cli, TorchScriptModelsTrainWithEveryAlgorithmOnLocalWorkers) {
     EXPECT_NE(text.find("\ttrain_loss\t"), std::string::npos) << c.algorithm << ": " << text;
     EXPECT_NE(text.find("4\t"), std::string::npos) << c.algorithm << ": " << text;
     histories += " " + history.string();
+    // The timeline too (auxnet's stages forward their auxiliary inputs at
+    // once: no order between stages).
+    CheckTrace(ReadTrace(trace), 2, c.fixture + " " + c.algorithm,
+               c.algorithm.find("auxnet") == std::string::npos);
+    Result drawn = Stagewise("trace " + trace.string() + " --svg " +
+                             (dir_ / ("timeline" + std::to_string(i) + ".svg")).string());
+    EXPECT_EQ(drawn.code, 0) << drawn.err;
+    EXPECT_NE(drawn.out.find("2 stages"), std::string::npos) << drawn.out;
   }
   if (std::system("command -v gnuplot >/dev/null") == 0) {
     Result r = Stagewise("plot" + histories + " -o " + (dir_ / "all.svg").string());
@@ -664,6 +762,76 @@ TEST_F(Cli, LocalHistoryIsPlottedAndTheSvgRenders) {
   EXPECT_NE(r.err.find("notes.txt:1: expected step<TAB>seconds<TAB>name<TAB>value"),
             std::string::npos)
       << r.err;
+}
+
+}  // namespace
+
+namespace {
+
+// Pipeline timelines: `local --trace/--timeline` on three worker processes
+// whose clocks are an hour off (a test hook), then `trace` on the file.
+TEST_F(Cli, TheTimelineLandsOnTheCoordinatorsClockAndTheSvgRenders) {
+  std::string yaml = kTinyRevNet;
+  yaml.replace(yaml.find("algorithm: backprop"), 19, "algorithm: petra");
+  yaml.replace(yaml.find("stages: {count: 2, partition: auto}"), 35, "stages: 3");
+  yaml.replace(yaml.find("steps: 2"), 8, "steps: 6");
+  const fs::path json = dir_ / "t.json", svg = dir_ / "t.svg";
+  const auto now_us = [] {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  const int64_t before = now_us();
+  Result r = Stagewise("local --threads 1 --trace " + json.string() + " --timeline " +
+                           svg.string() + " " + WriteJob(yaml),
+                       "STAGEWISE_TEST_CLOCK_SKEW_US=3600000000");
+  ASSERT_EQ(r.code, 0) << r.err;
+  // The summary, per stage.
+  EXPECT_NE(r.err.find("tiny-revnet (petra), mini-batches 0-5: 3 stages"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("wait_prev"), std::string::npos) << r.err;
+  const TraceFile trace = ReadTrace(json);
+  CheckTrace(trace, 3, "petra", true);
+  // The workers' clocks say an hour later; the trace is on the coordinator's.
+  EXPECT_GE(trace.origin_unix_us, before - 60'000'000);
+  EXPECT_LE(trace.origin_unix_us, now_us() + 60'000'000);
+  EXPECT_GE(trace.clock_rtt_us, 0);
+
+  // The same picture again from the file; a real renderer draws it.
+  const std::string drawn = Slurp(svg);
+  for (const char* want : {"<svg", "stage 0", "stage 2", "tiny-revnet (petra)", "forward",
+                           "waiting for stage j+1", "time (ms"}) {
+    EXPECT_NE(drawn.find(want), std::string::npos) << want;
+  }
+  r = Stagewise("trace " + json.string() + " --svg " + (dir_ / "again.svg").string() + " -o " +
+                (dir_ / "again.json").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(Slurp(dir_ / "again.svg"), drawn);
+  EXPECT_EQ(Slurp(dir_ / "again.json"), Slurp(json));
+  if (std::system("command -v rsvg-convert >/dev/null") == 0) {
+    const fs::path png = dir_ / "t.png";
+    ASSERT_EQ(std::system(("rsvg-convert -o " + png.string() + " " + svg.string()).c_str()), 0);
+    const std::string bytes = Slurp(png);
+    ASSERT_GT(bytes.size(), 24u);
+    EXPECT_EQ(bytes.substr(1, 3), "PNG");
+    EXPECT_EQ(PngDimension(bytes, 16), 1202u);
+  }
+
+  // Errors name what is wrong.
+  std::ofstream(dir_ / "bad.json") << "{\"traceEvents\": [";
+  r = Stagewise("trace " + (dir_ / "bad.json").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("bad.json: not JSON"), std::string::npos) << r.err;
+  std::ofstream(dir_ / "other.json") << "{\"a\": 1}";
+  r = Stagewise("trace " + (dir_ / "other.json").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("no traceEvents list"), std::string::npos) << r.err;
+  r = Stagewise("trace " + json.string() + " --svg " + (dir_ / "t.png").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("must end in .svg"), std::string::npos) << r.err;
+  r = Stagewise("local --timeline x.png " + WriteJob(yaml));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--timeline x.png: the file must end in .svg"), std::string::npos) << r.err;
 }
 
 }  // namespace

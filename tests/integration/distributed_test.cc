@@ -1,9 +1,11 @@
 // The coordinator and workers as a system: real gRPC on port 0, in-process.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -147,6 +149,115 @@ eval: {every_steps: 150, every_epochs: 0}
   for (const auto& s : thin->samples()) EXPECT_EQ(s.name(), "train_loss");
   // Unknown jobs are NOT_FOUND; absurd requests are refused.
   EXPECT_EQ(client.GetJobMetrics("job-nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+// The pipeline timeline `stagewise trace` draws, through the coordinator's
+// RPC: spans of the window only, one track per stage that never overlaps,
+// on the coordinator's clock; the per-stage limit; jobs without a trace.
+TEST(Distributed, AJobsTraceComesBackPerStageWithinItsWindowAndLimit) {
+  testing::Cluster cluster({.workers = 3});
+  ASSERT_TRUE(cluster.WaitForWorkers(3));
+  auto job = [](const std::string& trace) {
+    return R"(name: traced
+model: {name: emulated, depth: 3, forward_ms: 2, backward_ms: 4, reversible: false}
+data: {dataset: synthetic, train_size: 512, test_size: 64, shape: [2, 4, 4], classes: 4}
+algorithm: {name: backprop, micro_batches: 4, schedule: 1f1b}
+stages: 3
+optimizer: {lr: 0.01}
+batch_size: 16
+steps: 8
+eval: {every_epochs: 0, at_end: false}
+)" + trace;
+  };
+  client::CoordinatorClient client(cluster.coordinator_address(), absl::Seconds(10));
+  const int64_t before_us = absl::ToUnixMicros(absl::Now());
+  auto id = cluster.manager().Submit(job("trace: {steps: [2, 5]}\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto done = cluster.WaitForJob(*id);
+  ASSERT_TRUE(done.ok());
+  ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  const int64_t after_us = absl::ToUnixMicros(absl::Now());
+
+  auto trace = client.GetJobTrace(*id);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_EQ(trace->job_id(), *id);
+  EXPECT_EQ(trace->name(), "traced");
+  EXPECT_EQ(trace->algorithm(), "backprop");
+  EXPECT_EQ(trace->num_stages(), 3);
+  ASSERT_EQ(trace->stages_size(), 3);
+  std::map<std::pair<int, int64_t>, const v1::Span*> forward_of;  // (stage, step*8+mb)
+  int64_t rtt = 0;
+  for (int j = 0; j < 3; ++j) {
+    const v1::StageTrace& st = trace->stages(j);
+    EXPECT_EQ(st.stage(), j);
+    EXPECT_EQ(st.dropped(), 0);
+    EXPECT_GE(st.clock_rtt_us(), 0) << "stage " << j << " had no clock estimate";
+    rtt = std::max(rtt, st.clock_rtt_us());
+    std::set<v1::SpanKind> kinds;
+    for (int i = 0; i < st.spans_size(); ++i) {
+      const v1::Span& s = st.spans(i);
+      kinds.insert(s.kind());
+      EXPECT_GE(s.step(), 2);
+      EXPECT_LT(s.step(), 5);
+      // On the coordinator's clock, inside the job's lifetime.
+      EXPECT_GE(s.start_us(), before_us - 1'000'000);
+      EXPECT_LE(s.start_us() + s.duration_us(), after_us + 1'000'000);
+      if (i > 0) {
+        const v1::Span& p = st.spans(i - 1);
+        EXPECT_LE(p.start_us() + p.duration_us(), s.start_us())
+            << "stage " << j << ": " << p.ShortDebugString() << " overlaps "
+            << s.ShortDebugString();
+      }
+      if (s.kind() == v1::SPAN_FORWARD) {
+        // The emulated block waits 2 ms per mini-batch forward, 0.5 ms
+        // per micro-batch of 4 samples (the last stage's includes the loss).
+        EXPECT_GE(s.duration_us(), 500) << s.ShortDebugString();
+        forward_of[{j, s.step() * 8 + s.micro_batch()}] = &s;
+      }
+    }
+    for (const v1::SpanKind k : {v1::SPAN_FORWARD, v1::SPAN_BACKWARD, v1::SPAN_STEP}) {
+      EXPECT_TRUE(kinds.count(k)) << "stage " << j << " has no " << v1::SpanKind_Name(k);
+    }
+    EXPECT_TRUE(kinds.count(j == 0 ? v1::SPAN_WAIT_NEXT : v1::SPAN_WAIT_PREV)) << "stage " << j;
+  }
+  // Three mini-batches of four micro-batches on every stage, and each one's
+  // forward on stage j after stage j-1's (within the clocks' uncertainty).
+  for (int j = 0; j < 3; ++j) {
+    for (int64_t key = 2 * 8; key < 5 * 8; ++key) {
+      if (key % 8 >= 4) continue;
+      ASSERT_TRUE(forward_of.count(std::make_pair(j, key))) << "stage " << j << " step " << key / 8 << " mb "
+                                              << key % 8;
+      if (j == 0) continue;
+      const v1::Span* below = forward_of[{j - 1, key}];
+      const v1::Span* here = forward_of[{j, key}];
+      EXPECT_LE(below->start_us() + below->duration_us(), here->start_us() + rtt)
+          << "stage " << j << " step " << key / 8 << " mb " << key % 8;
+    }
+  }
+
+  // The limit per stage: the rest is counted.
+  id = cluster.manager().Submit(job("trace: {steps: [0, 8], max_spans: 20}\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  done = cluster.WaitForJob(*id);
+  ASSERT_TRUE(done.ok());
+  ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  trace = client.GetJobTrace(*id);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->stages_size(), 3);
+  for (const v1::StageTrace& st : trace->stages()) {
+    EXPECT_EQ(st.spans_size(), 20);
+    EXPECT_GT(st.dropped(), 0);
+  }
+
+  // A job without a trace section has none; unknown jobs are NOT_FOUND.
+  id = cluster.manager().Submit(job(""));
+  ASSERT_TRUE(id.ok()) << id.status();
+  done = cluster.WaitForJob(*id);
+  ASSERT_TRUE(done.ok());
+  trace = client.GetJobTrace(*id);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_EQ(trace->stages_size(), 0);
+  EXPECT_EQ(client.GetJobTrace("job-nope").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(Distributed, JobWaitsForWorkersThenCanBeCancelled) {

@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <set>
 #include <ostream>
 #include <string>
 #include <thread>
@@ -585,6 +587,80 @@ TEST(ResumeMissingStateTest, IsFailedPreconditionExceptForBackprop) {
   ASSERT_TRUE(b->Resume(a->checkpoints().at(4), 4, FakeJob::AlgorithmState::kNone).ok());
   RunAll(*b);
   ExpectIdentical(*b, *a);
+}
+
+// The pipeline timeline as the algorithms record it (the runtime adds the
+// waits): inside the window only, never overlapping on a stage, and a
+// mini-batch's forward on stage j starts after it ended on stage j-1 (except
+// under auxnet, whose stages forward their auxiliary inputs in parallel).
+class TraceTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TraceTest, SpansStayInTheWindowDoNotOverlapAndFollowTheData) {
+  const std::string algorithm = GetParam();
+  auto job = FakeJob::FromYaml(JobYaml(algorithm, 3, 5) + "trace: {steps: [1, 4]}\n");
+  ASSERT_TRUE(job.ok()) << job.status();
+  RunAll(**job);
+  // (step, micro-batch) -> the forward span, per stage.
+  std::vector<std::map<std::pair<int64_t, int>, v1::Span>> forwards(3);
+  for (int j = 0; j < 3; ++j) {
+    worker::Tracer* tracer = (*job)->stage(j).tracer();
+    ASSERT_NE(tracer, nullptr);
+    const v1::TraceChunk chunk = tracer->TakeChunk();
+    ASSERT_GT(chunk.spans_size(), 0) << j;
+    EXPECT_EQ(chunk.dropped(), 0);
+    std::set<v1::SpanKind> kinds;
+    for (int i = 0; i < chunk.spans_size(); ++i) {
+      const v1::Span& s = chunk.spans(i);
+      kinds.insert(s.kind());
+      EXPECT_GE(s.step(), 1) << j << " " << s.ShortDebugString();
+      EXPECT_LT(s.step(), 4) << j << " " << s.ShortDebugString();
+      EXPECT_GE(s.duration_us(), 0);
+      if (i > 0) {
+        const v1::Span& p = chunk.spans(i - 1);
+        EXPECT_LE(p.start_us() + p.duration_us(), s.start_us())
+            << algorithm << " stage " << j << ": " << p.ShortDebugString() << " overlaps "
+            << s.ShortDebugString();
+      }
+      if (s.kind() == v1::SPAN_FORWARD) {
+        EXPECT_TRUE(forwards[j].emplace(std::make_pair(s.step(), s.micro_batch()), s).second)
+            << algorithm << " stage " << j << ": two forwards of " << s.ShortDebugString();
+      }
+    }
+    for (const v1::SpanKind k : {v1::SPAN_FORWARD, v1::SPAN_BACKWARD, v1::SPAN_STEP}) {
+      EXPECT_TRUE(kinds.count(k)) << algorithm << " stage " << j << " has no "
+                                  << v1::SpanKind_Name(k);
+    }
+    if (j < 2) {
+      EXPECT_TRUE(kinds.count(v1::SPAN_SEND)) << algorithm << " stage " << j;
+    }
+    for (int64_t t = 1; t < 4; ++t) {
+      EXPECT_TRUE(forwards[j].count({t, 0})) << algorithm << " stage " << j << " step " << t;
+    }
+  }
+  if (algorithm == "{name: auxnet}") return;
+  for (int j = 1; j < 3; ++j) {
+    for (const auto& [key, s] : forwards[j]) {
+      auto below = forwards[j - 1].find(key);
+      ASSERT_NE(below, forwards[j - 1].end())
+          << algorithm << ": stage " << j - 1 << " has no forward of " << s.ShortDebugString();
+      EXPECT_LE(below->second.start_us() + below->second.duration_us(), s.start_us())
+          << algorithm << ": stage " << j << " forwards " << s.ShortDebugString()
+          << " before stage " << j - 1 << " finished " << below->second.ShortDebugString();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryAlgorithm, TraceTest,
+                         ::testing::Values("{name: backprop, micro_batches: 2}",
+                                           "{name: backprop, micro_batches: 3, schedule: 1f1b}",
+                                           "{name: petra}", "{name: delayed}",
+                                           "{name: features_replay}", "{name: nwise, n: 1}",
+                                           "{name: auxnet}"));
+
+TEST(TraceOffTest, AJobWithoutATraceSectionRecordsNothing) {
+  auto job = MakeJob("{name: petra}", 2);
+  ASSERT_NE(job, nullptr);
+  EXPECT_EQ(job->stage(0).tracer(), nullptr);
 }
 
 }  // namespace

@@ -201,6 +201,10 @@ absl::StatusOr<std::unique_ptr<FakeJob>> FakeJob::Create(const JobSpec& job_spec
     }
     s->metrics_ = std::make_unique<metrics::StageMetrics>(job->metrics_server_->registry(),
                                                           s->job_id_, j, spec.algorithm.name);
+    if (spec.trace.enabled) {
+      s->tracer_ =
+          std::make_unique<worker::Tracer>(spec.trace.from, spec.trace.to, spec.trace.max_spans);
+    }
     job->stages_.push_back(std::move(s));
   }
   return job;

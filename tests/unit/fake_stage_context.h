@@ -81,6 +81,9 @@ class FakeStageContext : public worker::StageContext {
   void ReportStep(int64_t steps_done, double train_loss, int64_t samples) override;
   void ReportEval(int64_t steps_done, double loss, double accuracy, int64_t samples) override;
   metrics::StageMetrics& stage_metrics() override { return *metrics_; }
+  // With the spec's trace: section (the compute spans the algorithms record;
+  // the runtime's waits are not in a fake).
+  worker::Tracer* tracer() override { return tracer_.get(); }
   void Summarize(const std::string& key, double value) override;
   int64_t first_step() const override { return first_step_; }
   bool CheckpointDue(int64_t steps_done) const override;
@@ -123,6 +126,7 @@ class FakeStageContext : public worker::StageContext {
   MessageQueue* to_next_ = nullptr;
   MessageQueue* to_prev_ = nullptr;
   std::unique_ptr<metrics::StageMetrics> metrics_;
+  std::unique_ptr<worker::Tracer> tracer_;
   worker::Algorithm* algorithm_ = nullptr;  // while Run runs on this stage's thread
   int64_t checkpoint_every_ = 0;
   int64_t first_step_ = 0;

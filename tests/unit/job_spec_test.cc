@@ -941,6 +941,26 @@ TEST(JobSpecTest, TransportCompression) {
               HasSubstr("transport.compresion"));
 }
 
+TEST(JobSpecTest, TraceIsOffUnlessAskedForWithAWindowAndALimit) {
+  EXPECT_FALSE(ParseOk(SpecYaml({})).trace.enabled);
+  JobSpec spec = ParseOk(SpecYaml({{"trace", "{}"}}));
+  EXPECT_TRUE(spec.trace.enabled);
+  EXPECT_EQ(spec.trace.from, 0);
+  EXPECT_EQ(spec.trace.to, 10);
+  EXPECT_EQ(spec.trace.max_spans, 20000);
+  spec = ParseOk(SpecYaml({{"trace", "{steps: [100, 120], max_spans: 500}"}}));
+  EXPECT_EQ(spec.trace.from, 100);
+  EXPECT_EQ(spec.trace.to, 120);
+  EXPECT_EQ(spec.trace.max_spans, 500);
+  EXPECT_TRUE(ParseOk(SpecYaml({{"trace", "~"}})).trace.enabled);  // `trace:` alone
+  EXPECT_THAT(ParseError(SpecYaml({{"trace", "{steps: [5, 5]}"}})),
+              StartsWith("trace.steps: must be [from, to] with 0 <= from < to, got [5, 5]"));
+  EXPECT_THAT(ParseError(SpecYaml({{"trace", "{steps: [3]}"}})), HasSubstr("trace.steps"));
+  EXPECT_THAT(ParseError(SpecYaml({{"trace", "{max_spans: 0}"}})),
+              StartsWith("trace.max_spans: must be in [1, 1000000], got 0"));
+  EXPECT_THAT(ParseError(SpecYaml({{"trace", "{step: [0, 1]}"}})), HasSubstr("trace.step"));
+}
+
 TEST(JobSpecTest, StagesModesAndMemoryBudget) {
   JobSpec spec = ParseOk(SpecYaml({{"stages", "{count: 2, memory_budget: 512MiB}"}}));
   EXPECT_EQ(spec.stages.memory_budget, int64_t{512} << 20);

@@ -229,10 +229,12 @@ class AuxNetAlgorithm : public Algorithm {
     penalty_time_.Add(std::chrono::duration<double>(t3 - t2).count());
     ctx.optimizer().zero_grad();
     loss.backward();
+    const auto stepped = std::chrono::steady_clock::now();
     StepAt(ctx.optimizer(), ctx.LearningRate(t));
     backward_time_.Add(SecondsSince(t3));
-    ctx.stage_metrics().ObserveCompute("forward", std::chrono::duration<double>(t2 - t1).count());
-    ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t2));
+    TimeCompute(ctx, "forward", t, 0, t1, t2);
+    TimeCompute(ctx, "backward", t, 0, t2, stepped);
+    TimeCompute(ctx, "step", t, 0, stepped);
     ctx.stage_metrics().IncSteps();
     const double loss_value = loss.item<double>();
     ctx.stage_metrics().SetValue(ctx.last() ? "local_loss" : "penalty_loss", loss_value);
@@ -264,7 +266,7 @@ class AuxNetAlgorithm : public Algorithm {
       Penalty(lambda, corrected).backward();
       StepAt(*aux_optimizer_, ctx.LearningRate(t));
       aux_backward_.Add(SecondsSince(t4));
-      ctx.stage_metrics().ObserveCompute("aux", SecondsSince(t4));
+      TimeCompute(ctx, "aux", t, 0, t4);
       if (serial) {
         STAGEWISE_ASSIGN_OR_RETURN(torch::Tensor s,
                                    Expect(ctx.ReceiveFromPrev(), v1::StageMessage::AUX, t, kSerial,

@@ -74,7 +74,7 @@ class Backprop : public Algorithm {
           for (int i = 0; i < M; ++i) STAGEWISE_RETURN_IF_ERROR(Backward(ctx, step, i));
         }
       }
-      StepOptimizer(ctx, ctx.LearningRate(step));
+      StepOptimizer(ctx, step, ctx.LearningRate(step));
       ctx.stage_metrics().SetMemory("activations", 0);
       ctx.ReportStep(step + 1, loss_, batch_size_);
       return absl::OkStatus();
@@ -118,10 +118,10 @@ class Backprop : public Algorithm {
       torch::Tensor logits = ctx.model().forward(input);
       const double weight = static_cast<double>(labels.size(0)) / static_cast<double>(batch_size_);
       torch::Tensor loss = torch::cross_entropy_loss(logits, labels) * weight;
-      ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
+      TimeCompute(ctx, "forward", step, m, t0);
       const auto t1 = std::chrono::steady_clock::now();
       loss.backward();
-      ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t1));
+      TimeCompute(ctx, "backward", step, m, t1);
       loss_ += loss.item<double>();
       STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, step, m, input.grad()));
       f = InFlight{};
@@ -137,7 +137,7 @@ class Backprop : public Algorithm {
       out = ctx.model().forward(input);
       f.output = out;
     }
-    ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
+    TimeCompute(ctx, "forward", step, m, t0);
     const int64_t held = HeldBytes();
     ctx.stage_metrics().SetMemory("activations", held);
     if (held > peak_held_) {
@@ -153,7 +153,7 @@ class Backprop : public Algorithm {
     if (f.pass) {
       const auto t0 = std::chrono::steady_clock::now();
       torch::Tensor grad_in = f.pass->Backward(grad);
-      ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t0));
+      TimeCompute(ctx, "backward", step, m, t0);
       f = InFlight{};
       return SendGrad(ctx, step, m, grad_in);
     }
@@ -161,12 +161,12 @@ class Backprop : public Algorithm {
     if (recompute_) {
       const auto t0 = std::chrono::steady_clock::now();
       out = ctx.model().forward(f.input);
-      ctx.stage_metrics().ObserveCompute("recompute", SecondsSince(t0));
+      TimeCompute(ctx, "recompute", step, m, t0);
     }
     STAGEWISE_RETURN_IF_ERROR(CheckOutputShape("grad", grad.sizes(), out.sizes()));
     const auto t0 = std::chrono::steady_clock::now();
     out.backward(grad);
-    ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t0));
+    TimeCompute(ctx, "backward", step, m, t0);
     STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, step, m, f.input.grad()));
     f = InFlight{};
     ctx.stage_metrics().SetMemory("activations", HeldBytes());
@@ -183,7 +183,7 @@ class Backprop : public Algorithm {
                                models::ModalPass::Forward(ctx.model().blocks(), ctx.block_modes(),
                                                           input.detach(), !ctx.first()));
     f.pass = std::make_shared<models::ModalPass>(std::move(pass));
-    ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
+    TimeCompute(ctx, "forward", step, m, t0);
     if (!ctx.last()) {
       return SendForward(ctx, step, m, f.pass->output(), labels, std::move(labels_proto));
     }
@@ -194,7 +194,7 @@ class Backprop : public Algorithm {
     loss.backward();
     loss_ += loss.item<double>();
     torch::Tensor grad_in = f.pass->Backward(logits.grad());
-    ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t1));
+    TimeCompute(ctx, "backward", step, m, t1);
     f = InFlight{};
     return SendGrad(ctx, step, m, grad_in);
   }

@@ -1,5 +1,8 @@
 #include "worker/algorithms/common.h"
 
+#include <string>
+#include <string_view>
+
 #include "absl/strings/str_cat.h"
 #include "services/models/batch_norm.h"
 #include "services/models/memory_meter.h"
@@ -63,11 +66,14 @@ absl::Status ExpectMessage(const v1::StageMessage& message, v1::StageMessage::Ki
 absl::Status SendGrad(StageContext& ctx, int64_t step, int micro_batch, const torch::Tensor& grad,
                       const torch::Tensor& x, int64_t origin) {
   if (ctx.first()) return absl::OkStatus();
+  const auto t0 = std::chrono::steady_clock::now();
   v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, step, micro_batch);
   if (origin >= 0) back.set_origin_stage(static_cast<int32_t>(origin));
   if (x.defined()) STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "x", x, WireCompression(ctx.spec())));
   STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", grad, WireCompression(ctx.spec())));
-  return ctx.SendToPrev(std::move(back));
+  absl::Status sent = ctx.SendToPrev(std::move(back));
+  TraceSpan(ctx, v1::SPAN_SEND, step, micro_batch, t0);
+  return sent;
 }
 
 absl::StatusOr<torch::Tensor> ReceiveGrad(StageContext& ctx, int64_t step, int micro_batch,
@@ -82,6 +88,24 @@ absl::StatusOr<torch::Tensor> ReceiveGrad(StageContext& ctx, int64_t step, int m
 
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void TraceSpan(StageContext& ctx, v1::SpanKind kind, int64_t step, int micro_batch,
+               std::chrono::steady_clock::time_point t0, std::chrono::steady_clock::time_point t1) {
+  if (Tracer* tracer = ctx.tracer()) tracer->Record(kind, step, micro_batch, t0, t1);
+}
+
+void TimeCompute(StageContext& ctx, const char* phase, int64_t step, int micro_batch,
+                 std::chrono::steady_clock::time_point t0, std::chrono::steady_clock::time_point t1) {
+  ctx.stage_metrics().ObserveCompute(phase, std::chrono::duration<double>(t1 - t0).count());
+  const std::string_view name(phase);
+  v1::SpanKind kind = v1::SPAN_KIND_UNSPECIFIED;
+  if (name == "forward") kind = v1::SPAN_FORWARD;
+  if (name == "backward") kind = v1::SPAN_BACKWARD;
+  if (name == "recompute") kind = v1::SPAN_RECOMPUTE;
+  if (name == "step") kind = v1::SPAN_STEP;
+  if (name == "aux") kind = v1::SPAN_AUX;
+  TraceSpan(ctx, kind, step, micro_batch, t0, t1);
 }
 
 int64_t TensorBytes(const torch::Tensor& t) {
@@ -115,21 +139,25 @@ void StepAt(torch::optim::Optimizer& optimizer, double lr) {
   optimizer.step();
 }
 
-void StepOptimizer(StageContext& ctx, double lr, torch::optim::Optimizer* extra) {
+void StepOptimizer(StageContext& ctx, int64_t step, double lr, torch::optim::Optimizer* extra) {
   const auto t0 = std::chrono::steady_clock::now();
   StepAt(ctx.optimizer(), lr);
   if (extra != nullptr) StepAt(*extra, lr);
-  ctx.stage_metrics().ObserveCompute("step", SecondsSince(t0));
+  TimeCompute(ctx, "step", step, 0, t0);
   ctx.stage_metrics().IncSteps();
 }
 
-double LossBackward(StageContext& ctx, const ForwardInput& in) {
+double LossBackward(StageContext& ctx, int64_t step, const ForwardInput& in) {
   const auto t0 = std::chrono::steady_clock::now();
   torch::Tensor x = in.x;
   if (!ctx.first()) x.requires_grad_(true);
   torch::Tensor loss = torch::cross_entropy_loss(ctx.model().forward(x), in.labels);
+  const auto t1 = std::chrono::steady_clock::now();
   loss.backward();
-  ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
+  const auto t2 = std::chrono::steady_clock::now();
+  ctx.stage_metrics().ObserveCompute("forward", std::chrono::duration<double>(t2 - t0).count());
+  TraceSpan(ctx, v1::SPAN_FORWARD, step, 0, t0, t1);
+  TraceSpan(ctx, v1::SPAN_BACKWARD, step, 0, t1, t2);
   return loss.item<double>();
 }
 
@@ -149,7 +177,7 @@ void ReportStaleness(StageContext& ctx, int64_t stale, int64_t* max) {
   ctx.Summarize("staleness_steps", static_cast<double>(stale));
 }
 
-absl::Status RecomputeBackward(StageContext& ctx, const torch::Tensor& input,
+absl::Status RecomputeBackward(StageContext& ctx, int64_t step, const torch::Tensor& input,
                                const torch::Tensor& grad) {
   const auto t0 = std::chrono::steady_clock::now();
   torch::Tensor out;
@@ -157,11 +185,11 @@ absl::Status RecomputeBackward(StageContext& ctx, const torch::Tensor& input,
     models::FreezeRunningStats freeze;
     out = ctx.model().forward(input);
   }
-  ctx.stage_metrics().ObserveCompute("recompute", SecondsSince(t0));
+  TimeCompute(ctx, "recompute", step, 0, t0);
   STAGEWISE_RETURN_IF_ERROR(CheckOutputShape("grad", grad.sizes(), out.sizes()));
   const auto t1 = std::chrono::steady_clock::now();
   out.backward(grad);
-  ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t1));
+  TimeCompute(ctx, "backward", step, 0, t1);
   return absl::OkStatus();
 }
 
@@ -205,6 +233,7 @@ absl::StatusOr<ForwardInput> ReceiveForward(StageContext& ctx, int64_t step, int
 
 absl::Status SendForward(StageContext& ctx, int64_t step, int micro_batch, const torch::Tensor& out,
                          const torch::Tensor& labels, v1::TensorProto labels_proto) {
+  const auto t0 = std::chrono::steady_clock::now();
   v1::StageMessage fwd = NewMessage(v1::StageMessage::FORWARD, step, micro_batch);
   STAGEWISE_RETURN_IF_ERROR(PutTensor(&fwd, "x", out, WireCompression(ctx.spec())));
   if (ctx.first()) {
@@ -212,7 +241,9 @@ absl::Status SendForward(StageContext& ctx, int64_t step, int micro_batch, const
   } else {
     (*fwd.mutable_tensors())["labels"] = std::move(labels_proto);
   }
-  return ctx.SendToNext(std::move(fwd));
+  absl::Status sent = ctx.SendToNext(std::move(fwd));
+  TraceSpan(ctx, v1::SPAN_SEND, step, micro_batch, t0);
+  return sent;
 }
 
 namespace {
@@ -314,6 +345,8 @@ absl::Status ReadStateOptimizer(torch::serialize::InputArchive& archive, const s
 }
 
 absl::Status RunEvaluation(StageContext& ctx, int64_t steps_done) {
+  // One span for the pass; its sends and receives are not traced apart.
+  Tracer::Scope span(ctx.tracer(), v1::SPAN_EVAL, steps_done);
   torch::NoGradGuard no_grad;
   ctx.model().eval();
   double loss_sum = 0;

@@ -30,6 +30,17 @@ struct ForwardInput {
 // Seconds since `t0` (compute-time metrics).
 double SecondsSince(std::chrono::steady_clock::time_point t0);
 
+// Records [t0, t1) as a span of mini-batch `step`, micro-batch `micro_batch`
+// in the job's pipeline timeline, when the job traces that step.
+void TraceSpan(StageContext& ctx, v1::SpanKind kind, int64_t step, int micro_batch,
+               std::chrono::steady_clock::time_point t0,
+               std::chrono::steady_clock::time_point t1 = std::chrono::steady_clock::now());
+// Compute phase `phase` ("forward", "backward", "recompute", "step", "aux")
+// took [t0, t1): observed in the stage metrics and traced as its span kind.
+void TimeCompute(StageContext& ctx, const char* phase, int64_t step, int micro_batch,
+                 std::chrono::steady_clock::time_point t0,
+                 std::chrono::steady_clock::time_point t1 = std::chrono::steady_clock::now());
+
 // Bytes held by `t` (0 if undefined) and by every tensor of `ts`.
 int64_t TensorBytes(const torch::Tensor& t);
 int64_t TensorBytes(const std::vector<torch::Tensor>& ts);
@@ -46,12 +57,15 @@ absl::Status CheckOutputShape(const std::string& name, c10::IntArrayRef got, c10
 // Sets `lr` on `optimizer` and steps it.
 void StepAt(torch::optim::Optimizer& optimizer, double lr);
 // The stage's optimizer step at `lr` (and `extra`'s, e.g. an aux head's),
-// timed as compute phase "step" and counted in the stage metrics.
-void StepOptimizer(StageContext& ctx, double lr, torch::optim::Optimizer* extra = nullptr);
+// timed as compute phase "step" of mini-batch `step` and counted in the
+// stage metrics.
+void StepOptimizer(StageContext& ctx, int64_t step, double lr,
+                   torch::optim::Optimizer* extra = nullptr);
 
-// Last stage: forward, loss and backward of `in` at once (the input gradient
-// lands in in.x.grad() on stages > 0), timed as "forward". Returns the loss.
-double LossBackward(StageContext& ctx, const ForwardInput& in);
+// Last stage: forward, loss and backward of mini-batch `step` (`in`) at once
+// (the input gradient lands in in.x.grad() on stages > 0), timed as
+// "forward" (traced as a forward and a backward span). Returns the loss.
+double LossBackward(StageContext& ctx, int64_t step, const ForwardInput& in);
 
 // Memory kind "inputs" = `bytes`; where `held` inputs exceed `*peak`, updates
 // it and the summary's peak_inputs / peak_input_bytes and returns true.
@@ -60,10 +74,10 @@ bool ReportHeldInputs(StageContext& ctx, int64_t held, int64_t bytes, int64_t* p
 // largest (`*max`).
 void ReportStaleness(StageContext& ctx, int64_t stale, int64_t* max);
 
-// Recomputes the stage's forward from `input` with BatchNorm running
+// Mini-batch `step`: recomputes the stage's forward from `input` with BatchNorm running
 // statistics frozen (timed "recompute"), checks that `grad` has the output's
 // shape and backpropagates it (timed "backward").
-absl::Status RecomputeBackward(StageContext& ctx, const torch::Tensor& input,
+absl::Status RecomputeBackward(StageContext& ctx, int64_t step, const torch::Tensor& input,
                                const torch::Tensor& grad);
 
 // Moves an auxiliary module (aux head, AuxNet) to the stage's device in

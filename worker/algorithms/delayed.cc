@@ -71,8 +71,9 @@ class Delayed : public Algorithm {
     int64_t forward_step = 0;          // optimizer steps done at the forward
   };
 
-  void Step(StageContext& ctx, double loss, int64_t samples) {
-    StepOptimizer(ctx, ctx.LearningRate(steps_));
+  // The optimizer step after mini-batch t's backward.
+  void Step(StageContext& ctx, int64_t t, double loss, int64_t samples) {
+    StepOptimizer(ctx, t, ctx.LearningRate(steps_));
     ++steps_;
     ctx.ReportStep(steps_, loss, samples);
   }
@@ -96,9 +97,9 @@ class Delayed : public Algorithm {
     if (ctx.last()) {
       // No delay on the last stage: forward, loss, backward and step at once.
       ctx.optimizer().zero_grad();
-      const double loss = LossBackward(ctx, in);
+      const double loss = LossBackward(ctx, t, in);
       ctx.stage_metrics().SetStaleness(0);
-      Step(ctx, loss, in.labels.size(0));
+      Step(ctx, t, loss, in.labels.size(0));
       return SendGrad(ctx, t, 0, in.x.grad());
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -107,7 +108,7 @@ class Delayed : public Algorithm {
       torch::NoGradGuard no_grad;
       out = ctx.model().forward(in.x);  // running statistics are updated here, once
     }
-    ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
+    TimeCompute(ctx, "forward", t, 0, t0);
     InFlight& f = inflight_[t];
     f.input = in.x;
     f.forward_step = steps_;
@@ -138,13 +139,13 @@ class Delayed : public Algorithm {
         params_[i].copy_(f.stash[i]);
       }
     }
-    STAGEWISE_RETURN_IF_ERROR(RecomputeBackward(ctx, x, grad));
+    STAGEWISE_RETURN_IF_ERROR(RecomputeBackward(ctx, t, x, grad));
     if (stash_) {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(current[i]);
     }
     ReportStaleness(ctx, steps_ - f.forward_step, &max_staleness_);
-    Step(ctx, 0.0, grad.size(0));
+    Step(ctx, t, 0.0, grad.size(0));
     ReportBuffers(ctx);
     return SendGrad(ctx, t, 0, x.grad());
   }

@@ -155,9 +155,9 @@ class FeaturesReplay : public Algorithm {
     STAGEWISE_ASSIGN_OR_RETURN(ForwardInput in, StageInput(ctx, t));
     if (ctx.last()) {
       ctx.optimizer().zero_grad();
-      loss_ = LossBackward(ctx, in);
+      loss_ = LossBackward(ctx, t, in);
       samples_ = in.labels.size(0);
-      StepOptimizer(ctx, ctx.LearningRate(t));
+      StepOptimizer(ctx, t, ctx.LearningRate(t));
       return SendGrad(ctx, t, 0, in.x.grad());
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -166,7 +166,7 @@ class FeaturesReplay : public Algorithm {
       torch::NoGradGuard no_grad;
       out = ctx.model().forward(in.x);  // running statistics move here, once
     }
-    ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
+    TimeCompute(ctx, "forward", t, 0, t0);
     history_[t] = in.x;
     samples_ = in.x.size(0);
     ReportBuffers(ctx);
@@ -194,9 +194,9 @@ class FeaturesReplay : public Algorithm {
     history_.erase(it);
     ctx.optimizer().zero_grad();
     if (!ctx.first()) input = input.detach().requires_grad_(true);
-    STAGEWISE_RETURN_IF_ERROR(RecomputeBackward(ctx, input, grad));  // the replay
+    STAGEWISE_RETURN_IF_ERROR(RecomputeBackward(ctx, r, input, grad));  // the replay
     ctx.stage_metrics().SetStaleness(lag_);
-    StepOptimizer(ctx, ctx.LearningRate(t));
+    StepOptimizer(ctx, t, ctx.LearningRate(t));
     ReportBuffers(ctx);
     return SendGrad(ctx, r, 0, input.grad());
   }

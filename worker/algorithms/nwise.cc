@@ -185,7 +185,7 @@ class Nwise : public Algorithm {
       if (input_grad) xs[mb].requires_grad_(true);
       const auto t0 = std::chrono::steady_clock::now();
       outs[mb] = ctx.model().forward(xs[mb]);
-      ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
+      TimeCompute(ctx, "forward", t, mb, t0);
       samples += labels[mb].size(0);
       if (!ctx.last()) {
         STAGEWISE_RETURN_IF_ERROR(
@@ -205,7 +205,7 @@ class Nwise : public Algorithm {
         const bool send = travels(j_);
         torch::Tensor gx = Vjp(loss, torch::ones_like(loss), xs[mb], main_weight,
                                /*aux=*/!ctx.last(), send);
-        ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t0));
+        TimeCompute(ctx, "backward", t, mb, t0);
         if (send) STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, t, mb, gx, torch::Tensor(), j_));
       }
     }
@@ -231,11 +231,11 @@ class Nwise : public Algorithm {
       const bool pass_on = lower(m) < j_;
       const auto t0 = std::chrono::steady_clock::now();
       torch::Tensor gx = Vjp(outs[mb], g, xs[mb], main_weight, /*aux=*/false, pass_on);
-      ctx.stage_metrics().ObserveCompute("backward", SecondsSince(t0));
+      TimeCompute(ctx, "backward", t, mb, t0);
       if (pass_on) STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, t, mb, gx, torch::Tensor(), m));
     }
     // Step (main and aux head) with the schedule's rate for this mini-batch.
-    StepOptimizer(ctx, ctx.LearningRate(t), aux_optimizer_.get());
+    StepOptimizer(ctx, t, ctx.LearningRate(t), aux_optimizer_.get());
     ctx.stage_metrics().SetStaleness(0);
     ctx.ReportStep(t + 1, ctx.last() ? loss_sum : 0.0, samples);
     if (head_ && !ctx.last()) {

@@ -95,7 +95,8 @@ class Petra : public Algorithm {
 
   // One backward pass done: Delta_j += grad / k was accumulated in .grad (the
   // 1/k is applied here); every k-th pass steps and zeroes.
-  void Accumulate(StageContext& ctx, double loss, int64_t samples) {
+  // Mini-batch t's backward pass done.
+  void Accumulate(StageContext& ctx, int64_t t, double loss, int64_t samples) {
     ++backwards_;
     if (backwards_ % k_ == 0) {
       if (k_ > 1) {
@@ -106,7 +107,7 @@ class Petra : public Algorithm {
       }
       // The schedule advances in mini-batches: an update uses the learning rate
       // of the first mini-batch of its window.
-      StepOptimizer(ctx, ctx.LearningRate(backwards_ - k_));
+      StepOptimizer(ctx, t, ctx.LearningRate(backwards_ - k_));
       ctx.optimizer().zero_grad();
       ++updates_;
     }
@@ -138,9 +139,9 @@ class Petra : public Algorithm {
     if (ctx.last()) {
       // Algorithm 1, lines 26-32: forward, loss and backward at once; running
       // statistics move in this (only) pass.
-      const double loss = LossBackward(ctx, in);
+      const double loss = LossBackward(ctx, t, in);
       ctx.stage_metrics().SetStaleness(0);
-      Accumulate(ctx, loss, in.labels.size(0));
+      Accumulate(ctx, t, loss, in.labels.size(0));
       return SendGrad(ctx, t, 0, in.x.grad(), in.x.detach());
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -161,7 +162,7 @@ class Petra : public Algorithm {
       }
     }
     if (verify_) verify_inputs_[t] = std::move(seen);
-    ctx.stage_metrics().ObserveCompute("forward", SecondsSince(t0));
+    TimeCompute(ctx, "forward", t, 0, t0);
     ReportBuffers(ctx);
     return SendForward(ctx, t, 0, h, in.labels, std::move(in.labels_proto));
   }
@@ -182,6 +183,7 @@ class Petra : public Algorithm {
     STAGEWISE_RETURN_IF_ERROR(CheckOutputShape("grad", g.sizes(), want));
     const int64_t samples = g.size(0);
     double rebuild_time = 0, backward_time = 0;
+    const auto start = std::chrono::steady_clock::now();
     for (int i = static_cast<int>(blocks_.size()) - 1; i >= 0; --i) {
       const bool need_input_grad = i > 0 || !ctx.first();
       if (blocks_[i]->reversible() && !f.inputs[i].defined()) {
@@ -215,8 +217,10 @@ class Petra : public Algorithm {
     verify_inputs_.erase(t);
     ctx.stage_metrics().ObserveCompute("recompute", rebuild_time);
     ctx.stage_metrics().ObserveCompute("backward", backward_time);
+    // One span for the pass: rebuilds and VJPs alternate block by block.
+    TraceSpan(ctx, v1::SPAN_BACKWARD, t, 0, start);
     ReportStaleness(ctx, updates_ - f.updates_at_forward, &max_staleness_);
-    Accumulate(ctx, 0.0, samples);
+    Accumulate(ctx, t, 0.0, samples);
     ReportBuffers(ctx);
     return SendGrad(ctx, t, 0, g, h);
   }

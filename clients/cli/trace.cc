@@ -1,0 +1,81 @@
+// `stagewise trace`: a job's pipeline timeline (docs/trace.md).
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "clients/cli/commands.h"
+#include "clients/cli/job_watch.h"
+#include "clients/cli/timeline.h"
+#include "clients/client/coordinator_client.h"
+#include "services/checkpoint/checkpoint.h"
+
+namespace stagewise::cli {
+namespace {
+
+// A trace file `trace -o` or `local --trace` wrote, or a job on the coordinator.
+absl::StatusOr<v1::JobTrace> LoadTrace(const std::string& source, const std::string& coordinator) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(source, ec)) {
+    std::ifstream in(source, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in) return absl::NotFoundError(absl::StrCat(source, ": cannot read it"));
+    return ParseChromeTrace(text.str(), source);
+  }
+  client::CoordinatorClient client(client::ResolveCoordinatorAddress(coordinator));
+  absl::StatusOr<v1::JobTrace> trace = client.GetJobTrace(source);
+  if (!trace.ok() && trace.status().code() == absl::StatusCode::kNotFound) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": neither a trace file nor a job on the coordinator"));
+  }
+  return trace;
+}
+
+}  // namespace
+
+absl::Status WriteTraceFiles(const v1::JobTrace& trace, const std::string& json,
+                             const std::string& svg) {
+  if (!svg.empty() && !absl::EndsWith(svg, ".svg")) {
+    return absl::InvalidArgumentError(absl::StrCat("--svg ", svg, ": the file must end in .svg"));
+  }
+  if (!json.empty()) {
+    if (absl::Status s = checkpoint::WriteFileAtomically(json, ChromeTraceJson(trace)); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(json, ": ", s.message()));
+    }
+  }
+  if (!svg.empty()) {
+    if (absl::Status s = checkpoint::WriteFileAtomically(svg, TimelineSvg(trace)); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(svg, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int Trace(const TraceArgs& args, std::ostream& out, std::ostream& err) {
+  if (!args.svg.empty() && !absl::EndsWith(args.svg, ".svg")) {
+    err << "error: --svg " << args.svg << ": the file must end in .svg\n";
+    return kExitInvalid;
+  }
+  absl::StatusOr<v1::JobTrace> trace = LoadTrace(args.source, args.coordinator);
+  if (!trace.ok()) {
+    if (trace.status().code() == absl::StatusCode::kInvalidArgument) {
+      err << "error: " << trace.status().message() << "\n";
+      return kExitInvalid;
+    }
+    return ReportError(trace.status(), err);
+  }
+  if (absl::Status s = WriteTraceFiles(*trace, args.output, args.svg); !s.ok()) {
+    err << "error: " << s.message() << "\n";
+    return kExitFailed;
+  }
+  out << TraceSummary(*trace);
+  if (!args.output.empty()) out << "wrote " << args.output << " (open it in ui.perfetto.dev)\n";
+  if (!args.svg.empty()) out << "wrote " << args.svg << "\n";
+  return kExitOk;
+}
+
+}  // namespace stagewise::cli
