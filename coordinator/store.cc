@@ -740,15 +740,16 @@ absl::StatusOr<std::vector<v1::TraceChunk>> JobStore::Trace(const std::string& j
   STAGEWISE_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id, kOp));
   if (!exists) return JobNotFound(job_id);
   Stmt select(impl_->db, kOp);
-  STAGEWISE_RETURN_IF_ERROR(select.Prepare("SELECT chunk FROM traces WHERE job_id = ?1 ORDER BY id"));
+  STAGEWISE_RETURN_IF_ERROR(
+      select.Prepare("SELECT chunk FROM traces WHERE job_id = ?1 ORDER BY id"));
   select.BindText(1, job_id);
   std::vector<v1::TraceChunk> chunks;
   for (;;) {
     STAGEWISE_ASSIGN_OR_RETURN(const bool row, select.Step());
     if (!row) break;
     if (!select.ParseProto(0, &chunks.emplace_back())) {
-      return absl::DataLossError(absl::StrCat(kOp, ": a stored trace chunk of job ", job_id,
-                                              " does not parse"));
+      return absl::DataLossError(
+          absl::StrCat(kOp, ": a stored trace chunk of job ", job_id, " does not parse"));
     }
   }
   return chunks;

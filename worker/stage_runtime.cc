@@ -295,6 +295,8 @@ absl::Status StageRuntime::RunPhases() {
       // the next phase (its optimizer reset done, no algorithm state yet).
       if (CheckpointScheduled(phase_offset_)) STAGEWISE_RETURN_IF_ERROR(WriteShard(0, false));
     }
+    // The trace window counts this phase's steps from where it starts.
+    if (tracer_) tracer_->Advance(first_step_);
     STAGEWISE_RETURN_IF_ERROR(algorithm_->Run(*this));
   }
   return absl::OkStatus();
@@ -382,7 +384,8 @@ void StageRuntime::EmitTrace() {
   chunk->set_phase(phase_);
   // One offset for every chunk of the stage: a newer estimate would move
   // later spans against earlier ones.
-  if (!trace_clock_.has_value()) trace_clock_ = env_.clock ? env_.clock->Get() : ClockSync::Estimate{};
+  if (!trace_clock_.has_value())
+    trace_clock_ = env_.clock ? env_.clock->Get() : ClockSync::Estimate{};
   chunk->set_clock_offset_us(trace_clock_->offset_us);
   chunk->set_clock_rtt_us(trace_clock_->rtt_us);
   env_.emit(std::move(event));
@@ -625,7 +628,8 @@ absl::Status StageRuntime::WriteShard(int64_t phase_step, bool with_algorithm) {
     return absl::Status(s.code(), absl::StrCat("checkpoint.dir: ", s.message()));
   }
   metrics_->ObserveCompute("checkpoint", SecondsSince(t0));
-  if (tracer_) tracer_->Record(v1::SPAN_CHECKPOINT, phase_step, 0, t0, std::chrono::steady_clock::now());
+  if (tracer_)
+    tracer_->Record(v1::SPAN_CHECKPOINT, phase_step, 0, t0, std::chrono::steady_clock::now());
   if (!env_.emit) return absl::OkStatus();
   v1::WorkerEvent event;
   auto* saved = event.mutable_checkpoint_saved();
@@ -730,6 +734,7 @@ data::Batch StageRuntime::TrainBatch(int64_t step) const {
 }
 
 void StageRuntime::ReportStep(int64_t phase_steps_done, double train_loss, int64_t samples) {
+  if (tracer_) tracer_->Advance(phase_steps_done);
   metrics_->SetMemory("tensors", memory_->current());
   metrics_->SetMemory("tensors_peak", memory_->peak());
   const int64_t steps_done = phase_offset_ + phase_steps_done;

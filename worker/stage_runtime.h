@@ -154,7 +154,7 @@ class StageRuntime final : public StageContext {
   int released_phase_ ABSL_GUARDED_BY(mu_) = 0;  // highest phase the coordinator let start
   double base_lr_ = 0;
   std::unique_ptr<metrics::StageMetrics> metrics_;
-  std::unique_ptr<Tracer> tracer_;  // with the spec's trace: section
+  std::unique_ptr<Tracer> tracer_;                  // with the spec's trace: section
   std::optional<ClockSync::Estimate> trace_clock_;  // taken at the first chunk
   // Resume (StageAssignment.resume): the step of the current phase the run
   // starts from, and the algorithm state saved there.

@@ -66,11 +66,20 @@ Tracer::Tracer(int64_t from, int64_t to, int64_t max_spans, size_t chunk)
       steady_base_(Base().steady),
       unix_base_us_(Base().unix_us) {}
 
+void Tracer::Advance(int64_t steps_done) {
+  absl::MutexLock lock(&mu_);
+  position_ = steps_done;
+}
+
+bool Tracer::Recording() const {
+  absl::MutexLock lock(&mu_);
+  return position_ >= from_ && position_ < to_;
+}
+
 void Tracer::Record(v1::SpanKind kind, int64_t step, int micro_batch, Clock::time_point start,
                     Clock::time_point end) {
-  if (!Wants(step)) return;
   absl::MutexLock lock(&mu_);
-  if (depth_ > 0) return;
+  if (position_ < from_ || position_ >= to_ || depth_ > 0) return;
   if (kept_ >= max_spans_) {
     ++dropped_;
     return;
@@ -78,16 +87,17 @@ void Tracer::Record(v1::SpanKind kind, int64_t step, int micro_batch, Clock::tim
   ++kept_;
   v1::Span& s = pending_.emplace_back();
   s.set_kind(kind);
-  s.set_start_us(unix_base_us_ +
-                 std::chrono::duration_cast<std::chrono::microseconds>(start - steady_base_).count());
-  s.set_duration_us(
-      std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::microseconds>(end - start).count()));
+  s.set_start_us(
+      unix_base_us_ +
+      std::chrono::duration_cast<std::chrono::microseconds>(start - steady_base_).count());
+  s.set_duration_us(std::max<int64_t>(
+      0, std::chrono::duration_cast<std::chrono::microseconds>(end - start).count()));
   s.set_step(step);
   s.set_micro_batch(micro_batch);
 }
 
 Tracer::Scope::Scope(Tracer* tracer, v1::SpanKind kind, int64_t step, int micro_batch)
-    : tracer_(tracer != nullptr && tracer->Wants(step) ? tracer : nullptr),
+    : tracer_(tracer != nullptr && tracer->Recording() ? tracer : nullptr),
       kind_(kind),
       step_(step),
       micro_batch_(micro_batch),

@@ -39,8 +39,12 @@ class ClockSync {
   std::deque<Estimate> samples_ ABSL_GUARDED_BY(mu_);
 };
 
-// The spans of one stage's compute thread for the steps of the job's
-// trace window, bounded: past max_spans, spans are counted as dropped.
+// The spans of one stage's compute thread while the stage is inside the
+// job's trace window, bounded: past max_spans, spans are counted as dropped.
+// The window counts the stage's own optimizer steps (Advance): from when it
+// has done `from` steps of the phase until it has done `to`. Each span is
+// labelled with the mini-batch it worked on, which under the decoupled
+// algorithms differs from stage to stage at any moment.
 // Nested recording is suppressed while a Scope is open (an evaluation pass
 // is one span, not the sends and receives inside it), so the spans of a
 // track never overlap. Thread-safe.
@@ -51,7 +55,10 @@ class Tracer {
   // TraceChunk ready (TakeChunk).
   Tracer(int64_t from, int64_t to, int64_t max_spans, size_t chunk = 2048);
 
-  bool Wants(int64_t step) const { return step >= from_ && step < to_; }
+  // The stage has done `steps_done` steps of the phase (0 at its start).
+  void Advance(int64_t steps_done);
+  // Whether the stage is inside the window now.
+  bool Recording() const;
   void Record(v1::SpanKind kind, int64_t step, int micro_batch, Clock::time_point start,
               Clock::time_point end);
 
@@ -89,6 +96,7 @@ class Tracer {
   const int64_t unix_base_us_;
   mutable absl::Mutex mu_;
   int depth_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t position_ ABSL_GUARDED_BY(mu_) = 0;  // steps done
   int64_t kept_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<v1::Span> pending_ ABSL_GUARDED_BY(mu_);

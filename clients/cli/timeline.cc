@@ -152,12 +152,11 @@ std::string ChromeTraceJson(const v1::JobTrace& trace) {
   int64_t rtt = -1;
   for (const v1::StageTrace& st : trace.stages()) rtt = std::max(rtt, st.clock_rtt_us());
   std::string out = "{\"displayTimeUnit\":\"ms\",\n\"otherData\":{";
-  absl::StrAppend(&out, "\"job_id\":", JsonString(trace.job_id()),
-                  ",\"name\":", JsonString(trace.name()),
-                  ",\"algorithm\":", JsonString(trace.algorithm()),
-                  ",\"num_stages\":", trace.num_stages(), ",\"origin_unix_us\":\"", origin,
-                  "\",\"clock_rtt_us\":", rtt,
-                  ",\"dropped_at_coordinator\":", trace.dropped_at_coordinator(), "},\n");
+  absl::StrAppend(
+      &out, "\"job_id\":", JsonString(trace.job_id()), ",\"name\":", JsonString(trace.name()),
+      ",\"algorithm\":", JsonString(trace.algorithm()), ",\"num_stages\":", trace.num_stages(),
+      ",\"origin_unix_us\":\"", origin, "\",\"clock_rtt_us\":", rtt,
+      ",\"dropped_at_coordinator\":", trace.dropped_at_coordinator(), "},\n");
   out += "\"traceEvents\":[\n";
   std::set<int> stages;
   for (const v1::StageTrace& st : trace.stages()) stages.insert(st.stage());
@@ -205,8 +204,7 @@ absl::StatusOr<v1::JobTrace> ParseChromeTrace(const std::string& json, const std
   google::protobuf::Struct root;
   google::protobuf::util::JsonParseOptions options;
   if (auto s = google::protobuf::util::JsonStringToMessage(json, &root, options); !s.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": not JSON: ", std::string(s.message())));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": not JSON: ", std::string(s.message())));
   }
   const auto& fields = root.fields();
   auto events = fields.find("traceEvents");
@@ -234,9 +232,8 @@ absl::StatusOr<v1::JobTrace> ParseChromeTrace(const std::string& json, const std
     trace.set_dropped_at_coordinator(static_cast<int64_t>(number("dropped_at_coordinator")));
     if (o.count("clock_rtt_us")) rtt = static_cast<int64_t>(number("clock_rtt_us"));
     if (!text("origin_unix_us").empty() && !absl::SimpleAtoi(text("origin_unix_us"), &origin)) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": otherData.origin_unix_us: '",
-                                                     text("origin_unix_us"),
-                                                     "' is not an integer"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": otherData.origin_unix_us: '", text("origin_unix_us"), "' is not an integer"));
     }
   }
   std::map<std::pair<int, int>, v1::StageTrace> by_stage;
@@ -321,18 +318,19 @@ std::string TimelineSvg(const v1::JobTrace& trace) {
       "viewBox=\"0 0 %.0f %.0f\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n"
       "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
       width, height, width, height);
-  absl::StrAppendFormat(&svg,
-                        "<text x=\"%.0f\" y=\"24\" font-size=\"16\" font-weight=\"bold\">%s</text>\n",
-                        kLeft, XmlText(Title(trace)));
+  absl::StrAppendFormat(
+      &svg, "<text x=\"%.0f\" y=\"24\" font-size=\"16\" font-weight=\"bold\">%s</text>\n", kLeft,
+      XmlText(Title(trace)));
   // Time axis: grid lines and labels in ms.
   const double tick = TickStep(span_ms, 10);
   for (double t = 0; t <= span_ms + 1e-9; t += tick) {
     const double x = kLeft + kPlot * t / span_ms;
-    absl::StrAppendFormat(&svg,
-                          "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"#e8e8e8\"/>\n"
-                          "<text x=\"%.1f\" y=\"%.0f\" font-size=\"11\" text-anchor=\"middle\">%s</text>\n",
-                          x, kTop - 6, x, rows_bottom, x, rows_bottom + 16,
-                          absl::StrFormat("%g", std::round(t * 1000) / 1000));
+    absl::StrAppendFormat(
+        &svg,
+        "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"#e8e8e8\"/>\n"
+        "<text x=\"%.1f\" y=\"%.0f\" font-size=\"11\" text-anchor=\"middle\">%s</text>\n",
+        x, kTop - 6, x, rows_bottom, x, rows_bottom + 16,
+        absl::StrFormat("%g", std::round(t * 1000) / 1000));
   }
   absl::StrAppendFormat(&svg,
                         "<text x=\"%.0f\" y=\"%.0f\" font-size=\"12\" text-anchor=\"middle\">time "
@@ -382,9 +380,9 @@ std::string TimelineSvg(const v1::JobTrace& trace) {
                             x0, y + 2, w, kRow - 4, style->colour, s.step() % 2 ? "0.7" : "1",
                             XmlText(tip));
       const double chars = static_cast<double>(label.size());
-      if (w >= chars * 6.5 + 4 && s.kind() != v1::SPAN_SEND) {
+      if (w >= chars * 5.6 + 2 && s.kind() != v1::SPAN_SEND) {
         absl::StrAppendFormat(&svg,
-                              "<text x=\"%.2f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"middle\" "
+                              "<text x=\"%.2f\" y=\"%.1f\" font-size=\"9\" text-anchor=\"middle\" "
                               "fill=\"white\">%s</text>\n",
                               x0 + w / 2, y + kRow / 2 + 3.5, label);
       }
@@ -398,11 +396,13 @@ std::string TimelineSvg(const v1::JobTrace& trace) {
     const double x = kLeft + (i % per_line) * 220;
     const double y = legend_top + (i / per_line) * 22;
     if (s.thin) {
-      absl::StrAppendFormat(&svg, "<rect x=\"%.0f\" y=\"%.0f\" width=\"22\" height=\"4\" fill=\"%s\"/>\n",
+      absl::StrAppendFormat(&svg,
+                            "<rect x=\"%.0f\" y=\"%.0f\" width=\"22\" height=\"4\" fill=\"%s\"/>\n",
                             x, y - 7, s.colour);
     } else {
-      absl::StrAppendFormat(&svg, "<rect x=\"%.0f\" y=\"%.0f\" width=\"22\" height=\"12\" fill=\"%s\"/>\n",
-                            x, y - 11, s.colour);
+      absl::StrAppendFormat(
+          &svg, "<rect x=\"%.0f\" y=\"%.0f\" width=\"22\" height=\"12\" fill=\"%s\"/>\n", x, y - 11,
+          s.colour);
     }
     absl::StrAppendFormat(&svg, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"12\">%s</text>\n", x + 28,
                           y, s.legend);
@@ -429,13 +429,18 @@ std::string TraceSummary(const v1::JobTrace& trace) {
   }
   absl::StrAppend(&out, absl::StrFormat("%-7s %6s", "stage", "spans"));
   const std::vector<v1::SpanKind> columns = {
-      v1::SPAN_FORWARD, v1::SPAN_BACKWARD,  v1::SPAN_RECOMPUTE, v1::SPAN_STEP,
-      v1::SPAN_AUX,     v1::SPAN_SEND,      v1::SPAN_EVAL,      v1::SPAN_WAIT_PREV,
-      v1::SPAN_WAIT_NEXT};
+      v1::SPAN_FORWARD, v1::SPAN_BACKWARD, v1::SPAN_RECOMPUTE, v1::SPAN_STEP,     v1::SPAN_AUX,
+      v1::SPAN_SEND,    v1::SPAN_EVAL,     v1::SPAN_WAIT_PREV, v1::SPAN_WAIT_NEXT};
   for (const v1::SpanKind k : columns) absl::StrAppend(&out, absl::StrFormat(" %10s", SpanName(k)));
   absl::StrAppend(&out, absl::StrFormat(" %10s\n", "untraced"));
-  const double total = std::max<double>(1, static_cast<double>(end - origin));
   for (const v1::StageTrace& st : trace.stages()) {
+    // Shares of the stage's own recorded stretch, its first span to its last.
+    int64_t first = INT64_MAX, last = INT64_MIN;
+    for (const v1::Span& s : st.spans()) {
+      first = std::min(first, s.start_us());
+      last = std::max(last, s.start_us() + s.duration_us());
+    }
+    const double total = std::max<double>(1, static_cast<double>(last - first));
     std::map<v1::SpanKind, int64_t> time;
     int64_t covered = 0;
     for (const v1::Span& s : st.spans()) {
@@ -446,10 +451,12 @@ std::string TraceSummary(const v1::JobTrace& trace) {
     if (st.attempt() > 0) absl::StrAppend(&name, "/", st.attempt());
     absl::StrAppend(&out, absl::StrFormat("%-7s %6d", name, st.spans_size()));
     for (const v1::SpanKind k : columns) {
-      absl::StrAppend(&out, absl::StrFormat(" %9.1f%%", 100.0 * static_cast<double>(time[k]) / total));
+      absl::StrAppend(&out,
+                      absl::StrFormat(" %9.1f%%", 100.0 * static_cast<double>(time[k]) / total));
     }
-    absl::StrAppend(&out, absl::StrFormat(
-                              " %9.1f%%", 100.0 * std::max(0.0, total - static_cast<double>(covered)) / total));
+    absl::StrAppend(
+        &out, absl::StrFormat(" %9.1f%%",
+                              100.0 * std::max(0.0, total - static_cast<double>(covered)) / total));
     if (st.dropped() > 0) absl::StrAppend(&out, "  (", st.dropped(), " spans not kept)");
     out += "\n";
   }

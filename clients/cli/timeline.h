@@ -30,7 +30,8 @@ absl::StatusOr<v1::JobTrace> ParseChromeTrace(const std::string& json, const std
 // grey bars so that bubbles show; a time axis and a legend.
 std::string TimelineSvg(const v1::JobTrace& trace);
 
-// Per stage: spans, and the share of the traced time spent in each kind.
+// Per stage: spans, and the share of its recorded stretch (its first span's
+// start to its last span's end) spent in each kind, and untraced.
 std::string TraceSummary(const v1::JobTrace& trace);
 
 // Writes ChromeTraceJson to `json` and TimelineSvg to `svg` (each atomically;

@@ -719,9 +719,11 @@ absl::Status ParsePhases(const YAML::Node& node, JobSpec* spec) {
 absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root) {
   JobSpec spec;
   Section top(root, "");
-  top.CheckKeys({"name", "seed", "device", "model", "data", "algorithm", "stages", "optimizer",
-                 "schedule", "batch_size", "eval_batch_size", "epochs", "steps", "eval",
-                 "checkpoint", "recovery", "transport", "phases", "script_model", "trace"});
+  top.CheckKeys({"name",      "seed",       "device",          "model",
+                 "data",      "algorithm",  "stages",          "optimizer",
+                 "schedule",  "batch_size", "eval_batch_size", "epochs",
+                 "steps",     "eval",       "checkpoint",      "recovery",
+                 "transport", "phases",     "script_model",    "trace"});
   top.Read("name", &spec.name);
   top.Read("seed", &spec.seed);
   top.Read("device", &spec.device);

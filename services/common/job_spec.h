@@ -191,8 +191,8 @@ struct TransportSpec {
 // coordinator. Off unless the job has a `trace:` section.
 struct TraceSpec {
   bool enabled = false;
-  int64_t from = 0;  // trace.steps: [from, to]: the first step kept ...
-  int64_t to = 10;   // ... and one past the last
+  int64_t from = 0;           // trace.steps: [from, to]: the first step kept ...
+  int64_t to = 10;            // ... and one past the last
   int64_t max_spans = 20000;  // per stage; later spans are counted, not kept
 };
 

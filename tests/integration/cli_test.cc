@@ -1,5 +1,7 @@
 // The `stagewise` binary as a user runs it: real child processes.
 #include <fcntl.h>
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -9,18 +11,15 @@
 
 #include <chrono>
 #include <filesystem>
-#include <map>
-#include <set>
-#include <tuple>
 #include <fstream>
+#include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
-
-#include <google/protobuf/struct.pb.h>
-#include <google/protobuf/util/json_util.h>
 
 #include "services/checkpoint/checkpoint.h"
 #include "services/common/job_spec.h"
@@ -61,8 +60,8 @@ class Cli : public ::testing::Test {
     // checkpoint directories (the examples').
     const std::string cmd =
         "cd " + dir_.string() + " && STAGEWISE_PROFILE_CACHE=" + (dir_ / "profiles").string() +
-        " TMPDIR=" + dir_.string() + " " + env + " " + std::string(STAGEWISE_BINARY_DIR) + "/bin/stagewise " +
-        args + " >" + out.string() + " 2>" + err.string() + " </dev/null";
+        " TMPDIR=" + dir_.string() + " " + env + " " + std::string(STAGEWISE_BINARY_DIR) +
+        "/bin/stagewise " + args + " >" + out.string() + " 2>" + err.string() + " </dev/null";
     Result r;
     const int status = std::system(cmd.c_str());
     r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -280,7 +279,6 @@ steps: 4
 )";
 }
 
-
 // A trace file (`local --trace`, `trace -o`) as a reader of Chrome's format
 // sees it.
 struct TracedSpan {
@@ -288,7 +286,7 @@ struct TracedSpan {
   int64_t ts = 0, dur = 0, step = 0, micro_batch = 0;
 };
 struct TraceFile {
-  std::map<int, std::string> process_names;  // pid -> "stage j"
+  std::map<int, std::string> process_names;       // pid -> "stage j"
   std::map<int, std::vector<TracedSpan>> tracks;  // pid -> X events in file order
   int64_t origin_unix_us = 0;
   int64_t clock_rtt_us = 0;
@@ -354,10 +352,10 @@ void CheckTrace(const TraceFile& trace, int stages, const std::string& what, boo
     if (j == 0) continue;
     auto below = forwards.find({j - 1, step, mb});
     ASSERT_NE(below, forwards.end()) << what << ": stage " << j - 1 << " never forwarded step "
-                                     << step;
+                                     << step << " (the whole job is traced)";
     EXPECT_LE(below->second.ts + below->second.dur, s.ts + std::max<int64_t>(trace.clock_rtt_us, 0))
-        << what << ": stage " << j << " forwards step " << step << "." << mb
-        << " before stage " << j - 1 << " finished it";
+        << what << ": stage " << j << " forwards step " << step << "." << mb << " before stage "
+        << j - 1 << " finished it";
   }
 }
 
@@ -384,9 +382,9 @@ TEST_F(Cli, TorchScriptModelsTrainWithEveryAlgorithmOnLocalWorkers) {
     const Case& c = cases[i];
     const fs::path history = dir_ / ("history" + std::to_string(i) + ".tsv");
     const fs::path trace = dir_ / ("trace" + std::to_string(i) + ".json");
-    Result r = Stagewise("local -q -o json --threads 1 --history " + history.string() +
-                         " --trace " + trace.string() + " " +
-                         WriteJob(TorchScriptJob(c.fixture, c.algorithm)));
+    Result r =
+        Stagewise("local -q -o json --threads 1 --history " + history.string() + " --trace " +
+                  trace.string() + " " + WriteJob(TorchScriptJob(c.fixture, c.algorithm)));
     EXPECT_EQ(r.code, 0) << c.fixture << " " << c.algorithm << ": " << r.err;
     EXPECT_NE(r.out.find("\"state\":\"SUCCEEDED\""), std::string::npos)
         << c.fixture << " " << c.algorithm << ": " << r.out;

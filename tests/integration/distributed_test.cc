@@ -225,8 +225,8 @@ eval: {every_epochs: 0, at_end: false}
   for (int j = 0; j < 3; ++j) {
     for (int64_t key = 2 * 8; key < 5 * 8; ++key) {
       if (key % 8 >= 4) continue;
-      ASSERT_TRUE(forward_of.count(std::make_pair(j, key))) << "stage " << j << " step " << key / 8 << " mb "
-                                              << key % 8;
+      ASSERT_TRUE(forward_of.count(std::make_pair(j, key)))
+          << "stage " << j << " step " << key / 8 << " mb " << key % 8;
       if (j == 0) continue;
       const v1::Span* below = forward_of[{j - 1, key}];
       const v1::Span* here = forward_of[{j, key}];

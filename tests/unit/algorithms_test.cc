@@ -14,8 +14,8 @@
 #include <algorithm>
 #include <limits>
 #include <map>
-#include <set>
 #include <ostream>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -590,14 +590,15 @@ TEST(ResumeMissingStateTest, IsFailedPreconditionExceptForBackprop) {
 }
 
 // The pipeline timeline as the algorithms record it (the runtime adds the
-// waits): inside the window only, never overlapping on a stage, and a
-// mini-batch's forward on stage j starts after it ended on stage j-1 (except
-// under auxnet, whose stages forward their auxiliary inputs in parallel).
+// waits): only while a stage's step count is inside the window, never
+// overlapping on a stage, and a mini-batch's forward on stage j starts after
+// it ended on stage j-1 (except under auxnet, whose stages forward their
+// auxiliary inputs in parallel).
 class TraceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TraceTest, SpansStayInTheWindowDoNotOverlapAndFollowTheData) {
   const std::string algorithm = GetParam();
-  auto job = FakeJob::FromYaml(JobYaml(algorithm, 3, 5) + "trace: {steps: [1, 4]}\n");
+  auto job = FakeJob::FromYaml(JobYaml(algorithm, 3, 6) + "trace: {steps: [1, 4]}\n");
   ASSERT_TRUE(job.ok()) << job.status();
   RunAll(**job);
   // (step, micro-batch) -> the forward span, per stage.
@@ -608,12 +609,10 @@ TEST_P(TraceTest, SpansStayInTheWindowDoNotOverlapAndFollowTheData) {
     const v1::TraceChunk chunk = tracer->TakeChunk();
     ASSERT_GT(chunk.spans_size(), 0) << j;
     EXPECT_EQ(chunk.dropped(), 0);
-    std::set<v1::SpanKind> kinds;
+    std::map<v1::SpanKind, int> kinds;
     for (int i = 0; i < chunk.spans_size(); ++i) {
       const v1::Span& s = chunk.spans(i);
-      kinds.insert(s.kind());
-      EXPECT_GE(s.step(), 1) << j << " " << s.ShortDebugString();
-      EXPECT_LT(s.step(), 4) << j << " " << s.ShortDebugString();
+      ++kinds[s.kind()];
       EXPECT_GE(s.duration_us(), 0);
       if (i > 0) {
         const v1::Span& p = chunk.spans(i - 1);
@@ -627,26 +626,28 @@ TEST_P(TraceTest, SpansStayInTheWindowDoNotOverlapAndFollowTheData) {
       }
     }
     for (const v1::SpanKind k : {v1::SPAN_FORWARD, v1::SPAN_BACKWARD, v1::SPAN_STEP}) {
-      EXPECT_TRUE(kinds.count(k)) << algorithm << " stage " << j << " has no "
-                                  << v1::SpanKind_Name(k);
+      EXPECT_GT(kinds[k], 0) << algorithm << " stage " << j << " has no " << v1::SpanKind_Name(k);
     }
+    // Steps 2, 3 and 4 end inside the window (features_replay's first
+    // stages skip their first steps: no gradient yet).
+    EXPECT_LE(kinds[v1::SPAN_STEP], 3) << algorithm << " stage " << j;
     if (j < 2) {
-      EXPECT_TRUE(kinds.count(v1::SPAN_SEND)) << algorithm << " stage " << j;
-    }
-    for (int64_t t = 1; t < 4; ++t) {
-      EXPECT_TRUE(forwards[j].count({t, 0})) << algorithm << " stage " << j << " step " << t;
+      EXPECT_GT(kinds[v1::SPAN_SEND], 0) << algorithm << " stage " << j;
     }
   }
   if (algorithm == "{name: auxnet}") return;
   for (int j = 1; j < 3; ++j) {
+    int checked = 0;
     for (const auto& [key, s] : forwards[j]) {
       auto below = forwards[j - 1].find(key);
-      ASSERT_NE(below, forwards[j - 1].end())
-          << algorithm << ": stage " << j - 1 << " has no forward of " << s.ShortDebugString();
+      if (below == forwards[j - 1].end()) continue;  // stage j-1 did it before its window
+      ++checked;
       EXPECT_LE(below->second.start_us() + below->second.duration_us(), s.start_us())
           << algorithm << ": stage " << j << " forwards " << s.ShortDebugString()
           << " before stage " << j - 1 << " finished " << below->second.ShortDebugString();
     }
+    EXPECT_GT(checked, 0) << algorithm << ": no mini-batch forwarded by stages " << j - 1 << " and "
+                          << j << " inside the window";
   }
 }
 

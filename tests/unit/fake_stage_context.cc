@@ -93,6 +93,7 @@ absl::Status FakeStageContext::SendToPrev(v1::StageMessage message) {
 absl::Status FakeStageContext::Interrupted() const { return job_->failure(); }
 
 void FakeStageContext::ReportStep(int64_t steps_done, double train_loss, int64_t samples) {
+  if (tracer_) tracer_->Advance(steps_done);
   absl::MutexLock lock(&mu_);
   steps_.push_back({steps_done, train_loss, samples});
 }

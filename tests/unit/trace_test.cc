@@ -23,9 +23,9 @@ TEST(ClockSyncTest, TheShortestRoundTripWins) {
   // The coordinator runs 5 s ahead. A probe sent at t0 is stamped halfway
   // through a symmetric trip; queueing delays the answer of the others.
   const int64_t ahead = 5'000'000;
-  clock.AddSample(1'000, 1'000 + 400 + ahead, 1'000 + 2'000);       // slow answer: off by 600
-  clock.AddSample(10'000, 10'000 + 50 + ahead, 10'000 + 100);       // 100 us, symmetric
-  clock.AddSample(20'000, 20'000 + 900 + ahead, 20'000 + 1'000);    // delayed on the way out
+  clock.AddSample(1'000, 1'000 + 400 + ahead, 1'000 + 2'000);     // slow answer: off by 600
+  clock.AddSample(10'000, 10'000 + 50 + ahead, 10'000 + 100);     // 100 us, symmetric
+  clock.AddSample(20'000, 20'000 + 900 + ahead, 20'000 + 1'000);  // delayed on the way out
   const ClockSync::Estimate e = clock.Get();
   EXPECT_EQ(e.rtt_us, 100);
   EXPECT_EQ(e.offset_us, ahead);
@@ -44,17 +44,20 @@ TEST(ClockSyncTest, OldSamplesLeaveTheWindowAndBackwardStepsAreIgnored) {
   EXPECT_EQ(clock.Get().rtt_us, 100);
 }
 
-TEST(TracerTest, KeepsOnlyTheWindowsSteps) {
+TEST(TracerTest, RecordsWhileTheStagesStepCountIsInTheWindow) {
   Tracer tracer(2, 4, 100);
   const auto t0 = Tracer::Clock::now();
-  for (int64_t step = 0; step < 6; ++step) {
-    tracer.Record(v1::SPAN_FORWARD, step, 0, t0 + microseconds(step * 10),
-                  t0 + microseconds(step * 10 + 5));
+  for (int64_t done = 0; done < 6; ++done) {
+    tracer.Advance(done);
+    EXPECT_EQ(tracer.Recording(), done == 2 || done == 3) << done;
+    // The span's label is the mini-batch it worked on, whatever the window.
+    tracer.Record(v1::SPAN_FORWARD, done + 7, 0, t0 + microseconds(done * 10),
+                  t0 + microseconds(done * 10 + 5));
   }
   const v1::TraceChunk chunk = tracer.TakeChunk();
   ASSERT_EQ(chunk.spans_size(), 2);
-  EXPECT_EQ(chunk.spans(0).step(), 2);
-  EXPECT_EQ(chunk.spans(1).step(), 3);
+  EXPECT_EQ(chunk.spans(0).step(), 9);
+  EXPECT_EQ(chunk.spans(1).step(), 10);
   EXPECT_EQ(chunk.spans(0).duration_us(), 5);
   EXPECT_EQ(chunk.spans(1).start_us() - chunk.spans(0).start_us(), 10);
   EXPECT_EQ(tracer.TakeChunk().spans_size(), 0);  // taken
@@ -74,9 +77,11 @@ TEST(TracerTest, AScopeIsOneSpanAndHidesWhatHappensInside) {
   EXPECT_EQ(chunk.spans(0).kind(), v1::SPAN_EVAL);
   EXPECT_EQ(chunk.spans(0).step(), 3);
   EXPECT_EQ(chunk.spans(1).kind(), v1::SPAN_STEP);
-  // A scope outside the window records nothing and hides nothing.
+  // A scope opened outside the window records nothing and hides nothing.
+  tracer.Advance(12);
   {
     Tracer::Scope eval(&tracer, v1::SPAN_EVAL, 12);
+    tracer.Advance(4);
     tracer.Record(v1::SPAN_FORWARD, 4, 0, Tracer::Clock::now(), Tracer::Clock::now());
   }
   const v1::TraceChunk after = tracer.TakeChunk();

@@ -96,7 +96,8 @@ void TraceSpan(StageContext& ctx, v1::SpanKind kind, int64_t step, int micro_bat
 }
 
 void TimeCompute(StageContext& ctx, const char* phase, int64_t step, int micro_batch,
-                 std::chrono::steady_clock::time_point t0, std::chrono::steady_clock::time_point t1) {
+                 std::chrono::steady_clock::time_point t0,
+                 std::chrono::steady_clock::time_point t1) {
   ctx.stage_metrics().ObserveCompute(phase, std::chrono::duration<double>(t1 - t0).count());
   const std::string_view name(phase);
   v1::SpanKind kind = v1::SPAN_KIND_UNSPECIFIED;
