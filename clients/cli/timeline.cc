@@ -299,7 +299,8 @@ absl::StatusOr<v1::JobTrace> ParseChromeTrace(const std::string& json, const std
 }
 
 std::string TimelineSvg(const v1::JobTrace& trace) {
-  const auto [origin, end] = Extent(trace);
+  const std::pair<int64_t, int64_t> extent = Extent(trace);
+  const int64_t origin = extent.first, end = extent.second;
   int stages = trace.num_stages();
   for (const v1::StageTrace& st : trace.stages()) stages = std::max(stages, st.stage() + 1);
   stages = std::max(stages, 1);
