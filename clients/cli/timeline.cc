@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "clients/cli/format.h"
 
 namespace stagewise::cli {
 namespace {
@@ -48,29 +49,8 @@ const KindStyle* StyleOf(v1::SpanKind kind) {
   return nullptr;
 }
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += absl::StrFormat("\\u%04x", static_cast<int>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
+// A JSON string literal.
+std::string JsonString(const std::string& s) { return "\"" + JsonEscape(s) + "\""; }
 
 std::string XmlText(const std::string& s) {
   std::string out;
