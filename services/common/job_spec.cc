@@ -359,7 +359,8 @@ const std::vector<AlgorithmSchema>& AlgorithmSchemas() {
        {DoubleParam("beta", 1.0e5, 0.0, /*min_exclusive=*/true),
         DoubleParam("beta_factor", 1.0, 1.0, false), IntParam("beta_every_epochs", 0, 0),
         DoubleParam("aux_lr", 0.1, 0.0, false), EnumParam("auxnet", "resnet", {"resnet", "conv"}),
-        IntParam("serial_loss_every", 10, 0), DoubleParam("noise_std", 0.0, 0.0, false)}},
+        IntParam("serial_loss_every", 10, 0), DoubleParam("noise_std", 0.0, 0.0, false),
+        EnumParam("bn_statistics", "local", {"local", "serial"})}},
   };
   return *kSchemas;
 }
@@ -1359,6 +1360,18 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
         check(KeyError("stages.modes", absl::StrCat("'", spec.stages.modes,
                                                     "' applies to backprop and petra, not to '",
                                                     phase.algorithm.name, "' (leave it auto)")));
+        break;
+      }
+    }
+  }
+  if (check.status().ok()) {
+    // auxnet's running statistics from the serial forward need one.
+    for (const PhaseSpec& phase : Phases(spec)) {
+      if (phase.algorithm.name == "auxnet" &&
+          phase.algorithm.GetString("bn_statistics") == "serial" &&
+          phase.algorithm.GetInt("serial_loss_every") == 0) {
+        check(KeyError("algorithm.bn_statistics",
+                       "serial needs the serial forward: set algorithm.serial_loss_every >= 1"));
         break;
       }
     }

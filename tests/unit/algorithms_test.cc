@@ -355,6 +355,28 @@ TEST(AuxNetTest, TwoStagesTrainAndReport) {
   for (const auto& p : job->Parameters()) EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
 }
 
+// bn_statistics: where BatchNorm running statistics move. With the serial
+// forward only at step 0 (serial_loss_every: 100), they count 4 local
+// forwards by default and the 1 serial forward with bn_statistics: serial.
+TEST(AuxNetTest, RunningStatisticsMoveWhereBnStatisticsSays) {
+  for (const auto& [mode, want] :
+       std::vector<std::pair<std::string, int64_t>>{{"local", 4}, {"serial", 1}}) {
+    auto job = MakeJob(absl::StrCat("{name: auxnet, beta: 1.0, aux_lr: 0.01, serial_loss_every: "
+                                    "100, bn_statistics: ",
+                                    mode, "}"),
+                       2);
+    ASSERT_NE(job, nullptr);
+    RunAll(*job);
+    int counted = 0;
+    for (const auto& b : job->stage(1).model().named_buffers()) {
+      if (b.key().find("num_batches_tracked") == std::string::npos) continue;
+      EXPECT_EQ(b.value().item<int64_t>(), want) << mode << ": " << b.key();
+      ++counted;
+    }
+    EXPECT_GT(counted, 0);
+  }
+}
+
 // ---- Checkpoints and resume ----
 
 // The largest |got - want| of any tensor relative to that tensor's largest

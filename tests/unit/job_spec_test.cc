@@ -961,6 +961,18 @@ TEST(JobSpecTest, TraceIsOffUnlessAskedForWithAWindowAndALimit) {
   EXPECT_THAT(ParseError(SpecYaml({{"trace", "{step: [0, 1]}"}})), HasSubstr("trace.step"));
 }
 
+TEST(JobSpecTest, AuxnetSerialStatisticsNeedTheSerialForward) {
+  EXPECT_EQ(
+      ParseOk(SpecYaml({{"algorithm", "{name: auxnet}"}})).algorithm.GetString("bn_statistics"),
+      "local");
+  ParseOk(SpecYaml({{"algorithm", "{name: auxnet, bn_statistics: serial}"}}));
+  EXPECT_THAT(ParseError(SpecYaml(
+                  {{"algorithm", "{name: auxnet, bn_statistics: serial, serial_loss_every: 0}"}})),
+              StartsWith("algorithm.bn_statistics: serial needs the serial forward"));
+  EXPECT_THAT(ParseError(SpecYaml({{"algorithm", "{name: auxnet, bn_statistics: both}"}})),
+              HasSubstr("algorithm.bn_statistics"));
+}
+
 TEST(JobSpecTest, StagesModesAndMemoryBudget) {
   JobSpec spec = ParseOk(SpecYaml({{"stages", "{count: 2, memory_budget: 512MiB}"}}));
   EXPECT_EQ(spec.stages.memory_budget, int64_t{512} << 20);

@@ -38,6 +38,7 @@
 #include <cmath>
 #include <deque>
 #include <mutex>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "services/models/aux_net.h"
@@ -70,7 +71,8 @@ class AuxNetAlgorithm : public Algorithm {
         eta_(spec.GetDouble("aux_lr")),
         kind_(spec.GetString("auxnet")),
         noise_std_(spec.GetDouble("noise_std")),
-        serial_every_(spec.GetInt("serial_loss_every")) {}
+        serial_every_(spec.GetInt("serial_loss_every")),
+        serial_statistics_(spec.GetString("bn_statistics") == "serial") {}
 
   absl::Status Run(StageContext& ctx) override {
     STAGEWISE_RETURN_IF_ERROR(Setup(ctx));
@@ -173,6 +175,9 @@ class AuxNetAlgorithm : public Algorithm {
     constexpr int kChain = 0, kSerial = 1;  // AUX micro_batch: what the message carries
     const double beta = BetaAt(ctx, t);
     const bool serial = serial_every_ > 0 && ((t + 1) % serial_every_ == 0 || t == 0);
+    // Where BatchNorm running statistics move (bn_statistics): the local
+    // forward from lambda, or the serial forward of the true activations.
+    std::optional<models::FreezeRunningStats> freeze_local;
     // 1. The AuxNet chain.
     torch::Tensor x, labels, lambda, lambda_prev;
     v1::TensorProto labels_proto;
@@ -217,7 +222,9 @@ class AuxNetAlgorithm : public Algorithm {
     }
     // 3. Local forward, loss, backward and step.
     const auto t1 = std::chrono::steady_clock::now();
+    if (serial_statistics_) freeze_local.emplace();
     torch::Tensor out = ctx.model().forward(x);
+    freeze_local.reset();
     const auto t2 = std::chrono::steady_clock::now();
     forward_time_.Add(std::chrono::duration<double>(t2 - t1).count());
     if (!ctx.last()) {
@@ -248,7 +255,8 @@ class AuxNetAlgorithm : public Algorithm {
     torch::Tensor serial_out;
     if (serial && ctx.first()) {
       torch::NoGradGuard no_grad;
-      models::FreezeRunningStats freeze;
+      std::optional<models::FreezeRunningStats> freeze;
+      if (!serial_statistics_) freeze.emplace();
       serial_out = ctx.model().forward(x);
     }
     // 4. Correction of lambda_k and distillation of AuxNet_{k-1}.
@@ -272,7 +280,8 @@ class AuxNetAlgorithm : public Algorithm {
                                    Expect(ctx.ReceiveFromPrev(), v1::StageMessage::AUX, t, kSerial,
                                           "lambda", ctx.device()));
         torch::NoGradGuard no_grad;
-        models::FreezeRunningStats freeze;
+        std::optional<models::FreezeRunningStats> freeze;
+        if (!serial_statistics_) freeze.emplace();
         serial_out = ctx.model().forward(s);
       }
     }
@@ -326,6 +335,9 @@ class AuxNetAlgorithm : public Algorithm {
   const std::string kind_;
   const double noise_std_;
   const int64_t serial_every_;
+  // bn_statistics: serial: running statistics move in the serial forward
+  // (the activations evaluation will see), not in the local one (from lambda).
+  const bool serial_statistics_;
   models::AuxNet auxnet_{nullptr};
   std::unique_ptr<torch::optim::Optimizer> aux_optimizer_;
   at::Generator noise_;  // stage k >= 1: the noise on lambda_k
