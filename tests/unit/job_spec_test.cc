@@ -243,7 +243,8 @@ TEST(JobSpecTest, EveryAlgorithmGetsItsDefaults) {
         {"aux_lr", "0.1"},
         {"auxnet", "resnet"},
         {"noise_std", "0"},
-        {"serial_loss_every", "10"}}},
+        {"serial_loss_every", "10"},
+        {"bn_statistics", "local"}}},
   };
   for (const auto& [name, params] : expected) {
     SCOPED_TRACE(name);
