@@ -12,8 +12,9 @@ namespace stagewise::models {
 // What a block is, known before any tensor exists (the planner and the
 // partitioner read this without building the model).
 struct BlockInfo {
-  int index = 0;     // global position in the model
-  std::string kind;  // stem | linear | residual | downsample | reversible | head | emulated | script
+  int index = 0;  // global position in the model
+  // stem | linear | residual | downsample | reversible | head | emulated | script
+  std::string kind;
   bool reversible = false;
   std::vector<int64_t> in_shape;  // per sample, without the batch dimension
   std::vector<int64_t> out_shape;
