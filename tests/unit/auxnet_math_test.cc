@@ -29,6 +29,26 @@ TEST(AuxNetMath, CorrectionIsAGradientStepOnThePenaltyPlusTheLocalLoss) {
   }
 }
 
+// The distill correction under penalty: relative takes the same step with the
+// relative penalty's gradient: one gradient step on beta * psi_rel + <p, lambda>,
+// and it is CorrectLambda itself when handed the plain penalty's gradient.
+TEST(AuxNetMath, TheRelativeCorrectionIsAGradientStepOnTheRelativePenalty) {
+  torch::manual_seed(4);
+  const torch::Tensor lambda = torch::randn({4, 3, 5, 5});
+  const torch::Tensor x_prev = lambda + 0.2 * torch::randn({4, 3, 5, 5});
+  const torch::Tensor p = torch::randn({4, 3, 5, 5}) * 0.01;
+  const double beta = 30.0, eta = 0.2;
+  torch::Tensor l = lambda.clone().requires_grad_(true);
+  (beta * worker::RelativePenalty(l, x_prev) + (p * l).sum()).backward();
+  const torch::Tensor want = lambda - eta * l.grad();
+  const torch::Tensor got = worker::CorrectLambdaWithGrad(
+      lambda, worker::PenaltyGradOf(true, lambda, x_prev), p, beta, eta);
+  EXPECT_TRUE(torch::allclose(got, want, 1e-5, 1e-6));
+  EXPECT_TRUE(torch::equal(
+      worker::CorrectLambdaWithGrad(lambda, worker::PenaltyGrad(lambda, x_prev), p, beta, eta),
+      worker::CorrectLambda(lambda, x_prev, p, beta, eta)));
+}
+
 // aux_update: direct hands the AuxNet beta * PenaltyGrad + p, which must be
 // the gradient of beta * psi(lambda, x_prev) + (the stage's loss) in lambda.
 TEST(AuxNetMath, PenaltyGradIsTheGradientOfThePenalty) {

@@ -280,10 +280,11 @@ class AuxNetAlgorithm : public Algorithm {
         lambda.backward(beta * PenaltyGradOf(relative_, lambda, x_prev) + x.grad());
       } else {
         // distill (Algorithm 1): correct lambda_k, then fit the AuxNet to it.
+        // The plain penalty's gradient in closed form, the relative one by autograd.
+        const torch::Tensor psi_grad =
+            relative_ ? PenaltyGradOf(true, lambda, x_prev) : PenaltyGrad(lambda.detach(), x_prev);
         const torch::Tensor corrected =
-            relative_
-                ? lambda.detach() - eta_ * (beta * PenaltyGradOf(true, lambda, x_prev) + x.grad())
-                : CorrectLambda(lambda.detach(), x_prev, x.grad(), beta, eta_);
+            CorrectLambdaWithGrad(lambda.detach(), psi_grad, x.grad(), beta, eta_);
         Penalty(lambda, corrected).backward();
       }
       StepAt(*aux_optimizer_, ctx.LearningRate(t));

@@ -19,8 +19,8 @@ inline torch::Tensor RelativePenalty(const torch::Tensor& a, const torch::Tensor
   return torch::mse_loss(a, b) / (0.5 * (a.square().mean() + b.square().mean()) + 1e-20);
 }
 
-// beta * d psi(lambda, x_prev) / d lambda by autograd, psi the relative or the
-// plain penalty.
+// d psi(lambda, x_prev) / d lambda by autograd, psi the relative or the plain
+// penalty.
 inline torch::Tensor PenaltyGradOf(bool relative, const torch::Tensor& lambda,
                                    const torch::Tensor& x_prev) {
   torch::AutoGradMode enable(true);
@@ -37,9 +37,17 @@ inline torch::Tensor PenaltyGrad(const torch::Tensor& lambda, const torch::Tenso
 // lambda_k <- lambda_k - eta * (beta * d psi(lambda_k, x_prev) / d lambda + p_k)
 // where x_prev = X_{k-1} is stage k-1's output and p_k the gradient of stage
 // k's local loss with respect to its input lambda_k.
+// The same step given the penalty's gradient d psi / d lambda (`psi_grad`),
+// whichever penalty it comes from.
+inline torch::Tensor CorrectLambdaWithGrad(const torch::Tensor& lambda,
+                                           const torch::Tensor& psi_grad, const torch::Tensor& p,
+                                           double beta, double eta) {
+  return lambda - eta * (beta * psi_grad + p);
+}
+
 inline torch::Tensor CorrectLambda(const torch::Tensor& lambda, const torch::Tensor& x_prev,
                                    const torch::Tensor& p, double beta, double eta) {
-  return lambda - eta * (beta * PenaltyGrad(lambda, x_prev) + p);
+  return CorrectLambdaWithGrad(lambda, PenaltyGrad(lambda, x_prev), p, beta, eta);
 }
 
 // ||a - b|| / ||b|| over the whole batch: how far a is from b, relative to b's size.
