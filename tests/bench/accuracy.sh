@@ -81,7 +81,7 @@ if acc is None:
 keep = ("relative_violation_end", "serial_gap_end", "serial_train_loss", "local_loss")
 extra = [f"{k}={v:.4g}" for k, v in sorted((r.get("summary") or {}).items())
          if k.split(".")[-1] in keep]
-if "train_loss" in r:  # train-local: the mean loss of the last logging window
+if "train_loss" in r:  # train-local: the mean of the last logging window; local: the last reported loss
     extra.append(f"train_loss={r['train_loss']:.4g}")
 print(f"{label}\t{100 * acc:.2f}\t{float(end) - float(start):.0f}s\t{' '.join(extra)}")
 PY

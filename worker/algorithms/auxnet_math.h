@@ -34,17 +34,17 @@ inline torch::Tensor PenaltyGrad(const torch::Tensor& lambda, const torch::Tenso
   return 2.0 / static_cast<double>(lambda.numel()) * (lambda - x_prev);
 }
 
-// lambda_k <- lambda_k - eta * (beta * d psi(lambda_k, x_prev) / d lambda + p_k)
-// where x_prev = X_{k-1} is stage k-1's output and p_k the gradient of stage
-// k's local loss with respect to its input lambda_k.
-// The same step given the penalty's gradient d psi / d lambda (`psi_grad`),
-// whichever penalty it comes from.
+// lambda_k <- lambda_k - eta * (beta * psi_grad + p_k), psi_grad =
+// d psi(lambda_k, X_{k-1}) / d lambda of whichever penalty, p_k the gradient
+// of stage k's local loss with respect to its input lambda_k.
 inline torch::Tensor CorrectLambdaWithGrad(const torch::Tensor& lambda,
                                            const torch::Tensor& psi_grad, const torch::Tensor& p,
                                            double beta, double eta) {
   return lambda - eta * (beta * psi_grad + p);
 }
 
+// The same step for the plain penalty, its gradient in closed form; x_prev =
+// X_{k-1} is stage k-1's output.
 inline torch::Tensor CorrectLambda(const torch::Tensor& lambda, const torch::Tensor& x_prev,
                                    const torch::Tensor& p, double beta, double eta) {
   return CorrectLambdaWithGrad(lambda, PenaltyGrad(lambda, x_prev), p, beta, eta);
