@@ -262,13 +262,14 @@ JobManager::Job JobManager::NewJob(const v1::JobStatus& status, const JobSpec& s
   const bool reversible = std::any_of(blocks.begin(), blocks.end(),
                                       [](const models::BlockInfo& b) { return b.reversible; });
   // An auto partition, or auto modes under a budget, need a profile first.
-  job.needs_plan = spec.stages.partition == "auto" ||
-                   (reversible && spec.stages.modes == "auto" && spec.stages.memory_budget > 0);
-  if (!job.needs_plan && reversible && spec.stages.modes != "auto") {
+  job.needs_plan =
+      spec.stages.partition == Partition::kAuto ||
+      (reversible && spec.stages.modes == BlockModes::kAuto && spec.stages.memory_budget > 0);
+  if (!job.needs_plan && reversible && spec.stages.modes != BlockModes::kAuto) {
     for (const auto& [b, e] : ranges) {
       std::vector<std::string> modes;
       for (int i = b; i < e; ++i) {
-        modes.push_back(blocks[i].reversible ? spec.stages.modes : "store");
+        modes.emplace_back(NameOf(blocks[i].reversible ? spec.stages.modes : BlockModes::kStore));
       }
       job.modes.push_back(std::move(modes));
     }
@@ -296,8 +297,8 @@ absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml, const st
     return parsed.status();
   }
   JobSpec spec = std::move(*parsed);
-  // ParseJobSpec accepts only the algorithms of the schema table
-  // (services/common/job_spec.cc), which is also what workers construct.
+  // ParseJobSpec accepts only the algorithms of AlgorithmOptions
+  // (services/spec/job_spec.h), each of which every worker constructs.
   STAGEWISE_ASSIGN_OR_RETURN(std::vector<models::BlockInfo> blocks, models::PlanModel(spec.model));
   STAGEWISE_ASSIGN_OR_RETURN(auto ranges, models::ResolvePartition(spec.stages, blocks));
   const int64_t per_epoch = data::NominalTrainSize(spec.data) / spec.batch_size;
@@ -331,7 +332,7 @@ absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml, const st
   st.set_name(spec.name);
   st.set_owner(owner);
   st.set_state(v1::PENDING);
-  st.set_algorithm(spec.algorithm.name);
+  st.set_algorithm(spec.algorithm.name());
   const std::vector<PhaseSpec> phases = Phases(spec);
   st.set_num_phases(static_cast<int>(phases.size()));
   st.set_phase(0);
@@ -884,10 +885,10 @@ void JobManager::OnPhaseDone(const v1::PhaseDone& d) {
   }
   job.status.set_phase(next);
   job.status.set_phase_name(phases[next].name);
-  job.status.set_algorithm(phases[next].algorithm.name);
+  job.status.set_algorithm(phases[next].algorithm.name());
   UpdateProgress(job,
                  absl::StrCat("phase ", next + 1, "/", phases.size(), " (", phases[next].name, ", ",
-                              phases[next].algorithm.name, ") started"),
+                              phases[next].algorithm.name(), ") started"),
                  {});
   FlushProgress();  // the new phase is on disk before the stages start it
   for (const std::string& worker : job.workers) Send(worker, StartCommand(d.job_id(), next));
@@ -1230,7 +1231,7 @@ void JobManager::Configure(const std::string& job_id, Job& job) {
     const std::vector<PhaseSpec> phases = Phases(job.spec);
     if (m.phase() >= 0 && m.phase() < static_cast<int>(phases.size())) {
       job.status.set_phase_name(phases[m.phase()].name);
-      job.status.set_algorithm(phases[m.phase()].algorithm.name);
+      job.status.set_algorithm(phases[m.phase()].algorithm.name());
     }
     for (size_t j = 0; j < commands.size(); ++j) {
       const v1::CheckpointShard& shard = m.shards(static_cast<int>(j));

@@ -55,10 +55,10 @@
 #include "coordinator/store.h"
 #include "coordinator/worker_registry.h"
 #include "services/checkpoint/checkpoint.h"
-#include "services/common/job_spec.h"
 #include "services/common/path_policy.h"
 #include "services/metrics/metrics.h"
 #include "services/models/block_info.h"
+#include "services/spec/job_spec.h"
 #include "stagewise/v1/coordinator.pb.h"
 
 namespace stagewise::coordinator {

@@ -21,7 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/worker_registry.h"
-#include "services/common/job_spec.h"
+#include "services/spec/job_spec.h"
 #include "stagewise/v1/coordinator.pb.h"
 
 namespace stagewise::coordinator {

@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "services/common/job_spec.h"
 #include "services/data/dataset.h"
 #include "services/metrics/metrics.h"
 #include "services/models/modal_pass.h"
 #include "services/models/model.h"
+#include "services/spec/job_spec.h"
 #include "stagewise/v1/stage.pb.h"
 #include "worker/trace.h"
 
@@ -118,13 +118,10 @@ class Algorithm {
   }
 };
 
-// The algorithm the spec names (worker/algorithms/registry.cc);
-// INVALID_ARGUMENT if its settings are rejected, UNIMPLEMENTED for a name
-// outside the registry (the job-spec schemas allow none).
-absl::StatusOr<std::unique_ptr<Algorithm>> MakeAlgorithm(const AlgorithmSpec& spec);
-
-// Every name MakeAlgorithm accepts, in registry order.
-std::vector<std::string> RegisteredAlgorithms();
+// The algorithm of the spec's options (worker/algorithms/registry.cc). Every
+// algorithm of the spec has one: the factory is a std::visit over
+// AlgorithmOptions, so a missing one does not compile.
+std::unique_ptr<Algorithm> MakeAlgorithm(const AlgorithmSpec& spec);
 
 }  // namespace stagewise::worker
 

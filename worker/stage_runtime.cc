@@ -94,19 +94,10 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
   if (assignment.stage() + 1 < assignment.num_stages() && assignment.next_address().empty()) {
     return absl::InvalidArgumentError("StageAssignment.next_address: empty for a non-last stage");
   }
-  // Every phase's algorithm must exist here before the job starts.
   rt->phases_ = Phases(rt->spec_);
-  for (size_t p = 0; p < rt->phases_.size(); ++p) {
-    auto algorithm = MakeAlgorithm(rt->phases_[p].algorithm);
-    if (!algorithm.ok()) {
-      if (rt->phases_.size() == 1) return algorithm.status();
-      return absl::Status(algorithm.status().code(),
-                          absl::StrCat("phases[", p, "].", algorithm.status().message()));
-    }
-  }
 
   rt->metrics_ = std::make_unique<metrics::StageMetrics>(
-      *rt->env_.registry, assignment.job_id(), assignment.stage(), rt->spec_.algorithm.name);
+      *rt->env_.registry, assignment.job_id(), assignment.stage(), rt->spec_.algorithm.name());
   if (rt->spec_.trace.enabled) {
     rt->tracer_ = std::make_unique<Tracer>(rt->spec_.trace.from, rt->spec_.trace.to,
                                            rt->spec_.trace.max_spans);
@@ -226,8 +217,7 @@ int64_t StageRuntime::PhaseSteps(const PhaseSpec& phase) const {
 
 absl::Status StageRuntime::EnterPhase(int p) {
   const PhaseSpec& phase = phases_[p];
-  auto algorithm = MakeAlgorithm(phase.algorithm);
-  if (!algorithm.ok()) return algorithm.status();
+  std::unique_ptr<Algorithm> algorithm = MakeAlgorithm(phase.algorithm);
   if (p > 0) phase_offset_ += phase_steps_;
   phase_ = p;
   phase_steps_ = PhaseSteps(phase);
@@ -235,7 +225,7 @@ absl::Status StageRuntime::EnterPhase(int p) {
   spec_.algorithm = phase.algorithm;
   spec_.optimizer = phase.optimizer;
   spec_.schedule = phase.schedule;
-  algorithm_ = std::move(*algorithm);  // the previous phase's state (aux heads, ...) goes
+  algorithm_ = std::move(algorithm);  // the previous phase's state (aux heads, ...) goes
   if (p == 0 || phase.reset_optimizer) {
     optimizer_ = training::MakeOptimizer(phase.optimizer, *model_);
   }

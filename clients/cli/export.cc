@@ -33,8 +33,8 @@
 #include "clients/cli/job_watch.h"
 #include "clients/client/coordinator_client.h"
 #include "services/checkpoint/checkpoint.h"
-#include "services/common/job_spec.h"
 #include "services/models/model.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::cli {
 namespace {

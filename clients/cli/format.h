@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
-#include "services/common/job_spec.h"
+#include "services/spec/job_spec.h"
 #include "services/training/reference_trainer.h"
 
 namespace stagewise::cli {

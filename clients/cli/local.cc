@@ -40,9 +40,9 @@
 #include "clients/cli/timeline.h"
 #include "clients/client/coordinator_client.h"
 #include "services/checkpoint/checkpoint.h"
-#include "services/common/job_spec.h"
 #include "services/rpc/pki.h"
 #include "services/rpc/tls.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::cli {
 namespace {

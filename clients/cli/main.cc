@@ -6,6 +6,7 @@
 #include "clients/cli/commands.h"
 #include "clients/client/coordinator_client.h"
 #include "services/rpc/tls.h"
+#include "services/spec/enums.h"
 
 int main(int argc, char** argv) {
   using namespace stagewise::cli;
@@ -235,7 +236,7 @@ int main(int argc, char** argv) {
       ->add_option("--modes", plan.modes,
                    "Reversible blocks: auto (knapsack under the cap), store or rebuild "
                    "(default: the job's stages.modes)")
-      ->check(CLI::IsMember({"auto", "store", "rebuild"}));
+      ->check(CLI::IsMember(stagewise::EnumNames<stagewise::BlockModes>()));
   plan_cmd
       ->add_option("--partition", plan.partition,
                    "job: the job's partition (auto ones are planned); auto: plan it anyway")

@@ -13,17 +13,17 @@
 #include "clients/cli/commands.h"
 #include "clients/cli/format.h"
 #include "clients/cli/script_job.h"
-#include "services/common/job_spec.h"
 #include "services/models/model.h"
 #include "services/planner/planner.h"
 #include "services/profiler/profiler.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::cli {
 namespace {
 
 const planner::Prediction* PredictionOf(const planner::Plan& plan) {
   for (const auto& p : plan.predictions) {
-    if (p.algorithm == plan.algorithm || absl::StartsWith(p.algorithm, plan.algorithm + " ")) {
+    if (p.kind == plan.algorithm) {
       return &p;
     }
   }
@@ -52,7 +52,7 @@ int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
     return kExitInvalid;
   }
   planner::PlanOptions options = planner::PlanOptionsForJob(*spec, *ranges);
-  if (args.partition == "auto") options.ranges.clear();
+  if (EnumFromName<Partition>(args.partition) == Partition::kAuto) options.ranges.clear();
   if (!args.memory_budget.empty()) {
     auto bytes = ParseByteSize(args.memory_budget);
     if (!bytes.ok() || *bytes <= 0) {
@@ -62,7 +62,14 @@ int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
     }
     options.memory_caps = {*bytes};
   }
-  if (!args.modes.empty()) options.modes = args.modes;
+  if (!args.modes.empty()) {
+    const std::optional<BlockModes> modes = EnumFromName<BlockModes>(args.modes);
+    if (!modes) {
+      err << "error: --modes: must be one of auto, store, rebuild; got '" << args.modes << "'\n";
+      return kExitInvalid;
+    }
+    options.modes = *modes;
+  }
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const int threads = args.threads > 0 ? args.threads : std::max(1, cores / options.num_stages);
   torch::set_num_threads(threads);
@@ -141,7 +148,7 @@ int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
   }
   if (args.show_profile) out << planner::ProfileText(chosen.profile) << "\n";
   if (candidates.size() > 1) {
-    out << "batch-size sweep (" << chosen.plan->algorithm << "):\n";
+    out << "batch-size sweep (" << NameOf(chosen.plan->algorithm) << "):\n";
     out << absl::StrFormat("  %-6s %12s %12s %12s\n", "batch", "time/batch", "time/sample", "peak");
     for (const auto& c : candidates) {
       if (!c.plan.ok()) {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "services/common/job_spec.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::cli {
 

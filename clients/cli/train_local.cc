@@ -9,7 +9,7 @@
 #include "clients/cli/commands.h"
 #include "clients/cli/format.h"
 #include "clients/cli/script_job.h"
-#include "services/common/job_spec.h"
+#include "services/spec/job_spec.h"
 #include "services/training/reference_trainer.h"
 
 namespace stagewise::cli {

@@ -6,9 +6,9 @@
 #include "clients/cli/commands.h"
 #include "clients/cli/format.h"
 #include "clients/cli/script_job.h"
-#include "services/common/job_spec.h"
 #include "services/models/model.h"
 #include "services/models/plan.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::cli {
 namespace {
@@ -55,12 +55,12 @@ int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err) {
                           ShapeString(b.out_shape), stage_of(b.index)));
     }
     out << absl::StrFormat(R"({"job":"%s","algorithm":"%s","stages":%d,"blocks":[%s]})",
-                           JsonEscape(spec->name), spec->algorithm.name, ranges->size(), blocks)
+                           JsonEscape(spec->name), spec->algorithm.name(), ranges->size(), blocks)
         << "\n";
     return kExitOk;
   }
   out << absl::StrFormat("job %s is valid: %s on %s, algorithm %s, %d stage(s)\n", spec->name,
-                         spec->model.name, spec->data.dataset, spec->algorithm.name,
+                         spec->model.name, spec->data.dataset, spec->algorithm.name(),
                          ranges->size());
   out << absl::StrFormat("%-6s %-6s %-11s %-4s %-16s %-16s\n", "block", "stage", "kind", "rev",
                          "input", "output");
@@ -77,15 +77,15 @@ int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err) {
     total += w;
     if (stage_of(b.index) >= 0) work[stage_of(b.index)] += w;
   }
-  out << "partition: " << spec->stages.partition << "; estimated work per stage:";
+  out << "partition: " << NameOf(spec->stages.partition) << "; estimated work per stage:";
   for (double w : work) out << absl::StrFormat(" %.1f%%", total > 0 ? 100 * w / total : 0);
   out << "\n";
-  if (spec->stages.partition == "auto") {
+  if (spec->stages.partition == Partition::kAuto) {
     out << "partition: auto: the stage column shows the balanced estimate; the coordinator plans\n"
            "the real one from a worker's profile (see it with `stagewise plan`)\n";
   }
-  if (spec->stages.memory_budget > 0 || spec->stages.modes != "auto") {
-    out << "reversible blocks: modes " << spec->stages.modes;
+  if (spec->stages.memory_budget > 0 || spec->stages.modes != BlockModes::kAuto) {
+    out << "reversible blocks: modes " << NameOf(spec->stages.modes);
     if (spec->stages.memory_budget > 0) {
       out << ", memory budget " << spec->stages.memory_budget << " bytes per worker";
     }

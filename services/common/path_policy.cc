@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "services/common/job_spec.h"
 #include "services/common/utf8.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise {
 namespace {

@@ -12,8 +12,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "services/common/job_spec.h"
 #include "services/data/sizes.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::data {
 

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "services/common/job_spec.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::data {
 

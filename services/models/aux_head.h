@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "services/common/job_spec.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::models {
 

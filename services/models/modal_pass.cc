@@ -2,16 +2,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/models/batch_norm.h"
+#include "services/spec/enums.h"
 
 namespace stagewise::models {
 
 const char* BlockModeName(BlockMode mode) {
-  return mode == BlockMode::kStore ? "store" : "rebuild";
+  return NameOf(mode == BlockMode::kStore ? BlockModes::kStore : BlockModes::kRebuild).data();
 }
 
 absl::StatusOr<BlockMode> ParseBlockMode(const std::string& name) {
-  if (name == "store") return BlockMode::kStore;
-  if (name == "rebuild") return BlockMode::kRebuild;
+  const std::optional<BlockModes> mode = EnumFromName<BlockModes>(name);
+  if (mode == BlockModes::kStore) return BlockMode::kStore;
+  if (mode == BlockModes::kRebuild) return BlockMode::kRebuild;
   return absl::InvalidArgumentError(
       absl::StrCat("unknown block mode '", name, "' (expected store or rebuild)"));
 }

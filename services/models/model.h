@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "services/common/job_spec.h"
 #include "services/models/block.h"
 #include "services/models/plan.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::models {
 

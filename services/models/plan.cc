@@ -491,7 +491,7 @@ absl::StatusOr<std::vector<std::pair<int, int>>> ResolvePartition(
                                                    num_blocks, " blocks (need 1..", num_blocks,
                                                    ")"));
   }
-  if (stages.partition != "even") {
+  if (stages.partition != Partition::kEven) {
     // balanced (and auto's placeholder): the least estimated bottleneck.
     std::vector<double> prefix(num_blocks + 1, 0);
     for (int i = 0; i < num_blocks; ++i) prefix[i + 1] = prefix[i] + EstimateBlockWork(blocks[i]);

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "services/common/job_spec.h"
 #include "services/models/block_info.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::models {
 

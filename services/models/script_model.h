@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "services/common/job_spec.h"
 #include "services/models/blocks.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::models {
 

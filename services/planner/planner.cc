@@ -11,15 +11,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
-#include "services/common/job_spec.h"
 #include "services/planner/knapsack.h"
 #include "services/planner/partition.h"
 #include "services/planner/timing_model.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::planner {
 namespace {
 
-bool Is(const std::string& a, const char* b) { return a == b; }
+using A = AlgorithmKind;
 
 // Backprop on the modal pass (services/models/modal_pass.h): storing blocks
 // keep their graph; an activation between blocks stays while either
@@ -103,10 +103,9 @@ void EstimateInputKeeping(const ModelProfile& p, int begin, int end, const std::
   s.peak_bytes = peak;
 }
 
-std::vector<bool> DefaultStore(const ModelProfile& p, const std::string& algorithm, int begin,
-                               int end) {
+std::vector<bool> DefaultStore(const ModelProfile& p, AlgorithmKind algorithm, int begin, int end) {
   std::vector<bool> store(end - begin, true);
-  if (Is(algorithm, "petra")) {
+  if (algorithm == A::kPetra) {
     for (int i = begin; i < end; ++i) store[i - begin] = !p.blocks[i].reversible;
   }
   return store;
@@ -117,13 +116,13 @@ StageRole RoleOf(const PlanOptions& o, int j) {
   const int J = o.num_stages;
   r.first = j == 0;
   r.last = j == J - 1;
-  const std::string& a = o.algorithm;
-  if (Is(a, "backprop") || Is(a, "nwise")) {
+  const AlgorithmKind a = o.algorithm;
+  if (a == A::kBackprop || a == A::kNwise) {
     const int M = std::max(1, o.micro_batches);
     r.inflight = r.last ? 1 : (o.one_f_one_b ? std::min(J - j + o.lookahead, M) : M);
-  } else if (Is(a, "petra") || Is(a, "delayed")) {
+  } else if (a == A::kPetra || a == A::kDelayed) {
     r.inflight = r.last ? 1 : 2 * (J - 1 - j) + 1;
-  } else if (Is(a, "features_replay")) {
+  } else if (a == A::kFeaturesReplay) {
     r.inflight = J - j;
   }
   return r;
@@ -133,7 +132,7 @@ std::string Ms(double s) { return absl::StrFormat("%.2fms", s * 1e3); }
 
 }  // namespace
 
-StageEstimate EstimateStage(const ModelProfile& p, const std::string& algorithm, int begin, int end,
+StageEstimate EstimateStage(const ModelProfile& p, AlgorithmKind algorithm, int begin, int end,
                             const std::vector<bool>& store, const StageRole& role) {
   StageEstimate s;
   const int n = end - begin;
@@ -145,18 +144,18 @@ StageEstimate EstimateStage(const ModelProfile& p, const std::string& algorithm,
   const double msg_in = role.first ? 0.0 : p.blocks[begin - 1].message_s;
   const double msg_out = role.last ? 0.0 : B(n - 1).message_s;
   s.message_s = msg_in + msg_out;
-  const bool graph_free = !role.last && (Is(algorithm, "petra") || Is(algorithm, "delayed") ||
-                                         Is(algorithm, "features_replay"));
+  const bool graph_free = !role.last && (algorithm == A::kPetra || algorithm == A::kDelayed ||
+                                         algorithm == A::kFeaturesReplay);
   for (int i = 0; i < n; ++i) {
     const BlockProfile& b = B(i);
     if (graph_free) {
       s.forward_s += b.forward_nograd_s;
-      if (Is(algorithm, "features_replay")) {
+      if (algorithm == A::kFeaturesReplay) {
         // The replay forward keeps the graph; the backward is then a plain VJP.
         s.forward_s += b.forward_s;
         s.backward_s += b.backward_s;
       } else {
-        const bool rebuild = Is(algorithm, "petra") && b.reversible && !store[i];
+        const bool rebuild = algorithm == A::kPetra && b.reversible && !store[i];
         s.backward_s += rebuild ? b.rebuild_backward_s : b.forward_s + b.backward_s;
       }
     } else {
@@ -164,16 +163,16 @@ StageEstimate EstimateStage(const ModelProfile& p, const std::string& algorithm,
       s.backward_s += store[i] ? b.backward_s : b.rebuild_backward_s;
     }
   }
-  if (Is(algorithm, "petra") && !role.last) s.message_s *= 1.5;  // backward carries x and grad
-  if (Is(algorithm, "nwise") && !role.last) s.aux_head_s = B(n - 1).aux_head_s;
+  if (algorithm == A::kPetra && !role.last) s.message_s *= 1.5;  // backward carries x and grad
+  if (algorithm == A::kNwise && !role.last) s.aux_head_s = B(n - 1).aux_head_s;
   if (graph_free) {
     std::vector<bool> keep(n, false);
-    if (Is(algorithm, "petra")) {
+    if (algorithm == A::kPetra) {
       for (int i = 0; i < n; ++i) keep[i] = !B(i).reversible || store[i];
     } else {
       keep[0] = true;
     }
-    EstimateInputKeeping(p, begin, end, keep, Is(algorithm, "petra"), role, s);
+    EstimateInputKeeping(p, begin, end, keep, algorithm == A::kPetra, role, s);
   } else {
     EstimateGraphKeeping(p, begin, end, store, role, s);
   }
@@ -182,8 +181,8 @@ StageEstimate EstimateStage(const ModelProfile& p, const std::string& algorithm,
 
 absl::StatusOr<StagePlan> PlanStage(const ModelProfile& p, const PlanOptions& o, int begin, int end,
                                     const StageRole& role, int64_t cap) {
-  const std::string& a = o.algorithm;
-  const bool modal = Is(a, "backprop") || Is(a, "petra");
+  const AlgorithmKind a = o.algorithm;
+  const bool modal = a == A::kBackprop || a == A::kPetra;
   const int n = end - begin;
   StagePlan sp;
   sp.begin = begin;
@@ -211,11 +210,11 @@ absl::StatusOr<StagePlan> PlanStage(const ModelProfile& p, const PlanOptions& o,
     if (!fits(sp.estimate)) return exhausted(sp.estimate);
     return sp;
   }
-  if (o.modes == "store" || o.modes == "rebuild" || cap <= 0) {
-    sp.store = o.modes == "rebuild" ? lowest
-               : o.modes == "store" ? highest
-                                    : DefaultStore(p, a, begin, end);
-    if (o.modes == "auto" && Is(a, "backprop")) sp.store = highest;
+  if (o.modes != BlockModes::kAuto || cap <= 0) {
+    sp.store = o.modes == BlockModes::kRebuild ? lowest
+               : o.modes == BlockModes::kStore ? highest
+                                               : DefaultStore(p, a, begin, end);
+    if (o.modes == BlockModes::kAuto && a == A::kBackprop) sp.store = highest;
     sp.estimate = estimate(sp.store);
     if (!fits(sp.estimate)) return exhausted(sp.estimate);
     return sp;
@@ -229,7 +228,7 @@ absl::StatusOr<StagePlan> PlanStage(const ModelProfile& p, const PlanOptions& o,
   }
   const StageEstimate low = estimate(lowest);
   if (!fits(low)) return exhausted(low);
-  const bool petra = Is(a, "petra");
+  const bool petra = a == A::kPetra;
   const int64_t inflight = std::max(1, role.inflight);
   std::vector<int64_t> weight(n), boundary(n, 0);
   std::vector<double> value(n);
@@ -344,7 +343,7 @@ absl::StatusOr<Plan> MakePlan(const ModelProfile& p, const PlanOptions& o) {
 std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& plan,
                                           const PlanOptions& o) {
   const int J = static_cast<int>(plan.stages.size());
-  auto roles = [&](const std::string& algorithm) {
+  auto roles = [&](AlgorithmKind algorithm) {
     PlanOptions opt = o;
     opt.algorithm = algorithm;
     opt.num_stages = J;
@@ -352,7 +351,7 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
     for (int j = 0; j < J; ++j) r.push_back(RoleOf(opt, j));
     return r;
   };
-  auto estimates = [&](const std::string& algorithm) {
+  auto estimates = [&](AlgorithmKind algorithm) {
     std::vector<StageEstimate> out;
     const auto r = roles(algorithm);
     for (int j = 0; j < J; ++j) {
@@ -369,24 +368,25 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
     return t;
   };
   std::vector<Prediction> out;
-  const auto bp = estimates("backprop");
+  const auto bp = estimates(A::kBackprop);
   double t_bp = bp[0].step_s;
   for (const auto& s : bp) t_bp += s.forward_s + s.backward_s + s.message_s;
-  out.push_back(
-      {"backprop", t_bp, 1.0, "sum of stage forward+backward+messages, + stage 0's step"});
+  out.push_back({"backprop", t_bp, 1.0, "sum of stage forward+backward+messages, + stage 0's step",
+                 A::kBackprop});
   if (o.micro_batches > 1) {
     const double M = o.micro_batches;
     const double t = (M + J - 1) * slowest(bp, false) / M + bp[0].step_s;
     out.push_back({absl::StrCat("backprop M=", o.micro_batches), t, 0,
-                   "(M+J-1) x slowest stage / M (no per-micro-batch overhead)"});
+                   "(M+J-1) x slowest stage / M (no per-micro-batch overhead)", A::kBackprop});
   }
-  out.push_back({"delayed", slowest(estimates("delayed"), false), 0,
-                 "slowest stage: graph-free forward + recompute + backward + step"});
-  out.push_back({"petra", slowest(estimates("petra"), false), 0,
-                 "slowest stage: graph-free forward + rebuild/recompute backward + step"});
-  out.push_back({"features_replay", slowest(estimates("features_replay"), false), 0,
-                 "slowest stage: forward + replay forward + backward + step"});
-  const auto nw = estimates("nwise");
+  out.push_back({"delayed", slowest(estimates(A::kDelayed), false), 0,
+                 "slowest stage: graph-free forward + recompute + backward + step", A::kDelayed});
+  out.push_back({"petra", slowest(estimates(A::kPetra), false), 0,
+                 "slowest stage: graph-free forward + rebuild/recompute backward + step",
+                 A::kPetra});
+  out.push_back({"features_replay", slowest(estimates(A::kFeaturesReplay), false), 0,
+                 "slowest stage: forward + replay forward + backward + step", A::kFeaturesReplay});
+  const auto nw = estimates(A::kNwise);
   std::vector<int> ns;
   if (o.nwise_n > 0) {
     ns.push_back(o.nwise_n);
@@ -408,7 +408,7 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
                   "not profiled)"
                 : "T(A,M,N) slots x half the slowest stage (forward+backward+aux head+step)";
     }
-    out.push_back({absl::StrCat("nwise n=", k), t, 0, how});
+    out.push_back({absl::StrCat("nwise n=", k), t, 0, how, A::kNwise});
   }
   for (auto& pr : out) pr.speedup = pr.seconds_per_batch > 0 ? t_bp / pr.seconds_per_batch : 0;
   return out;
@@ -420,18 +420,18 @@ PlanOptions PlanOptionsForJob(const JobSpec& spec, const std::vector<std::pair<i
   // A copy: Phases() returns a temporary (a reference into it dangled; found
   // by the AddressSanitizer run, scripts/test --sanitize).
   const AlgorithmSpec a = Phases(spec).front().algorithm;
-  o.algorithm = a.name;
+  o.algorithm = a.kind();
   o.modes = spec.stages.modes;
   if (spec.stages.memory_budget > 0) o.memory_caps = {spec.stages.memory_budget};
-  if (a.name == "backprop") {
-    o.micro_batches = static_cast<int>(a.GetInt("micro_batches"));
-    o.one_f_one_b = a.GetString("schedule") == "1f1b";
-    o.lookahead = static_cast<int>(a.GetInt("lookahead"));
-  } else if (a.name == "nwise") {
-    o.micro_batches = static_cast<int>(a.GetInt("micro_batches"));
-    o.nwise_n = static_cast<int>(a.GetInt("n"));
+  if (const auto* backprop = a.get_if<BackpropOptions>()) {
+    o.micro_batches = backprop->micro_batches;
+    o.one_f_one_b = backprop->schedule == PipelineSchedule::kOneFOneB;
+    o.lookahead = backprop->lookahead;
+  } else if (const auto* nwise = a.get_if<NwiseOptions>()) {
+    o.micro_batches = nwise->micro_batches;
+    o.nwise_n = nwise->n;
   }
-  if (spec.stages.partition != "auto") o.ranges = ranges;
+  if (spec.stages.partition != Partition::kAuto) o.ranges = ranges;
   return o;
 }
 
@@ -485,8 +485,9 @@ std::vector<std::pair<std::string, double>> PlanSummary(const Plan& plan) {
 }
 
 std::string PlanText(const ModelProfile& p, const Plan& plan) {
-  std::string out = absl::StrFormat("plan for %s, batch %d, %s, %d threads; algorithm %s\n",
-                                    p.model, p.batch_size, p.device, p.threads, plan.algorithm);
+  std::string out =
+      absl::StrFormat("plan for %s, batch %d, %s, %d threads; algorithm %s\n", p.model,
+                      p.batch_size, p.device, p.threads, NameOf(plan.algorithm));
   absl::StrAppend(&out, absl::StrFormat("%-5s %-9s %9s %9s %9s %9s %9s %10s %10s %10s\n", "stage",
                                         "blocks", "forward", "backward", "step", "messages", "time",
                                         "kept/batch", "peak", "cap"));
@@ -529,7 +530,7 @@ std::string PlanJson(const ModelProfile& p, const Plan& plan) {
   std::string out = absl::StrFormat(
       "{\"model\": \"%s\", \"batch_size\": %d, \"device\": \"%s\", \"threads\": %d, "
       "\"algorithm\": \"%s\", \"bottleneck_seconds\": %.6g, \"stages\": [",
-      p.model, p.batch_size, p.device, p.threads, plan.algorithm, plan.bottleneck_s);
+      p.model, p.batch_size, p.device, p.threads, NameOf(plan.algorithm), plan.bottleneck_s);
   for (size_t j = 0; j < plan.stages.size(); ++j) {
     const StagePlan& s = plan.stages[j];
     const StageEstimate& e = s.estimate;

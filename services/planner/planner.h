@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "services/common/job_spec.h"
 #include "services/planner/profile.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::planner {
 
@@ -49,18 +49,18 @@ struct StageEstimate {
 // (graph-keeping forward) or "petra" (graph-free forward, stored or rebuilt
 // inputs). Other algorithms are estimated as backprop with every block
 // storing, plus their own extra work.
-StageEstimate EstimateStage(const ModelProfile& profile, const std::string& algorithm, int begin,
+StageEstimate EstimateStage(const ModelProfile& profile, AlgorithmKind algorithm, int begin,
                             int end, const std::vector<bool>& store, const StageRole& role);
 
 struct PlanOptions {
   int num_stages = 1;
   // Per worker, bytes; 0 = no cap. One entry applies to every worker.
   std::vector<int64_t> memory_caps;
-  std::string algorithm = "backprop";  // whose memory model and modes
+  AlgorithmKind algorithm = AlgorithmKind::kBackprop;  // whose memory model and modes
   // Fixed ranges (empty: the planner partitions).
   std::vector<std::pair<int, int>> ranges;
   // auto: the knapsack under the cap; store / rebuild: every reversible block.
-  std::string modes = "auto";
+  BlockModes modes = BlockModes::kAuto;
   int micro_batches = 1;  // backprop / nwise
   bool one_f_one_b = false;
   int lookahead = 0;  // backprop 1F1B: extra micro-batches in flight per stage
@@ -88,10 +88,11 @@ struct Prediction {
   double seconds_per_batch = 0;
   double speedup = 0;  // backprop's time / this one
   std::string model;   // how it was computed
+  AlgorithmKind kind = AlgorithmKind::kBackprop;
 };
 
 struct Plan {
-  std::string algorithm;
+  AlgorithmKind algorithm = AlgorithmKind::kBackprop;
   std::vector<StagePlan> stages;
   double bottleneck_s = 0;
   std::vector<Prediction> predictions;

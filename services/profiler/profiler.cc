@@ -84,7 +84,7 @@ void RunInterleaved(std::vector<Probe>& probes, const ProfileOptions& o, bool cu
 std::string AuxHeadOf(const JobSpec& spec, const ProfileOptions& o) {
   if (!o.aux_head.empty()) return o.aux_head;
   for (const PhaseSpec& phase : Phases(spec)) {
-    if (phase.algorithm.name == "nwise") return phase.algorithm.GetString("aux_head");
+    if (const auto* nwise = phase.algorithm.get_if<NwiseOptions>()) return nwise->aux_head;
   }
   return "";
 }
@@ -113,8 +113,9 @@ std::string ProfileKey(const JobSpec& spec, int64_t batch_size, const torch::Dev
                       b.bottleneck ? "b" : "", b.imagenet_stem ? "i" : "", b.pair ? "p" : "", ";");
     }
   }
-  std::string text = absl::StrCat(ModelName(spec.model), "|", blocks, "|", spec.optimizer.name, "|",
-                                  spec.optimizer.momentum, "|", aux_head);
+  std::string text =
+      absl::StrCat(ModelName(spec.model), "|", blocks, "|", NameOf(spec.optimizer.name), "|",
+                   spec.optimizer.momentum, "|", aux_head);
   // A TorchScript model is its file: two files with the same shapes differ.
   if (spec.model.name == "torchscript") {
     absl::StrAppend(&text, "|", spec.model.script_file, "|", spec.model.script_bytes);

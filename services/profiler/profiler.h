@@ -14,8 +14,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "services/common/job_spec.h"
 #include "services/planner/profile.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::planner {
 

@@ -12,7 +12,7 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const OptimizerSpec& spec
     if (!p.requires_grad()) continue;
     (spec.exclude_bn_and_bias && p.dim() <= 1 ? no_decay : decay).push_back(p);
   }
-  if (spec.name == "adam") {
+  if (spec.name == OptimizerKind::kAdam) {
     auto make = [&](double wd) {
       return std::make_unique<torch::optim::AdamOptions>(torch::optim::AdamOptions(spec.lr)
                                                              .betas({spec.beta1, spec.beta2})
@@ -50,7 +50,7 @@ double LearningRateAt(const ScheduleSpec& schedule, double base_lr, int64_t step
                       int64_t steps_per_epoch, int64_t total_steps) {
   const auto warmup = static_cast<int64_t>(std::llround(schedule.warmup_epochs * steps_per_epoch));
   if (step < warmup) return base_lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
-  if (schedule.name == "multistep") {
+  if (schedule.name == LrScheduleKind::kMultistep) {
     double lr = base_lr;
     const double epoch = static_cast<double>(step) / static_cast<double>(steps_per_epoch);
     for (double m : schedule.milestones) {
@@ -58,7 +58,7 @@ double LearningRateAt(const ScheduleSpec& schedule, double base_lr, int64_t step
     }
     return lr;
   }
-  if (schedule.name == "cosine") {
+  if (schedule.name == LrScheduleKind::kCosine) {
     const double span = static_cast<double>(std::max<int64_t>(total_steps - warmup, 1));
     const double progress = std::min(1.0, static_cast<double>(step - warmup) / span);
     return schedule.min_lr + 0.5 * (base_lr - schedule.min_lr) * (1.0 + std::cos(M_PI * progress));

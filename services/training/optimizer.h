@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "services/common/job_spec.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::training {
 

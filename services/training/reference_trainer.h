@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "services/common/job_spec.h"
 #include "services/data/dataset.h"
 #include "services/models/model.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::training {
 

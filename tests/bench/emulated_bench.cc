@@ -51,8 +51,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "services/common/job_spec.h"
 #include "services/planner/timing_model.h"
+#include "services/spec/job_spec.h"
 #include "tests/integration/cluster.h"
 
 namespace {

@@ -6,8 +6,8 @@
 #include <iostream>
 
 #include "absl/strings/str_format.h"
-#include "services/common/job_spec.h"
 #include "services/models/model.h"
+#include "services/spec/job_spec.h"
 
 int main(int argc, char** argv) {
   if (argc < 2) {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "services/common/job_spec.h"
+#include "services/spec/job_spec.h"
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

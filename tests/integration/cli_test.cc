@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "services/checkpoint/checkpoint.h"
-#include "services/common/job_spec.h"
 #include "services/models/model.h"
+#include "services/spec/job_spec.h"
 
 namespace {
 namespace fs = std::filesystem;

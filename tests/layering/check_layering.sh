@@ -26,6 +26,17 @@ hits=$(grep -rnE '^#include <(torch|ATen|c10)/' coordinator --include='*.h' --in
 if [ -n "$hits" ]; then
   echo "layering: coordinator/ includes LibTorch:"; echo "$hits"; fail=1
 fi
+# The job spec's closed sets (algorithm, pipeline schedule, block modes,
+# compression, partition, optimizer and lr schedule names, the algorithms'
+# enum parameters) are enums outside services/spec/: no code compares their
+# spellings as strings (services/spec/enums.h is their one home).
+names='backprop|delayed|features_replay|petra|nwise|auxnet|gpipe|1f1b|stash|current|store|rebuild|auto|none|fp16|bf16|distill|direct|mse|relative|serial|local|balanced|even|explicit|sgd|adam|constant|multistep|cosine'
+hits=$(grep -rnE "(==|!=) *\"($names)\"|\"($names)\" *(==|!=)|\bIs\([^,]+, *\"($names)\"" \
+  worker coordinator clients services --include='*.h' --include='*.cc' | grep -v '^services/spec/' || true)
+if [ -n "$hits" ]; then
+  echo "layering: string comparisons against job-spec names (compare the enums of services/spec/enums.h):"
+  echo "$hits"; fail=1
+fi
 if [ -n "$coordinator_bin" ]; then
   if [ ! -x "$coordinator_bin" ]; then
     echo "layering: $coordinator_bin is not built"; fail=1

@@ -35,10 +35,10 @@ struct ModeExtremes {
 inline absl::StatusOr<ModeExtremes> FindModeMix(const planner::ModelProfile& profile,
                                                 planner::PlanOptions options) {
   ModeExtremes out;
-  options.modes = "rebuild";
+  options.modes = BlockModes::kRebuild;
   auto low = planner::MakePlan(profile, options);
   if (!low.ok()) return low.status();
-  options.modes = "store";
+  options.modes = BlockModes::kStore;
   auto high = planner::MakePlan(profile, options);
   if (!high.ok()) return high.status();
   out.rebuild = *low;
@@ -48,7 +48,7 @@ inline absl::StatusOr<ModeExtremes> FindModeMix(const planner::ModelProfile& pro
     lo = std::max(lo, low->stages[j].estimate.peak_bytes);
     hi = std::max(hi, high->stages[j].estimate.peak_bytes);
   }
-  options.modes = "auto";
+  options.modes = BlockModes::kAuto;
   for (int k = 1; k < 20; ++k) {
     options.memory_caps = {lo + (hi - lo) * k / 20};
     auto plan = planner::MakePlan(profile, options);

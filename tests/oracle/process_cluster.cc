@@ -11,10 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "services/checkpoint/checkpoint.h"
-#include "services/common/job_spec.h"
 #include "services/models/model.h"
 #include "services/rpc/pki.h"
 #include "services/rpc/tls.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::testing {
 namespace fs = std::filesystem;

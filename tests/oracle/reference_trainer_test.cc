@@ -7,8 +7,8 @@
 
 #include <filesystem>
 
-#include "services/common/job_spec.h"
 #include "services/models/model.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::training {
 namespace {

@@ -201,7 +201,7 @@ absl::StatusOr<std::unique_ptr<FakeJob>> FakeJob::Create(const JobSpec& job_spec
       s->from_next_ = job->backward_[j].get();
     }
     s->metrics_ = std::make_unique<metrics::StageMetrics>(job->metrics_server_->registry(),
-                                                          s->job_id_, j, spec.algorithm.name);
+                                                          s->job_id_, j, spec.algorithm.name());
     if (spec.trace.enabled) {
       s->tracer_ =
           std::make_unique<worker::Tracer>(spec.trace.from, spec.trace.to, spec.trace.max_spans);
@@ -340,13 +340,9 @@ std::vector<absl::Status> FakeJob::Run(std::vector<int> stages) {
       FakeStageContext& ctx = stage(stages[i]);
       absl::Status status;
       try {
-        auto algorithm = worker::MakeAlgorithm(ctx.spec().algorithm);
-        if (algorithm.ok()) {
-          ctx.algorithm_ = algorithm->get();
-          status = (*algorithm)->Run(ctx);
-        } else {
-          status = algorithm.status();
-        }
+        std::unique_ptr<worker::Algorithm> algorithm = worker::MakeAlgorithm(ctx.spec().algorithm);
+        ctx.algorithm_ = algorithm.get();
+        status = algorithm->Run(ctx);
       } catch (const std::exception& e) {
         status = absl::InternalError(absl::StrCat("stage ", ctx.stage(), ": ", e.what()));
       }

@@ -27,9 +27,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "services/common/bounded_queue.h"
-#include "services/common/job_spec.h"
 #include "services/data/dataset.h"
 #include "services/metrics/metrics.h"
+#include "services/spec/job_spec.h"
 #include "worker/stage_context.h"
 
 namespace stagewise::testing {

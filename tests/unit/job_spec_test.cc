@@ -1,4 +1,4 @@
-#include "services/common/job_spec.h"
+#include "services/spec/job_spec.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -8,9 +8,9 @@
 #include <iostream>
 #include <iterator>
 #include <map>
-#include <stdexcept>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -124,14 +124,14 @@ checkpoint: {dir: /tmp/ckpt, every_epochs: 1, every_steps: 50, keep: 5}
   EXPECT_EQ(spec.data.limit_train, 64);
   EXPECT_EQ(spec.data.limit_test, 32);
 
-  EXPECT_EQ(spec.algorithm.name, "petra");
-  EXPECT_EQ(spec.algorithm.GetInt("accumulation"), 4);
+  EXPECT_EQ(spec.algorithm.name(), "petra");
+  EXPECT_EQ(std::get<PetraOptions>(spec.algorithm.options).accumulation, 4);
 
   EXPECT_EQ(spec.stages.count, 3);
-  EXPECT_EQ(spec.stages.partition, "auto");
+  EXPECT_EQ(spec.stages.partition, Partition::kAuto);
   EXPECT_TRUE(spec.stages.ranges.empty());
 
-  EXPECT_EQ(spec.optimizer.name, "adam");
+  EXPECT_EQ(spec.optimizer.name, OptimizerKind::kAdam);
   EXPECT_DOUBLE_EQ(spec.optimizer.lr, 0.002);
   EXPECT_DOUBLE_EQ(spec.optimizer.momentum, 0.5);
   EXPECT_TRUE(spec.optimizer.nesterov);
@@ -142,7 +142,7 @@ checkpoint: {dir: /tmp/ckpt, every_epochs: 1, every_steps: 50, keep: 5}
   EXPECT_DOUBLE_EQ(spec.optimizer.eps, 1e-7);
   EXPECT_TRUE(spec.optimizer.scale_lr_by_batch);
 
-  EXPECT_EQ(spec.schedule.name, "multistep");
+  EXPECT_EQ(spec.schedule.name, LrScheduleKind::kMultistep);
   EXPECT_DOUBLE_EQ(spec.schedule.warmup_epochs, 0.5);
   EXPECT_THAT(spec.schedule.milestones, ElementsAre(30.0, 60.5));
   EXPECT_DOUBLE_EQ(spec.schedule.gamma, 0.2);
@@ -180,18 +180,18 @@ TEST(JobSpecTest, MinimalSpecGetsStructDefaults) {
   EXPECT_TRUE(spec.data.horizontal_flip);
   EXPECT_TRUE(spec.data.normalize);
   EXPECT_EQ(spec.data.limit_train, 0);
-  EXPECT_EQ(spec.algorithm.name, "backprop");
-  EXPECT_EQ(spec.algorithm.params.size(), 4u);
+  EXPECT_EQ(spec.algorithm.kind(), AlgorithmKind::kBackprop);
+  EXPECT_EQ(AlgorithmParams(spec.algorithm).size(), 4u);
   EXPECT_EQ(spec.stages.count, 1);
-  EXPECT_EQ(spec.stages.partition, "balanced");
-  EXPECT_EQ(spec.optimizer.name, "sgd");
+  EXPECT_EQ(spec.stages.partition, Partition::kBalanced);
+  EXPECT_EQ(spec.optimizer.name, OptimizerKind::kSgd);
   EXPECT_DOUBLE_EQ(spec.optimizer.lr, 0.1);
   EXPECT_DOUBLE_EQ(spec.optimizer.momentum, 0.9);
   EXPECT_FALSE(spec.optimizer.nesterov);
   EXPECT_DOUBLE_EQ(spec.optimizer.weight_decay, 0.0);
   EXPECT_TRUE(spec.optimizer.exclude_bn_and_bias);
   EXPECT_FALSE(spec.optimizer.scale_lr_by_batch);
-  EXPECT_EQ(spec.schedule.name, "constant");
+  EXPECT_EQ(spec.schedule.name, LrScheduleKind::kConstant);
   EXPECT_DOUBLE_EQ(spec.schedule.gamma, 0.1);
   EXPECT_TRUE(spec.schedule.milestones.empty());
   EXPECT_EQ(spec.batch_size, 128);
@@ -209,23 +209,23 @@ TEST(JobSpecTest, MinimalSpecGetsStructDefaults) {
 
 TEST(JobSpecTest, EmptySectionsMeanDefaults) {
   const JobSpec spec = ParseOk(SpecYaml({{"optimizer", "{}"}, {"eval", "~"}}));
-  EXPECT_EQ(spec.optimizer.name, "sgd");
+  EXPECT_EQ(spec.optimizer.name, OptimizerKind::kSgd);
   EXPECT_EQ(spec.eval.every_epochs, 1);
 }
 
 TEST(JobSpecTest, AlgorithmAsBareNameOrMap) {
   const JobSpec bare = ParseOk(SpecYaml({{"algorithm", "petra"}}));
-  EXPECT_EQ(bare.algorithm.name, "petra");
-  EXPECT_EQ(bare.algorithm.GetInt("accumulation"), 1);
+  EXPECT_EQ(bare.algorithm.name(), "petra");
+  EXPECT_EQ(std::get<PetraOptions>(bare.algorithm.options).accumulation, 1);
 
   const JobSpec map = ParseOk(SpecYaml({{"algorithm", "{name: petra, accumulation: 8}"}}));
-  EXPECT_EQ(map.algorithm.name, "petra");
-  EXPECT_EQ(map.algorithm.GetInt("accumulation"), 8);
+  EXPECT_EQ(map.algorithm.name(), "petra");
+  EXPECT_EQ(std::get<PetraOptions>(map.algorithm.options).accumulation, 8);
 
   // A map without a name keeps the default algorithm.
   const JobSpec unnamed = ParseOk(SpecYaml({{"algorithm", "{micro_batches: 4}"}}));
-  EXPECT_EQ(unnamed.algorithm.name, "backprop");
-  EXPECT_EQ(unnamed.algorithm.GetInt("micro_batches"), 4);
+  EXPECT_EQ(unnamed.algorithm.name(), "backprop");
+  EXPECT_EQ(std::get<BackpropOptions>(unnamed.algorithm.options).micro_batches, 4);
 }
 
 TEST(JobSpecTest, EveryAlgorithmGetsItsDefaults) {
@@ -253,74 +253,65 @@ TEST(JobSpecTest, EveryAlgorithmGetsItsDefaults) {
     SCOPED_TRACE(name);
     // nwise's default n = 2 needs two stages.
     const JobSpec spec = ParseOk(SpecYaml({{"algorithm", name}, {"stages", "2"}}));
-    EXPECT_EQ(spec.algorithm.name, name);
-    EXPECT_EQ(spec.algorithm.params, params);
+    EXPECT_EQ(spec.algorithm.name(), name);
+    EXPECT_EQ(AlgorithmParams(spec.algorithm), params);
   }
 }
 
 TEST(JobSpecTest, AlgorithmParamsAreCanonical) {
   JobSpec spec = ParseOk(SpecYaml(
       {{"algorithm", "{name: auxnet, beta: 2.50, beta_every_epochs: +03, aux_lr: 1e-2}"}}));
-  EXPECT_EQ(spec.algorithm.params.at("beta"), "2.5");
-  EXPECT_EQ(spec.algorithm.params.at("beta_every_epochs"), "3");
-  EXPECT_EQ(spec.algorithm.params.at("aux_lr"), "0.01");
-  EXPECT_DOUBLE_EQ(spec.algorithm.GetDouble("aux_lr"), 0.01);
+  EXPECT_EQ(AlgorithmParams(spec.algorithm).at("beta"), "2.5");
+  EXPECT_EQ(AlgorithmParams(spec.algorithm).at("beta_every_epochs"), "3");
+  EXPECT_EQ(AlgorithmParams(spec.algorithm).at("aux_lr"), "0.01");
+  EXPECT_DOUBLE_EQ(std::get<AuxNetOptions>(spec.algorithm.options).aux_lr, 0.01);
 
   spec = ParseOk(SpecYaml({{"algorithm", "{name: backprop, recompute: yes, schedule: 1f1b}"}}));
-  EXPECT_EQ(spec.algorithm.params.at("recompute"), "true");
-  EXPECT_TRUE(spec.algorithm.GetBool("recompute"));
-  EXPECT_EQ(spec.algorithm.GetString("schedule"), "1f1b");
+  EXPECT_EQ(AlgorithmParams(spec.algorithm).at("recompute"), "true");
+  EXPECT_TRUE(std::get<BackpropOptions>(spec.algorithm.options).recompute);
+  EXPECT_EQ(std::get<BackpropOptions>(spec.algorithm.options).schedule,
+            PipelineSchedule::kOneFOneB);
 }
 
-TEST(JobSpecTest, Accessors) {
+TEST(JobSpecTest, TypedOptions) {
   const JobSpec spec = ParseOk(
       SpecYaml({{"algorithm",
                  "{name: nwise, n: 3, mix_local: true, micro_batches: 2, aux_head: 'conv:32,16'}"},
                 {"stages", "4"}}));
   const AlgorithmSpec& a = spec.algorithm;
-  EXPECT_EQ(a.GetInt("n"), 3);
-  EXPECT_TRUE(a.GetBool("mix_local"));
-  EXPECT_EQ(a.GetInt("micro_batches"), 2);
-  EXPECT_EQ(a.GetString("aux_head"), "conv:32,16");
-  EXPECT_DOUBLE_EQ(a.GetDouble("n"), 3.0);  // an integer reads as a number too
-
-  // A parameter the algorithm does not have is a programming error.
-  try {
-    a.GetInt("accumulation");
-    FAIL() << "expected std::out_of_range";
-  } catch (const std::out_of_range& e) {
-    EXPECT_THAT(e.what(), HasSubstr("accumulation"));
-  }
-  EXPECT_THROW(a.GetString("nope"), std::out_of_range);
-  EXPECT_THROW(a.GetBool("nope"), std::out_of_range);
-  EXPECT_THROW(a.GetDouble("nope"), std::out_of_range);
-  // Reading a value as the wrong type is one too.
-  EXPECT_THROW(a.GetInt("aux_head"), std::invalid_argument);
-  EXPECT_THROW(a.GetBool("n"), std::invalid_argument);
+  EXPECT_EQ(a.kind(), AlgorithmKind::kNwise);
+  const NwiseOptions* nwise = a.get_if<NwiseOptions>();
+  ASSERT_NE(nwise, nullptr);
+  EXPECT_EQ(nwise->n, 3);
+  EXPECT_TRUE(nwise->mix_local);
+  EXPECT_EQ(nwise->micro_batches, 2);
+  EXPECT_EQ(nwise->aux_head, "conv:32,16");
+  // Another algorithm's options are not there.
+  EXPECT_EQ(a.get_if<PetraOptions>(), nullptr);
+  EXPECT_EQ(a.get_if<BackpropOptions>(), nullptr);
 }
 
-TEST(JobSpecTest, CompleteAlgorithmSpecForHandBuiltSpecs) {
-  AlgorithmSpec spec;
-  spec.name = "delayed";
-  spec.params = {{"weights", "current"}};
-  ASSERT_TRUE(CompleteAlgorithmSpec(&spec).ok());
-  EXPECT_EQ(spec.GetString("weights"), "current");
-  EXPECT_EQ(spec.GetInt("max_in_flight"), 0);
+TEST(JobSpecTest, MakeAlgorithmSpecForHandBuiltSpecs) {
+  absl::StatusOr<AlgorithmSpec> spec = MakeAlgorithmSpec("delayed", {{"weights", "current"}});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->get_if<DelayedOptions>()->weights, DelayedWeights::kCurrent);
+  EXPECT_EQ(spec->get_if<DelayedOptions>()->max_in_flight, 0);
+  // What AlgorithmParams writes reads back to the same spec.
+  absl::StatusOr<AlgorithmSpec> again = MakeAlgorithmSpec(spec->name(), AlgorithmParams(*spec));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(AlgorithmParams(*again), AlgorithmParams(*spec));
 
-  AlgorithmSpec bad_value{"petra", {{"accumulation", "0"}}};
-  absl::Status status = CompleteAlgorithmSpec(&bad_value);
+  absl::Status status = MakeAlgorithmSpec("petra", {{"accumulation", "0"}}).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(status.message()), StartsWith("algorithm.accumulation: must be >= 1"));
 
-  AlgorithmSpec bad_key{"petra", {{"n", "2"}}};
-  status = CompleteAlgorithmSpec(&bad_key);
+  status = MakeAlgorithmSpec("petra", {{"n", "2"}}).status();
   EXPECT_THAT(
       std::string(status.message()),
       StartsWith(
           "algorithm.n: unknown key for algorithm petra (known: accumulation, verify_rebuild)"));
 
-  AlgorithmSpec bad_name{"petro", {}};
-  status = CompleteAlgorithmSpec(&bad_name);
+  status = MakeAlgorithmSpec("petro").status();
   EXPECT_THAT(std::string(status.message()), StartsWith("algorithm.name:"));
   EXPECT_THAT(std::string(status.message()), HasSubstr("did you mean petra?"));
 }
@@ -328,27 +319,33 @@ TEST(JobSpecTest, CompleteAlgorithmSpecForHandBuiltSpecs) {
 TEST(JobSpecTest, StagesAsCount) {
   const JobSpec spec = ParseOk(SpecYaml({{"stages", "4"}}));
   EXPECT_EQ(spec.stages.count, 4);
-  EXPECT_EQ(spec.stages.partition, "balanced");
+  EXPECT_EQ(spec.stages.partition, Partition::kBalanced);
   EXPECT_TRUE(spec.stages.ranges.empty());
 }
 
 TEST(JobSpecTest, StagesAsMap) {
   JobSpec spec = ParseOk(SpecYaml({{"stages", "{count: 3, partition: auto}"}}));
   EXPECT_EQ(spec.stages.count, 3);
-  EXPECT_EQ(spec.stages.partition, "auto");
+  EXPECT_EQ(spec.stages.partition, Partition::kAuto);
   spec = ParseOk(SpecYaml({{"stages", "{count: 2}"}}));
   EXPECT_EQ(spec.stages.count, 2);
-  EXPECT_EQ(spec.stages.partition, "balanced");
-  for (const char* mode : {"balanced", "even"}) {
-    spec = ParseOk(SpecYaml({{"stages", absl::StrCat("{count: 2, partition: ", mode, "}")}}));
+  EXPECT_EQ(spec.stages.partition, Partition::kBalanced);
+  for (Partition mode : {Partition::kBalanced, Partition::kEven}) {
+    spec =
+        ParseOk(SpecYaml({{"stages", absl::StrCat("{count: 2, partition: ", NameOf(mode), "}")}}));
     EXPECT_EQ(spec.stages.partition, mode);
   }
+  // "explicit" is what a list of ranges means, not a word to write.
+  EXPECT_THAT(std::string(ParseJobSpec(SpecYaml({{"stages", "{count: 2, partition: explicit}"}}))
+                              .status()
+                              .message()),
+              StartsWith("stages.partition: must be balanced, even, auto or a list"));
 }
 
 TEST(JobSpecTest, StagesAsExplicitRanges) {
   JobSpec spec = ParseOk(SpecYaml({{"stages", "{partition: [[0, 4], [4, 9], [9, 12]]}"}}));
   EXPECT_EQ(spec.stages.count, 3);
-  EXPECT_EQ(spec.stages.partition, "explicit");
+  EXPECT_EQ(spec.stages.partition, Partition::kExplicit);
   EXPECT_THAT(spec.stages.ranges, ElementsAre(std::pair(0, 4), std::pair(4, 9), std::pair(9, 12)));
   // A matching count is allowed.
   spec = ParseOk(SpecYaml({{"stages", "{count: 2, partition: [[0, 1], [1, 2]]}"}}));
@@ -769,12 +766,12 @@ TEST(JobSpecTest, DocumentedExampleParses) {
   ASSERT_NE(end, std::string::npos);
   const JobSpec spec = ParseOk(doc.substr(begin + 8, end - begin - 8));
   EXPECT_EQ(spec.name, "cifar10-revnet18-petra");
-  EXPECT_EQ(spec.algorithm.GetInt("accumulation"), 2);
+  EXPECT_EQ(std::get<PetraOptions>(spec.algorithm.options).accumulation, 2);
   EXPECT_EQ(spec.stages.count, 3);
-  EXPECT_EQ(spec.stages.partition, "explicit");
+  EXPECT_EQ(spec.stages.partition, Partition::kExplicit);
   EXPECT_THAT(spec.model.input_shape, ElementsAre(3, 32, 32));
   EXPECT_EQ(spec.recovery.max_restarts, 5);
-  EXPECT_EQ(spec.transport.compression, "bf16");
+  EXPECT_EQ(spec.transport.compression, Compression::kBf16);
 }
 
 // Parses every example job shipped in examples/ (there may be none yet).
@@ -841,16 +838,16 @@ TEST(JobSpecPhases, InheritOptimizerAndScheduleAndSumTheLength) {
     reset_optimizer: false)"}}));
   ASSERT_EQ(spec.phases.size(), 2u);
   EXPECT_EQ(spec.phases[0].name, "local");
-  EXPECT_EQ(spec.phases[0].algorithm.GetInt("n"), 1);
+  EXPECT_EQ(std::get<NwiseOptions>(spec.phases[0].algorithm.options).n, 1);
   EXPECT_DOUBLE_EQ(spec.phases[0].optimizer.lr, 0.1);
   EXPECT_TRUE(spec.phases[0].reset_optimizer);
-  EXPECT_EQ(spec.phases[1].algorithm.name, "backprop");
+  EXPECT_EQ(spec.phases[1].algorithm.name(), "backprop");
   EXPECT_DOUBLE_EQ(spec.phases[1].optimizer.lr, 0.01);
-  EXPECT_DOUBLE_EQ(spec.phases[1].optimizer.momentum, 0.8);  // inherited
-  EXPECT_EQ(spec.phases[1].schedule.name, "cosine");         // inherited
+  EXPECT_DOUBLE_EQ(spec.phases[1].optimizer.momentum, 0.8);          // inherited
+  EXPECT_EQ(spec.phases[1].schedule.name, LrScheduleKind::kCosine);  // inherited
   EXPECT_DOUBLE_EQ(spec.phases[1].schedule.warmup_epochs, 0);
   EXPECT_FALSE(spec.phases[1].reset_optimizer);
-  EXPECT_EQ(spec.algorithm.name, "nwise");  // the first phase's
+  EXPECT_EQ(spec.algorithm.name(), "nwise");  // the first phase's
   EXPECT_DOUBLE_EQ(spec.epochs, 2.5);
   EXPECT_EQ(Phases(spec).size(), 2u);
 }
@@ -859,7 +856,7 @@ TEST(JobSpecPhases, WithoutPhasesThereIsOneFromTheTopLevel) {
   const JobSpec spec = ParseOk(SpecYaml({{"algorithm", "{name: petra, accumulation: 2}"}}));
   const std::vector<PhaseSpec> phases = Phases(spec);
   ASSERT_EQ(phases.size(), 1u);
-  EXPECT_EQ(phases[0].algorithm.GetInt("accumulation"), 2);
+  EXPECT_EQ(std::get<PetraOptions>(phases[0].algorithm.options).accumulation, 2);
   EXPECT_DOUBLE_EQ(phases[0].epochs, 1);
 }
 
@@ -921,9 +918,9 @@ TEST(JobSpecPhases, EveryPhaseAlgorithmGetsItsDefaults) {
        {"stages", "2"},
        {"phases", "[{steps: 2, algorithm: {name: nwise, n: 1}}, {steps: 2, algorithm: petra}]"}}));
   ASSERT_EQ(spec.phases.size(), 2u);
-  EXPECT_FALSE(spec.phases[0].algorithm.GetBool("mix_local"));
-  EXPECT_EQ(spec.phases[0].algorithm.GetString("aux_head"), "conv");
-  EXPECT_EQ(spec.phases[1].algorithm.GetInt("accumulation"), 1);
+  EXPECT_FALSE(std::get<NwiseOptions>(spec.phases[0].algorithm.options).mix_local);
+  EXPECT_EQ(std::get<NwiseOptions>(spec.phases[0].algorithm.options).aux_head, "conv");
+  EXPECT_EQ(std::get<PetraOptions>(spec.phases[1].algorithm.options).accumulation, 1);
 }
 
 }  // namespace
@@ -933,9 +930,9 @@ namespace stagewise {
 namespace {
 
 TEST(JobSpecTest, TransportCompression) {
-  EXPECT_EQ(ParseOk(SpecYaml({})).transport.compression, "none");
-  for (const char* c : {"none", "fp16", "bf16"}) {
-    EXPECT_EQ(ParseOk(SpecYaml({{"transport", absl::StrCat("{compression: ", c, "}")}}))
+  EXPECT_EQ(ParseOk(SpecYaml({})).transport.compression, Compression::kNone);
+  for (Compression c : {Compression::kNone, Compression::kFp16, Compression::kBf16}) {
+    EXPECT_EQ(ParseOk(SpecYaml({{"transport", absl::StrCat("{compression: ", NameOf(c), "}")}}))
                   .transport.compression,
               c);
   }
@@ -966,9 +963,10 @@ TEST(JobSpecTest, TraceIsOffUnlessAskedForWithAWindowAndALimit) {
 }
 
 TEST(JobSpecTest, AuxnetSerialStatisticsNeedTheSerialForward) {
-  EXPECT_EQ(
-      ParseOk(SpecYaml({{"algorithm", "{name: auxnet}"}})).algorithm.GetString("bn_statistics"),
-      "local");
+  EXPECT_EQ(std::get<AuxNetOptions>(
+                ParseOk(SpecYaml({{"algorithm", "{name: auxnet}"}})).algorithm.options)
+                .bn_statistics,
+            BnStatistics::kLocal);
   ParseOk(SpecYaml({{"algorithm", "{name: auxnet, bn_statistics: serial}"}}));
   EXPECT_THAT(ParseError(SpecYaml(
                   {{"algorithm", "{name: auxnet, bn_statistics: serial, serial_loss_every: 0}"}})),
@@ -980,9 +978,9 @@ TEST(JobSpecTest, AuxnetSerialStatisticsNeedTheSerialForward) {
 TEST(JobSpecTest, StagesModesAndMemoryBudget) {
   JobSpec spec = ParseOk(SpecYaml({{"stages", "{count: 2, memory_budget: 512MiB}"}}));
   EXPECT_EQ(spec.stages.memory_budget, int64_t{512} << 20);
-  EXPECT_EQ(spec.stages.modes, "auto");
+  EXPECT_EQ(spec.stages.modes, BlockModes::kAuto);
   spec = ParseOk(SpecYaml({{"stages", "{count: 2, modes: rebuild, memory_budget: 1.5G}"}}));
-  EXPECT_EQ(spec.stages.modes, "rebuild");
+  EXPECT_EQ(spec.stages.modes, BlockModes::kRebuild);
   EXPECT_EQ(spec.stages.memory_budget, 1500000000);
   spec = ParseOk(SpecYaml({{"stages", "{count: 2, memory_budget: 1000000}"}}));
   EXPECT_EQ(spec.stages.memory_budget, 1000000);

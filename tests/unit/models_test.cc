@@ -249,7 +249,7 @@ TEST(BatchNorm, FrozenRunningStatsStayPutButBatchStatsAreUsed) {
 TEST(ResolvePartition, EvenAndExplicit) {
   const std::vector<BlockInfo> ten(10), twelve(12);
   StagesSpec even;
-  even.partition = "even";
+  even.partition = Partition::kEven;
   even.count = 3;
   auto r = ResolvePartition(even, ten);
   ASSERT_TRUE(r.ok());
@@ -258,7 +258,7 @@ TEST(ResolvePartition, EvenAndExplicit) {
   EXPECT_NE(ResolvePartition(even, ten).status().message().find("stages.count"), std::string::npos);
 
   StagesSpec expl;
-  expl.partition = "explicit";
+  expl.partition = Partition::kExplicit;
   expl.ranges = {{0, 2}, {2, 10}};
   expl.count = 2;
   ASSERT_TRUE(ResolvePartition(expl, ten).ok());
@@ -288,12 +288,12 @@ TEST(ResolvePartition, BalancedIsTheDefaultAndEvensOutTheEstimatedWork) {
             10 * EstimateBlockWork((*blocks)[9]));  // 28.5 vs 1.1 ms
 
   StagesSpec stages;
-  EXPECT_EQ(stages.partition, "balanced");
+  EXPECT_EQ(stages.partition, Partition::kBalanced);
   stages.count = 2;
   auto balanced = ResolvePartition(stages, *blocks);
   ASSERT_TRUE(balanced.ok()) << balanced.status();
   EXPECT_EQ(*balanced, (std::vector<std::pair<int, int>>{{0, 4}, {4, 10}}));
-  stages.partition = "even";
+  stages.partition = Partition::kEven;
   auto even = ResolvePartition(stages, *blocks);
   ASSERT_TRUE(even.ok());
   EXPECT_EQ(*even, (std::vector<std::pair<int, int>>{{0, 5}, {5, 10}}));
@@ -310,9 +310,9 @@ TEST(ResolvePartition, BalancedIsTheDefaultAndEvensOutTheEstimatedWork) {
   };
   for (int j = 1; j <= 10; ++j) {
     stages.count = j;
-    stages.partition = "balanced";
+    stages.partition = Partition::kBalanced;
     auto b = ResolvePartition(stages, *blocks);
-    stages.partition = "even";
+    stages.partition = Partition::kEven;
     auto e = ResolvePartition(stages, *blocks);
     ASSERT_TRUE(b.ok() && e.ok()) << j;
     ASSERT_EQ(b->size(), static_cast<size_t>(j));

@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <string>
 
-#include "services/common/job_spec.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise {
 namespace {

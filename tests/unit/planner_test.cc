@@ -233,32 +233,32 @@ ModelProfile SyntheticProfile(int reversible, std::mt19937& rng) {
 
 TEST(Planner, PlansRespectEveryCapAndMixModesInBetween) {
   std::mt19937 rng(5);
-  for (const char* algorithm : {"backprop", "petra"}) {
+  for (AlgorithmKind algorithm : {AlgorithmKind::kBackprop, AlgorithmKind::kPetra}) {
     ModelProfile p = SyntheticProfile(8, rng);
     PlanOptions o;
     o.num_stages = 2;
     o.algorithm = algorithm;
-    o.modes = "rebuild";
+    o.modes = BlockModes::kRebuild;
     auto low = MakePlan(p, o);
     ASSERT_TRUE(low.ok()) << low.status();
-    o.modes = "store";
+    o.modes = BlockModes::kStore;
     auto high = MakePlan(p, o);
     ASSERT_TRUE(high.ok()) << high.status();
     int64_t lo = 0, hi = 0;
     for (const auto& s : low->stages) lo = std::max(lo, s.estimate.peak_bytes);
     for (const auto& s : high->stages) hi = std::max(hi, s.estimate.peak_bytes);
-    ASSERT_LT(lo, hi) << algorithm;
-    o.modes = "auto";
+    ASSERT_LT(lo, hi) << NameOf(algorithm);
+    o.modes = BlockModes::kAuto;
     int mixed = 0;
     for (int k = 0; k <= 10; ++k) {
       const int64_t cap = lo + (hi - lo) * k / 10;
       o.memory_caps = {cap};
       auto plan = MakePlan(p, o);
-      ASSERT_TRUE(plan.ok()) << algorithm << " cap " << cap << ": " << plan.status();
+      ASSERT_TRUE(plan.ok()) << NameOf(algorithm) << " cap " << cap << ": " << plan.status();
       int stored = 0, rebuilt = 0;
       for (const auto& s : plan->stages) {
         EXPECT_LE(s.estimate.peak_bytes, cap)
-            << algorithm << " stage [" << s.begin << "," << s.end << ")";
+            << NameOf(algorithm) << " stage [" << s.begin << "," << s.end << ")";
         for (int i = s.begin; i < s.end; ++i) {
           if (!p.blocks[i].reversible) {
             EXPECT_TRUE(s.store[i - s.begin]);
@@ -269,7 +269,7 @@ TEST(Planner, PlansRespectEveryCapAndMixModesInBetween) {
       }
       if (stored > 0 && rebuilt > 0) ++mixed;
     }
-    EXPECT_GT(mixed, 0) << algorithm;
+    EXPECT_GT(mixed, 0) << NameOf(algorithm);
     // Below the all-rebuild figure nothing fits, and the error says so.
     o.memory_caps = {lo / 2};
     auto none = MakePlan(p, o);
@@ -286,11 +286,11 @@ TEST(Planner, AutoModesAreTheFastestChoiceUnderTheCap) {
   const int n = static_cast<int>(p.blocks.size());
   StageRole role{true, true, 1};
   PlanOptions o;
-  o.algorithm = "backprop";
+  o.algorithm = AlgorithmKind::kBackprop;
   std::vector<bool> all(n, true), none(n, true);
   for (int i = 1; i < n - 1; ++i) none[i] = false;
-  const int64_t lo = EstimateStage(p, "backprop", 0, n, none, role).peak_bytes;
-  const int64_t hi = EstimateStage(p, "backprop", 0, n, all, role).peak_bytes;
+  const int64_t lo = EstimateStage(p, AlgorithmKind::kBackprop, 0, n, none, role).peak_bytes;
+  const int64_t hi = EstimateStage(p, AlgorithmKind::kBackprop, 0, n, all, role).peak_bytes;
   for (int k = 1; k < 8; ++k) {
     const int64_t cap = lo + (hi - lo) * k / 8;
     auto sp = PlanStage(p, o, 0, n, role, cap);
@@ -300,7 +300,7 @@ TEST(Planner, AutoModesAreTheFastestChoiceUnderTheCap) {
     for (uint32_t mask = 0; mask < (1u << (n - 2)); ++mask) {
       std::vector<bool> x(n, true);
       for (int i = 1; i < n - 1; ++i) x[i] = mask >> (i - 1) & 1;
-      const StageEstimate e = EstimateStage(p, "backprop", 0, n, x, role);
+      const StageEstimate e = EstimateStage(p, AlgorithmKind::kBackprop, 0, n, x, role);
       if (e.peak_bytes <= cap) best = std::min(best, e.time_s());
     }
     // The knapsack works on kept bytes with a safety margin for transients,
@@ -314,7 +314,7 @@ TEST(Planner, AutoPartitionBalancesTheSlowestStage) {
   ModelProfile p = SyntheticProfile(10, rng);
   PlanOptions o;
   o.num_stages = 3;
-  o.algorithm = "delayed";
+  o.algorithm = AlgorithmKind::kDelayed;
   auto plan = MakePlan(p, o);
   ASSERT_TRUE(plan.ok()) << plan.status();
   // No even split is better than the DP's.

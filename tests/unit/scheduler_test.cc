@@ -138,7 +138,7 @@ TEST_F(SchedulerTest, PlanFromProfilePartitionsAndSummarises) {
   AddWorker("w1");
   auto spec = ParseJobSpec(testing::JobYaml(2, 4));
   ASSERT_TRUE(spec.ok()) << spec.status();
-  spec->stages.partition = "auto";
+  spec->stages.partition = Partition::kAuto;
   v1::ProfileResult result;
   result.set_job_id("job-1");
   result.set_profile(planner::SerializeProfile(FourBlocks()));

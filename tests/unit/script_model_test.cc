@@ -11,10 +11,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "services/common/job_spec.h"
 #include "services/models/batch_norm.h"
 #include "services/models/model.h"
 #include "services/models/plan.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::models {
 namespace {

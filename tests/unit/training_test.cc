@@ -20,7 +20,7 @@ TEST(LearningRateAt, ConstantWithWarmup) {
 
 TEST(LearningRateAt, MultiStepDropsAtMilestoneEpochs) {
   ScheduleSpec s;
-  s.name = "multistep";
+  s.name = LrScheduleKind::kMultistep;
   s.milestones = {2, 4};
   s.gamma = 0.1;
   EXPECT_DOUBLE_EQ(LearningRateAt(s, 1.0, 19, 10, 100), 1.0);
@@ -31,7 +31,7 @@ TEST(LearningRateAt, MultiStepDropsAtMilestoneEpochs) {
 
 TEST(LearningRateAt, CosineFromPeakToMinimum) {
   ScheduleSpec s;
-  s.name = "cosine";
+  s.name = LrScheduleKind::kCosine;
   s.warmup_epochs = 1;
   s.min_lr = 0.1;
   EXPECT_NEAR(LearningRateAt(s, 1.0, 10, 10, 110), 1.0, 1e-12);
@@ -104,7 +104,7 @@ TEST(MakeOptimizer, NesterovMomentumMatchesTheFormula) {
 TEST(MakeOptimizer, AdamFirstStepMovesByLearningRate) {
   TwoParams m;
   OptimizerSpec o;
-  o.name = "adam";
+  o.name = OptimizerKind::kAdam;
   o.lr = 0.01;
   auto opt = MakeOptimizer(o, m);
   m.w.mutable_grad() = torch::tensor({{3.0, -2.0}, {0.5, -7.0}});

@@ -64,18 +64,18 @@ struct MeanTime {
 
 class AuxNetAlgorithm : public Algorithm {
  public:
-  explicit AuxNetAlgorithm(const AlgorithmSpec& spec)
-      : beta_(spec.GetDouble("beta")),
-        beta_factor_(spec.GetDouble("beta_factor")),
-        beta_every_epochs_(spec.GetInt("beta_every_epochs")),
-        eta_(spec.GetDouble("aux_lr")),
-        kind_(spec.GetString("auxnet")),
-        blocks_(static_cast<int>(spec.GetInt("auxnet_blocks"))),
-        noise_std_(spec.GetDouble("noise_std")),
-        serial_every_(spec.GetInt("serial_loss_every")),
-        serial_statistics_(spec.GetString("bn_statistics") == "serial"),
-        direct_(spec.GetString("aux_update") == "direct"),
-        relative_(spec.GetString("penalty") == "relative") {}
+  explicit AuxNetAlgorithm(const AuxNetOptions& options)
+      : beta_(options.beta),
+        beta_factor_(options.beta_factor),
+        beta_every_epochs_(options.beta_every_epochs),
+        eta_(options.aux_lr),
+        kind_(NameOf(options.auxnet)),
+        blocks_(options.auxnet_blocks),
+        noise_std_(options.noise_std),
+        serial_every_(options.serial_loss_every),
+        serial_statistics_(options.bn_statistics == BnStatistics::kSerial),
+        direct_(options.aux_update == AuxUpdate::kDirect),
+        relative_(options.penalty == AuxPenalty::kRelative) {}
 
   absl::Status Run(StageContext& ctx) override {
     STAGEWISE_RETURN_IF_ERROR(Setup(ctx));
@@ -396,8 +396,8 @@ class AuxNetAlgorithm : public Algorithm {
 
 }  // namespace
 
-std::unique_ptr<Algorithm> MakeAuxNet(const AlgorithmSpec& spec) {
-  return std::make_unique<AuxNetAlgorithm>(spec);
+std::unique_ptr<Algorithm> MakeAuxNet(const AuxNetOptions& options) {
+  return std::make_unique<AuxNetAlgorithm>(options);
 }
 
 }  // namespace stagewise::worker

@@ -27,11 +27,11 @@ namespace {
 
 class Backprop : public Algorithm {
  public:
-  explicit Backprop(const AlgorithmSpec& spec)
-      : micro_batches_(static_cast<int>(spec.GetInt("micro_batches"))),
-        one_f_one_b_(spec.GetString("schedule") == "1f1b"),
-        recompute_(spec.GetBool("recompute")),
-        lookahead_(static_cast<int>(spec.GetInt("lookahead"))) {}
+  explicit Backprop(const BackpropOptions& options)
+      : micro_batches_(options.micro_batches),
+        one_f_one_b_(options.schedule == PipelineSchedule::kOneFOneB),
+        recompute_(options.recompute),
+        lookahead_(options.lookahead) {}
 
   // Nothing to save; checks that the cut has nothing in flight.
   absl::Status SaveState(StageContext&, torch::serialize::OutputArchive&) override {
@@ -212,8 +212,8 @@ class Backprop : public Algorithm {
 
 }  // namespace
 
-std::unique_ptr<Algorithm> MakeBackprop(const AlgorithmSpec& spec) {
-  return std::make_unique<Backprop>(spec);
+std::unique_ptr<Algorithm> MakeBackprop(const BackpropOptions& options) {
+  return std::make_unique<Backprop>(options);
 }
 
 }  // namespace stagewise::worker

@@ -27,8 +27,14 @@ absl::Status PutTensor(v1::StageMessage* message, const std::string& name,
 }
 
 v1::Compression WireCompression(const JobSpec& spec) {
-  if (spec.transport.compression == "fp16") return v1::COMPRESSION_FP16;
-  if (spec.transport.compression == "bf16") return v1::COMPRESSION_BF16;
+  switch (spec.transport.compression) {
+    case Compression::kFp16:
+      return v1::COMPRESSION_FP16;
+    case Compression::kBf16:
+      return v1::COMPRESSION_BF16;
+    case Compression::kNone:
+      break;
+  }
   return v1::COMPRESSION_NONE;
 }
 

@@ -30,9 +30,8 @@ namespace {
 
 class Delayed : public Algorithm {
  public:
-  explicit Delayed(const AlgorithmSpec& spec)
-      : stash_(spec.GetString("weights") == "stash"),
-        max_in_flight_(spec.GetInt("max_in_flight")) {}
+  explicit Delayed(const DelayedOptions& options)
+      : stash_(options.weights == DelayedWeights::kStash), max_in_flight_(options.max_in_flight) {}
 
   // The cut is a drain: nothing in flight, the step count is the cut's step.
   absl::Status SaveState(StageContext&, torch::serialize::OutputArchive& archive) override {
@@ -162,8 +161,8 @@ class Delayed : public Algorithm {
 
 }  // namespace
 
-std::unique_ptr<Algorithm> MakeDelayed(const AlgorithmSpec& spec) {
-  return std::make_unique<Delayed>(spec);
+std::unique_ptr<Algorithm> MakeDelayed(const DelayedOptions& options) {
+  return std::make_unique<Delayed>(options);
 }
 
 }  // namespace stagewise::worker

@@ -36,7 +36,7 @@ namespace {
 
 class FeaturesReplay : public Algorithm {
  public:
-  explicit FeaturesReplay(const AlgorithmSpec&) {}
+  explicit FeaturesReplay(const FeaturesReplayOptions&) {}
 
   absl::Status Run(StageContext& ctx) override {
     const int64_t J = ctx.num_stages(), j = ctx.stage();
@@ -214,8 +214,8 @@ class FeaturesReplay : public Algorithm {
 
 }  // namespace
 
-std::unique_ptr<Algorithm> MakeFeaturesReplay(const AlgorithmSpec& spec) {
-  return std::make_unique<FeaturesReplay>(spec);
+std::unique_ptr<Algorithm> MakeFeaturesReplay(const FeaturesReplayOptions& options) {
+  return std::make_unique<FeaturesReplay>(options);
 }
 
 }  // namespace stagewise::worker

@@ -41,11 +41,11 @@ namespace {
 
 class Nwise : public Algorithm {
  public:
-  explicit Nwise(const AlgorithmSpec& spec)
-      : n_(spec.GetInt("n")),
-        mix_local_(spec.GetBool("mix_local")),
-        micro_batches_(static_cast<int>(spec.GetInt("micro_batches"))),
-        aux_head_(spec.GetString("aux_head")) {}
+  explicit Nwise(const NwiseOptions& options)
+      : n_(options.n),
+        mix_local_(options.mix_local),
+        micro_batches_(options.micro_batches),
+        aux_head_(options.aux_head) {}
 
   absl::Status Run(StageContext& ctx) override {
     J_ = ctx.num_stages();
@@ -259,8 +259,8 @@ class Nwise : public Algorithm {
 
 }  // namespace
 
-std::unique_ptr<Algorithm> MakeNwise(const AlgorithmSpec& spec) {
-  return std::make_unique<Nwise>(spec);
+std::unique_ptr<Algorithm> MakeNwise(const NwiseOptions& options) {
+  return std::make_unique<Nwise>(options);
 }
 
 }  // namespace stagewise::worker

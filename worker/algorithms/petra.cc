@@ -39,8 +39,8 @@ namespace {
 
 class Petra : public Algorithm {
  public:
-  explicit Petra(const AlgorithmSpec& spec)
-      : k_(spec.GetInt("accumulation")), verify_(spec.GetBool("verify_rebuild")) {}
+  explicit Petra(const PetraOptions& options)
+      : k_(options.accumulation), verify_(options.verify_rebuild) {}
 
   // The cut is a drain: nothing in flight; the open accumulation window's
   // gradient sums (if any) are the state.
@@ -293,8 +293,8 @@ class Petra : public Algorithm {
 
 }  // namespace
 
-std::unique_ptr<Algorithm> MakePetra(const AlgorithmSpec& spec) {
-  return std::make_unique<Petra>(spec);
+std::unique_ptr<Algorithm> MakePetra(const PetraOptions& options) {
+  return std::make_unique<Petra>(options);
 }
 
 }  // namespace stagewise::worker

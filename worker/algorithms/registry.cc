@@ -1,52 +1,40 @@
-// Maps an algorithm name to its implementation: one table row per file of
-// worker/algorithms/. The names match the job-spec schemas (KnownAlgorithms(),
-// services/common/job_spec.h); tests/unit/algorithms_test.cc checks both ways.
+// Maps an algorithm's typed options (services/spec/job_spec.h) to its
+// implementation, one file each in worker/algorithms/. The visit has one
+// overload per AlgorithmOptions alternative: an algorithm added to the spec
+// without a factory here does not compile.
 #include <string>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "worker/stage_context.h"
 
 namespace stagewise::worker {
 
-std::unique_ptr<Algorithm> MakeBackprop(const AlgorithmSpec& spec);
-std::unique_ptr<Algorithm> MakeDelayed(const AlgorithmSpec& spec);
-std::unique_ptr<Algorithm> MakePetra(const AlgorithmSpec& spec);
-std::unique_ptr<Algorithm> MakeFeaturesReplay(const AlgorithmSpec& spec);
-std::unique_ptr<Algorithm> MakeNwise(const AlgorithmSpec& spec);
-std::unique_ptr<Algorithm> MakeAuxNet(const AlgorithmSpec& spec);
+std::unique_ptr<Algorithm> MakeBackprop(const BackpropOptions& options);
+std::unique_ptr<Algorithm> MakeDelayed(const DelayedOptions& options);
+std::unique_ptr<Algorithm> MakePetra(const PetraOptions& options);
+std::unique_ptr<Algorithm> MakeFeaturesReplay(const FeaturesReplayOptions& options);
+std::unique_ptr<Algorithm> MakeNwise(const NwiseOptions& options);
+std::unique_ptr<Algorithm> MakeAuxNet(const AuxNetOptions& options);
 
 namespace {
 
-struct Entry {
-  const char* name;
-  std::unique_ptr<Algorithm> (*make)(const AlgorithmSpec& spec);
-};
-
-constexpr Entry kAlgorithms[] = {
-    {"backprop", MakeBackprop}, {"delayed", MakeDelayed}, {"features_replay", MakeFeaturesReplay},
-    {"petra", MakePetra},       {"nwise", MakeNwise},     {"auxnet", MakeAuxNet},
+struct Factory {
+  std::unique_ptr<Algorithm> operator()(const BackpropOptions& o) const { return MakeBackprop(o); }
+  std::unique_ptr<Algorithm> operator()(const DelayedOptions& o) const { return MakeDelayed(o); }
+  std::unique_ptr<Algorithm> operator()(const FeaturesReplayOptions& o) const {
+    return MakeFeaturesReplay(o);
+  }
+  std::unique_ptr<Algorithm> operator()(const PetraOptions& o) const { return MakePetra(o); }
+  std::unique_ptr<Algorithm> operator()(const NwiseOptions& o) const { return MakeNwise(o); }
+  std::unique_ptr<Algorithm> operator()(const AuxNetOptions& o) const { return MakeAuxNet(o); }
 };
 
 }  // namespace
 
-std::vector<std::string> RegisteredAlgorithms() {
-  std::vector<std::string> names;
-  for (const Entry& e : kAlgorithms) names.emplace_back(e.name);
-  return names;
-}
-
-absl::StatusOr<std::unique_ptr<Algorithm>> MakeAlgorithm(const AlgorithmSpec& spec) {
-  for (const Entry& e : kAlgorithms) {
-    if (spec.name != e.name) continue;
-    try {
-      return e.make(spec);
-    } catch (const std::exception& ex) {
-      return absl::InvalidArgumentError(absl::StrCat("algorithm: ", ex.what()));
-    }
-  }
-  return absl::UnimplementedError(
-      absl::StrCat("algorithm: '", spec.name, "' is not available on this worker"));
+std::unique_ptr<Algorithm> MakeAlgorithm(const AlgorithmSpec& spec) {
+  return std::visit(Factory{}, spec.options);
 }
 
 }  // namespace stagewise::worker

@@ -1,16 +1,30 @@
-// Job specification: the YAML a user submits, parsed and validated.
-// No LibTorch here: the coordinator and CLI parse specs without it.
-#ifndef STAGEWISE_SERVICES_COMMON_JOB_SPEC_H_
-#define STAGEWISE_SERVICES_COMMON_JOB_SPEC_H_
+// Job specification: the YAML a user submits, parsed once into typed values
+// and validated. No LibTorch here: the coordinator and CLI parse specs
+// without it. Every process parses the text once (ParseJobSpec) and passes
+// `const JobSpec&` on.
+//
+// The library (services/spec/):
+//   enums.h        the closed sets and their spellings
+//   job_spec.h     the typed spec (this file) and its entry points
+//   fields.h       each key declared once: name, type, default, range, doc;
+//                  the parser, the "did you mean" and docs/job_spec.md's
+//                  tables come from it
+//   yaml_reader.h  YAML nodes to values, with errors that name the key path
+//   parse.cc       the document to a JobSpec
+//   validate.cc    ranges and cross-field rules on a built JobSpec
+#ifndef STAGEWISE_SERVICES_SPEC_JOB_SPEC_H_
+#define STAGEWISE_SERVICES_SPEC_JOB_SPEC_H_
 
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "services/spec/enums.h"
 
 namespace stagewise {
 
@@ -70,17 +84,76 @@ struct DataSpec {
   int64_t limit_test = 0;
 };
 
-// algorithm: name plus its parameters, checked against a per-algorithm schema.
-struct AlgorithmSpec {
-  std::string name = "backprop";  // backprop | delayed | features_replay | petra | nwise | auxnet
-  // Every parameter of the algorithm, defaults filled in, as canonical strings.
-  std::map<std::string, std::string> params;
-
-  int64_t GetInt(const std::string& key) const;
-  double GetDouble(const std::string& key) const;
-  bool GetBool(const std::string& key) const;
-  const std::string& GetString(const std::string& key) const;
+// algorithm: one options struct per algorithm (docs/algorithms.md says what
+// each does; fields.cc declares each key's name, range and doc line once).
+struct BackpropOptions {
+  int micro_batches = 1;
+  PipelineSchedule schedule = PipelineSchedule::kGpipe;
+  bool recompute = false;  // keep only stage inputs, recompute in backward
+  int lookahead = 0;       // 1F1B: extra micro-batches in flight per stage
 };
+
+struct DelayedOptions {
+  DelayedWeights weights = DelayedWeights::kStash;
+  // 0 stands for the pipeline's natural depth at stage j, 2(J-1-j)+1
+  // mini-batches (worker/algorithms/delayed.cc).
+  int max_in_flight = 0;
+};
+
+struct FeaturesReplayOptions {};
+
+struct PetraOptions {
+  int accumulation = 1;  // k: step every k backward passes
+  bool verify_rebuild = false;
+};
+
+struct NwiseOptions {
+  int n = 2;
+  bool mix_local = false;
+  int micro_batches = 1;
+  std::string aux_head = "conv";  // checked by ParseAuxHeadSpec when parsed
+};
+
+struct AuxNetOptions {
+  double beta = 1.0e5;
+  double beta_factor = 1.0;
+  int beta_every_epochs = 0;
+  double aux_lr = 0.1;
+  AuxNetArch auxnet = AuxNetArch::kResnet;
+  int auxnet_blocks = 1;
+  int serial_loss_every = 10;
+  double noise_std = 0.0;
+  BnStatistics bn_statistics = BnStatistics::kLocal;
+  AuxUpdate aux_update = AuxUpdate::kDistill;
+  AuxPenalty penalty = AuxPenalty::kMse;
+};
+
+// The alternatives are in AlgorithmKind order (fields.cc checks it).
+using AlgorithmOptions = std::variant<BackpropOptions, DelayedOptions, FeaturesReplayOptions,
+                                      PetraOptions, NwiseOptions, AuxNetOptions>;
+
+struct AlgorithmSpec {
+  AlgorithmOptions options;  // default: backprop with its defaults
+
+  AlgorithmKind kind() const { return static_cast<AlgorithmKind>(options.index()); }
+  std::string name() const { return std::string(NameOf(kind())); }
+  // This algorithm's options, or nullptr if it is another algorithm.
+  template <typename Options>
+  const Options* get_if() const {
+    return std::get_if<Options>(&options);
+  }
+};
+
+// An algorithm from its name and parameters as text (a hand-built spec, a
+// command-line override): each value is type- and range-checked exactly as
+// in a job file, missing ones take their defaults. Errors name the key, e.g.
+// "algorithm.accumulation: must be >= 1, got 0".
+absl::StatusOr<AlgorithmSpec> MakeAlgorithmSpec(
+    const std::string& name, const std::map<std::string, std::string>& params = {});
+
+// Every parameter of `spec` in canonical text ("0.1", "true", "1f1b"), keyed
+// by its job-spec key: what MakeAlgorithmSpec reads back to the same spec.
+std::map<std::string, std::string> AlgorithmParams(const AlgorithmSpec& spec);
 
 // What nwise's `aux_head` says:
 //   "conv"          the paper's head (Interlocking Backpropagation, App. B.2;
@@ -106,14 +179,14 @@ struct StagesSpec {
   // balanced: cut where the estimated work of the slowest stage is least
   // (models::EstimateBlockWork); even: the same block count per stage; auto:
   // profiled and planned by the coordinator; explicit: `ranges`.
-  std::string partition = "balanced";  // balanced | even | auto | explicit
+  Partition partition = Partition::kBalanced;
   // explicit: [begin, end) global block ranges, contiguous and covering the model.
   std::vector<std::pair<int, int>> ranges;
   // Reversible blocks (Jiang et al., reversible training framework;
   // docs/planner.md): "auto" lets the planner choose per block
   // under memory_budget (without one, backprop stores and petra rebuilds);
   // "store" (compute-centric) or "rebuild" (memory-centric) for all of them.
-  std::string modes = "auto";
+  BlockModes modes = BlockModes::kAuto;
   // Memory cap per worker in bytes for the planner (0 = none; workers'
   // --memory-bytes applies then). Written as 2GiB, 512MiB, 1.5G or bytes.
   int64_t memory_budget = 0;
@@ -124,7 +197,7 @@ struct StagesSpec {
 absl::StatusOr<int64_t> ParseByteSize(const std::string& text);
 
 struct OptimizerSpec {
-  std::string name = "sgd";  // sgd | adam
+  OptimizerKind name = OptimizerKind::kSgd;
   double lr = 0.1;
   double momentum = 0.9;
   bool nesterov = false;
@@ -137,7 +210,7 @@ struct OptimizerSpec {
 };
 
 struct ScheduleSpec {
-  std::string name = "constant";   // constant | multistep | cosine
+  LrScheduleKind name = LrScheduleKind::kConstant;
   double warmup_epochs = 0;        // linear warm-up from 0 (fractional allowed)
   std::vector<double> milestones;  // multistep: epochs at which lr *= gamma
   double gamma = 0.1;
@@ -183,7 +256,7 @@ struct PhaseSpec {
 struct TransportSpec {
   // Float32 activations and gradients on the wire: "none" (exact), "fp16" or
   // "bf16" (half the bytes; the receiver widens them back to float32).
-  std::string compression = "none";
+  Compression compression = Compression::kNone;
 };
 
 // The pipeline timeline (docs/trace.md): stages record what their compute
@@ -238,19 +311,10 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
 // a DataSpec (fashion_mnist: [1,28,28]/10, cifar10: [3,32,32]/10, ...).
 absl::Status FillDataShape(const DataSpec& data, ModelSpec* model);
 
-// Checks spec->name and every parameter against that algorithm's schema, writes
-// each value in canonical form and fills in the defaults, so the Get* accessors
-// work for every parameter afterwards. ParseJobSpec calls it; code that builds
-// an AlgorithmSpec by hand (tests, planners) calls it too. Errors name the key,
-// e.g. "algorithm.accumulation: must be >= 1, got 0".
-absl::Status CompleteAlgorithmSpec(AlgorithmSpec* spec);
-
 // The semantic checks of ParseJobSpec on an already built spec: value ranges,
 // cross-field rules (nesterov needs momentum, nwise n <= stages.count, ...).
-// The algorithm parameters are checked as CompleteAlgorithmSpec would; missing
-// ones count as their defaults.
 absl::Status ValidateJobSpec(const JobSpec& spec);
 
 }  // namespace stagewise
 
-#endif  // STAGEWISE_SERVICES_COMMON_JOB_SPEC_H_
+#endif  // STAGEWISE_SERVICES_SPEC_JOB_SPEC_H_

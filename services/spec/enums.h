@@ -1,0 +1,129 @@
+// The closed sets of the job spec, as enums with their spellings. This is the
+// only place that knows how a closed-set value is written in YAML; everything
+// else compares enums (tests/layering/check_layering.sh greps for string
+// comparisons against these names outside services/spec/).
+// No LibTorch, no yaml-cpp: the coordinator, the CLI and the workers share it.
+#ifndef STAGEWISE_SERVICES_SPEC_ENUMS_H_
+#define STAGEWISE_SERVICES_SPEC_ENUMS_H_
+
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace stagewise {
+
+// algorithm.name. The order is the order of AlgorithmOptions' alternatives
+// (job_spec.h) and of the schema table (docs/job_spec.md).
+enum class AlgorithmKind { kBackprop, kDelayed, kFeaturesReplay, kPetra, kNwise, kAuxNet };
+
+// backprop's `schedule`: the order of micro-batches in a pipelined step.
+enum class PipelineSchedule { kGpipe, kOneFOneB };
+
+// delayed's `weights`: which parameters a late backward uses.
+enum class DelayedWeights { kStash, kCurrent };
+
+// auxnet's `auxnet`, `bn_statistics`, `aux_update` and `penalty`.
+enum class AuxNetArch { kResnet, kConv };
+enum class BnStatistics { kLocal, kSerial };
+enum class AuxUpdate { kDistill, kDirect };
+enum class AuxPenalty { kMse, kRelative };
+
+// stages.partition: kExplicit is what a list of ranges means; it has no
+// keyword of its own.
+enum class Partition { kBalanced, kEven, kAuto, kExplicit };
+
+// stages.modes: how reversible blocks run (planner).
+enum class BlockModes { kAuto, kStore, kRebuild };
+
+// transport.compression: float32 activations and gradients on the wire.
+enum class Compression { kNone, kFp16, kBf16 };
+
+// optimizer.name and schedule.name.
+enum class OptimizerKind { kSgd, kAdam };
+enum class LrScheduleKind { kConstant, kMultistep, kCosine };
+
+// The spellings of each enum, indexed by its value.
+template <typename E>
+struct EnumSpellings;
+
+template <>
+struct EnumSpellings<AlgorithmKind> {
+  static constexpr std::array<absl::string_view, 6> kNames = {
+      "backprop", "delayed", "features_replay", "petra", "nwise", "auxnet"};
+};
+template <>
+struct EnumSpellings<PipelineSchedule> {
+  static constexpr std::array<absl::string_view, 2> kNames = {"gpipe", "1f1b"};
+};
+template <>
+struct EnumSpellings<DelayedWeights> {
+  static constexpr std::array<absl::string_view, 2> kNames = {"stash", "current"};
+};
+template <>
+struct EnumSpellings<AuxNetArch> {
+  static constexpr std::array<absl::string_view, 2> kNames = {"resnet", "conv"};
+};
+template <>
+struct EnumSpellings<BnStatistics> {
+  static constexpr std::array<absl::string_view, 2> kNames = {"local", "serial"};
+};
+template <>
+struct EnumSpellings<AuxUpdate> {
+  static constexpr std::array<absl::string_view, 2> kNames = {"distill", "direct"};
+};
+template <>
+struct EnumSpellings<AuxPenalty> {
+  static constexpr std::array<absl::string_view, 2> kNames = {"mse", "relative"};
+};
+template <>
+struct EnumSpellings<Partition> {
+  static constexpr std::array<absl::string_view, 4> kNames = {"balanced", "even", "auto",
+                                                              "explicit"};
+};
+template <>
+struct EnumSpellings<BlockModes> {
+  static constexpr std::array<absl::string_view, 3> kNames = {"auto", "store", "rebuild"};
+};
+template <>
+struct EnumSpellings<Compression> {
+  static constexpr std::array<absl::string_view, 3> kNames = {"none", "fp16", "bf16"};
+};
+template <>
+struct EnumSpellings<OptimizerKind> {
+  static constexpr std::array<absl::string_view, 2> kNames = {"sgd", "adam"};
+};
+template <>
+struct EnumSpellings<LrScheduleKind> {
+  static constexpr std::array<absl::string_view, 3> kNames = {"constant", "multistep", "cosine"};
+};
+
+// How `value` is written in a job spec.
+template <typename E>
+constexpr absl::string_view NameOf(E value) {
+  return EnumSpellings<E>::kNames[static_cast<size_t>(value)];
+}
+
+// The value spelt `text`, if any.
+template <typename E>
+std::optional<E> EnumFromName(absl::string_view text) {
+  const auto& names = EnumSpellings<E>::kNames;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == text) return static_cast<E>(i);
+  }
+  return std::nullopt;
+}
+
+// Every spelling, in enum order (for "must be one of ..." and the docs).
+template <typename E>
+std::vector<std::string> EnumNames() {
+  const auto& names = EnumSpellings<E>::kNames;
+  return std::vector<std::string>(names.begin(), names.end());
+}
+
+}  // namespace stagewise
+
+#endif  // STAGEWISE_SERVICES_SPEC_ENUMS_H_

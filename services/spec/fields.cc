@@ -1,0 +1,550 @@
+#include "services/spec/fields.h"
+
+#include <limits>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace stagewise::spec {
+namespace {
+
+// "`a`, `b`, `c`": an enum's spellings for an "allowed" column.
+template <typename E>
+std::string Choices() {
+  std::vector<std::string> quoted;
+  for (const std::string& name : EnumNames<E>()) quoted.push_back(absl::StrCat("`", name, "`"));
+  return absl::StrJoin(quoted, ", ");
+}
+
+constexpr const char* kRequired = "—";
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Plain sections. The "allowed" texts are docs/job_spec.md's; the ranges they
+// state are checked in validate.cc.
+
+const std::vector<Field<JobSpec>>& TopLevelFields() {
+  using S = JobSpec;
+  static const auto* const kFields = new std::vector<Field<S>>{
+      Key("name", &S::name, "**required**; `[A-Za-z0-9_.-]+`", kRequired),
+      Key("seed", &S::seed, "`>= 0`; seeds data order, augmentation and parameter init"),
+      Key("device", &S::device, "`cpu`, `cuda`, `cuda:N`"),
+      Custom<S>("model", "map", kRequired, "see [model](#model); `model.name` is required"),
+      Custom<S>("data", "map", kRequired, "see [data](#data); `data.dataset` is required"),
+      Custom<S>("algorithm", "name or map", "`backprop`", "see [algorithm](#algorithm)"),
+      Custom<S>("stages", "int or map", "`1`", "see [stages](#stages)"),
+      Custom<S>("optimizer", "map", "SGD", "see [optimizer](#optimizer)"),
+      Custom<S>("schedule", "map", "constant", "see [schedule](#schedule)"),
+      Key("batch_size", &S::batch_size, "`>= 1` (per mini-batch, whole pipeline)"),
+      Key("eval_batch_size", &S::eval_batch_size, "`>= 0`; `0` = `batch_size`"),
+      Key("epochs", &S::epochs, "`>= 0`, fractions allowed"),
+      Key("steps", &S::steps, "`>= 0`"),
+      Custom<S>("eval", "map", "", "see [eval](#eval)"),
+      Custom<S>("checkpoint", "map", "", "see [checkpoint](#checkpoint)"),
+      Custom<S>("recovery", "map", "", "see [recovery](#recovery)"),
+      Custom<S>("transport", "map", "", "see [transport](#transport)"),
+      Custom<S>("phases", "list", "none",
+                "see [phases](#phases); replaces `algorithm`, `epochs` and `steps`"),
+      Custom<S>("script_model", "map", "none",
+                "written by the CLI when it submits a `torchscript` model (its dry run); not "
+                "written by hand"),
+      Custom<S>("trace", "map", "off", "see [trace](#trace)"),
+  };
+  return *kFields;
+}
+
+const std::vector<Field<ModelSpec>>& ModelFields() {
+  using S = ModelSpec;
+  static const auto* const kFields = new std::vector<Field<S>>{
+      Key("name", &S::name,
+          "**required**: `mlp`, `resnet`, `revnet`, `emulated`, `torchscript` (your own model, see "
+          "[torchscript.md](torchscript.md))",
+          kRequired),
+      Key("depth", &S::depth,
+          "resnet, `style: cifar`: `6n+2`, n >= 1 (20, 32, 56, 110, ...); resnet, `style: "
+          "imagenet`: 18, 34, 50; revnet: 18, 34, 50; emulated: the number of emulated blocks, "
+          "1..4096; mlp: unused. Required for resnet/revnet/emulated unless `blocks` is given"),
+      Key("style", &S::style, "`cifar`, `imagenet` (resnet only; ignored otherwise)"),
+      Key("small_input", &S::small_input,
+          "imagenet-style resnet and revnet: 3x3 stem, no max-pool"),
+      Key("width", &S::width, "`>= 0`; base channels, `0` = the paper's default"),
+      Key("blocks", &S::blocks,
+          "each `>= 1`; blocks per group, **overrides `depth`**. resnet cifar: 3 entries; resnet "
+          "imagenet and revnet: 4 entries"),
+      Key("hidden", &S::hidden, "each `>= 1`; mlp hidden layer sizes (`[]` = linear classifier)"),
+      Key("forward_ms", &S::forward_ms,
+          "emulated: milliseconds each block waits in its forward per mini-batch of `batch_size` "
+          "samples (a micro-batch waits its share), 0..3.6e6"),
+      Key("backward_ms", &S::backward_ms, "emulated: the same for the backward"),
+      Key("reversible", &S::reversible,
+          "emulated: blocks are reversible couplings (PETRA, rebuild mode); needs an even "
+          "`data.shape[0]`"),
+      Key("path", &S::path,
+          "torchscript: **required**, the TorchScript file, relative to the job file or absolute; "
+          "not allowed with the other models",
+          kRequired),
+      Key("inverse_tolerance", &S::inverse_tolerance,
+          "torchscript: (0, 1]; how closely a block's exported `inverse` must rebuild its input "
+          "on the dry run"),
+  };
+  return *kFields;
+}
+
+const std::vector<Field<DataSpec>>& DataFields() {
+  using S = DataSpec;
+  static const auto* const kFields = new std::vector<Field<S>>{
+      Key("dataset", &S::dataset,
+          "**required**: `fashion_mnist`, `cifar10`, `cifar100`, `synthetic`", kRequired),
+      Key("path", &S::path,
+          "directory; `\"\"` = the dataset's default. **Required** for `cifar10`/`cifar100` (the "
+          "binary batches)"),
+      Key("augment", &S::augment, "random crop with padding + horizontal flip"),
+      Key("crop_padding", &S::crop_padding, "`>= 0`"),
+      Key("horizontal_flip", &S::horizontal_flip, "used when `augment`"),
+      Key("normalize", &S::normalize, "per-channel mean/std of the training set"),
+      Key("train_size", &S::train_size, "synthetic only, `>= 1`"),
+      Key("test_size", &S::test_size, "synthetic only, `>= 1`"),
+      Key("shape", &S::shape, "synthetic only: `[C, H, W]`, each `>= 1`"),
+      Key("classes", &S::classes, "synthetic only, `>= 2`"),
+      Key("limit_train", &S::limit_train,
+          "`>= 0`; use only the first N training samples (`0` = all)"),
+      Key("limit_test", &S::limit_test, "`>= 0`; same for the test set"),
+  };
+  return *kFields;
+}
+
+const std::vector<Field<OptimizerSpec>>& OptimizerFields() {
+  using S = OptimizerSpec;
+  static const auto* const kFields = new std::vector<Field<S>>{
+      Key("name", &S::name, Choices<OptimizerKind>()),
+      Key("lr", &S::lr, "`>= 0` (base learning rate; 0 freezes the parameters, as the oracles do)"),
+      Key("momentum", &S::momentum, "`[0, 1)` (sgd)"),
+      Key("nesterov", &S::nesterov, "sgd: requires `momentum > 0`"),
+      Key("weight_decay", &S::weight_decay, "`>= 0`"),
+      Key("exclude_bn_and_bias", &S::exclude_bn_and_bias,
+          "no weight decay on BatchNorm parameters and biases"),
+      Key("beta1", &S::beta1, "`[0, 1)` (adam)"),
+      Key("beta2", &S::beta2, "`[0, 1)` (adam)"),
+      Key("eps", &S::eps, "`> 0` (adam)"),
+      Key("scale_lr_by_batch", &S::scale_lr_by_batch,
+          "Goyal et al. rule: lr x batch_size x k / 256"),
+  };
+  return *kFields;
+}
+
+const std::vector<Field<ScheduleSpec>>& ScheduleFields() {
+  using S = ScheduleSpec;
+  static const auto* const kFields = new std::vector<Field<S>>{
+      Key("name", &S::name, Choices<LrScheduleKind>()),
+      Key("warmup_epochs", &S::warmup_epochs, "`>= 0`; linear warm-up from 0, fractions allowed"),
+      Key("milestones", &S::milestones,
+          "multistep: epochs where lr *= gamma; `> 0`, strictly increasing; at least one for "
+          "`multistep`"),
+      Key("gamma", &S::gamma, "`(0, 1]`"),
+      Key("min_lr", &S::min_lr, "`>= 0`; cosine: the final lr"),
+  };
+  return *kFields;
+}
+
+const std::vector<Field<EvalSpec>>& EvalFields() {
+  using S = EvalSpec;
+  static const auto* const kFields = new std::vector<Field<S>>{
+      Key("every_epochs", &S::every_epochs, "`>= 0`; `0` = only at the end"),
+      Key("every_steps", &S::every_steps, "`>= 0`; `0` = off"),
+      Key("at_end", &S::at_end, ""),
+  };
+  return *kFields;
+}
+
+const std::vector<Field<CheckpointSpec>>& CheckpointFields() {
+  using S = CheckpointSpec;
+  static const auto* const kFields = new std::vector<Field<S>>{
+      Key("dir", &S::dir, "`\"\"` = no checkpoints"),
+      Key("every_epochs", &S::every_epochs, "`>= 0`; `> 0` requires `dir`"),
+      Key("every_steps", &S::every_steps, "`>= 0`; `> 0` requires `dir`"),
+      Key("keep", &S::keep, "`>= 1`; newest committed checkpoints kept"),
+  };
+  return *kFields;
+}
+
+const std::vector<Field<RecoverySpec>>& RecoveryFields() {
+  using S = RecoverySpec;
+  static const auto* const kFields = new std::vector<Field<S>>{
+      Key("max_restarts", &S::max_restarts,
+          "`>= 0`; attempts that may end early (lost worker, coordinator restart, retryable "
+          "error) before the job fails"),
+      Key("wait_seconds", &S::wait_seconds,
+          "`> 0`; how long a recovering job waits for enough idle workers"),
+      Key("from_scratch", &S::from_scratch,
+          "without a committed checkpoint, restart from step 0 (`false`: fail)"),
+  };
+  return *kFields;
+}
+
+const std::vector<Field<TransportSpec>>& TransportFields() {
+  using S = TransportSpec;
+  static const auto* const kFields = new std::vector<Field<S>>{
+      Key("compression", &S::compression,
+          absl::StrCat(Choices<Compression>(),
+                       ": how float32 activations and gradients travel between stages. "
+                       "`fp16`/`bf16` send 2 bytes per value instead of 4 (the receiver widens "
+                       "them back to float32); labels and other dtypes go as they are")),
+  };
+  return *kFields;
+}
+
+// ---------------------------------------------------------------------------
+// Algorithm parameters (what each algorithm does: docs/algorithms.md).
+
+namespace {
+
+template <typename O>
+O& Of(AlgorithmOptions* options) {
+  return std::get<O>(*options);
+}
+
+template <typename O>
+ParamField IntParam(std::string key, int O::*member, int64_t min, std::string doc) {
+  ParamField p;
+  p.key = std::move(key);
+  p.type = ParamType::kInt;
+  p.min = static_cast<double>(min);
+  p.doc = std::move(doc);
+  p.set = [member](AlgorithmOptions* o, absl::string_view text) {
+    int64_t value = 0;
+    ParseIntText(text, &value);
+    Of<O>(o).*member = static_cast<int>(value);
+  };
+  p.get = [member](const AlgorithmOptions& o) { return absl::StrCat(std::get<O>(o).*member); };
+  return p;
+}
+
+template <typename O>
+ParamField DoubleParam(std::string key, double O::*member, double min, bool min_exclusive,
+                       std::string doc) {
+  ParamField p;
+  p.key = std::move(key);
+  p.type = ParamType::kDouble;
+  p.min = min;
+  p.min_exclusive = min_exclusive;
+  p.doc = std::move(doc);
+  p.set = [member](AlgorithmOptions* o, absl::string_view text) {
+    ParseDoubleText(text, &(Of<O>(o).*member));
+  };
+  p.get = [member](const AlgorithmOptions& o) { return FormatDouble(std::get<O>(o).*member); };
+  return p;
+}
+
+template <typename O>
+ParamField BoolParam(std::string key, bool O::*member, std::string doc) {
+  ParamField p;
+  p.key = std::move(key);
+  p.type = ParamType::kBool;
+  p.doc = std::move(doc);
+  p.set = [member](AlgorithmOptions* o, absl::string_view text) {
+    ParseBoolText(text, &(Of<O>(o).*member));
+  };
+  p.get = [member](const AlgorithmOptions& o) {
+    return std::string(std::get<O>(o).*member ? "true" : "false");
+  };
+  return p;
+}
+
+// A non-empty free-form string (a sub-network spec such as "conv").
+template <typename O>
+ParamField StringParam(std::string key, std::string O::*member, std::string doc) {
+  ParamField p;
+  p.key = std::move(key);
+  p.type = ParamType::kString;
+  p.doc = std::move(doc);
+  p.set = [member](AlgorithmOptions* o, absl::string_view text) {
+    Of<O>(o).*member = std::string(text);
+  };
+  p.get = [member](const AlgorithmOptions& o) { return std::get<O>(o).*member; };
+  return p;
+}
+
+template <typename O, typename E>
+ParamField EnumParam(std::string key, E O::*member, std::string doc) {
+  ParamField p;
+  p.key = std::move(key);
+  p.type = ParamType::kEnum;
+  p.choices = EnumNames<E>();
+  p.doc = std::move(doc);
+  p.set = [member](AlgorithmOptions* o, absl::string_view text) {
+    Of<O>(o).*member = *EnumFromName<E>(text);
+  };
+  p.get = [member](const AlgorithmOptions& o) {
+    return std::string(NameOf(std::get<O>(o).*member));
+  };
+  return p;
+}
+
+template <typename O>
+AlgorithmSchema Schema(AlgorithmKind kind, std::vector<ParamField> params) {
+  AlgorithmSchema schema{kind, std::move(params), O{}};
+  return schema;
+}
+
+static_assert(
+    std::is_same_v<
+        std::variant_alternative_t<static_cast<size_t>(AlgorithmKind::kAuxNet), AlgorithmOptions>,
+        AuxNetOptions> &&
+        std::variant_size_v<AlgorithmOptions> == EnumSpellings<AlgorithmKind>::kNames.size(),
+    "AlgorithmOptions' alternatives follow AlgorithmKind");
+
+}  // namespace
+
+const std::vector<AlgorithmSchema>& AlgorithmSchemas() {
+  using B = BackpropOptions;
+  using D = DelayedOptions;
+  using P = PetraOptions;
+  using N = NwiseOptions;
+  using A = AuxNetOptions;
+  static const auto* const kSchemas = new std::vector<AlgorithmSchema>{
+      Schema<B>(
+          AlgorithmKind::kBackprop,
+          {IntParam("micro_batches", &B::micro_batches, 1, "`<= batch_size`"),
+           EnumParam("schedule", &B::schedule, ""),
+           BoolParam("recompute", &B::recompute, "keep only stage inputs, recompute in backward"),
+           IntParam("lookahead", &B::lookahead, 0,
+                    "1F1B: extra micro-batches in flight per stage (to hide message "
+                    "latency)")}),
+      Schema<D>(AlgorithmKind::kDelayed,
+                {EnumParam("weights", &D::weights, ""),
+                 IntParam("max_in_flight", &D::max_in_flight, 0,
+                          "cap on mini-batches in flight per stage; `0` = the natural depth "
+                          "2(J-1-j)+1 at stage j")}),
+      Schema<FeaturesReplayOptions>(AlgorithmKind::kFeaturesReplay, {}),
+      Schema<P>(AlgorithmKind::kPetra,
+                {IntParam("accumulation", &P::accumulation, 1, "k: step every k backward passes"),
+                 BoolParam("verify_rebuild", &P::verify_rebuild,
+                           "diagnostic: also keep every reversible block's forward input and "
+                           "report how far the rebuilt one is from it (`rebuild_error.block<i>` "
+                           "in the job summary); costs the memory PETRA saves")}),
+      Schema<N>(
+          AlgorithmKind::kNwise,
+          {IntParam("n", &N::n, 1, "`<= stages.count`"), BoolParam("mix_local", &N::mix_local, ""),
+           IntParam("micro_batches", &N::micro_batches, 1, "`<= batch_size`"),
+           StringParam("aux_head", &N::aux_head,
+                       "the auxiliary heads: `conv` (the paper's), `conv:C1,C2,...` or "
+                       "`linear`")}),
+      Schema<A>(
+          AlgorithmKind::kAuxNet,
+          {DoubleParam("beta", &A::beta, 0.0, /*min_exclusive=*/true,
+                       "penalty weight; the paper's default, for ψ an element-wise mean"),
+           DoubleParam("beta_factor", &A::beta_factor, 1.0, false, "beta is multiplied by it ..."),
+           IntParam("beta_every_epochs", &A::beta_every_epochs, 0,
+                    "... every this many epochs (`0` = never)"),
+           DoubleParam("aux_lr", &A::aux_lr, 0.0, false, "step size for the auxiliary variables"),
+           EnumParam("auxnet", &A::auxnet,
+                     "`resnet`: strided conv3x3-BN-ReLU, then basic residual blocks; `conv`: the "
+                     "strided conv3x3-BN-ReLU alone; vector boundaries use a linear layer"),
+           IntParam("auxnet_blocks", &A::auxnet_blocks, 1,
+                    "residual blocks of a `resnet` AuxNet (its capacity)"),
+           IntParam("serial_loss_every", &A::serial_loss_every, 0,
+                    "every this many steps the last stage reports the training loss of the true "
+                    "serial forward (`0` = never)"),
+           DoubleParam("noise_std", &A::noise_std, 0.0, false,
+                       "Gaussian noise added to every auxiliary variable fed forward"),
+           EnumParam("bn_statistics", &A::bn_statistics,
+                     "BatchNorm running statistics move in the local forward from λ, or only in "
+                     "the serial forward (`serial` needs `serial_loss_every >= 1`)"),
+           EnumParam("aux_update", &A::aux_update,
+                     "`distill`: correct λ with step `aux_lr`, then one step fitting the AuxNet "
+                     "to it (Algorithm 1); `direct`: the AuxNet gets β ∂ψ/∂λ + p through λ, the "
+                     "paper's ReAuxNet rule (`aux_lr` unused)"),
+           EnumParam("penalty", &A::penalty,
+                     "`mse`: ψ = mean squared difference, the paper's; `relative`: ψ divided by "
+                     "the mean square of its two sides, so outputs and auxiliary variables gain "
+                     "nothing by shrinking together (see [results.md](results.md#auxnet))")}),
+  };
+  return *kSchemas;
+}
+
+const AlgorithmSchema* FindAlgorithm(absl::string_view name) {
+  const std::optional<AlgorithmKind> kind = EnumFromName<AlgorithmKind>(name);
+  if (!kind) return nullptr;
+  return &AlgorithmSchemas()[static_cast<size_t>(*kind)];
+}
+
+std::vector<std::string> ParamKeys(const AlgorithmSchema& schema) {
+  std::vector<std::string> keys;
+  for (const ParamField& param : schema.params) keys.push_back(param.key);
+  return keys;
+}
+
+std::string UnknownAlgorithmMessage(absl::string_view name) {
+  const std::vector<std::string> names = EnumNames<AlgorithmKind>();
+  if (name.empty()) {
+    return absl::StrCat("required (one of ", absl::StrJoin(names, ", "), ")");
+  }
+  std::string message = absl::StrCat("unknown algorithm '", Clip(name), "'");
+  if (auto suggestion = Suggest(name, names)) {
+    absl::StrAppend(&message, " (did you mean ", *suggestion, "?)");
+  }
+  absl::StrAppend(&message, "; known: ", absl::StrJoin(names, ", "));
+  return message;
+}
+
+std::string UnknownParamMessage(const AlgorithmSchema& schema, absl::string_view key) {
+  const std::vector<std::string> keys = ParamKeys(schema);
+  std::string message = absl::StrCat("unknown key for algorithm ", NameOf(schema.kind));
+  if (keys.empty()) {
+    absl::StrAppend(&message, " (it takes no parameters)");
+  } else {
+    absl::StrAppend(&message, " (");
+    if (auto suggestion = Suggest(key, keys)) {
+      absl::StrAppend(&message, "did you mean algorithm.", *suggestion, "? ");
+    }
+    absl::StrAppend(&message, "known: ", absl::StrJoin(keys, ", "), ")");
+  }
+  return message;
+}
+
+const char* ExpectedText(ParamType type) {
+  switch (type) {
+    case ParamType::kInt:
+      return "an integer";
+    case ParamType::kDouble:
+      return "a number";
+    case ParamType::kBool:
+      return "a boolean (true or false)";
+    case ParamType::kString:
+    case ParamType::kEnum:
+      break;
+  }
+  return "a string";
+}
+
+absl::StatusOr<std::string> CanonicalParam(const ParamField& param, absl::string_view text) {
+  const std::string path = JoinPath("algorithm", param.key);
+  auto below_min = [&](double value) {
+    return param.min_exclusive ? value <= param.min : value < param.min;
+  };
+  auto type_error = [&] {
+    return KeyError(
+        path, absl::StrCat("expected ", ExpectedText(param.type), ", got '", Clip(text), "'"));
+  };
+  auto bound_text = [&](absl::string_view value) {
+    return absl::StrCat("must be ", param.min_exclusive ? "> " : ">= ", FormatDouble(param.min),
+                        ", got ", value);
+  };
+  switch (param.type) {
+    case ParamType::kInt: {
+      int64_t value = 0;
+      if (!ParseIntText(text, &value)) return type_error();
+      if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max()) {
+        return KeyError(
+            path, absl::StrCat("expected an integer that fits in 32 bits, got '", Clip(text), "'"));
+      }
+      if (below_min(static_cast<double>(value))) {
+        return KeyError(path, bound_text(absl::StrCat(value)));
+      }
+      return absl::StrCat(value);
+    }
+    case ParamType::kDouble: {
+      double value = 0;
+      if (!ParseDoubleText(text, &value)) return type_error();
+      if (below_min(value)) return KeyError(path, bound_text(FormatDouble(value)));
+      return FormatDouble(value);
+    }
+    case ParamType::kBool: {
+      bool value = false;
+      if (!ParseBoolText(text, &value)) return type_error();
+      return std::string(value ? "true" : "false");
+    }
+    case ParamType::kString:
+      if (text.empty()) return KeyError(path, "must not be empty");
+      return std::string(text);
+    case ParamType::kEnum:
+      if (!Contains(param.choices, text)) {
+        return KeyError(path, ChoiceMessage(text, param.choices));
+      }
+      return std::string(text);
+  }
+  return absl::InternalError("unreachable");
+}
+
+std::string AlgorithmTable() {
+  std::string table = "| algorithm | key | type | default | allowed |\n|---|---|---|---|---|\n";
+  for (const AlgorithmSchema& schema : AlgorithmSchemas()) {
+    const std::string name = absl::StrCat("`", NameOf(schema.kind), "`");
+    if (schema.params.empty()) {
+      absl::StrAppend(&table, "| ", name, " | | | | no parameters |\n");
+      continue;
+    }
+    bool first = true;
+    for (const ParamField& p : schema.params) {
+      static constexpr const char* kTypes[] = {"int", "number", "bool", "string", "string"};
+      std::string allowed;
+      if (p.type == ParamType::kInt || p.type == ParamType::kDouble) {
+        allowed = absl::StrCat(
+            "`", p.min_exclusive ? "> " : ">= ",
+            p.type == ParamType::kInt ? absl::StrCat(p.min) : FormatDouble(p.min), "`");
+      } else if (p.type == ParamType::kEnum) {
+        std::vector<std::string> quoted;
+        for (const std::string& c : p.choices) quoted.push_back(absl::StrCat("`", c, "`"));
+        allowed = absl::StrJoin(quoted, ", ");
+      }
+      if (!p.doc.empty()) absl::StrAppend(&allowed, allowed.empty() ? "" : "; ", p.doc);
+      absl::StrAppend(&table, "| ", first ? name : "", " | `", p.key, "` | ",
+                      kTypes[static_cast<int>(p.type)], " | `", p.get(schema.defaults), "` | ",
+                      allowed, " |\n");
+      first = false;
+    }
+  }
+  return table;
+}
+
+}  // namespace stagewise::spec
+
+// ---------------------------------------------------------------------------
+// The public entry points of job_spec.h that the schema answers.
+
+namespace stagewise {
+
+absl::StatusOr<AlgorithmSpec> MakeAlgorithmSpec(const std::string& name,
+                                                const std::map<std::string, std::string>& params) {
+  const spec::AlgorithmSchema* schema = spec::FindAlgorithm(name);
+  if (schema == nullptr) {
+    return spec::KeyError("algorithm.name", spec::UnknownAlgorithmMessage(name));
+  }
+  const std::vector<std::string> keys = spec::ParamKeys(*schema);
+  for (const auto& [key, value] : params) {
+    if (!spec::Contains(keys, key)) {
+      return spec::KeyError(spec::JoinPath("algorithm", spec::Clip(key)),
+                            spec::UnknownParamMessage(*schema, key));
+    }
+  }
+  AlgorithmSpec out{schema->defaults};
+  for (const spec::ParamField& param : schema->params) {
+    auto it = params.find(param.key);
+    if (it == params.end()) continue;
+    absl::StatusOr<std::string> canonical = spec::CanonicalParam(param, it->second);
+    if (!canonical.ok()) return canonical.status();
+    param.set(&out.options, *canonical);
+  }
+  return out;
+}
+
+std::map<std::string, std::string> AlgorithmParams(const AlgorithmSpec& spec) {
+  std::map<std::string, std::string> params;
+  const spec::AlgorithmSchema& schema = spec::AlgorithmSchemas()[spec.options.index()];
+  for (const spec::ParamField& param : schema.params) {
+    params[param.key] = param.get(spec.options);
+  }
+  return params;
+}
+
+std::vector<std::string> KnownAlgorithms() { return EnumNames<AlgorithmKind>(); }
+
+int64_t AccumulationFactor(const AlgorithmSpec& spec) {
+  const PetraOptions* petra = spec.get_if<PetraOptions>();
+  return petra != nullptr ? petra->accumulation : 1;
+}
+
+}  // namespace stagewise

@@ -1,0 +1,455 @@
+// The checks of a built JobSpec that one key's type cannot express: ranges,
+// and rules across keys (nesterov needs momentum, nwise n <= stages.count,
+// ...). ParseJobSpec runs them; each error names the key it is about.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "services/spec/job_spec.h"
+#include "services/spec/text.h"
+
+namespace stagewise {
+namespace {
+
+using spec::ChoiceMessage;
+using spec::Contains;
+using spec::FormatDouble;
+using spec::InPhase;
+using spec::KeyError;
+
+constexpr int64_t kMaxSteps = 1'000'000'000'000;
+constexpr double kMaxEpochs = 1'000'000;
+
+// ---------------------------------------------------------------------------
+// Semantic validation of a built spec.
+
+absl::Status AtLeast(absl::string_view path, int64_t value, int64_t min) {
+  if (value >= min) return absl::OkStatus();
+  return KeyError(path, absl::StrCat("must be >= ", min, ", got ", value));
+}
+
+absl::Status AtLeast(absl::string_view path, double value, double min) {
+  if (value >= min) return absl::OkStatus();
+  return KeyError(path,
+                  absl::StrCat("must be >= ", FormatDouble(min), ", got ", FormatDouble(value)));
+}
+
+absl::Status Positive(absl::string_view path, double value) {
+  if (value > 0) return absl::OkStatus();
+  return KeyError(path, absl::StrCat("must be > 0, got ", FormatDouble(value)));
+}
+
+// [0, 1): momentum and Adam's betas; 1 would never forget a gradient.
+absl::Status InUnitInterval(absl::string_view path, double value) {
+  if (value >= 0 && value < 1) return absl::OkStatus();
+  return KeyError(path, absl::StrCat("must be in [0, 1), got ", FormatDouble(value)));
+}
+
+// Runs checks in order and keeps the first failure.
+class Checker {
+ public:
+  Checker& operator()(absl::Status status) {
+    if (status_.ok()) status_ = std::move(status);
+    return *this;
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  absl::Status status_;
+};
+
+bool ValidName(absl::string_view name) {
+  if (name.empty()) return false;
+  for (char c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-') {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool ValidDevice(absl::string_view device) {
+  if (device == "cpu" || device == "cuda") return true;
+  constexpr absl::string_view kCuda = "cuda:";
+  if (device.substr(0, kCuda.size()) != kCuda) return false;
+  const absl::string_view index = device.substr(kCuda.size());
+  int value = 0;
+  return !index.empty() &&
+         std::all_of(index.begin(), index.end(), [](char c) { return absl::ascii_isdigit(c); }) &&
+         absl::SimpleAtoi(index, &value);
+}
+
+absl::Status ValidateModel(const ModelSpec& model) {
+  const std::vector<std::string> names = {"mlp", "resnet", "revnet", "emulated", "torchscript"};
+  if (model.name.empty()) {
+    return KeyError("model.name", "required (one of mlp, resnet, revnet, emulated, torchscript)");
+  }
+  if (!Contains(names, model.name)) {
+    return KeyError("model.name", ChoiceMessage(model.name, names));
+  }
+  if (model.name == "torchscript") {
+    if (model.path.empty()) {
+      return KeyError("model.path", "required for model.name torchscript: the TorchScript file");
+    }
+    if (!std::isfinite(model.inverse_tolerance) || model.inverse_tolerance <= 0 ||
+        model.inverse_tolerance > 1) {
+      return KeyError("model.inverse_tolerance",
+                      absl::StrCat("must be in (0, 1], got ", model.inverse_tolerance));
+    }
+    if (model.script_bytes < 0) return KeyError("script_model.bytes", "must be >= 0");
+    return absl::OkStatus();
+  }
+  if (!model.path.empty()) {
+    return KeyError("model.path", "only for model.name torchscript");
+  }
+  if (!model.script_blocks.empty()) {
+    return KeyError("script_model", "only for model.name torchscript");
+  }
+  if (model.name == "emulated") {
+    // An hour per block and mini-batch is far beyond any benchmark; the cap
+    // keeps the waits representable.
+    constexpr double kMaxMs = 3.6e6;
+    constexpr int kMaxBlocks = 4096;
+    Checker check;
+    check(AtLeast("model.depth", int64_t{model.depth}, int64_t{1}));
+    if (model.depth > kMaxBlocks) {
+      check(KeyError("model.depth",
+                     absl::StrCat("at most ", kMaxBlocks, " emulated blocks, got ", model.depth)));
+    }
+    for (const auto& [key, value] :
+         {std::pair<const char*, double>{"model.forward_ms", model.forward_ms},
+          {"model.backward_ms", model.backward_ms}}) {
+      if (!std::isfinite(value) || value < 0 || value > kMaxMs) {
+        check(KeyError(
+            key, absl::StrCat("must be a time in milliseconds in [0, ", kMaxMs, "], got ", value)));
+      }
+    }
+    return check.status();
+  }
+  const std::vector<std::string> styles = {"cifar", "imagenet"};
+  if (!Contains(styles, model.style)) {
+    return KeyError("model.style", ChoiceMessage(model.style, styles));
+  }
+  Checker check;
+  check(AtLeast("model.width", int64_t{model.width}, int64_t{0}));
+  for (size_t i = 0; i < model.hidden.size(); ++i) {
+    check(AtLeast(absl::StrCat("model.hidden[", i, "]"), int64_t{model.hidden[i]}, int64_t{1}));
+  }
+  for (size_t i = 0; i < model.blocks.size(); ++i) {
+    check(AtLeast(absl::StrCat("model.blocks[", i, "]"), int64_t{model.blocks[i]}, int64_t{1}));
+  }
+  if (!check.status().ok() || model.name == "mlp") return check.status();
+
+  const bool cifar_resnet = model.name == "resnet" && model.style == "cifar";
+  const std::string kind =
+      model.name == "revnet" ? "revnet" : absl::StrCat("resnet (", model.style, " style)");
+  if (!model.blocks.empty()) {
+    const size_t groups = cifar_resnet ? 3 : 4;
+    if (model.blocks.size() != groups) {
+      return KeyError("model.blocks",
+                      absl::StrCat(kind, " needs ", groups, " entries (blocks per group), got ",
+                                   model.blocks.size()));
+    }
+    return absl::OkStatus();  // blocks override depth
+  }
+  if (cifar_resnet) {
+    // He et al. 2016, sec. 4.2: 3 groups of n basic blocks, 6n + 2 layers.
+    if (model.depth < 8 || (model.depth - 2) % 6 != 0) {
+      return KeyError(
+          "model.depth",
+          absl::StrCat("resnet depth must be 6n+2 with n >= 1 (20, 32, 56, 110, ...), got ",
+                       model.depth));
+    }
+    return absl::OkStatus();
+  }
+  if (model.depth != 18 && model.depth != 34 && model.depth != 50) {
+    return KeyError("model.depth",
+                    absl::StrCat(kind, " depth must be 18, 34 or 50 (or give model.blocks), got ",
+                                 model.depth));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateData(const DataSpec& data) {
+  ModelSpec scratch;
+  absl::Status status = FillDataShape(data, &scratch);
+  if (!status.ok()) return status;
+  if ((data.dataset == "cifar10" || data.dataset == "cifar100") && data.path.empty()) {
+    return KeyError("data.path", absl::StrCat("required for ", data.dataset,
+                                              " (the directory with the binary batches)"));
+  }
+  Checker check;
+  check(AtLeast("data.crop_padding", int64_t{data.crop_padding}, int64_t{0}));
+  check(AtLeast("data.limit_train", data.limit_train, int64_t{0}));
+  check(AtLeast("data.limit_test", data.limit_test, int64_t{0}));
+  if (data.dataset == "synthetic") {
+    check(AtLeast("data.train_size", data.train_size, int64_t{1}));
+    check(AtLeast("data.test_size", data.test_size, int64_t{1}));
+  }
+  return check.status();
+}
+
+absl::Status ValidateStages(const StagesSpec& stages) {
+  if (stages.count < 1) {
+    return KeyError("stages.count", absl::StrCat("must be >= 1, got ", stages.count));
+  }
+  if (stages.partition != Partition::kExplicit) {
+    if (!stages.ranges.empty()) {
+      return KeyError("stages.partition", absl::StrCat("is '", NameOf(stages.partition),
+                                                       "' but explicit ranges are given"));
+    }
+    return absl::OkStatus();
+  }
+  if (stages.ranges.empty()) {
+    return KeyError("stages.partition", "needs at least one [begin, end) range");
+  }
+  if (stages.ranges.size() != static_cast<size_t>(stages.count)) {
+    return KeyError("stages.count",
+                    absl::StrCat(stages.count, " does not match the ", stages.ranges.size(),
+                                 " ranges in stages.partition"));
+  }
+  // The end of the last range must equal the model's block count, which only
+  // the model library knows; it checks that when it builds the stages.
+  int expected_begin = 0;
+  for (size_t i = 0; i < stages.ranges.size(); ++i) {
+    const auto [begin, end] = stages.ranges[i];
+    const std::string path = absl::StrCat("stages.partition[", i, "]");
+    const std::string shown = absl::StrCat("[", begin, ", ", end, "]");
+    if (begin != expected_begin) {
+      return KeyError(path, i == 0 ? absl::StrCat("must start at block 0, got ", shown)
+                                   : absl::StrCat("must start where the previous range ends (",
+                                                  expected_begin, "), got ", shown));
+    }
+    if (end <= begin) {
+      return KeyError(path, absl::StrCat("must be non-empty (end > begin), got ", shown));
+    }
+    expected_begin = end;
+  }
+  return absl::OkStatus();
+}
+
+// A micro-batch needs at least one sample.
+absl::Status CheckMicroBatches(int micro_batches, int64_t batch_size) {
+  if (micro_batches > batch_size && batch_size >= 1) {
+    return KeyError("algorithm.micro_batches",
+                    absl::StrCat("must be <= batch_size (", batch_size, "), got ", micro_batches));
+  }
+  return absl::OkStatus();
+}
+
+// The parameters' own ranges are checked when they are parsed (fields.cc);
+// these are the rules that involve other keys.
+absl::Status ValidateAlgorithm(const AlgorithmSpec& algorithm, const JobSpec& spec) {
+  if (const auto* nwise = algorithm.get_if<NwiseOptions>()) {
+    if (nwise->n > spec.stages.count) {
+      return KeyError("algorithm.n", absl::StrCat("must be <= stages.count (", spec.stages.count,
+                                                  "), got ", nwise->n));
+    }
+    auto head = ParseAuxHeadSpec(nwise->aux_head);
+    if (!head.ok()) return head.status();
+    return CheckMicroBatches(nwise->micro_batches, spec.batch_size);
+  }
+  if (const auto* backprop = algorithm.get_if<BackpropOptions>()) {
+    return CheckMicroBatches(backprop->micro_batches, spec.batch_size);
+  }
+  if (const auto* auxnet = algorithm.get_if<AuxNetOptions>()) {
+    // auxnet's running statistics from the serial forward need one.
+    if (auxnet->bn_statistics == BnStatistics::kSerial && auxnet->serial_loss_every == 0) {
+      return KeyError("algorithm.bn_statistics",
+                      "serial needs the serial forward: set algorithm.serial_loss_every >= 1");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptimizer(const OptimizerSpec& opt) {
+  Checker check;
+  check(AtLeast("optimizer.lr", opt.lr, 0.0));  // 0 freezes parameters (oracles)
+  check(InUnitInterval("optimizer.momentum", opt.momentum));
+  check(AtLeast("optimizer.weight_decay", opt.weight_decay, 0.0));
+  if (opt.name == OptimizerKind::kSgd && opt.nesterov && opt.momentum <= 0 && check.status().ok()) {
+    check(KeyError("optimizer.nesterov", "requires optimizer.momentum > 0, got momentum 0"));
+  }
+  check(InUnitInterval("optimizer.beta1", opt.beta1));
+  check(InUnitInterval("optimizer.beta2", opt.beta2));
+  check(Positive("optimizer.eps", opt.eps));
+  return check.status();
+}
+
+absl::Status ValidateSchedule(const ScheduleSpec& schedule) {
+  Checker check;
+  check(AtLeast("schedule.warmup_epochs", schedule.warmup_epochs, 0.0));
+  for (size_t i = 0; i < schedule.milestones.size(); ++i) {
+    const std::string path = absl::StrCat("schedule.milestones[", i, "]");
+    const double value = schedule.milestones[i];
+    if (i == 0) {
+      check(Positive(path, value));
+    } else if (value <= schedule.milestones[i - 1]) {
+      check(KeyError(path, absl::StrCat("milestones must be increasing: got ", FormatDouble(value),
+                                        " after ", FormatDouble(schedule.milestones[i - 1]))));
+    }
+  }
+  if (schedule.name == LrScheduleKind::kMultistep && schedule.milestones.empty()) {
+    check(KeyError("schedule.milestones", "multistep needs at least one milestone"));
+  }
+  if (!(schedule.gamma > 0 && schedule.gamma <= 1)) {
+    check(KeyError("schedule.gamma",
+                   absl::StrCat("must be in (0, 1], got ", FormatDouble(schedule.gamma))));
+  }
+  check(AtLeast("schedule.min_lr", schedule.min_lr, 0.0));
+  return check.status();
+}
+
+absl::Status ValidateLength(const JobSpec& spec) {
+  Checker check;
+  check(AtLeast("epochs", spec.epochs, 0.0));
+  check(AtLeast("steps", spec.steps, int64_t{0}));
+  // Bounds far past any real run, so step arithmetic never overflows.
+  if (spec.epochs > kMaxEpochs) {
+    check(KeyError("epochs",
+                   absl::StrCat("must be <= ", kMaxEpochs, ", got ", FormatDouble(spec.epochs))));
+  }
+  if (spec.steps > kMaxSteps) {
+    check(KeyError("steps", absl::StrCat("must be <= ", kMaxSteps, ", got ", spec.steps)));
+  }
+  if (!check.status().ok()) return check.status();
+  if (spec.epochs > 0 && spec.steps > 0) {
+    return KeyError("epochs", absl::StrCat("set exactly one of epochs and steps, got epochs ",
+                                           FormatDouble(spec.epochs), " and steps ", spec.steps));
+  }
+  if (spec.epochs == 0 && spec.steps == 0) {
+    return KeyError("epochs", "one of epochs or steps must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCheckpoint(const CheckpointSpec& checkpoint) {
+  Checker check;
+  check(AtLeast("checkpoint.every_epochs", int64_t{checkpoint.every_epochs}, int64_t{0}));
+  check(AtLeast("checkpoint.every_steps", checkpoint.every_steps, int64_t{0}));
+  check(AtLeast("checkpoint.keep", int64_t{checkpoint.keep}, int64_t{1}));
+  if (checkpoint.dir.empty()) {
+    if (checkpoint.every_epochs > 0) {
+      check(KeyError("checkpoint.every_epochs", "requires checkpoint.dir"));
+    }
+    if (checkpoint.every_steps > 0) {
+      check(KeyError("checkpoint.every_steps", "requires checkpoint.dir"));
+    }
+  }
+  return check.status();
+}
+
+absl::Status ValidateRecovery(const RecoverySpec& recovery) {
+  Checker check;
+  check(AtLeast("recovery.max_restarts", int64_t{recovery.max_restarts}, int64_t{0}));
+  if (!(recovery.wait_seconds > 0)) {
+    check(KeyError("recovery.wait_seconds", "must be > 0"));
+  }
+  return check.status();
+}
+
+}  // namespace
+
+absl::Status FillDataShape(const DataSpec& data, ModelSpec* model) {
+  if (model == nullptr) {
+    return absl::InvalidArgumentError("FillDataShape: model is null");
+  }
+  if (data.dataset == "fashion_mnist") {
+    model->input_shape = {1, 28, 28};
+    model->num_classes = 10;
+  } else if (data.dataset == "cifar10" || data.dataset == "cifar100") {
+    model->input_shape = {3, 32, 32};
+    model->num_classes = data.dataset == "cifar10" ? 10 : 100;
+  } else if (data.dataset == "synthetic") {
+    if (data.shape.size() != 3) {
+      return KeyError("data.shape",
+                      absl::StrCat("must have 3 entries [C, H, W], got ", data.shape.size()));
+    }
+    for (size_t i = 0; i < data.shape.size(); ++i) {
+      absl::Status status = AtLeast(absl::StrCat("data.shape[", i, "]"), data.shape[i], 1);
+      if (!status.ok()) return status;
+    }
+    // One class would make the loss identically zero.
+    absl::Status status = AtLeast("data.classes", int64_t{data.classes}, 2);
+    if (!status.ok()) return status;
+    model->input_shape = data.shape;
+    model->num_classes = data.classes;
+  } else if (data.dataset.empty()) {
+    return KeyError("data.dataset",
+                    "required (one of fashion_mnist, cifar10, cifar100, synthetic)");
+  } else {
+    return KeyError("data.dataset", ChoiceMessage(data.dataset, {"fashion_mnist", "cifar10",
+                                                                 "cifar100", "synthetic"}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidatePhases(const JobSpec& spec) {
+  bool by_epochs = false, by_steps = false;
+  for (size_t i = 0; i < spec.phases.size(); ++i) {
+    const PhaseSpec& phase = spec.phases[i];
+    if (!ValidName(phase.name)) {
+      return InPhase(
+          i, KeyError("name", absl::StrCat("must match [A-Za-z0-9_.-]+, got '", phase.name, "'")));
+    }
+    if ((phase.epochs > 0) == (phase.steps > 0) || phase.epochs < 0 || phase.steps < 0) {
+      return InPhase(i, KeyError("epochs", "set exactly one of epochs and steps, > 0"));
+    }
+    by_epochs |= phase.epochs > 0;
+    by_steps |= phase.steps > 0;
+    if (absl::Status s = ValidateAlgorithm(phase.algorithm, spec); !s.ok()) return InPhase(i, s);
+    if (absl::Status s = ValidateOptimizer(phase.optimizer); !s.ok()) return InPhase(i, s);
+    if (absl::Status s = ValidateSchedule(phase.schedule); !s.ok()) return InPhase(i, s);
+  }
+  if (by_epochs && by_steps) {
+    return KeyError("phases", "give every phase's length in epochs, or every one in steps");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  if (spec.name.empty()) {
+    return KeyError("name", "required (letters, digits, '_', '.', '-')");
+  }
+  if (!ValidName(spec.name)) {
+    return KeyError("name", absl::StrCat("must match [A-Za-z0-9_.-]+, got '", spec.name, "'"));
+  }
+  Checker check;
+  check(AtLeast("seed", spec.seed, int64_t{0}));
+  if (!ValidDevice(spec.device)) {
+    check(KeyError("device", absl::StrCat("must be cpu, cuda or cuda:N, got '", spec.device, "'")));
+  }
+  check(ValidateModel(spec.model));
+  check(ValidateData(spec.data));
+  check(ValidateStages(spec.stages));
+  check(AtLeast("batch_size", spec.batch_size, int64_t{1}));
+  check(AtLeast("eval_batch_size", spec.eval_batch_size, int64_t{0}));
+  if (check.status().ok()) check(ValidateAlgorithm(spec.algorithm, spec));
+  if (check.status().ok()) check(ValidatePhases(spec));
+  if (check.status().ok() && spec.stages.modes != BlockModes::kAuto) {
+    // Only these algorithms run reversible blocks in a chosen mode.
+    for (const PhaseSpec& phase : Phases(spec)) {
+      const AlgorithmKind kind = phase.algorithm.kind();
+      if (kind != AlgorithmKind::kBackprop && kind != AlgorithmKind::kPetra) {
+        check(KeyError("stages.modes", absl::StrCat("'", NameOf(spec.stages.modes),
+                                                    "' applies to backprop and petra, not to '",
+                                                    NameOf(kind), "' (leave it auto)")));
+        break;
+      }
+    }
+  }
+  check(ValidateOptimizer(spec.optimizer));
+  check(ValidateSchedule(spec.schedule));
+  check(ValidateLength(spec));
+  check(AtLeast("eval.every_epochs", int64_t{spec.eval.every_epochs}, int64_t{0}));
+  check(AtLeast("eval.every_steps", spec.eval.every_steps, int64_t{0}));
+  check(ValidateCheckpoint(spec.checkpoint));
+  check(ValidateRecovery(spec.recovery));
+  return check.status();
+}
+
+}  // namespace stagewise
