@@ -1,11 +1,19 @@
 // The coordinator's core, transport-free (coordinator_service.cc adapts it to
-// gRPC). JobManager is the facade that wires three parts together:
+// gRPC). JobManager owns the live jobs (live_job.h) and the loop thread, and
+// wires the parts that act on them, each in its own file (as Ray's GCS wires
+// its managers):
 //   - WorkerRegistry (worker_registry.h): registration, control streams,
 //     heartbeats, idle/busy;
 //   - Scheduler (scheduler.h): the PENDING queue, placement (FIFO with
 //     backfill), the PROFILING step and the plan;
-//   - the job lifecycle (here): the state machine, phases, progress, results,
-//     watchers.
+//   - AdmitEvent (event_admission.h): which worker events are taken;
+//   - JobRecovery (job_recovery.h) and CheckpointCommitter
+//     (checkpoint_commit.h): fault tolerance and checkpoint commits, acting
+//     through the narrow JobHost interface (job_host.h) that JobManager
+//     implements;
+//   - JobStatusView (job_view.h) and JobQueries (job_queries.h): the published
+//     statuses, watchers and the read-only queries;
+//   - the job lifecycle (here): the state machine, phases, progress, results.
 // Every state transition is persisted in the JobStore before it is acted on.
 //
 // Threading and ownership:
@@ -24,10 +32,10 @@
 //     caller's thread with no manager lock held, then enqueues it. Cancel
 //     enqueues the cancellation and waits for the loop to persist it.
 //   - GetJob, ListJobs, ListWorkers, Subscribe and Unsubscribe read a view of
-//     the live jobs' statuses (view_mu_) that the loop publishes after each
+//     the live jobs' statuses (JobStatusView) that the loop publishes after each
 //     change, the registry, or the store. No lock is held during a store write.
 //   - Listeners run on the loop thread (or, for the first event, on the
-//     subscriber's thread) under view_mu_: they must not block nor call back
+//     subscriber's thread) under the view's mutex: they must not block nor call back
 //     into the manager.
 // Progress (MetricsReport, StageResult, PENDING reasons) is written in
 // batches (JobStore::WriteProgress: one transaction) when the queue runs dry,
@@ -51,14 +59,18 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/checkpoint_commit.h"
+#include "coordinator/job_host.h"
+#include "coordinator/job_queries.h"
+#include "coordinator/job_recovery.h"
+#include "coordinator/job_view.h"
+#include "coordinator/live_job.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/store.h"
 #include "coordinator/worker_registry.h"
-#include "services/checkpoint/checkpoint.h"
+#include "services/common/check.h"
 #include "services/common/path_policy.h"
 #include "services/metrics/metrics.h"
-#include "services/models/block_info.h"
-#include "services/spec/job_spec.h"
 #include "stagewise/v1/coordinator.pb.h"
 
 namespace stagewise::coordinator {
@@ -86,13 +98,13 @@ struct JobManagerOptions {
   PathRoots checkpoint_roots;
 };
 
-class JobManager {
+class JobManager : private JobHost {
  public:
   JobManager(JobStore* store, metrics::CoordinatorMetrics* metrics, JobManagerOptions options = {});
   ~JobManager();
 
-  // Resumes persisted state (jobs interrupted by a restart are failed with a
-  // reason until recovery exists) and starts the loop thread.
+  // Resumes persisted state (jobs a restart interrupted are recovered from
+  // their newest committed checkpoint) and starts the loop thread.
   absl::Status Start();
   // Runs the tasks already queued, flushes progress and joins the loop.
   void Stop();
@@ -103,31 +115,43 @@ class JobManager {
   // have not ended.
   absl::StatusOr<std::string> Submit(const std::string& job_spec_yaml,
                                      const std::string& owner = "");
-  absl::StatusOr<v1::JobStatus> GetJob(const std::string& job_id) const;
-  absl::StatusOr<std::vector<v1::JobStatus>> ListJobs(int limit) const;
+  absl::StatusOr<v1::JobStatus> GetJob(const std::string& job_id) const {
+    return queries_.GetJob(job_id);
+  }
+  absl::StatusOr<std::vector<v1::JobStatus>> ListJobs(int limit) const {
+    return queries_.ListJobs(limit);
+  }
   absl::StatusOr<v1::JobStatus> Cancel(const std::string& job_id, const std::string& reason);
   std::vector<v1::WorkerInfo> ListWorkers() const;
   metrics::CoordinatorMetrics* metrics() const { return metrics_; }
   // The job's committed checkpoints, newest first, read from checkpoint.dir
   // (the coordinator must reach it); NOT_FOUND for an unknown job, an empty
   // list for a job without checkpoint.dir.
-  absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id) const;
+  absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id) const {
+    return queries_.ListCheckpoints(job_id);
+  }
   // The job's stored metric history (what was flushed; a finished job's is
   // complete), at most `max_points` per metric (<= 0: 5000), evenly thinned.
   absl::StatusOr<v1::JobMetrics> JobMetrics(const std::string& job_id,
                                             const std::vector<std::string>& names,
-                                            int max_points) const;
+                                            int max_points) const {
+    return queries_.JobMetrics(job_id, names, max_points);
+  }
   // The spans the job's stages recorded (its `trace:` section), on this
   // coordinator's clock, by stage and attempt. At most kMaxTraceSpans are
   // kept per job; NOT_FOUND for an unknown job.
   static constexpr int kMaxTraceSpans = 150000;
-  absl::StatusOr<v1::JobTrace> JobTrace(const std::string& job_id) const;
+  absl::StatusOr<v1::JobTrace> JobTrace(const std::string& job_id) const {
+    return queries_.JobTrace(job_id);
+  }
 
   // Watchers get the current status at once, then every change; the last event
   // of a job carries a terminal state. Listeners must not block.
-  using Listener = std::function<void(const v1::JobEvent&)>;
-  absl::StatusOr<int64_t> Subscribe(const std::string& job_id, Listener listener);
-  void Unsubscribe(int64_t subscription);
+  using Listener = JobStatusView::Listener;
+  absl::StatusOr<int64_t> Subscribe(const std::string& job_id, Listener listener) {
+    return view_.Subscribe(job_id, std::move(listener));
+  }
+  void Unsubscribe(int64_t subscription) { view_.Unsubscribe(subscription); }
 
   // Workers.
   // `caller`: who called (its authenticated identity), recorded with the
@@ -148,36 +172,7 @@ class JobManager {
 
  private:
   using Task = std::function<void()>;
-
-  // A live job (PENDING, PROFILING, CONFIGURING, RUNNING). Loop thread only.
-  struct Job {
-    v1::JobStatus status;  // the latest status (the store has it once flushed)
-    JobSpec spec;
-    std::string yaml;
-    std::vector<std::pair<int, int>> ranges;
-    // The planner (PROFILING): a worker profiles the model, then ranges and
-    // block modes come from the plan.
-    bool needs_plan = false;
-    bool planned = false;
-    std::vector<std::vector<std::string>> modes;  // per stage, per block; empty = default
-    std::vector<std::string> workers;             // by stage, once placed
-    std::map<int64_t, std::string> pending_acks;  // command id -> the worker it went to
-    std::set<int> finished_stages;
-    std::map<int, std::set<int>> phase_done;  // phase -> stages that finished it
-    absl::Time started;
-    // Fault tolerance (docs/fault_tolerance.md).
-    int attempt = 0;  // mirrors status.attempt; events of other attempts are dropped
-    absl::Time recovery_deadline = absl::InfiniteFuture();   // RECOVERING: fail after
-    absl::Time configure_deadline = absl::InfiniteFuture();  // CONFIGURING: recover after
-    absl::Time attempt_ended = absl::InfinitePast();         // for the recovery time
-    int64_t max_step = 0;                         // the furthest step any attempt reached
-    std::optional<checkpoint::Committed> resume;  // what the next attempt loads
-    // Shards reported for checkpoints not committed yet: step -> stage -> report.
-    std::map<int64_t, std::map<int, v1::CheckpointSaved>> shards;
-  };
-  static Job NewJob(const v1::JobStatus& status, const JobSpec& spec, const std::string& yaml,
-                    const std::vector<models::BlockInfo>& blocks,
-                    const std::vector<std::pair<int, int>>& ranges);
+  using Job = LiveJob;
 
   // The queue. Post is false (and drops the task) once Stop has begun or
   // before Start; it blocks while the queue is full unless called on the loop.
@@ -195,77 +190,65 @@ class JobManager {
   absl::Time NextDeadline() const;
   // Heartbeat expiry, due flushes, expired metric series.
   void Housekeeping(absl::Time now);
+  // Start: a job the store had unfinished, queued or recovered again.
+  void Resume(const JobRecord& record);
+  // Every method below runs on the loop thread (or on the Start caller
+  // before the loop exists); each checks it with OnLoop().
+  bool OnLoop() const { return loop_thread_.OnOwner(); }
 
-  // Loop thread: per-event handlers.
+  // Per-event handlers: AdmitEvent decides, these act.
   void HandleEvent(const v1::WorkerEvent& event);
-  // Why `event` is not taken from its sender (event.worker_id(), which the
-  // control stream authenticated), or "" when it is: it must be about a live
-  // job the sender runs the stage of, in its current phase, with numbers in
-  // range. `reason` gets the metric label of a refusal.
-  std::string Refusal(const v1::WorkerEvent& event, std::string* reason) const;
   void OnAck(const v1::Ack& ack, const std::string& sender);
-  void OnMetrics(const v1::MetricsReport& report);
-  void OnTrace(const v1::TraceChunk& chunk);
-  void OnResult(const v1::StageResult& result);
-  void OnPhaseDone(const v1::PhaseDone& done);
-  void OnProfile(const v1::ProfileResult& result);
-  void OnError(const v1::StageError& error);
+  void OnMetrics(const std::string& job_id, int stage, const v1::MetricsReport& report);
+  void OnTrace(const v1::WorkerEvent& event);
+  void OnResult(const std::string& job_id, int stage, const v1::StageResult& result);
+  void OnPhaseDone(const std::string& job_id, int stage, const v1::PhaseDone& done);
+  void OnProfile(const std::string& job_id, const v1::ProfileResult& result);
   void OnWorkerLost(const WorkerRegistry::Removed& worker, const std::string& why);
-  void OnCheckpointSaved(const v1::CheckpointSaved& saved);
 
-  // Loop thread: fault tolerance. Ends the running attempt of a job (stops
-  // its stages, frees its workers) and queues the next one, or fails the job
-  // when recovery.max_restarts is spent or nothing can be resumed. `cause`
-  // labels the restart metric.
-  void Recover(const std::string& job_id, const std::string& why, const std::string& cause);
-  // Chooses the checkpoint to resume from and requeues a RECOVERING job;
-  // false if the job was failed instead.
-  bool QueueRecovery(const std::string& job_id, Job& job, const std::string& why);
-  // Every shard of `step` reported: writes the manifest, prunes.
-  void CommitCheckpoint(const std::string& job_id, Job& job, int64_t step);
-  // Fails RECOVERING jobs past recovery.wait_seconds and recovers CONFIGURING
-  // ones past configure_timeout.
-  void CheckDeadlines(absl::Time now);
-
-  // Loop thread: the lifecycle.
+  // The lifecycle.
   void Admit(Job job);
   absl::StatusOr<v1::JobStatus> CancelJob(const std::string& job_id, const std::string& reason);
   void Schedule();
   void ScheduleIfNeeded();
   // Sends every stage its StageAssignment (job.workers already chosen).
   void Configure(const std::string& job_id, Job& job);
-  // Persists (after flushing the job's progress), counts, publishes. The
-  // persisted status, or the store's error (logged).
-  absl::StatusOr<v1::JobStatus> Transition(const std::string& job_id, v1::JobState to,
-                                           const std::string& reason);
-  // Ends a live job: persists `state`, stops its stages, frees its workers,
-  // schedules the queue.
-  void EndJob(std::string job_id, v1::JobState state, std::string reason);
-  // A progress change of a live job: publishes it now, writes it with the
-  // next flush.
-  void UpdateProgress(Job& job, const std::string& message, std::vector<MetricPoint> points);
   void FlushProgress();
   void Send(const std::string& worker_id, v1::Command command);
   void RefreshGauges();
 
-  // Any thread: the view of live jobs, and watchers.
-  void Publish(const v1::JobStatus& status, const std::string& message)
-      ABSL_LOCKS_EXCLUDED(view_mu_);
+  // JobHost (job_host.h), for JobRecovery and CheckpointCommitter.
+  LiveJob* FindJob(const std::string& job_id) override;
+  std::vector<std::string> LiveJobIds() const override;
+  // Persists (after flushing the job's progress), counts, publishes. The
+  // persisted status, or the store's error (logged).
+  absl::StatusOr<v1::JobStatus> Transition(const std::string& job_id, v1::JobState to,
+                                           const std::string& reason) override;
+  void EndJob(std::string job_id, v1::JobState state, std::string reason) override;
+  void UpdateProgress(Job& job, const std::string& message,
+                      std::vector<MetricPoint> points) override;
+  void StopStages(const std::string& job_id, const std::string& reason) override;
+  void Requeue(const std::string& job_id, bool recovering) override;
 
   JobStore* const store_;
   metrics::CoordinatorMetrics* const metrics_;
   const JobManagerOptions options_;
-  WorkerRegistry registry_;  // thread-safe
+  WorkerRegistry registry_;     // thread-safe
+  JobStatusView view_{store_};  // thread-safe
+  const JobQueries queries_{store_, &view_};
 
   // Loop thread only (and the Start caller before the loop exists).
+  ThreadChecker loop_thread_;
   Scheduler scheduler_{&registry_};
+  JobRecovery recovery_{this, metrics_, options_.configure_timeout};
+  CheckpointCommitter committer_{this, metrics_};
   std::map<std::string, Job> jobs_;
   std::set<std::string> dirty_;                              // jobs with unwritten status
   std::vector<std::pair<std::string, MetricPoint>> points_;  // unwritten metric history
   absl::Time flush_due_ = absl::InfiniteFuture();
   std::deque<std::pair<absl::Time, std::string>> metrics_expiry_;  // (when, job) in order
   int64_t next_command_ = 1;
-  // Worker events dropped by Refusal (for bounded logging). Loop thread only.
+  // Worker events AdmitEvent refused (for bounded logging).
   int64_t refused_events_ = 0;
   bool schedule_needed_ = false;  // the queue or the idle workers changed
 
@@ -275,11 +258,6 @@ class JobManager {
   bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
   std::thread::id loop_id_ ABSL_GUARDED_BY(queue_mu_);
   std::thread loop_;
-
-  mutable absl::Mutex view_mu_;
-  std::map<std::string, v1::JobStatus> view_ ABSL_GUARDED_BY(view_mu_);  // live jobs
-  std::map<int64_t, std::pair<std::string, Listener>> listeners_ ABSL_GUARDED_BY(view_mu_);
-  int64_t next_subscription_ ABSL_GUARDED_BY(view_mu_) = 1;
 };
 
 }  // namespace stagewise::coordinator

@@ -12,6 +12,7 @@
 #include "coordinator/job_manager.h"
 #include "coordinator/store.h"
 #include "services/common/log.h"
+#include "services/common/log_flags.h"
 #include "services/metrics/metrics.h"
 #include "services/rpc/health.h"
 #include "services/rpc/server.h"
@@ -73,14 +74,10 @@ int main(int argc, char** argv) {
       ->envname("STAGEWISE_CHECKPOINT_ROOT")
       ->delimiter(':');
   stagewise::rpc::AddTlsFlags(&app, &tls);
-  app.add_option("--log-level", log_level,
-                 "debug | info | warning | error | off (env STAGEWISE_LOG_LEVEL sets the default)");
-  if (const char* env = std::getenv("STAGEWISE_LOG_LEVEL")) log_level = env;
+  stagewise::log::AddLogLevelFlag(&app, &log_level);
   CLI11_PARSE(app, argc, argv);
-  if (auto level = stagewise::log::ParseLevel(log_level); level.ok()) {
-    stagewise::log::SetLogLevel(*level);
-  } else {
-    STAGEWISE_LOG(ERROR) << "stagewise-coordinator: --log-level: " << level.status().message();
+  if (absl::Status s = stagewise::log::ApplyLogLevelFlag(log_level); !s.ok()) {
+    STAGEWISE_LOG(ERROR) << "stagewise-coordinator: " << s.message();
     return 2;
   }
 

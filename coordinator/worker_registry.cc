@@ -43,6 +43,14 @@ absl::Status CheckText(const std::string& field, const std::string& value, size_
 }
 
 absl::Status CheckInfo(const v1::WorkerInfo& info) {
+  // Another protocol's events would be misread (a v1 worker names its job
+  // inside each event, a v2 coordinator on the envelope).
+  if (info.protocol() != v1::CONTROL_PROTOCOL_V2) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("WorkerInfo.protocol: the worker speaks control protocol ", info.protocol(),
+                     ", this coordinator ", v1::CONTROL_PROTOCOL_V2,
+                     ": run the same stagewise version on the coordinator and the workers"));
+  }
   if (info.address().empty()) return absl::InvalidArgumentError("WorkerInfo.address: empty");
   STAGEWISE_RETURN_IF_ERROR(CheckText("WorkerInfo.worker_id", info.worker_id(), 128));
   STAGEWISE_RETURN_IF_ERROR(CheckText("WorkerInfo.address", info.address(), 256));

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "services/common/log.h"
+#include "services/common/log_flags.h"
 #include "services/rpc/health.h"
 #include "services/rpc/server.h"
 #include "services/rpc/tls.h"
@@ -73,14 +74,10 @@ int main(int argc, char** argv) {
   app.add_option("--port-file", port_file,
                  "Write 'GRPC_PORT METRICS_PORT' here once serving (for supervisors)");
   stagewise::rpc::AddTlsFlags(&app, &tls);
-  app.add_option("--log-level", log_level,
-                 "debug | info | warning | error | off (env STAGEWISE_LOG_LEVEL sets the default)");
-  if (const char* env = std::getenv("STAGEWISE_LOG_LEVEL")) log_level = env;
+  stagewise::log::AddLogLevelFlag(&app, &log_level);
   CLI11_PARSE(app, argc, argv);
-  if (auto level = stagewise::log::ParseLevel(log_level); level.ok()) {
-    stagewise::log::SetLogLevel(*level);
-  } else {
-    std::cerr << "stagewise-worker: --log-level: " << level.status().message() << "\n";
+  if (absl::Status s = stagewise::log::ApplyLogLevelFlag(log_level); !s.ok()) {
+    std::cerr << "stagewise-worker: " << s.message() << "\n";
     return 2;
   }
   if (threads > 0) torch::set_num_threads(threads);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/checkpoint/checkpoint.h"
 #include "services/common/path_policy.h"
+#include "services/common/retry_policy.h"
 #include "services/common/status_macros.h"
 #include "services/tensor/codec.h"
 #include "services/tensor/stage_message.h"
@@ -103,11 +104,7 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
                                            rt->spec_.trace.max_spans);
   }
   const int64_t batch = rt->spec_.batch_size;
-  rt->steps_per_epoch_ = data::NominalTrainSize(rt->spec_.data) / batch;
-  if (rt->steps_per_epoch_ < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch_size: ", batch, " is larger than the training set"));
-  }
+  STAGEWISE_ASSIGN_OR_RETURN(rt->steps_per_epoch_, data::StepsPerEpoch(rt->spec_));
   rt->total_steps_ = 0;
   for (const PhaseSpec& phase : rt->phases_) rt->total_steps_ += rt->PhaseSteps(phase);
 
@@ -120,23 +117,10 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
           "data.path: expected ", data::NominalTrainSize(rt->spec_.data), " training samples for ",
           rt->spec_.data.dataset, ", found ", rt->data_.train.size()));
     }
-    data::SamplerOptions train;
-    train.batch_size = batch;
-    train.seed = static_cast<uint64_t>(rt->spec_.seed);
-    train.augment = rt->spec_.data.augment;
-    train.crop_padding = rt->spec_.data.crop_padding;
-    train.horizontal_flip = rt->spec_.data.horizontal_flip;
-    if (rt->spec_.data.normalize) {
-      train.mean = rt->data_.mean;
-      train.std = rt->data_.std;
-    }
-    data::SamplerOptions test = train;
-    test.batch_size = rt->spec_.eval_batch_size > 0 ? rt->spec_.eval_batch_size : batch;
-    test.shuffle = false;
-    test.drop_last = false;
-    test.augment = false;
-    rt->train_ = std::make_unique<data::BatchSampler>(rt->data_.train, train);
-    rt->test_ = std::make_unique<data::BatchSampler>(rt->data_.test, test);
+    rt->train_ = std::make_unique<data::BatchSampler>(
+        rt->data_.train, data::TrainSamplerOptions(rt->spec_, rt->data_));
+    rt->test_ = std::make_unique<data::BatchSampler>(
+        rt->data_.test, data::TestSamplerOptions(rt->spec_, rt->data_));
   }
 
   const int num_blocks = assignment.block_end() - assignment.block_begin();
@@ -266,12 +250,8 @@ absl::Status StageRuntime::RunPhases() {
         return absl::InternalError(absl::StrCat("messages left over at the end of phase ", p - 1));
       }
       if (env_.emit) {
-        v1::WorkerEvent event;
-        auto* done = event.mutable_phase_done();
-        done->set_job_id(job_id());
-        done->set_stage(stage());
-        done->set_phase(p - 1);
-        done->set_attempt(assignment_.attempt());
+        v1::WorkerEvent event = NewEvent();
+        event.mutable_phase_done()->set_phase(p - 1);
         env_.emit(std::move(event));
       } else {
         STAGEWISE_RETURN_IF_ERROR(BeginPhase(p));  // no coordinator: go on
@@ -310,8 +290,9 @@ void StageRuntime::ComputeLoop() {
       downstream_->Close(absl::OkStatus());
       downstream_->WaitDone();
     }
-    // The final checkpoint (the model `stagewise export` writes), unless the
-    // job resumed from it.
+    // The final state is the last committed checkpoint (the model
+    // `stagewise export` writes): one layout for checkpoint.dir
+    // (services/checkpoint/checkpoint.h). Not again when the job resumed from it.
     if (!spec_.checkpoint.dir.empty() && !resumed_at_end_) {
       try {
         status = WriteShard(phase_steps_, false);
@@ -319,7 +300,6 @@ void StageRuntime::ComputeLoop() {
         status = absl::InternalError(absl::StrCat("stage ", stage(), ": checkpoint: ", e.what()));
       }
     }
-    if (status.ok()) status = SaveFinalState();
   }
   bool report = false;
   {
@@ -336,12 +316,9 @@ void StageRuntime::ComputeLoop() {
   // The stage is over: its series leave /metrics now, not at the next job.
   metrics_->Retire();
   if (!report || !env_.emit) return;
-  v1::WorkerEvent event;
+  v1::WorkerEvent event = NewEvent();
   if (status.ok()) {
     auto* r = event.mutable_result();
-    r->set_attempt(assignment_.attempt());
-    r->set_job_id(job_id());
-    r->set_stage(stage());
     (*r->mutable_values())["steps"] = static_cast<double>(total_steps_);
     (*r->mutable_values())["bytes_sent"] = static_cast<double>(metrics_->bytes(true));
     (*r->mutable_values())["bytes_received"] = static_cast<double>(metrics_->bytes(false));
@@ -350,27 +327,28 @@ void StageRuntime::ComputeLoop() {
     for (const auto& [key, value] : summary_) (*r->mutable_values())[key] = value;
   } else {
     auto* e = event.mutable_error();
-    e->set_job_id(job_id());
-    e->set_stage(stage());
-    e->set_attempt(assignment_.attempt());
     e->set_code(static_cast<int>(status.code()));
     // A peer or the network went away: another attempt may well succeed.
-    e->set_retryable(absl::IsUnavailable(status) || absl::IsAborted(status) ||
-                     absl::IsDeadlineExceeded(status));
+    e->set_retryable(IsTransient(status));
     e->set_message(absl::StrCat("stage ", stage(), ": ", status.message()));
   }
   env_.emit(std::move(event));
 }
 
+v1::WorkerEvent StageRuntime::NewEvent() const {
+  v1::WorkerEvent event;
+  event.set_job_id(job_id());
+  event.set_stage(stage());
+  event.set_attempt(assignment_.attempt());
+  return event;
+}
+
 void StageRuntime::EmitTrace() {
   if (!tracer_ || !env_.emit) return;
-  v1::WorkerEvent event;
+  v1::WorkerEvent event = NewEvent();
   v1::TraceChunk* chunk = event.mutable_trace();
   *chunk = tracer_->TakeChunk();
   if (chunk->spans().empty() && chunk->dropped() == 0) return;
-  chunk->set_job_id(job_id());
-  chunk->set_stage(stage());
-  chunk->set_attempt(assignment_.attempt());
   chunk->set_phase(phase_);
   // One offset for every chunk of the stage: a newer estimate would move
   // later spans against earlier ones.
@@ -379,25 +357,6 @@ void StageRuntime::EmitTrace() {
   chunk->set_clock_offset_us(trace_clock_->offset_us);
   chunk->set_clock_rtt_us(trace_clock_->rtt_us);
   env_.emit(std::move(event));
-}
-
-absl::Status StageRuntime::SaveFinalState() const {
-  if (spec_.checkpoint.dir.empty()) return absl::OkStatus();
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::path(spec_.checkpoint.dir) / job_id();
-  const fs::path path = dir / absl::StrCat("stage-", stage(), ".pt");
-  try {
-    fs::create_directories(dir);
-    torch::serialize::OutputArchive archive;
-    model_->save(archive);
-    const std::string tmp = path.string() + ".tmp";
-    archive.save_to(tmp);
-    fs::rename(tmp, path);
-  } catch (const std::exception& e) {
-    return absl::InternalError(
-        absl::StrCat("checkpoint.dir: writing ", path.string(), ": ", e.what()));
-  }
-  return absl::OkStatus();
 }
 
 void StageRuntime::Abort(const absl::Status& why, bool report) {
@@ -498,13 +457,8 @@ absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFromNext() {
 
 absl::Status StageRuntime::SendToNext(v1::StageMessage message) {
   if (!downstream_) return absl::FailedPreconditionError("the last stage has no next stage");
-  message.set_job_id(job_id());
-  message.set_attempt(assignment_.attempt());
-  const auto size = static_cast<int64_t>(message.ByteSizeLong());
-  const auto kind = message.kind();
-  absl::Status s = downstream_->Send(std::move(message));
-  if (s.ok()) CountSent(kind, size);
-  return s;
+  return SendStamped(std::move(message),
+                     [this](v1::StageMessage m) { return downstream_->Send(std::move(m)); });
 }
 
 absl::Status StageRuntime::SendToPrev(v1::StageMessage message) {
@@ -515,11 +469,17 @@ absl::Status StageRuntime::SendToPrev(v1::StageMessage message) {
     if (!failure_.ok()) return failure_;
   }
   if (!upstream) return absl::FailedPreconditionError("no stream from the previous stage yet");
+  return SendStamped(std::move(message),
+                     [&upstream](v1::StageMessage m) { return upstream->Send(std::move(m)); });
+}
+
+absl::Status StageRuntime::SendStamped(v1::StageMessage message,
+                                       const std::function<absl::Status(v1::StageMessage)>& send) {
   message.set_job_id(job_id());
   message.set_attempt(assignment_.attempt());
   const auto size = static_cast<int64_t>(message.ByteSizeLong());
   const auto kind = message.kind();
-  absl::Status s = upstream->Send(std::move(message));
+  absl::Status s = send(std::move(message));
   if (s.ok()) CountSent(kind, size);
   return s;
 }
@@ -547,10 +507,7 @@ absl::Status StageRuntime::Interrupted() const {
 }
 
 bool StageRuntime::CheckpointScheduled(int64_t step) const {
-  const CheckpointSpec& c = spec_.checkpoint;
-  if (c.dir.empty() || step <= 0 || step >= total_steps_) return false;
-  if (c.every_steps > 0 && step % c.every_steps == 0) return true;
-  return c.every_epochs > 0 && step % (c.every_epochs * steps_per_epoch_) == 0;
+  return data::CheckpointScheduled(spec_.checkpoint, step, total_steps_, steps_per_epoch_);
 }
 
 bool StageRuntime::CheckpointDue(int64_t steps_done) const {
@@ -621,11 +578,8 @@ absl::Status StageRuntime::WriteShard(int64_t phase_step, bool with_algorithm) {
   if (tracer_)
     tracer_->Record(v1::SPAN_CHECKPOINT, phase_step, 0, t0, std::chrono::steady_clock::now());
   if (!env_.emit) return absl::OkStatus();
-  v1::WorkerEvent event;
+  v1::WorkerEvent event = NewEvent();
   auto* saved = event.mutable_checkpoint_saved();
-  saved->set_job_id(job_id());
-  saved->set_stage(stage());
-  saved->set_attempt(assignment_.attempt());
   saved->set_step(step);
   saved->set_phase(phase_);
   saved->set_phase_step(phase_step);
@@ -710,12 +664,7 @@ double StageRuntime::LearningRate(int64_t step) const {
 }
 
 bool StageRuntime::EvalDue(int64_t steps_done) const {
-  const EvalSpec& e = spec_.eval;
-  // The end of every phase (and so of the job) is evaluated if anything is.
-  if (steps_done == phase_steps_) return e.at_end || e.every_epochs > 0 || e.every_steps > 0;
-  const int64_t global = phase_offset_ + steps_done;
-  if (e.every_steps > 0 && global % e.every_steps == 0) return true;
-  return e.every_epochs > 0 && global % (e.every_epochs * steps_per_epoch_) == 0;
+  return data::EvalDue(spec_.eval, phase_offset_, phase_steps_, steps_done, steps_per_epoch_);
 }
 
 data::Batch StageRuntime::TrainBatch(int64_t step) const {
@@ -752,11 +701,8 @@ void StageRuntime::ReportStep(int64_t phase_steps_done, double train_loss, int64
     loss_sum_ = 0;
     loss_count_ = 0;
   }
-  v1::WorkerEvent event;
+  v1::WorkerEvent event = NewEvent();
   auto* m = event.mutable_metrics();
-  m->set_attempt(assignment_.attempt());
-  m->set_job_id(job_id());
-  m->set_stage(stage());
   m->set_step(steps_done);
   if (last()) (*m->mutable_values())["train_loss"] = train_loss;
   (*m->mutable_values())["samples"] = static_cast<double>(samples);
@@ -768,11 +714,8 @@ void StageRuntime::ReportEval(int64_t phase_steps_done, double loss, double accu
                               int64_t samples) {
   if (!env_.emit) return;
   const int64_t steps_done = phase_offset_ + phase_steps_done;
-  v1::WorkerEvent event;
+  v1::WorkerEvent event = NewEvent();
   auto* m = event.mutable_metrics();
-  m->set_attempt(assignment_.attempt());
-  m->set_job_id(job_id());
-  m->set_stage(stage());
   m->set_step(steps_done);
   (*m->mutable_values())["eval_loss"] = loss;
   (*m->mutable_values())["eval_accuracy"] = accuracy;

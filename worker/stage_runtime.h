@@ -111,7 +111,6 @@ class StageRuntime final : public StageContext {
   void EmitTrace();
   absl::Status ValidateIncoming(const v1::StageMessage& m, bool from_prev) const;
   void ComputeLoop();
-  absl::Status SaveFinalState() const;
   // Whether checkpoint.every_* asks for a checkpoint after global step `step`.
   bool CheckpointScheduled(int64_t step) const;
   // Writes this stage's shard of the checkpoint after `phase_step` steps of
@@ -121,11 +120,16 @@ class StageRuntime final : public StageContext {
   // Loads the shard named by StageAssignment.resume (Create, after phase 0
   // is set up): enters the checkpoint's phase, restores everything.
   absl::Status LoadResume(const v1::ResumePoint& resume);
-  void FillAttempt(v1::WorkerEvent* event) const;
+  // An event about this stage: the envelope names the job, stage and attempt.
+  v1::WorkerEvent NewEvent() const;
   void Abort(const absl::Status& why, bool report);
   // Counts a message sent: bytes, and for FORWARD/BACKWARD the message size
   // (metric) and largest size and total (summary).
   void CountSent(v1::StageMessage::Kind kind, int64_t size);
+  // Stamps `message` with the job and attempt, hands it to `send` (a stream's
+  // Send) and counts it once sent.
+  absl::Status SendStamped(v1::StageMessage message,
+                           const std::function<absl::Status(v1::StageMessage)>& send);
   // Sets up phase p (algorithm, optimizer, schedule, step window).
   absl::Status EnterPhase(int p);
   int64_t PhaseSteps(const PhaseSpec& phase) const;

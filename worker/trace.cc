@@ -29,7 +29,13 @@ void ClockSync::AddSample(int64_t sent_us, int64_t coordinator_us, int64_t recei
   e.offset_us = coordinator_us - (sent_us + e.rtt_us / 2);
   absl::MutexLock lock(&mu_);
   samples_.push_back(e);
+  ++added_;
   if (samples_.size() > kWindow) samples_.pop_front();
+}
+
+int64_t ClockSync::samples() const {
+  absl::MutexLock lock(&mu_);
+  return added_;
 }
 
 ClockSync::Estimate ClockSync::Get() const {

@@ -30,6 +30,8 @@ class ClockSync {
   };
   void AddSample(int64_t sent_us, int64_t coordinator_us, int64_t received_us);
   Estimate Get() const;
+  // Samples added so far (not only those in the window).
+  int64_t samples() const;
   // This host's clock: unix microseconds (plus $STAGEWISE_TEST_CLOCK_SKEW_US,
   // a test hook that sets a worker's clock off).
   static int64_t NowUs();
@@ -37,6 +39,7 @@ class ClockSync {
  private:
   mutable absl::Mutex mu_;
   std::deque<Estimate> samples_ ABSL_GUARDED_BY(mu_);
+  int64_t added_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // The spans of one stage's compute thread while the stage is inside the

@@ -7,7 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "services/common/log.h"
+#include "services/common/retry_policy.h"
 #include "services/profiler/profiler.h"
+#include "services/rpc/outbox.h"
 #include "services/rpc/status.h"
 
 namespace stagewise::worker {
@@ -47,6 +49,59 @@ class Worker::Service : public v1::StageService::CallbackService {
   Worker* worker_;
   std::shared_ptr<std::atomic<int>> open_;
   const int max_streams_;
+};
+
+// The control stream: a callback reactor whose writes go through an Outbox
+// (bounded, one write in flight) and whose reads hand each command to
+// Worker::Dispatch. A hold keeps the call alive while writes may still start
+// from other threads; it goes when the outbox finishes (the read side ended).
+class Worker::ControlStream : public grpc::ClientBidiReactor<v1::WorkerEvent, v1::Command> {
+ public:
+  ControlStream(Worker* worker, size_t capacity)
+      : worker_(worker),
+        outbox_("control stream", capacity,
+                {[this](const v1::WorkerEvent* e) { StartWrite(e); },
+                 [this](const absl::Status&) { RemoveHold(); }}) {}
+
+  void Start(v1::Coordinator::Stub* stub, std::shared_ptr<ControlStream> self) {
+    self_ = std::move(self);
+    stub->async()->Control(&context_, this);
+    AddHold();
+    StartRead(&command_);
+    StartCall();
+  }
+  // Waits for room; fails once the stream is closing or done.
+  absl::Status Send(v1::WorkerEvent event) { return outbox_.Send(std::move(event)); }
+  absl::Status TrySend(v1::WorkerEvent event) { return outbox_.TrySend(std::move(event)); }
+  void Cancel() { context_.TryCancel(); }
+  // True once the call is over; waits at most `timeout` for it.
+  bool WaitDone(absl::Duration timeout) { return done_.WaitForNotificationWithTimeout(timeout); }
+  const grpc::Status& status() const { return status_; }  // once done
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      outbox_.Close(absl::UnavailableError("the control stream's read side ended"));
+      return;
+    }
+    worker_->Dispatch(command_);
+    StartRead(&command_);
+  }
+  void OnWriteDone(bool ok) override { outbox_.OnWriteDone(ok); }
+  void OnDone(const grpc::Status& status) override {
+    std::shared_ptr<ControlStream> keep = std::move(self_);  // alive until this returns
+    status_ = status;
+    outbox_.OnDone(rpc::FromGrpcStatus(status));
+    done_.Notify();
+  }
+
+ private:
+  Worker* const worker_;
+  grpc::ClientContext context_;
+  v1::Command command_;
+  rpc::Outbox<v1::WorkerEvent> outbox_;
+  grpc::Status status_;
+  absl::Notification done_;
+  std::shared_ptr<ControlStream> self_;
 };
 
 Worker::Worker(WorkerOptions options) : options_(std::move(options)) {}
@@ -93,25 +148,38 @@ absl::Status Worker::Start() {
 
 void Worker::Shutdown() {
   if (shutdown_.exchange(true)) return;
+  shutdown_requested_.Notify();
   const absl::Time start = absl::Now();
   auto phase = [&](const char* what) {
     STAGEWISE_LOG(INFO) << "shutdown: " << what << " after "
                         << absl::FormatDuration(absl::Now() - start);
   };
   std::shared_ptr<StageRuntime> rt;
+  std::shared_ptr<ControlStream> control;
   {
     absl::MutexLock lock(&mu_);
     rt = runtime_;
-    if (control_context_ != nullptr) control_context_->TryCancel();
+    control = control_;
   }
   if (rt) {
     rt->Stop(absl::CancelledError("the worker is shutting down"));
     rt->Join();
     phase("stage stopped");
   }
+  if (control) control->Cancel();
   if (control_thread_.joinable()) control_thread_.join();
   phase("control stream closed");
-  if (profile_thread_.joinable()) profile_thread_.join();
+  // Commands already handed on still run (they find the stage stopped).
+  stage_tasks_.Stop();
+  profile_tasks_.Stop();
+  {
+    absl::MutexLock lock(&mu_);
+    rt = runtime_;
+  }
+  if (rt) {
+    rt->Stop(absl::CancelledError("the worker is shutting down"));
+    rt->Join();
+  }
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   phase("server stopped");
 }
@@ -123,7 +191,7 @@ std::shared_ptr<StageRuntime> Worker::runtime() const {
 
 bool Worker::registered() const {
   absl::MutexLock lock(&mu_);
-  return connected_;
+  return control_ != nullptr;
 }
 
 void Worker::ControlLoop() {
@@ -137,9 +205,7 @@ void Worker::ControlLoop() {
     if (established) delay = options_.reconnect;
     STAGEWISE_LOG(WARNING) << "control session ended: " << s << "; reconnecting in "
                            << absl::FormatDuration(delay);
-    for (absl::Duration slept; slept < delay && !shutdown_; slept += absl::Milliseconds(50)) {
-      absl::SleepFor(absl::Milliseconds(50));
-    }
+    if (shutdown_requested_.WaitForNotificationWithTimeout(delay)) break;
     delay = std::min(delay * 2, std::max(options_.max_reconnect, options_.reconnect));
   }
 }
@@ -152,6 +218,7 @@ absl::Status Worker::ControlSession(bool* established) {
   info->set_device(options_.device);
   info->set_memory_bytes(options_.memory_bytes);
   info->set_version(STAGEWISE_VERSION);
+  info->set_protocol(v1::CONTROL_PROTOCOL_V2);
   v1::RegisterWorkerResponse resp;
   {
     grpc::ClientContext ctx;
@@ -159,110 +226,128 @@ absl::Status Worker::ControlSession(bool* established) {
     grpc::Status s = coordinator_->RegisterWorker(&ctx, req, &resp);
     if (!s.ok()) return rpc::FromGrpcStatus(s);
   }
-  grpc::ClientContext ctx;
-  {
-    absl::MutexLock lock(&mu_);
-    if (shutdown_) return absl::CancelledError("shutting down");
-    worker_id_ = resp.worker_id();
-    control_context_ = &ctx;
-  }
-  auto stream = coordinator_->Control(&ctx);
-  {
-    absl::MutexLock lock(&write_mu_);
-    control_stream_ = stream.get();
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    connected_ = true;
-  }
-  *established = true;
+  auto stream = std::make_shared<ControlStream>(this, options_.control_outbox);
+  stream->Start(coordinator_.get(), stream);
+  // The first event opens the stream in this registration's name: it goes
+  // before the stream is shared with anyone else who emits.
   v1::WorkerEvent hello;
-  hello.set_session(resp.session());  // opens the stream in this registration's name
+  hello.set_worker_id(resp.worker_id());
+  hello.set_session(resp.session());
   hello.mutable_heartbeat()->set_unix_ms(absl::ToUnixMillis(absl::Now()));
   hello.mutable_heartbeat()->set_probe_unix_us(ClockSync::NowUs());
-  Emit(hello);
-  std::atomic<bool> session_over{false};
+  (void)stream->Send(std::move(hello));
+  {
+    absl::MutexLock lock(&mu_);
+    worker_id_ = resp.worker_id();
+    control_ = stream;
+  }
+  if (shutdown_) stream->Cancel();  // Shutdown may have looked before control_ was set
+  *established = true;
   const absl::Duration beat = resp.heartbeat_interval_ms() > 0
                                   ? absl::Milliseconds(resp.heartbeat_interval_ms())
                                   : options_.heartbeat;
-  std::thread heartbeat([&] {
-    // Every heartbeat probes the clock; the first few follow each other
-    // quickly, so that a job started right away has a good offset estimate.
-    for (int beats = 0; !session_over; ++beats) {
-      const absl::Duration wait = beats < 8 ? std::min(beat, absl::Milliseconds(50)) : beat;
-      for (absl::Duration slept; slept < wait && !session_over; slept += absl::Milliseconds(50)) {
-        absl::SleepFor(std::min(wait, absl::Milliseconds(50)));
-      }
-      if (session_over) break;
-      v1::WorkerEvent e;
-      e.mutable_heartbeat()->set_unix_ms(absl::ToUnixMillis(absl::Now()));
-      e.mutable_heartbeat()->set_probe_unix_us(ClockSync::NowUs());
-      Emit(e);
-    }
-  });
-  v1::Command command;
-  while (stream->Read(&command)) HandleCommand(command);
-  session_over = true;
-  heartbeat.join();
-  {
-    absl::MutexLock lock(&write_mu_);
-    control_stream_ = nullptr;
+  // Every heartbeat probes the clock; the first few follow each other
+  // quickly, so that a job started right away has a good offset estimate.
+  for (int beats = 0;; ++beats) {
+    const absl::Duration wait = beats < 8 ? std::min(beat, absl::Milliseconds(50)) : beat;
+    if (stream->WaitDone(wait)) break;
+    v1::WorkerEvent e;
+    e.mutable_heartbeat()->set_unix_ms(absl::ToUnixMillis(absl::Now()));
+    e.mutable_heartbeat()->set_probe_unix_us(ClockSync::NowUs());
+    Emit(std::move(e), /*may_skip=*/true);
   }
-  std::shared_ptr<StageRuntime> rt;
   {
     absl::MutexLock lock(&mu_);
-    connected_ = false;
-    control_context_ = nullptr;
-    rt = runtime_;
+    control_.reset();
   }
-  grpc::Status status = stream->Finish();
   // Without its coordinator a job cannot finish; the coordinator re-plans it.
-  if (rt && rt->running()) {
-    rt->Stop(absl::UnavailableError("lost the coordinator"));
-    rt->Join();
-  }
-  return rpc::FromGrpcStatus(status);
+  // The stage thread stops it (this thread never joins a stage).
+  stage_tasks_.Post([this] {
+    std::shared_ptr<StageRuntime> rt = runtime();
+    if (rt && rt->running()) {
+      rt->Stop(absl::UnavailableError("lost the coordinator"));
+      rt->Join();
+    }
+  });
+  return rpc::FromGrpcStatus(stream->status());
 }
 
-void Worker::Emit(v1::WorkerEvent event) {
+void Worker::Emit(v1::WorkerEvent event, bool may_skip) {
+  std::shared_ptr<ControlStream> stream;
   {
     absl::MutexLock lock(&mu_);
     event.set_worker_id(worker_id_);
+    stream = control_;
   }
-  absl::MutexLock lock(&write_mu_);
-  if (control_stream_ != nullptr) control_stream_->Write(event);
+  if (stream == nullptr) return;  // between sessions: the coordinator re-plans on reconnect
+  // A closing stream refuses: the event is lost with the session.
+  (void)(may_skip ? stream->TrySend(std::move(event)) : stream->Send(std::move(event)));
 }
 
-void Worker::HandleCommand(const v1::Command& command) {
-  auto ack = [&]() {
-    v1::WorkerEvent e;
-    e.mutable_ack()->set_command_id(command.command_id());
-    Emit(e);
-  };
-  auto error = [&](const std::string& job, int stage, const absl::Status& s, int attempt = -1) {
-    v1::WorkerEvent e;
-    auto* err = e.mutable_error();
-    err->set_job_id(job);
-    err->set_stage(stage);
-    if (attempt < 0) {
-      std::shared_ptr<StageRuntime> rt = runtime();
-      attempt = rt && rt->job_id() == job ? rt->attempt() : 0;
-    }
-    err->set_attempt(attempt);
-    err->set_retryable(absl::IsUnavailable(s) || absl::IsAborted(s) || absl::IsDeadlineExceeded(s));
-    err->set_code(static_cast<int>(s.code()));
-    err->set_message(absl::StrCat("stage ", stage, " (", address(), "): ", s.message()));
-    Emit(e);
-  };
+void Worker::Ack(int64_t command_id) {
+  v1::WorkerEvent e;
+  e.mutable_ack()->set_command_id(command_id);
+  Emit(std::move(e));
+}
+
+void Worker::EmitError(const std::string& job, int stage, const absl::Status& s, int attempt) {
+  v1::WorkerEvent e;
+  e.set_job_id(job);
+  e.set_stage(stage);
+  if (attempt < 0) {
+    std::shared_ptr<StageRuntime> rt = runtime();
+    attempt = rt && rt->job_id() == job ? rt->attempt() : 0;
+  }
+  e.set_attempt(attempt);
+  auto* err = e.mutable_error();
+  err->set_retryable(IsTransient(s));
+  err->set_code(static_cast<int>(s.code()));
+  err->set_message(absl::StrCat("stage ", stage, " (", address(), "): ", s.message()));
+  Emit(std::move(e));
+}
+
+// Never blocks and never emits: the slow work and the answers happen on the
+// stage and profile threads.
+void Worker::Dispatch(const v1::Command& command) {
+  switch (command.command_case()) {
+    case v1::Command::kConfigure:
+    case v1::Command::kStart:
+    case v1::Command::kStop:
+      if (!stage_tasks_.Post([this, command] { RunStageCommand(command); })) {
+        STAGEWISE_LOG(ERROR) << "stage commands are piling up; dropped command "
+                             << command.command_id();
+      }
+      return;
+    case v1::Command::kProfile:
+      // Profiling takes seconds to minutes: on its own thread, one at a time.
+      if (!profile_tasks_.Post([this, id = command.command_id(), c = command.profile()] {
+            Ack(id);
+            Profile(c);
+          })) {
+        STAGEWISE_LOG(ERROR) << "profiling requests are piling up; dropped command "
+                             << command.command_id();
+      }
+      return;
+    case v1::Command::kClock:  // the answer to a heartbeat's probe; not acknowledged
+      clock_->AddSample(command.clock().probe_unix_us(), command.clock().coordinator_unix_us(),
+                        ClockSync::NowUs());
+      return;
+    case v1::Command::COMMAND_NOT_SET:
+      // Nothing to do; an empty command is still acknowledged (in order).
+      (void)stage_tasks_.Post([this, id = command.command_id()] { Ack(id); });
+  }
+}
+
+void Worker::RunStageCommand(const v1::Command& command) {
   switch (command.command_case()) {
     case v1::Command::kConfigure: {
       const v1::StageAssignment& a = command.configure();
       std::shared_ptr<StageRuntime> old = runtime();
       if (old && old->running()) {
         if (old->job_id() != a.job_id()) {
-          error(a.job_id(), a.stage(),
-                absl::FailedPreconditionError(absl::StrCat("busy with job ", old->job_id())),
-                a.attempt());
+          EmitError(a.job_id(), a.stage(),
+                    absl::FailedPreconditionError(absl::StrCat("busy with job ", old->job_id())),
+                    a.attempt());
           return;
         }
         // A new attempt of the job this worker still runs (the coordinator
@@ -270,6 +355,7 @@ void Worker::HandleCommand(const v1::Command& command) {
         old->Stop(absl::AbortedError(absl::StrCat("superseded by attempt ", a.attempt())));
         old->Join();
       }
+      if (options_.before_stage_build) options_.before_stage_build(a);
       RuntimeEnv env;
       env.device = device_;
       env.registry = &metrics_->registry();
@@ -281,44 +367,31 @@ void Worker::HandleCommand(const v1::Command& command) {
       env.clock = clock_;
       auto rt = StageRuntime::Create(a, std::move(env));
       if (!rt.ok()) {
-        error(a.job_id(), a.stage(), rt.status(), a.attempt());
+        EmitError(a.job_id(), a.stage(), rt.status(), a.attempt());
         return;
       }
       {
         absl::MutexLock lock(&mu_);
         runtime_ = *rt;
       }
-      ack();
+      Ack(command.command_id());
       return;
     }
     case v1::Command::kStart: {
       std::shared_ptr<StageRuntime> rt = runtime();
       if (!rt || rt->job_id() != command.start().job_id()) {
-        error(command.start().job_id(), -1,
-              absl::FailedPreconditionError("start for a job this worker is not configured for"));
+        EmitError(
+            command.start().job_id(), -1,
+            absl::FailedPreconditionError("start for a job this worker is not configured for"));
         return;
       }
-      if (rt->started()) {
-        // A multi-phase job goes on with its next phase on the same runtime.
-        if (absl::Status s = rt->BeginPhase(command.start().phase()); !s.ok()) {
-          error(rt->job_id(), rt->stage(), s);
-          return;
-        }
-        ack();
+      // A multi-phase job goes on with its next phase on the same runtime.
+      absl::Status s = rt->started() ? rt->BeginPhase(command.start().phase()) : rt->Start();
+      if (!s.ok()) {
+        EmitError(rt->job_id(), rt->stage(), s);
         return;
       }
-      if (absl::Status s = rt->Start(); !s.ok()) {
-        error(rt->job_id(), rt->stage(), s);
-        return;
-      }
-      ack();
-      return;
-    }
-    case v1::Command::kProfile: {
-      // Profiling takes seconds to minutes: off the control thread, one at a time.
-      if (profile_thread_.joinable()) profile_thread_.join();
-      profile_thread_ = std::thread([this, c = command.profile()] { Profile(c); });
-      ack();
+      Ack(command.command_id());
       return;
     }
     case v1::Command::kStop: {
@@ -327,27 +400,23 @@ void Worker::HandleCommand(const v1::Command& command) {
         rt->Stop(absl::CancelledError(command.stop().reason()));
         rt->Join();
       }
-      ack();
+      Ack(command.command_id());
       return;
     }
-    case v1::Command::kClock:  // the answer to a heartbeat's probe; not acknowledged
-      clock_->AddSample(command.clock().probe_unix_us(), command.clock().coordinator_unix_us(),
-                        ClockSync::NowUs());
+    default:
       return;
-    case v1::Command::COMMAND_NOT_SET:
-      ack();  // nothing to do; an empty command is still acknowledged
   }
 }
 
 void Worker::Profile(const v1::ProfileCommand& command) {
   auto fail = [&](const absl::Status& s) {
     v1::WorkerEvent e;
+    e.set_job_id(command.job_id());
+    e.set_stage(-1);
     auto* err = e.mutable_error();
-    err->set_job_id(command.job_id());
-    err->set_stage(-1);
     err->set_code(static_cast<int>(s.code()));
     err->set_message(absl::StrCat("profiling on ", address(), ": ", s.message()));
-    Emit(e);
+    Emit(std::move(e));
   };
   auto spec = ParseJobSpec(command.job_spec_yaml());
   if (!spec.ok()) return fail(spec.status());
@@ -362,8 +431,9 @@ void Worker::Profile(const v1::ProfileCommand& command) {
   auto profile = planner::CachedProfile(*spec, spec->batch_size, device_, options, &cached);
   if (!profile.ok()) return fail(profile.status());
   v1::WorkerEvent e;
+  e.set_job_id(command.job_id());
+  e.set_stage(-1);
   auto* r = e.mutable_profile();
-  r->set_job_id(command.job_id());
   r->set_profile(planner::SerializeProfile(*profile));
   r->set_cached(cached);
   Emit(e);

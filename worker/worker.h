@@ -1,19 +1,34 @@
 // The worker process: serves StageService, keeps a control stream to the
 // coordinator, and hosts one stage of one job at a time between jobs.
+//
+// Threads (none of them polls; every wait is on a condition):
+//   - the control thread registers, keeps the session's heartbeats (a timed
+//     wait on the session's end) and reconnects with backoff;
+//   - the control stream is a callback reactor: gRPC delivers each command
+//     to Dispatch, which only hands it on (it never builds, starts, stops or
+//     joins a stage, and never blocks);
+//   - the stage thread (a SerialExecutor) runs Configure, Start and Stop one
+//     at a time, in the order they came, and acknowledges each when done;
+//   - the profile thread runs ProfileCommands, one at a time;
+//   - stage runtimes' compute threads emit events through the session's
+//     Outbox (bounded, one write in flight), never writing the stream.
 #ifndef STAGEWISE_WORKER_WORKER_H_
 #define STAGEWISE_WORKER_WORKER_H_
 
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "services/common/path_policy.h"
+#include "services/common/serial_executor.h"
 #include "services/metrics/metrics.h"
 #include "services/rpc/server.h"
 #include "stagewise/v1/coordinator.grpc.pb.h"
@@ -43,6 +58,11 @@ struct WorkerOptions {
   // Exchange streams open at once (from stages j-1, or anyone who dials the
   // port); more are refused with RESOURCE_EXHAUSTED.
   int max_streams = 64;
+  // Events waiting to be written on the control stream; producers (compute
+  // threads) wait for room, heartbeats are skipped when it is full.
+  size_t control_outbox = 256;
+  // For tests: runs on the stage thread before each stage is built.
+  std::function<void(const v1::StageAssignment&)> before_stage_build;
 };
 
 class Worker {
@@ -61,14 +81,26 @@ class Worker {
   // The current (or last) stage runtime; tests read its model.
   std::shared_ptr<StageRuntime> runtime() const;
   bool registered() const;
+  // Clock replies the control stream delivered so far (tests: the stream is
+  // read while a stage builds).
+  int64_t clock_samples() const { return clock_->samples(); }
 
  private:
   class Service;
+  class ControlStream;
   void ControlLoop();
   // One registration and control stream; `*established` once the stream is up.
   absl::Status ControlSession(bool* established);
-  void HandleCommand(const v1::Command& command);
-  void Emit(v1::WorkerEvent event);
+  // The control stream's reader (a gRPC thread): hands the command on.
+  void Dispatch(const v1::Command& command);
+  // The stage thread: configures, starts or stops the stage.
+  void RunStageCommand(const v1::Command& command);
+  void Ack(int64_t command_id);
+  // A StageError about `job`'s stage `stage` (attempt -1: the runtime's).
+  void EmitError(const std::string& job, int stage, const absl::Status& s, int attempt = -1);
+  // Queues `event` on the current session's stream (waits for room; dropped
+  // when there is no session). Heartbeats go with `may_skip`.
+  void Emit(v1::WorkerEvent event, bool may_skip = false);
   absl::Status Route(const v1::StageMessage& first, std::shared_ptr<UpstreamStream> stream,
                      MessageSink** sink);
 
@@ -81,9 +113,11 @@ class Worker {
   std::shared_ptr<grpc::Channel> coordinator_channel_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
   std::thread control_thread_;
-  std::thread profile_thread_;  // the last ProfileCommand (joined before the next and at shutdown)
+  SerialExecutor stage_tasks_{64};
+  SerialExecutor profile_tasks_{4};
   void Profile(const v1::ProfileCommand& command);
   std::atomic<bool> shutdown_{false};
+  absl::Notification shutdown_requested_;
   // This host's clock offset to the coordinator's, from the heartbeats'
   // round trips; stage runtimes stamp their traces with it.
   std::shared_ptr<ClockSync> clock_ = std::make_shared<ClockSync>();
@@ -91,12 +125,8 @@ class Worker {
   mutable absl::Mutex mu_;
   std::shared_ptr<StageRuntime> runtime_ ABSL_GUARDED_BY(mu_);
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
-  grpc::ClientContext* control_context_ ABSL_GUARDED_BY(mu_) = nullptr;
-  bool connected_ ABSL_GUARDED_BY(mu_) = false;
-
-  absl::Mutex write_mu_;  // one write in flight on the control stream
-  grpc::ClientReaderWriter<v1::WorkerEvent, v1::Command>* control_stream_
-      ABSL_GUARDED_BY(write_mu_) = nullptr;
+  // The current session's stream (null between sessions).
+  std::shared_ptr<ControlStream> control_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace stagewise::worker

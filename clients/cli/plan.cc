@@ -33,25 +33,13 @@ const planner::Prediction* PredictionOf(const planner::Plan& plan) {
 }  // namespace
 
 int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
-  auto spec = LoadJobSpec(args.job_path);
-  if (spec.ok()) {
-    if (absl::Status s = PrepareScriptModel(args.job_path, &*spec); !s.ok()) spec = s;
-  }
-  if (!spec.ok()) {
-    err << "error: " << args.job_path << ": " << spec.status().message() << "\n";
+  absl::StatusOr<JobFile> job = OpenJobFile(args.job_path, /*plan=*/true);
+  if (!job.ok()) {
+    err << "error: " << args.job_path << ": " << job.status().message() << "\n";
     return kExitInvalid;
   }
-  auto blocks = models::PlanModel(spec->model);
-  if (!blocks.ok()) {
-    err << "error: " << args.job_path << ": " << blocks.status().message() << "\n";
-    return kExitInvalid;
-  }
-  auto ranges = models::ResolvePartition(spec->stages, *blocks);
-  if (!ranges.ok()) {
-    err << "error: " << args.job_path << ": " << ranges.status().message() << "\n";
-    return kExitInvalid;
-  }
-  planner::PlanOptions options = planner::PlanOptionsForJob(*spec, *ranges);
+  const JobSpec* spec = &job->spec;
+  planner::PlanOptions options = planner::PlanOptionsForJob(*spec, job->ranges);
   if (EnumFromName<Partition>(args.partition) == Partition::kAuto) options.ranges.clear();
   if (!args.memory_budget.empty()) {
     auto bytes = ParseByteSize(args.memory_budget);

@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <system_error>
 
+#include "services/common/status_macros.h"
+#include "services/models/plan.h"
 #include "services/models/script_model.h"
 
 namespace stagewise::cli {
@@ -27,6 +29,16 @@ absl::Status PrepareScriptModel(const std::string& job_path, JobSpec* spec, std:
     yaml->append(models::ScriptModelSection(model));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<JobFile> OpenJobFile(const std::string& job_path, bool plan) {
+  JobFile file;
+  STAGEWISE_ASSIGN_OR_RETURN(file.spec, LoadJobSpec(job_path));
+  STAGEWISE_RETURN_IF_ERROR(PrepareScriptModel(job_path, &file.spec));
+  if (!plan) return file;
+  STAGEWISE_ASSIGN_OR_RETURN(file.blocks, models::PlanModel(file.spec.model));
+  STAGEWISE_ASSIGN_OR_RETURN(file.ranges, models::ResolvePartition(file.spec.stages, file.blocks));
+  return file;
 }
 
 }  // namespace stagewise::cli

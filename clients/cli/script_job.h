@@ -5,8 +5,12 @@
 #define STAGEWISE_CLIENTS_CLI_SCRIPT_JOB_H_
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "services/models/block_info.h"
 #include "services/spec/job_spec.h"
 
 namespace stagewise::cli {
@@ -18,6 +22,16 @@ namespace stagewise::cli {
 // is what gets submitted. Other jobs are left as they are.
 absl::Status PrepareScriptModel(const std::string& job_path, JobSpec* spec,
                                 std::string* yaml = nullptr);
+
+// A job file as the CLI's offline commands (validate, plan, train-local) open
+// it: parsed, its torchscript model dry-run, and with `plan` its blocks and
+// stage ranges. Errors are the parser's, the model's or the partition's.
+struct JobFile {
+  JobSpec spec;
+  std::vector<models::BlockInfo> blocks;    // with `plan`
+  std::vector<std::pair<int, int>> ranges;  // with `plan`
+};
+absl::StatusOr<JobFile> OpenJobFile(const std::string& job_path, bool plan);
 
 }  // namespace stagewise::cli
 

@@ -15,14 +15,12 @@
 namespace stagewise::cli {
 
 int TrainLocal(const TrainLocalArgs& args, std::ostream& out, std::ostream& err) {
-  auto spec = LoadJobSpec(args.job_path);
-  if (spec.ok()) {
-    if (absl::Status s = PrepareScriptModel(args.job_path, &*spec); !s.ok()) spec = s;
-  }
-  if (!spec.ok()) {
-    err << "error: " << args.job_path << ": " << spec.status().message() << "\n";
+  absl::StatusOr<JobFile> job = OpenJobFile(args.job_path, /*plan=*/false);
+  if (!job.ok()) {
+    err << "error: " << args.job_path << ": " << job.status().message() << "\n";
     return kExitInvalid;
   }
+  JobSpec* spec = &job->spec;
   if (args.steps >= 0) {
     spec->steps = args.steps;
     spec->epochs = 0;

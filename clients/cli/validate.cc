@@ -20,24 +20,14 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 }  // namespace
 
 int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err) {
-  auto spec = LoadJobSpec(args.job_path);
-  if (spec.ok()) {
-    if (absl::Status s = PrepareScriptModel(args.job_path, &*spec); !s.ok()) spec = s;
-  }
-  if (!spec.ok()) {
-    err << "error: " << args.job_path << ": " << spec.status().message() << "\n";
+  absl::StatusOr<JobFile> job = OpenJobFile(args.job_path, /*plan=*/true);
+  if (!job.ok()) {
+    err << "error: " << args.job_path << ": " << job.status().message() << "\n";
     return kExitInvalid;
   }
-  auto plan = models::PlanModel(spec->model);
-  if (!plan.ok()) {
-    err << "error: " << args.job_path << ": " << plan.status().message() << "\n";
-    return kExitInvalid;
-  }
-  auto ranges = models::ResolvePartition(spec->stages, *plan);
-  if (!ranges.ok()) {
-    err << "error: " << args.job_path << ": " << ranges.status().message() << "\n";
-    return kExitInvalid;
-  }
+  const JobSpec* spec = &job->spec;
+  const std::vector<models::BlockInfo>* plan = &job->blocks;
+  const std::vector<std::pair<int, int>>* ranges = &job->ranges;
   auto stage_of = [&](int block) {
     for (size_t j = 0; j < ranges->size(); ++j) {
       if (block >= (*ranges)[j].first && block < (*ranges)[j].second) return static_cast<int>(j);

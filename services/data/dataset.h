@@ -78,6 +78,14 @@ struct SamplerOptions {
   std::vector<double> std;
 };
 
+// The samplers a job asks for (the one home of that mapping: every stage,
+// the reference trainer and the test fakes build theirs with these).
+// Training: batches of batch_size, shuffled from `seed`, the last partial
+// batch dropped, augmented and normalised as data says. Test: batches of
+// eval_batch_size (or batch_size), in order, every sample, not augmented.
+SamplerOptions TrainSamplerOptions(const JobSpec& spec, const Datasets& data);
+SamplerOptions TestSamplerOptions(const JobSpec& spec, const Datasets& data);
+
 // Random access to the batches of an epoch: Get(epoch, i) depends only on the
 // set, the options, epoch and i (never on call order or thread), so any process
 // that holds the set draws exactly the same batch.

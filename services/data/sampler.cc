@@ -196,4 +196,29 @@ Batch BatchSampler::Get(int64_t epoch, int64_t index) const {
   return batch;
 }
 
+SamplerOptions TrainSamplerOptions(const JobSpec& spec, const Datasets& data) {
+  SamplerOptions train;
+  train.batch_size = spec.batch_size;
+  train.shuffle = true;
+  train.drop_last = true;
+  train.seed = static_cast<uint64_t>(spec.seed);
+  train.augment = spec.data.augment;
+  train.crop_padding = spec.data.crop_padding;
+  train.horizontal_flip = spec.data.horizontal_flip;
+  if (spec.data.normalize) {
+    train.mean = data.mean;
+    train.std = data.std;
+  }
+  return train;
+}
+
+SamplerOptions TestSamplerOptions(const JobSpec& spec, const Datasets& data) {
+  SamplerOptions test = TrainSamplerOptions(spec, data);
+  test.batch_size = spec.eval_batch_size > 0 ? spec.eval_batch_size : spec.batch_size;
+  test.shuffle = false;
+  test.drop_last = false;
+  test.augment = false;
+  return test;
+}
+
 }  // namespace stagewise::data

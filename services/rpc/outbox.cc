@@ -1,5 +1,6 @@
 #include "services/rpc/outbox.h"
 
+#include "services/common/check.h"
 #include "services/common/log.h"
 
 namespace stagewise::rpc {
@@ -34,8 +35,9 @@ bool IsLegalOutboxTransition(OutboxState from, OutboxState to) {
 }
 
 void ReportIllegalOutboxTransition(absl::string_view name, OutboxState from, OutboxState to) {
-  STAGEWISE_LOG(ERROR) << name << ": illegal outbox transition " << OutboxStateName(from) << " -> "
-                       << OutboxStateName(to);
+  STAGEWISE_BUG(IsLegalOutboxTransition(from, to))
+      << name << ": illegal outbox transition " << OutboxStateName(from) << " -> "
+      << OutboxStateName(to);
 }
 
 void ReportUnexpectedOutboxEvent(absl::string_view name, absl::string_view what) {

@@ -56,25 +56,10 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(const
   if (!data.ok()) return data.status();
   t->data_ = std::move(*data);
 
-  data::SamplerOptions train_opts;
-  train_opts.batch_size = spec.batch_size;
-  train_opts.shuffle = true;
-  train_opts.drop_last = true;
-  train_opts.seed = static_cast<uint64_t>(spec.seed);
-  train_opts.augment = spec.data.augment;
-  train_opts.crop_padding = spec.data.crop_padding;
-  train_opts.horizontal_flip = spec.data.horizontal_flip;
-  if (spec.data.normalize) {
-    train_opts.mean = t->data_.mean;
-    train_opts.std = t->data_.std;
-  }
-  data::SamplerOptions test_opts = train_opts;
-  test_opts.batch_size = spec.eval_batch_size > 0 ? spec.eval_batch_size : spec.batch_size;
-  test_opts.shuffle = false;
-  test_opts.drop_last = false;
-  test_opts.augment = false;
-  t->train_ = std::make_unique<data::BatchSampler>(t->data_.train, train_opts);
-  t->test_ = std::make_unique<data::BatchSampler>(t->data_.test, test_opts);
+  t->train_ = std::make_unique<data::BatchSampler>(t->data_.train,
+                                                   data::TrainSamplerOptions(spec, t->data_));
+  t->test_ =
+      std::make_unique<data::BatchSampler>(t->data_.test, data::TestSamplerOptions(spec, t->data_));
   if (t->train_->batches_per_epoch() < 1) {
     return absl::InvalidArgumentError(absl::StrCat("batch_size: ", spec.batch_size,
                                                    " is larger than the training set (",
@@ -169,8 +154,7 @@ absl::Status ReferenceTrainer::MaybeCheckpoint(bool force, std::string* written)
   const CheckpointSpec& c = spec_.checkpoint;
   if (c.dir.empty()) return absl::OkStatus();
   const int64_t per_epoch = train_->batches_per_epoch();
-  const bool due = force || (c.every_steps > 0 && step_ % c.every_steps == 0) ||
-                   (c.every_epochs > 0 && step_ % (c.every_epochs * per_epoch) == 0);
+  const bool due = force || data::CheckpointScheduled(c, step_, total_steps_, per_epoch);
   if (!due) return absl::OkStatus();
   std::error_code ec;
   fs::create_directories(c.dir, ec);
@@ -242,19 +226,14 @@ absl::StatusOr<TrainResult> ReferenceTrainer::Run(const TrainOptions& options) {
         window_steps = 0;
         window_start = std::chrono::steady_clock::now();
       }
-      const bool epoch_end = step_ % per_epoch == 0;
-      if (!last && ((spec_.eval.every_steps > 0 && step_ % spec_.eval.every_steps == 0) ||
-                    (spec_.eval.every_epochs > 0 && epoch_end &&
-                     (step_ / per_epoch) % spec_.eval.every_epochs == 0))) {
-        evaluate();
-      }
+      if (!last && data::EvalDue(spec_.eval, 0, total_steps_, step_, per_epoch)) evaluate();
       if (!last) {
         if (absl::Status s = MaybeCheckpoint(false, &result.last_checkpoint); !s.ok()) return s;
       }
     }
     result.seconds = Seconds(start) - eval_seconds;
     if (absl::Status s = MaybeCheckpoint(true, &result.last_checkpoint); !s.ok()) return s;
-    if (spec_.eval.at_end || spec_.eval.every_epochs > 0 || spec_.eval.every_steps > 0) evaluate();
+    if (data::EvalDue(spec_.eval, 0, total_steps_, total_steps_, per_epoch)) evaluate();
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("training step ", step_, ": ", e.what()));
   }

@@ -108,6 +108,7 @@ struct World {
     v1::WorkerInfo info;
     info.set_worker_id(id);
     info.set_address(id + ".example:7000");
+    info.set_protocol(v1::CONTROL_PROTOCOL_V2);
     auto r = manager->Register(info, {"worker-" + id});
     if (!r.ok()) return;
     sinks.push_back(std::make_unique<Sink>());
@@ -166,34 +167,34 @@ v1::WorkerEvent Shaped(World& world, const std::string& worker, Reader& in) {
   switch (in.Byte() % 7) {
     case 0: {
       auto* m = e.mutable_metrics();
-      m->set_job_id(a.job_id());
-      m->set_stage(stage);
-      m->set_attempt(attempt);
+      e.set_job_id(a.job_id());
+      e.set_stage(stage);
+      e.set_attempt(attempt);
       m->set_step(in.Value<int64_t>() % 16);
       (*m->mutable_values())[in.Byte() & 1 ? "train_loss" : "eval_accuracy"] = in.Value<double>();
       break;
     }
     case 1: {
       auto* p = e.mutable_phase_done();
-      p->set_job_id(a.job_id());
-      p->set_stage(stage);
-      p->set_attempt(attempt);
+      e.set_job_id(a.job_id());
+      e.set_stage(stage);
+      e.set_attempt(attempt);
       p->set_phase(in.Byte() & 1 ? in.Value<int32_t>() : in.Byte() % 3);
       break;
     }
     case 2: {
       auto* r = e.mutable_result();
-      r->set_job_id(a.job_id());
-      r->set_stage(stage);
-      r->set_attempt(attempt);
+      e.set_job_id(a.job_id());
+      e.set_stage(stage);
+      e.set_attempt(attempt);
       (*r->mutable_values())["eval_accuracy"] = in.Value<double>();
       break;
     }
     case 3: {
       auto* err = e.mutable_error();
-      err->set_job_id(a.job_id());
-      err->set_stage(stage);
-      err->set_attempt(attempt);
+      e.set_job_id(a.job_id());
+      e.set_stage(stage);
+      e.set_attempt(attempt);
       err->set_code(in.Value<int32_t>() % 20);
       err->set_retryable(in.Byte() & 1);
       err->set_message(in.Text());
@@ -201,9 +202,9 @@ v1::WorkerEvent Shaped(World& world, const std::string& worker, Reader& in) {
     }
     case 4: {
       auto* c = e.mutable_checkpoint_saved();
-      c->set_job_id(a.job_id());
-      c->set_stage(stage);
-      c->set_attempt(attempt);
+      e.set_job_id(a.job_id());
+      e.set_stage(stage);
+      e.set_attempt(attempt);
       c->set_step(in.Value<int64_t>() % 16);
       c->set_phase(in.Byte() % 3);
       c->set_phase_step(in.Value<int64_t>() % 16);

@@ -60,6 +60,7 @@ void Cluster::AddWorker() {
   wo.metrics_listen = options_.metrics_endpoints ? "127.0.0.1:0" : "";
   wo.name = "w" + std::to_string(workers_.size());
   wo.reconnect = absl::Milliseconds(200);
+  wo.before_stage_build = options_.before_stage_build;
   auto w = std::make_unique<worker::Worker>(wo);
   absl::Status s = w->Start();
   EXPECT_TRUE(s.ok()) << s;

@@ -25,6 +25,8 @@ class Cluster {
     int workers = 2;
     std::string db = ":memory:";
     bool metrics_endpoints = false;  // serve /metrics on 127.0.0.1:0
+    // Every worker's WorkerOptions::before_stage_build.
+    std::function<void(const v1::StageAssignment&)> before_stage_build = nullptr;
   };
   explicit Cluster(Options options);
   ~Cluster();

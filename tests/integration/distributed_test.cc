@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "clients/client/coordinator_client.h"
 #include "services/rpc/server.h"
@@ -285,6 +286,55 @@ TEST(Distributed, JobWaitsForWorkersThenCanBeCancelled) {
   ASSERT_TRUE(cancelled.ok()) << cancelled.status();
   EXPECT_EQ(cancelled->state(), v1::CANCELLED);
   EXPECT_EQ(cancelled->reason(), "changed my mind");
+}
+
+// The worker's control stream is read while a stage builds: the reader only
+// hands commands on (the stage thread builds, starts, stops and joins). Proof:
+// while every stage's build is held, the workers keep taking the clock replies
+// to their heartbeats, which the stream delivers between commands; once the
+// builds go on, the job runs to the end on its first attempt.
+TEST(Distributed, TheControlStreamIsReadWhileAStageBuilds) {
+  absl::Mutex mu;
+  int building = 0;
+  bool release = false;
+  testing::Cluster::Options options{.workers = 2};
+  options.before_stage_build = [&](const v1::StageAssignment&) {
+    absl::MutexLock lock(&mu);
+    ++building;
+    mu.Await(absl::Condition(&release));
+  };
+  testing::Cluster cluster(options);
+  ASSERT_TRUE(cluster.WaitForWorkers(2));
+  auto id = cluster.manager().Submit(Job(2, 4));
+  ASSERT_TRUE(id.ok()) << id.status();
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(
+                                        +[](int* n) { return *n == 2; }, &building),
+                                    absl::Seconds(30)));
+  }
+  // Both stage threads are held inside their builds now.
+  std::vector<int64_t> before;
+  for (auto& w : cluster.workers()) before.push_back(w->clock_samples());
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  bool all_advanced = false;
+  while (!all_advanced && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(100));
+    all_advanced = true;
+    for (size_t i = 0; i < before.size(); ++i) {
+      all_advanced = all_advanced && cluster.workers()[i]->clock_samples() >= before[i] + 2;
+    }
+  }
+  EXPECT_TRUE(all_advanced) << "the control streams were not read while the stages built";
+  EXPECT_EQ(cluster.manager().GetJob(*id)->state(), v1::CONFIGURING);
+  {
+    absl::MutexLock lock(&mu);
+    release = true;
+  }
+  auto done = cluster.WaitForJob(*id);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  EXPECT_EQ(done->attempt(), 0);
 }
 
 // A diverged loss fails the job naming the cause; it is not retried (a

@@ -95,8 +95,8 @@ TEST(Hostile, OutOfRangePhaseDoneLeavesTheCoordinatorAndThePendingJobIntact) {
        {std::numeric_limits<int>::max(), std::numeric_limits<int>::min(), -1, -2, -1000, 1, 7}) {
     for (int stage : {0, 1, 2, -1, 1 << 30}) {
       v1::WorkerEvent e;
-      e.mutable_phase_done()->set_job_id(*id);
-      e.mutable_phase_done()->set_stage(stage);
+      e.set_job_id(*id);
+      e.set_stage(stage);
       e.mutable_phase_done()->set_phase(phase);
       fake.Send(e);
     }
@@ -120,8 +120,8 @@ TEST(Hostile, EvalAccuracyWithoutEvalLossKeepsTheStreamReading) {
   FakeWorker fake(cluster, "zz-fake");
   ASSERT_TRUE(fake.Join().ok());
   v1::WorkerEvent e;
-  e.mutable_metrics()->set_job_id(*id);
-  e.mutable_metrics()->set_stage(2);
+  e.set_job_id(*id);
+  e.set_stage(2);
   e.mutable_metrics()->set_step(3);
   (*e.mutable_metrics()->mutable_values())["eval_accuracy"] = 0.5;
   fake.Send(e);
@@ -155,21 +155,21 @@ TEST(Hostile, ReportsFromWorkersNotAssignedToTheJobAreIgnored) {
   for (const std::string& job : {*pending, *running}) {
     for (int stage : {0, 1, 2}) {
       v1::WorkerEvent m;
-      m.mutable_metrics()->set_job_id(job);
-      m.mutable_metrics()->set_stage(stage);
+      m.set_job_id(job);
+      m.set_stage(stage);
       m.mutable_metrics()->set_step(-5);
       (*m.mutable_metrics()->mutable_values())["train_loss"] =
           std::numeric_limits<double>::quiet_NaN();
       (*m.mutable_metrics()->mutable_values())["eval_accuracy"] = kForged;
       fake.Send(m);
       v1::WorkerEvent r;
-      r.mutable_result()->set_job_id(job);
-      r.mutable_result()->set_stage(stage);
+      r.set_job_id(job);
+      r.set_stage(stage);
       (*r.mutable_result()->mutable_values())["eval_accuracy"] = kForged;
       fake.Send(r);
       v1::WorkerEvent err;
-      err.mutable_error()->set_job_id(job);
-      err.mutable_error()->set_stage(stage);
+      err.set_job_id(job);
+      err.set_stage(stage);
       err.mutable_error()->set_code(13);
       err.mutable_error()->set_message("forged");
       fake.Send(err);
@@ -203,8 +203,8 @@ TEST(Hostile, EventsNamingAnotherWorkerAreRefused) {
   // w0 runs the job; the fake claims to be w0 in its events.
   v1::WorkerEvent err;
   err.set_worker_id("w0");
-  err.mutable_error()->set_job_id(*running);
-  err.mutable_error()->set_stage(0);
+  err.set_job_id(*running);
+  err.set_stage(0);
   err.mutable_error()->set_code(13);
   err.mutable_error()->set_message("forged");
   fake.Send(err);
@@ -643,9 +643,9 @@ v1::WorkerEvent RandomEvent(std::mt19937& rng, const std::string& job) {
   switch (rng() % 8) {
     case 0: {
       auto* m = e.mutable_metrics();
-      m->set_job_id(j);
-      m->set_stage(i32());
-      m->set_attempt(i32());
+      e.set_job_id(j);
+      e.set_stage(i32());
+      e.set_attempt(i32());
       m->set_step(RandomNumber(rng));
       for (int k = rng() % 4; k > 0; --k) {
         (*m->mutable_values())[rng() % 2 ? "train_loss" : RandomText(rng)] = RandomValue(rng);
@@ -654,41 +654,41 @@ v1::WorkerEvent RandomEvent(std::mt19937& rng, const std::string& job) {
     }
     case 1: {
       auto* p = e.mutable_phase_done();
-      p->set_job_id(j);
-      p->set_stage(i32());
+      e.set_job_id(j);
+      e.set_stage(i32());
       p->set_phase(i32());
-      p->set_attempt(i32());
+      e.set_attempt(i32());
       break;
     }
     case 2: {
       auto* r = e.mutable_result();
-      r->set_job_id(j);
-      r->set_stage(i32());
-      r->set_attempt(i32());
+      e.set_job_id(j);
+      e.set_stage(i32());
+      e.set_attempt(i32());
       (*r->mutable_values())["eval_accuracy"] = RandomValue(rng);
       break;
     }
     case 3: {
       auto* err = e.mutable_error();
-      err->set_job_id(j);
-      err->set_stage(i32());
-      err->set_attempt(i32());
+      e.set_job_id(j);
+      e.set_stage(i32());
+      e.set_attempt(i32());
       err->set_code(i32());
       err->set_message(RandomText(rng));
       break;
     }
     case 4: {
       auto* c = e.mutable_checkpoint_saved();
-      c->set_job_id(j);
-      c->set_stage(i32());
-      c->set_attempt(i32());
+      e.set_job_id(j);
+      e.set_stage(i32());
+      e.set_attempt(i32());
       c->set_step(RandomNumber(rng));
       c->set_phase(i32());
       c->set_path(RandomText(rng));
       break;
     }
     case 5:
-      e.mutable_profile()->set_job_id(j);
+      e.set_job_id(j);
       e.mutable_profile()->set_profile(RandomText(rng));
       break;
     case 6:

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/training/reference_trainer.h"
 #include "tests/integration/cluster.h"
+#include "tests/oracle/oracle_util.h"
 
 namespace stagewise {
 namespace {
@@ -40,15 +41,10 @@ TEST(AuxNetOracle, OneStageEqualsBackprop) {
   auto run = (*trainer)->Run();
   ASSERT_TRUE(run.ok());
 
-  testing::Cluster cluster({.workers = 1});
-  ASSERT_TRUE(cluster.WaitForWorkers(1));
-  auto id = cluster.manager().Submit(yaml);
-  ASSERT_TRUE(id.ok()) << id.status();
-  auto st = cluster.WaitForJob(*id);
-  ASSERT_TRUE(st.ok());
-  ASSERT_EQ(st->state(), v1::SUCCEEDED) << st->reason();
-  std::map<std::string, torch::Tensor> got = cluster.StageTensors(*id, false);
-  for (auto& [name, v] : cluster.StageTensors(*id, true)) got[name] = v;
+  const testing::Outcome outcome = testing::RunJob(yaml, 1);
+  ASSERT_EQ(outcome.status.state(), v1::SUCCEEDED) << outcome.status.reason();
+  const v1::JobStatus* st = &outcome.status;
+  const std::map<std::string, torch::Tensor>& got = outcome.tensors;
   int compared = 0;
   for (const auto& item : (*trainer)->model().named_parameters()) {
     const torch::Tensor& w = item.value();

@@ -13,6 +13,7 @@
 #include "services/training/optimizer.h"
 #include "services/training/reference_trainer.h"
 #include "tests/integration/cluster.h"
+#include "tests/oracle/oracle_util.h"
 
 namespace stagewise {
 namespace {
@@ -214,38 +215,9 @@ TEST(DelayedOracle, ZeroLearningRateGivesBackpropGradients) {
   std::string yaml = JobYaml(3, "stash", 6);
   yaml.replace(yaml.find("lr: 0.05"), 8, "lr: 0.0");
   yaml.replace(yaml.find("weight_decay: 1.0e-4"), 20, "weight_decay: 0.0");
-  auto spec = ParseJobSpec(yaml);
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  auto momentum = [](torch::optim::Optimizer& opt, const torch::Tensor& p) {
-    auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
-    EXPECT_TRUE(it != opt.state().end());
-    return static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().clone();
-  };
-
-  auto trainer = training::ReferenceTrainer::Create(*spec);
-  ASSERT_TRUE(trainer.ok());
-  auto& t = **trainer;
-  for (int64_t s = 0; s < spec->steps; ++s) t.Step(t.train_sampler().Get(0, s), 0.0);
-  std::map<std::string, torch::Tensor> want;
-  for (const auto& item : t.model().named_parameters()) {
-    want[item.key()] = momentum(t.optimizer(), item.value());
-  }
-
-  testing::Cluster cluster({.workers = 3});
-  ASSERT_TRUE(cluster.WaitForWorkers(3));
-  auto id = cluster.manager().Submit(yaml);
-  ASSERT_TRUE(id.ok());
-  auto st = cluster.WaitForJob(*id);
-  ASSERT_TRUE(st.ok());
-  ASSERT_EQ(st->state(), v1::SUCCEEDED) << st->reason();
-  std::map<std::string, torch::Tensor> got;
-  for (auto& w : cluster.workers()) {
-    auto rt = w->runtime();
-    for (const auto& item : rt->model().named_parameters()) {
-      got[item.key()] = momentum(rt->optimizer(), item.value());
-    }
-  }
-  ExpectClose(got, want);
+  const testing::MomentumOutcome run = testing::RunMomentumOracle(yaml, 3);
+  ASSERT_EQ(run.status.state(), v1::SUCCEEDED) << run.status.reason();
+  ExpectClose(run.got, run.want);
 }
 
 class DelayedTrajectory : public ::testing::TestWithParam<std::string> {};

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "services/checkpoint/checkpoint.h"
 #include "services/models/model.h"
 #include "services/training/optimizer.h"
 #include "services/training/reference_trainer.h"
@@ -62,18 +63,24 @@ checkpoint: {dir: )",
   }
   auto want = t.model().named_parameters();
 
-  // The stage files: out/<job id>/stage-<j>.pt.
+  // The final state is the job's last committed checkpoint:
+  // out/<job id>/step-<total>/stage-<j>.pt, each with a "model" archive.
   std::vector<fs::path> jobs;
   for (const auto& e : fs::directory_iterator(dir / "out")) jobs.push_back(e.path());
   ASSERT_EQ(jobs.size(), 1u);
+  const std::vector<checkpoint::Committed> committed = checkpoint::ListCommitted(
+      (dir / "out").string(), jobs[0].filename().string(), /*verify_checksums=*/true, nullptr);
+  ASSERT_FALSE(committed.empty());
+  EXPECT_EQ(committed.front().manifest.step(), spec->steps);
   size_t compared = 0;
   for (int j = 0; j < 3; ++j) {
     const auto& [begin, end] = spec->stages.ranges[j];
     auto stage = models::BuildModel(spec->model, spec->seed, begin, end);
     ASSERT_TRUE(stage.ok());
-    torch::serialize::InputArchive archive;
-    archive.load_from((jobs[0] / absl::StrCat("stage-", j, ".pt")).string());
-    (*stage)->load(archive);
+    torch::serialize::InputArchive archive, model;
+    archive.load_from(committed.front().dir + "/" + checkpoint::ShardFileName(j));
+    ASSERT_TRUE(archive.try_read("model", model)) << j;
+    (*stage)->load(model);
     for (const auto& item : (*stage)->named_parameters()) {
       const torch::Tensor& w = want[item.key()];
       const double rel = ((item.value() - w).norm() / w.norm().clamp_min(1e-12)).item<double>();

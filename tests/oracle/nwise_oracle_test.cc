@@ -256,20 +256,14 @@ eval: {every_epochs: 0, at_end: false}
              training::LearningRateAt(finetune->schedule, lr, t, per_epoch, S2));
   }
 
-  testing::Cluster cluster({.workers = 3});
-  ASSERT_TRUE(cluster.WaitForWorkers(3));
-  auto id = cluster.manager().Submit(yaml);
-  ASSERT_TRUE(id.ok()) << id.status();
-  auto st = cluster.WaitForJob(*id);
-  ASSERT_TRUE(st.ok());
-  ASSERT_EQ(st->state(), v1::SUCCEEDED) << st->reason();
+  const Outcome outcome = RunJob(yaml, 3);
+  ASSERT_EQ(outcome.status.state(), v1::SUCCEEDED) << outcome.status.reason();
+  const v1::JobStatus* st = &outcome.status;
   EXPECT_EQ(st->num_phases(), 2);
   EXPECT_EQ(st->phase(), 1);
   EXPECT_EQ(st->phase_name(), "finetune");
   EXPECT_EQ(st->step(), S1 + S2);
-  std::map<std::string, torch::Tensor> got = cluster.StageTensors(*id, false);
-  for (auto& [name, v] : cluster.StageTensors(*id, true)) got[name] = v;
-  ExpectClose(got, Tensors(ref.model()));
+  ExpectClose(outcome.tensors, Tensors(ref.model()));
 }
 
 }  // namespace

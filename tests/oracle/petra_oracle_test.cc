@@ -175,12 +175,7 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, int64_t k) {
 
 TEST(PetraOracle, OneStageEqualsBackprop) {
   const std::string yaml = JobYaml("1", "{name: petra}", 6);
-  auto spec = ParseJobSpec(yaml);
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  auto trainer = training::ReferenceTrainer::Create(*spec);
-  ASSERT_TRUE(trainer.ok());
-  ASSERT_TRUE((*trainer)->Run().ok());
-  ExpectClose(RunJob(yaml, 1).tensors, Tensors((*trainer)->model()));
+  ExpectClose(RunJob(yaml, 1).tensors, testing::ReferenceTensors(yaml));
 }
 
 // With lr = 0 nothing moves, so (a) every rebuilt block input must equal the
@@ -192,37 +187,10 @@ TEST(PetraOracle, ZeroLearningRateRebuildsInputsAndGivesBackpropGradients) {
   const std::string yaml =
       JobYaml("{count: 3, partition: even}", "{name: petra, verify_rebuild: true}", 6, /*lr=*/0.0,
               /*weight_decay=*/0.0);
-  auto spec = ParseJobSpec(yaml);
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  auto momentum = [](torch::optim::Optimizer& opt, const torch::Tensor& p) {
-    auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
-    EXPECT_TRUE(it != opt.state().end());
-    return static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().clone();
-  };
-  auto trainer = training::ReferenceTrainer::Create(*spec);
-  ASSERT_TRUE(trainer.ok());
-  auto& t = **trainer;
-  for (int64_t s = 0; s < spec->steps; ++s) t.Step(t.train_sampler().Get(0, s), 0.0);
-  std::map<std::string, torch::Tensor> want;
-  for (const auto& item : t.model().named_parameters()) {
-    want[item.key()] = momentum(t.optimizer(), item.value());
-  }
-
-  testing::Cluster cluster({.workers = 3});
-  ASSERT_TRUE(cluster.WaitForWorkers(3));
-  auto id = cluster.manager().Submit(yaml);
-  ASSERT_TRUE(id.ok());
-  auto st = cluster.WaitForJob(*id);
-  ASSERT_TRUE(st.ok());
-  ASSERT_EQ(st->state(), v1::SUCCEEDED) << st->reason();
-  std::map<std::string, torch::Tensor> got;
-  for (auto& w : cluster.workers()) {
-    auto rt = w->runtime();
-    for (const auto& item : rt->model().named_parameters()) {
-      got[item.key()] = momentum(rt->optimizer(), item.value());
-    }
-  }
-  ExpectClose(got, want);
+  const testing::MomentumOutcome run = testing::RunMomentumOracle(yaml, 3);
+  ASSERT_EQ(run.status.state(), v1::SUCCEEDED) << run.status.reason();
+  ExpectClose(run.got, run.want);
+  const v1::JobStatus* st = &run.status;
 
   // Stages 0 and 1 rebuild blocks 0-5; the reversible ones (1, 2, 4) through
   // their inverse, the others from the buffer (exactly).

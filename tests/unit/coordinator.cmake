@@ -1,8 +1,10 @@
-#Unit tests of the coordinator area(included from CMakeLists.txt) : the
-#transport - free parts with fakes(no gRPC, no real workers).
-stagewise_add_test(NAME worker_registry_test SOURCES worker_registry_test.cc LIBS
-                       stagewise_job_manager LABELS unit)
-    stagewise_add_test(
-        NAME scheduler_test SOURCES scheduler_test.cc LIBS stagewise_job_manager LABELS unit)
-        stagewise_add_test(NAME job_manager_test SOURCES job_manager_test.cc LIBS
-                               stagewise_job_manager LABELS unit)
+# Unit tests of the coordinator area (included from CMakeLists.txt): the
+# transport-free parts with fakes (no gRPC, no real workers).
+stagewise_add_test(NAME worker_registry_test SOURCES worker_registry_test.cc
+  LIBS stagewise_job_manager LABELS unit)
+stagewise_add_test(NAME scheduler_test SOURCES scheduler_test.cc
+  LIBS stagewise_job_manager LABELS unit)
+stagewise_add_test(NAME job_manager_test SOURCES job_manager_test.cc
+  LIBS stagewise_job_manager LABELS unit)
+stagewise_add_test(NAME coordinator_units_test SOURCES coordinator_units_test.cc
+  LIBS stagewise_job_manager LABELS unit)

@@ -58,6 +58,7 @@ inline v1::WorkerInfo Info(const std::string& id, int64_t memory_bytes = 0) {
   info.set_worker_id(id);
   info.set_address(id + ".example:7000");
   info.set_memory_bytes(memory_bytes);
+  info.set_protocol(v1::CONTROL_PROTOCOL_V2);
   return info;
 }
 
@@ -89,9 +90,9 @@ inline v1::WorkerEvent MetricsEvent(const std::string& worker, const std::string
                                     int64_t step, double train_loss) {
   v1::WorkerEvent e;
   e.set_worker_id(worker);
+  e.set_job_id(job);
+  e.set_stage(stage);
   v1::MetricsReport* m = e.mutable_metrics();
-  m->set_job_id(job);
-  m->set_stage(stage);
   m->set_step(step);
   (*m->mutable_values())["train_loss"] = train_loss;
   return e;
@@ -101,9 +102,9 @@ inline v1::WorkerEvent ResultEvent(const std::string& worker, const std::string&
                                    double eval_accuracy) {
   v1::WorkerEvent e;
   e.set_worker_id(worker);
+  e.set_job_id(job);
+  e.set_stage(stage);
   v1::StageResult* r = e.mutable_result();
-  r->set_job_id(job);
-  r->set_stage(stage);
   (*r->mutable_values())["eval_accuracy"] = eval_accuracy;
   return e;
 }
@@ -112,9 +113,9 @@ inline v1::WorkerEvent PhaseDoneEvent(const std::string& worker, const std::stri
                                       int phase) {
   v1::WorkerEvent e;
   e.set_worker_id(worker);
+  e.set_job_id(job);
+  e.set_stage(stage);
   v1::PhaseDone* d = e.mutable_phase_done();
-  d->set_job_id(job);
-  d->set_stage(stage);
   d->set_phase(phase);
   return e;
 }
@@ -123,9 +124,9 @@ inline v1::WorkerEvent ErrorEvent(const std::string& worker, const std::string& 
                                   const std::string& message) {
   v1::WorkerEvent e;
   e.set_worker_id(worker);
+  e.set_job_id(job);
+  e.set_stage(stage);
   v1::StageError* err = e.mutable_error();
-  err->set_job_id(job);
-  err->set_stage(stage);
   err->set_code(static_cast<int>(absl::StatusCode::kInternal));
   err->set_message(message);
   return e;
@@ -135,7 +136,8 @@ inline v1::WorkerEvent ProfileEvent(const std::string& worker, const std::string
                                     const std::string& profile) {
   v1::WorkerEvent e;
   e.set_worker_id(worker);
-  e.mutable_profile()->set_job_id(job);
+  e.set_job_id(job);
+  e.set_stage(-1);
   e.mutable_profile()->set_profile(profile);
   return e;
 }

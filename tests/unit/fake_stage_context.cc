@@ -17,12 +17,9 @@ double FakeStageContext::LearningRate(int64_t step) const {
   return training::LearningRateAt(spec_.schedule, base_lr_, step, steps_per_epoch_, total_steps_);
 }
 
-// As StageRuntime::EvalDue for a single phase.
+// As StageRuntime::EvalDue, for a single phase.
 bool FakeStageContext::EvalDue(int64_t steps_done) const {
-  const EvalSpec& e = spec_.eval;
-  if (steps_done == total_steps_) return e.at_end || e.every_epochs > 0 || e.every_steps > 0;
-  if (e.every_steps > 0 && steps_done % e.every_steps == 0) return true;
-  return e.every_epochs > 0 && steps_done % (e.every_epochs * steps_per_epoch_) == 0;
+  return data::EvalDue(spec_.eval, 0, total_steps_, steps_done, steps_per_epoch_);
 }
 
 bool FakeStageContext::CheckpointDue(int64_t steps_done) const {
@@ -140,8 +137,7 @@ absl::StatusOr<std::unique_ptr<FakeJob>> FakeJob::Create(const JobSpec& job_spec
   spec.optimizer = phase.optimizer;
   spec.schedule = phase.schedule;
   const int64_t batch = spec.batch_size;
-  const int64_t steps_per_epoch = data::NominalTrainSize(spec.data) / batch;
-  if (steps_per_epoch < 1) return absl::InvalidArgumentError("batch_size: larger than the data");
+  STAGEWISE_ASSIGN_OR_RETURN(const int64_t steps_per_epoch, data::StepsPerEpoch(spec));
   const int64_t total_steps = data::PhaseSteps(phase, steps_per_epoch);
   const double base_lr =
       training::BaseLearningRate(phase.optimizer, batch, AccumulationFactor(phase.algorithm));
@@ -149,23 +145,10 @@ absl::StatusOr<std::unique_ptr<FakeJob>> FakeJob::Create(const JobSpec& job_spec
   // Stage 0's data, sampled as StageRuntime::Create does.
   STAGEWISE_ASSIGN_OR_RETURN(job->data_,
                              data::LoadDatasets(spec.data, static_cast<uint64_t>(spec.seed)));
-  data::SamplerOptions train;
-  train.batch_size = batch;
-  train.seed = static_cast<uint64_t>(spec.seed);
-  train.augment = spec.data.augment;
-  train.crop_padding = spec.data.crop_padding;
-  train.horizontal_flip = spec.data.horizontal_flip;
-  if (spec.data.normalize) {
-    train.mean = job->data_.mean;
-    train.std = job->data_.std;
-  }
-  data::SamplerOptions test = train;
-  test.batch_size = spec.eval_batch_size > 0 ? spec.eval_batch_size : batch;
-  test.shuffle = false;
-  test.drop_last = false;
-  test.augment = false;
-  job->train_ = std::make_unique<data::BatchSampler>(job->data_.train, train);
-  job->test_ = std::make_unique<data::BatchSampler>(job->data_.test, test);
+  job->train_ = std::make_unique<data::BatchSampler>(job->data_.train,
+                                                     data::TrainSamplerOptions(spec, job->data_));
+  job->test_ = std::make_unique<data::BatchSampler>(job->data_.test,
+                                                    data::TestSamplerOptions(spec, job->data_));
 
   STAGEWISE_ASSIGN_OR_RETURN(auto plan, models::PlanModel(spec.model));
   STAGEWISE_ASSIGN_OR_RETURN(auto ranges, models::ResolvePartition(spec.stages, plan));

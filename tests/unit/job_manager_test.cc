@@ -498,10 +498,10 @@ TEST_F(JobManagerTest, CommitsCheckpointsAndResumesFromTheNewest) {
         checkpoint::WriteFileAtomically(dir + "/" + checkpoint::ShardFileName(stage), data).ok());
     v1::WorkerEvent e;
     e.set_worker_id(w);
+    e.set_job_id(id);
+    e.set_stage(stage);
+    e.set_attempt(attempt);
     v1::CheckpointSaved* c = e.mutable_checkpoint_saved();
-    c->set_job_id(id);
-    c->set_stage(stage);
-    c->set_attempt(attempt);
     c->set_step(step);
     c->set_phase_step(step);
     c->set_path(dir + "/" + checkpoint::ShardFileName(stage));
@@ -552,7 +552,7 @@ TEST_F(JobManagerTest, CommitsCheckpointsAndResumesFromTheNewest) {
   // A corrupt shard: that checkpoint is marked and never offered again.
   v1::WorkerEvent corrupt = ErrorEvent("w1", id, 1, "stage 1: checksum mismatch");
   corrupt.mutable_error()->set_code(static_cast<int>(absl::StatusCode::kDataLoss));
-  corrupt.mutable_error()->set_attempt(1);
+  corrupt.set_attempt(1);
   manager_->OnEvent(corrupt);
   Sync();
   st = Status(id);

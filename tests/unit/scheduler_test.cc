@@ -140,7 +140,6 @@ TEST_F(SchedulerTest, PlanFromProfilePartitionsAndSummarises) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   spec->stages.partition = Partition::kAuto;
   v1::ProfileResult result;
-  result.set_job_id("job-1");
   result.set_profile(planner::SerializeProfile(FourBlocks()));
   auto planned = scheduler_.PlanFromProfile(*spec, {}, result, {"w0", "w1"});
   ASSERT_TRUE(planned.ok()) << planned.status();

@@ -1,0 +1,220 @@
+#include "coordinator/job_recovery.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "coordinator/event_admission.h"
+#include "services/checkpoint/checkpoint.h"
+#include "services/common/log.h"
+
+namespace stagewise::coordinator {
+
+void JobRecovery::Recover(const std::string& job_id, const std::string& why,
+                          const std::string& cause) {
+  LiveJob* found = host_->FindJob(job_id);
+  if (found == nullptr) return;
+  LiveJob& job = *found;
+  const v1::JobState state = job.status.state();
+  if (state == v1::PENDING || state == v1::RECOVERING) {
+    // Not running (anymore): nothing to end. A lost worker names the cause
+    // better than the broken streams its peers reported first.
+    if (state == v1::RECOVERING && cause == "worker_lost" && job.status.attempts_size() > 0) {
+      job.status.mutable_attempts(job.status.attempts_size() - 1)->set_end_reason(why);
+      host_->UpdateProgress(job, why, {});
+    }
+    return;
+  }
+  STAGEWISE_LOG(WARNING) << "job " << job_id << " attempt " << job.attempt << " ended: " << why;
+  // End the attempt: its stages stop, its workers are free again.
+  host_->StopStages(job_id, absl::StrCat("attempt ", job.attempt, " ended: ", why));
+  job.workers.clear();
+  job.pending_acks.clear();
+  job.finished_stages.clear();
+  job.phase_done.clear();
+  job.shards.clear();
+  job.configure_deadline = absl::InfiniteFuture();
+  job.attempt_ended = absl::Now();
+  job.max_step = std::max(job.max_step, job.status.step());
+  if (state == v1::PROFILING) {
+    // Only the profile was lost: back to the queue as it was.
+    host_->Requeue(job_id, /*recovering=*/false);
+    (void)host_->Transition(job_id, v1::PENDING, why);
+    return;
+  }
+  if (job.status.attempts_size() > 0) {
+    v1::JobAttempt* a = job.status.mutable_attempts(job.status.attempts_size() - 1);
+    if (a->ended_unix_ms() == 0) a->set_ended_unix_ms(absl::ToUnixMillis(absl::Now()));
+    a->set_end_reason(why);
+  }
+  metrics_->CountRestart(cause);
+  int ended = 0;
+  for (const v1::JobAttempt& a : job.status.attempts()) ended += a.ended_unix_ms() > 0 ? 1 : 0;
+  if (ended > job.spec.recovery.max_restarts) {
+    host_->EndJob(job_id, v1::FAILED,
+                  absl::StrCat("gave up after ", ended, " attempt(s) (recovery.max_restarts: ",
+                               job.spec.recovery.max_restarts, "); the last one ended: ", why));
+    return;
+  }
+  job.attempt++;
+  job.status.set_attempt(job.attempt);
+  host_->UpdateProgress(job, "", {});  // the new attempt number is written with the transition
+  if (!host_->Transition(job_id, v1::RECOVERING, why).ok()) return;
+  if (LiveJob* recovering = host_->FindJob(job_id)) QueueRecovery(job_id, *recovering, why);
+}
+
+bool JobRecovery::QueueRecovery(const std::string& job_id, LiveJob& job, const std::string& why) {
+  job.resume.reset();
+  if (!job.spec.checkpoint.dir.empty()) {
+    std::vector<std::string> skipped;
+    std::vector<checkpoint::Committed> committed =
+        checkpoint::ListCommitted(job.spec.checkpoint.dir, job_id, false, &skipped);
+    for (const std::string& line : skipped) {
+      STAGEWISE_LOG(WARNING) << "job " << job_id << ": skipping checkpoint " << line;
+    }
+    for (checkpoint::Committed& c : committed) {
+      if (c.manifest.shards_size() != static_cast<int>(job.ranges.size()) && !job.needs_plan) {
+        STAGEWISE_LOG(WARNING) << "job " << job_id << ": skipping checkpoint " << c.dir << ": "
+                               << c.manifest.shards_size() << " shards for " << job.ranges.size()
+                               << " stages";
+        continue;
+      }
+      job.resume = std::move(c);
+      break;
+    }
+  }
+  if (job.resume) {
+    // The stages must be cut as in the checkpoint (a planned partition, too).
+    job.ranges.clear();
+    job.modes.clear();
+    bool any_modes = false;
+    for (const v1::CheckpointShard& shard : job.resume->manifest.shards()) {
+      job.ranges.emplace_back(shard.block_begin(), shard.block_end());
+      job.modes.emplace_back(shard.block_modes().begin(), shard.block_modes().end());
+      any_modes = any_modes || shard.block_modes_size() > 0;
+    }
+    if (!any_modes) job.modes.clear();
+    job.planned = true;
+    host_->UpdateProgress(
+        job,
+        absl::StrCat("attempt ", job.attempt, " will resume from the checkpoint at step ",
+                     job.resume->manifest.step(), " (", job.resume->dir, ")"),
+        {});
+  } else if (!job.spec.recovery.from_scratch) {
+    host_->EndJob(
+        job_id, v1::FAILED,
+        absl::StrCat("no committed checkpoint to resume from and recovery.from_scratch is "
+                     "false; the last attempt ended: ",
+                     why));
+    return false;
+  } else {
+    host_->UpdateProgress(
+        job,
+        absl::StrCat("attempt ", job.attempt, " will start from step 0 (no committed checkpoint)"),
+        {});
+  }
+  job.recovery_deadline = absl::Now() + absl::Seconds(job.spec.recovery.wait_seconds);
+  host_->Requeue(job_id, /*recovering=*/true);
+  return true;
+}
+
+void JobRecovery::CheckDeadlines(absl::Time now) {
+  std::vector<std::pair<std::string, bool>> due;  // (job, recovering)
+  for (const std::string& id : host_->LiveJobIds()) {
+    const LiveJob& job = *host_->FindJob(id);
+    if (job.status.state() == v1::RECOVERING && now >= job.recovery_deadline) {
+      due.emplace_back(id, true);
+    } else if (job.status.state() == v1::CONFIGURING && now >= job.configure_deadline) {
+      due.emplace_back(id, false);
+    }
+  }
+  for (const auto& [id, recovering] : due) {
+    LiveJob* found = host_->FindJob(id);
+    if (found == nullptr) continue;
+    LiveJob& job = *found;
+    if (recovering) {
+      const std::string last =
+          job.status.attempts_size() > 0
+              ? job.status.attempts(job.status.attempts_size() - 1).end_reason()
+              : job.status.reason();
+      host_->EndJob(
+          id, v1::FAILED,
+          absl::StrCat("no ", job.ranges.size(), " idle workers within recovery.wait_seconds (",
+                       job.spec.recovery.wait_seconds, " s) after attempt ", job.attempt - 1,
+                       " ended: ", last));
+    } else {
+      std::vector<std::string> silent;
+      for (const auto& [command, worker] : job.pending_acks) silent.push_back(worker);
+      Recover(id,
+              absl::StrCat("the stages did not acknowledge their assignment within ",
+                           absl::FormatDuration(configure_timeout_), " (no answer from ",
+                           absl::StrJoin(silent, ", "), ")"),
+              "configure_timeout");
+    }
+  }
+}
+
+void JobRecovery::OnStageError(const std::string& job_id, LiveJob& job, int stage,
+                               const v1::StageError& e) {
+  const auto code = static_cast<absl::StatusCode>(e.code());
+  if (code == absl::StatusCode::kDataLoss && job.resume && job.status.state() == v1::CONFIGURING) {
+    // The shard it was told to load is damaged: never offer that checkpoint
+    // again; the next attempt takes an older one.
+    const std::string dir = job.resume->dir;
+    if (absl::Status s = checkpoint::MarkCorrupt(dir, e.message()); !s.ok()) {
+      STAGEWISE_LOG(ERROR) << "job " << job_id << ": " << s;
+    }
+    Recover(job_id,
+            absl::StrCat("checkpoint ", dir, " is corrupt (skipped from now on): ", e.message()),
+            "corrupt_checkpoint");
+    return;
+  }
+  if (stage >= 0 && IsRetryable(e)) {
+    Recover(job_id, e.message(), "stage_error");
+    return;
+  }
+  host_->EndJob(job_id, v1::FAILED, e.message());
+}
+
+void JobRecovery::BeginAttempt(LiveJob& job, std::vector<v1::Command>* commands) {
+  // A new attempt: its record, and where it starts.
+  v1::JobAttempt* a = job.status.add_attempts();
+  a->set_attempt(job.attempt);
+  a->set_started_unix_ms(absl::ToUnixMillis(absl::Now()));
+  for (const std::string& w : job.workers) a->add_workers(w);
+  if (job.resume) {
+    const v1::CheckpointManifest& m = job.resume->manifest;
+    a->set_from_step(m.step());
+    a->set_reached_step(m.step());
+    const int64_t redone = std::max<int64_t>(0, job.max_step - m.step());
+    job.status.set_steps_redone(job.status.steps_redone() + redone);
+    metrics_->AddStepsRedone(redone);
+    job.status.set_step(m.step());
+    job.status.set_phase(m.phase());
+    const std::vector<PhaseSpec> phases = Phases(job.spec);
+    if (m.phase() >= 0 && m.phase() < static_cast<int>(phases.size())) {
+      job.status.set_phase_name(phases[m.phase()].name);
+      job.status.set_algorithm(phases[m.phase()].algorithm.name());
+    }
+    for (size_t j = 0; j < commands->size(); ++j) {
+      const v1::CheckpointShard& shard = m.shards(static_cast<int>(j));
+      v1::ResumePoint* r = (*commands)[j].mutable_configure()->mutable_resume();
+      r->set_step(m.step());
+      r->set_phase(m.phase());
+      r->set_phase_step(m.phase_step());
+      r->set_shard_path(job.resume->dir + "/" + shard.file());
+      r->set_shard_bytes(shard.bytes());
+      r->set_shard_crc32(shard.crc32());
+    }
+  } else if (job.attempt > 0) {
+    job.status.set_steps_redone(job.status.steps_redone() + job.max_step);
+    metrics_->AddStepsRedone(job.max_step);
+    job.status.set_step(0);
+    job.status.set_phase(0);
+  }
+}
+
+}  // namespace stagewise::coordinator

@@ -1,0 +1,139 @@
+#include "coordinator/live_job.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
+#include "services/data/sizes.h"
+#include "services/models/plan.h"
+
+namespace stagewise::coordinator {
+
+absl::StatusOr<Submission> PrepareSubmission(JobSpec parsed, const PathRoots& checkpoint_roots) {
+  Submission out;
+  out.spec = std::move(parsed);
+  const JobSpec& spec = out.spec;
+  // ParseJobSpec accepts only the algorithms of AlgorithmOptions
+  // (services/spec/job_spec.h), each of which every worker constructs.
+  STAGEWISE_ASSIGN_OR_RETURN(out.blocks, models::PlanModel(spec.model));
+  STAGEWISE_ASSIGN_OR_RETURN(out.ranges, models::ResolvePartition(spec.stages, out.blocks));
+  STAGEWISE_ASSIGN_OR_RETURN(out.steps_per_epoch, data::StepsPerEpoch(spec));
+  if (!spec.checkpoint.dir.empty()) {
+    if (auto dir = ConfinePath("checkpoint.dir", spec.checkpoint.dir, checkpoint_roots);
+        !dir.ok()) {
+      return dir.status();
+    }
+    // The coordinator writes the manifests: it must reach checkpoint.dir too.
+    if (absl::Status s = checkpoint::ProbeWritable(spec.checkpoint.dir); !s.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(s.message(),
+                       " (the coordinator commits checkpoints there: mount the same volume on "
+                       "the coordinator and every worker)"));
+    }
+  }
+  return out;
+}
+
+v1::JobStatus InitialStatus(const Submission& submission, const std::string& owner) {
+  const JobSpec& spec = submission.spec;
+  v1::JobStatus st;
+  st.set_name(spec.name);
+  st.set_owner(owner);
+  st.set_state(v1::PENDING);
+  st.set_algorithm(spec.algorithm.name());
+  const std::vector<PhaseSpec> phases = Phases(spec);
+  st.set_num_phases(static_cast<int>(phases.size()));
+  st.set_phase(0);
+  st.set_phase_name(phases.front().name);
+  st.set_num_stages(static_cast<int>(submission.ranges.size()));
+  st.set_total_steps(data::TotalSteps(spec, submission.steps_per_epoch));
+  st.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
+  st.set_updated_unix_ms(st.created_unix_ms());
+  st.set_last_checkpoint_step(-1);
+  return st;
+}
+
+LiveJob MakeLiveJob(const v1::JobStatus& status, const JobSpec& spec, const std::string& yaml,
+                    const std::vector<models::BlockInfo>& blocks,
+                    const std::vector<std::pair<int, int>>& ranges) {
+  LiveJob job;
+  job.status = status;
+  job.spec = spec;
+  job.yaml = yaml;
+  job.ranges = ranges;
+  const bool reversible = std::any_of(blocks.begin(), blocks.end(),
+                                      [](const models::BlockInfo& b) { return b.reversible; });
+  // An auto partition, or auto modes under a budget, need a profile first.
+  job.needs_plan =
+      spec.stages.partition == Partition::kAuto ||
+      (reversible && spec.stages.modes == BlockModes::kAuto && spec.stages.memory_budget > 0);
+  if (!job.needs_plan && reversible && spec.stages.modes != BlockModes::kAuto) {
+    for (const auto& [b, e] : ranges) {
+      std::vector<std::string> modes;
+      for (int i = b; i < e; ++i) {
+        modes.emplace_back(NameOf(blocks[i].reversible ? spec.stages.modes : BlockModes::kStore));
+      }
+      job.modes.push_back(std::move(modes));
+    }
+  }
+  return job;
+}
+
+std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::MetricsReport& m,
+                                      absl::Time now) {
+  std::vector<MetricPoint> points;
+  if (job.workers.empty()) return points;
+  v1::JobStatus& st = job.status;
+  const int64_t now_ms = absl::ToUnixMillis(now);
+  const bool last_stage = stage == static_cast<int>(job.workers.size()) - 1;
+  if (last_stage && m.values().count("train_loss")) {
+    st.set_step(m.step());
+    job.max_step = std::max(job.max_step, m.step());
+    if (st.attempts_size() > 0) {
+      st.mutable_attempts(st.attempts_size() - 1)->set_reached_step(m.step());
+    }
+    st.set_epoch(static_cast<int>(m.step() / data::StepsPerEpoch(job.spec).value_or(1)));
+    st.set_train_loss(m.values().at("train_loss"));
+    const double seconds = absl::ToDoubleSeconds(now - job.started);
+    if (seconds > 0) {
+      const int64_t from = job.resume ? job.resume->manifest.step() : 0;
+      st.set_samples_per_second(static_cast<double>((m.step() - from) * job.spec.batch_size) /
+                                seconds);
+    }
+    points.push_back({m.step(), "train_loss", st.train_loss(), now_ms});
+    points.push_back({m.step(), "samples_per_second", st.samples_per_second(), now_ms});
+  }
+  if (m.values().count("eval_accuracy")) {
+    st.set_eval_loss(m.values().count("eval_loss") ? m.values().at("eval_loss") : 0.0);
+    st.set_eval_accuracy(m.values().at("eval_accuracy"));
+    points.push_back({m.step(), "eval_loss", st.eval_loss(), now_ms});
+    points.push_back({m.step(), "eval_accuracy", st.eval_accuracy(), now_ms});
+  }
+  return points;
+}
+
+std::vector<MetricPoint> ApplyResult(LiveJob& job, int stage, const v1::StageResult& result,
+                                     absl::Time now) {
+  std::vector<MetricPoint> points;
+  for (const auto& [key, value] : result.values()) {
+    const std::string name = absl::StrCat("stage", stage, ".", key);
+    (*job.status.mutable_summary())[name] = value;
+    points.push_back({job.status.step(), name, value, absl::ToUnixMillis(now)});
+  }
+  return points;
+}
+
+absl::StatusOr<LiveJob> RestoreLiveJob(const JobRecord& record) {
+  STAGEWISE_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(record.spec_yaml));
+  STAGEWISE_ASSIGN_OR_RETURN(std::vector<models::BlockInfo> blocks, models::PlanModel(spec.model));
+  STAGEWISE_ASSIGN_OR_RETURN(auto ranges, models::ResolvePartition(spec.stages, blocks));
+  LiveJob job = MakeLiveJob(record.status, spec, record.spec_yaml, blocks, ranges);
+  job.attempt = record.status.attempt();
+  for (const v1::JobAttempt& a : record.status.attempts()) {
+    job.max_step = std::max(job.max_step, a.reached_step());
+  }
+  job.max_step = std::max(job.max_step, record.status.step());
+  return job;
+}
+
+}  // namespace stagewise::coordinator

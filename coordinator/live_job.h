@@ -1,0 +1,91 @@
+// A live job (PENDING, PROFILING, CONFIGURING, RUNNING, RECOVERING) as the
+// coordinator's loop thread holds it, and how one is made: from a submitted
+// spec (PrepareSubmission + MakeLiveJob) or from the store after a restart
+// (RestoreLiveJob). Plain data: every unit that works on live jobs
+// (JobManager, JobRecovery, CheckpointCommitter, AdmitEvent) sees the same
+// struct, on the loop thread only.
+#ifndef STAGEWISE_COORDINATOR_LIVE_JOB_H_
+#define STAGEWISE_COORDINATOR_LIVE_JOB_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "coordinator/store.h"
+#include "services/checkpoint/checkpoint.h"
+#include "services/common/path_policy.h"
+#include "services/models/block_info.h"
+#include "services/spec/job_spec.h"
+#include "stagewise/v1/coordinator.pb.h"
+
+namespace stagewise::coordinator {
+
+struct LiveJob {
+  v1::JobStatus status;  // the latest status (the store has it once flushed)
+  JobSpec spec;
+  std::string yaml;
+  std::vector<std::pair<int, int>> ranges;
+  // The planner (PROFILING): a worker profiles the model, then ranges and
+  // block modes come from the plan.
+  bool needs_plan = false;
+  bool planned = false;
+  std::vector<std::vector<std::string>> modes;  // per stage, per block; empty = default
+  std::vector<std::string> workers;             // by stage, once placed
+  std::map<int64_t, std::string> pending_acks;  // command id -> the worker it went to
+  std::set<int> finished_stages;
+  std::map<int, std::set<int>> phase_done;  // phase -> stages that finished it
+  absl::Time started;
+  // Fault tolerance (docs/fault_tolerance.md).
+  int attempt = 0;  // mirrors status.attempt; events of other attempts are dropped
+  absl::Time recovery_deadline = absl::InfiniteFuture();   // RECOVERING: fail after
+  absl::Time configure_deadline = absl::InfiniteFuture();  // CONFIGURING: recover after
+  absl::Time attempt_ended = absl::InfinitePast();         // for the recovery time
+  int64_t max_step = 0;                                    // the furthest step any attempt reached
+  std::optional<checkpoint::Committed> resume;             // what the next attempt loads
+  // Shards reported for checkpoints not committed yet: step -> stage -> report.
+  std::map<int64_t, std::map<int, v1::CheckpointSaved>> shards;
+};
+
+// A submitted (parsed) spec, checked as far as the coordinator can without a
+// worker: its model planned and partitioned, its length known, its
+// checkpoint.dir inside `checkpoint_roots` and writable from here.
+struct Submission {
+  JobSpec spec;
+  std::vector<models::BlockInfo> blocks;
+  std::vector<std::pair<int, int>> ranges;
+  int64_t steps_per_epoch = 0;
+};
+absl::StatusOr<Submission> PrepareSubmission(JobSpec spec, const PathRoots& checkpoint_roots);
+
+// The PENDING status a prepared submission starts with (no id yet).
+v1::JobStatus InitialStatus(const Submission& submission, const std::string& owner);
+
+// A new live job; needs_plan and the fixed block modes follow from the spec.
+LiveJob MakeLiveJob(const v1::JobStatus& status, const JobSpec& spec, const std::string& yaml,
+                    const std::vector<models::BlockInfo>& blocks,
+                    const std::vector<std::pair<int, int>>& ranges);
+
+// A stage's MetricsReport applied to the job's status: the last stage's
+// training loss moves the step, epoch, reached step and throughput, any
+// stage's evaluation the eval results. The metric points to record (none when
+// the report changes nothing shown).
+std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::MetricsReport& report,
+                                      absl::Time now);
+// A stage's StageResult: its values become summary entries "stage<j>.<key>".
+std::vector<MetricPoint> ApplyResult(LiveJob& job, int stage, const v1::StageResult& result,
+                                     absl::Time now);
+
+// The live job of an unfinished record after a coordinator restart, with its
+// attempt and the furthest step it reached; the error says why it cannot be
+// run again (its spec no longer parses or plans).
+absl::StatusOr<LiveJob> RestoreLiveJob(const JobRecord& record);
+
+}  // namespace stagewise::coordinator
+
+#endif  // STAGEWISE_COORDINATOR_LIVE_JOB_H_

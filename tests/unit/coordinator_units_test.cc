@@ -1,0 +1,421 @@
+// The units JobManager wires together, each on its own with fakes: event
+// admission (a pure function of the event and the job), recovery and
+// checkpoint commits (through a FakeJobHost), the status view.
+#include <gmock/gmock.h>
+#include <google/protobuf/descriptor.h>
+#include <gtest/gtest.h>
+#include <prometheus/registry.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "coordinator/checkpoint_commit.h"
+#include "coordinator/event_admission.h"
+#include "coordinator/job_recovery.h"
+#include "coordinator/job_view.h"
+#include "services/checkpoint/checkpoint.h"
+#include "services/metrics/metrics.h"
+#include "tests/unit/coordinator_fakes.h"
+#include "tests/unit/fake_job_host.h"
+
+namespace stagewise::coordinator {
+namespace {
+
+using testing::ErrorEvent;
+using testing::FakeJobHost;
+using ::testing::HasSubstr;
+using testing::JobYaml;
+using testing::MetricsEvent;
+using Verdict = Admission::Verdict;
+
+// A RUNNING two-stage job on w0 and w1, attempt 1 (attempt 0 ran on w2, w3).
+LiveJob RunningJob(const std::string& extra_yaml = "") {
+  auto spec = ParseJobSpec(JobYaml(2, 40, extra_yaml));
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  LiveJob job;
+  job.spec = *spec;
+  job.status.set_job_id("job-1");
+  job.status.set_state(v1::RUNNING);
+  job.status.set_total_steps(40);
+  job.status.set_num_phases(1);
+  job.status.set_attempt(1);
+  job.attempt = 1;
+  job.workers = {"w0", "w1"};
+  job.ranges = {{0, 2}, {2, 4}};
+  v1::JobAttempt* old = job.status.add_attempts();
+  old->set_attempt(0);
+  old->add_workers("w2");
+  old->add_workers("w3");
+  old->set_ended_unix_ms(1);
+  v1::JobAttempt* now = job.status.add_attempts();
+  now->set_attempt(1);
+  now->add_workers("w0");
+  now->add_workers("w1");
+  return job;
+}
+
+v1::WorkerEvent WithAttempt(v1::WorkerEvent e, int attempt) {
+  e.set_attempt(attempt);
+  return e;
+}
+
+TEST(EventAdmission, TakesTheCurrentAttemptsEventsFromTheStagesOwnWorker) {
+  const LiveJob job = RunningJob();
+  EXPECT_EQ(AdmitEvent(WithAttempt(MetricsEvent("w1", "job-1", 1, 5, 0.5), 1), &job).verdict,
+            Verdict::kTake);
+  EXPECT_EQ(AdmitEvent(testing::AckEvent("w9", 3), nullptr).verdict, Verdict::kTake);
+}
+
+TEST(EventAdmission, RefusesWithTheMetricLabel) {
+  const LiveJob job = RunningJob();
+  struct Case {
+    const char* what;
+    v1::WorkerEvent event;
+    const char* label;
+  };
+  v1::WorkerEvent far_step = WithAttempt(MetricsEvent("w1", "job-1", 1, 41, 0.5), 1);
+  v1::WorkerEvent too_many = WithAttempt(MetricsEvent("w1", "job-1", 1, 5, 0.5), 1);
+  for (int i = 0; i < 65; ++i)
+    (*too_many.mutable_metrics()->mutable_values())[std::to_string(i)] = 1;
+  v1::WorkerEvent phase = WithAttempt(testing::PhaseDoneEvent("w0", "job-1", 0, 3), 1);
+  v1::WorkerEvent trace = WithAttempt(MetricsEvent("w0", "job-1", 0, 1, 0), 1);
+  trace.mutable_trace()->set_dropped(1);
+  v1::WorkerEvent bytes = WithAttempt(MetricsEvent("w0", "job-1", 0, 1, 0), 1);
+  bytes.mutable_checkpoint_saved()->set_bytes(-1);
+  const Case cases[] = {
+      {"old attempt, other worker", WithAttempt(MetricsEvent("w0", "job-1", 0, 5, 0.5), 0),
+       "stale_attempt"},
+      {"not a member", WithAttempt(MetricsEvent("w7", "job-1", 1, 5, 0.5), 1), "not_assigned"},
+      {"another stage's worker", WithAttempt(MetricsEvent("w0", "job-1", 1, 5, 0.5), 1),
+       "not_assigned"},
+      {"stage out of range", WithAttempt(MetricsEvent("w0", "job-1", 9, 5, 0.5), 1),
+       "not_assigned"},
+      {"profile while running", testing::ProfileEvent("w0", "job-1", "x"), "not_assigned"},
+      {"step past the end", far_step, "out_of_range"},
+      {"too many values", too_many, "out_of_range"},
+      {"not the current phase", phase, "out_of_range"},
+      {"the job does not trace", trace, "out_of_range"},
+      {"negative shard size", bytes, "out_of_range"},
+  };
+  for (const Case& c : cases) {
+    const Admission a = AdmitEvent(c.event, &job);
+    EXPECT_EQ(a.verdict, Verdict::kRefuse) << c.what;
+    EXPECT_EQ(a.label, c.label) << c.what << ": " << a.why;
+    EXPECT_FALSE(a.why.empty()) << c.what;
+  }
+  const Admission unknown = AdmitEvent(MetricsEvent("w0", "job-2", 0, 1, 0), nullptr);
+  EXPECT_EQ(unknown.label, "unknown_job");
+  EXPECT_TRUE(unknown.quiet());
+}
+
+TEST(EventAdmission, AnEndedAttemptsRootCauseFailsTheJob) {
+  LiveJob job = RunningJob();
+  job.status.set_state(v1::RECOVERING);
+  // Attempt 0's stage 1 ran on w3: its deterministic error is the root cause.
+  v1::WorkerEvent error = WithAttempt(ErrorEvent("w3", "job-1", 1, "stage 1: NaN loss"), 0);
+  Admission a = AdmitEvent(error, &job);
+  EXPECT_EQ(a.verdict, Verdict::kFailJob);
+  EXPECT_EQ(a.why, "stage 1: NaN loss");
+  // A transient one, or a cancellation, is dropped without a count.
+  error.mutable_error()->set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(AdmitEvent(error, &job).verdict, Verdict::kDropStale);
+  error.mutable_error()->set_code(static_cast<int>(absl::StatusCode::kCancelled));
+  EXPECT_EQ(AdmitEvent(error, &job).verdict, Verdict::kDropStale);
+  // Not from the worker that ran that stage: refused.
+  error.set_worker_id("w2");
+  EXPECT_EQ(AdmitEvent(error, &job).label, "stale_attempt");
+  // While the job runs again, the old error no longer fails it.
+  job.status.set_state(v1::RUNNING);
+  error.set_worker_id("w3");
+  error.mutable_error()->set_code(static_cast<int>(absl::StatusCode::kInternal));
+  EXPECT_EQ(AdmitEvent(error, &job).verdict, Verdict::kDropStale);
+}
+
+TEST(EventAdmission, ErrorsOfNoStageComeFromAnyMember) {
+  const LiveJob job = RunningJob();
+  v1::WorkerEvent e = ErrorEvent("w1", "job-1", -1, "profiling failed");
+  e.set_attempt(7);  // errors of no stage belong to no attempt
+  EXPECT_EQ(EventAttempt(e), -1);
+  EXPECT_EQ(AdmitEvent(e, &job).verdict, Verdict::kTake);
+  e.set_worker_id("w9");
+  EXPECT_EQ(AdmitEvent(e, &job).label, "not_assigned");
+}
+
+TEST(EventAdmission, RetryableAndNonFiniteValues) {
+  v1::StageError e;
+  e.set_code(static_cast<int>(absl::StatusCode::kInternal));
+  EXPECT_FALSE(IsRetryable(e));
+  e.set_retryable(true);
+  EXPECT_TRUE(IsRetryable(e));
+  e.set_retryable(false);
+  for (absl::StatusCode code : {absl::StatusCode::kUnavailable, absl::StatusCode::kAborted,
+                                absl::StatusCode::kDeadlineExceeded}) {
+    e.set_code(static_cast<int>(code));
+    EXPECT_TRUE(IsRetryable(e)) << code;
+  }
+  v1::MetricsReport m;
+  (*m.mutable_values())["train_loss"] = std::numeric_limits<double>::quiet_NaN();
+  (*m.mutable_values())["samples"] = 16;
+  const v1::MetricsReport clean = WithoutNonFinite(m);
+  EXPECT_EQ(clean.values().size(), 1u);
+  EXPECT_EQ(clean.values().count("samples"), 1u);
+}
+
+TEST(LiveJob, MetricsMoveTheStatusOnlyFromTheRightStage) {
+  LiveJob job = RunningJob();
+  job.started = absl::Now() - absl::Seconds(2);
+  v1::MetricsReport m;
+  m.set_step(8);
+  (*m.mutable_values())["train_loss"] = 0.5;
+  // Stage 0's training loss is its own business: nothing moves.
+  EXPECT_TRUE(ApplyMetrics(job, 0, m, absl::Now()).empty());
+  EXPECT_EQ(job.status.step(), 0);
+  const std::vector<MetricPoint> points = ApplyMetrics(job, 1, m, absl::Now());
+  ASSERT_EQ(points.size(), 2u);
+  EXPECT_EQ(points[0].name, "train_loss");
+  EXPECT_EQ(job.status.step(), 8);
+  EXPECT_EQ(job.max_step, 8);
+  EXPECT_EQ(job.status.attempts(1).reached_step(), 8);
+  EXPECT_EQ(job.status.epoch(), 4);  // 2 steps per epoch
+  EXPECT_GT(job.status.samples_per_second(), 0);
+  v1::MetricsReport eval;
+  eval.set_step(8);
+  (*eval.mutable_values())["eval_accuracy"] = 0.75;
+  EXPECT_EQ(ApplyMetrics(job, 0, eval, absl::Now()).size(), 2u);
+  EXPECT_DOUBLE_EQ(job.status.eval_accuracy(), 0.75);
+  v1::StageResult result;
+  (*result.mutable_values())["steps"] = 40;
+  EXPECT_EQ(ApplyResult(job, 1, result, absl::Now()).size(), 1u);
+  EXPECT_EQ(job.status.summary().at("stage1.steps"), 40);
+}
+
+class JobRecoveryTest : public ::testing::Test {
+ protected:
+  JobRecoveryTest() : metrics_(registry_), recovery_(&host_, &metrics_, absl::Seconds(30)) {}
+  prometheus::Registry registry_;
+  metrics::CoordinatorMetrics metrics_;
+  FakeJobHost host_;
+  JobRecovery recovery_;
+};
+
+TEST_F(JobRecoveryTest, ALostWorkerEndsTheAttemptAndQueuesTheNext) {
+  host_.jobs["job-1"] = RunningJob("recovery: {max_restarts: 3}\n");
+  recovery_.Recover("job-1", "lost worker w1", "worker_lost");
+  ASSERT_EQ(host_.stopped.size(), 1u);
+  EXPECT_THAT(host_.stopped[0].second, HasSubstr("attempt 1 ended: lost worker w1"));
+  const LiveJob& job = host_.jobs.at("job-1");
+  EXPECT_EQ(job.attempt, 2);
+  EXPECT_EQ(job.status.attempt(), 2);
+  EXPECT_TRUE(job.workers.empty());
+  EXPECT_EQ(job.status.state(), v1::RECOVERING);
+  EXPECT_EQ(job.status.attempts(1).end_reason(), "lost worker w1");
+  ASSERT_EQ(host_.requeued.size(), 1u);
+  EXPECT_TRUE(host_.requeued[0].second);
+  EXPECT_THAT(host_.progress.back(), HasSubstr("will start from step 0"));
+  EXPECT_LT(job.recovery_deadline, absl::InfiniteFuture());
+  // A second loss while it waits only names the cause better.
+  recovery_.Recover("job-1", "lost worker w0", "worker_lost");
+  EXPECT_EQ(host_.requeued.size(), 1u);
+  EXPECT_EQ(host_.jobs.at("job-1").status.attempts(1).end_reason(), "lost worker w0");
+}
+
+TEST_F(JobRecoveryTest, GivesUpAfterMaxRestarts) {
+  host_.jobs["job-1"] = RunningJob("recovery: {max_restarts: 1}\n");
+  recovery_.Recover("job-1", "the stream broke", "stage_error");
+  ASSERT_EQ(host_.ended.size(), 1u);
+  EXPECT_EQ(host_.ended[0].state, v1::FAILED);
+  EXPECT_THAT(host_.ended[0].reason, HasSubstr("gave up after 2 attempt(s)"));
+  EXPECT_TRUE(host_.requeued.empty());
+}
+
+TEST_F(JobRecoveryTest, WithoutACheckpointOrFromScratchTheJobFails) {
+  host_.jobs["job-1"] = RunningJob("recovery: {from_scratch: false}\n");
+  recovery_.Recover("job-1", "lost worker w1", "worker_lost");
+  ASSERT_EQ(host_.ended.size(), 1u);
+  EXPECT_THAT(host_.ended[0].reason, HasSubstr("recovery.from_scratch is false"));
+}
+
+TEST_F(JobRecoveryTest, AProfilingJobGoesBackToTheQueue) {
+  LiveJob job = RunningJob();
+  job.status.set_state(v1::PROFILING);
+  host_.jobs["job-1"] = job;
+  recovery_.Recover("job-1", "lost worker w0", "worker_lost");
+  ASSERT_EQ(host_.requeued.size(), 1u);
+  EXPECT_FALSE(host_.requeued[0].second);
+  EXPECT_EQ(host_.jobs.at("job-1").status.state(), v1::PENDING);
+  EXPECT_EQ(host_.jobs.at("job-1").attempt, 1);  // no attempt was spent
+}
+
+TEST_F(JobRecoveryTest, DeadlinesFailWaitingJobsAndRecoverSilentStages) {
+  LiveJob waiting = RunningJob();
+  waiting.status.set_state(v1::RECOVERING);
+  waiting.recovery_deadline = absl::Now() - absl::Seconds(1);
+  host_.jobs["job-1"] = waiting;
+  LiveJob configuring = RunningJob("recovery: {max_restarts: 5}\n");
+  configuring.status.set_job_id("job-2");
+  configuring.status.set_state(v1::CONFIGURING);
+  configuring.configure_deadline = absl::Now() - absl::Seconds(1);
+  configuring.pending_acks = {{7, "w1"}};
+  host_.jobs["job-2"] = configuring;
+  recovery_.CheckDeadlines(absl::Now());
+  ASSERT_EQ(host_.ended.size(), 1u);
+  EXPECT_EQ(host_.ended[0].job_id, "job-1");
+  EXPECT_THAT(host_.ended[0].reason, HasSubstr("idle workers within recovery.wait_seconds"));
+  EXPECT_EQ(host_.jobs.at("job-2").status.state(), v1::RECOVERING);
+  EXPECT_THAT(host_.jobs.at("job-2").status.attempts(1).end_reason(),
+              HasSubstr("did not acknowledge their assignment within 30s (no answer from w1)"));
+}
+
+TEST_F(JobRecoveryTest, StageErrorsRecoverOnlyWhenTransient) {
+  host_.jobs["job-1"] = RunningJob();
+  v1::StageError e;
+  e.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+  e.set_message("the stream broke");
+  recovery_.OnStageError("job-1", host_.jobs.at("job-1"), 1, e);
+  EXPECT_EQ(host_.jobs.at("job-1").status.state(), v1::RECOVERING);
+  EXPECT_TRUE(host_.ended.empty());
+
+  host_.jobs["job-2"] = RunningJob();
+  e.set_code(static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  e.set_message("stage 1: the loss is NaN");
+  recovery_.OnStageError("job-2", host_.jobs.at("job-2"), 1, e);
+  ASSERT_EQ(host_.ended.size(), 1u);
+  EXPECT_EQ(host_.ended[0].reason, "stage 1: the loss is NaN");
+
+  // A transient error of no stage (profiling) is not a stage's: it fails.
+  host_.jobs["job-3"] = RunningJob();
+  e.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+  recovery_.OnStageError("job-3", host_.jobs.at("job-3"), -1, e);
+  EXPECT_EQ(host_.ended.size(), 2u);
+}
+
+class CheckpointCommitTest : public ::testing::Test {
+ protected:
+  CheckpointCommitTest()
+      : root_(::testing::TempDir() + "commit_test_" + std::to_string(::getpid())),
+        metrics_(registry_),
+        committer_(&host_, &metrics_) {
+    std::filesystem::remove_all(root_);
+  }
+  ~CheckpointCommitTest() override { std::filesystem::remove_all(root_); }
+
+  // Stage `stage` wrote its shard of `step` (`bytes_claimed`: what it says).
+  v1::CheckpointSaved Shard(int stage, int64_t step, int64_t bytes_claimed = -1) {
+    const std::string dir = checkpoint::StepDir(root_, "job-1", step);
+    const std::string data = "shard " + std::to_string(stage);
+    EXPECT_TRUE(
+        checkpoint::WriteFileAtomically(dir + "/" + checkpoint::ShardFileName(stage), data).ok());
+    v1::CheckpointSaved saved;
+    saved.set_step(step);
+    saved.set_phase_step(step);
+    saved.set_path(dir + "/" + checkpoint::ShardFileName(stage));
+    saved.set_bytes(bytes_claimed >= 0 ? bytes_claimed : static_cast<int64_t>(data.size()));
+    saved.set_crc32(checkpoint::Crc32(data));
+    return saved;
+  }
+
+  const std::string root_;
+  prometheus::Registry registry_;
+  metrics::CoordinatorMetrics metrics_;
+  FakeJobHost host_;
+  CheckpointCommitter committer_;
+};
+
+TEST_F(CheckpointCommitTest, CommitsOnceEveryStagesShardIsIn) {
+  host_.jobs["job-1"] = RunningJob("checkpoint: {dir: " + root_ + ", every_steps: 10}\n");
+  LiveJob& job = host_.jobs.at("job-1");
+  committer_.OnShardSaved("job-1", job, 0, Shard(0, 10));
+  EXPECT_EQ(job.status.last_checkpoint_step(), 0);
+  EXPECT_TRUE(checkpoint::ListCommitted(root_, "job-1", false, nullptr).empty());
+  committer_.OnShardSaved("job-1", job, 1, Shard(1, 10));
+  EXPECT_EQ(job.status.last_checkpoint_step(), 10);
+  const auto committed = checkpoint::ListCommitted(root_, "job-1", false, nullptr);
+  ASSERT_EQ(committed.size(), 1u);
+  EXPECT_EQ(committed[0].manifest.shards_size(), 2);
+  EXPECT_EQ(committed[0].manifest.attempt(), 1);
+  EXPECT_EQ(committed[0].manifest.shards(1).block_begin(), 2);
+  EXPECT_THAT(host_.progress.back(), HasSubstr("checkpoint at step 10 committed"));
+  EXPECT_TRUE(job.shards.empty());
+}
+
+TEST_F(CheckpointCommitTest, AShardTheCoordinatorCannotSeeIsNotCommitted) {
+  host_.jobs["job-1"] = RunningJob("checkpoint: {dir: " + root_ + ", every_steps: 10}\n");
+  LiveJob& job = host_.jobs.at("job-1");
+  committer_.OnShardSaved("job-1", job, 0, Shard(0, 10));
+  committer_.OnShardSaved("job-1", job, 1, Shard(1, 10, /*bytes_claimed=*/999));
+  EXPECT_EQ(job.status.last_checkpoint_step(), 0);
+  EXPECT_THAT(host_.progress.back(), HasSubstr("NOT committed"));
+  EXPECT_THAT(host_.progress.back(), HasSubstr("same shared volume"));
+  EXPECT_TRUE(host_.ended.empty());  // the job goes on
+}
+
+TEST_F(CheckpointCommitTest, JobsWithoutACheckpointDirAndBadStagesAreIgnored) {
+  host_.jobs["job-1"] = RunningJob();
+  committer_.OnShardSaved("job-1", host_.jobs.at("job-1"), 0, Shard(0, 10));
+  EXPECT_TRUE(host_.jobs.at("job-1").shards.empty());
+  host_.jobs["job-2"] = RunningJob("checkpoint: {dir: " + root_ + ", every_steps: 10}\n");
+  committer_.OnShardSaved("job-2", host_.jobs.at("job-2"), 5, Shard(0, 10));
+  EXPECT_TRUE(host_.jobs.at("job-2").shards.empty());
+}
+
+TEST(JobStatusView, PublishesToWatchersAndForgetsEndedJobs) {
+  auto store = JobStore::Open(":memory:");
+  ASSERT_TRUE(store.ok()) << store.status();
+  JobStatusView view(store->get());
+  v1::JobStatus st;
+  st.set_job_id("job-1");
+  st.set_owner("ann");
+  st.set_state(v1::RUNNING);
+  view.Publish(st, "");
+  EXPECT_EQ(view.CountOwnedBy("ann"), 1);
+  EXPECT_EQ(view.CountOwnedBy("bob"), 0);
+  std::vector<std::string> messages;
+  auto sub = view.Subscribe("job-1", [&](const v1::JobEvent& e) {
+    messages.push_back(e.message() + "/" + v1::JobState_Name(e.status().state()));
+  });
+  ASSERT_TRUE(sub.ok());
+  st.set_state(v1::SUCCEEDED);
+  view.Publish(st, "done");
+  EXPECT_THAT(messages, ::testing::ElementsAre("/RUNNING", "done/SUCCEEDED"));
+  EXPECT_FALSE(view.Find("job-1").has_value());
+  EXPECT_EQ(view.CountOwnedBy("ann"), 0);
+  view.Unsubscribe(*sub);
+  // Neither live nor stored: NOT_FOUND.
+  EXPECT_EQ(view.Subscribe("job-9", [](const v1::JobEvent&) {}).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// docs/architecture.md names every RPC of the Coordinator service, every
+// command and every worker event (the page drifted before).
+TEST(ArchitectureDoc, NamesEveryRpcCommandAndEvent) {
+  std::ifstream in(std::string(STAGEWISE_SOURCE_DIR) + "/docs/architecture.md");
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(doc.empty());
+  const google::protobuf::ServiceDescriptor* service =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          "stagewise.v1.Coordinator");
+  ASSERT_NE(service, nullptr);
+  for (int i = 0; i < service->method_count(); ++i) {
+    const std::string& name = service->method(i)->name();
+    EXPECT_NE(doc.find("`" + name), std::string::npos) << "RPC " << name;
+  }
+  for (const google::protobuf::OneofDescriptor* oneof :
+       {v1::WorkerEvent::descriptor()->FindOneofByName("event"),
+        v1::Command::descriptor()->FindOneofByName("command")}) {
+    ASSERT_NE(oneof, nullptr);
+    for (int i = 0; i < oneof->field_count(); ++i) {
+      const std::string& name = oneof->field(i)->name();
+      EXPECT_NE(doc.find("`" + name + "`"), std::string::npos)
+          << oneof->containing_type()->name() << "." << name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace stagewise::coordinator
