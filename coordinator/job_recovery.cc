@@ -93,7 +93,9 @@ bool JobRecovery::QueueRecovery(const std::string& job_id, LiveJob& job, const s
     bool any_modes = false;
     for (const v1::CheckpointShard& shard : job.resume->manifest.shards()) {
       job.ranges.emplace_back(shard.block_begin(), shard.block_end());
-      job.modes.emplace_back(shard.block_modes().begin(), shard.block_modes().end());
+      std::vector<BlockMode>& modes = job.modes.emplace_back();
+      // ReadManifest checked every spelling.
+      for (const std::string& m : shard.block_modes()) modes.push_back(*EnumFromName<BlockMode>(m));
       any_modes = any_modes || shard.block_modes_size() > 0;
     }
     if (!any_modes) job.modes.clear();

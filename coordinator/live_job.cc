@@ -69,9 +69,11 @@ LiveJob MakeLiveJob(const v1::JobStatus& status, const JobSpec& spec, const std:
       (reversible && spec.stages.modes == BlockModes::kAuto && spec.stages.memory_budget > 0);
   if (!job.needs_plan && reversible && spec.stages.modes != BlockModes::kAuto) {
     for (const auto& [b, e] : ranges) {
-      std::vector<std::string> modes;
+      std::vector<BlockMode> modes;
       for (int i = b; i < e; ++i) {
-        modes.emplace_back(NameOf(blocks[i].reversible ? spec.stages.modes : BlockModes::kStore));
+        modes.push_back(blocks[i].reversible && spec.stages.modes == BlockModes::kRebuild
+                            ? BlockMode::kRebuild
+                            : BlockMode::kStore);
       }
       job.modes.push_back(std::move(modes));
     }

@@ -35,7 +35,7 @@ struct LiveJob {
   // block modes come from the plan.
   bool needs_plan = false;
   bool planned = false;
-  std::vector<std::vector<std::string>> modes;  // per stage, per block; empty = default
+  std::vector<std::vector<BlockMode>> modes;    // per stage, per block; empty = default
   std::vector<std::string> workers;             // by stage, once placed
   std::map<int64_t, std::string> pending_acks;  // command id -> the worker it went to
   std::set<int> finished_stages;

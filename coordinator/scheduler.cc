@@ -88,9 +88,9 @@ absl::StatusOr<Scheduler::PlannedStages> Scheduler::PlanFromProfile(
   PlannedStages out;
   for (const planner::StagePlan& s : plan->stages) {
     out.ranges.emplace_back(s.begin, s.end);
-    std::vector<std::string> modes;
+    std::vector<BlockMode> modes;
     for (int i = s.begin; i < s.end; ++i) {
-      modes.push_back(s.store[i - s.begin] ? "store" : "rebuild");
+      modes.push_back(s.store[i - s.begin] ? BlockMode::kStore : BlockMode::kRebuild);
     }
     out.modes.push_back(std::move(modes));
   }
@@ -101,7 +101,7 @@ absl::StatusOr<Scheduler::PlannedStages> Scheduler::PlanFromProfile(
 std::vector<v1::Command> Scheduler::StageAssignments(
     const std::string& job_id, const std::string& job_spec_yaml,
     const std::vector<std::string>& workers, const std::vector<std::pair<int, int>>& ranges,
-    const std::vector<std::vector<std::string>>& modes) const {
+    const std::vector<std::vector<BlockMode>>& modes) const {
   std::vector<v1::Command> out;
   const size_t n = workers.size();
   for (size_t j = 0; j < n; ++j) {
@@ -120,7 +120,7 @@ std::vector<v1::Command> Scheduler::StageAssignments(
     }
     a->set_job_spec_yaml(job_spec_yaml);
     if (j < modes.size()) {
-      for (const std::string& m : modes[j]) a->add_block_modes(m);
+      for (BlockMode m : modes[j]) a->add_block_modes(std::string(NameOf(m)));
     }
     out.push_back(std::move(c));
   }

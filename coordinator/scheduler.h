@@ -70,7 +70,7 @@ class Scheduler {
   // JobStatus.summary entries (planner::PlanSummary).
   struct PlannedStages {
     std::vector<std::pair<int, int>> ranges;
-    std::vector<std::vector<std::string>> modes;  // per stage, per block: store | rebuild
+    std::vector<std::vector<BlockMode>> modes;  // per stage, per block
     std::vector<std::pair<std::string, double>> summary;
   };
   // Caps: stages.memory_budget, else every worker's --memory-bytes when all
@@ -83,10 +83,11 @@ class Scheduler {
 
   // Every stage's StageAssignment (command ids unset), stage j for workers[j],
   // each pointing at the next stage's address.
-  std::vector<v1::Command> StageAssignments(
-      const std::string& job_id, const std::string& job_spec_yaml,
-      const std::vector<std::string>& workers, const std::vector<std::pair<int, int>>& ranges,
-      const std::vector<std::vector<std::string>>& modes) const;
+  std::vector<v1::Command> StageAssignments(const std::string& job_id,
+                                            const std::string& job_spec_yaml,
+                                            const std::vector<std::string>& workers,
+                                            const std::vector<std::pair<int, int>>& ranges,
+                                            const std::vector<std::vector<BlockMode>>& modes) const;
 
  private:
   WorkerRegistry* registry_;

@@ -115,7 +115,7 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
     if (rt->data_.train.size() / batch != rt->steps_per_epoch_) {
       return absl::InvalidArgumentError(absl::StrCat(
           "data.path: expected ", data::NominalTrainSize(rt->spec_.data), " training samples for ",
-          rt->spec_.data.dataset, ", found ", rt->data_.train.size()));
+          NameOf(rt->spec_.data.dataset), ", found ", rt->data_.train.size()));
     }
     rt->train_ = std::make_unique<data::BatchSampler>(
         rt->data_.train, data::TrainSamplerOptions(rt->spec_, rt->data_));
@@ -130,10 +130,11 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
                      " modes for the stage's ", num_blocks, " blocks"));
   }
   for (int i = 0; i < assignment.block_modes_size(); ++i) {
-    auto mode = models::ParseBlockMode(assignment.block_modes(i));
-    if (!mode.ok()) {
+    const std::optional<BlockMode> mode = EnumFromName<BlockMode>(assignment.block_modes(i));
+    if (!mode) {
       return absl::InvalidArgumentError(
-          absl::StrCat("StageAssignment.block_modes[", i, "]: ", mode.status().message()));
+          absl::StrCat("StageAssignment.block_modes[", i, "]: unknown block mode '",
+                       assignment.block_modes(i), "' (expected store or rebuild)"));
     }
     rt->block_modes_.push_back(*mode);
   }

@@ -18,10 +18,11 @@ inline constexpr int kExitUnreachable = 3;  // the coordinator did not answer
 
 struct TrainLocalArgs {
   std::string job_path;
-  std::string output = "text";  // text | json
-  int threads = 0;              // 0 = every core
-  int64_t steps = -1;           // overrides the spec when >= 0
-  double epochs = -1;           // overrides the spec when >= 0
+  std::vector<std::string> sets;  // --set KEY=VALUE, applied to the job file in order
+  std::string output = "text";    // text | json
+  int threads = 0;                // 0 = every core
+  int64_t steps = -1;             // overrides the spec when >= 0
+  double epochs = -1;             // overrides the spec when >= 0
   int64_t log_every = 50;
   bool resume = true;
   bool quiet = false;
@@ -29,6 +30,7 @@ struct TrainLocalArgs {
 
 struct ValidateArgs {
   std::string job_path;
+  std::vector<std::string> sets;  // --set KEY=VALUE, applied to the job file in order
   std::string output = "text";
 };
 
@@ -41,6 +43,7 @@ inline constexpr char kDefaultReconnectTimeout[] = "10m";
 struct SubmitArgs {
   std::string coordinator;
   std::string job_path;
+  std::vector<std::string> sets;  // --set KEY=VALUE, applied to the job file in order
   bool wait = true;
   bool quiet = false;
   std::string output = "text";
@@ -94,8 +97,9 @@ struct WorkersArgs {
 // `local`: a coordinator and J workers as child processes on loopback.
 struct LocalArgs {
   std::string job_path;
-  int workers = 0;  // 0 = the job's stage count
-  int threads = 0;  // LibTorch threads per worker; 0 = max(1, cores / workers)
+  std::vector<std::string> sets;  // --set KEY=VALUE, applied to the job file in order
+  int workers = 0;                // 0 = the job's stage count
+  int threads = 0;                // LibTorch threads per worker; 0 = max(1, cores / workers)
   bool keep_logs = false;
   bool quiet = false;
   std::string output = "text";
@@ -136,6 +140,7 @@ struct PlotArgs {
 // `plan`: profile here (cached) and plan the job's partition and modes.
 struct PlanArgs {
   std::string job_path;
+  std::vector<std::string> sets;     // --set KEY=VALUE, applied to the job file in order
   std::string memory_budget;         // "" = the job's stages.memory_budget
   std::string modes;                 // "" = the job's stages.modes
   std::string partition = "job";     // job | auto

@@ -163,7 +163,7 @@ std::string Readme(const v1::CheckpointManifest& m, const JobSpec& spec,
   return absl::StrCat(
       "Exported by `stagewise export` from the checkpoint\n  ", step_dir, "\nof job ", m.job_id(),
       " (", spec.name, ") after step ", m.step(), " of ", m.total_steps(), ".\n\n", "model.pt   ",
-      spec.model.name, " with ", num_parameters,
+      NameOf(spec.model.name), " with ", num_parameters,
       " parameters, as one LibTorch archive (torch::serialize::OutputArchive):\n",
       "           parameters and buffers named <block>.<path>, e.g. \"", example, "\",\n",
       "           the names of models::BuildModel's whole model (no optimizer state).\n",
@@ -326,7 +326,7 @@ absl::StatusOr<Exported> ExportStepDir(const std::string& step_dir, int64_t expe
   if (covered != (*model)->end()) {
     return absl::DataLossError(absl::StrCat(step_dir, "/", checkpoint::kManifestName,
                                             ": the shards hold blocks [0, ", covered, "), the ",
-                                            spec->model.name, " has ", (*model)->end()));
+                                            NameOf(spec->model.name), " has ", (*model)->end()));
   }
   std::map<std::string, torch::Tensor> whole;
   SavedTensors(**model, "", &whole);
@@ -341,7 +341,7 @@ absl::StatusOr<Exported> ExportStepDir(const std::string& step_dir, int64_t expe
   }
 
   std::string model_bytes;
-  const bool script = spec->model.name == "torchscript";
+  const bool script = spec->model.name == ModelKind::kTorchScript;
   try {
     std::ostringstream stream;
     if (script) {

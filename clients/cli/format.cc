@@ -80,7 +80,8 @@ std::string ResultTable(const JobSpec& spec, const training::TrainResult& r) {
     absl::StrAppend(&out, absl::StrFormat("%-16s %s\n", k, v));
   };
   row("job", spec.name);
-  row("model", absl::StrCat(spec.model.name, " (", HumanCount(r.num_parameters), " parameters)"));
+  row("model",
+      absl::StrCat(NameOf(spec.model.name), " (", HumanCount(r.num_parameters), " parameters)"));
   row("steps", absl::StrFormat("%d (%.2f epochs)", r.steps, r.epochs));
   row("train loss", absl::StrFormat("%.4f", r.train_loss));
   row("test loss", absl::StrFormat("%.4f", r.test.loss));
@@ -102,9 +103,9 @@ std::string ResultJson(const JobSpec& spec, const training::TrainResult& r) {
       R"({"job":"%s","model":"%s","parameters":%d,"steps":%d,"epochs":%.4f,"train_loss":%.6f,)"
       R"("test_loss":%.6f,"test_accuracy":%.6f,"train_seconds":%.3f,"samples_per_second":%.2f,)"
       R"("checkpoint":"%s","evals":[%s]})",
-      JsonEscape(spec.name), JsonEscape(spec.model.name), r.num_parameters, r.steps, r.epochs,
-      r.train_loss, r.test.loss, r.test.accuracy, r.seconds, r.samples_per_second,
-      JsonEscape(r.last_checkpoint), evals);
+      JsonEscape(spec.name), JsonEscape(std::string(NameOf(spec.model.name))), r.num_parameters,
+      r.steps, r.epochs, r.train_loss, r.test.loss, r.test.accuracy, r.seconds,
+      r.samples_per_second, JsonEscape(r.last_checkpoint), evals);
 }
 
 }  // namespace stagewise::cli

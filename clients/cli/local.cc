@@ -368,7 +368,8 @@ std::vector<std::string> LocalRun::AfterEvent(const v1::JobEvent& event) {
 int LocalRun::Run() {
   // The job: parsed here only for its stage count (the coordinator validates
   // it again and is the authority), and sent as written.
-  absl::StatusOr<JobSpec> spec = LoadJobSpec(args_.job_path);
+  absl::StatusOr<std::string> text = ReadJobText(args_.job_path, args_.sets);
+  absl::StatusOr<JobSpec> spec = text.ok() ? ParseJobSpec(*text) : text.status();
   if (!spec.ok()) {
     err_ << "error: " << args_.job_path << ": " << spec.status().message() << "\n";
     return spec.status().code() == absl::StatusCode::kInvalidArgument ||
@@ -376,13 +377,7 @@ int LocalRun::Run() {
                ? kExitInvalid
                : kExitFailed;
   }
-  std::string yaml;
-  {
-    std::ifstream in(args_.job_path, std::ios::binary);
-    std::stringstream text;
-    text << in.rdbuf();
-    yaml = text.str();
-  }
+  std::string yaml = *std::move(text);
   if (args_.steps > 0) {
     auto shortened = OverrideSteps(yaml, args_.steps);
     if (!shortened.ok()) {

@@ -32,6 +32,16 @@ int main(int argc, char** argv) {
                  "Bearer token for the coordinator (env STAGEWISE_TOKEN); its role decides what "
                  "this client may do (read, submit, admin)")
       ->envname("STAGEWISE_TOKEN");
+  // --set on every command that reads a job file (docs/cli.md, "Overriding keys").
+  const auto set_option = [](CLI::App* cmd, std::vector<std::string>& sets) {
+    cmd->add_option("--set", sets,
+                    "Override a key of the job file: KEY.PATH=VALUE, the value read as YAML "
+                    "(repeatable; e.g. --set data.limit_test=256 --set optimizer.lr=0.05)")
+        ->type_name("KEY=VALUE")
+        ->expected(1)
+        ->allow_extra_args(false)
+        ->take_all();
+  };
   const auto output_option = [](CLI::App* cmd, std::string& output, const char* what) {
     cmd->add_option("-o,--output", output, what)
         ->check(CLI::IsMember({"text", "json"}))
@@ -61,6 +71,7 @@ int main(int argc, char** argv) {
   train_cmd->add_flag("!--no-resume", train.resume,
                       "Start fresh even when checkpoint.dir holds a checkpoint");
   train_cmd->add_flag("-q,--quiet", train.quiet, "Print only the result");
+  set_option(train_cmd, train.sets);
 
   ValidateArgs validate;
   auto* validate_cmd = app.add_subcommand(
@@ -71,6 +82,7 @@ int main(int argc, char** argv) {
   validate_cmd->add_option("-o,--output", validate.output, "Output format")
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
+  set_option(validate_cmd, validate.sets);
 
   SubmitArgs submit;
   auto* submit_cmd =
@@ -81,6 +93,7 @@ int main(int argc, char** argv) {
   submit_cmd->add_flag("!--no-wait", submit.wait, "Print the job id and return at once");
   submit_cmd->add_flag("-q,--quiet", submit.quiet, "No progress, only the result");
   output_option(submit_cmd, submit.output, "Result format");
+  set_option(submit_cmd, submit.sets);
   const auto reconnect_option = [](CLI::App* cmd, std::string& value) {
     cmd->add_option("--reconnect-timeout", value,
                     "When the coordinator goes away while following the job (a restart), "
@@ -180,6 +193,7 @@ int main(int argc, char** argv) {
   local_cmd->add_option("job", local.job_path, "Job spec (YAML)")
       ->required()
       ->check(CLI::ExistingFile);
+  set_option(local_cmd, local.sets);
   local_cmd
       ->add_option("-j,--workers", local.workers, "Worker processes (default: the job's stages)")
       ->check(CLI::PositiveNumber);
@@ -229,6 +243,7 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("job", plan.job_path, "Job spec (YAML)")
       ->required()
       ->check(CLI::ExistingFile);
+  set_option(plan_cmd, plan.sets);
   plan_cmd->add_option("--memory-budget", plan.memory_budget,
                        "Memory cap per worker, e.g. 2GiB or 512MiB (default: the job's "
                        "stages.memory_budget; none: no cap)");

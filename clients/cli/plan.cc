@@ -33,7 +33,7 @@ const planner::Prediction* PredictionOf(const planner::Plan& plan) {
 }  // namespace
 
 int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
-  absl::StatusOr<JobFile> job = OpenJobFile(args.job_path, /*plan=*/true);
+  absl::StatusOr<JobFile> job = OpenJobFile(args.job_path, /*plan=*/true, args.sets);
   if (!job.ok()) {
     err << "error: " << args.job_path << ": " << job.status().message() << "\n";
     return kExitInvalid;
@@ -79,7 +79,7 @@ int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
   std::vector<Candidate> candidates;
   for (int64_t b : batches) {
     if (!args.quiet) {
-      err << "profiling " << spec->model.name << " at batch " << b << " on " << device.str()
+      err << "profiling " << NameOf(spec->model.name) << " at batch " << b << " on " << device.str()
           << " with " << threads << " threads (cache: " << po.cache_dir << ")\n";
     }
     bool cached = false;

@@ -19,14 +19,6 @@
 namespace stagewise::cli {
 namespace {
 
-absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot read the file"));
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // Follows a submitted job to its end. Ctrl-C stops watching but leaves the job
 // running: on a cluster a job is worth more than the terminal that started it.
 int WatchUntilDone(client::CoordinatorClient& client, const std::string& job_id, bool quiet,
@@ -52,7 +44,7 @@ int Submit(const SubmitArgs& args, std::ostream& out, std::ostream& err) {
   absl::StatusOr<absl::Duration> reconnect =
       ParseTimeout(args.reconnect_timeout, "--reconnect-timeout");
   if (!reconnect.ok()) return ReportError(reconnect.status(), err);
-  absl::StatusOr<std::string> yaml = ReadTextFile(args.job_path);
+  absl::StatusOr<std::string> yaml = ReadJobText(args.job_path, args.sets);
   if (!yaml.ok()) return ReportError(yaml.status(), err);
   // A torchscript model is dry-run here, where its file is (the coordinator
   // reports every other problem with the job, so a parse error waits for it).

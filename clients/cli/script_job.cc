@@ -11,7 +11,8 @@ namespace stagewise::cli {
 
 absl::Status PrepareScriptModel(const std::string& job_path, JobSpec* spec, std::string* yaml) {
   ModelSpec& model = spec->model;
-  if (model.name != "torchscript" || !model.script_blocks.empty()) return absl::OkStatus();
+  if (model.name != ModelKind::kTorchScript || !model.script_blocks.empty())
+    return absl::OkStatus();
   namespace fs = std::filesystem;
   fs::path file(model.path);
   if (file.is_relative()) file = fs::path(job_path).parent_path() / file;
@@ -31,10 +32,18 @@ absl::Status PrepareScriptModel(const std::string& job_path, JobSpec* spec, std:
   return absl::OkStatus();
 }
 
-absl::StatusOr<JobFile> OpenJobFile(const std::string& job_path, bool plan) {
+absl::StatusOr<std::string> ReadJobText(const std::string& job_path,
+                                        const std::vector<std::string>& sets) {
+  STAGEWISE_ASSIGN_OR_RETURN(std::string text, ReadJobFile(job_path));
+  return OverrideKeys(text, sets);
+}
+
+absl::StatusOr<JobFile> OpenJobFile(const std::string& job_path, bool plan,
+                                    const std::vector<std::string>& sets) {
   JobFile file;
-  STAGEWISE_ASSIGN_OR_RETURN(file.spec, LoadJobSpec(job_path));
-  STAGEWISE_RETURN_IF_ERROR(PrepareScriptModel(job_path, &file.spec));
+  STAGEWISE_ASSIGN_OR_RETURN(file.yaml, ReadJobText(job_path, sets));
+  STAGEWISE_ASSIGN_OR_RETURN(file.spec, ParseJobSpec(file.yaml));
+  STAGEWISE_RETURN_IF_ERROR(PrepareScriptModel(job_path, &file.spec, &file.yaml));
   if (!plan) return file;
   STAGEWISE_ASSIGN_OR_RETURN(file.blocks, models::PlanModel(file.spec.model));
   STAGEWISE_ASSIGN_OR_RETURN(file.ranges, models::ResolvePartition(file.spec.stages, file.blocks));

@@ -23,15 +23,22 @@ namespace stagewise::cli {
 absl::Status PrepareScriptModel(const std::string& job_path, JobSpec* spec,
                                 std::string* yaml = nullptr);
 
+// A job file's text with the --set assignments applied (OverrideKeys).
+absl::StatusOr<std::string> ReadJobText(const std::string& job_path,
+                                        const std::vector<std::string>& sets);
+
 // A job file as the CLI's offline commands (validate, plan, train-local) open
-// it: parsed, its torchscript model dry-run, and with `plan` its blocks and
-// stage ranges. Errors are the parser's, the model's or the partition's.
+// it: read, --set applied, parsed, its torchscript model dry-run, and with
+// `plan` its blocks and stage ranges. Errors are the parser's, the model's or
+// the partition's.
 struct JobFile {
+  std::string yaml;  // the text as parsed, with the script_model section
   JobSpec spec;
   std::vector<models::BlockInfo> blocks;    // with `plan`
   std::vector<std::pair<int, int>> ranges;  // with `plan`
 };
-absl::StatusOr<JobFile> OpenJobFile(const std::string& job_path, bool plan);
+absl::StatusOr<JobFile> OpenJobFile(const std::string& job_path, bool plan,
+                                    const std::vector<std::string>& sets = {});
 
 }  // namespace stagewise::cli
 

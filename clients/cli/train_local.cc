@@ -15,7 +15,7 @@
 namespace stagewise::cli {
 
 int TrainLocal(const TrainLocalArgs& args, std::ostream& out, std::ostream& err) {
-  absl::StatusOr<JobFile> job = OpenJobFile(args.job_path, /*plan=*/false);
+  absl::StatusOr<JobFile> job = OpenJobFile(args.job_path, /*plan=*/false, args.sets);
   if (!job.ok()) {
     err << "error: " << args.job_path << ": " << job.status().message() << "\n";
     return kExitInvalid;
@@ -40,8 +40,8 @@ int TrainLocal(const TrainLocalArgs& args, std::ostream& out, std::ostream& err)
   const bool json = args.output == "json";
   const bool tty = isatty(fileno(stderr)) != 0;
   if (!args.quiet) {
-    err << absl::StrFormat("loading %s data and building %s ...\n", spec->data.dataset,
-                           spec->model.name);
+    err << absl::StrFormat("loading %s data and building %s ...\n", NameOf(spec->data.dataset),
+                           NameOf(spec->model.name));
   }
   auto trainer = training::ReferenceTrainer::Create(*spec);
   if (!trainer.ok()) {
@@ -51,13 +51,14 @@ int TrainLocal(const TrainLocalArgs& args, std::ostream& out, std::ostream& err)
   }
   if (!args.quiet) {
     err << absl::StrFormat("job %s: %s, %d blocks, %s parameters, %d steps of batch %d on %s\n",
-                           spec->name, spec->model.name, (*trainer)->model().size(),
+                           spec->name, NameOf(spec->model.name), (*trainer)->model().size(),
                            HumanCount((*trainer)->model().num_parameters()),
                            (*trainer)->total_steps(), spec->batch_size, spec->device);
   }
   training::TrainOptions opts;
   opts.log_every_steps = std::max<int64_t>(1, args.log_every);
   opts.resume = args.resume;
+  opts.spec_yaml = job->yaml;
   if (!args.quiet) {
     opts.on_progress = [&](const training::Progress& p) {
       err << (tty ? "\r\033[K" : "") << ProgressLine(p) << (tty ? "" : "\n");

@@ -20,7 +20,7 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 }  // namespace
 
 int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err) {
-  absl::StatusOr<JobFile> job = OpenJobFile(args.job_path, /*plan=*/true);
+  absl::StatusOr<JobFile> job = OpenJobFile(args.job_path, /*plan=*/true, args.sets);
   if (!job.ok()) {
     err << "error: " << args.job_path << ": " << job.status().message() << "\n";
     return kExitInvalid;
@@ -50,8 +50,8 @@ int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err) {
     return kExitOk;
   }
   out << absl::StrFormat("job %s is valid: %s on %s, algorithm %s, %d stage(s)\n", spec->name,
-                         spec->model.name, spec->data.dataset, spec->algorithm.name(),
-                         ranges->size());
+                         NameOf(spec->model.name), NameOf(spec->data.dataset),
+                         spec->algorithm.name(), ranges->size());
   out << absl::StrFormat("%-6s %-6s %-11s %-4s %-16s %-16s\n", "block", "stage", "kind", "rev",
                          "input", "output");
   for (const auto& b : *plan) {

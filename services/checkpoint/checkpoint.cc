@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "services/spec/enums.h"
 
 namespace stagewise::checkpoint {
 namespace fs = std::filesystem;
@@ -222,6 +223,18 @@ absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir)
     }
     if (shard.bytes() <= 0) {
       return absl::DataLossError(absl::StrCat(path, ": shards[", j, "].bytes is ", shard.bytes()));
+    }
+    const int blocks = shard.block_end() - shard.block_begin();
+    if (shard.block_modes_size() > 0 && shard.block_modes_size() != blocks) {
+      return absl::DataLossError(absl::StrCat(path, ": shards[", j, "] has ",
+                                              shard.block_modes_size(), " block modes for ", blocks,
+                                              " blocks"));
+    }
+    for (const std::string& mode : shard.block_modes()) {
+      if (!EnumFromName<BlockMode>(mode)) {
+        return absl::DataLossError(
+            absl::StrCat(path, ": shards[", j, "] has block mode '", mode, "'"));
+      }
     }
   }
   return manifest;

@@ -108,7 +108,7 @@ absl::StatusOr<std::string> ConfinePath(const std::string& key, const std::strin
 }
 
 absl::Status ConfineModelFile(ModelSpec* model, const PathRoots& policy) {
-  if (model->name != "torchscript") return absl::OkStatus();
+  if (model->name != ModelKind::kTorchScript) return absl::OkStatus();
   const bool inspected = !model->script_file.empty();
   auto file = ConfinePath(inspected ? "script_model.file" : "model.path",
                           inspected ? model->script_file : model->path, policy);

@@ -55,24 +55,26 @@ absl::StatusOr<Datasets> LoadDatasetsOrThrow(const DataSpec& spec, uint64_t seed
         absl::StrCat("data.limit_test: must be >= 0, got ", spec.limit_test));
   }
   absl::StatusOr<Datasets> loaded;
-  if (spec.dataset == "fashion_mnist") {
-    loaded = LoadFashionMnist(spec.path.empty() ? kDefaultFashionMnistDir : spec.path);
-  } else if (spec.dataset == "cifar10" || spec.dataset == "cifar100") {
-    if (spec.path.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.path: required for dataset ", spec.dataset,
-                       " (the directory of the CIFAR binary version, see "
-                       "https://www.cs.toronto.edu/~kriz/cifar.html)"));
+  switch (spec.dataset) {
+    case DatasetKind::kFashionMnist:
+      loaded = LoadFashionMnist(spec.path.empty() ? kDefaultFashionMnistDir : spec.path);
+      break;
+    case DatasetKind::kCifar10:
+    case DatasetKind::kCifar100:
+      if (spec.path.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("data.path: required for dataset ", NameOf(spec.dataset),
+                         " (the directory of the CIFAR binary version, see "
+                         "https://www.cs.toronto.edu/~kriz/cifar.html)"));
+      }
+      loaded = LoadCifar(spec.path, spec.dataset == DatasetKind::kCifar10 ? 10 : 100);
+      break;
+    case DatasetKind::kSynthetic: {
+      absl::Status valid = ValidateSynthetic(spec);
+      if (!valid.ok()) return valid;
+      loaded = MakeSynthetic(spec.train_size, spec.test_size, spec.shape, spec.classes, seed);
+      break;
     }
-    loaded = LoadCifar(spec.path, spec.dataset == "cifar10" ? 10 : 100);
-  } else if (spec.dataset == "synthetic") {
-    absl::Status valid = ValidateSynthetic(spec);
-    if (!valid.ok()) return valid;
-    loaded = MakeSynthetic(spec.train_size, spec.test_size, spec.shape, spec.classes, seed);
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data.dataset: unknown dataset \"", spec.dataset,
-                     "\" (expected fashion_mnist, cifar10, cifar100 or synthetic)"));
   }
   if (!loaded.ok()) return loaded.status();
   // The statistics stay those of the full training set: a smoke run on a few
@@ -134,7 +136,8 @@ absl::StatusOr<Datasets> LoadDatasets(const DataSpec& spec, uint64_t seed) {
   try {
     return LoadDatasetsOrThrow(spec, seed);
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("loading dataset ", spec.dataset, ": ", e.what()));
+    return absl::InternalError(
+        absl::StrCat("loading dataset ", NameOf(spec.dataset), ": ", e.what()));
   }
 }
 

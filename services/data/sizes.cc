@@ -8,10 +8,9 @@
 namespace stagewise::data {
 
 int64_t NominalTrainSize(const DataSpec& spec) {
-  int64_t n = 0;
-  if (spec.dataset == "fashion_mnist") n = 60000;
-  if (spec.dataset == "cifar10" || spec.dataset == "cifar100") n = 50000;
-  if (spec.dataset == "synthetic") n = spec.train_size;
+  int64_t n = spec.train_size;  // synthetic
+  if (spec.dataset == DatasetKind::kFashionMnist) n = 60000;
+  if (spec.dataset == DatasetKind::kCifar10 || spec.dataset == DatasetKind::kCifar100) n = 50000;
   if (spec.limit_train > 0) n = std::min(n, spec.limit_train);
   return n;
 }

@@ -20,7 +20,7 @@ int64_t Numel(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-AuxNetImpl::AuxNetImpl(const std::string& kind, const std::vector<int64_t>& in_shape,
+AuxNetImpl::AuxNetImpl(AuxNetArch kind, const std::vector<int64_t>& in_shape,
                        const std::vector<int64_t>& out_shape, int blocks)
     : out_shape_(out_shape), image_(in_shape.size() == 3 && out_shape.size() == 3) {
   if (!image_) {
@@ -33,7 +33,7 @@ AuxNetImpl::AuxNetImpl(const std::string& kind, const std::vector<int64_t>& in_s
   stem->push_back(BatchNorm(out_shape[0]));
   stem->push_back(torch::nn::ReLU());
   stem_ = register_module("stem", stem);
-  for (int b = 0; kind == "resnet" && b < blocks; ++b) {
+  for (int b = 0; kind == AuxNetArch::kResnet && b < blocks; ++b) {
     torch::nn::Sequential body;
     body->push_back(Conv3x3(out_shape[0], out_shape[0], 1));
     body->push_back(BatchNorm(out_shape[0]));
@@ -58,13 +58,9 @@ torch::Tensor AuxNetImpl::forward(const torch::Tensor& x) {
   return h;
 }
 
-absl::StatusOr<AuxNet> MakeAuxNet(const std::string& kind, const std::vector<int64_t>& in_shape,
+absl::StatusOr<AuxNet> MakeAuxNet(AuxNetArch kind, const std::vector<int64_t>& in_shape,
                                   const std::vector<int64_t>& out_shape, uint64_t seed,
                                   int blocks) {
-  if (kind != "resnet" && kind != "conv") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("algorithm.auxnet: unknown AuxNet '", kind, "' (known: resnet, conv)"));
-  }
   if (blocks < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("algorithm.auxnet_blocks: ", blocks, " (at least 1)"));

@@ -11,16 +11,17 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "services/spec/enums.h"
 
 namespace stagewise::models {
 
 class AuxNetImpl : public torch::nn::Module {
  public:
-  // `kind`: "resnet" (strided conv3x3-BN-ReLU, then `blocks` basic residual
-  // blocks) or "conv" (the strided conv3x3-BN-ReLU alone). Shapes are per sample; image
+  // `kind`: kResnet (strided conv3x3-BN-ReLU, then `blocks` basic residual
+  // blocks) or kConv (the strided conv3x3-BN-ReLU alone). Shapes are per sample; image
   // boundaries [C,H,W] use convolutions (with an adaptive pool when the
   // stride cannot hit the size exactly), anything else a linear layer.
-  AuxNetImpl(const std::string& kind, const std::vector<int64_t>& in_shape,
+  AuxNetImpl(AuxNetArch kind, const std::vector<int64_t>& in_shape,
              const std::vector<int64_t>& out_shape, int blocks = 1);
   torch::Tensor forward(const torch::Tensor& x);
 
@@ -34,9 +35,8 @@ class AuxNetImpl : public torch::nn::Module {
 TORCH_MODULE(AuxNet);
 
 // Built from `seed` under the model-init lock; INVALID_ARGUMENT naming
-// algorithm.auxnet for an unknown kind, algorithm.auxnet_blocks for fewer
-// than one block.
-absl::StatusOr<AuxNet> MakeAuxNet(const std::string& kind, const std::vector<int64_t>& in_shape,
+// algorithm.auxnet_blocks for fewer than one block.
+absl::StatusOr<AuxNet> MakeAuxNet(AuxNetArch kind, const std::vector<int64_t>& in_shape,
                                   const std::vector<int64_t>& out_shape, uint64_t seed,
                                   int blocks = 1);
 

@@ -6,18 +6,6 @@
 
 namespace stagewise::models {
 
-const char* BlockModeName(BlockMode mode) {
-  return NameOf(mode == BlockMode::kStore ? BlockModes::kStore : BlockModes::kRebuild).data();
-}
-
-absl::StatusOr<BlockMode> ParseBlockMode(const std::string& name) {
-  const std::optional<BlockModes> mode = EnumFromName<BlockModes>(name);
-  if (mode == BlockModes::kStore) return BlockMode::kStore;
-  if (mode == BlockModes::kRebuild) return BlockMode::kRebuild;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown block mode '", name, "' (expected store or rebuild)"));
-}
-
 std::pair<torch::Tensor, torch::Tensor> RebuildBackward(ReversibleBlock& block,
                                                         const torch::Tensor& y,
                                                         const torch::Tensor& dy, bool input_grad) {

@@ -23,14 +23,11 @@
 #include "absl/status/statusor.h"
 #include "services/models/block.h"
 #include "services/models/blocks.h"
+#include "services/spec/enums.h"
 
 namespace stagewise::models {
 
-enum class BlockMode { kStore, kRebuild };
-
-const char* BlockModeName(BlockMode mode);
-// "store" | "rebuild"; INVALID_ARGUMENT otherwise.
-absl::StatusOr<BlockMode> ParseBlockMode(const std::string& name);
+using BlockMode = ::stagewise::BlockMode;  // services/spec/enums.h
 
 // One reversible block backwards in rebuild mode: from its output y and the
 // gradient dy, the rebuilt input x and dx (undefined unless `input_grad`).

@@ -155,7 +155,7 @@ absl::StatusOr<std::vector<BlockInfo>> PlanMlp(const ModelSpec& spec) {
 
 absl::StatusOr<std::vector<BlockInfo>> PlanResNet(const ModelSpec& spec) {
   Planner p(spec.input_shape);
-  if (spec.style == "cifar") {
+  if (spec.style == ResNetStyle::kCifar) {
     // He et al. 2016, Sec. 4.2: 3 groups of n basic blocks, widths w, 2w, 4w.
     std::vector<int> from_depth;
     if (spec.blocks.empty()) {
@@ -176,10 +176,6 @@ absl::StatusOr<std::vector<BlockInfo>> PlanResNet(const ModelSpec& spec) {
     }
     p.Head(spec.num_classes);
     return p.Take();
-  }
-  if (spec.style != "imagenet") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.style: must be cifar or imagenet, got '", spec.style, "'"));
   }
   auto layout = FourGroupLayout(spec, "ImageNet ResNet");
   if (!layout.ok()) return layout.status();
@@ -315,21 +311,28 @@ absl::StatusOr<std::vector<BlockInfo>> PlanBlocks(const ModelSpec& spec) {
   if (spec.num_classes < 1) {
     return absl::InvalidArgumentError("model: number of classes unknown (data section missing?)");
   }
-  if (spec.name == "torchscript") return PlanScript(spec);
-  if (spec.name == "mlp") {
+  if (spec.name == ModelKind::kTorchScript) return PlanScript(spec);
+  if (spec.name == ModelKind::kMlp) {
     if (spec.input_shape.empty()) return absl::InvalidArgumentError("model: input shape unknown");
     return PlanMlp(spec);
   }
   if (spec.input_shape.size() != 3) {
-    return absl::InvalidArgumentError(absl::StrCat("model.name: ", spec.name,
+    return absl::InvalidArgumentError(absl::StrCat("model.name: ", NameOf(spec.name),
                                                    " needs image input [C, H, W], got rank ",
                                                    spec.input_shape.size()));
   }
-  if (spec.name == "resnet") return PlanResNet(spec);
-  if (spec.name == "revnet") return PlanRevNet(spec);
-  if (spec.name == "emulated") return PlanEmulated(spec);
-  return absl::InvalidArgumentError(absl::StrCat(
-      "model.name: must be mlp, resnet, revnet, emulated or torchscript, got '", spec.name, "'"));
+  switch (spec.name) {
+    case ModelKind::kResNet:
+      return PlanResNet(spec);
+    case ModelKind::kRevNet:
+      return PlanRevNet(spec);
+    case ModelKind::kEmulated:
+      return PlanEmulated(spec);
+    case ModelKind::kMlp:
+    case ModelKind::kTorchScript:
+      break;
+  }
+  return absl::InternalError(absl::StrCat("model.name ", NameOf(spec.name), ": no planner"));
 }
 
 }  // namespace

@@ -54,7 +54,7 @@ void WithInitSeed(uint64_t seed, const std::function<void()>& build) {
 
 absl::StatusOr<std::shared_ptr<Model>> BuildModel(const ModelSpec& spec, uint64_t seed, int begin,
                                                   int end) {
-  if (spec.name == "torchscript") {
+  if (spec.name == ModelKind::kTorchScript) {
     // The weights come from the file; any partition holds exactly its blocks.
     auto blocks = LoadScriptBlocks(spec, begin, end);
     if (!blocks.ok()) return blocks.status();

@@ -31,12 +31,12 @@ int64_t Bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.eleme
 std::string Shape(const std::vector<int64_t>& s) { return absl::StrJoin(s, "x"); }
 
 std::string ModelName(const ModelSpec& m) {
-  if (m.name == "torchscript") {
+  if (m.name == ModelKind::kTorchScript) {
     return absl::StrCat(
         "torchscript ",
         std::filesystem::path(m.script_file.empty() ? m.path : m.script_file).filename().string());
   }
-  std::string name = m.name;
+  std::string name(NameOf(m.name));
   if (m.depth > 0) absl::StrAppend(&name, "-", m.depth);
   if (m.width > 0) absl::StrAppend(&name, " width ", m.width);
   return name;
@@ -117,15 +117,15 @@ std::string ProfileKey(const JobSpec& spec, int64_t batch_size, const torch::Dev
       absl::StrCat(ModelName(spec.model), "|", blocks, "|", NameOf(spec.optimizer.name), "|",
                    spec.optimizer.momentum, "|", aux_head);
   // A TorchScript model is its file: two files with the same shapes differ.
-  if (spec.model.name == "torchscript") {
+  if (spec.model.name == ModelKind::kTorchScript) {
     absl::StrAppend(&text, "|", spec.model.script_file, "|", spec.model.script_bytes);
     std::error_code ec;
     const auto mtime = std::filesystem::last_write_time(spec.model.script_file, ec);
     if (!ec) absl::StrAppend(&text, "|", mtime.time_since_epoch().count());
   }
   const uint64_t h = std::hash<std::string>{}(text);
-  return absl::StrCat(spec.model.name, "-b", batch_size, "-", device.str(), "-t", threads, "-",
-                      absl::Hex(h, absl::kZeroPad16));
+  return absl::StrCat(NameOf(spec.model.name), "-b", batch_size, "-", device.str(), "-t", threads,
+                      "-", absl::Hex(h, absl::kZeroPad16));
 }
 
 absl::StatusOr<ModelProfile> ProfileModel(const JobSpec& spec, int64_t batch,

@@ -32,12 +32,23 @@ enum class BnStatistics { kLocal, kSerial };
 enum class AuxUpdate { kDistill, kDirect };
 enum class AuxPenalty { kMse, kRelative };
 
+// model.name: the zoo's networks, the emulated accelerator, a user's
+// TorchScript file; model.style for resnet.
+enum class ModelKind { kMlp, kResNet, kRevNet, kEmulated, kTorchScript };
+enum class ResNetStyle { kCifar, kImageNet };
+
+// data.dataset.
+enum class DatasetKind { kFashionMnist, kCifar10, kCifar100, kSynthetic };
+
 // stages.partition: kExplicit is what a list of ranges means; it has no
 // keyword of its own.
 enum class Partition { kBalanced, kEven, kAuto, kExplicit };
 
 // stages.modes: how reversible blocks run (planner).
 enum class BlockModes { kAuto, kStore, kRebuild };
+// One block's mode, as the planner chose it: a StageAssignment's and a
+// checkpoint manifest's block_modes, spelt as in stages.modes.
+enum class BlockMode { kStore, kRebuild };
 
 // transport.compression: float32 activations and gradients on the wire.
 enum class Compression { kNone, kFp16, kBf16 };
@@ -80,6 +91,20 @@ struct EnumSpellings<AuxPenalty> {
   static constexpr std::array<absl::string_view, 2> kNames = {"mse", "relative"};
 };
 template <>
+struct EnumSpellings<ModelKind> {
+  static constexpr std::array<absl::string_view, 5> kNames = {"mlp", "resnet", "revnet", "emulated",
+                                                              "torchscript"};
+};
+template <>
+struct EnumSpellings<ResNetStyle> {
+  static constexpr std::array<absl::string_view, 2> kNames = {"cifar", "imagenet"};
+};
+template <>
+struct EnumSpellings<DatasetKind> {
+  static constexpr std::array<absl::string_view, 4> kNames = {"fashion_mnist", "cifar10",
+                                                              "cifar100", "synthetic"};
+};
+template <>
 struct EnumSpellings<Partition> {
   static constexpr std::array<absl::string_view, 4> kNames = {"balanced", "even", "auto",
                                                               "explicit"};
@@ -87,6 +112,10 @@ struct EnumSpellings<Partition> {
 template <>
 struct EnumSpellings<BlockModes> {
   static constexpr std::array<absl::string_view, 3> kNames = {"auto", "store", "rebuild"};
+};
+template <>
+struct EnumSpellings<BlockMode> {
+  static constexpr std::array<absl::string_view, 2> kNames = {"store", "rebuild"};
 };
 template <>
 struct EnumSpellings<Compression> {
@@ -102,9 +131,12 @@ struct EnumSpellings<LrScheduleKind> {
 };
 
 // How `value` is written in a job spec.
+// A value outside the enum (a cast from bad data) reads "?".
 template <typename E>
 constexpr absl::string_view NameOf(E value) {
-  return EnumSpellings<E>::kNames[static_cast<size_t>(value)];
+  const auto& names = EnumSpellings<E>::kNames;
+  const size_t i = static_cast<size_t>(value);
+  return i < names.size() ? names[i] : absl::string_view("?");
 }
 
 // The value spelt `text`, if any.

@@ -60,14 +60,14 @@ const std::vector<Field<ModelSpec>>& ModelFields() {
   using S = ModelSpec;
   static const auto* const kFields = new std::vector<Field<S>>{
       Key("name", &S::name,
-          "**required**: `mlp`, `resnet`, `revnet`, `emulated`, `torchscript` (your own model, see "
-          "[torchscript.md](torchscript.md))",
+          absl::StrCat("**required**: ", Choices<ModelKind>(),
+                       " (your own model, see [torchscript.md](torchscript.md))"),
           kRequired),
       Key("depth", &S::depth,
           "resnet, `style: cifar`: `6n+2`, n >= 1 (20, 32, 56, 110, ...); resnet, `style: "
           "imagenet`: 18, 34, 50; revnet: 18, 34, 50; emulated: the number of emulated blocks, "
           "1..4096; mlp: unused. Required for resnet/revnet/emulated unless `blocks` is given"),
-      Key("style", &S::style, "`cifar`, `imagenet` (resnet only; ignored otherwise)"),
+      Key("style", &S::style, Choices<ResNetStyle>() + " (resnet only; ignored otherwise)"),
       Key("small_input", &S::small_input,
           "imagenet-style resnet and revnet: 3x3 stem, no max-pool"),
       Key("width", &S::width, "`>= 0`; base channels, `0` = the paper's default"),
@@ -96,8 +96,8 @@ const std::vector<Field<ModelSpec>>& ModelFields() {
 const std::vector<Field<DataSpec>>& DataFields() {
   using S = DataSpec;
   static const auto* const kFields = new std::vector<Field<S>>{
-      Key("dataset", &S::dataset,
-          "**required**: `fashion_mnist`, `cifar10`, `cifar100`, `synthetic`", kRequired),
+      Key("dataset", &S::dataset, absl::StrCat("**required**: ", Choices<DatasetKind>()),
+          kRequired),
       Key("path", &S::path,
           "directory; `\"\"` = the dataset's default. **Required** for `cifar10`/`cifar100` (the "
           "binary batches)"),

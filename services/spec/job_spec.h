@@ -30,14 +30,14 @@ namespace stagewise {
 
 // model: which zoo network and its size knobs.
 struct ModelSpec {
-  std::string name;                 // mlp | resnet | revnet | emulated | torchscript
-  int depth = 0;                    // resnet: 20/32/56/110 (cifar) or 18/34/50;
-                                    // revnet: 18/34/50; mlp: unused
-  std::string style = "cifar";      // resnet only: cifar | imagenet
-  bool small_input = true;          // imagenet/revnet: 3x3 stem, no max-pool
-  int width = 0;                    // base channels (0 = the paper's default)
-  std::vector<int> blocks;          // per-stage block counts; overrides depth
-  std::vector<int> hidden = {256};  // mlp: hidden layer sizes
+  ModelKind name = ModelKind::kMlp;         // required in YAML
+  int depth = 0;                            // resnet: 20/32/56/110 (cifar) or 18/34/50;
+                                            // revnet: 18/34/50; mlp: unused
+  ResNetStyle style = ResNetStyle::kCifar;  // resnet only
+  bool small_input = true;                  // imagenet/revnet: 3x3 stem, no max-pool
+  int width = 0;                            // base channels (0 = the paper's default)
+  std::vector<int> blocks;                  // per-stage block counts; overrides depth
+  std::vector<int> hidden = {256};          // mlp: hidden layer sizes
   // emulated only (docs/models.md, "Emulated accelerators"): depth blocks whose
   // forward and backward each take this long per mini-batch of batch_size
   // samples (scaled to the micro-batch), waiting instead of computing.
@@ -68,9 +68,9 @@ struct ModelSpec {
 
 // data: where samples come from and how they are augmented.
 struct DataSpec {
-  std::string dataset;   // fashion_mnist | cifar10 | cifar100 | synthetic
-  std::string path;      // directory; empty = the dataset's default
-  bool augment = false;  // random crop with padding + horizontal flip
+  DatasetKind dataset = DatasetKind::kSynthetic;  // required in YAML
+  std::string path;                               // directory; empty = the dataset's default
+  bool augment = false;                           // random crop with padding + horizontal flip
   int crop_padding = 4;
   bool horizontal_flip = true;
   bool normalize = true;
@@ -298,6 +298,15 @@ struct JobSpec {
 // order are not kept. INVALID_ARGUMENT if the text is not a YAML map.
 absl::StatusOr<std::string> OverrideSteps(const std::string& yaml_text, int64_t steps);
 
+// The job text with each "key.path=value" of `assignments` set, as the CLI's
+// --set does: the value is read as YAML (256, 0.1, true, [1, 2], text),
+// missing sections are created, and the short forms `algorithm: NAME` and
+// `stages: N` become maps. The result is not validated: parse it. Comments
+// and key order are not kept. INVALID_ARGUMENT naming the assignment when it
+// is not KEY=VALUE or walks into a value that is not a map.
+absl::StatusOr<std::string> OverrideKeys(const std::string& yaml_text,
+                                         const std::vector<std::string>& assignments);
+
 // The phases to run: the explicit ones, or one phase made of the top-level
 // algorithm, optimizer, schedule and length.
 std::vector<PhaseSpec> Phases(const JobSpec& spec);
@@ -306,6 +315,9 @@ std::vector<PhaseSpec> Phases(const JobSpec& spec);
 // e.g. "optimizer.momentum: must be in [0, 1), got 1.5".
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text);
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
+// A job file's text, unparsed: NOT_FOUND, or INVALID_ARGUMENT for a
+// directory or a file over the size cap, naming the path.
+absl::StatusOr<std::string> ReadJobFile(const std::string& path);
 
 // The number of classes and the per-sample input shape of a dataset as named in
 // a DataSpec (fashion_mnist: [1,28,28]/10, cifar10: [3,32,32]/10, ...).

@@ -216,6 +216,16 @@ absl::Status ReadSection(const Section& parent, absl::string_view key,
   return spec::ReadFields(fields, section, out);
 }
 
+// A required closed-set key of a section: "model.name: required (one of
+// mlp, resnet, ...)" when the section or the key is absent.
+template <typename E>
+absl::Status RequireKey(const Section& parent, absl::string_view key, absl::string_view name) {
+  const YAML::Node* node = parent.Find(key);
+  if (node != nullptr && node->IsMap() && (*node)[std::string(name)]) return absl::OkStatus();
+  return KeyError(absl::StrCat(parent.PathOf(key), ".", name),
+                  absl::StrCat("required (one of ", absl::StrJoin(EnumNames<E>(), ", "), ")"));
+}
+
 // phases: a list of {name, epochs | steps, algorithm, optimizer, schedule,
 // reset_optimizer}; each inherits the job's optimizer and schedule.
 absl::Status ParsePhases(const YAML::Node& node, JobSpec* spec) {
@@ -286,12 +296,14 @@ absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root) {
   if (absl::Status s = ReadSection(top, "model", spec::ModelFields(), &spec.model); !s.ok()) {
     return s;
   }
+  if (absl::Status s = RequireKey<ModelKind>(top, "model", "name"); !s.ok()) return s;
   if (const YAML::Node* node = top.Find("script_model")) {
     if (absl::Status s = ParseScriptModel(*node, &spec.model); !s.ok()) return s;
   }
   if (absl::Status s = ReadSection(top, "data", spec::DataFields(), &spec.data); !s.ok()) {
     return s;
   }
+  if (absl::Status s = RequireKey<DatasetKind>(top, "data", "dataset"); !s.ok()) return s;
   if (const YAML::Node* node = top.Find("algorithm")) {
     if (absl::Status s = ParseAlgorithm(*node, &spec.algorithm); !s.ok()) return s;
   }
@@ -355,7 +367,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text) {
   }
 }
 
-absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
+absl::StatusOr<std::string> ReadJobFile(const std::string& path) {
   try {
     std::error_code error;
     const std::filesystem::file_status file = std::filesystem::status(path, error);
@@ -381,12 +393,18 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
     if (in.bad()) {
       return absl::DataLossError(absl::StrCat("error reading job spec ", path));
     }
-    // Parse errors stay exactly as ParseJobSpec reports them (key path first);
-    // callers such as the CLI put the file name in front themselves.
-    return ParseJobSpec(text);
+    return text;
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("loading job spec ", path, ": ", e.what()));
+    return absl::InternalError(absl::StrCat("reading job spec ", path, ": ", e.what()));
   }
+}
+
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadJobFile(path);
+  if (!text.ok()) return text.status();
+  // Parse errors stay exactly as ParseJobSpec reports them (key path first);
+  // callers such as the CLI put the file name in front themselves.
+  return ParseJobSpec(*text);
 }
 
 absl::StatusOr<AuxHeadSpec> ParseAuxHeadSpec(const std::string& text) {
@@ -434,6 +452,61 @@ absl::StatusOr<std::string> OverrideSteps(const std::string& yaml_text, int64_t 
       }
     } else {
       set(root);
+    }
+    YAML::Emitter out;
+    out << root;
+    return std::string(out.c_str());
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: ", e.what()));
+  }
+}
+
+absl::StatusOr<std::string> OverrideKeys(const std::string& yaml_text,
+                                         const std::vector<std::string>& assignments) {
+  if (assignments.empty()) return yaml_text;
+  try {
+    YAML::Node root = YAML::Load(yaml_text);
+    if (!root.IsMap()) return absl::InvalidArgumentError("job spec: expected a map of keys");
+    for (const std::string& assignment : assignments) {
+      const size_t eq = assignment.find('=');
+      const std::string path = assignment.substr(0, eq);
+      const std::string where = absl::StrCat("--set ", spec::Clip(assignment));
+      if (eq == std::string::npos || eq == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": expected KEY=VALUE, e.g. data.limit_test=256"));
+      }
+      const std::vector<std::string> keys = absl::StrSplit(path, '.');
+      YAML::Node value;
+      try {
+        value = YAML::Load(assignment.substr(eq + 1));
+      } catch (const YAML::Exception& e) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": the value is not YAML: ", e.msg));
+      }
+      // yaml-cpp nodes are handles: walk down, making maps where needed.
+      YAML::Node node = root;
+      for (size_t i = 0; i + 1 < keys.size(); ++i) {
+        const std::string& key = keys[i];
+        if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(where, ": empty key"));
+        YAML::Node child = node[key];
+        if (child.IsScalar() && (key == "algorithm" || key == "stages") && node.IsMap() && i == 0) {
+          // The short forms `algorithm: petra` and `stages: 4` as maps.
+          YAML::Node full(YAML::NodeType::Map);
+          full[key == "algorithm" ? "name" : "count"] = child.Scalar();
+          node[key] = full;
+          child = node[key];
+        } else if (!child.IsDefined() || child.IsNull()) {
+          node[key] = YAML::Node(YAML::NodeType::Map);
+          child = node[key];
+        } else if (!child.IsMap()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": ", absl::StrJoin(keys.begin(), keys.begin() + i + 1, "."),
+                           " is ", spec::Describe(child), ", not a map"));
+        }
+        node.reset(child);
+      }
+      if (keys.back().empty())
+        return absl::InvalidArgumentError(absl::StrCat(where, ": empty key"));
+      node[keys.back()] = value;
     }
     YAML::Emitter out;
     out << root;

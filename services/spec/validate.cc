@@ -15,8 +15,6 @@
 namespace stagewise {
 namespace {
 
-using spec::ChoiceMessage;
-using spec::Contains;
 using spec::FormatDouble;
 using spec::InPhase;
 using spec::KeyError;
@@ -84,14 +82,7 @@ bool ValidDevice(absl::string_view device) {
 }
 
 absl::Status ValidateModel(const ModelSpec& model) {
-  const std::vector<std::string> names = {"mlp", "resnet", "revnet", "emulated", "torchscript"};
-  if (model.name.empty()) {
-    return KeyError("model.name", "required (one of mlp, resnet, revnet, emulated, torchscript)");
-  }
-  if (!Contains(names, model.name)) {
-    return KeyError("model.name", ChoiceMessage(model.name, names));
-  }
-  if (model.name == "torchscript") {
+  if (model.name == ModelKind::kTorchScript) {
     if (model.path.empty()) {
       return KeyError("model.path", "required for model.name torchscript: the TorchScript file");
     }
@@ -109,7 +100,7 @@ absl::Status ValidateModel(const ModelSpec& model) {
   if (!model.script_blocks.empty()) {
     return KeyError("script_model", "only for model.name torchscript");
   }
-  if (model.name == "emulated") {
+  if (model.name == ModelKind::kEmulated) {
     // An hour per block and mini-batch is far beyond any benchmark; the cap
     // keeps the waits representable.
     constexpr double kMaxMs = 3.6e6;
@@ -130,10 +121,6 @@ absl::Status ValidateModel(const ModelSpec& model) {
     }
     return check.status();
   }
-  const std::vector<std::string> styles = {"cifar", "imagenet"};
-  if (!Contains(styles, model.style)) {
-    return KeyError("model.style", ChoiceMessage(model.style, styles));
-  }
   Checker check;
   check(AtLeast("model.width", int64_t{model.width}, int64_t{0}));
   for (size_t i = 0; i < model.hidden.size(); ++i) {
@@ -142,11 +129,12 @@ absl::Status ValidateModel(const ModelSpec& model) {
   for (size_t i = 0; i < model.blocks.size(); ++i) {
     check(AtLeast(absl::StrCat("model.blocks[", i, "]"), int64_t{model.blocks[i]}, int64_t{1}));
   }
-  if (!check.status().ok() || model.name == "mlp") return check.status();
+  if (!check.status().ok() || model.name == ModelKind::kMlp) return check.status();
 
-  const bool cifar_resnet = model.name == "resnet" && model.style == "cifar";
-  const std::string kind =
-      model.name == "revnet" ? "revnet" : absl::StrCat("resnet (", model.style, " style)");
+  const bool cifar_resnet = model.name == ModelKind::kResNet && model.style == ResNetStyle::kCifar;
+  const std::string kind = model.name == ModelKind::kRevNet
+                               ? "revnet"
+                               : absl::StrCat("resnet (", NameOf(model.style), " style)");
   if (!model.blocks.empty()) {
     const size_t groups = cifar_resnet ? 3 : 4;
     if (model.blocks.size() != groups) {
@@ -178,15 +166,16 @@ absl::Status ValidateData(const DataSpec& data) {
   ModelSpec scratch;
   absl::Status status = FillDataShape(data, &scratch);
   if (!status.ok()) return status;
-  if ((data.dataset == "cifar10" || data.dataset == "cifar100") && data.path.empty()) {
-    return KeyError("data.path", absl::StrCat("required for ", data.dataset,
+  if ((data.dataset == DatasetKind::kCifar10 || data.dataset == DatasetKind::kCifar100) &&
+      data.path.empty()) {
+    return KeyError("data.path", absl::StrCat("required for ", NameOf(data.dataset),
                                               " (the directory with the binary batches)"));
   }
   Checker check;
   check(AtLeast("data.crop_padding", int64_t{data.crop_padding}, int64_t{0}));
   check(AtLeast("data.limit_train", data.limit_train, int64_t{0}));
   check(AtLeast("data.limit_test", data.limit_test, int64_t{0}));
-  if (data.dataset == "synthetic") {
+  if (data.dataset == DatasetKind::kSynthetic) {
     check(AtLeast("data.train_size", data.train_size, int64_t{1}));
     check(AtLeast("data.test_size", data.test_size, int64_t{1}));
   }
@@ -358,33 +347,32 @@ absl::Status FillDataShape(const DataSpec& data, ModelSpec* model) {
   if (model == nullptr) {
     return absl::InvalidArgumentError("FillDataShape: model is null");
   }
-  if (data.dataset == "fashion_mnist") {
-    model->input_shape = {1, 28, 28};
-    model->num_classes = 10;
-  } else if (data.dataset == "cifar10" || data.dataset == "cifar100") {
-    model->input_shape = {3, 32, 32};
-    model->num_classes = data.dataset == "cifar10" ? 10 : 100;
-  } else if (data.dataset == "synthetic") {
-    if (data.shape.size() != 3) {
-      return KeyError("data.shape",
-                      absl::StrCat("must have 3 entries [C, H, W], got ", data.shape.size()));
-    }
-    for (size_t i = 0; i < data.shape.size(); ++i) {
-      absl::Status status = AtLeast(absl::StrCat("data.shape[", i, "]"), data.shape[i], 1);
-      if (!status.ok()) return status;
-    }
-    // One class would make the loss identically zero.
-    absl::Status status = AtLeast("data.classes", int64_t{data.classes}, 2);
-    if (!status.ok()) return status;
-    model->input_shape = data.shape;
-    model->num_classes = data.classes;
-  } else if (data.dataset.empty()) {
-    return KeyError("data.dataset",
-                    "required (one of fashion_mnist, cifar10, cifar100, synthetic)");
-  } else {
-    return KeyError("data.dataset", ChoiceMessage(data.dataset, {"fashion_mnist", "cifar10",
-                                                                 "cifar100", "synthetic"}));
+  switch (data.dataset) {
+    case DatasetKind::kFashionMnist:
+      model->input_shape = {1, 28, 28};
+      model->num_classes = 10;
+      return absl::OkStatus();
+    case DatasetKind::kCifar10:
+    case DatasetKind::kCifar100:
+      model->input_shape = {3, 32, 32};
+      model->num_classes = data.dataset == DatasetKind::kCifar10 ? 10 : 100;
+      return absl::OkStatus();
+    case DatasetKind::kSynthetic:
+      break;
   }
+  if (data.shape.size() != 3) {
+    return KeyError("data.shape",
+                    absl::StrCat("must have 3 entries [C, H, W], got ", data.shape.size()));
+  }
+  for (size_t i = 0; i < data.shape.size(); ++i) {
+    absl::Status status = AtLeast(absl::StrCat("data.shape[", i, "]"), data.shape[i], 1);
+    if (!status.ok()) return status;
+  }
+  // One class would make the loss identically zero.
+  absl::Status status = AtLeast("data.classes", int64_t{data.classes}, 2);
+  if (!status.ok()) return status;
+  model->input_shape = data.shape;
+  model->num_classes = data.classes;
   return absl::OkStatus();
 }
 

@@ -5,10 +5,13 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "services/checkpoint/checkpoint.h"
+#include "services/common/status_macros.h"
 #include "services/training/optimizer.h"
 
 namespace stagewise::training {
@@ -20,25 +23,21 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
-std::vector<std::string> Checkpoints(const std::string& dir) {
-  std::vector<std::string> out;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("step-", 0) == 0 && entry.path().extension() == ".pt") {
-      out.push_back(entry.path().string());
-    }
-  }
-  std::sort(out.begin(), out.end());  // zero-padded step numbers sort by step
-  return out;
+torch::Tensor Scalar(int64_t v) { return torch::tensor(v, torch::kInt64); }
+
+int64_t ReadScalar(torch::serialize::InputArchive& archive, const std::string& key) {
+  torch::Tensor t;
+  archive.read(key, t);
+  return t.item<int64_t>();
+}
+
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace
-
-std::string NewestCheckpoint(const std::string& dir) {
-  auto all = Checkpoints(dir);
-  return all.empty() ? "" : all.back();
-}
 
 absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(const JobSpec& spec) {
   std::unique_ptr<ReferenceTrainer> t(new ReferenceTrainer());
@@ -115,59 +114,99 @@ EvalResult ReferenceTrainer::Evaluate() {
   return r;
 }
 
-absl::Status ReferenceTrainer::SaveCheckpoint(const std::string& path) const {
+// One stage holding every block: the shard a distributed job's stage writes
+// (worker/stage_runtime.cc), so `stagewise export` reads both alike.
+absl::StatusOr<std::string> ReferenceTrainer::SaveCheckpoint(const std::string& spec_yaml) const {
+  const CheckpointSpec& c = spec_.checkpoint;
+  const std::string step_dir = checkpoint::StepDir(c.dir, spec_.name, step_);
+  std::string data;
   try {
     torch::serialize::OutputArchive archive;
-    model_->save(archive);
+    torch::serialize::OutputArchive model;
+    model_->save(model);
+    archive.write("model", model);
     torch::serialize::OutputArchive opt;
     optimizer_->save(opt);
     archive.write("optimizer", opt);
-    archive.write("step", torch::tensor(step_));
-    // Write a temporary file, then rename: a crash never leaves a torn checkpoint.
-    const std::string tmp = path + ".tmp";
-    archive.save_to(tmp);
-    fs::rename(tmp, path);
+    torch::serialize::OutputArchive algorithm;  // plain backprop keeps no state
+    archive.write("algorithm", algorithm);
+    archive.write("step", Scalar(step_));
+    archive.write("phase", Scalar(0));
+    archive.write("phase_step", Scalar(step_));
+    archive.write("stage", Scalar(0));
+    archive.write("block_begin", Scalar(0));
+    archive.write("block_end", Scalar(model_->size()));
+    std::ostringstream bytes;
+    archive.save_to(bytes);
+    data = std::move(bytes).str();
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("saving checkpoint ", path, ": ", e.what()));
+    return absl::InternalError(absl::StrCat("saving checkpoint ", step_dir, ": ", e.what()));
   }
-  return absl::OkStatus();
+  const std::string file = checkpoint::ShardFileName(0);
+  if (absl::Status s = checkpoint::WriteFileAtomically(step_dir + "/" + file, data); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("checkpoint.dir: ", s.message()));
+  }
+  v1::CheckpointManifest manifest;
+  manifest.set_format(checkpoint::kFormat);
+  manifest.set_job_id(spec_.name);
+  manifest.set_step(step_);
+  manifest.set_phase(0);
+  manifest.set_phase_step(step_);
+  manifest.set_total_steps(total_steps_);
+  manifest.set_created_unix_ms(NowUnixMs());
+  manifest.set_job_spec_yaml(spec_yaml);
+  v1::CheckpointShard* shard = manifest.add_shards();
+  shard->set_stage(0);
+  shard->set_file(file);
+  shard->set_bytes(static_cast<int64_t>(data.size()));
+  shard->set_crc32(checkpoint::Crc32(data));
+  shard->set_block_begin(0);
+  shard->set_block_end(static_cast<int32_t>(model_->size()));
+  if (absl::Status s = checkpoint::WriteManifest(step_dir, manifest); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("checkpoint.dir: ", s.message()));
+  }
+  return step_dir;
 }
 
-absl::Status ReferenceTrainer::LoadCheckpoint(const std::string& path) {
+absl::Status ReferenceTrainer::LoadCheckpoint(const checkpoint::Committed& committed) {
+  const v1::CheckpointShard& shard = committed.manifest.shards(0);
+  const std::string path = committed.dir + "/" + shard.file();
+  if (committed.manifest.shards_size() != 1 || shard.block_begin() != 0 ||
+      shard.block_end() != static_cast<int32_t>(model_->size())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        committed.dir, ": a checkpoint of ", committed.manifest.shards_size(),
+        " stage(s); train-local resumes only its own single-stage checkpoints (start afresh with "
+        "--no-resume, or use another checkpoint.dir)"));
+  }
+  absl::StatusOr<std::string> data = checkpoint::ReadFile(path);
+  if (!data.ok()) return absl::DataLossError(data.status().message());
+  STAGEWISE_RETURN_IF_ERROR(checkpoint::VerifyBytes(*data, shard.bytes(), shard.crc32(), path));
   try {
     torch::serialize::InputArchive archive;
-    archive.load_from(path, device_);
-    model_->load(archive);
+    archive.load_from(data->data(), data->size(), device_);
+    torch::serialize::InputArchive model;
+    archive.read("model", model);
+    model_->load(model);
     torch::serialize::InputArchive opt;
     archive.read("optimizer", opt);
     optimizer_->load(opt);
-    torch::Tensor step;
-    archive.read("step", step);
-    step_ = step.item<int64_t>();
+    step_ = ReadScalar(archive, "step");
   } catch (const std::exception& e) {
     return absl::DataLossError(absl::StrCat("loading checkpoint ", path, ": ", e.what()));
   }
   return absl::OkStatus();
 }
 
-absl::Status ReferenceTrainer::MaybeCheckpoint(bool force, std::string* written) {
+absl::Status ReferenceTrainer::MaybeCheckpoint(bool force, const std::string& spec_yaml,
+                                               std::string* written) {
   const CheckpointSpec& c = spec_.checkpoint;
   if (c.dir.empty()) return absl::OkStatus();
   const int64_t per_epoch = train_->batches_per_epoch();
   const bool due = force || data::CheckpointScheduled(c, step_, total_steps_, per_epoch);
-  if (!due) return absl::OkStatus();
-  std::error_code ec;
-  fs::create_directories(c.dir, ec);
-  if (ec) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("checkpoint.dir: cannot create ", c.dir, ": ", ec.message()));
-  }
-  const std::string path = (fs::path(c.dir) / absl::StrFormat("step-%09d.pt", step_)).string();
-  if (absl::Status s = SaveCheckpoint(path); !s.ok()) return s;
-  *written = path;
-  auto all = Checkpoints(c.dir);
-  for (size_t i = 0; i + static_cast<size_t>(c.keep) < all.size(); ++i) fs::remove(all[i], ec);
-  return absl::OkStatus();
+  // The end of a run may fall on a scheduled checkpoint: no second copy.
+  if (!due || *written == checkpoint::StepDir(c.dir, spec_.name, step_)) return absl::OkStatus();
+  STAGEWISE_ASSIGN_OR_RETURN(*written, SaveCheckpoint(spec_yaml));
+  return checkpoint::Prune(c.dir, spec_.name, c.keep).status();
 }
 
 absl::StatusOr<TrainResult> ReferenceTrainer::Run(const TrainOptions& options) {
@@ -175,10 +214,10 @@ absl::StatusOr<TrainResult> ReferenceTrainer::Run(const TrainOptions& options) {
   result.num_parameters = model_->num_parameters();
   const int64_t per_epoch = train_->batches_per_epoch();
   if (options.resume && !spec_.checkpoint.dir.empty()) {
-    const std::string newest = NewestCheckpoint(spec_.checkpoint.dir);
-    if (!newest.empty()) {
-      if (absl::Status s = LoadCheckpoint(newest); !s.ok()) return s;
-    }
+    std::vector<std::string> skipped;
+    const std::vector<checkpoint::Committed> committed = checkpoint::ListCommitted(
+        spec_.checkpoint.dir, spec_.name, /*verify_checksums=*/false, &skipped);
+    if (!committed.empty()) STAGEWISE_RETURN_IF_ERROR(LoadCheckpoint(committed.front()));
   }
   const auto start = std::chrono::steady_clock::now();
   double eval_seconds = 0;
@@ -228,11 +267,14 @@ absl::StatusOr<TrainResult> ReferenceTrainer::Run(const TrainOptions& options) {
       }
       if (!last && data::EvalDue(spec_.eval, 0, total_steps_, step_, per_epoch)) evaluate();
       if (!last) {
-        if (absl::Status s = MaybeCheckpoint(false, &result.last_checkpoint); !s.ok()) return s;
+        if (absl::Status s = MaybeCheckpoint(false, options.spec_yaml, &result.last_checkpoint);
+            !s.ok())
+          return s;
       }
     }
     result.seconds = Seconds(start) - eval_seconds;
-    if (absl::Status s = MaybeCheckpoint(true, &result.last_checkpoint); !s.ok()) return s;
+    if (absl::Status s = MaybeCheckpoint(true, options.spec_yaml, &result.last_checkpoint); !s.ok())
+      return s;
     if (data::EvalDue(spec_.eval, 0, total_steps_, total_steps_, per_epoch)) evaluate();
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("training step ", step_, ": ", e.what()));

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "services/checkpoint/checkpoint.h"
 #include "services/data/dataset.h"
 #include "services/models/model.h"
 #include "services/spec/job_spec.h"
@@ -52,7 +53,10 @@ struct TrainOptions {
   int64_t log_every_steps = 50;
   std::function<void(const Progress&)> on_progress;
   std::function<void(const EvalResult&)> on_eval;
-  bool resume = true;  // continue from the newest checkpoint in checkpoint.dir
+  bool resume = true;  // continue from the newest committed checkpoint of the job
+  // The job as written, kept in every checkpoint's manifest so that
+  // `stagewise export` can rebuild the model from the checkpoint alone.
+  std::string spec_yaml;
 };
 
 class ReferenceTrainer {
@@ -75,12 +79,15 @@ class ReferenceTrainer {
   int64_t total_steps() const { return total_steps_; }
   int64_t step() const { return step_; }
 
-  absl::Status SaveCheckpoint(const std::string& path) const;
-  absl::Status LoadCheckpoint(const std::string& path);
+  // Checkpoints use the layout of a distributed job's (services/checkpoint/):
+  // <checkpoint.dir>/<job name>/step-<N>/{stage-0.pt, MANIFEST}, one shard
+  // holding every block. SaveCheckpoint returns the step directory.
+  absl::StatusOr<std::string> SaveCheckpoint(const std::string& spec_yaml) const;
+  absl::Status LoadCheckpoint(const checkpoint::Committed& committed);
 
  private:
   ReferenceTrainer() = default;
-  absl::Status MaybeCheckpoint(bool force, std::string* written);
+  absl::Status MaybeCheckpoint(bool force, const std::string& spec_yaml, std::string* written);
 
   JobSpec spec_;
   torch::Device device_{torch::kCPU};
@@ -93,9 +100,6 @@ class ReferenceTrainer {
   int64_t step_ = 0;
   double base_lr_ = 0;
 };
-
-// Newest "step-<N>.pt" in `dir`, or "" when there is none.
-std::string NewestCheckpoint(const std::string& dir);
 
 }  // namespace stagewise::training
 

@@ -332,7 +332,7 @@ int main(int argc, char** argv) {
   if (plan) return Planner(base, stage_counts.front());  // fixed rounds; steps unused
   std::cout << absl::StrFormat(
       "%s, batch %d, %d steps per run, %d intra-op threads shared by all stages\n",
-      spec->model.name, batch, steps, at::get_num_threads());
+      NameOf(spec->model.name), batch, steps, at::get_num_threads());
   struct Row {
     std::string name;
     std::string algorithm;

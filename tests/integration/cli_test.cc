@@ -154,11 +154,42 @@ TEST_F(Cli, CheckpointsAreWrittenAndResumed) {
   const std::string path = WriteJob(job);
   Result first = Stagewise("train-local -q -o json --steps 20 " + path);
   ASSERT_EQ(first.code, 0) << first.err;
-  EXPECT_TRUE(fs::exists(ckpt + "/step-000000020.pt"));
+  // The layout of a distributed job's checkpoints (one stage holding every
+  // block), under the job's name.
+  EXPECT_TRUE(fs::exists(ckpt + "/tiny/step-0000000020/MANIFEST"));
+  EXPECT_TRUE(fs::exists(ckpt + "/tiny/step-0000000020/stage-0.pt"));
   Result second = Stagewise("train-local -o json " + path);  // resumes at 20, runs to 40
   ASSERT_EQ(second.code, 0) << second.err;
   EXPECT_NE(second.out.find("\"steps\":40"), std::string::npos) << second.out;
-  EXPECT_TRUE(fs::exists(ckpt + "/step-000000040.pt"));
+  EXPECT_TRUE(fs::exists(ckpt + "/tiny/step-0000000040/MANIFEST"));
+  // So `export` reads it as it reads a distributed job's.
+  const std::string exported = (dir_ / "exported").string();
+  Result e = Stagewise("export --checkpoint " + ckpt + "/tiny --output-dir " + exported);
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_NE(e.out.find("after step 40"), std::string::npos) << e.out;
+  EXPECT_TRUE(fs::exists(exported + "/model.pt"));
+}
+
+TEST_F(Cli, SetOverridesKeysOfTheJobFile) {
+  const std::string path = WriteJob(kTinyJob);
+  Result r = Stagewise(
+      "train-local -o json --set steps=3 --set algorithm.name=backprop "
+      "--set data.limit_test=16 " +
+      path);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"steps\":3"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("(16 samples)"), std::string::npos) << r.err;
+  // Errors name the key as the spec does, or the bad assignment.
+  r = Stagewise("validate --set optimizer.momentum=1.5 " + path);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("optimizer.momentum"), std::string::npos) << r.err;
+  r = Stagewise("validate --set model.name.x=1 " + path);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--set model.name.x=1: model.name is 'mlp', not a map"), std::string::npos)
+      << r.err;
+  r = Stagewise("validate --set steps " + path);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("expected KEY=VALUE"), std::string::npos) << r.err;
 }
 
 TEST_F(Cli, ValidatePrintsBlocksAndStages) {
@@ -186,7 +217,9 @@ TEST_F(Cli, EveryExampleTrainsTwoSteps) {
   int n = 0;
   for (const auto& e : fs::directory_iterator(std::string(STAGEWISE_SOURCE_DIR) + "/examples")) {
     if (e.path().extension() != ".yaml") continue;
-    Result r = Stagewise("train-local -q -o json --no-resume --steps 2 " + e.path().string());
+    // A short evaluation: the examples evaluate on their whole test sets.
+    Result r = Stagewise("train-local -q -o json --no-resume --steps 2 --set data.limit_test=256 " +
+                         e.path().string());
     EXPECT_EQ(r.code, 0) << e.path() << ": " << r.err;
     EXPECT_NE(r.out.find("\"steps\":2"), std::string::npos) << e.path() << ": " << r.out;
     ++n;
@@ -252,7 +285,8 @@ TEST_F(Cli, EveryExampleRunsTwoStepsOnLocalWorkers) {
   int n = 0;
   for (const auto& e : fs::directory_iterator(std::string(STAGEWISE_SOURCE_DIR) + "/examples")) {
     if (e.path().extension() != ".yaml") continue;
-    Result r = Stagewise("local -q -o json --threads 1 --steps 2 " + e.path().string());
+    Result r = Stagewise("local -q -o json --threads 1 --steps 2 --set data.limit_test=256 " +
+                         e.path().string());
     EXPECT_EQ(r.code, 0) << e.path() << ": " << r.err;
     EXPECT_NE(r.out.find("\"state\":\"SUCCEEDED\""), std::string::npos)
         << e.path() << ": " << r.out;

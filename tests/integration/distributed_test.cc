@@ -8,6 +8,7 @@
 #include <set>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -304,6 +305,12 @@ TEST(Distributed, TheControlStreamIsReadWhileAStageBuilds) {
     mu.Await(absl::Condition(&release));
   };
   testing::Cluster cluster(options);
+  // Destroyed before the cluster: a failed assertion below must not leave the
+  // stage threads held in their builds while the cluster shuts down.
+  auto unblock = absl::MakeCleanup([&] {
+    absl::MutexLock lock(&mu);
+    release = true;
+  });
   ASSERT_TRUE(cluster.WaitForWorkers(2));
   auto id = cluster.manager().Submit(Job(2, 4));
   ASSERT_TRUE(id.ok()) << id.status();
@@ -327,10 +334,7 @@ TEST(Distributed, TheControlStreamIsReadWhileAStageBuilds) {
   }
   EXPECT_TRUE(all_advanced) << "the control streams were not read while the stages built";
   EXPECT_EQ(cluster.manager().GetJob(*id)->state(), v1::CONFIGURING);
-  {
-    absl::MutexLock lock(&mu);
-    release = true;
-  }
+  std::move(unblock).Invoke();
   auto done = cluster.WaitForJob(*id);
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();

@@ -16,11 +16,7 @@ namespace stagewise {
 namespace {
 
 using testing::ProcessCluster;
-
-uint64_t TestSeed() {
-  if (const char* env = ::getenv("STAGEWISE_TEST_SEED")) return std::strtoull(env, nullptr, 10);
-  return std::random_device{}();
-}
+using testing::TestSeed;
 
 std::string JobYaml(const std::string& checkpoint_dir) {
   return absl::StrCat(R"(name: chaos

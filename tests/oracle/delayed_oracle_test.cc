@@ -55,14 +55,10 @@ void ExpectClose(const std::map<std::string, torch::Tensor>& got,
 
 // The single-process simulation: a discrete-event loop over J stage models.
 std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, bool stash) {
-  auto trainer = training::ReferenceTrainer::Create(spec);  // for its batches
-  EXPECT_TRUE(trainer.ok());
-  const auto& batches = (*trainer)->train_sampler();
-  const int64_t per_epoch = batches.batches_per_epoch();
+  const testing::Simulation sim = testing::StartSimulation(spec);
+  const int64_t per_epoch = sim.per_epoch;
   const int64_t S = spec.steps;
-  auto plan = models::PlanModel(spec.model);
-  auto ranges = models::ResolvePartition(spec.stages, *plan);
-  const int J = static_cast<int>(ranges->size());
+  const int J = sim.stages();
   const double base = training::BaseLearningRate(spec.optimizer, spec.batch_size);
 
   struct Sim {
@@ -76,9 +72,7 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, bool stash) {
   };
   std::vector<Sim> st(J);
   for (int j = 0; j < J; ++j) {
-    st[j].model =
-        *models::BuildModel(spec.model, spec.seed, (*ranges)[j].first, (*ranges)[j].second);
-    st[j].model->train();
+    st[j].model = sim.StageModel(spec, j);
     st[j].opt = training::MakeOptimizer(spec.optimizer, *st[j].model);
     st[j].params = st[j].model->parameters();
     st[j].depth = 2 * (J - 1 - j) + 1;
@@ -97,15 +91,7 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, bool stash) {
       const int64_t t = s.next_f;
       const bool want_forward = t < S && (last || t - s.next_b < s.depth);
       if (want_forward && (j == 0 || s.fwd_in.count(t))) {
-        torch::Tensor x, y;
-        if (j == 0) {
-          data::Batch b = batches.Get(t / per_epoch, t % per_epoch);
-          x = b.x;
-          y = b.y;
-        } else {
-          std::tie(x, y) = s.fwd_in[t];
-          s.fwd_in.erase(t);
-        }
+        auto [x, y] = sim.TakeInput(j, t, s.fwd_in);
         if (last) {
           s.opt->zero_grad();
           if (j > 0) x.requires_grad_(true);

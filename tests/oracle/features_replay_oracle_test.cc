@@ -17,13 +17,8 @@
 #include "tests/integration/cluster.h"
 #include "tests/oracle/oracle_util.h"
 
-namespace stagewise {
+namespace stagewise::testing {
 namespace {
-
-using testing::ExpectClose;
-using testing::Outcome;
-using testing::RunJob;
-using testing::Tensors;
 
 // RevNet blocks [2, 2, 1, 1]: 8 blocks, even over 3 stages [0,3) [3,6) [6,8).
 std::string JobYaml(int stages, int64_t steps, double lr = 0.05, double weight_decay = 1e-4) {
@@ -47,20 +42,15 @@ steps: )",
 // gradient its successor produced in iteration t-1; the last stage uses its
 // fresh loss.
 std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec) {
-  auto trainer = training::ReferenceTrainer::Create(spec);  // for its batches
-  EXPECT_TRUE(trainer.ok());
-  const auto& batches = (*trainer)->train_sampler();
-  const int64_t per_epoch = batches.batches_per_epoch();
+  const Simulation sim = StartSimulation(spec);
+  const int64_t per_epoch = sim.per_epoch;
   const int64_t T = spec.steps;
-  auto plan = models::PlanModel(spec.model);
-  auto ranges = models::ResolvePartition(spec.stages, *plan);
-  const int J = static_cast<int>(ranges->size());
+  const int J = sim.stages();
   const double base = training::BaseLearningRate(spec.optimizer, spec.batch_size);
   std::vector<std::shared_ptr<models::Model>> F(J);
   std::vector<std::unique_ptr<torch::optim::Optimizer>> opt(J);
   for (int j = 0; j < J; ++j) {
-    F[j] = *models::BuildModel(spec.model, spec.seed, (*ranges)[j].first, (*ranges)[j].second);
-    F[j]->train();
+    F[j] = sim.StageModel(spec, j);
     opt[j] = training::MakeOptimizer(spec.optimizer, *F[j]);
   }
   auto step = [&](int j, int64_t t) {
@@ -72,7 +62,7 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec) {
   std::map<int, std::pair<int64_t, torch::Tensor>> delta;  // stage -> (mini-batch, gradient)
   for (int64_t t = 0; t < T; ++t) {
     std::map<int, std::pair<int64_t, torch::Tensor>> next;
-    data::Batch b = batches.Get(t / per_epoch, t % per_epoch);
+    data::Batch b = sim.Batch(t);
     torch::Tensor h = b.x;
     for (int j = 0; j < J; ++j) {
       if (j < J - 1) {
@@ -179,4 +169,4 @@ TEST(FeaturesReplayOracle, EqualsTheLockStepSimulationOfAlgorithm1) {
 }
 
 }  // namespace
-}  // namespace stagewise
+}  // namespace stagewise::testing

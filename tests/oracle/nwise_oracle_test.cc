@@ -21,13 +21,8 @@
 #include "tests/integration/cluster.h"
 #include "tests/oracle/oracle_util.h"
 
-namespace stagewise {
+namespace stagewise::testing {
 namespace {
-
-using testing::ExpectClose;
-using testing::Outcome;
-using testing::RunJob;
-using testing::Tensors;
 
 // ResNet-8 (CIFAR style, 1 block per group): stem, 3 residual blocks, head =
 // 5 blocks; J = 4 takes [0,2) [2,3) [3,4) [4,5) with the even split.
@@ -50,21 +45,16 @@ steps: )",
 // stages j..m recomputed from its detached input; the aux head of stage m is
 // trained by L_m alone.
 std::map<std::string, torch::Tensor> Reference(const JobSpec& spec, int64_t n, bool mix_local) {
-  auto trainer = training::ReferenceTrainer::Create(spec);  // for its batches
-  EXPECT_TRUE(trainer.ok());
-  const auto& batches = (*trainer)->train_sampler();
-  const int64_t per_epoch = batches.batches_per_epoch();
-  auto plan = models::PlanModel(spec.model);
-  auto ranges = models::ResolvePartition(spec.stages, *plan);
-  const int J = static_cast<int>(ranges->size());
-  const int64_t classes = plan->back().out_shape[0];
+  const Simulation sim = StartSimulation(spec);
+  const int64_t per_epoch = sim.per_epoch;
+  const int J = sim.stages();
+  const int64_t classes = sim.plan.back().out_shape[0];
   const double base = training::BaseLearningRate(spec.optimizer, spec.batch_size);
   std::vector<std::shared_ptr<models::Model>> F(J);
   std::vector<models::AuxHead> head(J, models::AuxHead{nullptr});
   std::vector<std::unique_ptr<torch::optim::Optimizer>> opt(J), head_opt(J);
   for (int j = 0; j < J; ++j) {
-    F[j] = *models::BuildModel(spec.model, spec.seed, (*ranges)[j].first, (*ranges)[j].second);
-    F[j]->train();
+    F[j] = sim.StageModel(spec, j);
     opt[j] = training::MakeOptimizer(spec.optimizer, *F[j]);
     if (j < J - 1) {
       const auto& last = F[j]->blocks().back()->info();
@@ -78,7 +68,7 @@ std::map<std::string, torch::Tensor> Reference(const JobSpec& spec, int64_t n, b
     return torch::cross_entropy_loss(m == J - 1 ? h : head[m]->forward(h), y);
   };
   for (int64_t t = 0; t < spec.steps; ++t) {
-    data::Batch b = batches.Get(t / per_epoch, t % per_epoch);
+    data::Batch b = sim.Batch(t);
     std::vector<torch::Tensor> in(J);
     {
       torch::NoGradGuard g;  // the one forward that moves running statistics
@@ -267,4 +257,4 @@ eval: {every_epochs: 0, at_end: false}
 }
 
 }  // namespace
-}  // namespace stagewise
+}  // namespace stagewise::testing

@@ -6,9 +6,15 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <map>
+#include <memory>
+#include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "services/models/plan.h"
 #include "services/training/reference_trainer.h"
 #include "tests/integration/cluster.h"
 
@@ -116,6 +122,60 @@ inline MomentumOutcome RunMomentumOracle(const std::string& yaml, int workers) {
     }
   }
   return out;
+}
+
+// $STAGEWISE_TEST_SEED, or a fresh random seed (the tests that draw their
+// faults at random print it, so a failure can be replayed).
+inline uint64_t TestSeed() {
+  if (const char* env = std::getenv("STAGEWISE_TEST_SEED")) return std::strtoull(env, nullptr, 10);
+  return std::random_device{}();
+}
+
+// What a single-process simulation of a pipelined algorithm starts from: the
+// reference trainer's batches (the distributed run's order), the model's
+// blocks and the job's stage ranges.
+struct Simulation {
+  std::unique_ptr<training::ReferenceTrainer> trainer;
+  std::vector<models::BlockInfo> plan;
+  std::vector<std::pair<int, int>> ranges;
+  int64_t per_epoch = 1;
+
+  int stages() const { return static_cast<int>(ranges.size()); }
+  // Mini-batch t of the training order.
+  data::Batch Batch(int64_t t) const {
+    return trainer->train_sampler().Get(t / per_epoch, t % per_epoch);
+  }
+  // Stage j's blocks with the job's initial parameters, in training mode.
+  std::shared_ptr<models::Model> StageModel(const JobSpec& spec, int j) const {
+    auto model = models::BuildModel(spec.model, spec.seed, ranges[j].first, ranges[j].second);
+    EXPECT_TRUE(model.ok()) << model.status();
+    (*model)->train();
+    return *model;
+  }
+  // Stage j's input of mini-batch t: the batch at the first stage, else the
+  // activation and labels its predecessor left in `inbox` (taken out).
+  std::pair<torch::Tensor, torch::Tensor> TakeInput(
+      int j, int64_t t, std::map<int64_t, std::pair<torch::Tensor, torch::Tensor>>& inbox) const {
+    if (j > 0) return std::move(inbox.extract(t).mapped());
+    data::Batch b = Batch(t);
+    return {b.x, b.y};
+  }
+};
+
+inline Simulation StartSimulation(const JobSpec& spec) {
+  Simulation sim;
+  auto trainer = training::ReferenceTrainer::Create(spec);
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  auto plan = models::PlanModel(spec.model);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (!trainer.ok() || !plan.ok()) return sim;
+  sim.trainer = *std::move(trainer);
+  sim.plan = *std::move(plan);
+  auto ranges = models::ResolvePartition(spec.stages, sim.plan);
+  EXPECT_TRUE(ranges.ok()) << ranges.status();
+  if (ranges.ok()) sim.ranges = *std::move(ranges);
+  sim.per_epoch = sim.trainer->train_sampler().batches_per_epoch();
+  return sim;
 }
 
 }  // namespace stagewise::testing

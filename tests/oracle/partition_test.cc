@@ -23,7 +23,7 @@ class PartitionComposition : public ::testing::TestWithParam<Case> {};
 TEST_P(PartitionComposition, StagesComposeToTheWholeModel) {
   const Case& c = GetParam();
   ModelSpec spec;
-  spec.name = c.name;
+  spec.name = *EnumFromName<ModelKind>(c.name);
   spec.depth = c.depth;
   spec.width = 4;
   spec.blocks = c.blocks;

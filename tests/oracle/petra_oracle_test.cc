@@ -21,13 +21,8 @@
 #include "tests/integration/cluster.h"
 #include "tests/oracle/oracle_util.h"
 
-namespace stagewise {
+namespace stagewise::testing {
 namespace {
-
-using testing::ExpectClose;
-using testing::Outcome;
-using testing::RunJob;
-using testing::Tensors;
 
 // RevNet blocks: 0 stem, 1-2 reversible, 3 downsample, 4 reversible,
 // 5-6 downsample, 7 head. Even over 3 stages: [0,3) [3,6) [6,8).
@@ -51,14 +46,10 @@ steps: )",
 // once). Each stage's state depends only on the order of its own operations,
 // so a round-robin event loop reproduces the distributed run.
 std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, int64_t k) {
-  auto trainer = training::ReferenceTrainer::Create(spec);  // for its batches
-  EXPECT_TRUE(trainer.ok());
-  const auto& batches = (*trainer)->train_sampler();
-  const int64_t per_epoch = batches.batches_per_epoch();
+  const Simulation sim = StartSimulation(spec);
+  const int64_t per_epoch = sim.per_epoch;
   const int64_t S = spec.steps;
-  auto plan = models::PlanModel(spec.model);
-  auto ranges = models::ResolvePartition(spec.stages, *plan);
-  const int J = static_cast<int>(ranges->size());
+  const int J = sim.stages();
   const double base = training::BaseLearningRate(spec.optimizer, spec.batch_size, k);
 
   struct Sim {
@@ -71,9 +62,7 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, int64_t k) {
   };
   std::vector<Sim> st(J);
   for (int j = 0; j < J; ++j) {
-    st[j].model =
-        *models::BuildModel(spec.model, spec.seed, (*ranges)[j].first, (*ranges)[j].second);
-    st[j].model->train();
+    st[j].model = sim.StageModel(spec, j);
     st[j].opt = training::MakeOptimizer(spec.optimizer, *st[j].model);
     st[j].opt->zero_grad();
     st[j].depth = 2 * (J - 1 - j) + 1;
@@ -99,15 +88,7 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, int64_t k) {
       const int64_t t = s.next_f;
       const bool want_forward = t < S && (last || t - s.next_b < s.depth);
       if (want_forward && (j == 0 || s.fwd_in.count(t))) {
-        torch::Tensor x, y;
-        if (j == 0) {
-          data::Batch b = batches.Get(t / per_epoch, t % per_epoch);
-          x = b.x;
-          y = b.y;
-        } else {
-          std::tie(x, y) = s.fwd_in[t];
-          s.fwd_in.erase(t);
-        }
+        auto [x, y] = sim.TakeInput(j, t, s.fwd_in);
         if (last) {
           if (j > 0) x.requires_grad_(true);
           torch::cross_entropy_loss(s.model->forward(x), y).backward();
@@ -271,4 +252,4 @@ TEST(PetraMemory, FullyReversibleStageHoldsNoActivationsWhereDelayedHoldsInputs)
 }
 
 }  // namespace
-}  // namespace stagewise
+}  // namespace stagewise::testing

@@ -19,11 +19,7 @@ namespace stagewise {
 namespace {
 
 using testing::ProcessCluster;
-
-uint64_t TestSeed() {
-  if (const char* env = ::getenv("STAGEWISE_TEST_SEED")) return std::strtoull(env, nullptr, 10);
-  return std::random_device{}();
-}
+using testing::TestSeed;
 
 struct Case {
   std::string algorithm;  // the YAML after "algorithm: " (or a phases: block)

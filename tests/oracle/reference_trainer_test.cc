@@ -7,6 +7,8 @@
 
 #include <filesystem>
 
+#include "absl/strings/str_join.h"
+#include "services/checkpoint/checkpoint.h"
 #include "services/models/model.h"
 #include "services/spec/job_spec.h"
 
@@ -17,12 +19,12 @@ JobSpec SmallJob(const std::string& model) {
   JobSpec spec;
   spec.name = "oracle";
   spec.seed = 42;
-  spec.data.dataset = "synthetic";
+  spec.data.dataset = DatasetKind::kSynthetic;
   spec.data.train_size = 512;
   spec.data.test_size = 256;
   spec.data.shape = {3, 8, 8};
   spec.data.classes = 4;
-  spec.model.name = model;
+  spec.model.name = *EnumFromName<ModelKind>(model);
   spec.model.depth = 18;
   spec.model.width = 4;
   spec.model.blocks = model == "revnet" ? std::vector<int>{1, 1, 1, 1} : std::vector<int>{};
@@ -92,7 +94,17 @@ TEST(ReferenceTrainer, ResumeFromCheckpointIsExact) {
   ASSERT_TRUE(a.ok());
   auto ra = (*a)->Run();
   ASSERT_TRUE(ra.ok()) << ra.status();
-  ASSERT_FALSE(NewestCheckpoint(dir.string()).empty());
+  ASSERT_FALSE(ra->last_checkpoint.empty());
+  // The layout of a distributed job's checkpoints: one committed step
+  // directory with one shard holding every block.
+  std::vector<std::string> skipped;
+  const std::vector<checkpoint::Committed> committed =
+      checkpoint::ListCommitted(dir.string(), spec.name, /*verify_checksums=*/true, &skipped);
+  ASSERT_EQ(committed.size(), 1u) << absl::StrJoin(skipped, "; ");
+  EXPECT_EQ(committed[0].dir, ra->last_checkpoint);
+  EXPECT_EQ(committed[0].manifest.step(), 4);
+  ASSERT_EQ(committed[0].manifest.shards_size(), 1);
+  EXPECT_EQ(committed[0].manifest.shards(0).block_end(), (*a)->model().size());
 
   auto b = ReferenceTrainer::Create(spec);
   ASSERT_TRUE(b.ok());

@@ -110,7 +110,7 @@ TEST(AuxNet, ReproducesTheBoundaryShapes) {
   struct Case {
     std::vector<int64_t> in, out;
   };
-  for (const char* kind : {"resnet", "conv"}) {
+  for (AuxNetArch kind : {AuxNetArch::kResnet, AuxNetArch::kConv}) {
     for (const Case& c : std::vector<Case>{{{1, 28, 28}, {16, 28, 28}},
                                            {{16, 28, 28}, {32, 14, 14}},
                                            {{64, 7, 7}, {128, 4, 4}},
@@ -122,14 +122,14 @@ TEST(AuxNet, ReproducesTheBoundaryShapes) {
       torch::Tensor y = (*net)->forward(torch::randn(shape));
       std::vector<int64_t> want = {3};
       want.insert(want.end(), c.out.begin(), c.out.end());
-      EXPECT_EQ(y.sizes().vec(), want) << kind;
+      EXPECT_EQ(y.sizes().vec(), want) << NameOf(kind);
     }
   }
-  EXPECT_EQ(models::MakeAuxNet("mlp", {4}, {4}, 1).status().code(),
+  EXPECT_EQ(models::MakeAuxNet(AuxNetArch::kConv, {4}, {4}, 1, /*blocks=*/0).status().code(),
             absl::StatusCode::kInvalidArgument);
   // Seeded: the same seed builds the same weights.
-  auto a = models::MakeAuxNet("resnet", {3, 8, 8}, {4, 8, 8}, 11);
-  auto b = models::MakeAuxNet("resnet", {3, 8, 8}, {4, 8, 8}, 11);
+  auto a = models::MakeAuxNet(AuxNetArch::kResnet, {3, 8, 8}, {4, 8, 8}, 11);
+  auto b = models::MakeAuxNet(AuxNetArch::kResnet, {3, 8, 8}, {4, 8, 8}, 11);
   const torch::Tensor x = torch::randn({2, 3, 8, 8});
   EXPECT_TRUE(torch::equal((*a)->forward(x), (*b)->forward(x)));
 }
@@ -142,14 +142,14 @@ TEST(AuxNet, BlocksAddCapacityAndKeepTheShapes) {
     for (const auto& p : net->parameters()) n += p.numel();
     return n;
   };
-  auto one = models::MakeAuxNet("resnet", {8, 28, 28}, {16, 14, 14}, 3, 1);
-  auto three = models::MakeAuxNet("resnet", {8, 28, 28}, {16, 14, 14}, 3, 3);
+  auto one = models::MakeAuxNet(AuxNetArch::kResnet, {8, 28, 28}, {16, 14, 14}, 3, 1);
+  auto three = models::MakeAuxNet(AuxNetArch::kResnet, {8, 28, 28}, {16, 14, 14}, 3, 3);
   ASSERT_TRUE(one.ok() && three.ok());
   const int64_t block = 2 * (16 * 16 * 9 + 2 * 16);  // two conv3x3 + two BatchNorms
   EXPECT_EQ(count(*three) - count(*one), 2 * block);
   EXPECT_EQ((*three)->forward(torch::randn({2, 8, 28, 28})).sizes().vec(),
             (std::vector<int64_t>{2, 16, 14, 14}));
-  auto zero = models::MakeAuxNet("resnet", {8, 28, 28}, {16, 14, 14}, 3, 0);
+  auto zero = models::MakeAuxNet(AuxNetArch::kResnet, {8, 28, 28}, {16, 14, 14}, 3, 0);
   ASSERT_FALSE(zero.ok());
   EXPECT_NE(zero.status().message().find("algorithm.auxnet_blocks"), std::string::npos);
 }

@@ -13,7 +13,7 @@ namespace {
 
 ModelSpec Emulated(int depth, bool reversible, std::vector<int64_t> shape = {4, 3, 3}) {
   ModelSpec s;
-  s.name = "emulated";
+  s.name = ModelKind::kEmulated;
   s.depth = depth;
   s.forward_ms = 8;
   s.backward_ms = 16;

@@ -101,17 +101,17 @@ checkpoint: {dir: /tmp/ckpt, every_epochs: 1, every_steps: 50, keep: 5}
   EXPECT_EQ(spec.seed, 7);
   EXPECT_EQ(spec.device, "cuda:1");
 
-  EXPECT_EQ(spec.model.name, "revnet");
+  EXPECT_EQ(spec.model.name, ModelKind::kRevNet);
   EXPECT_EQ(spec.model.depth, 34);
   EXPECT_EQ(spec.model.width, 32);
   EXPECT_FALSE(spec.model.small_input);
-  EXPECT_EQ(spec.model.style, "imagenet");
+  EXPECT_EQ(spec.model.style, ResNetStyle::kImageNet);
   EXPECT_THAT(spec.model.blocks, ElementsAre(2, 2, 3, 2));
   EXPECT_THAT(spec.model.hidden, ElementsAre(512, 128));
   EXPECT_THAT(spec.model.input_shape, ElementsAre(1, 8, 9));
   EXPECT_EQ(spec.model.num_classes, 5);
 
-  EXPECT_EQ(spec.data.dataset, "synthetic");
+  EXPECT_EQ(spec.data.dataset, DatasetKind::kSynthetic);
   EXPECT_EQ(spec.data.path, "/data/x");
   EXPECT_TRUE(spec.data.augment);
   EXPECT_EQ(spec.data.crop_padding, 2);
@@ -169,7 +169,7 @@ TEST(JobSpecTest, MinimalSpecGetsStructDefaults) {
   EXPECT_EQ(spec.seed, defaults.seed);
   EXPECT_EQ(spec.device, "cpu");
   EXPECT_EQ(spec.model.depth, defaults.model.depth);
-  EXPECT_EQ(spec.model.style, "cifar");
+  EXPECT_EQ(spec.model.style, ResNetStyle::kCifar);
   EXPECT_TRUE(spec.model.small_input);
   EXPECT_EQ(spec.model.width, 0);
   EXPECT_TRUE(spec.model.blocks.empty());
@@ -369,14 +369,14 @@ TEST(JobSpecTest, DataShapes) {
     EXPECT_EQ(spec.model.num_classes, c.classes);
   }
   DataSpec data;
-  data.dataset = "synthetic";
+  data.dataset = DatasetKind::kSynthetic;
   data.shape = {2, 5, 7};
   data.classes = 3;
   ModelSpec model;
   ASSERT_TRUE(FillDataShape(data, &model).ok());
   EXPECT_THAT(model.input_shape, ElementsAre(2, 5, 7));
   EXPECT_EQ(model.num_classes, 3);
-  data.dataset = "mnist";
+  data.classes = 1;
   EXPECT_EQ(FillDataShape(data, &model).code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -740,12 +740,43 @@ TEST(JobSpecTest, LoadJobSpecMissingFile) {
   EXPECT_FALSE(spec.ok());
 }
 
+TEST(JobSpecTest, OverrideKeysSetsNestedKeysAndNamesBadAssignments) {
+  const std::string base =
+      "name: x\nmodel: {name: mlp}\ndata: {dataset: synthetic}\nalgorithm: petra\n"
+      "stages: 2\nsteps: 5\n";
+  absl::StatusOr<std::string> text = OverrideKeys(
+      base, {"steps=7", "data.limit_test=64", "optimizer.lr=0.5", "algorithm.accumulation=3",
+             "stages.partition=even", "model.hidden=[8, 4]"});
+  ASSERT_TRUE(text.ok()) << text.status();
+  const JobSpec spec = ParseOk(*text);
+  EXPECT_EQ(spec.steps, 7);
+  EXPECT_EQ(spec.data.limit_test, 64);
+  EXPECT_DOUBLE_EQ(spec.optimizer.lr, 0.5);
+  ASSERT_NE(spec.algorithm.get_if<PetraOptions>(), nullptr);  // the short form kept its name
+  EXPECT_EQ(spec.algorithm.get_if<PetraOptions>()->accumulation, 3);
+  EXPECT_EQ(spec.stages.count, 2);
+  EXPECT_EQ(spec.stages.partition, Partition::kEven);
+  EXPECT_THAT(spec.model.hidden, ElementsAre(8, 4));
+  EXPECT_EQ(OverrideKeys(base, {}).value(), base);  // nothing to set: the text as written
+
+  for (const auto& [assignment, want] : std::vector<std::pair<std::string, std::string>>{
+           {"steps", "--set steps: expected KEY=VALUE"},
+           {"=3", "--set =3: expected KEY=VALUE"},
+           {"steps.x=1", "--set steps.x=1: steps is '5', not a map"},
+           {"data..x=1", "--set data..x=1: empty key"},
+           {"data.limit_test=[1", "--set data.limit_test=[1: the value is not YAML"}}) {
+    absl::StatusOr<std::string> bad = OverrideKeys(base, {assignment});
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << assignment;
+    EXPECT_THAT(std::string(bad.status().message()), StartsWith(want)) << assignment;
+  }
+}
+
 TEST(JobSpecTest, ValidateJobSpecOnBuiltSpecs) {
   JobSpec spec;
   EXPECT_THAT(std::string(ValidateJobSpec(spec).message()), StartsWith("name: "));
   spec.name = "x";
-  spec.model.name = "mlp";
-  spec.data.dataset = "synthetic";
+  spec.model.name = ModelKind::kMlp;
+  spec.data.dataset = DatasetKind::kSynthetic;
   spec.steps = 10;
   EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
   spec.optimizer.momentum = 1.0;

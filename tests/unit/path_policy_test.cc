@@ -49,7 +49,7 @@ TEST_F(PathPolicyTest, ATorchScriptModelFileMustBeUnderAModelRoot) {
   const fs::path file = dir_ / "root" / "net.pt";
   const PathRoots file_only{true, {file.string()}, "--model-root"};
   ModelSpec model;
-  model.name = "torchscript";
+  model.name = ModelKind::kTorchScript;
   model.path = "net.pt";  // as the user wrote it; the CLI resolved it:
   model.script_file = (dir_ / "root" / "." / "net.pt").string();
   ASSERT_TRUE(ConfineModelFile(&model, file_only).ok());
@@ -70,7 +70,7 @@ TEST_F(PathPolicyTest, ATorchScriptModelFileMustBeUnderAModelRoot) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("started without --model-root"));
   // The zoo's models name no file.
   ModelSpec zoo;
-  zoo.name = "revnet";
+  zoo.name = ModelKind::kRevNet;
   EXPECT_TRUE(ConfineModelFile(&zoo, {true, {}, "--model-root"}).ok());
 }
 

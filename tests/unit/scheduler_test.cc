@@ -87,8 +87,9 @@ TEST_F(SchedulerTest, FifoWithBackfill) {
 TEST_F(SchedulerTest, StageAssignmentsChainTheStages) {
   AddWorker("w0");
   AddWorker("w1");
-  const std::vector<v1::Command> commands = scheduler_.StageAssignments(
-      "job-1", "yaml", {"w1", "w0"}, {{0, 3}, {3, 5}}, {{"store", "rebuild", "store"}});
+  const std::vector<v1::Command> commands =
+      scheduler_.StageAssignments("job-1", "yaml", {"w1", "w0"}, {{0, 3}, {3, 5}},
+                                  {{BlockMode::kStore, BlockMode::kRebuild, BlockMode::kStore}});
   ASSERT_EQ(commands.size(), 2u);
   const v1::StageAssignment& a0 = commands[0].configure();
   const v1::StageAssignment& a1 = commands[1].configure();

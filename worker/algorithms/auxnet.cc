@@ -69,7 +69,7 @@ class AuxNetAlgorithm : public Algorithm {
         beta_factor_(options.beta_factor),
         beta_every_epochs_(options.beta_every_epochs),
         eta_(options.aux_lr),
-        kind_(NameOf(options.auxnet)),
+        kind_(options.auxnet),
         blocks_(options.auxnet_blocks),
         noise_std_(options.noise_std),
         serial_every_(options.serial_loss_every),
@@ -370,7 +370,7 @@ class AuxNetAlgorithm : public Algorithm {
   const double beta_factor_;
   const int64_t beta_every_epochs_;
   const double eta_;
-  const std::string kind_;
+  const AuxNetArch kind_;
   const int blocks_;  // residual blocks of a resnet AuxNet
   const double noise_std_;
   const int64_t serial_every_;
