@@ -1,6 +1,7 @@
 #include "coordinator/event_admission.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/retry_policy.h"
@@ -24,6 +25,44 @@ bool BadValues(const google::protobuf::Map<std::string, double>& values) {
     if (key.size() > 64) return true;
   }
   return false;
+}
+
+// What a metrics report's values may be, and which stage may send them. The
+// head (the job's last stage) owns the training loss and every evaluation
+// number (worker/algorithms/common.cc, RunEvaluation); any stage reports its
+// step, samples and timing. Losses are cross-entropies (>= 0), accuracies
+// fractions. Non-finite values are not judged here: they are dropped one by
+// one (WithoutNonFinite), a diverged job's loss included.
+constexpr double kMaxLoss = 1e30;
+constexpr double kMaxCount = 1e15;
+struct MetricRule {
+  const char* name;
+  bool head_only;
+  double low, high;
+};
+constexpr MetricRule kMetricRules[] = {
+    {"train_loss", true, 0, kMaxLoss}, {"eval_loss", true, 0, kMaxLoss},
+    {"eval_accuracy", true, 0, 1},     {"eval_samples", true, 0, kMaxCount},
+    {"samples", false, 0, kMaxCount},  {"report_seconds", false, 0, kMaxCount},
+};
+
+Admission CheckMetricValues(const v1::MetricsReport& m, int stage, const LiveJob& job) {
+  const bool head = stage == static_cast<int>(job.workers.size()) - 1;
+  for (const MetricRule& rule : kMetricRules) {
+    const auto it = m.values().find(rule.name);
+    if (it == m.values().end()) continue;
+    if (rule.head_only && !head) {
+      return Refuse("wrong_stage",
+                    absl::StrCat(rule.name, " from stage ", stage, " of ", job.workers.size(),
+                                 ": only the last stage has it"));
+    }
+    const double v = it->second;
+    if (std::isfinite(v) && (v < rule.low || v > rule.high)) {
+      return Refuse("out_of_range", absl::StrCat(rule.name, " ", v, " is outside [", rule.low, ", ",
+                                                 rule.high, "]"));
+    }
+  }
+  return Take();
 }
 
 // An event of an ended attempt, from the worker that ran its stage then.
@@ -50,7 +89,7 @@ Admission CheckRanges(const v1::WorkerEvent& event, const LiveJob& job) {
       // whole report: a result whose summary holds a NaN must still end its
       // stage.
       if (BadValues(event.metrics().values())) return out_of_range("too many or too long values");
-      return Take();
+      return CheckMetricValues(event.metrics(), event.stage(), job);
     case v1::WorkerEvent::kResult:
       if (BadValues(event.result().values())) return out_of_range("too many or too long values");
       return Take();

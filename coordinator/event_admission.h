@@ -30,7 +30,8 @@ struct Admission {
   };
   Verdict verdict = Verdict::kTake;
   // The refusal's metric label (stagewise_coordinator_refused_total{reason}):
-  // unknown_job, stale_attempt, not_assigned or out_of_range.
+  // unknown_job, stale_attempt, not_assigned, wrong_stage (a number only the
+  // last stage reports, from another) or out_of_range.
   std::string label;
   std::string why;
   // Late traffic of ended jobs and attempts is normal: not worth a log line.

@@ -245,6 +245,11 @@ void JobManager::Admit(Job job) {
 
 absl::StatusOr<v1::JobStatus> JobManager::Cancel(const std::string& job_id,
                                                  const std::string& reason) {
+  // Stored with the job and sent in every listing: bounded.
+  if (reason.size() > kMaxCancelReasonBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reason: at most ", kMaxCancelReasonBytes, " bytes, got ", reason.size()));
+  }
   // Kept and sent as a proto string: valid UTF-8 whatever an embedder passes.
   const std::string why = reason.empty() ? "cancelled by the user" : ToValidUtf8(reason);
   absl::StatusOr<v1::JobStatus> result = absl::UnavailableError("the coordinator is stopping");

@@ -121,6 +121,7 @@ class JobManager : private JobHost {
   absl::StatusOr<std::vector<v1::JobStatus>> ListJobs(int limit) const {
     return queries_.ListJobs(limit);
   }
+  // INVALID_ARGUMENT for a reason over kMaxCancelReasonBytes.
   absl::StatusOr<v1::JobStatus> Cancel(const std::string& job_id, const std::string& reason);
   std::vector<v1::WorkerInfo> ListWorkers() const;
   metrics::CoordinatorMetrics* metrics() const { return metrics_; }
@@ -141,6 +142,8 @@ class JobManager : private JobHost {
   // coordinator's clock, by stage and attempt. At most kMaxTraceSpans are
   // kept per job; NOT_FOUND for an unknown job.
   static constexpr int kMaxTraceSpans = 150000;
+  // A cancel reason is stored with the job: longer ones are refused.
+  static constexpr size_t kMaxCancelReasonBytes = 1024;
   absl::StatusOr<v1::JobTrace> JobTrace(const std::string& job_id) const {
     return queries_.JobTrace(job_id);
   }

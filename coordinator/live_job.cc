@@ -105,7 +105,7 @@ std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::Metrics
     points.push_back({m.step(), "train_loss", st.train_loss(), now_ms});
     points.push_back({m.step(), "samples_per_second", st.samples_per_second(), now_ms});
   }
-  if (m.values().count("eval_accuracy")) {
+  if (last_stage && m.values().count("eval_accuracy")) {
     st.set_eval_loss(m.values().count("eval_loss") ? m.values().at("eval_loss") : 0.0);
     st.set_eval_accuracy(m.values().at("eval_accuracy"));
     points.push_back({m.step(), "eval_loss", st.eval_loss(), now_ms});

@@ -63,8 +63,10 @@ class Worker::ControlStream : public grpc::ClientBidiReactor<v1::WorkerEvent, v1
                 {[this](const v1::WorkerEvent* e) { StartWrite(e); },
                  [this](const absl::Status&) { RemoveHold(); }}) {}
 
-  void Start(v1::Coordinator::Stub* stub, std::shared_ptr<ControlStream> self) {
-    self_ = std::move(self);
+  // The caller keeps the stream (a shared_ptr) until WaitDone returns true:
+  // it is then destroyed on the caller's thread, never on gRPC's after the
+  // worker went on to tear down the channel.
+  void Start(v1::Coordinator::Stub* stub) {
     stub->async()->Control(&context_, this);
     AddHold();
     StartRead(&command_);
@@ -88,10 +90,9 @@ class Worker::ControlStream : public grpc::ClientBidiReactor<v1::WorkerEvent, v1
   }
   void OnWriteDone(bool ok) override { outbox_.OnWriteDone(ok); }
   void OnDone(const grpc::Status& status) override {
-    std::shared_ptr<ControlStream> keep = std::move(self_);  // alive until this returns
     status_ = status;
     outbox_.OnDone(rpc::FromGrpcStatus(status));
-    done_.Notify();
+    done_.Notify();  // the last touch of this object: the owner may destroy it now
   }
 
  private:
@@ -101,7 +102,6 @@ class Worker::ControlStream : public grpc::ClientBidiReactor<v1::WorkerEvent, v1
   rpc::Outbox<v1::WorkerEvent> outbox_;
   grpc::Status status_;
   absl::Notification done_;
-  std::shared_ptr<ControlStream> self_;
 };
 
 Worker::Worker(WorkerOptions options) : options_(std::move(options)) {}
@@ -227,7 +227,7 @@ absl::Status Worker::ControlSession(bool* established) {
     if (!s.ok()) return rpc::FromGrpcStatus(s);
   }
   auto stream = std::make_shared<ControlStream>(this, options_.control_outbox);
-  stream->Start(coordinator_.get(), stream);
+  stream->Start(coordinator_.get());
   // The first event opens the stream in this registration's name: it goes
   // before the stream is shared with anyone else who emits.
   v1::WorkerEvent hello;

@@ -344,7 +344,7 @@ class CoordinatorFamilies {
                      .Name("stagewise_coordinator_refused_total")
                      .Help("Requests and worker events the coordinator refused or ignored, by "
                            "reason (unauthenticated, permission_denied, not_assigned, "
-                           "out_of_range, bad_session, ...).")
+                           "wrong_stage, out_of_range, bad_session, ...).")
                      .Register(registry)),
         steps_redone_(steps_redone_family_.Add({})),
         checkpoints_(checkpoints_family_.Add({})),

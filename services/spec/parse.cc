@@ -16,6 +16,7 @@
 #include "services/spec/fields.h"
 #include "services/spec/job_spec.h"
 #include "services/spec/text.h"
+#include "services/spec/validate.h"
 #include "services/spec/yaml_reader.h"
 
 namespace stagewise {
@@ -216,14 +217,10 @@ absl::Status ReadSection(const Section& parent, absl::string_view key,
   return spec::ReadFields(fields, section, out);
 }
 
-// A required closed-set key of a section: "model.name: required (one of
-// mlp, resnet, ...)" when the section or the key is absent.
-template <typename E>
-absl::Status RequireKey(const Section& parent, absl::string_view key, absl::string_view name) {
+// Whether a section names a required key (a map holding it).
+bool HasKey(const Section& parent, absl::string_view key, absl::string_view name) {
   const YAML::Node* node = parent.Find(key);
-  if (node != nullptr && node->IsMap() && (*node)[std::string(name)]) return absl::OkStatus();
-  return KeyError(absl::StrCat(parent.PathOf(key), ".", name),
-                  absl::StrCat("required (one of ", absl::StrJoin(EnumNames<E>(), ", "), ")"));
+  return node != nullptr && node->IsMap() && (*node)[std::string(name)];
 }
 
 // phases: a list of {name, epochs | steps, algorithm, optimizer, schedule,
@@ -288,7 +285,7 @@ absl::Status ParseTrace(const YAML::Node& node, TraceSpec* trace_spec) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root) {
+absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root, spec::MissingKeys* missing) {
   JobSpec spec;
   Section top(root, "");
   if (absl::Status s = spec::ReadFields(spec::TopLevelFields(), top, &spec); !s.ok()) return s;
@@ -296,14 +293,14 @@ absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root) {
   if (absl::Status s = ReadSection(top, "model", spec::ModelFields(), &spec.model); !s.ok()) {
     return s;
   }
-  if (absl::Status s = RequireKey<ModelKind>(top, "model", "name"); !s.ok()) return s;
+  missing->model_name = !HasKey(top, "model", "name");
   if (const YAML::Node* node = top.Find("script_model")) {
     if (absl::Status s = ParseScriptModel(*node, &spec.model); !s.ok()) return s;
   }
   if (absl::Status s = ReadSection(top, "data", spec::DataFields(), &spec.data); !s.ok()) {
     return s;
   }
-  if (absl::Status s = RequireKey<DatasetKind>(top, "data", "dataset"); !s.ok()) return s;
+  missing->data_dataset = !HasKey(top, "data", "dataset");
   if (const YAML::Node* node = top.Find("algorithm")) {
     if (absl::Status s = ParseAlgorithm(*node, &spec.algorithm); !s.ok()) return s;
   }
@@ -353,9 +350,10 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text) {
   // must never take down the coordinator).
   try {
     const YAML::Node root = YAML::Load(yaml_text);
-    absl::StatusOr<JobSpec> spec = ParseDocument(root);
+    spec::MissingKeys missing;
+    absl::StatusOr<JobSpec> spec = ParseDocument(root, &missing);
     if (!spec.ok()) return spec.status();
-    absl::Status status = ValidateJobSpec(*spec);
+    absl::Status status = spec::ValidateParsed(*spec, missing);
     if (status.ok()) status = FillDataShape(spec->data, &spec->model);
     if (!status.ok()) return status;
     spec->model.batch_size = spec->batch_size;

@@ -1,6 +1,8 @@
 // The checks of a built JobSpec that one key's type cannot express: ranges,
 // and rules across keys (nesterov needs momentum, nwise n <= stages.count,
 // ...). ParseJobSpec runs them; each error names the key it is about.
+#include "services/spec/validate.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -9,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "services/spec/job_spec.h"
 #include "services/spec/text.h"
 
@@ -21,6 +24,15 @@ using spec::KeyError;
 
 constexpr int64_t kMaxSteps = 1'000'000'000'000;
 constexpr double kMaxEpochs = 1'000'000;
+// Job and phase names are stored and listed with every job.
+constexpr size_t kMaxNameLength = 128;
+// Synthetic data (docs/job_spec.md, data): at most ten million samples and
+// 1 GiB (a byte per pixel, 8 per label) per split, each dimension at most
+// 4096, at most a million classes.
+constexpr int64_t kMaxSyntheticSamples = 10'000'000;
+constexpr int64_t kMaxSyntheticBytes = int64_t{1} << 30;
+constexpr int64_t kMaxSyntheticDim = 4096;
+constexpr int kMaxClasses = 1'000'000;
 
 // ---------------------------------------------------------------------------
 // Semantic validation of a built spec.
@@ -60,8 +72,16 @@ class Checker {
   absl::Status status_;
 };
 
+// What is wrong with a name ValidName refuses (long ones are not echoed).
+std::string NameProblem(absl::string_view name) {
+  if (name.size() > kMaxNameLength) {
+    return absl::StrCat("at most ", kMaxNameLength, " characters, got ", name.size());
+  }
+  return absl::StrCat("must match [A-Za-z0-9_.-]+, got '", name, "'");
+}
+
 bool ValidName(absl::string_view name) {
-  if (name.empty()) return false;
+  if (name.empty() || name.size() > kMaxNameLength) return false;
   for (char c : name) {
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-') {
       return false;
@@ -178,6 +198,24 @@ absl::Status ValidateData(const DataSpec& data) {
   if (data.dataset == DatasetKind::kSynthetic) {
     check(AtLeast("data.train_size", data.train_size, int64_t{1}));
     check(AtLeast("data.test_size", data.test_size, int64_t{1}));
+    // A worker generates the split into memory (a byte per pixel and an
+    // int64 label per sample): a spec must not be able to ask it for more
+    // than the documented caps.
+    double pixels = 1;
+    for (int64_t d : data.shape) pixels *= static_cast<double>(d);
+    for (const auto& [key, n] :
+         {std::pair<const char*, int64_t>{"data.train_size", data.train_size},
+          {"data.test_size", data.test_size}}) {
+      const double bytes = (pixels + 8) * static_cast<double>(n);
+      if (n > kMaxSyntheticSamples) {
+        check(KeyError(key, absl::StrCat("must be <= ", kMaxSyntheticSamples, ", got ", n)));
+      } else if (bytes > static_cast<double>(kMaxSyntheticBytes)) {
+        check(KeyError(key, absl::StrCat(n, " samples of [", absl::StrJoin(data.shape, ", "),
+                                         "] take ", FormatDouble(bytes / (1 << 20)),
+                                         " MiB; synthetic data is limited to ",
+                                         kMaxSyntheticBytes >> 20, " MiB per split")));
+      }
+    }
   }
   return check.status();
 }
@@ -367,10 +405,18 @@ absl::Status FillDataShape(const DataSpec& data, ModelSpec* model) {
   for (size_t i = 0; i < data.shape.size(); ++i) {
     absl::Status status = AtLeast(absl::StrCat("data.shape[", i, "]"), data.shape[i], 1);
     if (!status.ok()) return status;
+    if (data.shape[i] > kMaxSyntheticDim) {
+      return KeyError(absl::StrCat("data.shape[", i, "]"),
+                      absl::StrCat("must be <= ", kMaxSyntheticDim, ", got ", data.shape[i]));
+    }
   }
   // One class would make the loss identically zero.
   absl::Status status = AtLeast("data.classes", int64_t{data.classes}, 2);
   if (!status.ok()) return status;
+  if (data.classes > kMaxClasses) {
+    return KeyError("data.classes",
+                    absl::StrCat("must be <= ", kMaxClasses, ", got ", data.classes));
+  }
   model->input_shape = data.shape;
   model->num_classes = data.classes;
   return absl::OkStatus();
@@ -381,8 +427,7 @@ absl::Status ValidatePhases(const JobSpec& spec) {
   for (size_t i = 0; i < spec.phases.size(); ++i) {
     const PhaseSpec& phase = spec.phases[i];
     if (!ValidName(phase.name)) {
-      return InPhase(
-          i, KeyError("name", absl::StrCat("must match [A-Za-z0-9_.-]+, got '", phase.name, "'")));
+      return InPhase(i, KeyError("name", NameProblem(phase.name)));
     }
     if ((phase.epochs > 0) == (phase.steps > 0) || phase.epochs < 0 || phase.steps < 0) {
       return InPhase(i, KeyError("epochs", "set exactly one of epochs and steps, > 0"));
@@ -399,20 +444,30 @@ absl::Status ValidatePhases(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateJobSpec(const JobSpec& spec) {
+absl::Status ValidateJobSpec(const JobSpec& spec) { return spec::ValidateParsed(spec, {}); }
+
+namespace spec {
+
+// "required (one of a, b, c)" for a required closed-set key.
+template <typename E>
+absl::Status Required(const char* key) {
+  return KeyError(key, absl::StrCat("required (one of ", absl::StrJoin(EnumNames<E>(), ", "), ")"));
+}
+
+absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
   if (spec.name.empty()) {
     return KeyError("name", "required (letters, digits, '_', '.', '-')");
   }
   if (!ValidName(spec.name)) {
-    return KeyError("name", absl::StrCat("must match [A-Za-z0-9_.-]+, got '", spec.name, "'"));
+    return KeyError("name", NameProblem(spec.name));
   }
   Checker check;
   check(AtLeast("seed", spec.seed, int64_t{0}));
   if (!ValidDevice(spec.device)) {
     check(KeyError("device", absl::StrCat("must be cpu, cuda or cuda:N, got '", spec.device, "'")));
   }
-  check(ValidateModel(spec.model));
-  check(ValidateData(spec.data));
+  check(missing.model_name ? Required<ModelKind>("model.name") : ValidateModel(spec.model));
+  check(missing.data_dataset ? Required<DatasetKind>("data.dataset") : ValidateData(spec.data));
   check(ValidateStages(spec.stages));
   check(AtLeast("batch_size", spec.batch_size, int64_t{1}));
   check(AtLeast("eval_batch_size", spec.eval_batch_size, int64_t{0}));
@@ -439,5 +494,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   check(ValidateRecovery(spec.recovery));
   return check.status();
 }
+
+}  // namespace spec
 
 }  // namespace stagewise

@@ -276,6 +276,70 @@ TEST(Hostile, AnAssignedWorkerThatNeverAcknowledgesTimesOut) {
   EXPECT_EQ(fake.configured_job(), *id);
 }
 
+// Finding: a worker holding stage 0 set the job's evaluation accuracy with a
+// metrics report of its own (0.999, or 1e308). Only the last stage evaluates,
+// and an accuracy is a fraction.
+TEST(Hostile, AStageThatIsNotTheLastCannotSetTheJobsAccuracy) {
+  ProcessCluster cluster(Options::OneWorker());
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  FakeWorker fake(cluster, "a-fake");  // sorts before w0: stage 0
+  ASSERT_TRUE(fake.Join().ok());
+  fake.KeepAlive(absl::Milliseconds(200));
+  ASSERT_TRUE(cluster.WaitForWorkers(2).ok());
+  auto id = cluster.client().Submit(LongJob(2));
+  ASSERT_TRUE(id.ok()) << id.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (fake.configured_job() != *id && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(fake.configured_job(), *id) << "the fake was not given stage 0";
+  ASSERT_EQ(fake.assignments().back().stage(), 0);
+  for (double forged : {0.999, 1e308}) {
+    v1::WorkerEvent m;
+    m.set_job_id(*id);
+    m.set_stage(0);
+    m.set_attempt(fake.assignments().back().attempt());
+    m.mutable_metrics()->set_step(0);
+    (*m.mutable_metrics()->mutable_values())["eval_accuracy"] = forged;
+    (*m.mutable_metrics()->mutable_values())["eval_loss"] = 0.001;
+    ASSERT_TRUE(fake.Send(m));
+  }
+  absl::SleepFor(absl::Milliseconds(500));  // the stream is read in order; give it time
+  auto st = cluster.client().GetJob(*id);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->eval_accuracy(), 0);
+  EXPECT_EQ(st->eval_loss(), 0);
+  ExpectConsistent(*st);
+}
+
+// Finding: cancelling one's own jobs with huge reasons (140 MiB in all) made
+// ListJobs fail for every client, for good (the reasons are stored). A reason
+// is at most 1 KiB now; the job can still be cancelled, and listing works.
+TEST(Hostile, AHugeCancelReasonIsRefusedAndListingStillWorks) {
+  ProcessCluster cluster(Options::OneWorker());
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto id = cluster.client().Submit(LongJob(1));
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+  const std::string huge(4 << 20, 'r');
+  for (const std::string& id : ids) {
+    auto refused = cluster.client().Cancel(id, huge);
+    ASSERT_FALSE(refused.ok()) << id;
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+    EXPECT_LT(refused.status().message().size(), 200u);
+    auto cancelled = cluster.client().Cancel(id, std::string(1024, 'k'));  // at the limit
+    ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+    EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+    EXPECT_EQ(cancelled->reason().size(), 1024u);
+  }
+  auto listed = cluster.client().ListJobs(0);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->size(), 3u);
+}
+
 TEST(Hostile, OversizedAndAbsurdSpecsAreRefusedCheaply) {
   ProcessCluster cluster(Options::OneWorker());
   ASSERT_TRUE(cluster.ok()) << cluster.error();
@@ -307,6 +371,18 @@ steps: 3
   ASSERT_FALSE(huge_model.ok());
   EXPECT_NE(huge_model.status().message().find("parameters"), std::string::npos)
       << huge_model.status();
+  // Finding: a synthetic dataset of 5e7 samples was accepted (0.75 GiB on the
+  // stage-0 worker; 2e9 would ask for about 30 GiB).
+  for (const char* size : {"50000000", "2000000000"}) {
+    auto huge_data = cluster.client().Submit(absl::StrCat(
+        "name: huge-data\nmodel: {name: mlp}\ndata: {dataset: synthetic, train_size: ", size,
+        ", test_size: 32, shape: [1, 8, 8], classes: 4}\nbatch_size: 16\nsteps: 3\n"));
+    ASSERT_FALSE(huge_data.ok()) << size;
+    EXPECT_EQ(huge_data.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(huge_data.status().message().find("data.train_size: must be <= 10000000"),
+              std::string::npos)
+        << huge_data.status();
+  }
   auto many_steps = cluster.client().Submit(absl::StrCat(kJob, "steps: 9000000000000000000\n"));
   ASSERT_FALSE(many_steps.ok());
   EXPECT_NE(many_steps.status().message().find("steps"), std::string::npos) << many_steps.status();

@@ -5,8 +5,8 @@
 // sender through gRPC flow control); a garbled message on a bound stream
 // fails its job, not the worker.
 #include <grpcpp/grpcpp.h>
-#include <signal.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -154,9 +154,11 @@ TEST(Limits, AStalledConsumerCannotGrowTheProducersMemory) {
   constexpr int64_t kBatch = 256, kWidth = 1024;  // 1 MiB of activations per message
   auto id = cluster.client().Submit(absl::StrCat(
       "name: stall\nmodel: {name: mlp, hidden: [", kWidth, ", ", kWidth,
-      "]}\ndata: {dataset: synthetic, train_size: 10000000, test_size: 256, shape: [1, 32, 32], "
+      "]}\ndata: {dataset: synthetic, train_size: 200000, test_size: 256, shape: [1, 32, 32], "
       "classes: 10}\nalgorithm: {name: backprop, micro_batches: 1}\nbatch_size: ",
-      kBatch, "\nstages: 2\nsteps: 100000\nrecovery: {max_restarts: 0}\n"));
+      kBatch,
+      "\nstages: 2\nsteps: 100000\neval: {every_epochs: 0, at_end: false}\n"
+      "recovery: {max_restarts: 0}\n"));
   ASSERT_TRUE(id.ok()) << id.status();
   auto running = cluster.WaitFor(
       *id, [](const v1::JobStatus& s) { return s.state() == v1::RUNNING; }, absl::Seconds(60));

@@ -70,6 +70,19 @@ TEST(EventAdmission, TakesTheCurrentAttemptsEventsFromTheStagesOwnWorker) {
   EXPECT_EQ(AdmitEvent(WithAttempt(MetricsEvent("w1", "job-1", 1, 5, 0.5), 1), &job).verdict,
             Verdict::kTake);
   EXPECT_EQ(AdmitEvent(testing::AckEvent("w9", 3), nullptr).verdict, Verdict::kTake);
+  // Any stage reports its step and samples; the last one its evaluation too,
+  // and a diverged (non-finite) loss is dropped later, not refused here.
+  v1::WorkerEvent samples = WithAttempt(MetricsEvent("w0", "job-1", 0, 5, 0.5), 1);
+  samples.mutable_metrics()->mutable_values()->clear();
+  (*samples.mutable_metrics()->mutable_values())["samples"] = 16;
+  EXPECT_EQ(AdmitEvent(samples, &job).verdict, Verdict::kTake);
+  v1::WorkerEvent eval = WithAttempt(MetricsEvent("w1", "job-1", 1, 5, 0.5), 1);
+  (*eval.mutable_metrics()->mutable_values())["eval_accuracy"] = 1;
+  (*eval.mutable_metrics()->mutable_values())["eval_loss"] = 0;
+  EXPECT_EQ(AdmitEvent(eval, &job).verdict, Verdict::kTake);
+  v1::WorkerEvent diverged =
+      WithAttempt(MetricsEvent("w1", "job-1", 1, 5, std::numeric_limits<double>::infinity()), 1);
+  EXPECT_EQ(AdmitEvent(diverged, &job).verdict, Verdict::kTake);
 }
 
 TEST(EventAdmission, RefusesWithTheMetricLabel) {
@@ -88,6 +101,14 @@ TEST(EventAdmission, RefusesWithTheMetricLabel) {
   trace.mutable_trace()->set_dropped(1);
   v1::WorkerEvent bytes = WithAttempt(MetricsEvent("w0", "job-1", 0, 1, 0), 1);
   bytes.mutable_checkpoint_saved()->set_bytes(-1);
+  // Evaluation numbers and the training loss belong to the last stage, and to
+  // their domains.
+  auto eval = [](const std::string& worker, int stage, const char* key, double value) {
+    v1::WorkerEvent e = WithAttempt(MetricsEvent(worker, "job-1", stage, 5, 0.5), 1);
+    e.mutable_metrics()->mutable_values()->clear();
+    (*e.mutable_metrics()->mutable_values())[key] = value;
+    return e;
+  };
   const Case cases[] = {
       {"old attempt, other worker", WithAttempt(MetricsEvent("w0", "job-1", 0, 5, 0.5), 0),
        "stale_attempt"},
@@ -102,6 +123,13 @@ TEST(EventAdmission, RefusesWithTheMetricLabel) {
       {"not the current phase", phase, "out_of_range"},
       {"the job does not trace", trace, "out_of_range"},
       {"negative shard size", bytes, "out_of_range"},
+      {"accuracy from stage 0", eval("w0", 0, "eval_accuracy", 0.999), "wrong_stage"},
+      {"eval loss from stage 0", eval("w0", 0, "eval_loss", 0.01), "wrong_stage"},
+      {"training loss from stage 0", eval("w0", 0, "train_loss", 0.01), "wrong_stage"},
+      {"accuracy above 1", eval("w1", 1, "eval_accuracy", 1e308), "out_of_range"},
+      {"negative accuracy", eval("w1", 1, "eval_accuracy", -0.5), "out_of_range"},
+      {"negative loss", eval("w1", 1, "train_loss", -1), "out_of_range"},
+      {"negative samples", eval("w0", 0, "samples", -1), "out_of_range"},
   };
   for (const Case& c : cases) {
     const Admission a = AdmitEvent(c.event, &job);
@@ -187,7 +215,8 @@ TEST(LiveJob, MetricsMoveTheStatusOnlyFromTheRightStage) {
   v1::MetricsReport eval;
   eval.set_step(8);
   (*eval.mutable_values())["eval_accuracy"] = 0.75;
-  EXPECT_EQ(ApplyMetrics(job, 0, eval, absl::Now()).size(), 2u);
+  EXPECT_TRUE(ApplyMetrics(job, 0, eval, absl::Now()).empty());  // the head evaluates
+  EXPECT_EQ(ApplyMetrics(job, 1, eval, absl::Now()).size(), 2u);
   EXPECT_DOUBLE_EQ(job.status.eval_accuracy(), 0.75);
   v1::StageResult result;
   (*result.mutable_values())["steps"] = 40;

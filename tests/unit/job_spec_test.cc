@@ -448,6 +448,26 @@ std::vector<BadCase> BadCases() {
       {"cifar path", {{"data", "{dataset: cifar10}"}}, "data.path", "cifar10"},
       {"synthetic shape", {{"data", "{dataset: synthetic, shape: [3, 32]}"}}, "data.shape", ""},
       {"synthetic classes", {{"data", "{dataset: synthetic, classes: 1}"}}, "data.classes", ""},
+      {"synthetic samples",
+       {{"data", "{dataset: synthetic, train_size: 50000000}"}},
+       "data.train_size",
+       "must be <= 10000000, got 50000000"},
+      {"synthetic bytes",
+       {{"data", "{dataset: synthetic, train_size: 1000000, shape: [3, 64, 64]}"}},
+       "data.train_size",
+       "limited to 1024 MiB per split"},
+      {"synthetic test bytes",
+       {{"data", "{dataset: synthetic, test_size: 2000000, shape: [3, 32, 32]}"}},
+       "data.test_size",
+       "MiB"},
+      {"synthetic dimension",
+       {{"data", "{dataset: synthetic, shape: [1, 5000, 2]}"}},
+       "data.shape[1]",
+       "<= 4096"},
+      {"synthetic class count",
+       {{"data", "{dataset: synthetic, classes: 2000000}"}},
+       "data.classes",
+       "<= 1000000"},
       {"crop padding",
        {{"data", "{dataset: synthetic, crop_padding: -1}"}},
        "data.crop_padding",
@@ -769,6 +789,18 @@ TEST(JobSpecTest, OverrideKeysSetsNestedKeysAndNamesBadAssignments) {
     EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << assignment;
     EXPECT_THAT(std::string(bad.status().message()), StartsWith(want)) << assignment;
   }
+}
+
+TEST(JobSpecTest, NamesAreBoundedAndNotEchoedWhenLong) {
+  JobSpec spec;
+  spec.steps = 10;
+  spec.name = std::string(128, 'a');
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.name = std::string(129, 'a');
+  EXPECT_EQ(std::string(ValidateJobSpec(spec).message()), "name: at most 128 characters, got 129");
+  spec.name = "a b";
+  EXPECT_EQ(std::string(ValidateJobSpec(spec).message()),
+            "name: must match [A-Za-z0-9_.-]+, got 'a b'");
 }
 
 TEST(JobSpecTest, ValidateJobSpecOnBuiltSpecs) {
