@@ -66,6 +66,17 @@ int main(int argc, char** argv) {
                  "Stage streams open at once; more are refused (RESOURCE_EXHAUSTED)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));
+  app.add_option("--max-pending-streams", options.max_pending_streams,
+                 "Stage streams that have not sent their first message yet; a new one closes "
+                 "the oldest of the peer that holds the most")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  double first_message_timeout_s = absl::ToDoubleSeconds(options.first_message_timeout);
+  app.add_option("--stream-first-message-timeout", first_message_timeout_s,
+                 "Seconds a new stage stream may stay silent before it is closed (a stage opens "
+                 "its stream with an OPEN message at once)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 86400.0));
   std::string health_listen;
   app.add_option("--health-listen", health_listen,
                  "Plaintext grpc.health.v1 address for probes that speak no TLS, e.g. "
@@ -81,6 +92,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (threads > 0) torch::set_num_threads(threads);
+  options.first_message_timeout = absl::Seconds(first_message_timeout_s);
   // The same credentials serve stage streams and dial the coordinator and the
   // next stage (mutual TLS: every peer is a cluster member).
   if (absl::Status s = stagewise::rpc::CheckListenPolicy(options.listen, tls); !s.ok()) {

@@ -69,6 +69,8 @@ class UpstreamStream::RoutingSink : public MessageSink {
     if (target_ == nullptr) {
       auto self = std::dynamic_pointer_cast<UpstreamStream>(stream_->shared_from_this());
       STAGEWISE_RETURN_IF_ERROR(router_(message, self, &target_));
+      // The stream's opening message: it bound the stream, nothing to deliver.
+      if (message.kind() == v1::StageMessage::OPEN) return true;
     }
     return target_->Deliver(std::move(message), std::move(resume));
   }

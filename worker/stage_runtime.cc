@@ -27,7 +27,11 @@ class StageRuntime::InboxSink : public MessageSink {
       : runtime_(runtime), queue_(queue), from_prev_(from_prev) {}
 
   absl::StatusOr<bool> Deliver(v1::StageMessage message, std::function<void()> resume) override {
-    if (absl::Status s = runtime_->ValidateIncoming(message, from_prev_); !s.ok()) {
+    absl::Status s = runtime_->ValidateIncoming(message, from_prev_);
+    if (s.ok() && message.kind() == v1::StageMessage::OPEN) {
+      s = absl::InvalidArgumentError("StageMessage.kind: OPEN on a stream that is already open");
+    }
+    if (!s.ok()) {
       runtime_->Fail(s);
       return s;
     }
@@ -187,6 +191,13 @@ absl::Status StageRuntime::Start() {
     next_channel_ = rpc::MakeChannel(assignment_.next_address(), env_.rpc);
     next_stub_ = v1::StageService::NewStub(next_channel_);
     downstream_ = DownstreamStream::Open(next_stub_.get(), next_sink_.get(), env_.outbox_capacity);
+    // Bind the stream on stage j+1 at once: it closes streams that stay silent.
+    v1::StageMessage open;
+    open.set_job_id(job_id());
+    open.set_kind(v1::StageMessage::OPEN);
+    open.set_attempt(assignment_.attempt());
+    open.set_origin_stage(stage());
+    STAGEWISE_RETURN_IF_ERROR(downstream_->Send(std::move(open)));
   }
   {
     absl::MutexLock lock(&mu_);

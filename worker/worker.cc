@@ -1,8 +1,11 @@
 #include "worker/worker.h"
 
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
 #include <unistd.h>
 
 #include <iostream>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -11,6 +14,8 @@
 #include "services/profiler/profiler.h"
 #include "services/rpc/outbox.h"
 #include "services/rpc/status.h"
+#include "services/rpc/tls.h"
+#include "worker/stream_gate.h"
 
 namespace stagewise::worker {
 
@@ -25,30 +30,172 @@ class RefusedExchange : public grpc::ServerBidiReactor<v1::StageMessage, v1::Sta
 
 }  // namespace
 
+// StageService. Every Exchange stream takes a slot of --max-streams until it
+// is destroyed; before its first message it is also pending in the gate
+// (stream_gate.h): at most --max-pending-streams of those, each for at most
+// --stream-first-message-timeout. A reaper thread closes the expired ones.
 class Worker::Service : public v1::StageService::CallbackService {
  public:
-  Service(Worker* worker, int max_streams)
-      : worker_(worker), open_(std::make_shared<std::atomic<int>>(0)), max_streams_(max_streams) {}
+  Service(Worker* worker, const WorkerOptions& options, prometheus::Registry& registry)
+      : worker_(worker),
+        open_(std::make_shared<std::atomic<int>>(0)),
+        max_streams_(options.max_streams),
+        first_message_timeout_(options.first_message_timeout),
+        pending_(std::make_shared<Pending>(
+            StreamGate::Options{options.max_pending_streams, options.first_message_timeout})),
+        refused_(prometheus::BuildCounter()
+                     .Name("stagewise_worker_streams_refused_total")
+                     .Help("Exchange streams the worker refused or closed before they carried a "
+                           "stage's traffic, by reason (too_many, evicted, no_first_message).")
+                     .Register(registry)),
+        reaper_([this] { Reap(); }) {}
+  ~Service() override {
+    {
+      absl::MutexLock lock(&pending_->mu);
+      pending_->stopping = true;
+    }
+    reaper_.join();
+  }
+
   grpc::ServerBidiReactor<v1::StageMessage, v1::StageMessage>* Exchange(
-      grpc::CallbackServerContext*) override {
+      grpc::CallbackServerContext* ctx) override {
     // A slot per open stream, given back when the stream is destroyed.
     if (open_->fetch_add(1) >= max_streams_) {
       open_->fetch_sub(1);
+      refused_.Add({{"reason", "too_many"}}).Increment();
       return new RefusedExchange(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                                               absl::StrCat("this worker already has ", max_streams_,
                                                            " stage streams open (--max-streams)")));
     }
-    std::shared_ptr<void> slot(nullptr, [open = open_](void*) { open->fetch_sub(1); });
-    return UpstreamStream::Start(
-        [this, slot](const v1::StageMessage& first, std::shared_ptr<UpstreamStream> stream,
-                     MessageSink** sink) { return worker_->Route(first, std::move(stream), sink); },
+    std::string peer = rpc::PeerIdentity(*ctx->auth_context());
+    if (peer.empty()) peer = PeerHost(ctx->peer());
+    Pending& p = *pending_;
+    uint64_t ticket = 0;
+    std::vector<std::weak_ptr<PeerStream>> victims;
+    {
+      absl::MutexLock lock(&p.mu);
+      const StreamGate::Admitted admitted = p.gate.Admit(peer, absl::Now());
+      ticket = admitted.ticket;
+      for (uint64_t victim : admitted.evict) victims.push_back(p.DoomLocked(victim, "evicted"));
+      p.wake = true;  // the reaper's next deadline may be this one
+    }
+    // Given back when the stream is destroyed (which may be after the service).
+    std::shared_ptr<void> slot(nullptr, [open = open_, pending = pending_, ticket](void*) {
+      open->fetch_sub(1);
+      absl::MutexLock lock(&pending->mu);
+      pending->Forget(ticket);
+    });
+    UpstreamStream* stream = UpstreamStream::Start(
+        [this, slot, ticket](const v1::StageMessage& first, std::shared_ptr<UpstreamStream> s,
+                             MessageSink** sink) -> absl::Status {
+          {
+            absl::MutexLock lock(&pending_->mu);
+            if (pending_->doomed.count(ticket)) {
+              return absl::ResourceExhaustedError(
+                  "this stream was closed before its first message");
+            }
+            pending_->Forget(ticket);  // bound (or refused below): no longer pending
+          }
+          return worker_->Route(first, std::move(s), sink);
+        },
         /*outbox_capacity=*/16);
+    const char* doomed = nullptr;
+    {
+      absl::MutexLock lock(&p.mu);
+      auto it = p.doomed.find(ticket);
+      if (it != p.doomed.end()) {
+        doomed = it->second;  // evicted or expired before it was registered here
+      } else if (p.gate.IsPending(ticket)) {
+        p.streams[ticket] = stream->weak_from_this();
+      }
+    }
+    if (doomed != nullptr) CloseStream(stream->weak_from_this(), doomed);
+    for (std::weak_ptr<PeerStream>& victim : victims) CloseStream(std::move(victim), "evicted");
+    return stream;
   }
 
  private:
+  // The streams that have not sent their first message, shared with every
+  // stream's slot (a bound stream may outlive the service).
+  struct Pending {
+    explicit Pending(StreamGate::Options options) : gate(options) {}
+    // The gate's answer for `ticket` is final: the stream may not bind any
+    // more, and is closed (now if registered, else when it is).
+    std::weak_ptr<PeerStream> DoomLocked(uint64_t ticket, const char* reason)
+        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      doomed[ticket] = reason;
+      std::weak_ptr<PeerStream> stream;
+      auto it = streams.find(ticket);
+      if (it != streams.end()) {
+        stream = std::move(it->second);
+        streams.erase(it);
+      }
+      return stream;
+    }
+    void Forget(uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      gate.Settle(ticket);
+      streams.erase(ticket);
+      doomed.erase(ticket);
+    }
+    bool ShouldWake() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return wake || stopping; }
+
+    absl::Mutex mu;
+    StreamGate gate;  // used under mu (its own lock nests inside)
+    std::map<uint64_t, std::weak_ptr<PeerStream>> streams ABSL_GUARDED_BY(mu);
+    std::map<uint64_t, const char*> doomed ABSL_GUARDED_BY(mu);  // ticket -> reason
+    bool wake ABSL_GUARDED_BY(mu) = false;
+    bool stopping ABSL_GUARDED_BY(mu) = false;
+  };
+
+  // "ipv4:10.0.0.7:51234" -> "ipv4:10.0.0.7": a plaintext peer is its host.
+  static std::string PeerHost(const std::string& peer) {
+    const size_t colon = peer.rfind(':');
+    return colon == std::string::npos ? peer : peer.substr(0, colon);
+  }
+
+  void CloseStream(std::weak_ptr<PeerStream> weak, const char* reason) {
+    std::shared_ptr<PeerStream> stream = weak.lock();
+    if (stream == nullptr || stream->done()) return;  // the peer hung up meanwhile
+    refused_.Add({{"reason", reason}}).Increment();
+    if (std::string(reason) == "evicted") {
+      stream->Close(absl::ResourceExhaustedError(
+          "closed before its first message: this worker has too many Exchange streams without "
+          "one (--max-pending-streams), and this one was the oldest of the busiest peer"));
+    } else {
+      stream->Close(absl::DeadlineExceededError(
+          absl::StrCat("no StageMessage within ", absl::FormatDuration(first_message_timeout_),
+                       " of opening the stream (--stream-first-message-timeout)")));
+    }
+  }
+
+  // Closes the pending streams whose first-message deadline passed; sleeps
+  // until the next deadline or a new stream.
+  void Reap() {
+    Pending& p = *pending_;
+    for (;;) {
+      std::vector<std::weak_ptr<PeerStream>> expired;
+      {
+        absl::MutexLock lock(&p.mu);
+        p.mu.AwaitWithDeadline(absl::Condition(&p, &Pending::ShouldWake), p.gate.NextDeadline());
+        if (p.stopping) return;
+        p.wake = false;
+        for (uint64_t ticket : p.gate.TakeExpired(absl::Now())) {
+          expired.push_back(p.DoomLocked(ticket, "no_first_message"));
+        }
+      }
+      for (std::weak_ptr<PeerStream>& stream : expired) {
+        CloseStream(std::move(stream), "no_first_message");
+      }
+    }
+  }
+
   Worker* worker_;
   std::shared_ptr<std::atomic<int>> open_;
   const int max_streams_;
+  const absl::Duration first_message_timeout_;
+  const std::shared_ptr<Pending> pending_;
+  prometheus::Family<prometheus::Counter>& refused_;
+  std::thread reaper_;  // last: it starts once everything above is built
 };
 
 // The control stream: a callback reactor whose writes go through an Outbox
@@ -131,7 +278,7 @@ absl::Status Worker::Start() {
   if (!metrics.ok()) return metrics.status();
   metrics_ = std::move(*metrics);
 
-  service_ = std::make_unique<Service>(this, options_.max_streams);
+  service_ = std::make_unique<Service>(this, options_, metrics_->registry());
   grpc::ServerBuilder builder;
   rpc::ConfigureServerBuilder(options_.rpc, &builder);
   builder.AddListeningPort(options_.listen, rpc::ServerCredentials(options_.rpc), &port_);
@@ -218,7 +365,7 @@ absl::Status Worker::ControlSession(bool* established) {
   info->set_device(options_.device);
   info->set_memory_bytes(options_.memory_bytes);
   info->set_version(STAGEWISE_VERSION);
-  info->set_protocol(v1::CONTROL_PROTOCOL_V2);
+  info->set_protocol(v1::CONTROL_PROTOCOL_V3);
   v1::RegisterWorkerResponse resp;
   {
     grpc::ClientContext ctx;

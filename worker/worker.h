@@ -58,6 +58,11 @@ struct WorkerOptions {
   // Exchange streams open at once (from stages j-1, or anyone who dials the
   // port); more are refused with RESOURCE_EXHAUSTED.
   int max_streams = 64;
+  // Of those, streams that have not sent their first message yet: at most
+  // this many (a new one closes the oldest of the busiest peer), each for at
+  // most this long (worker/stream_gate.h).
+  int max_pending_streams = 16;
+  absl::Duration first_message_timeout = absl::Seconds(10);
   // Events waiting to be written on the control stream; producers (compute
   // threads) wait for room, heartbeats are skipped when it is full.
   size_t control_outbox = 256;

@@ -39,7 +39,7 @@ absl::Status ValidateStageMessage(const v1::StageMessage& m, const StageMessageE
   const auto kind = m.kind();
   const bool ok_kind = expect.from_prev
                            ? (kind == v1::StageMessage::FORWARD || kind == v1::StageMessage::EVAL ||
-                              kind == v1::StageMessage::AUX)
+                              kind == v1::StageMessage::AUX || kind == v1::StageMessage::OPEN)
                            : (kind == v1::StageMessage::BACKWARD || kind == v1::StageMessage::AUX);
   if (!ok_kind) {
     const std::string name = v1::StageMessage::Kind_IsValid(kind)
@@ -51,6 +51,10 @@ absl::Status ValidateStageMessage(const v1::StageMessage& m, const StageMessageE
   }
   if (m.step() < 0 || m.micro_batch() < 0) {
     return absl::InvalidArgumentError("StageMessage.step/micro_batch: negative");
+  }
+  if (kind == v1::StageMessage::OPEN && (m.tensors_size() > 0 || m.scalars_size() > 0)) {
+    return absl::InvalidArgumentError(
+        "StageMessage: an OPEN message carries no tensors or scalars");
   }
   if (m.tensors_size() > limits.max_tensors) {
     return absl::InvalidArgumentError(absl::StrCat("StageMessage.tensors: ", m.tensors_size(),

@@ -31,6 +31,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(message.job_id() == expect.job_id, "job");
   FUZZ_CHECK(message.tensors_size() <= limits.max_tensors, "tensor count");
   FUZZ_CHECK(message.step() >= 0 && message.micro_batch() >= 0, "negative step");
+  if (message.kind() == stagewise::v1::StageMessage::OPEN) {
+    FUZZ_CHECK(message.tensors_size() == 0 && message.scalars_size() == 0, "a loaded OPEN");
+  }
   if (expect.from_prev) {
     FUZZ_CHECK(message.kind() != stagewise::v1::StageMessage::BACKWARD, "backward from j-1");
   } else {

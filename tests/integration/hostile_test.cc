@@ -15,9 +15,11 @@
 
 #include <atomic>
 #include <cmath>
+#include <deque>
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <memory>
 #include <random>
 #include <thread>
 
@@ -340,6 +342,82 @@ TEST(Hostile, AHugeCancelReasonIsRefusedAndListingStillWorks) {
   EXPECT_EQ(listed->size(), 3u);
 }
 
+std::string Scrape(int port) {
+  auto text = metrics::Scrape("127.0.0.1", port);
+  return text.ok() ? *text : "";
+}
+
+// Finding: holding 64 idle Exchange streams per worker (topped up every
+// 20 ms) with any cluster certificate made the next job fail after 4
+// attempts: idle streams kept their slot forever. Streams that have not sent
+// their first message are bounded now (--max-pending-streams, and a newcomer
+// closes the oldest of the busiest peer) and time out
+// (--stream-first-message-timeout); a stage opens its stream with an OPEN
+// message at once.
+TEST(Hostile, IdleStreamsCannotTakeTheSlotsOfAStage) {
+  Options o;
+  o.workers = 2;
+  o.metrics = true;
+  o.worker_args = {"--stream-first-message-timeout", "3"};
+  ProcessCluster cluster(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  struct Idle {
+    std::unique_ptr<grpc::ClientContext> ctx;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::StageMessage, v1::StageMessage>> stream;
+  };
+  std::vector<std::unique_ptr<v1::StageService::Stub>> stubs;
+  for (int w = 0; w < cluster.num_workers(); ++w) {
+    stubs.push_back(v1::StageService::NewStub(rpc::MakeChannel(
+        absl::StrCat("127.0.0.1:", cluster.worker_port(w)), cluster.RpcOptionsFor("client"))));
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int> opened{0};
+  std::thread idler([&] {
+    std::vector<std::deque<Idle>> held(stubs.size());
+    while (!stop) {
+      for (size_t w = 0; w < stubs.size(); ++w) {
+        Idle idle;
+        idle.ctx = std::make_unique<grpc::ClientContext>();
+        idle.stream = stubs[w]->Exchange(idle.ctx.get());
+        held[w].push_back(std::move(idle));
+        ++opened;
+        while (held[w].size() > 80) {  // more than the worker's 64 slots
+          held[w].front().ctx->TryCancel();
+          (void)held[w].front().stream->Finish();
+          held[w].pop_front();
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    for (auto& streams : held) {
+      for (Idle& idle : streams) {
+        idle.ctx->TryCancel();
+        (void)idle.stream->Finish();
+      }
+    }
+  });
+  while (opened < 160 && !stop) absl::SleepFor(absl::Milliseconds(20));  // 80 per worker
+  auto id = cluster.client().Submit(absl::StrCat(kJob, "stages: 2\nsteps: 30\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto end = cluster.WaitForEnd(*id, absl::Seconds(120));
+  stop = true;
+  idler.join();
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_EQ(end->state(), v1::SUCCEEDED) << end->reason();
+  EXPECT_EQ(end->attempt(), 0) << "the job needed a recovery";
+  // The workers closed the idle streams, and said why.
+  double closed = 0;
+  for (int w = 0; w < cluster.num_workers(); ++w) {
+    const std::string text = Scrape(cluster.worker_metrics_port(w));
+    for (const char* reason : {"evicted", "no_first_message"}) {
+      auto n =
+          metrics::FindSample(text, "stagewise_worker_streams_refused_total", {{"reason", reason}});
+      if (n.ok()) closed += *n;
+    }
+  }
+  EXPECT_GT(closed, 100);
+}
+
 TEST(Hostile, OversizedAndAbsurdSpecsAreRefusedCheaply) {
   ProcessCluster cluster(Options::OneWorker());
   ASSERT_TRUE(cluster.ok()) << cluster.error();
@@ -463,11 +541,6 @@ TEST(Hostile, TheCliEscapesControlCharactersFromTheCoordinator) {
     EXPECT_EQ(out.find('\x07'), std::string::npos) << "raw BEL printed";
     EXPECT_NE(out.find("\\x1b"), std::string::npos) << out;
   }
-}
-
-std::string Scrape(int port) {
-  auto text = metrics::Scrape("127.0.0.1", port);
-  return text.ok() ? *text : "";
 }
 
 TEST(Hostile, FinishedJobsLeaveTheMetricsEndpoints) {

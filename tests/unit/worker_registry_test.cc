@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "tests/unit/coordinator_fakes.h"
 
 namespace stagewise::coordinator {
@@ -134,6 +135,15 @@ TEST(WorkerRegistry, RefusesBadWorkerInfo) {
   for (int i = 0; i < 40; ++i) (*labels.mutable_labels())["k" + std::to_string(i)] = "v";
   EXPECT_THAT(registry.Register(labels, {}, kT0, &replaced, &session).status().message(),
               HasSubstr("WorkerInfo.labels"));
+  // A worker of another version: its events and stage streams would be misread.
+  for (v1::ControlProtocol old : {v1::CONTROL_PROTOCOL_UNSPECIFIED, v1::CONTROL_PROTOCOL_V2}) {
+    v1::WorkerInfo info = Info("w1");
+    info.set_protocol(old);
+    auto refused = registry.Register(info, {}, kT0, &replaced, &session);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(refused.status().message(),
+                HasSubstr(absl::StrCat("control protocol ", static_cast<int>(old))));
+  }
   EXPECT_TRUE(registry.List().empty());
 }
 
