@@ -176,11 +176,6 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
 
 }  // namespace
 
-bool IsWorkerIdentity(const std::string& identity) {
-  return identity == "worker" || absl::StartsWith(identity, "worker-") ||
-         absl::StartsWith(identity, "worker.");
-}
-
 absl::StatusOr<rpc::Principal> CoordinatorService::Authorize(grpc::CallbackServerContext* ctx,
                                                              rpc::Role needed) const {
   if (policy_.tokens == nullptr) return rpc::Principal{"anonymous", rpc::Role::kAdmin};
@@ -206,7 +201,7 @@ absl::StatusOr<rpc::Principal> CoordinatorService::Authorize(grpc::CallbackServe
 absl::Status CoordinatorService::AuthorizeWorker(grpc::CallbackServerContext* ctx) const {
   if (!policy_.require_worker_identity) return absl::OkStatus();
   const std::string identity = rpc::PeerIdentity(*ctx->auth_context());
-  if (IsWorkerIdentity(identity)) return absl::OkStatus();
+  if (rpc::IsWorkerIdentity(identity)) return absl::OkStatus();
   manager_->metrics()->CountRefused("permission_denied");
   return absl::PermissionDeniedError(
       absl::StrCat("certificate '", identity,
@@ -257,11 +252,19 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
   if (auto caller = Authorize(ctx, rpc::Role::kRead); !caller.ok()) {
     return Done(ctx, caller.status());
   }
-  auto jobs = manager_->ListJobs(request->limit());
-  if (jobs.ok()) {
-    for (auto& j : *jobs) *response->add_jobs() = std::move(j);
+  if (request->page_size() < 0 || request->limit() < 0) {
+    return Done(ctx, absl::InvalidArgumentError(absl::StrCat(
+                         request->page_size() < 0 ? "page_size" : "limit", ": must be >= 0")));
   }
-  return Done(ctx, jobs.status());
+  int page_size = request->page_size() > 0 ? request->page_size() : request->limit();
+  if (page_size == 0) page_size = kDefaultJobsPage;
+  page_size = std::min(page_size, kMaxJobsPage);
+  auto page = manager_->ListJobsPage(page_size, request->page_token(), kMaxJobsPageBytes);
+  if (page.ok()) {
+    for (auto& j : page->jobs) *response->add_jobs() = std::move(j);
+    response->set_next_page_token(page->next_page_token);
+  }
+  return Done(ctx, page.status());
 }
 
 grpc::ServerWriteReactor<v1::JobEvent>* CoordinatorService::WatchJob(

@@ -22,13 +22,17 @@ struct AccessPolicy {
   bool require_worker_identity = false;
 };
 
-// Whether a certificate Common Name is a worker's (see AccessPolicy).
-bool IsWorkerIdentity(const std::string& identity);
-
 class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
   explicit CoordinatorService(JobManager* manager, AccessPolicy policy = {})
       : manager_(manager), policy_(policy) {}
+
+  // ListJobs pages: page_size (or limit) 0 means kDefaultJobsPage; larger
+  // ones are cut to kMaxJobsPage, and a page ends early before its statuses
+  // pass kMaxJobsPageBytes (far below the message limit, whatever is stored).
+  static constexpr int kDefaultJobsPage = 100;
+  static constexpr int kMaxJobsPage = 1000;
+  static constexpr size_t kMaxJobsPageBytes = 4 << 20;
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
                                            const v1::RegisterWorkerRequest* request,

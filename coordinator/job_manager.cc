@@ -177,9 +177,11 @@ absl::Time JobManager::NextDeadline() const {
   deadline = std::min(deadline, flush_due_);
   if (!metrics_expiry_.empty()) deadline = std::min(deadline, metrics_expiry_.front().first);
   for (const auto& [id, job] : jobs_) {
-    deadline = std::min({deadline, job.recovery_deadline, job.configure_deadline});
+    deadline =
+        std::min({deadline, job.recovery_deadline, job.configure_deadline, StallDeadline(job)});
   }
-  return deadline;
+  // A settling recovery becomes placeable (Housekeeping schedules then).
+  return std::min(deadline, scheduler_.NextDue());
 }
 
 void JobManager::Housekeeping(absl::Time now) {
@@ -188,6 +190,7 @@ void JobManager::Housekeeping(absl::Time now) {
         lost, absl::StrCat("no heartbeat for ", absl::FormatDuration(options_.heartbeat_timeout)));
   }
   recovery_.CheckDeadlines(now);
+  if (now >= scheduler_.NextDue()) schedule_needed_ = true;  // a settle window passed
   if (now >= flush_due_) FlushProgress();
   while (!metrics_expiry_.empty() && metrics_expiry_.front().first <= now) {
     metrics_->RemoveJob(metrics_expiry_.front().second);
@@ -380,6 +383,8 @@ void JobManager::OnAck(const v1::Ack& ack, const std::string& sender) {
     if (!Transition(job_id, v1::RUNNING, "").ok()) return;
     Job& running = jobs_.at(job_id);
     running.started = absl::Now();
+    running.progressed = running.started;
+    running.progressed_step = running.resume ? running.resume->manifest.step() : 0;
     running.configure_deadline = absl::InfiniteFuture();
     const int phase = running.resume ? running.resume->manifest.phase() : 0;
     const int64_t from = running.resume ? running.resume->manifest.step() : 0;
@@ -456,6 +461,7 @@ void JobManager::OnPhaseDone(const std::string& job_id, int stage, const v1::Pha
   Job& job = jobs_.at(job_id);
   std::set<int>& done = job.phase_done[d.phase()];
   done.insert(stage);
+  NoteProgress(job, -1, absl::Now());
   if (done.size() < job.workers.size()) return;
   const std::vector<PhaseSpec> phases = Phases(job.spec);
   const int next = d.phase() + 1;
@@ -499,7 +505,13 @@ void JobManager::OnProfile(const std::string& job_id, const v1::ProfileResult& r
 
 void JobManager::OnWorkerLost(const WorkerRegistry::Removed& worker, const std::string& why) {
   STAGEWISE_LOG(WARNING) << "lost worker " << worker.worker_id << ": " << why;
-  if (worker.job_id.empty()) return;
+  if (worker.job_id.empty()) {
+    // Freed by an attempt that just ended (its peers' broken streams ended
+    // it first): that attempt's cause is this loss.
+    recovery_.NoteLostWorker(worker.worker_id,
+                             absl::StrCat("lost worker ", worker.worker_id, ": ", why));
+    return;
+  }
   const std::string text =
       worker.stage >= 0
           ? absl::StrCat("lost worker ", worker.worker_id, " (stage ", worker.stage, "): ", why)
@@ -517,7 +529,7 @@ void JobManager::ScheduleIfNeeded() {
 
 void JobManager::Schedule() {
   STAGEWISE_BUG(OnLoop());
-  Scheduler::Round round = scheduler_.Schedule();
+  Scheduler::Round round = scheduler_.Schedule(absl::Now());
   for (const Scheduler::Waiting& w : round.waiting) {
     auto it = jobs_.find(w.job_id);
     if (it == jobs_.end() || it->second.status.reason() == w.reason) continue;
@@ -558,10 +570,10 @@ void JobManager::Configure(const std::string& job_id, Job& job) {
   // the registry (its stage would get no next_address and fail as a bad
   // assignment, which would fail the job). The lost-worker task already
   // queued ends this attempt and recovers the job; send nothing meanwhile.
-  for (size_t j = 0; j + 1 < commands.size(); ++j) {
-    if (commands[j].configure().next_address().empty()) {
+  for (const std::string& worker : job.workers) {
+    if (!registry_.Info(worker).has_value()) {
       STAGEWISE_LOG(WARNING) << "job " << job_id << " attempt " << job.attempt << ": worker "
-                             << job.workers[j + 1] << " left before its stage was configured";
+                             << worker << " left before its stage was configured";
       return;
     }
   }
@@ -600,7 +612,9 @@ void JobManager::Requeue(const std::string& job_id, bool recovering) {
   const Job& job = jobs_.at(job_id);
   Scheduler::Request request{job_id, static_cast<int>(job.ranges.size()),
                              job.needs_plan && !job.planned};
+  request.distinct_identities = job.spec.placement.distinct_identities;
   if (recovering) {
+    request.not_before = absl::Now() + options_.recovery_settle;
     scheduler_.Requeue(std::move(request));
   } else {
     scheduler_.Enqueue(std::move(request));

@@ -91,6 +91,10 @@ struct JobManagerOptions {
   // How long the stages of a (re)placed job may take to acknowledge their
   // StageAssignment before the attempt is given up (and recovered).
   absl::Duration configure_timeout = absl::Seconds(120);
+  // How long a recovering job waits before it is placed again, so that every
+  // loss of one fault (two workers killed together) is known first and none
+  // of the lost workers is chosen (--recovery-settle).
+  absl::Duration recovery_settle = absl::Seconds(1);
   // Jobs one owner may have that have not ended (PENDING to RECOVERING).
   int max_live_jobs_per_owner = 100;
   // Where a job's checkpoint.dir may point (the binary's --checkpoint-root);
@@ -120,6 +124,10 @@ class JobManager : private JobHost {
   }
   absl::StatusOr<std::vector<v1::JobStatus>> ListJobs(int limit) const {
     return queries_.ListJobs(limit);
+  }
+  absl::StatusOr<JobStore::JobPage> ListJobsPage(int page_size, const std::string& page_token,
+                                                 size_t max_bytes) const {
+    return queries_.ListJobsPage(page_size, page_token, max_bytes);
   }
   // INVALID_ARGUMENT for a reason over kMaxCancelReasonBytes.
   absl::StatusOr<v1::JobStatus> Cancel(const std::string& job_id, const std::string& reason);

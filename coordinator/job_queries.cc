@@ -23,6 +23,15 @@ absl::StatusOr<std::vector<v1::JobStatus>> JobQueries::ListJobs(int limit) const
   return jobs;
 }
 
+absl::StatusOr<JobStore::JobPage> JobQueries::ListJobsPage(int page_size,
+                                                           const std::string& page_token,
+                                                           size_t max_bytes) const {
+  STAGEWISE_ASSIGN_OR_RETURN(JobStore::JobPage page,
+                             store_->ListJobsPage(page_size, page_token, max_bytes));
+  view_->Overlay(&page.jobs);
+  return page;
+}
+
 absl::StatusOr<v1::ListCheckpointsResponse> JobQueries::ListCheckpoints(
     const std::string& job_id) const {
   STAGEWISE_ASSIGN_OR_RETURN(JobRecord rec, store_->GetJob(job_id));

@@ -25,6 +25,9 @@ class JobQueries {
 
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job_id) const;
   absl::StatusOr<std::vector<v1::JobStatus>> ListJobs(int limit) const;
+  // One page (JobStore::ListJobsPage), live jobs' progress overlaid.
+  absl::StatusOr<JobStore::JobPage> ListJobsPage(int page_size, const std::string& page_token,
+                                                 size_t max_bytes) const;
   // Newest first, read from the job's checkpoint.dir (the coordinator must
   // reach it); NOT_FOUND for an unknown job, none without checkpoint.dir.
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id) const;

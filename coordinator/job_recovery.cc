@@ -23,7 +23,9 @@ void JobRecovery::Recover(const std::string& job_id, const std::string& why,
     // Not running (anymore): nothing to end. A lost worker names the cause
     // better than the broken streams its peers reported first.
     if (state == v1::RECOVERING && cause == "worker_lost" && job.status.attempts_size() > 0) {
-      job.status.mutable_attempts(job.status.attempts_size() - 1)->set_end_reason(why);
+      v1::JobAttempt* a = job.status.mutable_attempts(job.status.attempts_size() - 1);
+      a->set_end_reason(why);
+      a->set_end_cause(cause);
       host_->UpdateProgress(job, why, {});
     }
     return;
@@ -37,6 +39,7 @@ void JobRecovery::Recover(const std::string& job_id, const std::string& why,
   job.phase_done.clear();
   job.shards.clear();
   job.configure_deadline = absl::InfiniteFuture();
+  job.progressed = absl::InfiniteFuture();
   job.attempt_ended = absl::Now();
   job.max_step = std::max(job.max_step, job.status.step());
   if (state == v1::PROFILING) {
@@ -49,11 +52,17 @@ void JobRecovery::Recover(const std::string& job_id, const std::string& why,
     v1::JobAttempt* a = job.status.mutable_attempts(job.status.attempts_size() - 1);
     if (a->ended_unix_ms() == 0) a->set_ended_unix_ms(absl::ToUnixMillis(absl::Now()));
     a->set_end_reason(why);
+    a->set_end_cause(cause);
   }
   metrics_->CountRestart(cause);
+  // An attempt that never ran because its checkpoint was corrupt is not a
+  // restart of its own: the fault that led to it was counted already.
   int ended = 0;
-  for (const v1::JobAttempt& a : job.status.attempts()) ended += a.ended_unix_ms() > 0 ? 1 : 0;
+  for (const v1::JobAttempt& a : job.status.attempts()) {
+    ended += a.ended_unix_ms() > 0 && a.end_cause() != "corrupt_checkpoint" ? 1 : 0;
+  }
   if (ended > job.spec.recovery.max_restarts) {
+    host_->UpdateProgress(job, "", {});  // the attempt's end is written with the end
     host_->EndJob(job_id, v1::FAILED,
                   absl::StrCat("gave up after ", ended, " attempt(s) (recovery.max_restarts: ",
                                job.spec.recovery.max_restarts, "); the last one ended: ", why));
@@ -123,7 +132,49 @@ bool JobRecovery::QueueRecovery(const std::string& job_id, LiveJob& job, const s
   return true;
 }
 
+void JobRecovery::NoteLostWorker(const std::string& worker_id, const std::string& why) {
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  for (const std::string& id : host_->LiveJobIds()) {
+    LiveJob& job = *host_->FindJob(id);
+    // The newest ended attempt, if it ran on this worker and ended just now
+    // for another cause.
+    for (int i = job.status.attempts_size() - 1; i >= 0; --i) {
+      v1::JobAttempt* a = job.status.mutable_attempts(i);
+      if (a->ended_unix_ms() == 0) continue;
+      const bool ran_there =
+          std::find(a->workers().begin(), a->workers().end(), worker_id) != a->workers().end();
+      if (ran_there && a->end_cause() != "worker_lost" &&
+          now_ms - a->ended_unix_ms() <= absl::ToInt64Milliseconds(kLossWindow)) {
+        STAGEWISE_LOG(INFO) << "job " << id << " attempt " << a->attempt() << " ended on: " << why;
+        a->set_end_reason(absl::StrCat(why, " (first reported: ", a->end_reason(), ")"));
+        a->set_end_cause("worker_lost");
+        host_->UpdateProgress(job, why, {});
+      }
+      break;
+    }
+  }
+}
+
 void JobRecovery::CheckDeadlines(absl::Time now) {
+  std::vector<std::string> stalled;
+  for (const std::string& id : host_->LiveJobIds()) {
+    const LiveJob& job = *host_->FindJob(id);
+    if (now >= StallDeadline(job)) stalled.push_back(id);
+  }
+  for (const std::string& id : stalled) {
+    LiveJob* found = host_->FindJob(id);
+    if (found == nullptr) continue;
+    const absl::Duration limit = StallLimit(*found);
+    Recover(
+        id,
+        absl::StrCat("stalled: no progress past step ", found->progressed_step, " for ",
+                     absl::FormatDuration(absl::Trunc(now - found->progressed, absl::Seconds(1))),
+                     " (limit ", absl::FormatDuration(limit),
+                     found->spec.recovery.stall_seconds > 0 ? ", recovery.stall_seconds"
+                                                            : ", 20x the median step time",
+                     "); a stage stopped sending"),
+        "stalled");
+  }
   std::vector<std::pair<std::string, bool>> due;  // (job, recovering)
   for (const std::string& id : host_->LiveJobIds()) {
     const LiveJob& job = *host_->FindJob(id);

@@ -33,9 +33,15 @@ class JobRecovery {
   // Chooses the checkpoint to resume from and requeues a RECOVERING job;
   // false if the job was failed instead.
   bool QueueRecovery(const std::string& job_id, LiveJob& job, const std::string& why);
-  // Fails RECOVERING jobs past recovery.wait_seconds and recovers CONFIGURING
-  // ones past the configure timeout.
+  // Recovers RUNNING jobs past their stall limit (StallLimit), fails
+  // RECOVERING jobs past recovery.wait_seconds and recovers CONFIGURING ones
+  // past the configure timeout.
   void CheckDeadlines(absl::Time now);
+  // A worker that no longer ran a stage was lost: the attempt that ended on
+  // it within kLossWindow (its peers' broken streams reported first) gets
+  // the loss as its cause.
+  void NoteLostWorker(const std::string& worker_id, const std::string& why);
+  static constexpr absl::Duration kLossWindow = absl::Seconds(10);
   // A stage's error (the current attempt's): a damaged resume shard skips its
   // checkpoint and recovers, a transient error recovers, anything else fails
   // the job.

@@ -81,6 +81,37 @@ LiveJob MakeLiveJob(const v1::JobStatus& status, const JobSpec& spec, const std:
   return job;
 }
 
+absl::Duration StallLimit(const LiveJob& job) {
+  if (job.spec.recovery.stall_seconds > 0) return absl::Seconds(job.spec.recovery.stall_seconds);
+  double median = 0;
+  if (!job.step_seconds.empty()) {
+    std::vector<double> sorted(job.step_seconds.begin(), job.step_seconds.end());
+    std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+    median = sorted[sorted.size() / 2];
+  }
+  return absl::Seconds(std::max(300.0, 20 * median));
+}
+
+absl::Time StallDeadline(const LiveJob& job) {
+  if (job.status.state() != v1::RUNNING || job.progressed == absl::InfiniteFuture()) {
+    return absl::InfiniteFuture();
+  }
+  return job.progressed + StallLimit(job);
+}
+
+void NoteProgress(LiveJob& job, int64_t step, absl::Time now) {
+  if (job.progressed == absl::InfiniteFuture()) return;  // not running
+  if (step >= 0) {
+    if (step <= job.progressed_step) return;  // not a new step
+    const double seconds = absl::ToDoubleSeconds(now - job.progressed) /
+                           static_cast<double>(step - job.progressed_step);
+    job.step_seconds.push_back(seconds);
+    if (job.step_seconds.size() > LiveJob::kStepSamples) job.step_seconds.pop_front();
+    job.progressed_step = step;
+  }
+  job.progressed = now;
+}
+
 std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::MetricsReport& m,
                                       absl::Time now) {
   std::vector<MetricPoint> points;
@@ -89,6 +120,7 @@ std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::Metrics
   const int64_t now_ms = absl::ToUnixMillis(now);
   const bool last_stage = stage == static_cast<int>(job.workers.size()) - 1;
   if (last_stage && m.values().count("train_loss")) {
+    NoteProgress(job, m.step(), now);
     st.set_step(m.step());
     job.max_step = std::max(job.max_step, m.step());
     if (st.attempts_size() > 0) {
@@ -106,6 +138,7 @@ std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::Metrics
     points.push_back({m.step(), "samples_per_second", st.samples_per_second(), now_ms});
   }
   if (last_stage && m.values().count("eval_accuracy")) {
+    NoteProgress(job, -1, now);
     st.set_eval_loss(m.values().count("eval_loss") ? m.values().at("eval_loss") : 0.0);
     st.set_eval_accuracy(m.values().at("eval_accuracy"));
     points.push_back({m.step(), "eval_loss", st.eval_loss(), now_ms});

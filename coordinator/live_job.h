@@ -8,6 +8,7 @@
 #define STAGEWISE_COORDINATOR_LIVE_JOB_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <set>
@@ -50,7 +51,24 @@ struct LiveJob {
   std::optional<checkpoint::Committed> resume;             // what the next attempt loads
   // Shards reported for checkpoints not committed yet: step -> stage -> report.
   std::map<int64_t, std::map<int, v1::CheckpointSaved>> shards;
+  // The stall watchdog (recovery.stall_seconds): when the running attempt
+  // last made progress (a new step, an evaluation, a finished phase), the
+  // step then, and the recent seconds per step (at most kStepSamples).
+  static constexpr size_t kStepSamples = 256;
+  absl::Time progressed = absl::InfiniteFuture();  // InfiniteFuture: not running
+  int64_t progressed_step = 0;
+  std::deque<double> step_seconds;
 };
+
+// How long the running job may go without progress: recovery.stall_seconds,
+// or 20x the median of step_seconds, at least 300 s.
+absl::Duration StallLimit(const LiveJob& job);
+// When the running job counts as stalled (InfiniteFuture when it is not
+// running).
+absl::Time StallDeadline(const LiveJob& job);
+// The job made progress at `now`; `step` >= 0 is its new step (-1: progress
+// without a step, such as an evaluation).
+void NoteProgress(LiveJob& job, int64_t step, absl::Time now);
 
 // A submitted (parsed) spec, checked as far as the coordinator can without a
 // worker: its model planned and partitioned, its length known, its

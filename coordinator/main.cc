@@ -13,6 +13,7 @@
 #include "coordinator/store.h"
 #include "services/common/log.h"
 #include "services/common/log_flags.h"
+#include "services/metrics/flags.h"
 #include "services/metrics/metrics.h"
 #include "services/rpc/health.h"
 #include "services/rpc/server.h"
@@ -22,11 +23,14 @@
 int main(int argc, char** argv) {
   std::string listen = "0.0.0.0:7070";
   std::string metrics_listen = "0.0.0.0:9090";
+  std::string metrics_job_ids = "plain";
+  std::string metrics_job_key_file;
   std::string db = "stagewise.db";
   std::string port_file;
   std::string log_level = "info";
   double heartbeat_timeout_s = 10;
   double configure_timeout_s = 120;
+  double recovery_settle_s = 1;
   double metrics_ttl_s = 300;
   int max_jobs_per_owner = 100;
   std::string tokens_file;
@@ -37,6 +41,7 @@ int main(int argc, char** argv) {
   app.add_option("--listen", listen, "gRPC address (port 0: any free port)")->capture_default_str();
   app.add_option("--metrics-listen", metrics_listen, "Prometheus /metrics address (empty: off)")
       ->capture_default_str();
+  stagewise::metrics::AddJobLabelFlags(&app, &metrics_job_ids, &metrics_job_key_file);
   app.add_option("--db", db, "SQLite database file")->capture_default_str();
   app.add_option("--port-file", port_file,
                  "Write 'GRPC_PORT METRICS_PORT' here once serving (for supervisors)");
@@ -47,6 +52,11 @@ int main(int argc, char** argv) {
                  "Seconds the stages of a placed job have to acknowledge their assignment "
                  "before the attempt is given up (and recovered)")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--recovery-settle", recovery_settle_s,
+                 "Seconds a recovering job waits before it is placed again, so that every "
+                 "worker lost in one fault is known (and none of them is chosen)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--finished-job-metrics-ttl", metrics_ttl_s,
                  "Seconds a finished job's stagewise_job_* series stay on /metrics (so a "
@@ -78,6 +88,11 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (absl::Status s = stagewise::log::ApplyLogLevelFlag(log_level); !s.ok()) {
     STAGEWISE_LOG(ERROR) << "stagewise-coordinator: " << s.message();
+    return 2;
+  }
+  auto job_labels = stagewise::metrics::MakeJobLabels(metrics_job_ids, metrics_job_key_file);
+  if (!job_labels.ok()) {
+    STAGEWISE_LOG(ERROR) << "stagewise-coordinator: " << job_labels.status().message();
     return 2;
   }
 
@@ -124,10 +139,12 @@ int main(int argc, char** argv) {
                          << metrics.status().message();
     return 1;
   }
-  stagewise::metrics::CoordinatorMetrics coordinator_metrics((*metrics)->registry());
+  stagewise::metrics::CoordinatorMetrics coordinator_metrics((*metrics)->registry(),
+                                                             *std::move(job_labels));
   stagewise::coordinator::JobManagerOptions options;
   options.heartbeat_timeout = absl::Seconds(heartbeat_timeout_s);
   options.configure_timeout = absl::Seconds(configure_timeout_s);
+  options.recovery_settle = absl::Seconds(recovery_settle_s);
   options.finished_job_metrics_ttl = absl::Seconds(metrics_ttl_s);
   options.max_live_jobs_per_owner = max_jobs_per_owner;
   options.checkpoint_roots = {true, checkpoint_roots, "--checkpoint-root"};

@@ -34,17 +34,29 @@ bool Scheduler::Queued(const std::string& job_id) const {
                      [&](const Request& r) { return r.job_id == job_id; });
 }
 
-Scheduler::Round Scheduler::Schedule() {
+Scheduler::Round Scheduler::Schedule(absl::Time now) {
   Round round;
   std::vector<Request> still_queued;
+  next_due_ = absl::InfiniteFuture();
   for (Request& request : queue_) {
-    std::vector<std::string> workers = registry_->Claim(request.job_id, request.workers);
+    if (request.not_before > now) {
+      next_due_ = std::min(next_due_, request.not_before);
+      still_queued.push_back(std::move(request));
+      continue;
+    }
+    std::vector<std::string> workers =
+        registry_->Claim(request.job_id, request.workers, request.distinct_identities);
     if (workers.empty()) {
       const WorkerRegistry::Counts counts = registry_->GetCounts();
+      // Enough idle workers, yet no claim: they share certificate identities.
+      const bool identities = request.distinct_identities && counts.idle >= request.workers;
       round.waiting.push_back(
           {request.job_id,
-           absl::StrCat("waiting for ", request.workers, " idle workers (", counts.idle, " idle, ",
-                        counts.registered, " registered)")});
+           absl::StrCat("waiting for ", request.workers, " idle workers",
+                        identities ? " with distinct certificate identities" : "", " (",
+                        counts.idle, " idle, ", counts.registered, " registered",
+                        identities ? "; placement.distinct_identities: false lifts this" : "",
+                        ")")});
       still_queued.push_back(std::move(request));
       continue;
     }
@@ -117,7 +129,9 @@ std::vector<v1::Command> Scheduler::StageAssignments(
     if (j + 1 < n) {
       std::optional<v1::WorkerInfo> next = registry_->Info(workers[j + 1]);
       if (next.has_value()) a->set_next_address(next->address());
+      a->set_next_identity(registry_->Identity(workers[j + 1]));
     }
+    if (j > 0) a->set_prev_identity(registry_->Identity(workers[j - 1]));
     a->set_job_spec_yaml(job_spec_yaml);
     if (j < modes.size()) {
       for (BlockMode m : modes[j]) a->add_block_modes(std::string(NameOf(m)));

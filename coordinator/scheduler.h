@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "coordinator/worker_registry.h"
 #include "services/spec/job_spec.h"
 #include "stagewise/v1/coordinator.pb.h"
@@ -35,6 +36,11 @@ class Scheduler {
     int workers = 1;          // one per stage
     bool profile = false;     // needs a ProfileCommand (PROFILING) before its stages
     bool recovering = false;  // set by Requeue
+    // placement.distinct_identities: no two stages on one certificate.
+    bool distinct_identities = false;
+    // Not placed before this time (a recovering job waits for the losses of
+    // one fault to settle: --recovery-settle).
+    absl::Time not_before = absl::InfinitePast();
   };
   // Appends a PENDING job to the queue.
   void Enqueue(Request request);
@@ -59,8 +65,12 @@ class Scheduler {
     std::vector<Placement> placed;  // in queue order, removed from the queue
     std::vector<Waiting> waiting;   // still queued
   };
-  // One pass over the queue (FIFO with backfill).
-  Round Schedule();
+  // One pass over the queue (FIFO with backfill); requests whose not_before
+  // is after `now` keep their place and are skipped.
+  Round Schedule(absl::Time now);
+  // When a request the last pass skipped for its not_before becomes due
+  // (InfiniteFuture: none): the owner runs a pass then.
+  absl::Time NextDue() const { return next_due_; }
 
   // The PROFILING step: one worker (workers of a job share a device type)
   // profiles the model; its ProfileResult leads to PlanFromProfile.
@@ -82,7 +92,8 @@ class Scheduler {
                                                 const std::vector<std::string>& workers) const;
 
   // Every stage's StageAssignment (command ids unset), stage j for workers[j],
-  // each pointing at the next stage's address.
+  // each pointing at the next stage's address and naming the certificate
+  // identities of its neighbours.
   std::vector<v1::Command> StageAssignments(const std::string& job_id,
                                             const std::string& job_spec_yaml,
                                             const std::vector<std::string>& workers,
@@ -92,6 +103,7 @@ class Scheduler {
  private:
   WorkerRegistry* registry_;
   std::vector<Request> queue_;
+  absl::Time next_due_ = absl::InfiniteFuture();
 };
 
 }  // namespace stagewise::coordinator

@@ -14,8 +14,10 @@
 #include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -593,6 +595,57 @@ absl::StatusOr<std::vector<v1::JobStatus>> JobStore::ListJobs(int limit) const {
     status.set_updated_unix_ms(select.Int64(4));
   }
   return jobs;
+}
+
+absl::StatusOr<JobStore::JobPage> JobStore::ListJobsPage(int page_size,
+                                                         const std::string& page_token,
+                                                         size_t max_bytes) const {
+  constexpr absl::string_view kOp = "JobStore::ListJobsPage";
+  // A token is "<created_ms>.<rowid>" of the last job of the page before.
+  int64_t after_created = 0;
+  int64_t after_rowid = 0;
+  if (!page_token.empty()) {
+    std::vector<absl::string_view> parts = absl::StrSplit(page_token, '.');
+    if (page_token.size() > 64 || parts.size() != 2 ||
+        !absl::SimpleAtoi(parts[0], &after_created) || !absl::SimpleAtoi(parts[1], &after_rowid)) {
+      return absl::InvalidArgumentError(
+          "page_token: not a token this coordinator issued (give "
+          "ListJobsResponse.next_page_token)");
+    }
+  }
+  page_size = std::max(page_size, 1);
+  absl::MutexLock lock(&impl_->mu);
+  Stmt select(impl_->db, kOp);
+  STAGEWISE_RETURN_IF_ERROR(select.Prepare(
+      "SELECT job_id, state, status, created_ms, updated_ms, rowid FROM jobs WHERE ?1 = 0 OR "
+      "created_ms < ?2 OR (created_ms = ?2 AND rowid < ?3) ORDER BY created_ms DESC, rowid DESC "
+      "LIMIT ?4"));
+  select.BindInt64(1, page_token.empty() ? 0 : 1);
+  select.BindInt64(2, after_created);
+  select.BindInt64(3, after_rowid);
+  select.BindInt64(4, int64_t{page_size} + 1);  // one more: is there a next page?
+  JobPage page;
+  size_t bytes = 0;
+  std::string last;
+  for (;;) {
+    STAGEWISE_ASSIGN_OR_RETURN(const bool row, select.Step());
+    if (!row) break;
+    v1::JobStatus status;
+    if (!select.ParseProto(2, &status)) return CorruptStatus(kOp, select.Text(0));
+    status.set_state(static_cast<v1::JobState>(select.Int64(1)));
+    status.set_created_unix_ms(select.Int64(3));
+    status.set_updated_unix_ms(select.Int64(4));
+    const size_t size = status.ByteSizeLong();
+    if (static_cast<int>(page.jobs.size()) == page_size ||
+        (!page.jobs.empty() && bytes + size > max_bytes)) {
+      page.next_page_token = last;  // this row starts the next page
+      break;
+    }
+    bytes += size;
+    last = absl::StrCat(select.Int64(3), ".", select.Int64(5));
+    page.jobs.push_back(std::move(status));
+  }
+  return page;
 }
 
 absl::StatusOr<std::vector<JobRecord>> JobStore::UnfinishedJobs() const {

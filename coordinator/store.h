@@ -79,6 +79,16 @@ class JobStore {
   absl::StatusOr<JobRecord> GetJob(const std::string& job_id) const;
   // Newest first; limit <= 0 means all.
   absl::StatusOr<std::vector<v1::JobStatus>> ListJobs(int limit) const;
+  // One page of ListJobs: at most `page_size` (>= 1) jobs after `page_token`
+  // ("" = the newest), fewer when their statuses would pass `max_bytes` (at
+  // least one); next_page_token is empty on the last page. INVALID_ARGUMENT
+  // "page_token: ..." for a token this store did not issue.
+  struct JobPage {
+    std::vector<v1::JobStatus> jobs;
+    std::string next_page_token;
+  };
+  absl::StatusOr<JobPage> ListJobsPage(int page_size, const std::string& page_token,
+                                       size_t max_bytes) const;
   // Jobs not in a terminal state, oldest first (what a restarted coordinator resumes).
   absl::StatusOr<std::vector<JobRecord>> UnfinishedJobs() const;
   absl::StatusOr<std::vector<TransitionRecord>> Transitions(const std::string& job_id) const;

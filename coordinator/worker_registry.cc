@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <random>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -181,12 +182,18 @@ WorkerRegistry::Counts WorkerRegistry::GetCounts() const {
   return counts;
 }
 
-std::vector<std::string> WorkerRegistry::Claim(const std::string& job_id, int n) {
+std::vector<std::string> WorkerRegistry::Claim(const std::string& job_id, int n,
+                                               bool distinct_identities) {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> chosen;
+  std::set<std::string> identities;
   for (const auto& [id, w] : workers_) {
     if (static_cast<int>(chosen.size()) == n) break;
-    if (w.sink != nullptr && w.job_id.empty()) chosen.push_back(id);
+    if (w.sink == nullptr || !w.job_id.empty()) continue;
+    if (distinct_identities && !w.identity.empty() && !identities.insert(w.identity).second) {
+      continue;  // this certificate holds a stage of the job already
+    }
+    chosen.push_back(id);
   }
   if (static_cast<int>(chosen.size()) < n) return {};
   for (size_t j = 0; j < chosen.size(); ++j) {
@@ -207,6 +214,12 @@ std::vector<std::string> WorkerRegistry::Release(const std::string& job_id) {
     freed.push_back(id);
   }
   return freed;
+}
+
+std::string WorkerRegistry::Identity(const std::string& worker_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  return it == workers_.end() ? "" : it->second.identity;
 }
 
 std::optional<v1::WorkerInfo> WorkerRegistry::Info(const std::string& worker_id) const {

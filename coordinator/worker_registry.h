@@ -95,8 +95,14 @@ class WorkerRegistry {
 
   Counts GetCounts() const;
   // Gives stages 0..n-1 of `job_id` to the first n idle workers (by id), all at
-  // once; empty (and nothing claimed) when fewer than n are idle.
-  std::vector<std::string> Claim(const std::string& job_id, int n);
+  // once; empty (and nothing claimed) when fewer than n are idle. With
+  // `distinct_identities`, no two of them share a certificate identity (an
+  // empty identity, plaintext, is never shared).
+  std::vector<std::string> Claim(const std::string& job_id, int n,
+                                 bool distinct_identities = false);
+  // The certificate identity the worker registered with ("" when it is gone
+  // or registered over plaintext).
+  std::string Identity(const std::string& worker_id) const;
   // Frees every worker still running a stage of `job_id`; returns their ids.
   std::vector<std::string> Release(const std::string& job_id);
   // The registration of a worker (nullopt if it is gone).

@@ -8,6 +8,7 @@
 
 #include "services/common/log.h"
 #include "services/common/log_flags.h"
+#include "services/metrics/flags.h"
 #include "services/rpc/health.h"
 #include "services/rpc/server.h"
 #include "services/rpc/tls.h"
@@ -84,9 +85,19 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "LibTorch CPU threads (0: LibTorch's default)");
   app.add_option("--port-file", port_file,
                  "Write 'GRPC_PORT METRICS_PORT' here once serving (for supervisors)");
+  std::string metrics_job_ids = "plain";
+  std::string metrics_job_key_file;
+  stagewise::metrics::AddJobLabelFlags(&app, &metrics_job_ids, &metrics_job_key_file);
   stagewise::rpc::AddTlsFlags(&app, &tls);
   stagewise::log::AddLogLevelFlag(&app, &log_level);
   CLI11_PARSE(app, argc, argv);
+  if (auto labels = stagewise::metrics::MakeJobLabels(metrics_job_ids, metrics_job_key_file);
+      labels.ok()) {
+    options.job_labels = *std::move(labels);
+  } else {
+    std::cerr << "stagewise-worker: " << labels.status().message() << "\n";
+    return 2;
+  }
   if (absl::Status s = stagewise::log::ApplyLogLevelFlag(log_level); !s.ok()) {
     std::cerr << "stagewise-worker: " << s.message() << "\n";
     return 2;
@@ -103,6 +114,7 @@ int main(int argc, char** argv) {
     std::cerr << "stagewise-worker: " << s.message() << "\n";
     return 2;
   }
+  options.require_worker_identity = tls.enabled();
   if (tls.insecure) {
     STAGEWISE_LOG(WARNING) << "--insecure: stage streams and the coordinator link are plaintext";
   }

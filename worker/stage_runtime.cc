@@ -102,7 +102,8 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
   rt->phases_ = Phases(rt->spec_);
 
   rt->metrics_ = std::make_unique<metrics::StageMetrics>(
-      *rt->env_.registry, assignment.job_id(), assignment.stage(), rt->spec_.algorithm.name());
+      *rt->env_.registry, rt->env_.job_labels.Of(assignment.job_id()), assignment.stage(),
+      rt->spec_.algorithm.name());
   if (rt->spec_.trace.enabled) {
     rt->tracer_ = std::make_unique<Tracer>(rt->spec_.trace.from, rt->spec_.trace.to,
                                            rt->spec_.trace.max_spans);
@@ -416,25 +417,38 @@ absl::Status StageRuntime::ValidateIncoming(const v1::StageMessage& m, bool from
 }
 
 absl::Status StageRuntime::AttachUpstream(const v1::StageMessage& message,
+                                          const std::string& peer_identity,
                                           std::shared_ptr<UpstreamStream> stream,
                                           MessageSink** sink) {
-  // A bad first message refuses this stream only: until a stream is bound it
-  // may be anyone's (a stray or hostile dialer must not fail the job). Once
+  // A refused first message refuses this stream only: until a stream is
+  // bound it may be anyone's (a stray or hostile dialer must not fail the
+  // job). A malformed one is INVALID_ARGUMENT; a well-formed one that is not
+  // this stage's OPEN from its assigned upstream is PERMISSION_DENIED. Once
   // bound, bad messages from stage j-1 fail the job (InboxSink).
   if (absl::Status s = ValidateIncoming(message, true); !s.ok()) return s;
+  if (message.kind() != v1::StageMessage::OPEN) {
+    return absl::PermissionDeniedError(
+        "StageMessage.kind: the first message of an Exchange stream must be OPEN");
+  }
   if (message.attempt() != assignment_.attempt()) {
     // A stage of an abandoned attempt: refuse it without failing this one.
-    return absl::FailedPreconditionError(absl::StrCat("StageMessage.attempt: ", message.attempt(),
-                                                      ", but job ", job_id(), " runs attempt ",
-                                                      assignment_.attempt(), " here"));
+    return absl::PermissionDeniedError(absl::StrCat("StageMessage.attempt: ", message.attempt(),
+                                                    ", but job ", job_id(), " runs attempt ",
+                                                    assignment_.attempt(), " here"));
   }
   if (first()) {
-    return absl::FailedPreconditionError("stage 0 takes no stream from a previous stage");
+    return absl::PermissionDeniedError("stage 0 takes no stream from a previous stage");
+  }
+  if (!assignment_.prev_identity().empty() && peer_identity != assignment_.prev_identity()) {
+    // Only the worker the coordinator put on stage j-1 may feed this stage.
+    return absl::PermissionDeniedError(
+        absl::StrCat("certificate '", peer_identity.substr(0, 128), "' is not the one of stage ",
+                     stage() - 1, " of job ", job_id(), " (attempt ", assignment_.attempt(), ")"));
   }
   absl::MutexLock lock(&mu_);
-  if (!failure_.ok()) return absl::FailedPreconditionError("the job has stopped on this stage");
+  if (!failure_.ok()) return absl::PermissionDeniedError("the job has stopped on this stage");
   if (upstream_) {
-    return absl::AlreadyExistsError(
+    return absl::PermissionDeniedError(
         absl::StrCat("stage ", stage(), " of job ", job_id(), " already has its upstream stream"));
   }
   upstream_ = std::move(stream);

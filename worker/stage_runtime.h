@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "services/common/bounded_queue.h"
 #include "services/common/path_policy.h"
+#include "services/metrics/metrics.h"
 #include "services/models/memory_meter.h"
 #include "services/rpc/server.h"
 #include "stagewise/v1/coordinator.pb.h"
@@ -40,6 +41,8 @@ struct RuntimeEnv {
   // This host's clock offset to the coordinator's (the worker's control
   // stream estimates it); traces carry it. Null: offset 0.
   std::shared_ptr<const ClockSync> clock;
+  // The job label of this stage's /metrics series (--metrics-job-ids).
+  metrics::JobLabels job_labels;
 };
 
 class StageRuntime final : public StageContext {
@@ -64,8 +67,12 @@ class StageRuntime final : public StageContext {
   // The result of the compute thread once it has ended.
   std::optional<absl::Status> outcome() const;
 
-  // StageService routing: validates `first`, then binds the stream from j-1.
-  absl::Status AttachUpstream(const v1::StageMessage& message,
+  // StageService routing: binds the stream from j-1 when `message` is its
+  // OPEN (valid, this attempt) and `peer_identity` (the stream's certificate
+  // identity) is the assignment's prev_identity (when that is set). Else
+  // nothing changes: INVALID_ARGUMENT for a malformed message,
+  // PERMISSION_DENIED for anything else.
+  absl::Status AttachUpstream(const v1::StageMessage& message, const std::string& peer_identity,
                               std::shared_ptr<UpstreamStream> stream, MessageSink** sink);
   std::shared_ptr<models::Model> model_ptr() const { return model_; }
 

@@ -40,13 +40,15 @@ class Worker::Service : public v1::StageService::CallbackService {
       : worker_(worker),
         open_(std::make_shared<std::atomic<int>>(0)),
         max_streams_(options.max_streams),
+        require_worker_identity_(options.require_worker_identity),
         first_message_timeout_(options.first_message_timeout),
         pending_(std::make_shared<Pending>(
             StreamGate::Options{options.max_pending_streams, options.first_message_timeout})),
         refused_(prometheus::BuildCounter()
                      .Name("stagewise_worker_streams_refused_total")
                      .Help("Exchange streams the worker refused or closed before they carried a "
-                           "stage's traffic, by reason (too_many, evicted, no_first_message).")
+                           "stage's traffic, by reason (too_many, evicted, no_first_message, "
+                           "not_a_worker, not_assigned).")
                      .Register(registry)),
         reaper_([this] { Reap(); }) {}
   ~Service() override {
@@ -59,6 +61,17 @@ class Worker::Service : public v1::StageService::CallbackService {
 
   grpc::ServerBidiReactor<v1::StageMessage, v1::StageMessage>* Exchange(
       grpc::CallbackServerContext* ctx) override {
+    const std::string identity = rpc::PeerIdentity(*ctx->auth_context());
+    if (require_worker_identity_ && !rpc::IsWorkerIdentity(identity)) {
+      // Only workers feed stages: a client's or dashboard's certificate is
+      // refused before it takes any slot.
+      refused_.Add({{"reason", "not_a_worker"}}).Increment();
+      return new RefusedExchange(grpc::Status(
+          grpc::StatusCode::PERMISSION_DENIED,
+          absl::StrCat("certificate '", identity.substr(0, 128),
+                       "' is not a worker's (worker certificates have the Common Name worker, "
+                       "worker-* or worker.*)")));
+    }
     // A slot per open stream, given back when the stream is destroyed.
     if (open_->fetch_add(1) >= max_streams_) {
       open_->fetch_sub(1);
@@ -67,8 +80,7 @@ class Worker::Service : public v1::StageService::CallbackService {
                                               absl::StrCat("this worker already has ", max_streams_,
                                                            " stage streams open (--max-streams)")));
     }
-    std::string peer = rpc::PeerIdentity(*ctx->auth_context());
-    if (peer.empty()) peer = PeerHost(ctx->peer());
+    std::string peer = identity.empty() ? PeerHost(ctx->peer()) : identity;
     Pending& p = *pending_;
     uint64_t ticket = 0;
     std::vector<std::weak_ptr<PeerStream>> victims;
@@ -86,8 +98,9 @@ class Worker::Service : public v1::StageService::CallbackService {
       pending->Forget(ticket);
     });
     UpstreamStream* stream = UpstreamStream::Start(
-        [this, slot, ticket](const v1::StageMessage& first, std::shared_ptr<UpstreamStream> s,
-                             MessageSink** sink) -> absl::Status {
+        [this, slot, ticket, identity](const v1::StageMessage& first,
+                                       std::shared_ptr<UpstreamStream> s,
+                                       MessageSink** sink) -> absl::Status {
           {
             absl::MutexLock lock(&pending_->mu);
             if (pending_->doomed.count(ticket)) {
@@ -96,7 +109,11 @@ class Worker::Service : public v1::StageService::CallbackService {
             }
             pending_->Forget(ticket);  // bound (or refused below): no longer pending
           }
-          return worker_->Route(first, std::move(s), sink);
+          absl::Status routed = worker_->Route(first, identity, std::move(s), sink);
+          if (absl::IsPermissionDenied(routed)) {
+            refused_.Add({{"reason", "not_assigned"}}).Increment();
+          }
+          return routed;
         },
         /*outbox_capacity=*/16);
     const char* doomed = nullptr;
@@ -192,6 +209,8 @@ class Worker::Service : public v1::StageService::CallbackService {
   Worker* worker_;
   std::shared_ptr<std::atomic<int>> open_;
   const int max_streams_;
+  // TLS is on: Exchange takes only worker certificates (rpc::IsWorkerIdentity).
+  const bool require_worker_identity_;
   const absl::Duration first_message_timeout_;
   const std::shared_ptr<Pending> pending_;
   prometheus::Family<prometheus::Counter>& refused_;
@@ -506,6 +525,7 @@ void Worker::RunStageCommand(const v1::Command& command) {
       RuntimeEnv env;
       env.device = device_;
       env.registry = &metrics_->registry();
+      env.job_labels = options_.job_labels;
       env.emit = [this](v1::WorkerEvent e) { Emit(std::move(e)); };
       env.rpc = options_.rpc;
       env.data_roots = options_.data_roots;
@@ -586,15 +606,15 @@ void Worker::Profile(const v1::ProfileCommand& command) {
   Emit(e);
 }
 
-absl::Status Worker::Route(const v1::StageMessage& first, std::shared_ptr<UpstreamStream> stream,
-                           MessageSink** sink) {
+absl::Status Worker::Route(const v1::StageMessage& first, const std::string& peer_identity,
+                           std::shared_ptr<UpstreamStream> stream, MessageSink** sink) {
   std::shared_ptr<StageRuntime> rt = runtime();
   if (!rt || rt->job_id() != first.job_id()) {
-    return absl::FailedPreconditionError(
+    return absl::PermissionDeniedError(
         absl::StrCat("StageMessage.job_id: this worker runs no stage of job '",
                      first.job_id().substr(0, 64), first.job_id().size() > 64 ? "...'" : "'"));
   }
-  return rt->AttachUpstream(first, std::move(stream), sink);
+  return rt->AttachUpstream(first, peer_identity, std::move(stream), sink);
 }
 
 }  // namespace stagewise::worker

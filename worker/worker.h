@@ -41,6 +41,7 @@ struct WorkerOptions {
   std::string listen = "0.0.0.0:7071";
   std::string advertise;                        // host peers dial; default: this host's name
   std::string metrics_listen = "0.0.0.0:9091";  // empty: no /metrics endpoint
+  metrics::JobLabels job_labels;                // the job label of stage series
   std::string device = "cpu";
   std::string name;  // default: host:port
   int64_t memory_bytes = 0;
@@ -62,6 +63,9 @@ struct WorkerOptions {
   // this many (a new one closes the oldest of the busiest peer), each for at
   // most this long (worker/stream_gate.h).
   int max_pending_streams = 16;
+  // Exchange only from worker certificates (rpc::IsWorkerIdentity); the
+  // binary sets it when TLS is on.
+  bool require_worker_identity = false;
   absl::Duration first_message_timeout = absl::Seconds(10);
   // Events waiting to be written on the control stream; producers (compute
   // threads) wait for room, heartbeats are skipped when it is full.
@@ -106,8 +110,9 @@ class Worker {
   // Queues `event` on the current session's stream (waits for room; dropped
   // when there is no session). Heartbeats go with `may_skip`.
   void Emit(v1::WorkerEvent event, bool may_skip = false);
-  absl::Status Route(const v1::StageMessage& first, std::shared_ptr<UpstreamStream> stream,
-                     MessageSink** sink);
+  // Binds a new Exchange stream to this worker's stage (StageRuntime::AttachUpstream).
+  absl::Status Route(const v1::StageMessage& first, const std::string& peer_identity,
+                     std::shared_ptr<UpstreamStream> stream, MessageSink** sink);
 
   WorkerOptions options_;
   torch::Device device_{torch::kCPU};

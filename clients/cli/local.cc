@@ -496,13 +496,19 @@ int LocalRun::Run() {
   // Workers: start them all, then wait for each.
   std::vector<Proc*> workers;
   for (int n = 0; n < num_workers; ++n) {
+    // One certificate per worker: a job's stages go to distinct identities.
+    if (!args_.insecure) {
+      if (absl::Status s = rpc::IssueLocalIdentity(pki, absl::StrCat("worker-", n)); !s.ok()) {
+        return Fail(s, nullptr);
+      }
+    }
     absl::StatusOr<Proc*> worker =
         Start(absl::StrCat("worker local-", n),
               with({binaries[1], "--coordinator", address, "--listen", "127.0.0.1:0", "--advertise",
                     "127.0.0.1", "--metrics-listen", "127.0.0.1:0", "--port-file",
                     Path(absl::StrCat("worker-", n, ".port")), "--name", absl::StrCat("local-", n),
                     "--threads", absl::StrCat(threads)},
-                   with(with(tls_flags("worker"), checkpoint_root), data_root)),
+                   with(with(tls_flags(absl::StrCat("worker-", n)), checkpoint_root), data_root)),
               absl::StrCat("worker-", n, ".log"), Path(absl::StrCat("worker-", n, ".port")));
     if (!worker.ok()) return Fail(worker.status(), nullptr);
     workers.push_back(*worker);

@@ -5,6 +5,7 @@
 
 #include "clients/cli/commands.h"
 #include "clients/client/coordinator_client.h"
+#include "services/metrics/metrics.h"
 #include "services/rpc/tls.h"
 #include "services/spec/enums.h"
 
@@ -110,7 +111,8 @@ int main(int argc, char** argv) {
   ListArgs list;
   auto* list_cmd = app.add_subcommand("list", "List jobs, newest first");
   list_cmd
-      ->add_option("--limit", list.limit, "At most this many jobs (0 = the coordinator's default)")
+      ->add_option("--limit", list.limit,
+                   "At most this many jobs, newest first (0 = every job; fetched 1000 at a time)")
       ->check(CLI::NonNegativeNumber);
   output_option(list_cmd, list.output, "Output format");
 
@@ -282,6 +284,18 @@ int main(int argc, char** argv) {
   plan_cmd->add_flag("-q,--quiet", plan.quiet, "No progress on stderr");
   output_option(plan_cmd, plan.output, "Output format");
 
+  std::vector<std::string> label_jobs;
+  std::string label_key_file;
+  auto* label_cmd = app.add_subcommand(
+      "metrics-label",
+      "Print the job label /metrics uses for each job id under --metrics-job-ids hashed "
+      "(to find a job on a dashboard)");
+  label_cmd->add_option("jobs", label_jobs, "Job ids")->required();
+  label_cmd
+      ->add_option("--key-file", label_key_file,
+                   "The --metrics-job-key-file of the coordinator and the workers")
+      ->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -290,6 +304,15 @@ int main(int argc, char** argv) {
   }
   if (version->parsed()) {
     std::cout << VersionString() << "\n";
+    return kExitOk;
+  }
+  if (label_cmd->parsed()) {
+    auto labels = stagewise::metrics::MakeJobLabels("hashed", label_key_file);
+    if (!labels.ok()) {
+      std::cerr << "error: " << labels.status().message() << "\n";
+      return kExitInvalid;
+    }
+    for (const std::string& job : label_jobs) std::cout << job << " " << labels->Of(job) << "\n";
     return kExitOk;
   }
   if (train_cmd->parsed()) return TrainLocal(train, std::cout, std::cerr);

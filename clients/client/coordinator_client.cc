@@ -70,6 +70,7 @@ CoordinatorClient::CoordinatorClient(const std::string& address, absl::Duration 
     : address_(address),
       deadline_(deadline),
       token_(options.bearer_token),
+      options_(options),
       channel_(rpc::MakeChannel(address, options)),
       stub_(v1::Coordinator::NewStub(channel_)) {}
 
@@ -148,13 +149,24 @@ absl::StatusOr<v1::JobTrace> CoordinatorClient::GetJobTrace(const std::string& j
 }
 
 absl::StatusOr<std::vector<v1::JobStatus>> CoordinatorClient::ListJobs(int limit) {
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  v1::ListJobsRequest req;
-  req.set_limit(limit);
-  v1::ListJobsResponse resp;
-  if (absl::Status s = Convert(stub_->ListJobs(&ctx, req, &resp)); !s.ok()) return s;
-  return std::vector<v1::JobStatus>(resp.jobs().begin(), resp.jobs().end());
+  std::vector<v1::JobStatus> jobs;
+  std::string token;
+  do {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::ListJobsRequest req;
+    const int left = limit > 0 ? limit - static_cast<int>(jobs.size()) : 0;
+    req.set_page_size(limit > 0 ? std::min(left, 1000) : 1000);
+    req.set_limit(req.page_size());  // what a coordinator without pages reads
+    req.set_page_token(token);
+    v1::ListJobsResponse resp;
+    if (absl::Status s = Convert(stub_->ListJobs(&ctx, req, &resp)); !s.ok()) return s;
+    for (v1::JobStatus& j : *resp.mutable_jobs()) jobs.push_back(std::move(j));
+    if (resp.next_page_token() == token) break;  // no progress: never loop
+    token = resp.next_page_token();
+  } while (!token.empty() && (limit <= 0 || static_cast<int>(jobs.size()) < limit));
+  if (limit > 0 && static_cast<int>(jobs.size()) > limit) jobs.resize(limit);
+  return jobs;
 }
 
 absl::StatusOr<v1::JobStatus> CoordinatorClient::Cancel(const std::string& job_id,
@@ -207,7 +219,13 @@ absl::StatusOr<v1::JobStatus> CoordinatorClient::Watch(
 
   v1::WatchJobRequest req;
   req.set_job_id(job_id);
-  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchJob(&ctx, req);
+  std::shared_ptr<v1::Coordinator::Stub> stub;
+  {
+    absl::MutexLock lock(&mu_);
+    stub = watch_stub_;
+  }
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader =
+      (stub ? stub.get() : stub_.get())->WatchJob(&ctx, req);
   v1::JobEvent event;
   std::optional<v1::JobStatus> last;
   bool done = false;  // terminal state seen, or the caller stopped
@@ -288,6 +306,13 @@ absl::StatusOr<v1::JobStatus> CoordinatorClient::WatchReconnecting(
     if (SleepUnlessStopped(std::min(backoff.Next(), give_up_at - now))) {
       return absl::CancelledError("stopped watching");
     }
+    // Each try on a fresh channel: it connects when the try begins.
+    rpc::RpcOptions own = options_;
+    own.own_connections = true;
+    std::shared_ptr<v1::Coordinator::Stub> fresh =
+        v1::Coordinator::NewStub(rpc::MakeChannel(address_, own));
+    absl::MutexLock lock(&mu_);
+    watch_stub_ = std::move(fresh);
   }
 }
 

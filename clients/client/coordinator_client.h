@@ -33,7 +33,7 @@ std::string ResolveCoordinatorAddress(const std::string& flag_value);
 // blip): reconnect with exponential backoff, up to a time limit.
 struct ReconnectPolicy {
   absl::Duration initial_backoff = absl::Milliseconds(200);
-  absl::Duration max_backoff = absl::Seconds(5);
+  absl::Duration max_backoff = absl::Seconds(2);
   // How long the coordinator may stay unreachable before the watch gives up
   // (UNAVAILABLE); zero or less: never reconnect.
   absl::Duration give_up_after = absl::Minutes(10);
@@ -91,6 +91,7 @@ class CoordinatorClient {
   // at ADDR (...)" when nothing answers at the address.
   absl::StatusOr<std::string> Submit(const std::string& job_spec_yaml);  // job id
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job_id);
+  // Newest first, at most `limit` (0: every job), a page at a time.
   absl::StatusOr<std::vector<v1::JobStatus>> ListJobs(int limit = 0);
   absl::StatusOr<v1::JobStatus> Cancel(const std::string& job_id, const std::string& reason);
   absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
@@ -158,10 +159,15 @@ class CoordinatorClient {
   std::string address_;
   absl::Duration deadline_;
   std::string token_;  // bearer token ("" = none)
+  rpc::RpcOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 
   absl::Mutex mu_;
+  // What Watch calls: the main stub until a reconnection replaces it with
+  // one on a fresh channel (a channel whose connection attempts overlapped
+  // the coordinator's restart can wait out gRPC's connect timeout first).
+  std::shared_ptr<v1::Coordinator::Stub> watch_stub_ ABSL_GUARDED_BY(mu_);
   std::set<grpc::ClientContext*> watches_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };

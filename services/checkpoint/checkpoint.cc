@@ -183,6 +183,15 @@ absl::Status WriteManifest(const std::string& step_dir, const v1::CheckpointMani
   if (!google::protobuf::TextFormat::PrintToString(manifest, &text)) {
     return absl::InternalError("formatting the checkpoint manifest");
   }
+  // The shards written since replace a corrupt checkpoint of the same step:
+  // its marks go first (a crash in between leaves an uncommitted directory).
+  for (const char* mark : {"CORRUPT", "MANIFEST.corrupt"}) {
+    std::error_code ec;
+    fs::remove(fs::path(step_dir) / mark, ec);
+    if (ec)
+      return absl::InternalError(
+          absl::StrCat("removing ", step_dir, "/", mark, ": ", ec.message()));
+  }
   return WriteFileAtomically((fs::path(step_dir) / kManifestName).string(),
                              absl::StrCat("# stagewise checkpoint manifest\n", text));
 }
@@ -324,6 +333,40 @@ absl::StatusOr<std::vector<std::string>> Prune(const std::string& root, const st
     fs::remove_all(dir, ec);
     if (ec) return absl::InternalError(absl::StrCat("removing ", dir, ": ", ec.message()));
     removed.push_back(dir);
+  }
+  // Inside a kept checkpoint, only its MANIFEST and the shards it lists
+  // belong: shards of an earlier try with more stages, or temporary files of
+  // a writer that died, go.
+  for (const Committed& c : committed) {
+    if (!kept.count(c.dir)) continue;
+    std::set<std::string> listed = {kManifestName};
+    for (const v1::CheckpointShard& shard : c.manifest.shards()) listed.insert(shard.file());
+    std::error_code ec;
+    std::vector<fs::path> strays;
+    for (fs::directory_iterator it(c.dir, ec), end; !ec && it != end; it.increment(ec)) {
+      if (!listed.count(it->path().filename().string())) strays.push_back(it->path());
+    }
+    for (const fs::path& stray : strays) {
+      fs::remove_all(stray, ec);
+      if (ec)
+        return absl::InternalError(absl::StrCat("removing ", stray.string(), ": ", ec.message()));
+      removed.push_back(stray.string());
+    }
+  }
+  // Shards directly in the job directory belong to no checkpoint.
+  std::error_code ec;
+  std::vector<fs::path> strays;
+  for (fs::directory_iterator it(JobDir(root, job_id), ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (it->is_directory(ec)) continue;
+    if (absl::StartsWith(name, "stage-")) strays.push_back(it->path());
+  }
+  for (const fs::path& stray : strays) {
+    fs::remove(stray, ec);
+    if (ec)
+      return absl::InternalError(absl::StrCat("removing ", stray.string(), ": ", ec.message()));
+    removed.push_back(stray.string());
   }
   return removed;
 }

@@ -49,8 +49,9 @@ absl::Status VerifyFile(const std::string& path, int64_t bytes, uint32_t crc32);
 absl::Status VerifyBytes(absl::string_view data, int64_t bytes, uint32_t crc32,
                          const std::string& what);
 
-// Writes <step_dir>/MANIFEST atomically, in protobuf text format. The caller
-// has checked that the shards are durable.
+// Writes <step_dir>/MANIFEST atomically, in protobuf text format, after
+// removing the corruption marks (MarkCorrupt) of an earlier checkpoint of the
+// same step. The caller has checked that the shards are durable.
 absl::Status WriteManifest(const std::string& step_dir, const v1::CheckpointManifest& manifest);
 // Reads and checks <step_dir>/MANIFEST: NOT_FOUND if there is none (not
 // committed), DATA_LOSS if it does not parse, has another format, or its
@@ -77,8 +78,10 @@ std::vector<Committed> ListCommitted(const std::string& root, const std::string&
 absl::Status MarkCorrupt(const std::string& step_dir, const std::string& reason);
 
 // Keeps the newest `keep` committed checkpoints of the job and removes the
-// older ones, and every uncommitted step directory older than the newest
-// committed checkpoint. Returns the removed directories.
+// older ones, every uncommitted step directory older than the newest
+// committed checkpoint, every file in a kept checkpoint that its manifest
+// does not list, and shards (stage-*) directly in the job directory. Returns
+// the removed paths.
 absl::StatusOr<std::vector<std::string>> Prune(const std::string& root, const std::string& job_id,
                                                int keep);
 

@@ -8,6 +8,8 @@
 // names can be reused.
 #include "services/metrics/metrics.h"
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/family.h>
@@ -17,8 +19,10 @@
 #include <prometheus/text_serializer.h>
 
 #include <exception>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +30,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/memory/memory.h"
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -641,11 +646,68 @@ int64_t StageMetrics::bytes(bool sent) const {
 struct CoordinatorMetrics::Impl {
   Registry* registry;
   CoordinatorFamilies* families;
+  JobLabels labels;
 };
 
-CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
+std::string JobLabels::Of(const std::string& job_id) const {
+  switch (mode) {
+    case Mode::kPlain:
+      return job_id;
+    case Mode::kOmitted:
+      return "";
+    case Mode::kHashed:
+      break;
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(job_id.data()), job_id.size(), digest, &size);
+  const std::string hex = absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(digest), std::min(size, 8u)));
+  return absl::StrCat("h", hex);
+}
+
+absl::StatusOr<JobLabels> MakeJobLabels(const std::string& mode, const std::string& key_file) {
+  JobLabels labels;
+  if (mode == "plain" || mode.empty()) {
+    labels.mode = JobLabels::Mode::kPlain;
+  } else if (mode == "omitted") {
+    labels.mode = JobLabels::Mode::kOmitted;
+  } else if (mode == "hashed") {
+    labels.mode = JobLabels::Mode::kHashed;
+    if (key_file.empty()) {
+      return absl::InvalidArgumentError(
+          "--metrics-job-key-file: required with --metrics-job-ids hashed (job ids are 32 random "
+          "bits: an unkeyed hash would be reversed by trying them all)");
+    }
+    std::ifstream in(key_file, std::ios::binary);
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    if (!in) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--metrics-job-key-file: cannot read ", key_file));
+    }
+    labels.key = bytes.str();
+    while (!labels.key.empty() && (labels.key.back() == '\n' || labels.key.back() == '\r')) {
+      labels.key.pop_back();
+    }
+    if (labels.key.size() < 16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--metrics-job-key-file: ", key_file, " holds ", labels.key.size(),
+          " bytes; a key needs at least 16 (e.g. head -c 32 /dev/urandom | base64 > FILE)"));
+    }
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-job-ids: must be one of plain, hashed, omitted; got '",
+                     mode.substr(0, 64), "'"));
+  }
+  return labels;
+}
+
+CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry, JobLabels labels)
     : impl_(std::make_unique<Impl>()) {
   impl_->registry = &registry;
+  impl_->labels = std::move(labels);
   impl_->families = &CoordinatorCache().Acquire(registry);
 }
 
@@ -653,11 +715,13 @@ CoordinatorMetrics::~CoordinatorMetrics() { CoordinatorCache().Release(*impl_->r
 
 void CoordinatorMetrics::SetJobProgress(const std::string& job, int64_t step, double train_loss,
                                         double samples_per_second) {
-  impl_->families->SetJobProgress(job, step, train_loss, samples_per_second);
+  if (impl_->labels.mode == JobLabels::Mode::kOmitted) return;  // no per-job series
+  impl_->families->SetJobProgress(impl_->labels.Of(job), step, train_loss, samples_per_second);
 }
 
 void CoordinatorMetrics::SetJobEval(const std::string& job, double loss, double accuracy) {
-  impl_->families->SetJobEval(job, loss, accuracy);
+  if (impl_->labels.mode == JobLabels::Mode::kOmitted) return;
+  impl_->families->SetJobEval(impl_->labels.Of(job), loss, accuracy);
 }
 
 void CoordinatorMetrics::SetJobsInState(const std::string& state, int64_t count) {
@@ -672,7 +736,10 @@ void CoordinatorMetrics::CountTransition(const std::string& to_state) {
   impl_->families->CountTransition(to_state);
 }
 
-void CoordinatorMetrics::RemoveJob(const std::string& job) { impl_->families->RemoveJob(job); }
+void CoordinatorMetrics::RemoveJob(const std::string& job) {
+  if (impl_->labels.mode == JobLabels::Mode::kOmitted) return;
+  impl_->families->RemoveJob(impl_->labels.Of(job));
+}
 
 void CoordinatorMetrics::CountRestart(const std::string& cause) {
   impl_->families->CountRestart(cause);

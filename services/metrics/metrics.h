@@ -84,6 +84,22 @@ class StageMetrics {
   std::unique_ptr<Impl> impl_;
 };
 
+// How job ids appear in the `job` label of /metrics series
+// (--metrics-job-ids, docs/security.md): as they are, as a keyed hash, or not
+// at all.
+struct JobLabels {
+  enum class Mode { kPlain, kHashed, kOmitted };
+  Mode mode = Mode::kPlain;
+  std::string key;  // kHashed: the HMAC key (at least 16 bytes)
+  // The label value of `job_id`: the id; "h" and the first 16 hex digits of
+  // HMAC-SHA256(key, id); or "" (omitted).
+  std::string Of(const std::string& job_id) const;
+};
+// From the flags: mode "plain", "hashed" (needs `key_file`: its bytes, without
+// a trailing newline, are the key) or "omitted". INVALID_ARGUMENT naming
+// --metrics-job-ids or --metrics-job-key-file otherwise.
+absl::StatusOr<JobLabels> MakeJobLabels(const std::string& mode, const std::string& key_file);
+
 // What the coordinator reports (thread-safe; objects on one registry share
 // families and series; must not outlive the registry):
 //   stagewise_job_train_loss{job}, stagewise_job_eval_loss{job}, stagewise_job_eval_accuracy{job}
@@ -94,7 +110,8 @@ class StageMetrics {
 //   stagewise_coordinator_refused_total{reason}                            counter
 class CoordinatorMetrics {
  public:
-  explicit CoordinatorMetrics(prometheus::Registry& registry);
+  // Per-job series are labelled with labels.Of(job) (none when omitted).
+  explicit CoordinatorMetrics(prometheus::Registry& registry, JobLabels labels = {});
   ~CoordinatorMetrics();
   void SetJobProgress(const std::string& job, int64_t step, double train_loss,
                       double samples_per_second);

@@ -429,6 +429,12 @@ absl::Status CreateLocalPki(const std::string& dir) {
   return absl::OkStatus();
 }
 
+absl::Status IssueLocalIdentity(const std::string& dir, const std::string& name) {
+  CertSpec spec;
+  spec.common_name = name;
+  return IssueCert(dir, "ca", dir, name, spec);
+}
+
 TlsConfig TlsConfigFor(const std::string& dir, const std::string& name) {
   TlsConfig config;
   config.cert_file = JoinPath(dir, name + ".pem");

@@ -59,6 +59,11 @@ absl::Status IssueCert(const std::string& ca_dir, const std::string& ca_name,
 // "client" (CN = the name, default hosts and validity). Replaces any previous one.
 absl::Status CreateLocalPki(const std::string& dir);
 
+// One more leaf certificate <dir>/<name>.pem (CN = name) from the CA of a PKI
+// made by CreateLocalPki, e.g. "worker-3": one identity per worker, so that
+// placement.distinct_identities can tell them apart.
+absl::Status IssueLocalIdentity(const std::string& dir, const std::string& name);
+
 // The TlsConfig of the process with identity `name` in a PKI made by
 // CreateLocalPki: {dir/name.pem, dir/name.key, dir/ca.pem}. Files are not checked.
 TlsConfig TlsConfigFor(const std::string& dir, const std::string& name);

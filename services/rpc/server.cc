@@ -31,6 +31,16 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const RpcO
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, options.keepalive_time_ms);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, options.keepalive_timeout_ms);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // gRPC's reconnect backoff grows to 120 s by default: a peer that comes
+  // back after a short outage would wait for it. Our callers retry on their
+  // own schedule; the channel only has to be ready by then.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, options.max_reconnect_backoff_ms / 4);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, options.max_reconnect_backoff_ms);
+  // gRPC gives each connection attempt at least this long (20 s by default):
+  // an attempt that hangs while the peer restarts would hold every call
+  // that waits for the channel that long.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, options.connect_timeout_ms);
+  if (options.own_connections) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   if (options.channel_credentials == nullptr) {
     return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   }

@@ -23,6 +23,13 @@ struct RpcOptions {
   int max_message_bytes = 256 << 20;
   int keepalive_time_ms = 20000;
   int keepalive_timeout_ms = 10000;
+  // Clients: the longest wait between the channel's reconnect attempts, and
+  // how long one attempt (TCP and TLS handshakes) may take.
+  int max_reconnect_backoff_ms = 1000;
+  int connect_timeout_ms = 5000;
+  // Clients: connections of this channel alone (gRPC otherwise shares a
+  // connection between channels with the same target and settings).
+  bool own_connections = false;
   // Transport security, built from the TLS flags by services/rpc/tls.h
   // (ApplyTls). Null: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials;

@@ -415,6 +415,11 @@ std::string PeerIdentity(const grpc::AuthContext& context) {
   return std::string(names.front().data(), names.front().size());
 }
 
+bool IsWorkerIdentity(const std::string& identity) {
+  return identity == "worker" || absl::StartsWith(identity, "worker-") ||
+         absl::StartsWith(identity, "worker.");
+}
+
 absl::Status ApplyTls(const TlsConfig& config, RpcOptions* options) {
   auto server = MakeServerCredentials(config);
   if (!server.ok()) return server.status();

@@ -128,6 +128,11 @@ absl::Status CheckListenPolicy(const std::string& listen, const TlsConfig& confi
 //   PeerIdentity(*server_context->auth_context())
 std::string PeerIdentity(const grpc::AuthContext& context);
 
+// Whether a certificate identity (PeerIdentity) is a worker's: "worker",
+// "worker-*" or "worker.*". The coordinator's RegisterWorker/Control and the
+// workers' Exchange accept only these when TLS is on.
+bool IsWorkerIdentity(const std::string& identity);
+
 // Validates `config` and fills the credentials of `options` (server.h): the
 // server and channel credentials above, and tls_server_name. Errors as
 // LoadTlsMaterial (naming the flag).

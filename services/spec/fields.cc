@@ -45,6 +45,7 @@ const std::vector<Field<JobSpec>>& TopLevelFields() {
       Custom<S>("eval", "map", "", "see [eval](#eval)"),
       Custom<S>("checkpoint", "map", "", "see [checkpoint](#checkpoint)"),
       Custom<S>("recovery", "map", "", "see [recovery](#recovery)"),
+      Custom<S>("placement", "map", "", "see [placement](#placement)"),
       Custom<S>("transport", "map", "", "see [transport](#transport)"),
       Custom<S>("phases", "list", "none",
                 "see [phases](#phases); replaces `algorithm`, `epochs` and `steps`"),
@@ -182,6 +183,20 @@ const std::vector<Field<RecoverySpec>>& RecoveryFields() {
           "`> 0`; how long a recovering job waits for enough idle workers"),
       Key("from_scratch", &S::from_scratch,
           "without a committed checkpoint, restart from step 0 (`false`: fail)"),
+      Key("stall_seconds", &S::stall_seconds,
+          "`>= 0`; a running job whose step does not advance for this long is recovered as if "
+          "a stage were lost (cause `stalled`); `0` = 20x the median step time so far, at least "
+          "300"),
+  };
+  return *kFields;
+}
+
+const std::vector<Field<PlacementSpec>>& PlacementFields() {
+  using S = PlacementSpec;
+  static const auto* const kFields = new std::vector<Field<S>>{
+      Key("distinct_identities", &S::distinct_identities,
+          "no two stages of the job on workers with the same certificate identity (TLS); "
+          "`false` for clusters that issue one certificate to several workers"),
   };
   return *kFields;
 }

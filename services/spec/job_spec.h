@@ -237,6 +237,17 @@ struct RecoverySpec {
   int max_restarts = 3;       // recoveries before the job fails
   double wait_seconds = 300;  // how long a recovering job waits for workers
   bool from_scratch = true;   // without a committed checkpoint, restart from step 0
+  // A running job whose step stops advancing for this long is treated as a
+  // lost stage (cause "stalled"). 0: automatic, 20x the median step time
+  // measured so far, at least 300 s (and 300 s before any step).
+  double stall_seconds = 0;
+};
+
+// Where the stages of a job may run (docs/security.md).
+struct PlacementSpec {
+  // No two stages on workers with the same certificate identity, so that one
+  // certificate never holds a whole pipeline. Plaintext workers have none.
+  bool distinct_identities = true;
 };
 
 // One phase of a job that switches algorithm and hyper-parameters part-way
@@ -286,6 +297,7 @@ struct JobSpec {
   EvalSpec eval;
   CheckpointSpec checkpoint;
   RecoverySpec recovery;
+  PlacementSpec placement;
   TransportSpec transport;
   TraceSpec trace;
   // Optional. When given, `algorithm` is the first phase's and epochs/steps

@@ -376,6 +376,9 @@ absl::Status ValidateRecovery(const RecoverySpec& recovery) {
   if (!(recovery.wait_seconds > 0)) {
     check(KeyError("recovery.wait_seconds", "must be > 0"));
   }
+  if (!(recovery.stall_seconds >= 0 && recovery.stall_seconds <= 1e9)) {
+    check(KeyError("recovery.stall_seconds", "must be >= 0 (0: automatic) and at most 1e9"));
+  }
   return check.status();
 }
 

@@ -46,6 +46,7 @@ algorithm: backprop
 stages: 2
 batch_size: 32
 steps: 8
+placement: {distinct_identities: false}  # the StatefulSet shares one worker certificate
 """
 
 

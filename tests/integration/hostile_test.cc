@@ -13,16 +13,20 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <deque>
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <memory>
 #include <random>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -368,7 +372,8 @@ TEST(Hostile, IdleStreamsCannotTakeTheSlotsOfAStage) {
   std::vector<std::unique_ptr<v1::StageService::Stub>> stubs;
   for (int w = 0; w < cluster.num_workers(); ++w) {
     stubs.push_back(v1::StageService::NewStub(rpc::MakeChannel(
-        absl::StrCat("127.0.0.1:", cluster.worker_port(w)), cluster.RpcOptionsFor("client"))));
+        // A worker certificate that holds no stage: a client's is refused at once.
+        absl::StrCat("127.0.0.1:", cluster.worker_port(w)), cluster.RpcOptionsFor("worker"))));
   }
   std::atomic<bool> stop{false};
   std::atomic<int> opened{0};
@@ -416,6 +421,199 @@ TEST(Hostile, IdleStreamsCannotTakeTheSlotsOfAStage) {
     }
   }
   EXPECT_GT(closed, 100);
+}
+
+// Finding: a worker took any cluster certificate on StageService.Exchange,
+// and a stream bound on its first message whatever that was. Watching a
+// worker's /metrics for a new job and sending {job, FORWARD, attempt 0} with
+// a client certificate bound as stage 1's upstream 0.35 s after the submit
+// and failed the job. Exchange takes worker certificates only, a stream
+// binds on an OPEN from the identity the coordinator assigned to stage j-1,
+// and everything else is PERMISSION_DENIED at once.
+TEST(Hostile, OnlyTheAssignedNeighbourCanFeedAStage) {
+  Options o;
+  o.workers = 2;
+  o.metrics = true;
+  ProcessCluster cluster(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  std::map<std::string, std::unique_ptr<v1::StageService::Stub>> stubs;
+  for (const char* identity : {"client", "worker"}) {  // "worker" holds no stage
+    stubs[identity] = v1::StageService::NewStub(rpc::MakeChannel(
+        absl::StrCat("127.0.0.1:", cluster.worker_port(1)), cluster.RpcOptionsFor(identity)));
+  }
+  absl::Mutex mu;
+  std::string job;
+  std::map<std::string, std::map<grpc::StatusCode, int>> codes;  // identity -> code -> count
+  std::atomic<bool> stop{false};
+  std::thread attacker([&] {
+    while (!stop) {
+      std::string target;
+      {
+        absl::MutexLock lock(&mu);
+        target = job;
+      }
+      if (target.empty()) continue;
+      for (auto& [identity, stub] : stubs) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+        auto stream = stub->Exchange(&ctx);
+        v1::StageMessage open;
+        open.set_job_id(target);
+        open.set_kind(v1::StageMessage::OPEN);
+        open.set_origin_stage(0);
+        v1::StageMessage forward;
+        forward.set_job_id(target);
+        forward.set_kind(v1::StageMessage::FORWARD);
+        forward.set_origin_stage(0);
+        (void)stream->Write(open);
+        (void)stream->Write(forward);
+        stream->WritesDone();
+        const grpc::Status s = stream->Finish();
+        absl::MutexLock lock(&mu);
+        ++codes[identity][s.error_code()];
+      }
+    }
+  });
+  auto id = cluster.client().Submit(absl::StrCat(kJob, "stages: 2\nsteps: 60\n"));
+  if (id.ok()) {
+    absl::MutexLock lock(&mu);
+    job = *id;
+  }
+  auto end = id.ok() ? cluster.WaitForEnd(*id, absl::Seconds(120)) : id.status();
+  stop = true;
+  attacker.join();
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_EQ(end->state(), v1::SUCCEEDED) << end->reason();
+  EXPECT_EQ(end->attempt(), 0) << "the job needed a recovery";
+  absl::MutexLock lock(&mu);
+  for (const char* identity : {"client", "worker"}) {
+    SCOPED_TRACE(identity);
+    EXPECT_GT(codes[identity][grpc::StatusCode::PERMISSION_DENIED], 0);
+    EXPECT_EQ(codes[identity].size(), 1u) << "some stream was not refused with PERMISSION_DENIED";
+  }
+  const std::string text = Scrape(cluster.worker_metrics_port(1));
+  for (const char* reason : {"not_a_worker", "not_assigned"}) {
+    auto n =
+        metrics::FindSample(text, "stagewise_worker_streams_refused_total", {{"reason", reason}});
+    ASSERT_TRUE(n.ok()) << reason << ": " << n.status();
+    EXPECT_GT(*n, 0) << reason;
+  }
+}
+
+// Finding: a worker certificate could register two free ids and take both
+// stages of a job (and then report SUCCEEDED for it). By default no two
+// stages of a job go to one certificate identity (placement.distinct_identities).
+TEST(Hostile, OneCertificateCannotHoldTwoStagesOfAJob) {
+  ProcessCluster cluster(Options::OneWorker());  // w0, certificate worker-0
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  FakeWorker a(cluster, "a-fake"), b(cluster, "b-fake");  // both certificate "worker"
+  for (FakeWorker* f : {&a, &b}) {
+    ASSERT_TRUE(f->Join().ok());
+    f->KeepAlive(absl::Milliseconds(200));
+  }
+  ASSERT_TRUE(cluster.WaitForWorkers(3).ok());
+  // Three stages need three identities: there are two.
+  auto three = cluster.client().Submit(LongJob(3));
+  ASSERT_TRUE(three.ok()) << three.status();
+  auto waiting = cluster.WaitFor(
+      *three,
+      [](const v1::JobStatus& s) {
+        return absl::StrContains(s.reason(), "distinct certificate identities");
+      },
+      absl::Seconds(30));
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  EXPECT_EQ(waiting->state(), v1::PENDING) << waiting->reason();
+  EXPECT_EQ(a.commands() + b.commands(), 0);
+  ASSERT_TRUE(cluster.client().Cancel(*three, "test").ok());
+  // Two stages: one of the fakes and w0, never both fakes.
+  auto two = cluster.client().Submit(LongJob(2));
+  ASSERT_TRUE(two.ok()) << two.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (a.configured_job() != *two && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(a.configured_job(), *two);
+  EXPECT_EQ(a.assignments().back().stage(), 0);
+  EXPECT_EQ(a.assignments().back().next_identity(), "worker-0");
+  EXPECT_TRUE(b.assignments().empty()) << "one certificate holds two stages";
+  ASSERT_TRUE(cluster.client().Cancel(*two, "test").ok());
+  // An operator who issued one certificate to several workers opts out.
+  auto shared = cluster.client().Submit(
+      absl::StrCat(LongJob(2), "placement: {distinct_identities: false}\n"));
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  const absl::Time later = absl::Now() + absl::Seconds(30);
+  while (b.configured_job() != *shared && absl::Now() < later) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(b.configured_job(), *shared);
+  (void)cluster.client().Cancel(*shared, "test");
+}
+
+// Finding: a stage holder that sends nothing stalled its job forever. A
+// running job whose step does not advance for recovery.stall_seconds is
+// recovered as if a stage were lost (cause "stalled"), and fails when its
+// restarts are spent.
+TEST(Hostile, ASilentStageIsCaughtByTheStallWatchdog) {
+  ProcessCluster cluster(Options::OneWorker());
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  FakeWorker fake(cluster, "a-fake");  // sorts before w0: stage 0
+  ASSERT_TRUE(fake.Register().ok());
+  fake.Open("-", /*ack_configures=*/true);  // takes the stage, then says nothing
+  fake.KeepAlive(absl::Milliseconds(200));
+  ASSERT_TRUE(cluster.WaitForWorkers(2).ok());
+  auto id = cluster.client().Submit(R"(name: silent
+model: {name: mlp, hidden: [32, 32]}
+data: {dataset: synthetic, train_size: 256, test_size: 32, shape: [1, 8, 8], classes: 4}
+batch_size: 16
+stages: 2
+steps: 1000
+recovery: {max_restarts: 1, stall_seconds: 2}
+)");
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto end = cluster.WaitForEnd(*id, absl::Seconds(120));
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_EQ(end->state(), v1::FAILED);
+  EXPECT_TRUE(absl::StrContains(end->reason(), "stalled")) << end->reason();
+  ASSERT_EQ(end->attempts_size(), 2) << end->DebugString();
+  for (const v1::JobAttempt& a : end->attempts()) {
+    EXPECT_EQ(a.end_cause(), "stalled") << a.DebugString();
+    EXPECT_EQ(a.workers(0), "a-fake");
+  }
+}
+
+// Finding: /metrics announced live job ids to anyone who could reach it.
+// With --metrics-job-ids hashed, the coordinator and the workers label job
+// series with a keyed hash of the id (the same on both), never the id.
+TEST(Hostile, MetricsCanKeepJobIdsToThemselves) {
+  const std::string key_file = ::testing::TempDir() + "/stagewise_hostile_metrics_key";
+  std::ofstream(key_file) << "0123456789abcdef0123456789abcdef\n";
+  Options o = Options::OneWorker();
+  o.metrics = true;
+  o.coordinator_args = {"--metrics-job-ids", "hashed", "--metrics-job-key-file", key_file};
+  o.worker_args = o.coordinator_args;
+  ProcessCluster cluster(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto id = cluster.client().Submit(LongJob(1));
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(WaitRunning(cluster, *id).ok());
+  auto labels = metrics::MakeJobLabels("hashed", key_file);
+  ASSERT_TRUE(labels.ok()) << labels.status();
+  const std::string label = labels->Of(*id);
+  ASSERT_EQ(label.size(), 17u);
+  // The coordinator's per-job series appear once the progress is flushed.
+  std::string coordinator, worker;
+  for (int i = 0; i < 100 && !absl::StrContains(coordinator, label); ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    coordinator = Scrape(cluster.coordinator_metrics_port());
+  }
+  worker = Scrape(cluster.worker_metrics_port(0));
+  for (const std::string* text : {&coordinator, &worker}) {
+    EXPECT_FALSE(absl::StrContains(*text, *id)) << *text;
+    EXPECT_TRUE(absl::StrContains(*text, absl::StrCat("job=\"", label, "\""))) << *text;
+  }
+  ASSERT_TRUE(cluster.client().Cancel(*id, "test").ok());
+  std::remove(key_file.c_str());
 }
 
 TEST(Hostile, OversizedAndAbsurdSpecsAreRefusedCheaply) {
@@ -897,24 +1095,37 @@ std::string RandomSpec(std::mt19937& rng) {
 // fields, while a real job trains. Every process stays up, the job keeps
 // training, and every job record stays consistent. Seeded: a failure
 // reproduces (STAGEWISE_FUZZ_SEED picks another seed).
-TEST(Hostile, RandomTrafficLeavesEveryProcessAliveAndEveryJobConsistent) {
+// The identity of the certificate the random stage streams present: a
+// client's, or a worker's that holds no stage of the owner's jobs.
+class RandomTraffic : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(RandomTraffic, LeavesEveryProcessAliveAndEveryOwnersJobSucceeds) {
   uint32_t seed = 20261123;
   if (const char* env = std::getenv("STAGEWISE_FUZZ_SEED")) seed = std::strtoul(env, nullptr, 10);
   std::mt19937 rng(seed);
-  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  SCOPED_TRACE(absl::StrCat("seed ", seed, ", stage streams as ", GetParam()));
   Options two = Options::OneWorker();
   two.workers = 2;
   ProcessCluster cluster(two);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  auto victim = cluster.client().Submit(LongJob(2));
-  ASSERT_TRUE(victim.ok()) << victim.status();
-  ASSERT_TRUE(WaitRunning(cluster, *victim).ok());
-  FakeWorker rogue(cluster, "zz-rogue");
+  // The real owner's jobs, queued ahead of anything the traffic submits: they
+  // run one after another on w0 and w1 while the traffic goes on.
+  std::vector<std::string> owned;
+  for (int i = 0; i < 4; ++i) {
+    auto id = cluster.client().Submit(absl::StrCat(kJob, "stages: 2\nsteps: 120\n"));
+    ASSERT_TRUE(id.ok()) << id.status();
+    owned.push_back(*id);
+  }
+  ASSERT_TRUE(WaitRunning(cluster, owned[0]).ok());
+  FakeWorker rogue(cluster, "zz-rogue");  // sorts after w0 and w1: never placed first
   ASSERT_TRUE(rogue.Join().ok());
   auto exchange = v1::StageService::NewStub(rpc::MakeChannel(
-      // w1 runs the victim's stage 1: its stream from stage 0 is bound already.
-      absl::StrCat("127.0.0.1:", cluster.worker_port(1)), cluster.RpcOptionsFor("worker")));
-  std::vector<std::string> jobs = {*victim};
+      // w1 runs stage 1 of the owner's jobs.
+      absl::StrCat("127.0.0.1:", cluster.worker_port(1)), cluster.RpcOptionsFor(GetParam())));
+  auto is_owned = [&](const std::string& id) {
+    return std::find(owned.begin(), owned.end(), id) != owned.end();
+  };
+  std::vector<std::string> jobs = owned;
   int events = 0, streams = 0, rpcs = 0;
   for (int i = 0; i < 600; ++i) {
     const std::string& job = jobs[rng() % jobs.size()];
@@ -930,8 +1141,9 @@ TEST(Hostile, RandomTrafficLeavesEveryProcessAliveAndEveryJobConsistent) {
         grpc::ClientContext ctx;
         ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
         auto stream = exchange->Exchange(&ctx);
+        const std::string& target = owned[rng() % owned.size()];
         for (int k = 1 + rng() % 3; k > 0; --k) {
-          if (!stream->Write(RandomStageMessage(rng, *victim))) break;
+          if (!stream->Write(RandomStageMessage(rng, target))) break;
         }
         stream->WritesDone();
         (void)stream->Finish();
@@ -946,7 +1158,7 @@ TEST(Hostile, RandomTrafficLeavesEveryProcessAliveAndEveryJobConsistent) {
             break;
           }
           case 1:
-            if (job != *victim) (void)cluster.client().Cancel(job, RandomText(rng));
+            if (!is_owned(job)) (void)cluster.client().Cancel(job, RandomText(rng));
             break;
           case 2:
             (void)cluster.client().GetJob(rng() % 2 ? job : RandomText(rng));
@@ -961,7 +1173,7 @@ TEST(Hostile, RandomTrafficLeavesEveryProcessAliveAndEveryJobConsistent) {
     }
   }
   std::cout << "[ random  ] " << events << " worker events, " << streams << " stage streams, "
-            << rpcs << " client calls, " << jobs.size() - 1 << " jobs accepted\n";
+            << rpcs << " client calls, " << jobs.size() - owned.size() << " jobs accepted\n";
   rogue.Close();
   // Everyone is alive ...
   auto workers = cluster.client().ListWorkers();
@@ -981,9 +1193,22 @@ TEST(Hostile, RandomTrafficLeavesEveryProcessAliveAndEveryJobConsistent) {
     EXPECT_FALSE(st.algorithm().empty());
     EXPECT_TRUE(std::isfinite(st.train_loss()));
   }
-  // ... and the victim trains on.
-  ExpectStillTraining(cluster, *victim);
+  // ... and every job of the real owner succeeds, in its first attempt.
+  for (const std::string& id : jobs) {
+    if (!is_owned(id)) (void)cluster.client().Cancel(id, "the traffic is over");
+  }
+  for (const std::string& id : owned) {
+    auto end = cluster.WaitForEnd(id, absl::Seconds(120));
+    ASSERT_TRUE(end.ok()) << end.status();
+    EXPECT_EQ(end->state(), v1::SUCCEEDED) << id << ": " << end->reason();
+    EXPECT_EQ(end->attempt(), 0) << id;
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Hostile, RandomTraffic, ::testing::Values("client", "worker"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
 
 }  // namespace
 }  // namespace stagewise

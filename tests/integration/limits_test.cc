@@ -186,6 +186,11 @@ TEST(Limits, AStalledConsumerCannotGrowTheProducersMemory) {
     m.set_kind(v1::StageMessage::FORWARD);
     ASSERT_TRUE(EncodeTensor(torch::randn({kBatch, kWidth}), &(*m.mutable_tensors())["x"]).ok());
     ASSERT_TRUE(EncodeTensor(torch::randint(10, {kBatch}), &(*m.mutable_tensors())["labels"]).ok());
+    v1::StageMessage open;  // a stage opens its stream with OPEN
+    open.set_job_id(a.job_id());
+    open.set_attempt(a.attempt());
+    open.set_kind(v1::StageMessage::OPEN);
+    if (!stream->Write(open)) return;
     for (int i = 0; i < kOffered; ++i) {
       m.set_step(i);
       if (!stream->Write(m)) return;
@@ -264,6 +269,11 @@ TEST(Limits, AGarbledMessageOnABoundStreamFailsTheJobAndNotTheWorker) {
   // The activations of stage 0: the first hidden layer's output.
   ASSERT_TRUE(EncodeTensor(torch::randn({kBatch, kWidth}), &(*good.mutable_tensors())["x"]).ok());
   ASSERT_TRUE(EncodeTensor(torch::randint(4, {kBatch}), &(*good.mutable_tensors())["labels"]).ok());
+  v1::StageMessage open;  // a stage opens its stream with OPEN
+  open.set_job_id(a.job_id());
+  open.set_attempt(a.attempt());
+  open.set_kind(v1::StageMessage::OPEN);
+  ASSERT_TRUE(stream->Write(open));
   ASSERT_TRUE(stream->Write(good));
   // The worker answers the good message with its gradient: the stream is bound.
   v1::StageMessage reply;

@@ -74,7 +74,15 @@ ProcessCluster::ProcessCluster(Options options) : options_(std::move(options)) {
                             "--port-file", worker_port_files_.back(), "--log-level", "warning",
                             // Jobs may read and checkpoint under the cluster's directory only.
                             "--data-root", dir_, "--checkpoint-root", dir_});
-    for (const std::string& flag : TlsFlags("worker")) worker_argv_.back().push_back(flag);
+    // One certificate per worker (worker-<i>): a job's stages go to distinct
+    // identities (placement.distinct_identities).
+    if (options_.tls) {
+      error_ = rpc::IssueLocalIdentity(pki_dir(), absl::StrCat("worker-", i));
+      if (!error_.ok()) return;
+    }
+    for (const std::string& flag : TlsFlags(absl::StrCat("worker-", i))) {
+      worker_argv_.back().push_back(flag);
+    }
     for (const std::string& flag : options_.worker_args) worker_argv_.back().push_back(flag);
     workers_.emplace_back();
     worker_ports_.emplace_back();
@@ -184,10 +192,11 @@ absl::Status ProcessCluster::KillAndRestartWorker(int i) {
   return StartWorker(i);
 }
 
-absl::Status ProcessCluster::KillAndRestartCoordinator() {
+absl::Status ProcessCluster::KillAndRestartCoordinator(absl::Duration down_for) {
   coordinator_->Signal(SIGKILL);
   if (absl::Status s = coordinator_->Terminate(absl::Seconds(10)); !s.ok()) return s;
   coordinator_.reset();
+  absl::SleepFor(down_for);
   return StartCoordinator();
 }
 

@@ -35,8 +35,8 @@ class ProcessCluster {
     // Serve /metrics on 127.0.0.1 (coordinator_metrics_port, worker_metrics_port).
     bool metrics = false;
     // Mutual TLS between every process, with throw-away certificates made in
-    // dir()/tls (CreateLocalPki: identities coordinator, worker, client);
-    // false: --insecure.
+    // dir()/tls (CreateLocalPki: identities coordinator, worker, client; and
+    // worker-<i> for worker i); false: --insecure.
     bool tls = true;
     // Contents of a --tokens file for the coordinator ("" = no tokens).
     std::string tokens;
@@ -80,8 +80,9 @@ class ProcessCluster {
   absl::Status KillAndRestartWorker(int i);
   absl::Status KillWorker(int i);
   absl::Status StartWorker(int i);
-  // SIGKILL of the coordinator, then the same command line (same port, same db).
-  absl::Status KillAndRestartCoordinator();
+  // SIGKILL of the coordinator, then (after `down_for`) the same command line
+  // (same port, same db). Returns once it serves again.
+  absl::Status KillAndRestartCoordinator(absl::Duration down_for = absl::ZeroDuration());
 
   // Waits until `n` workers are registered (ListWorkers).
   absl::Status WaitForWorkers(int n, absl::Duration timeout = absl::Seconds(60));

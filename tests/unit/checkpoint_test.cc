@@ -183,6 +183,33 @@ TEST_F(CheckpointTest, PruneKeepsTheNewest) {
   EXPECT_FALSE(fs::exists(StepDir(root_, "job-1", 15)));
 }
 
+TEST_F(CheckpointTest, ACommitClearsTheCorruptionMarksOfItsStep) {
+  const std::string dir = Commit(20);
+  ASSERT_TRUE(MarkCorrupt(dir, "stage 0: truncated").ok());
+  EXPECT_TRUE(Steps(false).empty());
+  Commit(20);  // the step ran again and its shards were committed anew
+  EXPECT_FALSE(fs::exists(dir + "/CORRUPT"));
+  EXPECT_FALSE(fs::exists(dir + "/MANIFEST.corrupt"));
+  EXPECT_EQ(Steps(true), (std::vector<int64_t>{20}));
+}
+
+TEST_F(CheckpointTest, PruneRemovesFilesOutsideTheLayout) {
+  const std::string kept = Commit(30, /*stages=*/2);
+  Commit(40, 2);
+  std::ofstream(kept + "/stage-5.pt") << "a shard of an earlier try with more stages";
+  std::ofstream(kept + "/stage-0.pt.tmp-123-4") << "a writer that died";
+  std::ofstream(JobDir(root_, "job-1") + "/stage-0.pt") << "outside any step";
+  std::ofstream(JobDir(root_, "job-1") + "/notes.txt") << "not ours to judge";
+  auto removed = Prune(root_, "job-1", 2);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(removed->size(), 3u);
+  EXPECT_FALSE(fs::exists(kept + "/stage-5.pt"));
+  EXPECT_FALSE(fs::exists(kept + "/stage-0.pt.tmp-123-4"));
+  EXPECT_FALSE(fs::exists(JobDir(root_, "job-1") + "/stage-0.pt"));
+  EXPECT_TRUE(fs::exists(JobDir(root_, "job-1") + "/notes.txt"));
+  EXPECT_EQ(Steps(true), (std::vector<int64_t>{40, 30}));
+}
+
 TEST_F(CheckpointTest, ProbeWritableNamesTheField) {
   EXPECT_TRUE(ProbeWritable(root_ + "/ok").ok());
   std::ofstream(root_ + "/file") << "x";

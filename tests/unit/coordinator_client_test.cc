@@ -140,8 +140,19 @@ class FakeCoordinator final : public v1::Coordinator::Service {
                         v1::ListJobsResponse* resp) override {
     absl::MutexLock lock(&mu_);
     last_limit_ = req->limit();
+    // Pages of page_size after the job named by page_token (the job id).
+    int size = req->page_size() > 0 ? req->page_size() : req->limit();
+    if (max_page_ > 0 && (size <= 0 || size > max_page_)) size = max_page_;
+    bool after = req->page_token().empty();
     for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
-      if (req->limit() > 0 && resp->jobs_size() >= req->limit()) break;
+      if (!after) {
+        after = *it == req->page_token();
+        continue;
+      }
+      if (size > 0 && resp->jobs_size() >= size) {
+        resp->set_next_page_token(resp->jobs(resp->jobs_size() - 1).job_id());
+        break;
+      }
       *resp->add_jobs() = jobs_[*it];
     }
     return grpc::Status::OK;
@@ -317,6 +328,11 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     absl::MutexLock lock(&mu_);
     return last_limit_;
   }
+  // ListJobs answers at most this many jobs per page (0: no cap).
+  void set_max_page(int n) {
+    absl::MutexLock lock(&mu_);
+    max_page_ = n;
+  }
   std::vector<std::pair<std::string, std::string>> cancels() {
     absl::MutexLock lock(&mu_);
     return cancels_;
@@ -353,6 +369,7 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   std::string submitted_yaml_ ABSL_GUARDED_BY(mu_);
   int workers_ ABSL_GUARDED_BY(mu_) = 0;
   int last_limit_ ABSL_GUARDED_BY(mu_) = -1;
+  int max_page_ ABSL_GUARDED_BY(mu_) = 0;
   int watches_started_ ABSL_GUARDED_BY(mu_) = 0;
   int watches_cancelled_ ABSL_GUARDED_BY(mu_) = 0;
   std::string watch_marker_;
@@ -431,6 +448,17 @@ TEST_F(ClientTest, SubmitGetListCancelRoundTrip) {
   ASSERT_TRUE(jobs.ok());
   EXPECT_EQ(jobs->size(), 1u);
   EXPECT_EQ(server_.fake().last_limit(), 1);
+  // A coordinator that answers a page at a time: the client walks them all.
+  server_.fake().set_max_page(1);
+  jobs = client_.ListJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 2u);
+  EXPECT_EQ((*jobs)[0].job_id(), *b);
+  EXPECT_EQ((*jobs)[1].job_id(), *a);
+  jobs = client_.ListJobs(1);
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_EQ(jobs->size(), 1u);
+  server_.fake().set_max_page(0);
 
   absl::StatusOr<v1::JobStatus> cancelled = client_.Cancel(*a, "no longer needed");
   ASSERT_TRUE(cancelled.ok()) << cancelled.status();

@@ -32,6 +32,7 @@ using testing::FakeJobHost;
 using ::testing::HasSubstr;
 using testing::JobYaml;
 using testing::MetricsEvent;
+using ::testing::StartsWith;
 using Verdict = Admission::Verdict;
 
 // A RUNNING two-stage job on w0 and w1, attempt 1 (attempt 0 ran on w2, w3).
@@ -322,6 +323,68 @@ TEST_F(JobRecoveryTest, StageErrorsRecoverOnlyWhenTransient) {
   e.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
   recovery_.OnStageError("job-3", host_.jobs.at("job-3"), -1, e);
   EXPECT_EQ(host_.ended.size(), 2u);
+}
+
+TEST(LiveJob, TheStallLimitFollowsTheMeasuredStepTime) {
+  LiveJob job = RunningJob();
+  EXPECT_EQ(StallDeadline(job), absl::InfiniteFuture());  // the attempt has not started
+  const absl::Time t0 = absl::Now();
+  job.progressed = t0;
+  EXPECT_EQ(StallLimit(job), absl::Seconds(300));  // nothing measured: the floor
+  for (int i = 1; i <= 100; ++i) NoteProgress(job, i, t0 + absl::Seconds(30 * i));
+  EXPECT_EQ(StallLimit(job), absl::Seconds(600));  // 20 x 30 s
+  EXPECT_EQ(StallDeadline(job), t0 + absl::Seconds(3000 + 600));
+  NoteProgress(job, 100, t0 + absl::Seconds(3500));  // the same step again: no progress
+  EXPECT_EQ(StallDeadline(job), t0 + absl::Seconds(3600));
+  NoteProgress(job, -1, t0 + absl::Seconds(3500));  // an evaluation is progress
+  EXPECT_EQ(StallDeadline(job), t0 + absl::Seconds(4100));
+  job.spec.recovery.stall_seconds = 5;
+  EXPECT_EQ(StallLimit(job), absl::Seconds(5));
+  job.status.set_state(v1::RECOVERING);
+  EXPECT_EQ(StallDeadline(job), absl::InfiniteFuture());
+}
+
+TEST_F(JobRecoveryTest, AJobThatStopsAdvancingIsRecoveredAsStalled) {
+  LiveJob job = RunningJob("recovery: {max_restarts: 3, stall_seconds: 60}\n");
+  const absl::Time t0 = absl::Now();
+  job.progressed = t0;
+  host_.jobs["job-1"] = job;
+  recovery_.CheckDeadlines(t0 + absl::Seconds(59));
+  EXPECT_EQ(host_.jobs.at("job-1").status.state(), v1::RUNNING);
+  NoteProgress(host_.jobs.at("job-1"), 5, t0 + absl::Seconds(50));
+  recovery_.CheckDeadlines(t0 + absl::Seconds(100));
+  EXPECT_EQ(host_.jobs.at("job-1").status.state(), v1::RUNNING);
+  recovery_.CheckDeadlines(t0 + absl::Seconds(111));
+  const LiveJob& recovered = host_.jobs.at("job-1");
+  EXPECT_EQ(recovered.status.state(), v1::RECOVERING);
+  EXPECT_EQ(recovered.status.attempts(1).end_cause(), "stalled");
+  EXPECT_THAT(
+      recovered.status.attempts(1).end_reason(),
+      HasSubstr("stalled: no progress past step 5 for 1m1s (limit 1m, recovery.stall_seconds)"));
+  EXPECT_EQ(StallDeadline(recovered), absl::InfiniteFuture());
+}
+
+TEST_F(JobRecoveryTest, ACorruptCheckpointsAttemptIsNotARestart) {
+  // Attempt 0 ended on a fault; attempt 1 never ran: its checkpoint was corrupt.
+  host_.jobs["job-1"] = RunningJob("recovery: {max_restarts: 1}\n");
+  recovery_.Recover("job-1", "checkpoint /c/step-20 is corrupt", "corrupt_checkpoint");
+  EXPECT_TRUE(host_.ended.empty());
+  ASSERT_EQ(host_.requeued.size(), 1u);
+  EXPECT_EQ(host_.jobs.at("job-1").status.attempts(1).end_cause(), "corrupt_checkpoint");
+}
+
+TEST_F(JobRecoveryTest, ALossReportedAfterTheAttemptEndedBecomesItsCause) {
+  host_.jobs["job-1"] = RunningJob();
+  recovery_.Recover("job-1", "the stream from stage 0 broke", "stage_error");
+  const v1::JobAttempt& a = host_.jobs.at("job-1").status.attempts(1);
+  recovery_.NoteLostWorker("w9", "lost worker w9: gone");  // not one of the attempt's
+  EXPECT_EQ(a.end_cause(), "stage_error");
+  recovery_.NoteLostWorker("w0", "lost worker w0: stream closed");
+  EXPECT_EQ(a.end_cause(), "worker_lost");
+  EXPECT_EQ(a.end_reason(),
+            "lost worker w0: stream closed (first reported: the stream from stage 0 broke)");
+  recovery_.NoteLostWorker("w1", "lost worker w1: stream closed");  // the cause is named once
+  EXPECT_THAT(a.end_reason(), StartsWith("lost worker w0"));
 }
 
 class CheckpointCommitTest : public ::testing::Test {

@@ -50,7 +50,8 @@ class JobManagerTest : public ::testing::Test {
 
   static JobManagerOptions Options() {
     JobManagerOptions o;
-    o.heartbeat_timeout = absl::Hours(1);  // no expiry unless a test asks for it
+    o.heartbeat_timeout = absl::Hours(1);      // no expiry unless a test asks for it
+    o.recovery_settle = absl::ZeroDuration();  // placed again at once unless a test asks
     return o;
   }
   void StartManager(JobManagerOptions options = Options()) {
@@ -313,6 +314,34 @@ TEST_F(JobManagerTest, ClosedStreamRecoversAndDeterministicErrorsFail) {
               HasSubstr("lost worker w0 (stage 0): its control stream closed"));
 }
 
+// Two workers lost together are two losses of one fault: the recovery waits
+// --recovery-settle, so the second loss is known before the job is placed
+// again and none of the lost workers is chosen; one restart is spent.
+TEST_F(JobManagerTest, TwoLossesOfOneFaultCostOneRestart) {
+  JobManagerOptions options = Options();
+  options.recovery_settle = absl::Milliseconds(300);
+  options.housekeeping = absl::Milliseconds(20);
+  StartManager(options);
+  for (const char* w : {"w0", "w1", "w2", "w3"}) AddWorker(w);
+  const std::string id = Submit(JobYaml(2, 4, "recovery: {max_restarts: 1}\n"));
+  AckAll({"w0", "w1"});
+  ASSERT_EQ(Status(id).state(), v1::RUNNING);
+  manager_->Disconnect("w0", &Sink("w0"), absl::UnavailableError("killed"));
+  Sync();
+  EXPECT_EQ(Status(id).state(), v1::RECOVERING);  // settling: not placed yet
+  manager_->Disconnect("w1", &Sink("w1"), absl::UnavailableError("killed"));
+  v1::JobStatus st;
+  for (int i = 0; i < 200; ++i) {
+    st = Status(id);
+    if (st.state() == v1::CONFIGURING) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(st.state(), v1::CONFIGURING) << st.reason();
+  ASSERT_EQ(st.attempts_size(), 2);
+  EXPECT_THAT(st.attempts(1).workers(), ::testing::ElementsAre("w2", "w3"));
+  EXPECT_EQ(st.attempts(0).end_cause(), "worker_lost");
+}
+
 TEST_F(JobManagerTest, CancelPendingAndRunningJobs) {
   StartManager();
   AddWorker("w0");
@@ -556,9 +585,13 @@ TEST_F(JobManagerTest, CommitsCheckpointsAndResumesFromTheNewest) {
   manager_->OnEvent(corrupt);
   Sync();
   st = Status(id);
-  EXPECT_EQ(st.state(), v1::FAILED);  // max_restarts: 1 is spent
-  EXPECT_THAT(st.reason(), HasSubstr("gave up after 2 attempt(s)"));
-  EXPECT_THAT(st.reason(), HasSubstr("is corrupt"));
+  // The attempt never ran a step: it costs no restart (max_restarts: 1 was
+  // spent on the broken stream), and the next one resumes from step 10.
+  EXPECT_EQ(st.state(), v1::CONFIGURING) << st.reason();
+  ASSERT_EQ(st.attempts_size(), 3);
+  EXPECT_EQ(st.attempts(1).end_cause(), "corrupt_checkpoint");
+  EXPECT_THAT(st.attempts(1).end_reason(), HasSubstr("is corrupt"));
+  EXPECT_EQ(st.attempts(2).from_step(), 10);
   listed = manager_->ListCheckpoints(id);
   ASSERT_TRUE(listed.ok());
   ASSERT_EQ(listed->checkpoints_size(), 1);

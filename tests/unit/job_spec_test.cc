@@ -992,6 +992,22 @@ TEST(JobSpecPhases, EveryPhaseAlgorithmGetsItsDefaults) {
 namespace stagewise {
 namespace {
 
+TEST(JobSpecTest, PlacementAndTheStallWatchdog) {
+  const JobSpec defaults = ParseOk(SpecYaml({}));
+  EXPECT_TRUE(defaults.placement.distinct_identities);
+  EXPECT_EQ(defaults.recovery.stall_seconds, 0);
+  const JobSpec set = ParseOk(SpecYaml(
+      {{"placement", "{distinct_identities: false}"}, {"recovery", "{stall_seconds: 90.5}"}}));
+  EXPECT_FALSE(set.placement.distinct_identities);
+  EXPECT_EQ(set.recovery.stall_seconds, 90.5);
+  EXPECT_THAT(ParseError(SpecYaml({{"recovery", "{stall_seconds: -1}"}})),
+              StartsWith("recovery.stall_seconds: must be >= 0"));
+  EXPECT_THAT(ParseError(SpecYaml({{"placement", "{distinct: false}"}})),
+              HasSubstr("placement.distinct"));
+  EXPECT_THAT(ParseError(SpecYaml({{"placement", "{distinct_identities: maybe}"}})),
+              HasSubstr("placement.distinct_identities"));
+}
+
 TEST(JobSpecTest, TransportCompression) {
   EXPECT_EQ(ParseOk(SpecYaml({})).transport.compression, Compression::kNone);
   for (Compression c : {Compression::kNone, Compression::kFp16, Compression::kBf16}) {

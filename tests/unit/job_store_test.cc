@@ -170,6 +170,41 @@ TEST(JobStoreTest, ListJobsNewestFirstWithLimit) {
   EXPECT_EQ((*two)[0].created_unix_ms(), 3000);
 }
 
+TEST(JobStoreTest, ListJobsPagesWalkEveryJobOnceNewestFirst) {
+  auto store = OpenOrDie(":memory:");
+  ASSERT_NE(store, nullptr);
+  for (int i = 0; i < 7; ++i) {
+    // Pairs share a creation time: the page boundary falls inside a pair.
+    ASSERT_TRUE(store->CreateJob(MakeJob(absl::StrCat("job-", i), 1000 * (i / 2))).ok());
+  }
+  absl::StatusOr<std::vector<v1::JobStatus>> all = store->ListJobs(0);
+  ASSERT_TRUE(all.ok()) << all.status();
+  for (size_t max_bytes : {size_t{1} << 20, size_t{1}}) {
+    SCOPED_TRACE(max_bytes);
+    std::vector<v1::JobStatus> walked;
+    std::string token;
+    int pages = 0;
+    do {
+      auto page = store->ListJobsPage(3, token, max_bytes);
+      ASSERT_TRUE(page.ok()) << page.status();
+      ASSERT_FALSE(page->jobs.empty());
+      EXPECT_LE(page->jobs.size(), max_bytes == 1 ? 1u : 3u);  // a tiny budget: one per page
+      for (v1::JobStatus& j : page->jobs) walked.push_back(std::move(j));
+      token = page->next_page_token;
+      ASSERT_LT(++pages, 20);
+    } while (!token.empty());
+    EXPECT_EQ(pages, max_bytes == 1 ? 7 : 3);
+    EXPECT_EQ(Ids(walked), Ids(*all));
+  }
+  for (const std::string& bad :
+       std::vector<std::string>{"x", "1.2.3", "abc.def", std::string(100, '1')}) {
+    auto page = store->ListJobsPage(3, bad, 1 << 20);
+    ASSERT_FALSE(page.ok()) << bad;
+    EXPECT_EQ(page.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(page.status().message(), HasSubstr("page_token"));
+  }
+}
+
 TEST(JobStoreTest, ListJobsOnEmptyStore) {
   auto store = OpenOrDie(":memory:");
   ASSERT_NE(store, nullptr);

@@ -8,6 +8,8 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -403,6 +405,77 @@ TEST(CoordinatorMetricsTest, CoexistsWithStagesOnOneRegistry) {
   const std::string text = TextExposition(registry);
   EXPECT_EQ(Value(text, "stagewise_coordinator_workers", {{"state", "idle"}}), 1);
   EXPECT_EQ(Value(text, "stagewise_stage_inbox_depth", {{"job", "j"}}), 2);
+}
+
+// -------------------------------------------------------- JobLabels -----
+
+class JobLabelsTest : public ::testing::Test {
+ protected:
+  std::string KeyFile(const std::string& contents) {
+    const std::string path = ::testing::TempDir() + "/stagewise_job_labels_key_" +
+                             std::to_string(::getpid()) + "_" + std::to_string(files_.size());
+    std::ofstream(path, std::ios::binary) << contents;
+    files_.push_back(path);
+    return path;
+  }
+  void TearDown() override {
+    for (const std::string& f : files_) std::remove(f.c_str());
+  }
+  std::vector<std::string> files_;
+};
+
+TEST_F(JobLabelsTest, PlainHashedAndOmitted) {
+  auto plain = MakeJobLabels("plain", "");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->Of("job-0001abcd"), "job-0001abcd");
+  auto omitted = MakeJobLabels("omitted", "");
+  ASSERT_TRUE(omitted.ok());
+  EXPECT_EQ(omitted->Of("job-0001abcd"), "");
+  auto a = MakeJobLabels("hashed", KeyFile("a key of sixteen+ bytes\n"));
+  auto a_again = MakeJobLabels("hashed", KeyFile("a key of sixteen+ bytes"));  // no newline
+  auto b = MakeJobLabels("hashed", KeyFile("another key of 16+ bytes"));
+  ASSERT_TRUE(a.ok() && a_again.ok() && b.ok());
+  const std::string label = a->Of("job-0001abcd");
+  EXPECT_THAT(label, ::testing::MatchesRegex("h[0-9a-f]{16}"));
+  EXPECT_EQ(a_again->Of("job-0001abcd"), label);  // the same key on every process
+  EXPECT_NE(a->Of("job-0001abcf"), label);
+  EXPECT_NE(b->Of("job-0001abcd"), label);
+  EXPECT_THAT(label, ::testing::Not(HasSubstr("0001abcd")));
+}
+
+TEST_F(JobLabelsTest, BadFlagsAreNamed) {
+  auto bad_mode = MakeJobLabels("sha1", "");
+  EXPECT_THAT(bad_mode.status().message(), HasSubstr("--metrics-job-ids"));
+  auto no_key = MakeJobLabels("hashed", "");
+  EXPECT_THAT(no_key.status().message(), HasSubstr("--metrics-job-key-file: required"));
+  auto missing = MakeJobLabels("hashed", "/nonexistent/stagewise/key");
+  EXPECT_THAT(missing.status().message(), HasSubstr("cannot read"));
+  auto short_key = MakeJobLabels("hashed", KeyFile("short\n"));
+  EXPECT_THAT(short_key.status().message(), HasSubstr("at least 16"));
+}
+
+TEST_F(JobLabelsTest, TheCoordinatorLabelsOrDropsItsPerJobSeries) {
+  prometheus::Registry registry;
+  auto hashed = MakeJobLabels("hashed", KeyFile("0123456789abcdef"));
+  ASSERT_TRUE(hashed.ok());
+  {
+    CoordinatorMetrics coordinator(registry, *hashed);
+    coordinator.SetJobProgress("job-1", 5, 0.5, 10);
+    const std::string text = TextExposition(registry);
+    EXPECT_THAT(text, ::testing::Not(HasSubstr("job-1")));
+    EXPECT_EQ(Value(text, "stagewise_job_step", {{"job", hashed->Of("job-1")}}), 5);
+    coordinator.RemoveJob("job-1");
+    EXPECT_THAT(TextExposition(registry), ::testing::Not(HasSubstr("stagewise_job_step{")));
+  }
+  prometheus::Registry other;
+  CoordinatorMetrics coordinator(other, *MakeJobLabels("omitted", ""));
+  coordinator.SetJobProgress("job-1", 5, 0.5, 10);
+  coordinator.SetJobEval("job-1", 0.5, 0.9);
+  coordinator.SetWorkers(1, 0);
+  const std::string text = TextExposition(other);
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("stagewise_job_step{")));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("job-1")));
+  EXPECT_EQ(Value(text, "stagewise_coordinator_workers", {{"state", "idle"}}), 1);
 }
 
 // -------------------------------------------------------- FindSample -----

@@ -23,13 +23,15 @@ using testing::Info;
 
 class SchedulerTest : public ::testing::Test {
  protected:
-  void AddWorker(const std::string& id, int64_t memory_bytes = 0) {
+  void AddWorker(const std::string& id, int64_t memory_bytes = 0,
+                 const std::string& identity = "") {
     std::optional<WorkerRegistry::Removed> replaced;
     std::string session;
+    const WorkerRegistry::Caller caller{identity};
     ASSERT_TRUE(
-        registry_.Register(Info(id, memory_bytes), {}, absl::Now(), &replaced, &session).ok());
+        registry_.Register(Info(id, memory_bytes), caller, absl::Now(), &replaced, &session).ok());
     sinks_.push_back(std::make_unique<FakeSink>());
-    ASSERT_TRUE(registry_.Connect(id, session, {}, sinks_.back().get(), absl::Now()).ok());
+    ASSERT_TRUE(registry_.Connect(id, session, caller, sinks_.back().get(), absl::Now()).ok());
   }
   static std::vector<std::string> Ids(const std::vector<Scheduler::Placement>& placed) {
     std::vector<std::string> ids;
@@ -49,7 +51,7 @@ TEST_F(SchedulerTest, FifoWithBackfill) {
   scheduler_.Enqueue({"a", 2, false});
   scheduler_.Enqueue({"b", 3, false});
   scheduler_.Enqueue({"c", 1, true});
-  Scheduler::Round round = scheduler_.Schedule();
+  Scheduler::Round round = scheduler_.Schedule(absl::Now());
   // a takes w0, w1; b (3) does not fit and keeps its place; c backfills w2.
   ASSERT_THAT(Ids(round.placed), ElementsAre("a", "c"));
   EXPECT_THAT(round.placed[0].workers, ElementsAre("w0", "w1"));
@@ -65,7 +67,7 @@ TEST_F(SchedulerTest, FifoWithBackfill) {
   // d arrives after b: when a's workers come back, b still does not fit, d does.
   scheduler_.Enqueue({"d", 2, false});
   registry_.Release("a");
-  round = scheduler_.Schedule();
+  round = scheduler_.Schedule(absl::Now());
   EXPECT_THAT(Ids(round.placed), ElementsAre("d"));
   ASSERT_EQ(round.waiting.size(), 1u);
   EXPECT_EQ(round.waiting[0].reason, "waiting for 3 idle workers (2 idle, 3 registered)");
@@ -74,7 +76,7 @@ TEST_F(SchedulerTest, FifoWithBackfill) {
   scheduler_.Enqueue({"e", 1, false});
   registry_.Release("c");
   registry_.Release("d");
-  round = scheduler_.Schedule();
+  round = scheduler_.Schedule(absl::Now());
   EXPECT_THAT(Ids(round.placed), ElementsAre("b"));
   ASSERT_EQ(round.waiting.size(), 1u);
   EXPECT_EQ(round.waiting[0].job_id, "e");
@@ -110,6 +112,70 @@ TEST_F(SchedulerTest, StageAssignmentsChainTheStages) {
   const v1::Command profile = Scheduler::ProfileCommand("job-1", "yaml");
   EXPECT_EQ(profile.profile().job_id(), "job-1");
   EXPECT_EQ(profile.profile().job_spec_yaml(), "yaml");
+}
+
+TEST_F(SchedulerTest, StagesGoToDistinctCertificateIdentities) {
+  AddWorker("w0", 0, "worker-a");
+  AddWorker("w1", 0, "worker-a");  // the same certificate as w0
+  AddWorker("w2", 0, "worker-b");
+  Scheduler::Request shared{"shared", 2, false};
+  shared.distinct_identities = true;
+  scheduler_.Enqueue(shared);
+  Scheduler::Round round = scheduler_.Schedule(absl::Now());
+  ASSERT_THAT(Ids(round.placed), ElementsAre("shared"));
+  EXPECT_THAT(round.placed[0].workers, ElementsAre("w0", "w2"));  // w1 skipped
+  // Two more stages: w1 is idle, but there is one identity left.
+  Scheduler::Request more{"more", 2, false};
+  more.distinct_identities = true;
+  scheduler_.Enqueue(more);
+  registry_.Release("shared");
+  AddWorker("w3", 0, "worker-a");
+  round = scheduler_.Schedule(absl::Now());
+  ASSERT_THAT(Ids(round.placed), ElementsAre("more"));
+  EXPECT_THAT(round.placed[0].workers, ElementsAre("w0", "w2"));
+  Scheduler::Request three{"three", 2, false};
+  three.distinct_identities = true;
+  scheduler_.Enqueue(three);
+  round = scheduler_.Schedule(absl::Now());  // w1 and w3 are idle: both worker-a
+  EXPECT_TRUE(round.placed.empty());
+  ASSERT_EQ(round.waiting.size(), 1u);
+  EXPECT_EQ(round.waiting[0].reason,
+            "waiting for 2 idle workers with distinct certificate identities (2 idle, 4 "
+            "registered; placement.distinct_identities: false lifts this)");
+  // Without the rule, one certificate may hold both.
+  scheduler_.Remove("three");
+  scheduler_.Enqueue({"any", 2, false});
+  round = scheduler_.Schedule(absl::Now());
+  ASSERT_THAT(Ids(round.placed), ElementsAre("any"));
+  EXPECT_THAT(round.placed[0].workers, ElementsAre("w1", "w3"));
+  // The assignments name the neighbours' identities.
+  const std::vector<v1::Command> commands =
+      scheduler_.StageAssignments("job-1", "yaml", {"w0", "w2", "w1"}, {}, {});
+  ASSERT_EQ(commands.size(), 3u);
+  EXPECT_EQ(commands[0].configure().prev_identity(), "");
+  EXPECT_EQ(commands[0].configure().next_identity(), "worker-b");
+  EXPECT_EQ(commands[1].configure().prev_identity(), "worker-a");
+  EXPECT_EQ(commands[1].configure().next_identity(), "worker-a");
+  EXPECT_EQ(commands[2].configure().prev_identity(), "worker-b");
+  EXPECT_EQ(commands[2].configure().next_identity(), "");
+}
+
+TEST_F(SchedulerTest, ASettlingRecoveryKeepsItsPlaceUntilItsTime) {
+  AddWorker("w0");
+  AddWorker("w1");
+  const absl::Time now = absl::Now();
+  Scheduler::Request recovering{"r", 1, false};
+  recovering.not_before = now + absl::Seconds(1);
+  scheduler_.Requeue(recovering);
+  scheduler_.Enqueue({"new", 1, false});
+  Scheduler::Round round = scheduler_.Schedule(now);
+  EXPECT_THAT(Ids(round.placed), ElementsAre("new"));  // r waits, without a reason
+  EXPECT_TRUE(round.waiting.empty());
+  EXPECT_TRUE(scheduler_.Queued("r"));
+  EXPECT_EQ(scheduler_.NextDue(), now + absl::Seconds(1));
+  round = scheduler_.Schedule(now + absl::Seconds(1));
+  EXPECT_THAT(Ids(round.placed), ElementsAre("r"));
+  EXPECT_EQ(scheduler_.NextDue(), absl::InfiniteFuture());
 }
 
 planner::ModelProfile FourBlocks() {
