@@ -83,13 +83,7 @@ LiveJob MakeLiveJob(const v1::JobStatus& status, const JobSpec& spec, const std:
 
 absl::Duration StallLimit(const LiveJob& job) {
   if (job.spec.recovery.stall_seconds > 0) return absl::Seconds(job.spec.recovery.stall_seconds);
-  double median = 0;
-  if (!job.step_seconds.empty()) {
-    std::vector<double> sorted(job.step_seconds.begin(), job.step_seconds.end());
-    std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-    median = sorted[sorted.size() / 2];
-  }
-  return absl::Seconds(std::max(300.0, 20 * median));
+  return absl::Seconds(std::max(300.0, 20 * job.median_step_seconds));
 }
 
 absl::Time StallDeadline(const LiveJob& job) {
@@ -107,6 +101,9 @@ void NoteProgress(LiveJob& job, int64_t step, absl::Time now) {
                            static_cast<double>(step - job.progressed_step);
     job.step_seconds.push_back(seconds);
     if (job.step_seconds.size() > LiveJob::kStepSamples) job.step_seconds.pop_front();
+    std::vector<double> sorted(job.step_seconds.begin(), job.step_seconds.end());
+    std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+    job.median_step_seconds = sorted[sorted.size() / 2];
     job.progressed_step = step;
   }
   job.progressed = now;

@@ -58,6 +58,7 @@ struct LiveJob {
   absl::Time progressed = absl::InfiniteFuture();  // InfiniteFuture: not running
   int64_t progressed_step = 0;
   std::deque<double> step_seconds;
+  double median_step_seconds = 0;  // of step_seconds, updated with it
 };
 
 // How long the running job may go without progress: recovery.stall_seconds,

@@ -22,11 +22,17 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "coordinator/sqlite.h"
 #include "google/protobuf/message_lite.h"
 #include "services/common/status_macros.h"
 
 namespace stagewise::coordinator {
 namespace {
+
+using sql::Exec;
+using sql::SqliteError;
+using sql::Stmt;
+using sql::WriteTxn;
 
 // Schema migrations: kMigrations[i] takes PRAGMA user_version i to i + 1.
 // Append new entries; never edit a released one.
@@ -85,132 +91,6 @@ std::string StateName(v1::JobState state) {
   if (v1::JobState_IsValid(state)) return v1::JobState_Name(state);
   return absl::StrCat("JobState(", static_cast<int>(state), ")");
 }
-
-// The one place an sqlite result code becomes an absl::Status.
-absl::Status SqliteError(sqlite3* db, int rc, absl::string_view op) {
-  const char* message = sqlite3_errstr(rc);
-  // errmsg is more specific ("UNIQUE constraint failed: ...") but only
-  // describes the most recent call on the connection.
-  if (db != nullptr && sqlite3_extended_errcode(db) == rc) message = sqlite3_errmsg(db);
-  std::string text = absl::StrCat(op, ": ", message, " (sqlite error ", rc, ")");
-  switch (rc & 0xff) {
-    case SQLITE_BUSY:
-    case SQLITE_LOCKED:
-      return absl::UnavailableError(std::move(text));
-    default:
-      return absl::InternalError(std::move(text));
-  }
-}
-
-// Runs constant SQL (no user data: that always goes through Stmt binds).
-absl::Status Exec(sqlite3* db, const char* sql, absl::string_view op) {
-  const int rc = sqlite3_exec(db, sql, nullptr, nullptr, nullptr);
-  if (rc != SQLITE_OK) return SqliteError(db, rc, op);
-  return absl::OkStatus();
-}
-
-// A prepared statement, finalized on scope exit. Bind errors are kept and
-// reported by the next Step(), so call sites stay linear.
-class Stmt {
- public:
-  Stmt(sqlite3* db, absl::string_view op) : db_(db), op_(op) {}
-  ~Stmt() { sqlite3_finalize(stmt_); }
-  Stmt(const Stmt&) = delete;
-  Stmt& operator=(const Stmt&) = delete;
-
-  absl::Status Prepare(absl::string_view sql) {
-    const int rc =
-        sqlite3_prepare_v2(db_, sql.data(), static_cast<int>(sql.size()), &stmt_, nullptr);
-    if (rc != SQLITE_OK) return SqliteError(db_, rc, op_);
-    return absl::OkStatus();
-  }
-
-  void BindInt64(int index, int64_t value) { Check(sqlite3_bind_int64(stmt_, index, value)); }
-  void BindDouble(int index, double value) { Check(sqlite3_bind_double(stmt_, index, value)); }
-  // A null data pointer would bind SQL NULL, hence the "" for empty views.
-  void BindText(int index, absl::string_view value) {
-    Check(sqlite3_bind_text64(stmt_, index, value.empty() ? "" : value.data(), value.size(),
-                              SQLITE_TRANSIENT, SQLITE_UTF8));
-  }
-  void BindBlob(int index, absl::string_view value) {
-    Check(sqlite3_bind_blob64(stmt_, index, value.empty() ? "" : value.data(), value.size(),
-                              SQLITE_TRANSIENT));
-  }
-
-  // True when a row is ready, false when the statement is done.
-  absl::StatusOr<bool> Step() {
-    if (!bind_status_.ok()) return bind_status_;
-    const int rc = sqlite3_step(stmt_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc == SQLITE_DONE) return false;
-    return SqliteError(db_, rc, op_);
-  }
-  // For statements that return no rows.
-  absl::Status Run() { return Step().status(); }
-  // Rewinds for another execution with new binds.
-  void Reset() {
-    sqlite3_reset(stmt_);
-    sqlite3_clear_bindings(stmt_);
-  }
-
-  int64_t Int64(int column) const { return sqlite3_column_int64(stmt_, column); }
-  double DoubleOrNaN(int column) const {
-    if (sqlite3_column_type(stmt_, column) == SQLITE_NULL) {
-      return std::numeric_limits<double>::quiet_NaN();
-    }
-    return sqlite3_column_double(stmt_, column);
-  }
-  std::string Text(int column) const {
-    const unsigned char* text = sqlite3_column_text(stmt_, column);
-    const int size = sqlite3_column_bytes(stmt_, column);
-    if (text == nullptr) return std::string();
-    return std::string(reinterpret_cast<const char*>(text), size);
-  }
-  bool ParseProto(int column, google::protobuf::MessageLite* message) const {
-    const void* data = sqlite3_column_blob(stmt_, column);
-    const int size = sqlite3_column_bytes(stmt_, column);
-    return message->ParseFromArray(data == nullptr ? "" : data, size);
-  }
-
- private:
-  void Check(int rc) {
-    if (rc != SQLITE_OK && bind_status_.ok()) bind_status_ = SqliteError(db_, rc, op_);
-  }
-
-  sqlite3* db_;
-  std::string op_;
-  sqlite3_stmt* stmt_ = nullptr;
-  absl::Status bind_status_;
-};
-
-// BEGIN IMMEDIATE ... COMMIT, rolled back on scope exit unless committed.
-// IMMEDIATE takes the write lock up front, so a read-then-write transaction
-// never fails half-way on a lock upgrade (and waits out busy_timeout instead).
-class WriteTxn {
- public:
-  WriteTxn(sqlite3* db, absl::string_view op) : db_(db), op_(op) {}
-  ~WriteTxn() {
-    if (active_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
-  }
-  WriteTxn(const WriteTxn&) = delete;
-  WriteTxn& operator=(const WriteTxn&) = delete;
-
-  absl::Status Begin() {
-    STAGEWISE_RETURN_IF_ERROR(Exec(db_, "BEGIN IMMEDIATE", absl::StrCat(op_, " (begin)")));
-    active_ = true;
-    return absl::OkStatus();
-  }
-  absl::Status Commit() {
-    STAGEWISE_RETURN_IF_ERROR(Exec(db_, "COMMIT", absl::StrCat(op_, " (commit)")));
-    active_ = false;
-    return absl::OkStatus();
-  }
-
- private:
-  sqlite3* db_;
-  std::string op_;
-  bool active_ = false;
-};
 
 absl::StatusOr<std::string> Serialize(const v1::JobStatus& status, absl::string_view op) {
   std::string bytes;

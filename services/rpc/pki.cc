@@ -422,9 +422,7 @@ absl::Status IssueCert(const std::string& ca_dir, const std::string& ca_name,
 absl::Status CreateLocalPki(const std::string& dir) {
   STAGEWISE_RETURN_IF_ERROR(CreateCa(dir, "ca", "stagewise local CA", absl::Hours(24 * 3650)));
   for (const char* name : {"coordinator", "worker", "client"}) {
-    CertSpec spec;
-    spec.common_name = name;
-    STAGEWISE_RETURN_IF_ERROR(IssueCert(dir, "ca", dir, name, spec));
+    STAGEWISE_RETURN_IF_ERROR(IssueLocalIdentity(dir, name));
   }
   return absl::OkStatus();
 }
