@@ -18,10 +18,23 @@
 namespace stagewise::data {
 
 // A labelled image set: images uint8 [N, C, H, W], labels int64 [N].
+// Or one split of a byte-level text corpus (docs/text.md): `text` holds its
+// bytes, uint8 [L], images and labels stay undefined; a sample is a window of
+// T + 1 bytes, x = its first T, y = its last T (the next byte of each).
 struct ImageSet {
   torch::Tensor images;
   torch::Tensor labels;
-  int64_t size() const { return labels.defined() ? labels.size(0) : 0; }
+  torch::Tensor text;
+  // Text training split: sequences per epoch (data.train_size), each at a
+  // random offset. 0 for a held-out split, which is read in order.
+  int64_t epoch_sequences = 0;
+  bool is_text() const { return text.defined(); }
+  // Samples: images, or text sequences (an epoch's, or the held-out split's
+  // windows at the sampler's sequence length, see TextWindows).
+  int64_t size() const {
+    if (is_text()) return epoch_sequences;
+    return labels.defined() ? labels.size(0) : 0;
+  }
 };
 
 struct Datasets {
@@ -56,12 +69,28 @@ absl::StatusOr<Datasets> LoadCifar(const std::string& dir, int num_classes);
 Datasets MakeSynthetic(int64_t train_size, int64_t test_size, const std::vector<int64_t>& shape,
                        int num_classes, uint64_t seed);
 
+// Byte-level text (docs/text.md). The fortunes corpus: every English fortune
+// file of Debian's `fortunes` and `fortunes-min` in `dir` (a fixed list, in
+// order), with the "%" separator lines removed; its size and CRC-32 are checked
+// against the recorded ones, so every machine trains on the same bytes.
+inline constexpr const char* kDefaultFortunesDir = "/usr/share/games/fortunes";
+absl::StatusOr<std::string> ReadFortunes(const std::string& dir);
+// A user's text file, read as it is (bytes; UTF-8 is not required).
+absl::StatusOr<std::string> ReadTextFile(const std::string& path);
+// Splits `corpus` 90/5/5 into train, validation and test (contiguous, in
+// order); `test` of the result is spec.eval_split's part. Checks that every
+// part holds a sequence of data.sequence_length (errors name the key).
+absl::StatusOr<Datasets> MakeTextDatasets(const std::string& corpus, const DataSpec& spec);
+// Windows of a held-out split read at sequence length T: the full ones and,
+// when bytes are left over, one shorter last window.
+int64_t TextWindows(int64_t bytes, int64_t sequence_length);
+
 // Dispatches on spec.dataset, applies limit_train/limit_test.
 absl::StatusOr<Datasets> LoadDatasets(const DataSpec& spec, uint64_t seed);
 
 struct Batch {
-  torch::Tensor x;  // float32 [B, C, H, W], augmented and normalised
-  torch::Tensor y;  // int64 [B]
+  torch::Tensor x;  // float32 [B, C, H, W], augmented and normalised; text: int64 [B, T]
+  torch::Tensor y;  // int64 [B]; text: int64 [B, T], the next byte of each
   int64_t epoch = 0;
   int64_t index = 0;
 };
@@ -76,6 +105,10 @@ struct SamplerOptions {
   bool horizontal_flip = true;
   std::vector<double> mean;  // empty = no normalisation
   std::vector<double> std;
+  // Text: bytes per sequence, and (when > 0) the shortest length a training
+  // mini-batch may draw (each draws its own in [min, sequence_length]).
+  int64_t sequence_length = 0;
+  int64_t min_sequence_length = 0;
 };
 
 // The samplers a job asks for (the one home of that mapping: every stage,
@@ -98,6 +131,7 @@ class BatchSampler {
 
  private:
   std::vector<int64_t> Permutation(int64_t epoch) const;
+  Batch GetText(int64_t epoch, int64_t index) const;
   // Shuffling 60k indices costs more than assembling a batch, so the
   // permutations of recent epochs are kept; shared by copies of the sampler,
   // which draw identical permutations anyway.

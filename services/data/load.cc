@@ -21,7 +21,10 @@ namespace {
 // The first `limit` samples (0 = all). Cloned so the full set can be freed.
 ImageSet Head(const ImageSet& set, int64_t limit) {
   if (limit <= 0 || limit >= set.size()) return set;
-  return {set.images.narrow(0, 0, limit).clone(), set.labels.narrow(0, 0, limit).clone()};
+  ImageSet head;
+  head.images = set.images.narrow(0, 0, limit).clone();
+  head.labels = set.labels.narrow(0, 0, limit).clone();
+  return head;
 }
 
 absl::Status ValidateSynthetic(const DataSpec& spec) {
@@ -69,6 +72,14 @@ absl::StatusOr<Datasets> LoadDatasetsOrThrow(const DataSpec& spec, uint64_t seed
       }
       loaded = LoadCifar(spec.path, spec.dataset == DatasetKind::kCifar10 ? 10 : 100);
       break;
+    case DatasetKind::kFortunes:
+    case DatasetKind::kTextFile: {
+      auto corpus = spec.dataset == DatasetKind::kFortunes
+                        ? ReadFortunes(spec.path.empty() ? kDefaultFortunesDir : spec.path)
+                        : ReadTextFile(spec.path);
+      if (!corpus.ok()) return corpus.status();
+      return MakeTextDatasets(*corpus, spec);  // applies the limits itself
+    }
     case DatasetKind::kSynthetic: {
       absl::Status valid = ValidateSynthetic(spec);
       if (!valid.ok()) return valid;

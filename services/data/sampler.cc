@@ -27,6 +27,7 @@ namespace {
 constexpr uint64_t kPermutationStream = 0x7065726d;  // "perm"
 constexpr uint64_t kCropStream = 0x63726f70;         // "crop"
 constexpr uint64_t kFlipStream = 0x666c6970;         // "flip"
+constexpr uint64_t kTextStream = 0x74657874;         // "text"
 
 // Workers may straddle an epoch boundary (prefetching, pipelining), so keep
 // the current epoch's permutation and its neighbour.
@@ -114,10 +115,18 @@ BatchSampler::BatchSampler(const ImageSet& set, SamplerOptions options)
     : set_(set), options_(std::move(options)), cache_(std::make_shared<PermutationCache>()) {
   // Raw-pointer augmentation wants contiguous images; labels are returned as int64.
   if (set_.images.defined()) set_.images = set_.images.contiguous();
+  if (set_.text.defined()) set_.text = set_.text.contiguous();
   if (set_.labels.defined()) set_.labels = set_.labels.to(torch::kInt64);
 }
 
 int64_t BatchSampler::batches_per_epoch() const {
+  if (set_.is_text() && set_.epoch_sequences == 0) {
+    // Held out: the full windows in batches, then the shorter last one alone.
+    const int64_t bytes = set_.text.numel(), t = options_.sequence_length;
+    if (t <= 0 || bytes < 2 || options_.batch_size <= 0) return 0;
+    const int64_t full = (bytes - 1) / t;
+    return (full + options_.batch_size - 1) / options_.batch_size + ((bytes - 1) % t > 0 ? 1 : 0);
+  }
   const int64_t n = set_.size();
   const int64_t b = options_.batch_size;
   if (b <= 0 || n <= 0) return 0;
@@ -152,7 +161,54 @@ std::shared_ptr<const std::vector<int64_t>> BatchSampler::CachedPermutation(int6
   return order;
 }
 
+Batch BatchSampler::GetText(int64_t epoch, int64_t index) const {
+  Batch batch;
+  batch.epoch = epoch;
+  batch.index = index;
+  const int64_t bytes = set_.text.numel();
+  const int64_t t = options_.sequence_length;
+  std::vector<int64_t> offsets;
+  int64_t length = t;
+  if (index >= 0 && index < batches_per_epoch()) {
+    if (set_.epoch_sequences > 0) {
+      // Training: a length for the mini-batch, then every sequence at its own
+      // random offset; all drawn from (seed, epoch, index) alone.
+      std::mt19937_64 rng(MixSeed(options_.seed, kTextStream, static_cast<uint64_t>(epoch),
+                                  static_cast<uint64_t>(index)));
+      const int64_t min = options_.min_sequence_length;
+      if (min > 0 && min < t) length = min + static_cast<int64_t>(UniformInt(rng, t - min + 1));
+      const auto starts = static_cast<uint64_t>(bytes - length);
+      for (int64_t k = 0; k < options_.batch_size; ++k) {
+        offsets.push_back(static_cast<int64_t>(UniformInt(rng, starts)));
+      }
+    } else {
+      const int64_t full = (bytes - 1) / t;
+      const int64_t begin = index * options_.batch_size;
+      if (begin < full) {
+        for (int64_t k = begin; k < std::min(full, begin + options_.batch_size); ++k) {
+          offsets.push_back(k * t);
+        }
+      } else {
+        offsets.push_back(full * t);  // the shorter last window
+        length = (bytes - 1) % t;
+      }
+    }
+  }
+  const int64_t n = static_cast<int64_t>(offsets.size());
+  torch::Tensor windows = torch::empty({n, length + 1}, torch::kUInt8);
+  const uint8_t* src = set_.text.data_ptr<uint8_t>();
+  uint8_t* dst = windows.data_ptr<uint8_t>();
+  for (int64_t k = 0; k < n; ++k) {
+    std::copy(src + offsets[k], src + offsets[k] + length + 1, dst + k * (length + 1));
+  }
+  windows = windows.to(torch::kInt64);
+  batch.x = windows.narrow(1, 0, length).contiguous();
+  batch.y = windows.narrow(1, 1, length).contiguous();
+  return batch;
+}
+
 Batch BatchSampler::Get(int64_t epoch, int64_t index) const {
+  if (set_.is_text()) return GetText(epoch, index);
   Batch batch;
   batch.epoch = epoch;
   batch.index = index;
@@ -208,6 +264,10 @@ SamplerOptions TrainSamplerOptions(const JobSpec& spec, const Datasets& data) {
   if (spec.data.normalize) {
     train.mean = data.mean;
     train.std = data.std;
+  }
+  if (IsText(spec.data.dataset)) {
+    train.sequence_length = spec.data.sequence_length;
+    train.min_sequence_length = spec.data.min_sequence_length;
   }
   return train;
 }

@@ -9,9 +9,13 @@ namespace stagewise::models {
 AuxHeadImpl::AuxHeadImpl(const AuxHeadSpec& spec, const std::vector<int64_t>& in_shape,
                          int64_t classes) {
   image_ = in_shape.size() == 3;
+  sequence_ = in_shape.size() == 2;
   int64_t channels = 1;
   if (image_) {
     channels = in_shape[0];
+  } else if (sequence_) {
+    channels = in_shape[1];
+    norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({channels})));
   } else {
     for (int64_t d : in_shape) channels *= d;
   }
@@ -30,6 +34,7 @@ AuxHeadImpl::AuxHeadImpl(const AuxHeadSpec& spec, const std::vector<int64_t>& in
 }
 
 torch::Tensor AuxHeadImpl::forward(const torch::Tensor& x) {
+  if (sequence_) return fc_->forward(norm_->forward(x));
   torch::Tensor h = x;
   if (!convs_.is_empty()) h = convs_->forward(h);
   h = image_ ? h.mean({2, 3}) : h.flatten(1);

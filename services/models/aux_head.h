@@ -24,7 +24,11 @@ class AuxHeadImpl : public torch::nn::Module {
  private:
   torch::nn::Sequential convs_{nullptr};
   torch::nn::Linear fc_{nullptr};
+  torch::nn::LayerNorm norm_{nullptr};  // sequences only
   bool image_ = false;
+  // A text stage's output [T, width]: the head scores the next byte at every
+  // position (LayerNorm + linear, a language-model head of its own).
+  bool sequence_ = false;
 };
 TORCH_MODULE(AuxHead);
 

@@ -13,7 +13,9 @@ namespace stagewise::models {
 // partitioner read this without building the model).
 struct BlockInfo {
   int index = 0;  // global position in the model
-  // stem | linear | residual | downsample | reversible | head | emulated | script
+  // stem | linear | residual | downsample | reversible | head | emulated | script,
+  // and the text models' embedding | transformer | rev_transformer | lm_head
+  // (their shapes are per sample [T] or [T, width], T the sequence length).
   std::string kind;
   bool reversible = false;
   std::vector<int64_t> in_shape;  // per sample, without the batch dimension
@@ -27,7 +29,8 @@ struct BlockInfo {
   bool imagenet_stem = false;  // 7x7/2 conv + 3x3/2 max-pool
   bool flatten = false;        // linear blocks: flatten the input first
   bool relu = true;            // linear blocks: ReLU after the layer
-  bool pair = false;           // downsample on a reversible pair (RevNet)
+  bool pair = false;           // downsample on a reversible pair (RevNet); embedding: two streams
+  int64_t heads = 0;           // attention heads (transformer blocks)
   // emulated blocks: how long the forward and the backward wait, in seconds
   // per sample (a micro-batch of n samples waits n times this).
   double forward_seconds_per_sample = 0;

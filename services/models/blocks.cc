@@ -6,6 +6,8 @@
 #include <memory>
 #include <thread>
 
+#include "services/models/transformer.h"
+
 namespace stagewise::models {
 namespace {
 
@@ -237,6 +239,10 @@ std::shared_ptr<Block> MakeBlock(const BlockInfo& info) {
   if (info.kind == "emulated" && info.reversible)
     return std::make_shared<EmulatedReversibleBlock>(info);
   if (info.kind == "emulated") return std::make_shared<EmulatedBlock>(info);
+  if (info.kind == "embedding") return std::make_shared<EmbeddingBlock>(info);
+  if (info.kind == "transformer") return std::make_shared<TransformerBlock>(info);
+  if (info.kind == "rev_transformer") return std::make_shared<ReversibleTransformerBlock>(info);
+  if (info.kind == "lm_head") return std::make_shared<LmHeadBlock>(info);
   TORCH_CHECK(false, "unknown block kind '", info.kind, "'");
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "services/common/status_macros.h"
+#include "services/models/plan_text.h"
 #include "services/planner/partition.h"
 
 namespace stagewise::models {
@@ -312,14 +313,15 @@ absl::StatusOr<std::vector<BlockInfo>> PlanBlocks(const ModelSpec& spec) {
     return absl::InvalidArgumentError("model: number of classes unknown (data section missing?)");
   }
   if (spec.name == ModelKind::kTorchScript) return PlanScript(spec);
+  if (IsTextModel(spec.name)) return PlanTextModel(spec);
   if (spec.name == ModelKind::kMlp) {
     if (spec.input_shape.empty()) return absl::InvalidArgumentError("model: input shape unknown");
     return PlanMlp(spec);
   }
   if (spec.input_shape.size() != 3) {
-    return absl::InvalidArgumentError(absl::StrCat("model.name: ", NameOf(spec.name),
-                                                   " needs image input [C, H, W], got rank ",
-                                                   spec.input_shape.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.name: ", NameOf(spec.name), " needs image input [C, H, W], got rank ",
+                     spec.input_shape.size(), " (text data takes gpt or reformer)"));
   }
   switch (spec.name) {
     case ModelKind::kResNet:
@@ -330,6 +332,8 @@ absl::StatusOr<std::vector<BlockInfo>> PlanBlocks(const ModelSpec& spec) {
       return PlanEmulated(spec);
     case ModelKind::kMlp:
     case ModelKind::kTorchScript:
+    case ModelKind::kGpt:
+    case ModelKind::kReformer:
       break;
   }
   return absl::InternalError(absl::StrCat("model.name ", NameOf(spec.name), ": no planner"));
@@ -342,6 +346,7 @@ double EstimateParameters(const BlockInfo& b) {
   const double out = static_cast<double>(b.out_channels);
   const double mid = static_cast<double>(b.mid_channels);
   if (b.kind == "script") return static_cast<double>(b.parameters);
+  if (IsTextBlock(b)) return TextBlockParameters(b);
   if (b.kind == "linear" || b.kind == "head") return in * out + out;
   if (b.kind == "stem") return (b.imagenet_stem ? 49 : 9) * in * out + 2 * out;
   if (b.kind == "emulated") {
@@ -443,6 +448,11 @@ double EstimateBlockWork(const BlockInfo& b) {
   const double mid = static_cast<double>(b.mid_channels);
   const double in_pixels = Pixels(b.in_shape), pixels = Pixels(b.out_shape);
   const double io = kWorkPerBlockValue * (Volume(b.in_shape) + Volume(b.out_shape));
+  if (IsTextBlock(b)) {
+    double layer_outputs = 0;
+    const double macs = TextBlockMacs(b, &layer_outputs);
+    return macs + kWorkPerLayerOutput * layer_outputs + io;
+  }
   if (b.kind == "linear" || b.kind == "head") return in * out + kWorkPerLayerOutput * out + io;
   // A script block's layers are unknown here: every parameter is taken to act
   // once per output pixel (a convolution's weights do; a linear layer's act

@@ -21,6 +21,10 @@ absl::StatusOr<std::vector<BlockInfo>> PlanModel(const ModelSpec& spec);
 // Seed of global block `index` for a job seeded `job_seed` (splitmix64 mix).
 uint64_t BlockSeed(uint64_t job_seed, int index);
 
+// Trainable parameters of block `b` (exact for the zoo's blocks; the dry
+// run's count for script blocks): validate's and plan's per-stage figures.
+double EstimateParameters(const BlockInfo& b);
+
 // Relative forward + backward work of one sample through block `b`, in
 // multiply-accumulate equivalents: the MACs of its convolutions and linear
 // layers, plus a charge per value for the memory-bound work around them

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "services/models/aux_head.h"
 #include "services/models/batch_norm.h"
+#include "services/models/loss.h"
 #include "services/models/memory_meter.h"
 #include "services/models/modal_pass.h"
 #include "services/models/model.h"
@@ -143,7 +144,11 @@ absl::StatusOr<ModelProfile> ProfileModel(const JobSpec& spec, int64_t batch,
   p.repeats = o.repeats;
   p.aux_head = aux_spec;
   p.key = ProfileKey(spec, batch, device, p.threads, aux_spec);
-  p.label_bytes = batch * static_cast<int64_t>(sizeof(int64_t));
+  // Text models read byte values [B, T] and predict one per position.
+  const bool text = IsTextModel(spec.model.name);
+  const int64_t classes = spec.model.num_classes > 0 ? spec.model.num_classes : 10;
+  const int64_t targets_per_sample = text ? spec.model.input_shape.at(0) : 1;
+  p.label_bytes = batch * targets_per_sample * static_cast<int64_t>(sizeof(int64_t));
   try {
     auto model = models::BuildModel(spec.model, static_cast<uint64_t>(spec.seed));
     if (!model.ok()) return model.status();
@@ -155,7 +160,10 @@ absl::StatusOr<ModelProfile> ProfileModel(const JobSpec& spec, int64_t batch,
     torch::manual_seed(static_cast<uint64_t>(spec.seed));
     // Every block's input, from a random mini-batch (running statistics of
     // this throwaway model move; nothing else sees them).
-    std::vector<torch::Tensor> inputs{torch::randn(shape, torch::TensorOptions().device(device))};
+    const auto on_device = torch::TensorOptions().device(device);
+    std::vector<torch::Tensor> inputs{
+        text ? torch::randint(classes, shape, on_device.dtype(torch::kLong))
+             : torch::randn(shape, on_device)};
     {
       torch::NoGradGuard no_grad;
       for (const auto& b : blocks) inputs.push_back(b->forward(inputs.back()));
@@ -163,9 +171,9 @@ absl::StatusOr<ModelProfile> ProfileModel(const JobSpec& spec, int64_t batch,
     auto aux = aux_spec.empty() ? absl::StatusOr<AuxHeadSpec>(absl::NotFoundError(""))
                                 : ParseAuxHeadSpec(aux_spec);
     if (!aux_spec.empty() && !aux.ok()) return aux.status();
-    torch::Tensor labels =
-        torch::randint(spec.model.num_classes > 0 ? spec.model.num_classes : 10, {batch},
-                       torch::TensorOptions().dtype(torch::kLong).device(device));
+    std::vector<int64_t> label_shape{batch};
+    if (text) label_shape.push_back(targets_per_sample);
+    torch::Tensor labels = torch::randint(classes, label_shape, on_device.dtype(torch::kLong));
     // Process warm-up, untimed: the first passes of a process grow the heap
     // to its working size and create LibTorch's kernels' primitives. Timed
     // from a cold process, the first blocks paid for that: three profiles of
@@ -174,7 +182,7 @@ absl::StatusOr<ModelProfile> ProfileModel(const JobSpec& spec, int64_t batch,
     for (int r = 0; r < std::max(2, o.warmup); ++r) {
       torch::Tensor h = inputs.front();
       for (const auto& b : blocks) h = b->forward(h);
-      torch::nn::functional::cross_entropy(h, labels).backward();
+      models::CrossEntropy(h, labels).backward();
       (*model)->zero_grad();
     }
     // Each block's figures, measured in interleaved rounds (RunInterleaved);
@@ -275,7 +283,7 @@ absl::StatusOr<ModelProfile> ProfileModel(const JobSpec& spec, int64_t batch,
           aux_optimizers.push_back(std::move(head_opt));
           double* out = &aux_cost.emplace(key, 0.0).first->second;
           probes.push_back({out, nullptr, [h, opt, y, &labels]() mutable {
-                              torch::Tensor loss = torch::cross_entropy_loss(h->forward(y), labels);
+                              torch::Tensor loss = models::CrossEntropy(h->forward(y), labels);
                               loss.backward();
                               opt->step();
                             }});

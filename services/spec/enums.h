@@ -34,11 +34,13 @@ enum class AuxPenalty { kMse, kRelative };
 
 // model.name: the zoo's networks, the emulated accelerator, a user's
 // TorchScript file; model.style for resnet.
-enum class ModelKind { kMlp, kResNet, kRevNet, kEmulated, kTorchScript };
+enum class ModelKind { kMlp, kResNet, kRevNet, kEmulated, kTorchScript, kGpt, kReformer };
 enum class ResNetStyle { kCifar, kImageNet };
 
-// data.dataset.
-enum class DatasetKind { kFashionMnist, kCifar10, kCifar100, kSynthetic };
+// data.dataset: image sets, and byte-level text (docs/text.md).
+enum class DatasetKind { kFashionMnist, kCifar10, kCifar100, kSynthetic, kFortunes, kTextFile };
+// data.eval_split: which held-out part of a text corpus the evaluation reads.
+enum class TextSplit { kValidation, kTest };
 
 // stages.partition: kExplicit is what a list of ranges means; it has no
 // keyword of its own.
@@ -92,8 +94,8 @@ struct EnumSpellings<AuxPenalty> {
 };
 template <>
 struct EnumSpellings<ModelKind> {
-  static constexpr std::array<absl::string_view, 5> kNames = {"mlp", "resnet", "revnet", "emulated",
-                                                              "torchscript"};
+  static constexpr std::array<absl::string_view, 7> kNames = {
+      "mlp", "resnet", "revnet", "emulated", "torchscript", "gpt", "reformer"};
 };
 template <>
 struct EnumSpellings<ResNetStyle> {
@@ -101,8 +103,12 @@ struct EnumSpellings<ResNetStyle> {
 };
 template <>
 struct EnumSpellings<DatasetKind> {
-  static constexpr std::array<absl::string_view, 4> kNames = {"fashion_mnist", "cifar10",
-                                                              "cifar100", "synthetic"};
+  static constexpr std::array<absl::string_view, 6> kNames = {
+      "fashion_mnist", "cifar10", "cifar100", "synthetic", "fortunes", "text_file"};
+};
+template <>
+struct EnumSpellings<TextSplit> {
+  static constexpr std::array<absl::string_view, 2> kNames = {"validation", "test"};
 };
 template <>
 struct EnumSpellings<Partition> {

@@ -76,6 +76,9 @@ const std::vector<Field<ModelSpec>>& ModelFields() {
           "each `>= 1`; blocks per group, **overrides `depth`**. resnet cifar: 3 entries; resnet "
           "imagenet and revnet: 4 entries"),
       Key("hidden", &S::hidden, "each `>= 1`; mlp hidden layer sizes (`[]` = linear classifier)"),
+      Key("heads", &S::heads,
+          "gpt/reformer: attention heads, `[1, 256]`, must divide `width` (see "
+          "[text.md](text.md))"),
       Key("forward_ms", &S::forward_ms,
           "emulated: milliseconds each block waits in its forward per mini-batch of `batch_size` "
           "samples (a micro-batch waits its share), 0..3.6e6"),
@@ -97,17 +100,20 @@ const std::vector<Field<ModelSpec>>& ModelFields() {
 const std::vector<Field<DataSpec>>& DataFields() {
   using S = DataSpec;
   static const auto* const kFields = new std::vector<Field<S>>{
-      Key("dataset", &S::dataset, absl::StrCat("**required**: ", Choices<DatasetKind>()),
+      Key("dataset", &S::dataset,
+          absl::StrCat("**required**: ", Choices<DatasetKind>(),
+                       " (the last two are byte-level text, see [text.md](text.md))"),
           kRequired),
       Key("path", &S::path,
           "directory; `\"\"` = the dataset's default. **Required** for `cifar10`/`cifar100` (the "
-          "binary batches)"),
+          "binary batches) and `text_file` (a UTF-8 file, under the worker's `--data-root`)"),
       Key("augment", &S::augment, "random crop with padding + horizontal flip"),
       Key("crop_padding", &S::crop_padding, "`>= 0`"),
       Key("horizontal_flip", &S::horizontal_flip, "used when `augment`"),
       Key("normalize", &S::normalize, "per-channel mean/std of the training set"),
       Key("train_size", &S::train_size,
-          "synthetic only, `[1, 10000000]`, and `train_size` × (C × H × W + 8) bytes at most 1 "
+          "text: sequences per training epoch, `[1, 10000000]`; synthetic: `[1, 10000000]`, and "
+          "`train_size` × (C × H × W + 8) bytes at most 1 "
           "GiB"),
       Key("test_size", &S::test_size, "synthetic only, `>= 1`; the same cap"),
       Key("shape", &S::shape, "synthetic only: `[C, H, W]`, each in `[1, 4096]`"),
@@ -115,6 +121,14 @@ const std::vector<Field<DataSpec>>& DataFields() {
       Key("limit_train", &S::limit_train,
           "`>= 0`; use only the first N training samples (`0` = all)"),
       Key("limit_test", &S::limit_test, "`>= 0`; same for the test set"),
+      Key("sequence_length", &S::sequence_length,
+          "text: bytes per sequence, `[2, 4096]`, at most the evaluated split's size"),
+      Key("min_sequence_length", &S::min_sequence_length,
+          "text: `0` = every training sequence is `sequence_length` long; else each mini-batch "
+          "draws its length in `[min_sequence_length, sequence_length]`"),
+      Key("eval_split", &S::eval_split,
+          absl::StrCat("text: ", Choices<TextSplit>(),
+                       "; the held-out part the evaluation reads (90/5/5 split)")),
   };
   return *kFields;
 }

@@ -38,6 +38,7 @@ struct ModelSpec {
   int width = 0;                            // base channels (0 = the paper's default)
   std::vector<int> blocks;                  // per-stage block counts; overrides depth
   std::vector<int> hidden = {256};          // mlp: hidden layer sizes
+  int heads = 4;                            // gpt/reformer: attention heads (divide width)
   // emulated only (docs/models.md, "Emulated accelerators"): depth blocks whose
   // forward and backward each take this long per mini-batch of batch_size
   // samples (scaled to the micro-batch), waiting instead of computing.
@@ -61,7 +62,8 @@ struct ModelSpec {
   int64_t script_bytes = 0;  // the file's size, checked by every worker
   std::vector<ScriptBlock> script_blocks;
   int64_t batch_size = 0;  // filled from the job's batch_size when parsing
-  // Filled from the data section when parsing: [C, H, W] and class count.
+  // Filled from the data section when parsing: [C, H, W] and class count
+  // (text: [sequence_length] and 256 byte values).
   std::vector<int64_t> input_shape;
   int num_classes = 0;
 };
@@ -82,7 +84,20 @@ struct DataSpec {
   // optional caps on the number of samples used (0 = all); handy for smoke runs.
   int64_t limit_train = 0;
   int64_t limit_test = 0;
+  // text (fortunes, text_file; docs/text.md): bytes per training sequence;
+  // with min_sequence_length > 0 every mini-batch draws its own length in
+  // [min_sequence_length, sequence_length]. A training epoch is train_size
+  // sequences at random offsets; the evaluation reads eval_split in order.
+  int64_t sequence_length = 128;
+  int64_t min_sequence_length = 0;
+  TextSplit eval_split = TextSplit::kValidation;
 };
+
+// Whether the job's data is byte-level text (a language-modelling task).
+inline bool IsText(DatasetKind d) {
+  return d == DatasetKind::kFortunes || d == DatasetKind::kTextFile;
+}
+inline bool IsTextModel(ModelKind m) { return m == ModelKind::kGpt || m == ModelKind::kReformer; }
 
 // algorithm: one options struct per algorithm (docs/algorithms.md says what
 // each does; fields.cc declares each key's name, range and doc line once).

@@ -120,6 +120,7 @@ absl::Status ValidateModel(const ModelSpec& model) {
   if (!model.script_blocks.empty()) {
     return KeyError("script_model", "only for model.name torchscript");
   }
+  if (IsTextModel(model.name)) return spec::ValidateTextModel(model);
   if (model.name == ModelKind::kEmulated) {
     // An hour per block and mini-batch is far beyond any benchmark; the cap
     // keeps the waits representable.
@@ -183,6 +184,7 @@ absl::Status ValidateModel(const ModelSpec& model) {
 }
 
 absl::Status ValidateData(const DataSpec& data) {
+  if (IsText(data.dataset)) return spec::ValidateTextData(data);
   ModelSpec scratch;
   absl::Status status = FillDataShape(data, &scratch);
   if (!status.ok()) return status;
@@ -398,6 +400,12 @@ absl::Status FillDataShape(const DataSpec& data, ModelSpec* model) {
       model->input_shape = {3, 32, 32};
       model->num_classes = data.dataset == DatasetKind::kCifar10 ? 10 : 100;
       return absl::OkStatus();
+    case DatasetKind::kFortunes:
+    case DatasetKind::kTextFile:
+      // Bytes: a sequence of sequence_length values, 256 classes per target.
+      model->input_shape = {data.sequence_length};
+      model->num_classes = 256;
+      return absl::OkStatus();
     case DatasetKind::kSynthetic:
       break;
   }
@@ -471,6 +479,7 @@ absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
   }
   check(missing.model_name ? Required<ModelKind>("model.name") : ValidateModel(spec.model));
   check(missing.data_dataset ? Required<DatasetKind>("data.dataset") : ValidateData(spec.data));
+  if (check.status().ok()) check(ValidateModelFitsData(spec));
   check(ValidateStages(spec.stages));
   check(AtLeast("batch_size", spec.batch_size, int64_t{1}));
   check(AtLeast("eval_batch_size", spec.eval_batch_size, int64_t{0}));

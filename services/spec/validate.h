@@ -19,6 +19,12 @@ struct MissingKeys {
 // section stands: the first error is the same whatever the order of reading.
 absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing);
 
+// validate_text.cc: the gpt/reformer keys, the text datasets' keys, and the
+// rules between a text model, text data and the algorithms.
+absl::Status ValidateTextModel(const ModelSpec& model);
+absl::Status ValidateTextData(const DataSpec& data);
+absl::Status ValidateModelFitsData(const JobSpec& spec);
+
 }  // namespace stagewise::spec
 
 #endif  // STAGEWISE_SERVICES_SPEC_VALIDATE_H_

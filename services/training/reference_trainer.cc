@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "services/checkpoint/checkpoint.h"
 #include "services/common/status_macros.h"
+#include "services/models/loss.h"
 #include "services/training/optimizer.h"
 
 namespace stagewise::training {
@@ -85,7 +86,7 @@ double ReferenceTrainer::Step(const data::Batch& batch, double lr) {
   SetLearningRate(*optimizer_, lr);
   optimizer_->zero_grad();
   torch::Tensor logits = model_->forward(batch.x.to(device_));
-  torch::Tensor loss = torch::cross_entropy_loss(logits, batch.y.to(device_));
+  torch::Tensor loss = models::CrossEntropy(logits, batch.y.to(device_));
   loss.backward();
   optimizer_->step();
   return loss.item<double>();
@@ -102,9 +103,9 @@ EvalResult ReferenceTrainer::Evaluate() {
     data::Batch b = test_->Get(0, i);
     torch::Tensor y = b.y.to(device_);
     torch::Tensor logits = model_->forward(b.x.to(device_));
-    loss_sum += torch::cross_entropy_loss(logits, y, {}, at::Reduction::Sum).item<double>();
-    correct += logits.argmax(1).eq(y).sum().item<int64_t>();
-    r.samples += y.size(0);
+    loss_sum += models::CrossEntropy(logits, y, /*sum=*/true).item<double>();
+    correct += models::CountCorrect(logits, y);
+    r.samples += y.numel();
   }
   model_->train();
   if (r.samples > 0) {

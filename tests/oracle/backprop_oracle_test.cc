@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "services/models/loss.h"
 #include "services/training/optimizer.h"
 #include "services/training/reference_trainer.h"
 #include "tests/integration/cluster.h"
@@ -19,19 +20,33 @@ struct Case {
   int micro_batches;
   std::string schedule;
   bool recompute;
+  // A byte-level GPT on the fortunes text (docs/text.md) instead of the
+  // RevNet; with varying, every mini-batch draws its own sequence length.
+  bool gpt = false;
+  bool varying = false;
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << "J" << c.stages << "_M" << c.micro_batches << "_" << c.schedule
-      << (c.recompute ? "_recompute" : "");
+  *os << (c.gpt ? "gpt_" : "") << "J" << c.stages << "_M" << c.micro_batches << "_" << c.schedule
+      << (c.recompute ? "_recompute" : "") << (c.varying ? "_varying_length" : "");
+}
+
+std::string ModelAndData(const Case& c) {
+  if (!c.gpt) {
+    return R"(model: {name: revnet, depth: 18, width: 4, blocks: [1, 1, 1, 1]}
+data: {dataset: synthetic, train_size: 128, test_size: 32, shape: [3, 8, 8], classes: 4}
+)";
+  }
+  return absl::StrCat(R"(model: {name: gpt, depth: 3, width: 16, heads: 2}
+data: {dataset: fortunes, sequence_length: 24, train_size: 128, limit_test: 6)",
+                      c.varying ? ", min_sequence_length: 8" : "", "}\n");
 }
 
 std::string JobYaml(const Case& c) {
   return absl::StrCat(R"(name: oracle
 seed: 5
-model: {name: revnet, depth: 18, width: 4, blocks: [1, 1, 1, 1]}
-data: {dataset: synthetic, train_size: 128, test_size: 32, shape: [3, 8, 8], classes: 4}
-algorithm: {name: backprop, micro_batches: )",
+)",
+                      ModelAndData(c), R"(algorithm: {name: backprop, micro_batches: )",
                       c.micro_batches, ", schedule: ", c.schedule,
                       ", recompute: ", c.recompute ? "true" : "false", R"(}
 stages: )",
@@ -68,7 +83,7 @@ std::map<std::string, torch::Tensor> Reference(const JobSpec& spec, int micro_ba
     auto xs = b.x.split_with_sizes(sizes);
     auto ys = b.y.split_with_sizes(sizes);
     for (int m = 0; m < micro_batches; ++m) {
-      torch::Tensor loss = torch::cross_entropy_loss(t.model().forward(xs[m]), ys[m]) *
+      torch::Tensor loss = models::CrossEntropy(t.model().forward(xs[m]), ys[m]) *
                            (static_cast<double>(sizes[m]) / B);
       loss.backward();
     }
@@ -123,7 +138,11 @@ INSTANTIATE_TEST_SUITE_P(Stages, BackpropOracle,
                          ::testing::Values(Case{1, 1, "gpipe", false}, Case{1, 4, "gpipe", false},
                                            Case{2, 1, "gpipe", false}, Case{2, 4, "gpipe", false},
                                            Case{3, 1, "gpipe", false}, Case{3, 4, "gpipe", false},
-                                           Case{3, 4, "1f1b", false}, Case{2, 4, "gpipe", true}),
+                                           Case{3, 4, "1f1b", false}, Case{2, 4, "gpipe", true},
+                                           Case{2, 1, "gpipe", false, true},
+                                           Case{3, 1, "gpipe", false, true},
+                                           Case{3, 4, "1f1b", false, true, true},
+                                           Case{2, 4, "gpipe", true, true, true}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            std::ostringstream os;
                            PrintTo(info.param, &os);

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/models/aux_head.h"
 #include "services/models/batch_norm.h"
+#include "services/models/loss.h"
 #include "services/training/optimizer.h"
 #include "services/training/reference_trainer.h"
 #include "tests/integration/cluster.h"
@@ -48,7 +49,7 @@ std::map<std::string, torch::Tensor> Reference(const JobSpec& spec, int64_t n, b
   const Simulation sim = StartSimulation(spec);
   const int64_t per_epoch = sim.per_epoch;
   const int J = sim.stages();
-  const int64_t classes = sim.plan.back().out_shape[0];
+  const int64_t classes = sim.plan.back().out_shape.back();  // [classes] or [T, 256]
   const double base = training::BaseLearningRate(spec.optimizer, spec.batch_size);
   std::vector<std::shared_ptr<models::Model>> F(J);
   std::vector<models::AuxHead> head(J, models::AuxHead{nullptr});
@@ -58,14 +59,15 @@ std::map<std::string, torch::Tensor> Reference(const JobSpec& spec, int64_t n, b
     opt[j] = training::MakeOptimizer(spec.optimizer, *F[j]);
     if (j < J - 1) {
       const auto& last = F[j]->blocks().back()->info();
-      head[j] = *models::MakeAuxHead(*ParseAuxHeadSpec("conv:8,8"), last.out_shape, classes,
-                                     models::AuxHeadSeed(spec.seed, last.index));
+      head[j] =
+          *models::MakeAuxHead(*ParseAuxHeadSpec(spec.algorithm.get_if<NwiseOptions>()->aux_head),
+                               last.out_shape, classes, models::AuxHeadSeed(spec.seed, last.index));
       head[j]->train();
       head_opt[j] = training::MakeOptimizer(spec.optimizer, *head[j]);
     }
   }
   auto loss_of = [&](int m, const torch::Tensor& h, const torch::Tensor& y) {
-    return torch::cross_entropy_loss(m == J - 1 ? h : head[m]->forward(h), y);
+    return models::CrossEntropy(m == J - 1 ? h : head[m]->forward(h), y);
   };
   for (int64_t t = 0; t < spec.steps; ++t) {
     data::Batch b = sim.Batch(t);
@@ -130,6 +132,45 @@ TEST(NwiseOracle, NEqualsJIsBackprop) {
   for (int j = 0; j < 3; ++j) {
     EXPECT_FALSE(got.status.summary().count(absl::StrCat("stage", j, ".aux_head_parameters")));
   }
+}
+
+// The same on the byte-level GPT (docs/text.md): the per-module language-model
+// heads exist only for n < J, so n = J is end-to-end backprop.
+TEST(NwiseOracle, NEqualsJIsBackpropOnTheGpt) {
+  const std::string yaml = R"(name: nwise-gpt-oracle
+seed: 11
+model: {name: gpt, depth: 2, width: 16, heads: 2}
+data: {dataset: fortunes, sequence_length: 16, train_size: 128, limit_test: 4}
+algorithm: {name: nwise, n: 3, aux_head: linear}
+stages: {count: 3, partition: even}
+optimizer: {name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 1.0e-4}
+batch_size: 16
+steps: 6
+eval: {every_epochs: 0, at_end: false}
+)";
+  ExpectClose(RunJob(yaml, 3).tensors, ReferenceTensors(yaml));
+}
+
+// 2-wise on the GPT: the paper's auxiliary networks for language modelling
+// are per-module language-model heads (a LayerNorm and a projection to the
+// 256 byte values at every position).
+TEST(NwiseOracle, TwoWiseOnTheGptEqualsTheReferenceOfTheRule) {
+  const std::string yaml = R"(name: nwise-gpt-oracle
+seed: 11
+model: {name: gpt, depth: 2, width: 16, heads: 2}
+data: {dataset: fortunes, sequence_length: 16, train_size: 128, limit_test: 4}
+algorithm: {name: nwise, n: 2, aux_head: linear}
+stages: {count: 4, partition: even}
+optimizer: {name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 1.0e-4}
+batch_size: 16
+steps: 6
+eval: {every_epochs: 0, at_end: false}
+)";
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  Outcome got = RunJob(yaml, 4);
+  ExpectClose(got.tensors, Reference(*spec, 2, false));
+  EXPECT_GT(got.status.summary().at("stage1.aux_head_parameters"), 0);
 }
 
 TEST(NwiseOracle, NEqualsJWithMicroBatchesIsBackpropWithMicroBatches) {

@@ -43,6 +43,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/models/aux_net.h"
 #include "services/models/batch_norm.h"
+#include "services/models/loss.h"
 #include "services/tensor/codec.h"
 #include "worker/algorithms/auxnet_math.h"
 #include "worker/algorithms/common.h"
@@ -234,7 +235,7 @@ class AuxNetAlgorithm : public Algorithm {
       STAGEWISE_RETURN_IF_ERROR(CheckOutputShape("lambda", target.sizes(), out.sizes()));
     }
     torch::Tensor loss =
-        ctx.last() ? torch::cross_entropy_loss(out, labels)
+        ctx.last() ? models::CrossEntropy(out, labels)
                    : beta * (relative_ ? RelativePenalty(out, target) : Penalty(out, target));
     const auto t3 = std::chrono::steady_clock::now();
     penalty_time_.Add(std::chrono::duration<double>(t3 - t2).count());
@@ -307,7 +308,7 @@ class AuxNetAlgorithm : public Algorithm {
       STAGEWISE_RETURN_IF_ERROR(SendAux(ctx, true, t, kSerial, serial_out, nullptr));
     }
     if (serial && ctx.last()) {
-      serial_loss_ = torch::cross_entropy_loss(serial_out, labels).item<double>();
+      serial_loss_ = models::CrossEntropy(serial_out, labels).item<double>();
       have_serial_ = true;
       ctx.stage_metrics().SetValue("serial_loss", serial_loss_);
       ctx.Summarize("serial_train_loss", serial_loss_);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "services/models/batch_norm.h"
+#include "services/models/loss.h"
 #include "services/models/modal_pass.h"
 #include "worker/algorithms/common.h"
 #include "worker/algorithms/schedule.h"
@@ -117,7 +118,7 @@ class Backprop : public Algorithm {
       // accumulated gradient is the mini-batch mean.
       torch::Tensor logits = ctx.model().forward(input);
       const double weight = static_cast<double>(labels.size(0)) / static_cast<double>(batch_size_);
-      torch::Tensor loss = torch::cross_entropy_loss(logits, labels) * weight;
+      torch::Tensor loss = models::CrossEntropy(logits, labels) * weight;
       TimeCompute(ctx, "forward", step, m, t0);
       const auto t1 = std::chrono::steady_clock::now();
       loss.backward();
@@ -190,7 +191,7 @@ class Backprop : public Algorithm {
     const auto t1 = std::chrono::steady_clock::now();
     torch::Tensor logits = f.pass->output().requires_grad_(true);
     const double weight = static_cast<double>(labels.size(0)) / static_cast<double>(batch_size_);
-    torch::Tensor loss = torch::cross_entropy_loss(logits, labels) * weight;
+    torch::Tensor loss = models::CrossEntropy(logits, labels) * weight;
     loss.backward();
     loss_ += loss.item<double>();
     torch::Tensor grad_in = f.pass->Backward(logits.grad());

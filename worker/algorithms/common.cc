@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/models/batch_norm.h"
+#include "services/models/loss.h"
 #include "services/models/memory_meter.h"
 #include "services/tensor/codec.h"
 #include "services/training/optimizer.h"
@@ -158,7 +159,7 @@ double LossBackward(StageContext& ctx, int64_t step, const ForwardInput& in) {
   const auto t0 = std::chrono::steady_clock::now();
   torch::Tensor x = in.x;
   if (!ctx.first()) x.requires_grad_(true);
-  torch::Tensor loss = torch::cross_entropy_loss(ctx.model().forward(x), in.labels);
+  torch::Tensor loss = models::CrossEntropy(ctx.model().forward(x), in.labels);
   const auto t1 = std::chrono::steady_clock::now();
   loss.backward();
   const auto t2 = std::chrono::steady_clock::now();
@@ -359,9 +360,9 @@ absl::Status RunEvaluation(StageContext& ctx, int64_t steps_done) {
   double loss_sum = 0;
   int64_t correct = 0, samples = 0;
   auto score = [&](const torch::Tensor& logits, const torch::Tensor& y) {
-    loss_sum += torch::cross_entropy_loss(logits, y, {}, at::Reduction::Sum).item<double>();
-    correct += logits.argmax(1).eq(y).sum().item<int64_t>();
-    samples += y.size(0);
+    loss_sum += models::CrossEntropy(logits, y, /*sum=*/true).item<double>();
+    correct += models::CountCorrect(logits, y);
+    samples += y.numel();  // targets: samples, or bytes of text
   };
   absl::Status status;
   if (ctx.first()) {

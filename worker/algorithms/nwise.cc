@@ -33,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "services/models/aux_head.h"
+#include "services/models/loss.h"
 #include "worker/algorithms/common.h"
 #include "worker/algorithms/schedule.h"
 
@@ -101,7 +102,7 @@ class Nwise : public Algorithm {
     if (!ctx.last() && local_used(j_)) {
       STAGEWISE_ASSIGN_OR_RETURN(auto spec, ParseAuxHeadSpec(aux_head_));
       STAGEWISE_ASSIGN_OR_RETURN(auto plan, models::PlanModel(ctx.spec().model));
-      const int64_t classes = plan.back().out_shape.at(0);
+      const int64_t classes = plan.back().out_shape.back();  // [classes] or [T, 256]
       const auto& last_block = ctx.model().blocks().back()->info();
       STAGEWISE_ASSIGN_OR_RETURN(
           head_, models::MakeAuxHead(spec, last_block.out_shape, classes,
@@ -200,7 +201,7 @@ class Nwise : public Algorithm {
         const auto t0 = std::chrono::steady_clock::now();
         const double scale = static_cast<double>(labels[mb].size(0)) / static_cast<double>(B);
         torch::Tensor logits = ctx.last() ? outs[mb] : head_->forward(outs[mb]);
-        torch::Tensor loss = torch::cross_entropy_loss(logits, labels[mb]) * scale;
+        torch::Tensor loss = models::CrossEntropy(logits, labels[mb]) * scale;
         loss_sum += loss.item<double>();
         const bool send = travels(j_);
         torch::Tensor gx = Vjp(loss, torch::ones_like(loss), xs[mb], main_weight,

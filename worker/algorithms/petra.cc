@@ -90,7 +90,7 @@ class Petra : public Algorithm {
   struct InFlight {
     std::vector<torch::Tensor> inputs;  // per block: stored input (non-reversible only)
     int64_t updates_at_forward = 0;     // optimizer steps done when it went forward
-    int64_t batch = 0;
+    std::vector<int64_t> out_shape;     // what went forward: the shape x and grad come back in
   };
 
   // One backward pass done: Delta_j += grad / k was accumulated in .grad (the
@@ -148,7 +148,6 @@ class Petra : public Algorithm {
     torch::Tensor x = in.x;
     InFlight& f = inflight_[t];
     f.updates_at_forward = updates_;
-    f.batch = x.size(0);
     f.inputs.resize(blocks_.size());
     std::vector<torch::Tensor> seen;
     torch::Tensor h = x;
@@ -162,6 +161,7 @@ class Petra : public Algorithm {
       }
     }
     if (verify_) verify_inputs_[t] = std::move(seen);
+    f.out_shape = h.sizes().vec();
     TimeCompute(ctx, "forward", t, 0, t0);
     ReportBuffers(ctx);
     return SendForward(ctx, t, 0, h, in.labels, std::move(in.labels_proto));
@@ -176,11 +176,10 @@ class Petra : public Algorithm {
     }
     InFlight f = std::move(it->second);
     inflight_.erase(it);
-    // Both tensors must have the stage's output shape.
-    std::vector<int64_t> want = blocks_.back()->info().out_shape;
-    want.insert(want.begin(), f.batch);
-    STAGEWISE_RETURN_IF_ERROR(CheckOutputShape("x", h.sizes(), want));
-    STAGEWISE_RETURN_IF_ERROR(CheckOutputShape("grad", g.sizes(), want));
+    // Both tensors must have the shape this stage sent (micro-batches of
+    // text may differ in length, so not the plan's).
+    STAGEWISE_RETURN_IF_ERROR(CheckOutputShape("x", h.sizes(), f.out_shape));
+    STAGEWISE_RETURN_IF_ERROR(CheckOutputShape("grad", g.sizes(), f.out_shape));
     const int64_t samples = g.size(0);
     double rebuild_time = 0, backward_time = 0;
     const auto start = std::chrono::steady_clock::now();
