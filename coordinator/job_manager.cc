@@ -1,6 +1,7 @@
 #include "coordinator/job_manager.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 
@@ -434,6 +435,10 @@ void JobManager::OnMetrics(const std::string& job_id, int stage, const v1::Metri
       metrics_->SetJobProgress(job_id, p.step, st.train_loss(), st.samples_per_second());
     } else if (p.name == "eval_accuracy") {
       metrics_->SetJobEval(job_id, st.eval_loss(), st.eval_accuracy());
+    }
+    if (st.tokens_per_sample() > 0 && (p.name == "train_loss" || p.name == "eval_accuracy")) {
+      metrics_->SetJobText(job_id, st.samples_per_second() * st.tokens_per_sample(),
+                           p.name == "eval_accuracy" ? st.eval_loss() / std::log(2.0) : -1);
     }
   }
   UpdateProgress(job, "", std::move(points));

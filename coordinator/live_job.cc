@@ -41,6 +41,13 @@ v1::JobStatus InitialStatus(const Submission& submission, const std::string& own
   st.set_owner(owner);
   st.set_state(v1::PENDING);
   st.set_algorithm(spec.algorithm.name());
+  if (IsText(spec.data.dataset)) {
+    const DataSpec& d = spec.data;
+    st.set_tokens_per_sample(
+        d.min_sequence_length > 0
+            ? 0.5 * static_cast<double>(d.min_sequence_length + d.sequence_length)
+            : static_cast<double>(d.sequence_length));
+  }
   const std::vector<PhaseSpec> phases = Phases(spec);
   st.set_num_phases(static_cast<int>(phases.size()));
   st.set_phase(0);

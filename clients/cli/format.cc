@@ -85,9 +85,19 @@ std::string ResultTable(const JobSpec& spec, const training::TrainResult& r) {
   row("steps", absl::StrFormat("%d (%.2f epochs)", r.steps, r.epochs));
   row("train loss", absl::StrFormat("%.4f", r.train_loss));
   row("test loss", absl::StrFormat("%.4f", r.test.loss));
-  row("test accuracy", absl::StrFormat("%.2f%%", 100.0 * r.test.accuracy));
+  if (IsText(spec.data.dataset)) {
+    // A byte-level language model: loss in nats per byte.
+    row("bits per byte", absl::StrFormat("%.4f (train %.4f)", r.test.loss / std::log(2.0),
+                                         r.train_loss / std::log(2.0)));
+    row("byte accuracy", absl::StrFormat("%.2f%%", 100.0 * r.test.accuracy));
+  } else {
+    row("test accuracy", absl::StrFormat("%.2f%%", 100.0 * r.test.accuracy));
+  }
   row("train time", HumanDuration(r.seconds));
-  row("throughput", absl::StrFormat("%.0f samples/s", r.samples_per_second));
+  row("throughput", r.tokens_per_second > 0
+                        ? absl::StrFormat("%.0f samples/s, %.0f tokens/s", r.samples_per_second,
+                                          r.tokens_per_second)
+                        : absl::StrFormat("%.0f samples/s", r.samples_per_second));
   if (!r.last_checkpoint.empty()) row("checkpoint", r.last_checkpoint);
   return out;
 }
@@ -102,10 +112,12 @@ std::string ResultJson(const JobSpec& spec, const training::TrainResult& r) {
   return absl::StrFormat(
       R"({"job":"%s","model":"%s","parameters":%d,"steps":%d,"epochs":%.4f,"train_loss":%.6f,)"
       R"("test_loss":%.6f,"test_accuracy":%.6f,"train_seconds":%.3f,"samples_per_second":%.2f,)"
-      R"("checkpoint":"%s","evals":[%s]})",
+      R"("tokens_per_second":%.2f,"test_bits_per_byte":%s,"checkpoint":"%s","evals":[%s]})",
       JsonEscape(spec.name), JsonEscape(std::string(NameOf(spec.model.name))), r.num_parameters,
       r.steps, r.epochs, r.train_loss, r.test.loss, r.test.accuracy, r.seconds,
-      r.samples_per_second, JsonEscape(r.last_checkpoint), evals);
+      r.samples_per_second, r.tokens_per_second,
+      IsText(spec.data.dataset) ? absl::StrFormat("%.6f", r.test.loss / std::log(2.0)) : "null",
+      JsonEscape(r.last_checkpoint), evals);
 }
 
 }  // namespace stagewise::cli

@@ -123,9 +123,16 @@ std::string JobProgressText(const v1::JobStatus& s, std::optional<double> eta_se
     absl::StrAppend(&line, "  phase ", s.phase() + 1, "/", s.num_phases(), " ", s.phase_name());
   }
   if (s.step() > 0) absl::StrAppend(&line, "  loss ", Loss(s.train_loss()));
-  if (HasEval(s))
+  const bool text = s.tokens_per_sample() > 0;  // losses in nats per byte
+  if (HasEval(s) && text) {
+    absl::StrAppend(&line, absl::StrFormat("  eval %.3f bits/byte", s.eval_loss() / std::log(2.0)));
+  } else if (HasEval(s)) {
     absl::StrAppend(&line, absl::StrFormat("  eval %.2f%%", 100.0 * s.eval_accuracy()));
-  if (s.samples_per_second() > 0) {
+  }
+  if (s.samples_per_second() > 0 && text) {
+    absl::StrAppend(
+        &line, absl::StrFormat("  %.0f tokens/s", s.samples_per_second() * s.tokens_per_sample()));
+  } else if (s.samples_per_second() > 0) {
     absl::StrAppend(&line, absl::StrFormat("  %.0f samples/s", s.samples_per_second()));
   }
   if (eta_seconds.has_value()) absl::StrAppend(&line, "  ETA ", HumanDuration(*eta_seconds));
@@ -180,9 +187,21 @@ std::string JobTable(const v1::JobStatus& s, absl::TimeZone tz) {
   row("steps", absl::StrCat(StepOfTotal(s), " (epoch ", s.epoch(), ")"));
   row("train loss", s.step() > 0 ? Loss(s.train_loss()) : "-");
   row("eval loss", HasEval(s) ? Loss(s.eval_loss()) : "-");
-  row("eval accuracy", HasEval(s) ? absl::StrFormat("%.2f%%", 100.0 * s.eval_accuracy()) : "-");
-  row("throughput",
-      s.samples_per_second() > 0 ? absl::StrFormat("%.0f samples/s", s.samples_per_second()) : "-");
+  const bool text = s.tokens_per_sample() > 0;
+  if (text) {
+    row("bits per byte", HasEval(s) ? absl::StrFormat("%.4f", s.eval_loss() / std::log(2.0)) : "-");
+  }
+  row(text ? "byte accuracy" : "eval accuracy",
+      HasEval(s) ? absl::StrFormat("%.2f%%", 100.0 * s.eval_accuracy()) : "-");
+  std::string throughput = "-";
+  if (s.samples_per_second() > 0) {
+    throughput = absl::StrFormat("%.0f samples/s", s.samples_per_second());
+    if (text) {
+      absl::StrAppend(&throughput, absl::StrFormat(", %.0f tokens/s",
+                                                   s.samples_per_second() * s.tokens_per_sample()));
+    }
+  }
+  row("throughput", throughput);
   const std::optional<double> seconds = JobSeconds(s);
   row("time", seconds.has_value() ? HumanDuration(*seconds) : "-");
   // Per-stage results ("stage<j>.<name>"), one line per stage, names sorted.
@@ -220,7 +239,11 @@ std::string JobJson(const v1::JobStatus& s) {
       ",\"epoch\":", s.epoch(), ",\"train_loss\":", JsonNumber(s.train_loss()),
       ",\"eval_loss\":", HasEval(s) ? JsonNumber(s.eval_loss()) : "null",
       ",\"eval_accuracy\":", HasEval(s) ? JsonNumber(s.eval_accuracy()) : "null",
-      ",\"samples_per_second\":", JsonNumber(s.samples_per_second()),
+      ",\"samples_per_second\":", JsonNumber(s.samples_per_second()), ",\"tokens_per_second\":",
+      s.tokens_per_sample() > 0 ? JsonNumber(s.samples_per_second() * s.tokens_per_sample())
+                                : "null",
+      ",\"eval_bits_per_byte\":",
+      s.tokens_per_sample() > 0 && HasEval(s) ? JsonNumber(s.eval_loss() / std::log(2.0)) : "null",
       ",\"seconds\":", seconds.has_value() ? JsonNumber(*seconds) : "null",
       ",\"created_unix_ms\":", s.created_unix_ms(), ",\"updated_unix_ms\":", s.updated_unix_ms(),
       ",\"attempt\":", s.attempt(), ",\"last_checkpoint_step\":",

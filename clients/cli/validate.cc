@@ -5,6 +5,7 @@
 #include "absl/strings/str_join.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/format.h"
+#include "clients/cli/job_format.h"
 #include "clients/cli/script_job.h"
 #include "services/models/model.h"
 #include "services/models/plan.h"
@@ -52,10 +53,10 @@ int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err) {
   out << absl::StrFormat("job %s is valid: %s on %s, algorithm %s, %d stage(s)\n", spec->name,
                          NameOf(spec->model.name), NameOf(spec->data.dataset),
                          spec->algorithm.name(), ranges->size());
-  out << absl::StrFormat("%-6s %-6s %-11s %-4s %-16s %-16s\n", "block", "stage", "kind", "rev",
+  out << absl::StrFormat("%-6s %-6s %-16s %-4s %-16s %-16s\n", "block", "stage", "kind", "rev",
                          "input", "output");
   for (const auto& b : *plan) {
-    out << absl::StrFormat("%-6d %-6d %-11s %-4s %-16s %-16s\n", b.index, stage_of(b.index), b.kind,
+    out << absl::StrFormat("%-6d %-6d %-16s %-4s %-16s %-16s\n", b.index, stage_of(b.index), b.kind,
                            b.reversible ? "yes" : "no", ShapeString(b.in_shape),
                            ShapeString(b.out_shape));
   }
@@ -70,6 +71,28 @@ int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err) {
   out << "partition: " << NameOf(spec->stages.partition) << "; estimated work per stage:";
   for (double w : work) out << absl::StrFormat(" %.1f%%", total > 0 ? 100 * w / total : 0);
   out << "\n";
+  // Per stage: parameters, and the memory they take with their gradients and
+  // optimizer state; the block inputs one mini-batch brings (what backprop
+  // keeps at the least; `stagewise plan` profiles the graphs on top).
+  const double per_parameter = 4.0 * (2 + (spec->optimizer.name == OptimizerKind::kAdam ? 2
+                                           : spec->optimizer.momentum > 0               ? 1
+                                                                                        : 0));
+  out << absl::StrFormat("%-6s %-12s %-24s %-18s\n", "stage", "parameters",
+                         "weights+grads+optimizer", "inputs per batch");
+  for (size_t j = 0; j < ranges->size(); ++j) {
+    double parameters = 0, inputs = 0;
+    for (int b = (*ranges)[j].first; b < (*ranges)[j].second; ++b) {
+      parameters += models::EstimateParameters((*plan)[b]);
+      double values = static_cast<double>(spec->batch_size);
+      for (int64_t d : (*plan)[b].in_shape) values *= static_cast<double>(d);
+      // Byte sequences arrive as int64, activations as float32.
+      inputs += values * ((*plan)[b].kind == "embedding" ? 8 : 4);
+    }
+    out << absl::StrFormat("%-6d %-12s %-24s %-18s\n", j,
+                           HumanCount(static_cast<int64_t>(parameters)),
+                           HumanBytes(static_cast<int64_t>(parameters * per_parameter)),
+                           HumanBytes(static_cast<int64_t>(inputs)));
+  }
   if (spec->stages.partition == Partition::kAuto) {
     out << "partition: auto: the stage column shows the balanced estimate; the coordinator plans\n"
            "the real one from a worker's profile (see it with `stagewise plan`)\n";

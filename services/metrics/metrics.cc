@@ -308,6 +308,15 @@ class CoordinatorFamilies {
                                 .Name("stagewise_job_samples_per_second")
                                 .Help("Training throughput of a job in samples per second.")
                                 .Register(registry)),
+        tokens_per_second_(prometheus::BuildGauge()
+                               .Name("stagewise_job_tokens_per_second")
+                               .Help("Training throughput of a text job in bytes predicted per "
+                                     "second.")
+                               .Register(registry)),
+        eval_bits_per_byte_(prometheus::BuildGauge()
+                                .Name("stagewise_job_eval_bits_per_byte")
+                                .Help("Latest evaluation loss of a text job in bits per byte.")
+                                .Register(registry)),
         step_(prometheus::BuildGauge()
                   .Name("stagewise_job_step")
                   .Help("Latest optimizer step of a job.")
@@ -377,6 +386,8 @@ class CoordinatorFamilies {
     registry.Remove(eval_loss_);
     registry.Remove(eval_accuracy_);
     registry.Remove(samples_per_second_);
+    registry.Remove(tokens_per_second_);
+    registry.Remove(eval_bits_per_byte_);
     registry.Remove(step_);
     registry.Remove(jobs_);
     registry.Remove(workers_);
@@ -404,6 +415,15 @@ class CoordinatorFamilies {
     Get(eval_accuracy_, job, gauges.eval_accuracy)->Set(accuracy);
   }
 
+  void SetJobText(const std::string& job, double tokens_per_second, double eval_bits_per_byte) {
+    absl::MutexLock lock(&mu_);
+    JobGauges& gauges = job_gauges_[job];
+    Get(tokens_per_second_, job, gauges.tokens_per_second)->Set(tokens_per_second);
+    if (eval_bits_per_byte >= 0) {
+      Get(eval_bits_per_byte_, job, gauges.eval_bits_per_byte)->Set(eval_bits_per_byte);
+    }
+  }
+
   void RemoveJob(const std::string& job) {
     absl::MutexLock lock(&mu_);
     auto it = job_gauges_.find(job);
@@ -416,6 +436,10 @@ class CoordinatorFamilies {
       samples_per_second_.Remove(gauges.samples_per_second);
     }
     if (gauges.step != nullptr) step_.Remove(gauges.step);
+    if (gauges.tokens_per_second != nullptr) tokens_per_second_.Remove(gauges.tokens_per_second);
+    if (gauges.eval_bits_per_byte != nullptr) {
+      eval_bits_per_byte_.Remove(gauges.eval_bits_per_byte);
+    }
     job_gauges_.erase(it);
   }
 
@@ -448,6 +472,8 @@ class CoordinatorFamilies {
     Gauge* eval_accuracy = nullptr;
     Gauge* samples_per_second = nullptr;
     Gauge* step = nullptr;
+    Gauge* tokens_per_second = nullptr;
+    Gauge* eval_bits_per_byte = nullptr;
   };
 
   static Gauge* Get(Family<Gauge>& family, const std::string& job, Gauge*& slot) {
@@ -459,6 +485,8 @@ class CoordinatorFamilies {
   Family<Gauge>& eval_loss_;
   Family<Gauge>& eval_accuracy_;
   Family<Gauge>& samples_per_second_;
+  Family<Gauge>& tokens_per_second_;
+  Family<Gauge>& eval_bits_per_byte_;
   Family<Gauge>& step_;
   Family<Gauge>& jobs_;
   Family<Gauge>& workers_;
@@ -722,6 +750,12 @@ void CoordinatorMetrics::SetJobProgress(const std::string& job, int64_t step, do
 void CoordinatorMetrics::SetJobEval(const std::string& job, double loss, double accuracy) {
   if (impl_->labels.mode == JobLabels::Mode::kOmitted) return;
   impl_->families->SetJobEval(impl_->labels.Of(job), loss, accuracy);
+}
+
+void CoordinatorMetrics::SetJobText(const std::string& job, double tokens_per_second,
+                                    double eval_bits_per_byte) {
+  if (impl_->labels.mode == JobLabels::Mode::kOmitted) return;
+  impl_->families->SetJobText(impl_->labels.Of(job), tokens_per_second, eval_bits_per_byte);
 }
 
 void CoordinatorMetrics::SetJobsInState(const std::string& state, int64_t count) {

@@ -104,6 +104,8 @@ absl::StatusOr<JobLabels> MakeJobLabels(const std::string& mode, const std::stri
 // families and series; must not outlive the registry):
 //   stagewise_job_train_loss{job}, stagewise_job_eval_loss{job}, stagewise_job_eval_accuracy{job}
 //   stagewise_job_samples_per_second{job}, stagewise_job_step{job}       gauges
+//   stagewise_job_tokens_per_second{job}, stagewise_job_eval_bits_per_byte{job}
+//                                                   gauges, text jobs only (docs/text.md)
 //   stagewise_coordinator_jobs{state}                                      gauge per state
 //   stagewise_coordinator_workers{state}                                   gauge: idle | busy
 //   stagewise_coordinator_job_transitions_total{to}                        counter
@@ -116,6 +118,9 @@ class CoordinatorMetrics {
   void SetJobProgress(const std::string& job, int64_t step, double train_loss,
                       double samples_per_second);
   void SetJobEval(const std::string& job, double loss, double accuracy);
+  // A text job's throughput in bytes predicted per second, and (when >= 0)
+  // its latest evaluation loss in bits per byte.
+  void SetJobText(const std::string& job, double tokens_per_second, double eval_bits_per_byte);
   void SetJobsInState(const std::string& state, int64_t count);
   void SetWorkers(int64_t idle, int64_t busy);
   void CountTransition(const std::string& to_state);

@@ -15,6 +15,24 @@ constexpr int kMaxHeads = 256;
 constexpr int kMaxTextDepth = 1024;
 constexpr int64_t kMaxTextTrainSize = 10'000'000;
 
+absl::Status AlgorithmFitsText(const AlgorithmSpec& algorithm, ModelKind model) {
+  const auto* nwise = algorithm.get_if<NwiseOptions>();
+  if (nwise != nullptr && nwise->aux_head != "linear") {
+    return KeyError("algorithm.aux_head",
+                    absl::StrCat("'", nwise->aux_head, "' is an image head; ", NameOf(model),
+                                 " takes `linear`: a language-model head per module (a LayerNorm "
+                                 "and a projection to the 256 byte values)"));
+  }
+  if (algorithm.kind() == AlgorithmKind::kAuxNet) {
+    return KeyError("algorithm",
+                    absl::StrCat("auxnet does not carry over to ", NameOf(model),
+                                 ": its auxiliary networks are convolutional image models that "
+                                 "learn a stage's input from the previous stage's feature maps "
+                                 "(use nwise, petra, delayed or backprop)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateTextModel(const ModelSpec& model) {
@@ -77,14 +95,10 @@ absl::Status ValidateModelFitsData(const JobSpec& spec) {
                                  " is text: use gpt or reformer, not ", NameOf(spec.model.name)));
   }
   if (!text_model) return absl::OkStatus();
-  for (const PhaseSpec& phase : Phases(spec)) {
-    if (phase.algorithm.kind() == AlgorithmKind::kAuxNet) {
-      return KeyError("algorithm",
-                      absl::StrCat("auxnet does not carry over to ", NameOf(spec.model.name),
-                                   ": its auxiliary networks are convolutional image models "
-                                   "that learn a stage's input from the previous stage's "
-                                   "feature maps (use nwise, petra, delayed or backprop)"));
-    }
+  const std::vector<PhaseSpec> phases = Phases(spec);
+  for (size_t i = 0; i < phases.size(); ++i) {
+    absl::Status status = AlgorithmFitsText(phases[i].algorithm, spec.model.name);
+    if (!status.ok()) return spec.phases.empty() ? status : InPhase(i, status);
   }
   return absl::OkStatus();
 }

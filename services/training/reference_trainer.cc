@@ -225,6 +225,7 @@ absl::StatusOr<TrainResult> ReferenceTrainer::Run(const TrainOptions& options) {
   auto window_start = start;
   double window_loss = 0;
   int64_t window_steps = 0;
+  int64_t tokens = 0;  // text: targets trained on
   const int64_t first_step = step_;
   try {
     auto evaluate = [&]() {
@@ -238,6 +239,7 @@ absl::StatusOr<TrainResult> ReferenceTrainer::Run(const TrainOptions& options) {
       const double lr = LearningRateAt(spec_.schedule, base_lr_, step_, per_epoch, total_steps_);
       data::Batch batch = train_->Get(step_ / per_epoch, step_ % per_epoch);
       const double loss = Step(batch, lr);
+      if (batch.y.dim() == 2) tokens += batch.y.numel();
       if (!std::isfinite(loss)) {
         return absl::AbortedError(absl::StrCat("training diverged: loss is ", loss, " at step ",
                                                step_, " (lower optimizer.lr?)"));
@@ -286,6 +288,7 @@ absl::StatusOr<TrainResult> ReferenceTrainer::Run(const TrainOptions& options) {
   const int64_t done = step_ - first_step;
   result.samples_per_second =
       result.seconds > 0 ? static_cast<double>(done * spec_.batch_size) / result.seconds : 0;
+  result.tokens_per_second = result.seconds > 0 ? static_cast<double>(tokens) / result.seconds : 0;
   return result;
 }
 

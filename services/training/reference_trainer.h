@@ -45,6 +45,8 @@ struct TrainResult {
   std::vector<EvalResult> evals;
   double seconds = 0;  // training time, evaluation excluded
   double samples_per_second = 0;
+  // Text jobs: bytes predicted per second of training (0 for images).
+  double tokens_per_second = 0;
   int64_t num_parameters = 0;
   std::string last_checkpoint;
 };

@@ -226,5 +226,14 @@ TEST_P(DelayedTrajectory, EqualsTheSingleProcessSimulation) {
 
 INSTANTIATE_TEST_SUITE_P(Weights, DelayedTrajectory, ::testing::Values("stash", "current"));
 
+// The same on the byte-level GPT: with lr = 0 the delayed pipeline computes
+// backprop's gradients for sequences of bytes too.
+TEST(DelayedOracle, ZeroLearningRateGivesBackpropGradientsOnTheGpt) {
+  const testing::MomentumOutcome run =
+      testing::RunMomentumOracle(testing::GptJobYaml(2, "delayed", 0.0, 5), 2);
+  ASSERT_EQ(run.status.state(), v1::SUCCEEDED) << run.status.reason();
+  testing::ExpectClose(run.got, run.want);
+}
+
 }  // namespace
 }  // namespace stagewise

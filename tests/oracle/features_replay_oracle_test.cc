@@ -112,10 +112,7 @@ TEST(FeaturesReplayOracle, OneStageEqualsBackprop) {
 // its mini-batch. SGD's momentum buffers sum them; stage j has seen
 // mini-batches 0 .. T-1-(J-1-j), so it is compared with the reference's
 // buffers after that many steps.
-TEST(FeaturesReplayOracle, ZeroLearningRateGivesBackpropGradients) {
-  const int J = 3;
-  const int64_t T = 6;
-  const std::string yaml = JobYaml(J, T, /*lr=*/0.0, /*weight_decay=*/0.0);
+void ExpectReplayedGradientsAreBackprops(const std::string& yaml, int J, int64_t T) {
   auto spec = ParseJobSpec(yaml);
   ASSERT_TRUE(spec.ok()) << spec.status();
   auto momentum = [](torch::optim::Optimizer& opt, const torch::Tensor& p) {
@@ -159,6 +156,15 @@ TEST(FeaturesReplayOracle, ZeroLearningRateGivesBackpropGradients) {
     EXPECT_EQ(st->summary().at(absl::StrCat("stage", j, ".peak_inputs")), J - j);
     EXPECT_EQ(st->summary().at(absl::StrCat("stage", j, ".staleness_steps")), J - 1 - j);
   }
+}
+
+TEST(FeaturesReplayOracle, ZeroLearningRateGivesBackpropGradients) {
+  ExpectReplayedGradientsAreBackprops(JobYaml(3, 6, /*lr=*/0.0, /*weight_decay=*/0.0), 3, 6);
+}
+
+// The same on the byte-level GPT (docs/text.md).
+TEST(FeaturesReplayOracle, ZeroLearningRateGivesBackpropGradientsOnTheGpt) {
+  ExpectReplayedGradientsAreBackprops(GptJobYaml(2, "features_replay", 0.0, 5), 2, 5);
 }
 
 TEST(FeaturesReplayOracle, EqualsTheLockStepSimulationOfAlgorithm1) {

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -122,6 +123,19 @@ inline MomentumOutcome RunMomentumOracle(const std::string& yaml, int workers) {
     }
   }
   return out;
+}
+
+// A small byte-level GPT job on the fortunes text (docs/text.md): 4 blocks
+// (embedding, 2 Transformer blocks, LM head) over `stages`, SGD with momentum
+// at `lr`, sequences of 16 bytes, batch 8.
+inline std::string GptJobYaml(int stages, const std::string& algorithm, double lr, int steps) {
+  std::ostringstream yaml;
+  yaml << "name: gpt-oracle\nseed: 7\nmodel: {name: gpt, depth: 2, width: 16, heads: 2}\n"
+       << "data: {dataset: fortunes, sequence_length: 16, train_size: 64, limit_test: 4}\n"
+       << "algorithm: " << algorithm << "\nstages: {count: " << stages << ", partition: even}\n"
+       << "optimizer: {name: sgd, lr: " << lr << ", momentum: 0.9}\nbatch_size: 8\nsteps: " << steps
+       << "\neval: {every_epochs: 0, at_end: false}\n";
+  return yaml.str();
 }
 
 // $STAGEWISE_TEST_SEED, or a fresh random seed (the tests that draw their

@@ -67,6 +67,8 @@ INSTANTIATE_TEST_SUITE_P(
             "UTF-8"},
         Bad{"split", "{name: gpt, depth: 2}", "{dataset: fortunes, eval_split: train}", "",
             "data.eval_split", "validation"},
+        Bad{"nwise conv head", "{name: gpt, depth: 2}", "{dataset: fortunes}",
+            "{name: nwise, n: 2}", "algorithm.aux_head", "takes `linear`"},
         Bad{"auxnet", "{name: gpt, depth: 2}", "{dataset: fortunes}", "auxnet", "algorithm",
             "does not carry over"}),
     [](const ::testing::TestParamInfo<Bad>& info) {
