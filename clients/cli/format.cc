@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace stagewise::cli {
 
@@ -12,6 +13,10 @@ std::string HumanCount(int64_t n) {
   if (n >= 1000000) return absl::StrFormat("%.2fM", n / 1e6);
   if (n >= 1000) return absl::StrFormat("%.1fk", n / 1e3);
   return absl::StrCat(n);
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
 }
 
 std::string HumanDuration(double seconds) {

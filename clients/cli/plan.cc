@@ -134,7 +134,16 @@ int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
     out << "], \"plan\": " << planner::PlanJson(chosen.profile, *chosen.plan) << "}\n";
     return kExitOk;
   }
-  if (args.show_profile) out << planner::ProfileText(chosen.profile) << "\n";
+  if (args.show_profile) {
+    out << planner::ProfileText(chosen.profile) << "\n";
+    // What the blocks take and give, per sample (text: [T] bytes, then [T, width]).
+    out << "shapes per sample (input > output):";
+    for (const auto& b : job->blocks) {
+      out << (b.index % 4 == 0 ? "\n  " : "   ") << b.index << " " << ShapeText(b.in_shape) << " > "
+          << ShapeText(b.out_shape);
+    }
+    out << "\n\n";
+  }
   if (candidates.size() > 1) {
     out << "batch-size sweep (" << NameOf(chosen.plan->algorithm) << "):\n";
     out << absl::StrFormat("  %-6s %12s %12s %12s\n", "batch", "time/batch", "time/sample", "peak");

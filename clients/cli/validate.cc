@@ -12,14 +12,6 @@
 #include "services/spec/job_spec.h"
 
 namespace stagewise::cli {
-namespace {
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
-}
-
-}  // namespace
-
 int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err) {
   absl::StatusOr<JobFile> job = OpenJobFile(args.job_path, /*plan=*/true, args.sets);
   if (!job.ok()) {
@@ -42,8 +34,8 @@ int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err) {
       absl::StrAppend(
           &blocks,
           absl::StrFormat(R"({"index":%d,"kind":"%s","reversible":%s,"in":%s,"out":%s,"stage":%d})",
-                          b.index, b.kind, b.reversible ? "true" : "false", ShapeString(b.in_shape),
-                          ShapeString(b.out_shape), stage_of(b.index)));
+                          b.index, b.kind, b.reversible ? "true" : "false", ShapeText(b.in_shape),
+                          ShapeText(b.out_shape), stage_of(b.index)));
     }
     out << absl::StrFormat(R"({"job":"%s","algorithm":"%s","stages":%d,"blocks":[%s]})",
                            JsonEscape(spec->name), spec->algorithm.name(), ranges->size(), blocks)
@@ -57,8 +49,8 @@ int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err) {
                          "input", "output");
   for (const auto& b : *plan) {
     out << absl::StrFormat("%-6d %-6d %-16s %-4s %-16s %-16s\n", b.index, stage_of(b.index), b.kind,
-                           b.reversible ? "yes" : "no", ShapeString(b.in_shape),
-                           ShapeString(b.out_shape));
+                           b.reversible ? "yes" : "no", ShapeText(b.in_shape),
+                           ShapeText(b.out_shape));
   }
   // Each stage's share of the estimated work (models::EstimateBlockWork).
   double total = 0;

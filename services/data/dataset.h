@@ -81,9 +81,6 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path);
 // order); `test` of the result is spec.eval_split's part. Checks that every
 // part holds a sequence of data.sequence_length (errors name the key).
 absl::StatusOr<Datasets> MakeTextDatasets(const std::string& corpus, const DataSpec& spec);
-// Windows of a held-out split read at sequence length T: the full ones and,
-// when bytes are left over, one shorter last window.
-int64_t TextWindows(int64_t bytes, int64_t sequence_length);
 
 // Dispatches on spec.dataset, applies limit_train/limit_test.
 absl::StatusOr<Datasets> LoadDatasets(const DataSpec& spec, uint64_t seed);

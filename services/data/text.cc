@@ -110,11 +110,6 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
   return data;
 }
 
-int64_t TextWindows(int64_t bytes, int64_t sequence_length) {
-  if (bytes < 2 || sequence_length < 1) return 0;
-  return (bytes - 1) / sequence_length + ((bytes - 1) % sequence_length > 0 ? 1 : 0);
-}
-
 absl::StatusOr<Datasets> MakeTextDatasets(const std::string& corpus, const DataSpec& spec) {
   const auto total = static_cast<int64_t>(corpus.size());
   const int64_t train_end = total * 90 / 100;

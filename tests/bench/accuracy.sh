@@ -2,6 +2,7 @@
 # One accuracy measurement for docs/results.md: an example job with some of
 # its keys changed, run to the end, and one result line printed
 #   <label>  <test accuracy %>  <wall seconds>  <summary values...>
+# (text jobs: the byte accuracy, and bits_per_byte first among the values).
 # Distributed algorithms run on local worker processes (`stagewise local`);
 # `--reference` runs the job in one process with plain backpropagation
 # (`stagewise train-local`, the trainer the oracle tests hold pipelined
@@ -81,6 +82,9 @@ if acc is None:
 keep = ("relative_violation_end", "serial_gap_end", "serial_train_loss", "local_loss")
 extra = [f"{k}={v:.4g}" for k, v in sorted((r.get("summary") or {}).items())
          if k.split(".")[-1] in keep]
+bpb = r.get("test_bits_per_byte", r.get("eval_bits_per_byte"))  # text jobs (docs/text.md)
+if bpb is not None:
+    extra.insert(0, f"bits_per_byte={bpb:.4f}")
 if "train_loss" in r:  # train-local: the mean of the last logging window; local: the last reported loss
     extra.append(f"train_loss={r['train_loss']:.4g}")
 print(f"{label}\t{100 * acc:.2f}\t{float(end) - float(start):.0f}s\t{' '.join(extra)}")

@@ -5,6 +5,7 @@
 //   build/bin/stagewise_algorithm_bench --interlock [JOB.yaml|-] [steps] [stages]
 //   build/bin/stagewise_algorithm_bench --auxnet [JOB.yaml|-] [steps] [K...]
 //   build/bin/stagewise_algorithm_bench --planner [JOB.yaml|-] [steps] [stages]
+//   build/bin/stagewise_algorithm_bench --modes-sweep JOB.yaml STEPS STAGES CAP_MIB BATCH...
 // --interlock measures nwise's time per mini-batch for n in {1, 2, J} and
 // M in {1, 2, 4}, fits c(M) = c0 + c1/M of the paper's model T(A, M, N) to all
 // of them and prints measured against predicted.
@@ -299,6 +300,78 @@ int Planner(const std::string& base, int J) {
   return 0;
 }
 
+// --modes-sweep: the reversible-architectures framework's table (time per
+// iteration and per sample against the batch size for all-store, all-rebuild
+// and the knapsack under one memory cap), on `base` (a job without
+// batch_size, stages or algorithm): for every batch size it profiles, plans
+// the three modes, runs each once for `steps` steps with backprop over J
+// stages (even partition, 1 intra-op thread per stage) and prints planned and
+// measured peak memory (the larger stage) and time per mini-batch. A mode
+// whose planned peak exceeds the cap is marked: on a device it would not fit.
+int ModesSweep(const std::string& base, int64_t steps, int J, int64_t cap,
+               const std::vector<int64_t>& batches) {
+  namespace planner = stagewise::planner;
+  at::set_num_threads(1);
+  const std::string cache = absl::StrCat("/tmp/stagewise-bench-profiles-", getpid());
+  std::cout << absl::StrFormat(
+      "backprop over %d stages, memory cap %s per worker, %d steps per run\n"
+      "%6s %-9s %11s %11s %10s %10s %12s  %s\n",
+      J, planner::HumanBytes(cap), steps, "batch", "modes", "planned ms", "measured ms",
+      "ms/sample", "planned", "measured", "fits the cap");
+  for (int64_t batch : batches) {
+    const std::string job =
+        absl::StrCat(base, "batch_size: ", batch, "\nsteps: ", steps, "\nalgorithm: backprop\n");
+    auto spec =
+        stagewise::ParseJobSpec(absl::StrCat(job, "stages: {count: ", J, ", partition: even}\n"));
+    if (!spec.ok()) {
+      std::cerr << spec.status() << "\n";
+      return 2;
+    }
+    planner::ProfileOptions po;
+    po.cache_dir = cache;
+    po.repeats = 3;
+    auto profile = planner::CachedProfile(*spec, batch, torch::kCPU, po);
+    auto options = stagewise::testing::JobPlanOptions(*spec);
+    if (!profile.ok() || !options.ok()) {
+      std::cerr << (profile.ok() ? options.status() : profile.status()) << "\n";
+      return 1;
+    }
+    struct Mode {
+      const char* name;
+      stagewise::BlockModes modes;
+      std::string stages;
+    };
+    const Mode modes[] = {
+        {"store", stagewise::BlockModes::kStore, "modes: store"},
+        {"rebuild", stagewise::BlockModes::kRebuild, "modes: rebuild"},
+        {"knapsack", stagewise::BlockModes::kAuto, absl::StrCat("memory_budget: ", cap)}};
+    for (const Mode& m : modes) {
+      planner::PlanOptions o = *options;
+      o.modes = m.modes;
+      if (m.modes == stagewise::BlockModes::kAuto) o.memory_caps = {cap};
+      auto plan = planner::MakePlan(*profile, o);
+      if (!plan.ok()) {
+        std::cout << absl::StrFormat("%6d %-9s %s\n", batch, m.name, plan.status().message());
+        continue;
+      }
+      double planned = 0, measured = 0;
+      const Result r =
+          Run(absl::StrCat(job, "stages: {count: ", J, ", partition: even, ", m.stages, "}\n"), J);
+      for (int j = 0; j < J; ++j) {
+        planned = std::max(planned, static_cast<double>(plan->stages[j].estimate.peak_bytes));
+        measured = std::max(measured, r.summary.at(absl::StrCat("stage", j, ".peak_memory_bytes")));
+      }
+      std::cout << absl::StrFormat(
+          "%6d %-9s %11.1f %11.1f %10.2f %10s %12s  %s\n", batch, m.name,
+          1e3 * plan->predictions[0].seconds_per_batch, 1e3 * r.batch_seconds,
+          1e3 * r.batch_seconds / static_cast<double>(batch), Human(planned), Human(measured),
+          planned <= static_cast<double>(cap) ? "yes" : "no (would not fit)");
+      std::cout.flush();
+    }
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   const bool interlock = !args.empty() && args[0] == "--interlock";
@@ -307,6 +380,8 @@ int main(int argc, char** argv) {
   if (auxnet) args.erase(args.begin());
   const bool plan = !args.empty() && args[0] == "--planner";
   if (plan) args.erase(args.begin());
+  const bool sweep = !args.empty() && args[0] == "--modes-sweep";
+  if (sweep) args.erase(args.begin());
   std::string base = kDefaultJob;
   if (!args.empty() && args[0] != "-") {
     auto spec_text = std::ifstream(args[0]);
@@ -317,6 +392,16 @@ int main(int argc, char** argv) {
     base.assign(std::istreambuf_iterator<char>(spec_text), {});
   }
   const int64_t steps = args.size() > 1 ? std::stoll(args[1]) : 40;
+  if (sweep) {
+    // --modes-sweep JOB.yaml STEPS J CAP_MIB B1 B2 ...
+    if (args.size() < 5) {
+      std::cerr << "usage: --modes-sweep JOB.yaml STEPS STAGES CAP_MIB BATCH...\n";
+      return 2;
+    }
+    std::vector<int64_t> batches;
+    for (size_t i = 4; i < args.size(); ++i) batches.push_back(std::stoll(args[i]));
+    return ModesSweep(base, steps, std::stoi(args[2]), std::stoll(args[3]) << 20, batches);
+  }
   std::vector<int> stage_counts;
   for (size_t i = 2; i < args.size(); ++i) stage_counts.push_back(std::stoi(args[i]));
   if (stage_counts.empty()) stage_counts = interlock ? std::vector<int>{4} : std::vector<int>{2, 4};
