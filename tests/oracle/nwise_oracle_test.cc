@@ -137,17 +137,7 @@ TEST(NwiseOracle, NEqualsJIsBackprop) {
 // The same on the byte-level GPT (docs/text.md): the per-module language-model
 // heads exist only for n < J, so n = J is end-to-end backprop.
 TEST(NwiseOracle, NEqualsJIsBackpropOnTheGpt) {
-  const std::string yaml = R"(name: nwise-gpt-oracle
-seed: 11
-model: {name: gpt, depth: 2, width: 16, heads: 2}
-data: {dataset: fortunes, sequence_length: 16, train_size: 128, limit_test: 4}
-algorithm: {name: nwise, n: 3, aux_head: linear}
-stages: {count: 3, partition: even}
-optimizer: {name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 1.0e-4}
-batch_size: 16
-steps: 6
-eval: {every_epochs: 0, at_end: false}
-)";
+  const std::string yaml = GptJobYaml(3, "{name: nwise, n: 3, aux_head: linear}", 0.05, 6);
   ExpectClose(RunJob(yaml, 3).tensors, ReferenceTensors(yaml));
 }
 
@@ -155,17 +145,7 @@ eval: {every_epochs: 0, at_end: false}
 // are per-module language-model heads (a LayerNorm and a projection to the
 // 256 byte values at every position).
 TEST(NwiseOracle, TwoWiseOnTheGptEqualsTheReferenceOfTheRule) {
-  const std::string yaml = R"(name: nwise-gpt-oracle
-seed: 11
-model: {name: gpt, depth: 2, width: 16, heads: 2}
-data: {dataset: fortunes, sequence_length: 16, train_size: 128, limit_test: 4}
-algorithm: {name: nwise, n: 2, aux_head: linear}
-stages: {count: 4, partition: even}
-optimizer: {name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 1.0e-4}
-batch_size: 16
-steps: 6
-eval: {every_epochs: 0, at_end: false}
-)";
+  const std::string yaml = GptJobYaml(4, "{name: nwise, n: 2, aux_head: linear}", 0.05, 6);
   auto spec = ParseJobSpec(yaml);
   ASSERT_TRUE(spec.ok()) << spec.status();
   Outcome got = RunJob(yaml, 4);
