@@ -2,6 +2,7 @@
 
 #include <c10/core/CPUAllocator.h>
 
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -48,11 +49,24 @@ void CountingDelete(void* data) {
   base_deleter(data);
 }
 
+// LibTorch changed c10::Allocator's interface after 1.13 (allocate() lost its
+// const, copy_data() became pure virtual); this class declares both forms
+// without `override`, so the one the base declares is the one that overrides
+// and the other is an unused overload.
 class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
 
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) const { return Allocate(n); }  // LibTorch 1.x
+  c10::DataPtr allocate(size_t n) { return Allocate(n); }        // LibTorch 2.x
+  void copy_data(void* dest, const void* src, std::size_t count) const {
+    if (count > 0) std::memcpy(dest, src, count);
+  }
+
+  c10::DeleterFnPtr raw_deleter() const { return &CountingDelete; }
+
+ private:
+  c10::DataPtr Allocate(size_t n) const {
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
     const c10::Device device = inner.device();
@@ -68,9 +82,6 @@ class CountingAllocator final : public c10::Allocator {
     return {data, data, &CountingDelete, device};
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return &CountingDelete; }
-
- private:
   c10::Allocator* base_;
 };
 

@@ -8,7 +8,8 @@ self-attention with a fused qkv projection, GELU MLP of 4 x width), final
 LayerNorm and a projection to the 256 byte values: layer for layer what
 services/models/transformer.cc builds, so the parameter counts agree (the
 script prints its count; the bench checks it against `stagewise validate`).
-Trained with Adam (lr 1e-3) on random bytes. No stagewise code.
+Trained with Adam (lr 1e-3) on random bytes. No stagewise code. `--device
+cuda:0` trains on a GPU.
 
   python3 tests/bench/pytorch_gpt_twin.py --threads 1 --steps 30
 
@@ -36,7 +37,7 @@ class CausalSelfAttention(nn.Module):
         b, t, w = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
         scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(w // self.heads))
-        future = torch.ones(t, t, dtype=torch.bool).triu(1)
+        future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
         scores = scores.masked_fill(future, float("-inf"))
         out = torch.softmax(scores, -1) @ v
         return self.proj(out.transpose(1, 2).reshape(b, t, w))
@@ -80,20 +81,24 @@ def main():
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--length", type=int, default=64)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda:N (batches are copied there per step)")
     args = ap.parse_args()
+    device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = Gpt(args.depth, args.width, args.heads, args.length)
+    model = Gpt(args.depth, args.width, args.heads, args.length).to(device)
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     start = time.perf_counter()
     for _ in range(args.steps):
         window = torch.randint(256, (args.batch, args.length + 1))
-        x, y = window[:, :-1], window[:, 1:]
+        x, y = window[:, :-1].to(device), window[:, 1:].to(device)
         opt.zero_grad()
         loss = F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
         loss.backward()
         opt.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     print(json.dumps({"parameters": params, "steps": args.steps, "seconds": seconds,
                       "samples_per_second": args.steps * args.batch / seconds,

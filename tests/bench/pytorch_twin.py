@@ -7,6 +7,7 @@ stem, R, R, D, R, D, R, D, R, head, block for block what
 services/models/blocks.cc builds (same layers, same parameter count), trained
 with the quickstart's optimizer (SGD, momentum 0.9, Nesterov, weight decay
 5e-4 on weights only) at batch 128 on synthetic data. No stagewise code.
+`--device cuda:0` trains on a GPU (the job then needs `device: cuda:0`).
 
   python3 tests/bench/pytorch_twin.py --threads 1 --steps 60
 
@@ -48,10 +49,12 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda:N (batches are copied there per step)")
     args = ap.parse_args()
+    device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = revnet18()
+    model = revnet18().to(device)
     params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() > 1]
     no_decay = [p for p in model.parameters() if p.dim() <= 1]
@@ -65,11 +68,13 @@ def main():
     model.train()
     start = time.perf_counter()
     for step in range(args.steps):
-        x, y = pool[step % len(pool)]
+        x, y = (t.to(device, non_blocking=False) for t in pool[step % len(pool)])
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     print(json.dumps({"parameters": params, "steps": args.steps, "seconds": seconds,
                       "samples_per_second": args.steps * args.batch / seconds,

@@ -5,6 +5,7 @@
 # medians and spread of samples/s and of the ratio stagewise / PyTorch.
 # With TWIN=gpt, the byte-level GPT of tests/bench/gpt_twin.yaml against
 # tests/bench/pytorch_gpt_twin.py, in tokens/s (docs/text.md).
+# DEVICE=cuda:0 runs both on a GPU (the job gets `device: cuda:0`).
 # No environment variable is set for either program.
 #   tests/bench/twin_bench.sh [ROUNDS] [STEPS] [THREADS...]
 #   tests/bench/twin_bench.sh 3 60 1 2        (the defaults)
@@ -32,10 +33,15 @@ export UNIT
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+DEVICE=${DEVICE:-cpu}
+if [ "$DEVICE" != cpu ]; then
+  { cat "$JOB"; echo "device: $DEVICE"; } >"$out/job.yaml"
+  JOB=$out/job.yaml
+fi
 for r in $(seq "$ROUNDS"); do
   for t in "${THREADS[@]}"; do
     "$BIN" train-local "$JOB" --steps "$STEPS" --threads "$t" -o json -q >"$out/s.json"
-    "$PY" "$TWIN_PY" --threads "$t" --steps "$STEPS" >"$out/p.json"
+    "$PY" "$TWIN_PY" --threads "$t" --steps "$STEPS" --device "$DEVICE" >"$out/p.json"
     python3 - "$out" "$t" <<'EOF2'
 import json, os, sys
 out, t = sys.argv[1], sys.argv[2]

@@ -1,10 +1,21 @@
 #include "tests/integration/cluster.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
 
 #include "services/rpc/server.h"
 
 namespace stagewise::testing {
+
+void UseExactCudaMath() {
+  at::globalContext().setAllowTF32CuDNN(false);
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::globalContext().setBenchmarkCuDNN(false);
+  at::globalContext().setDeterministicCuDNN(true);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+}
 
 Cluster::Cluster(Options options) : options_(std::move(options)) {
   StartCoordinator();
@@ -61,6 +72,13 @@ void Cluster::AddWorker() {
   wo.name = "w" + std::to_string(workers_.size());
   wo.reconnect = absl::Milliseconds(200);
   wo.before_stage_build = options_.before_stage_build;
+  // STAGEWISE_TEST_DEVICE=cuda:0 runs the in-process workers on a GPU (the
+  // oracles' reference trainers follow it, tests/oracle/oracle_util.h).
+  if (const char* device = std::getenv("STAGEWISE_TEST_DEVICE");
+      device != nullptr && *device != '\0') {
+    wo.device = device;
+    if (torch::Device(device).is_cuda()) UseExactCudaMath();
+  }
   auto w = std::make_unique<worker::Worker>(wo);
   absl::Status s = w->Start();
   EXPECT_TRUE(s.ok()) << s;

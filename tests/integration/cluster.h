@@ -19,6 +19,11 @@
 
 namespace stagewise::testing {
 
+// For tests on a GPU (STAGEWISE_TEST_DEVICE=cuda:N): cuDNN without TF32,
+// deterministic algorithms, so that a pipeline and its single-process
+// reference compute bit-comparable results. Process-wide; idempotent.
+void UseExactCudaMath();
+
 class Cluster {
  public:
   struct Options {

@@ -36,7 +36,7 @@ TEST(AuxNetOracle, OneStageEqualsBackprop) {
   const std::string yaml = JobYaml(1, "{name: auxnet}", 6);
   auto spec = ParseJobSpec(yaml);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  auto trainer = training::ReferenceTrainer::Create(*spec);
+  auto trainer = testing::CreateReference(*spec);
   ASSERT_TRUE(trainer.ok());
   auto run = (*trainer)->Run();
   ASSERT_TRUE(run.ok());
@@ -47,13 +47,13 @@ TEST(AuxNetOracle, OneStageEqualsBackprop) {
   const std::map<std::string, torch::Tensor>& got = outcome.tensors;
   int compared = 0;
   for (const auto& item : (*trainer)->model().named_parameters()) {
-    const torch::Tensor& w = item.value();
+    const torch::Tensor w = item.value().cpu();
     const double err = ((got.at(item.key()) - w).norm() / w.norm().clamp_min(1e-12)).item<double>();
     EXPECT_LE(err, 1e-5) << item.key();
     ++compared;
   }
   for (const auto& item : (*trainer)->model().named_buffers()) {
-    const torch::Tensor w = item.value().to(torch::kDouble);
+    const torch::Tensor w = item.value().to(torch::kCPU, torch::kDouble);
     const double err =
         ((got.at(item.key()).to(torch::kDouble) - w).norm() / w.norm().clamp_min(1e-12))
             .item<double>();

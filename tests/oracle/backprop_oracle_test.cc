@@ -11,6 +11,7 @@
 #include "services/training/optimizer.h"
 #include "services/training/reference_trainer.h"
 #include "tests/integration/cluster.h"
+#include "tests/oracle/oracle_util.h"
 
 namespace stagewise {
 namespace {
@@ -62,7 +63,7 @@ eval: {every_epochs: 0, at_end: true}
 // The single-process reference, written here independently of the worker.
 std::map<std::string, torch::Tensor> Reference(const JobSpec& spec, int micro_batches,
                                                bool buffers) {
-  auto trainer = training::ReferenceTrainer::Create(spec);
+  auto trainer = testing::CreateReference(spec);  // on STAGEWISE_TEST_DEVICE
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   auto& t = **trainer;
   const int64_t per_epoch = t.train_sampler().batches_per_epoch();
@@ -80,8 +81,9 @@ std::map<std::string, torch::Tensor> Reference(const JobSpec& spec, int micro_ba
     std::vector<int64_t> sizes;
     for (int m = 0; m < micro_batches; ++m)
       sizes.push_back(B / micro_batches + (m < B % micro_batches));
-    auto xs = b.x.split_with_sizes(sizes);
-    auto ys = b.y.split_with_sizes(sizes);
+    const torch::Device device = t.model().parameters().front().device();
+    auto xs = b.x.to(device).split_with_sizes(sizes);
+    auto ys = b.y.to(device).split_with_sizes(sizes);
     for (int m = 0; m < micro_batches; ++m) {
       torch::Tensor loss = models::CrossEntropy(t.model().forward(xs[m]), ys[m]) *
                            (static_cast<double>(sizes[m]) / B);
@@ -92,9 +94,12 @@ std::map<std::string, torch::Tensor> Reference(const JobSpec& spec, int micro_ba
   }
   std::map<std::string, torch::Tensor> out;
   if (buffers) {
-    for (const auto& item : t.model().named_buffers()) out[item.key()] = item.value().detach();
+    for (const auto& item : t.model().named_buffers())
+      out[item.key()] = item.value().detach().cpu();
   } else {
-    for (const auto& item : t.model().named_parameters()) out[item.key()] = item.value().detach();
+    for (const auto& item : t.model().named_parameters()) {
+      out[item.key()] = item.value().detach().cpu();
+    }
   }
   return out;
 }

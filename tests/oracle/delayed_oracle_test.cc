@@ -43,15 +43,7 @@ std::map<std::string, torch::Tensor> RunJob(const std::string& yaml, int stages)
   return cluster.StageTensors(*id, /*buffers=*/false);
 }
 
-void ExpectClose(const std::map<std::string, torch::Tensor>& got,
-                 const std::map<std::string, torch::Tensor>& want) {
-  ASSERT_EQ(got.size(), want.size());
-  for (const auto& [name, w] : want) {
-    ASSERT_TRUE(got.count(name)) << name;
-    const double err = ((got.at(name) - w).norm() / w.norm().clamp_min(1e-12)).item<double>();
-    EXPECT_LE(err, 1e-5) << name;
-  }
-}
+using testing::ExpectClose;
 
 // The single-process simulation: a discrete-event loop over J stage models.
 std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, bool stash) {
@@ -162,7 +154,7 @@ TEST(DelayedOracle, OneStageEqualsBackprop) {
   const std::string yaml = JobYaml(1, "stash", 6);
   auto spec = ParseJobSpec(yaml);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  auto trainer = training::ReferenceTrainer::Create(*spec);
+  auto trainer = testing::CreateReference(*spec);
   ASSERT_TRUE(trainer.ok());
   ASSERT_TRUE((*trainer)->Run().ok());
   std::map<std::string, torch::Tensor> want;

@@ -116,11 +116,12 @@ void ExpectReplayedGradientsAreBackprops(const std::string& yaml, int J, int64_t
   auto spec = ParseJobSpec(yaml);
   ASSERT_TRUE(spec.ok()) << spec.status();
   auto momentum = [](torch::optim::Optimizer& opt, const torch::Tensor& p) {
-    auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    using Key = std::decay_t<decltype(opt.state())>::key_type;
+    auto it = opt.state().find(testing::OptimizerStateKey<Key>(p));
     EXPECT_TRUE(it != opt.state().end());
     return static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().clone();
   };
-  auto trainer = training::ReferenceTrainer::Create(*spec);
+  auto trainer = CreateReference(*spec);
   ASSERT_TRUE(trainer.ok());
   auto& ref = **trainer;
   std::map<int64_t, std::map<std::string, torch::Tensor>> after;  // steps done -> buffers

@@ -123,7 +123,7 @@ TEST(NwiseOracle, NEqualsJIsBackprop) {
   const std::string yaml = JobYaml(3, "{name: nwise, n: 3}", 6);
   auto spec = ParseJobSpec(yaml);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  auto trainer = training::ReferenceTrainer::Create(*spec);
+  auto trainer = CreateReference(*spec);
   ASSERT_TRUE(trainer.ok());
   ASSERT_TRUE((*trainer)->Run().ok());
   Outcome got = RunJob(yaml, 3);
@@ -249,7 +249,7 @@ eval: {every_epochs: 0, at_end: false}
   ASSERT_TRUE(finetune.ok());
   finetune->optimizer.lr = 0.01;
   finetune->schedule.warmup_epochs = 0;
-  auto trainer = training::ReferenceTrainer::Create(*finetune);
+  auto trainer = CreateReference(*finetune);
   ASSERT_TRUE(trainer.ok());
   auto& ref = **trainer;
   {

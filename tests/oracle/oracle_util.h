@@ -12,6 +12,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -21,11 +22,27 @@
 
 namespace stagewise::testing {
 
+// The device the oracles run on: STAGEWISE_TEST_DEVICE (e.g. cuda:0) when set,
+// else cpu. In-process workers (tests/integration/cluster.cc) and the reference
+// trainers below both use it, so a GPU run compares like with like.
+inline std::string TestDevice() {
+  const char* env = std::getenv("STAGEWISE_TEST_DEVICE");
+  return env != nullptr && *env != '\0' ? env : "cpu";
+}
+
+// The reference trainer for `spec` on TestDevice().
+inline absl::StatusOr<std::unique_ptr<training::ReferenceTrainer>> CreateReference(JobSpec spec) {
+  spec.device = TestDevice();
+  if (torch::Device(spec.device).is_cuda()) UseExactCudaMath();
+  return training::ReferenceTrainer::Create(spec);
+}
+
 // Parameters and buffers of `m` by name, detached copies.
 inline std::map<std::string, torch::Tensor> Tensors(torch::nn::Module& m) {
   std::map<std::string, torch::Tensor> out;
-  for (const auto& item : m.named_parameters()) out[item.key()] = item.value().detach().clone();
-  for (const auto& item : m.named_buffers()) out[item.key()] = item.value().detach().clone();
+  for (const auto& item : m.named_parameters())
+    out[item.key()] = item.value().detach().cpu().clone();
+  for (const auto& item : m.named_buffers()) out[item.key()] = item.value().detach().cpu().clone();
   return out;
 }
 
@@ -35,7 +52,8 @@ inline void ExpectClose(const std::map<std::string, torch::Tensor>& got,
   ASSERT_EQ(got.size(), want.size());
   for (const auto& [name, w] : want) {
     ASSERT_TRUE(got.count(name)) << name;
-    const torch::Tensor g = got.at(name).to(torch::kDouble), wd = w.to(torch::kDouble);
+    const torch::Tensor g = got.at(name).to(torch::kCPU, torch::kDouble);
+    const torch::Tensor wd = w.to(torch::kCPU, torch::kDouble);
     const double err = ((g - wd).norm() / wd.norm().clamp_min(1e-12)).item<double>();
     EXPECT_LE(err, tolerance) << name;
   }
@@ -46,7 +64,7 @@ inline std::map<std::string, torch::Tensor> ReferenceTensors(const std::string& 
   auto spec = ParseJobSpec(yaml);
   EXPECT_TRUE(spec.ok()) << spec.status();
   if (!spec.ok()) return {};
-  auto trainer = training::ReferenceTrainer::Create(*spec);
+  auto trainer = CreateReference(*spec);
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   if (!trainer.ok()) return {};
   EXPECT_TRUE((*trainer)->Run().ok());
@@ -83,9 +101,23 @@ struct MomentumOutcome {
   std::map<std::string, torch::Tensor> got;   // every stage's, by global name
 };
 
+// The key of parameter `p` in an optimizer's state map: its TensorImpl's
+// address, printed (LibTorch 1.x) or as a pointer (2.x).
+template <typename Key>
+Key OptimizerStateKey(const torch::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;
+    key << p.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
 // The momentum buffer of parameter `p` in `opt` (SGD).
 inline torch::Tensor MomentumBuffer(torch::optim::Optimizer& opt, const torch::Tensor& p) {
-  auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+  using Key = std::decay_t<decltype(opt.state())>::key_type;
+  auto it = opt.state().find(OptimizerStateKey<Key>(p));
   EXPECT_TRUE(it != opt.state().end());
   if (it == opt.state().end()) return torch::Tensor();
   return static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().clone();
@@ -98,7 +130,7 @@ inline MomentumOutcome RunMomentumOracle(const std::string& yaml, int workers) {
   auto spec = ParseJobSpec(yaml);
   EXPECT_TRUE(spec.ok()) << spec.status();
   if (!spec.ok()) return out;
-  auto trainer = training::ReferenceTrainer::Create(*spec);
+  auto trainer = CreateReference(*spec);
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   if (!trainer.ok()) return out;
   auto& t = **trainer;
@@ -178,7 +210,8 @@ struct Simulation {
 
 inline Simulation StartSimulation(const JobSpec& spec) {
   Simulation sim;
-  auto trainer = training::ReferenceTrainer::Create(spec);
+  auto trainer = training::ReferenceTrainer::Create(
+      spec);  // on CPU: the simulations build their own tensors there
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   auto plan = models::PlanModel(spec.model);
   EXPECT_TRUE(plan.ok()) << plan.status();
