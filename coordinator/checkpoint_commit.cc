@@ -14,7 +14,7 @@ namespace stagewise::coordinator {
 void CheckpointCommitter::OnShardSaved(const std::string& job_id, LiveJob& job, int stage,
                                        const v1::CheckpointSaved& saved) {
   if (job.spec.checkpoint.dir.empty()) return;
-  if (stage < 0 || stage >= static_cast<int>(job.workers.size())) return;
+  if (stage < 0 || stage >= NumStages(job)) return;  // replica 0's shards (one per stage)
   // Uncommitted checkpoints are few (a stage lags its peers by a step or two):
   // keep the newest 16 so no sender can grow the map.
   while (job.shards.size() >= 16 && job.shards.count(saved.step()) == 0) {
@@ -22,7 +22,7 @@ void CheckpointCommitter::OnShardSaved(const std::string& job_id, LiveJob& job, 
   }
   std::map<int, v1::CheckpointSaved>& stages = job.shards[saved.step()];
   stages[stage] = saved;
-  if (stages.size() == job.workers.size()) Commit(job_id, job, saved.step());
+  if (static_cast<int>(stages.size()) == NumStages(job)) Commit(job_id, job, saved.step());
 }
 
 void CheckpointCommitter::Commit(const std::string& job_id, LiveJob& job, int64_t step) {

@@ -219,6 +219,14 @@ grpc::ServerUnaryReactor* CoordinatorService::RegisterWorker(
   return Done(ctx, r.status());
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::CollectiveStore(
+    grpc::CallbackServerContext* ctx, const v1::CollectiveStoreRequest* request,
+    v1::CollectiveStoreResponse* response) {
+  if (absl::Status s = AuthorizeWorker(ctx); !s.ok()) return Done(ctx, s);
+  return Done(ctx, manager_->CollectiveStore(
+                       *request, {.identity = rpc::PeerIdentity(*ctx->auth_context())}, response));
+}
+
 grpc::ServerBidiReactor<v1::WorkerEvent, v1::Command>* CoordinatorService::Control(
     grpc::CallbackServerContext* ctx) {
   return new ControlReactor(manager_, rpc::PeerIdentity(*ctx->auth_context()),

@@ -37,6 +37,10 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
                                            const v1::RegisterWorkerRequest* request,
                                            v1::RegisterWorkerResponse* response) override;
+  // Workers only (same rule as RegisterWorker), for a job they run a stage of.
+  grpc::ServerUnaryReactor* CollectiveStore(grpc::CallbackServerContext* ctx,
+                                            const v1::CollectiveStoreRequest* request,
+                                            v1::CollectiveStoreResponse* response) override;
   grpc::ServerBidiReactor<v1::WorkerEvent, v1::Command>* Control(
       grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx,

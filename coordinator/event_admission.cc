@@ -47,14 +47,13 @@ constexpr MetricRule kMetricRules[] = {
 };
 
 Admission CheckMetricValues(const v1::MetricsReport& m, int stage, const LiveJob& job) {
-  const bool head = stage == static_cast<int>(job.workers.size()) - 1;
+  const bool head = stage == NumStages(job) - 1;
   for (const MetricRule& rule : kMetricRules) {
     const auto it = m.values().find(rule.name);
     if (it == m.values().end()) continue;
     if (rule.head_only && !head) {
-      return Refuse("wrong_stage",
-                    absl::StrCat(rule.name, " from stage ", stage, " of ", job.workers.size(),
-                                 ": only the last stage has it"));
+      return Refuse("wrong_stage", absl::StrCat(rule.name, " from stage ", stage, " of ",
+                                                NumStages(job), ": only the last stage has it"));
     }
     const double v = it->second;
     if (std::isfinite(v) && (v < rule.low || v > rule.high)) {
@@ -149,8 +148,10 @@ Admission AdmitEvent(const v1::WorkerEvent& event, const LiveJob* job) {
   if (const int attempt = EventAttempt(event); attempt >= 0 && attempt != job->attempt) {
     // Only the worker that ran the error's stage in that attempt is heard.
     for (const v1::JobAttempt& a : job->status.attempts()) {
+      const int slot = SlotOf(*job, event.stage(), event.replica());
       if (event.has_error() && a.attempt() == attempt && event.stage() >= 0 &&
-          event.stage() < a.workers_size() && a.workers(event.stage()) == sender) {
+          event.stage() < NumStages(*job) && event.replica() >= 0 && slot < a.workers_size() &&
+          a.workers(slot) == sender) {
         return Stale(event, *job);
       }
     }
@@ -168,10 +169,14 @@ Admission AdmitEvent(const v1::WorkerEvent& event, const LiveJob* job) {
   }
   // A profiling or configuration error (no stage): any member may send it.
   if (event.has_error() && event.stage() < 0) return Take();
-  const int stage = event.stage();
-  if (stage < 0 || stage >= static_cast<int>(workers.size()) || workers[stage] != sender) {
-    return Refuse("not_assigned", absl::StrCat("the sender does not run stage ", stage, " of job ",
-                                               event.job_id()));
+  const int stage = event.stage(), replica = event.replica();
+  if (stage < 0 || stage >= NumStages(*job) || replica < 0 || replica >= NumReplicas(*job) ||
+      SlotOf(*job, stage, replica) >= static_cast<int>(workers.size()) ||
+      workers[SlotOf(*job, stage, replica)] != sender) {
+    return Refuse("not_assigned",
+                  absl::StrCat("the sender does not run stage ", stage,
+                               replica > 0 ? absl::StrCat(" replica ", replica) : "", " of job ",
+                               event.job_id()));
   }
   return CheckRanges(event, *job);
 }

@@ -349,20 +349,31 @@ void JobManager::HandleEvent(const v1::WorkerEvent& event) {
       return;
   }
   const std::string& job_id = event.job_id();
+  // Replicas of a stage train in lockstep: replica 0 speaks for the job's
+  // progress, checkpoints (one shard per stage), timeline and summary; every
+  // replica's result and phase end count (docs/replicas.md).
+  const bool first_replica = event.replica() == 0;
   switch (event.event_case()) {
     case v1::WorkerEvent::kCheckpointSaved:
+      if (!first_replica) return;
       return committer_.OnShardSaved(job_id, jobs_.at(job_id), event.stage(),
                                      event.checkpoint_saved());
     case v1::WorkerEvent::kTrace:
+      if (!first_replica) return;
       return OnTrace(event);
     case v1::WorkerEvent::kAck:
       return OnAck(event.ack(), event.worker_id());
     case v1::WorkerEvent::kMetrics:
+      if (!first_replica) {
+        return ApplyReplicaMetrics(jobs_.at(job_id), event.stage(), event.replica(),
+                                   event.metrics(), absl::Now());
+      }
       return OnMetrics(job_id, event.stage(), WithoutNonFinite(event.metrics()));
     case v1::WorkerEvent::kResult:
-      return OnResult(job_id, event.stage(), WithoutNonFinite(event.result()));
+      return OnResult(job_id, event.stage(), event.replica(), WithoutNonFinite(event.result()));
     case v1::WorkerEvent::kPhaseDone:
-      return OnPhaseDone(job_id, event.stage(), event.phase_done());
+      return OnPhaseDone(job_id, SlotOf(jobs_.at(job_id), event.stage(), event.replica()),
+                         event.phase_done());
     case v1::WorkerEvent::kProfile:
       return OnProfile(job_id, event.profile());
     case v1::WorkerEvent::kError:
@@ -444,11 +455,12 @@ void JobManager::OnMetrics(const std::string& job_id, int stage, const v1::Metri
   UpdateProgress(job, "", std::move(points));
 }
 
-void JobManager::OnResult(const std::string& job_id, int stage, const v1::StageResult& result) {
+void JobManager::OnResult(const std::string& job_id, int stage, int replica,
+                          const v1::StageResult& result) {
   STAGEWISE_BUG(OnLoop());
   Job& job = jobs_.at(job_id);
-  job.finished_stages.insert(stage);
-  UpdateProgress(job, "", ApplyResult(job, stage, result, absl::Now()));
+  job.finished_stages.insert(SlotOf(job, stage, replica));
+  if (replica == 0) UpdateProgress(job, "", ApplyResult(job, stage, result, absl::Now()));
   if (job.finished_stages.size() == job.workers.size()) {
     if (job.status.attempts_size() > 0) {
       v1::JobAttempt* a = job.status.mutable_attempts(job.status.attempts_size() - 1);
@@ -460,12 +472,13 @@ void JobManager::OnResult(const std::string& job_id, int stage, const v1::StageR
   }
 }
 
-void JobManager::OnPhaseDone(const std::string& job_id, int stage, const v1::PhaseDone& d) {
+void JobManager::OnPhaseDone(const std::string& job_id, int slot, const v1::PhaseDone& d) {
   STAGEWISE_BUG(OnLoop());
-  // Every stage finished phase p: record it and let them all start p + 1.
+  // Every stage (of every replica) finished phase p: record it and let them
+  // all start p + 1.
   Job& job = jobs_.at(job_id);
   std::set<int>& done = job.phase_done[d.phase()];
-  done.insert(stage);
+  done.insert(slot);
   NoteProgress(job, -1, absl::Now());
   if (done.size() < job.workers.size()) return;
   const std::vector<PhaseSpec> phases = Phases(job.spec);
@@ -565,8 +578,8 @@ void JobManager::Schedule() {
 
 void JobManager::Configure(const std::string& job_id, Job& job) {
   STAGEWISE_BUG(OnLoop());
-  std::vector<v1::Command> commands =
-      scheduler_.StageAssignments(job_id, job.yaml, job.workers, job.ranges, job.modes);
+  std::vector<v1::Command> commands = scheduler_.StageAssignments(
+      job_id, job.yaml, job.workers, job.ranges, job.modes, NumReplicas(job));
   job.recovery_deadline = absl::InfiniteFuture();
   job.configure_deadline = absl::Now() + options_.configure_timeout;
   recovery_.BeginAttempt(job, &commands);
@@ -615,7 +628,7 @@ void JobManager::StopStages(const std::string& job_id, const std::string& reason
 void JobManager::Requeue(const std::string& job_id, bool recovering) {
   STAGEWISE_BUG(OnLoop());
   const Job& job = jobs_.at(job_id);
-  Scheduler::Request request{job_id, static_cast<int>(job.ranges.size()),
+  Scheduler::Request request{job_id, NumStages(job) * NumReplicas(job),
                              job.needs_plan && !job.planned};
   request.distinct_identities = job.spec.placement.distinct_identities;
   if (recovering) {
@@ -659,9 +672,38 @@ absl::StatusOr<v1::JobStatus> JobManager::Transition(const std::string& job_id, 
 
 // By value: callers pass strings owned by the job (its map key, its status),
 // which the erase below destroys (found by the coordinator fuzz target).
+absl::Status JobManager::CollectiveStore(const v1::CollectiveStoreRequest& request,
+                                         const WorkerRegistry::Caller& caller,
+                                         v1::CollectiveStoreResponse* response) {
+  if (absl::Status s = registry_.CheckSession(request.worker_id(), request.session(), caller);
+      !s.ok()) {
+    return s;
+  }
+  absl::Status member = absl::UnavailableError("the coordinator is stopping");
+  RunOnLoop([&] {
+    auto it = jobs_.find(request.job_id());
+    if (it == jobs_.end()) {
+      member =
+          absl::FailedPreconditionError(absl::StrCat("job ", request.job_id(), " is not running"));
+    } else if (it->second.attempt != request.attempt()) {
+      member = absl::FailedPreconditionError(absl::StrCat(
+          "attempt ", request.attempt(), " of job ", request.job_id(), " is not the current one"));
+    } else if (std::find(it->second.workers.begin(), it->second.workers.end(),
+                         request.worker_id()) == it->second.workers.end()) {
+      member = absl::PermissionDeniedError(
+          absl::StrCat("worker ", request.worker_id(), " runs no stage of job ", request.job_id()));
+    } else {
+      member = absl::OkStatus();
+    }
+  });
+  if (!member.ok()) return member;
+  return collective_.Apply(request, response);
+}
+
 void JobManager::EndJob(std::string job_id, v1::JobState state, std::string reason) {
   STAGEWISE_BUG(OnLoop());
   if (!jobs_.count(job_id)) return;
+  collective_.Drop(job_id);
   scheduler_.Remove(job_id);
   (void)Transition(job_id, state, reason);
   jobs_.erase(job_id);

@@ -60,6 +60,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/checkpoint_commit.h"
+#include "coordinator/collective_store.h"
 #include "coordinator/job_host.h"
 #include "coordinator/job_queries.h"
 #include "coordinator/job_recovery.h"
@@ -177,6 +178,13 @@ class JobManager : private JobHost {
   // The stream ended; `sink` guards against a newer stream of the same worker.
   // The manager never uses `sink` once this returns.
   void Disconnect(const std::string& worker_id, CommandSink* sink, const absl::Status& why);
+  // Coordinator.CollectiveStore on behalf of request.worker_id(): its session
+  // and `caller` must be its registration's, and it must hold a stage of
+  // the job in request.attempt() (PERMISSION_DENIED / FAILED_PRECONDITION
+  // otherwise); then CollectiveStores::Apply.
+  absl::Status CollectiveStore(const v1::CollectiveStoreRequest& request,
+                               const WorkerRegistry::Caller& caller,
+                               v1::CollectiveStoreResponse* response);
   // `event.worker_id()` is the sender: the caller (the Control stream) has
   // checked that it is the worker whose registration opened the stream.
   void OnEvent(const v1::WorkerEvent& event);
@@ -212,8 +220,8 @@ class JobManager : private JobHost {
   void OnAck(const v1::Ack& ack, const std::string& sender);
   void OnMetrics(const std::string& job_id, int stage, const v1::MetricsReport& report);
   void OnTrace(const v1::WorkerEvent& event);
-  void OnResult(const std::string& job_id, int stage, const v1::StageResult& result);
-  void OnPhaseDone(const std::string& job_id, int stage, const v1::PhaseDone& done);
+  void OnResult(const std::string& job_id, int stage, int replica, const v1::StageResult& result);
+  void OnPhaseDone(const std::string& job_id, int slot, const v1::PhaseDone& done);
   void OnProfile(const std::string& job_id, const v1::ProfileResult& result);
   void OnWorkerLost(const WorkerRegistry::Removed& worker, const std::string& why);
 
@@ -244,8 +252,9 @@ class JobManager : private JobHost {
   JobStore* const store_;
   metrics::CoordinatorMetrics* const metrics_;
   const JobManagerOptions options_;
-  WorkerRegistry registry_;     // thread-safe
-  JobStatusView view_{store_};  // thread-safe
+  WorkerRegistry registry_;      // thread-safe
+  CollectiveStores collective_;  // thread-safe
+  JobStatusView view_{store_};   // thread-safe
   const JobQueries queries_{store_, &view_};
 
   // Loop thread only (and the Start caller before the loop exists).

@@ -193,11 +193,11 @@ void JobRecovery::CheckDeadlines(absl::Time now) {
           job.status.attempts_size() > 0
               ? job.status.attempts(job.status.attempts_size() - 1).end_reason()
               : job.status.reason();
-      host_->EndJob(
-          id, v1::FAILED,
-          absl::StrCat("no ", job.ranges.size(), " idle workers within recovery.wait_seconds (",
-                       job.spec.recovery.wait_seconds, " s) after attempt ", job.attempt - 1,
-                       " ended: ", last));
+      host_->EndJob(id, v1::FAILED,
+                    absl::StrCat("no ", NumStages(job) * NumReplicas(job),
+                                 " idle workers within recovery.wait_seconds (",
+                                 job.spec.recovery.wait_seconds, " s) after attempt ",
+                                 job.attempt - 1, " ended: ", last));
     } else {
       std::vector<std::string> silent;
       for (const auto& [command, worker] : job.pending_acks) silent.push_back(worker);
@@ -252,9 +252,12 @@ void JobRecovery::BeginAttempt(LiveJob& job, std::vector<v1::Command>* commands)
       job.status.set_phase_name(phases[m.phase()].name);
       job.status.set_algorithm(phases[m.phase()].algorithm.name());
     }
-    for (size_t j = 0; j < commands->size(); ++j) {
-      const v1::CheckpointShard& shard = m.shards(static_cast<int>(j));
-      v1::ResumePoint* r = (*commands)[j].mutable_configure()->mutable_resume();
+    // Every replica of stage j loads stage j's one shard (replicas are equal).
+    for (size_t slot = 0; slot < commands->size(); ++slot) {
+      const int j = static_cast<int>(slot) % NumStages(job);
+      if (j >= m.shards_size()) continue;
+      const v1::CheckpointShard& shard = m.shards(j);
+      v1::ResumePoint* r = (*commands)[slot].mutable_configure()->mutable_resume();
       r->set_step(m.step());
       r->set_phase(m.phase());
       r->set_phase_step(m.phase_step());

@@ -53,6 +53,7 @@ v1::JobStatus InitialStatus(const Submission& submission, const std::string& own
   st.set_phase(0);
   st.set_phase_name(phases.front().name);
   st.set_num_stages(static_cast<int>(submission.ranges.size()));
+  st.set_num_replicas(spec.stages.replicas);
   st.set_total_steps(data::TotalSteps(spec, submission.steps_per_epoch));
   st.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
   st.set_updated_unix_ms(st.created_unix_ms());
@@ -122,7 +123,7 @@ std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::Metrics
   if (job.workers.empty()) return points;
   v1::JobStatus& st = job.status;
   const int64_t now_ms = absl::ToUnixMillis(now);
-  const bool last_stage = stage == static_cast<int>(job.workers.size()) - 1;
+  const bool last_stage = stage == NumStages(job) - 1;
   if (last_stage && m.values().count("train_loss")) {
     NoteProgress(job, m.step(), now);
     st.set_step(m.step());
@@ -138,6 +139,7 @@ std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::Metrics
       st.set_samples_per_second(static_cast<double>((m.step() - from) * job.spec.batch_size) /
                                 seconds);
     }
+    ApplyReplicaMetrics(job, stage, 0, m, now);
     points.push_back({m.step(), "train_loss", st.train_loss(), now_ms});
     points.push_back({m.step(), "samples_per_second", st.samples_per_second(), now_ms});
   }
@@ -149,6 +151,21 @@ std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::Metrics
     points.push_back({m.step(), "eval_accuracy", st.eval_accuracy(), now_ms});
   }
   return points;
+}
+
+void ApplyReplicaMetrics(LiveJob& job, int stage, int replica, const v1::MetricsReport& m,
+                         absl::Time now) {
+  const int R = NumReplicas(job);
+  if (R <= 1 || replica < 0 || replica >= R || stage != NumStages(job) - 1 ||
+      !m.values().count("train_loss")) {
+    return;
+  }
+  const double seconds = absl::ToDoubleSeconds(now - job.started);
+  if (seconds <= 0) return;
+  const int64_t from = job.resume ? job.resume->manifest.step() : 0;
+  auto* rates = job.status.mutable_replica_samples_per_second();
+  while (rates->size() < R) rates->Add(0.0);
+  rates->Set(replica, static_cast<double>((m.step() - from) * (job.spec.batch_size / R)) / seconds);
 }
 
 std::vector<MetricPoint> ApplyResult(LiveJob& job, int stage, const v1::StageResult& result,

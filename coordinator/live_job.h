@@ -7,6 +7,7 @@
 #ifndef STAGEWISE_COORDINATOR_LIVE_JOB_H_
 #define STAGEWISE_COORDINATOR_LIVE_JOB_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -61,6 +62,15 @@ struct LiveJob {
   double median_step_seconds = 0;  // of step_seconds, updated with it
 };
 
+// Replicated stages (stages.replicas, docs/replicas.md): `workers` holds
+// J x R workers by slot, replica r's stage j at r * J + j, so that replica 0
+// is the first J (R = 1: by stage, as before).
+inline int NumStages(const LiveJob& job) { return static_cast<int>(job.ranges.size()); }
+inline int NumReplicas(const LiveJob& job) { return std::max(1, job.spec.stages.replicas); }
+inline int SlotOf(const LiveJob& job, int stage, int replica) {
+  return replica * NumStages(job) + stage;
+}
+
 // How long the running job may go without progress: recovery.stall_seconds,
 // or 20x the median of step_seconds, at least 300 s.
 absl::Duration StallLimit(const LiveJob& job);
@@ -96,6 +106,11 @@ LiveJob MakeLiveJob(const v1::JobStatus& status, const JobSpec& spec, const std:
 // the report changes nothing shown).
 std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::MetricsReport& report,
                                       absl::Time now);
+// A report of replica r > 0's stage (replica 0's goes to ApplyMetrics, which
+// records its share too): its last stage's training loss sets the replica's
+// entry of JobStatus.replica_samples_per_second. Nothing else moves.
+void ApplyReplicaMetrics(LiveJob& job, int stage, int replica, const v1::MetricsReport& report,
+                         absl::Time now);
 // A stage's StageResult: its values become summary entries "stage<j>.<key>".
 std::vector<MetricPoint> ApplyResult(LiveJob& job, int stage, const v1::StageResult& result,
                                      absl::Time now);

@@ -9,6 +9,19 @@
 #include "services/planner/profile.h"
 
 namespace stagewise::coordinator {
+namespace {
+
+// "host:port" or "[v6]:port" -> the host, as gloo binds to it.
+std::string HostOf(const std::string& address) {
+  if (!address.empty() && address.front() == '[') {
+    const size_t close = address.find(']');
+    return close == std::string::npos ? address : address.substr(1, close - 1);
+  }
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+}  // namespace
 
 void Scheduler::Enqueue(Request request) { queue_.push_back(std::move(request)); }
 
@@ -84,10 +97,18 @@ absl::StatusOr<Scheduler::PlannedStages> Scheduler::PlanFromProfile(
   planner::PlanOptions options = planner::PlanOptionsForJob(spec, ranges);
   if (options.memory_caps.empty()) {
     // The workers' own --memory-bytes, where every one of them says.
+    // Replicated stages: a stage's cap is the smallest of its replicas'
+    // (workers by slot, replica r's stage j at r * J + j).
+    const size_t J = std::max<size_t>(1, ranges.size());
     std::vector<int64_t> caps;
-    for (const std::string& w : workers) {
-      std::optional<v1::WorkerInfo> info = registry_->Info(w);
-      caps.push_back(info.has_value() ? info->memory_bytes() : 0);
+    for (size_t slot = 0; slot < workers.size(); ++slot) {
+      std::optional<v1::WorkerInfo> info = registry_->Info(workers[slot]);
+      const int64_t cap = info.has_value() ? info->memory_bytes() : 0;
+      if (slot < J) {
+        caps.push_back(cap);
+      } else {
+        caps[slot % J] = std::min(caps[slot % J], cap);
+      }
     }
     if (std::all_of(caps.begin(), caps.end(), [](int64_t c) { return c > 0; })) {
       options.memory_caps = caps;
@@ -113,25 +134,34 @@ absl::StatusOr<Scheduler::PlannedStages> Scheduler::PlanFromProfile(
 std::vector<v1::Command> Scheduler::StageAssignments(
     const std::string& job_id, const std::string& job_spec_yaml,
     const std::vector<std::string>& workers, const std::vector<std::pair<int, int>>& ranges,
-    const std::vector<std::vector<BlockMode>>& modes) const {
+    const std::vector<std::vector<BlockMode>>& modes, int replicas) const {
   std::vector<v1::Command> out;
-  const size_t n = workers.size();
-  for (size_t j = 0; j < n; ++j) {
+  // Workers by slot: replica r's stage j at r * J + j.
+  const size_t R = static_cast<size_t>(std::max(1, replicas));
+  const size_t J = workers.size() / R;
+  for (size_t slot = 0; slot < workers.size(); ++slot) {
+    const size_t j = slot % J, r = slot / J;
     v1::Command c;
     v1::StageAssignment* a = c.mutable_configure();
     a->set_job_id(job_id);
     a->set_stage(static_cast<int>(j));
-    a->set_num_stages(static_cast<int>(n));
+    a->set_num_stages(static_cast<int>(J));
+    a->set_replica(static_cast<int>(r));
+    a->set_num_replicas(static_cast<int>(R));
     if (j < ranges.size()) {
       a->set_block_begin(ranges[j].first);
       a->set_block_end(ranges[j].second);
     }
-    if (j + 1 < n) {
-      std::optional<v1::WorkerInfo> next = registry_->Info(workers[j + 1]);
-      if (next.has_value()) a->set_next_address(next->address());
-      a->set_next_identity(registry_->Identity(workers[j + 1]));
+    if (R > 1) {
+      std::optional<v1::WorkerInfo> self = registry_->Info(workers[slot]);
+      if (self.has_value()) a->set_collective_host(HostOf(self->address()));
     }
-    if (j > 0) a->set_prev_identity(registry_->Identity(workers[j - 1]));
+    if (j + 1 < J) {
+      std::optional<v1::WorkerInfo> next = registry_->Info(workers[slot + 1]);
+      if (next.has_value()) a->set_next_address(next->address());
+      a->set_next_identity(registry_->Identity(workers[slot + 1]));
+    }
+    if (j > 0) a->set_prev_identity(registry_->Identity(workers[slot - 1]));
     a->set_job_spec_yaml(job_spec_yaml);
     if (j < modes.size()) {
       for (BlockMode m : modes[j]) a->add_block_modes(std::string(NameOf(m)));

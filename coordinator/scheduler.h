@@ -91,14 +91,16 @@ class Scheduler {
                                                 const v1::ProfileResult& result,
                                                 const std::vector<std::string>& workers) const;
 
-  // Every stage's StageAssignment (command ids unset), stage j for workers[j],
-  // each pointing at the next stage's address and naming the certificate
-  // identities of its neighbours.
+  // Every stage's StageAssignment (command ids unset), one per worker: with
+  // `replicas` R, workers by slot (replica r's stage j at r * J + j, J =
+  // workers / R), each pointing at the next stage of its own replica and
+  // naming the certificate identities of its neighbours.
   std::vector<v1::Command> StageAssignments(const std::string& job_id,
                                             const std::string& job_spec_yaml,
                                             const std::vector<std::string>& workers,
                                             const std::vector<std::pair<int, int>>& ranges,
-                                            const std::vector<std::vector<BlockMode>>& modes) const;
+                                            const std::vector<std::vector<BlockMode>>& modes,
+                                            int replicas = 1) const;
 
  private:
   WorkerRegistry* registry_;

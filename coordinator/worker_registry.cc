@@ -125,6 +125,20 @@ absl::Status WorkerRegistry::Connect(const std::string& worker_id, const std::st
   return absl::OkStatus();
 }
 
+absl::Status WorkerRegistry::CheckSession(const std::string& worker_id, const std::string& session,
+                                          const Caller& caller) const {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrCat("worker_id: '", worker_id, "' is not registered"));
+  }
+  if (!SecretEquals(session, it->second.session) || caller.identity != it->second.identity) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("session: not the registration of '", worker_id, "'"));
+  }
+  return absl::OkStatus();
+}
+
 std::optional<WorkerRegistry::Removed> WorkerRegistry::Disconnect(const std::string& worker_id,
                                                                   CommandSink* sink) {
   absl::MutexLock lock(&mu_);

@@ -82,6 +82,10 @@ class WorkerRegistry {
   // another identity; ALREADY_EXISTS if it has an open stream already.
   absl::Status Connect(const std::string& worker_id, const std::string& session,
                        const Caller& caller, CommandSink* sink, absl::Time now);
+  // OK when `session` is the registration of `worker_id` and `caller` its
+  // identity (a unary call on the worker's behalf, e.g. CollectiveStore).
+  absl::Status CheckSession(const std::string& worker_id, const std::string& session,
+                            const Caller& caller) const;
   // The stream ended: removes the worker if `sink` is still its stream (a newer
   // stream of the same worker keeps it).
   std::optional<Removed> Disconnect(const std::string& worker_id, CommandSink* sink);

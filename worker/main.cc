@@ -72,6 +72,12 @@ int main(int argc, char** argv) {
                  "the oldest of the peer that holds the most")
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));
+  double collective_timeout_s = absl::ToDoubleSeconds(options.collective_timeout);
+  app.add_option("--collective-timeout", collective_timeout_s,
+                 "Seconds a rendezvous or gradient all-reduce among the replicas of a stage "
+                 "(stages.replicas) may take before the stage fails (a lost or stuck replica)")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 86400.0));
   double first_message_timeout_s = absl::ToDoubleSeconds(options.first_message_timeout);
   app.add_option("--stream-first-message-timeout", first_message_timeout_s,
                  "Seconds a new stage stream may stay silent before it is closed (a stage opens "
@@ -104,6 +110,7 @@ int main(int argc, char** argv) {
   }
   if (threads > 0) torch::set_num_threads(threads);
   options.first_message_timeout = absl::Seconds(first_message_timeout_s);
+  options.collective_timeout = absl::Seconds(collective_timeout_s);
   // The same credentials serve stage streams and dial the coordinator and the
   // next stage (mutual TLS: every peer is a cluster member).
   if (absl::Status s = stagewise::rpc::CheckListenPolicy(options.listen, tls); !s.ok()) {

@@ -28,6 +28,9 @@ class StageContext {
   virtual ~StageContext() = default;
 
   virtual const JobSpec& spec() const = 0;
+  // The samples of each mini-batch this stage's pipeline trains on:
+  // batch_size, or its share batch_size / R on replicated stages.
+  virtual int64_t batch_size() const { return spec().batch_size; }
   virtual const std::string& job_id() const = 0;
   virtual int stage() const = 0;
   virtual int num_stages() const = 0;
@@ -86,6 +89,15 @@ class StageContext {
   // OK while the job runs; the reason once it was stopped or failed. Algorithms
   // check it at least once per step (a single stage never blocks on a peer).
   virtual absl::Status Interrupted() const = 0;
+
+  // Replicated stages (docs/replicas.md): averages the gradients of the
+  // stage's optimizer (and of `extra`, e.g. an aux head's) with the other
+  // replicas of this stage, just before the optimizer step. OK and nothing
+  // happens when the stage has one replica.
+  virtual absl::Status AverageReplicaGradients(torch::optim::Optimizer* extra) {
+    (void)extra;
+    return absl::OkStatus();
+  }
 
   // Progress for the coordinator: last stage reports the loss of each step.
   virtual void ReportStep(int64_t steps_done, double train_loss, int64_t samples) = 0;

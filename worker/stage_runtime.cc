@@ -96,6 +96,16 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
     return absl::InvalidArgumentError(absl::StrCat("StageAssignment.stage: ", assignment.stage(),
                                                    " not in [0, ", assignment.num_stages(), ")"));
   }
+  if (assignment.num_replicas() > 1 &&
+      (assignment.replica() < 0 || assignment.replica() >= assignment.num_replicas())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StageAssignment.replica: ", assignment.replica(), " not in [0, ",
+                     assignment.num_replicas(), ")"));
+  }
+  if (assignment.num_replicas() > 1 && !rt->env_.collective_store) {
+    return absl::FailedPreconditionError(
+        "StageAssignment.num_replicas: this worker has no collective store for replicated stages");
+  }
   if (assignment.stage() + 1 < assignment.num_stages() && assignment.next_address().empty()) {
     return absl::InvalidArgumentError("StageAssignment.next_address: empty for a non-last stage");
   }
@@ -290,7 +300,8 @@ void StageRuntime::ComputeLoop() {
   {
     models::ScopedMemoryAccount charge(memory_);
     try {
-      status = RunPhases();
+      status = num_replicas() > 1 ? JoinReplicas() : absl::OkStatus();
+      if (status.ok()) status = RunPhases();
     } catch (const std::exception& e) {
       status = absl::InternalError(absl::StrCat("stage ", stage(), ": ", e.what()));
     }
@@ -353,7 +364,32 @@ v1::WorkerEvent StageRuntime::NewEvent() const {
   event.set_job_id(job_id());
   event.set_stage(stage());
   event.set_attempt(assignment_.attempt());
+  event.set_replica(assignment_.replica());
   return event;
+}
+
+absl::Status StageRuntime::JoinReplicas() {
+  const std::string& host = assignment_.collective_host();
+  STAGEWISE_ASSIGN_OR_RETURN(replicas_,
+                             ReplicaGroup::Create(env_.collective_store(assignment_),
+                                                  {.rank = replica(),
+                                                   .size = num_replicas(),
+                                                   .host = host.empty() ? "127.0.0.1" : host,
+                                                   .timeout = env_.collective_timeout,
+                                                   .name = absl::StrCat("stage ", stage())}));
+  return absl::OkStatus();
+}
+
+absl::Status StageRuntime::AverageReplicaGradients(torch::optim::Optimizer* extra) {
+  if (replicas_ == nullptr) return absl::OkStatus();
+  std::vector<torch::Tensor> params;
+  for (torch::optim::Optimizer* opt : {optimizer_.get(), extra}) {
+    if (opt == nullptr) continue;
+    for (const auto& group : opt->param_groups()) {
+      for (const torch::Tensor& p : group.params()) params.push_back(p);
+    }
+  }
+  return replicas_->AverageGradients(params);
 }
 
 void StageRuntime::EmitTrace() {
@@ -563,6 +599,9 @@ int64_t ReadScalar(torch::serialize::InputArchive& a, const std::string& key) {
 }  // namespace
 
 absl::Status StageRuntime::WriteShard(int64_t phase_step, bool with_algorithm) {
+  // Replicas of a stage are equal after every step: replica 0 writes the
+  // stage's one shard (docs/replicas.md).
+  if (replica() > 0) return absl::OkStatus();
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t step = phase_offset_ + phase_step;
   torch::serialize::OutputArchive archive;
@@ -695,7 +734,15 @@ bool StageRuntime::EvalDue(int64_t steps_done) const {
 
 data::Batch StageRuntime::TrainBatch(int64_t step) const {
   const int64_t global = phase_offset_ + step;
-  return train_->Get(global / steps_per_epoch_, global % steps_per_epoch_);
+  data::Batch b = train_->Get(global / steps_per_epoch_, global % steps_per_epoch_);
+  if (num_replicas() > 1) {
+    // Replica r's share: rows [r B/R, (r+1) B/R) of the mini-batch all
+    // replicas draw alike (batch_size is a multiple of R, job_spec.cc).
+    const int64_t share = b.x.size(0) / num_replicas();
+    b.x = b.x.narrow(0, replica() * share, share);
+    b.y = b.y.narrow(0, replica() * share, share);
+  }
+  return b;
 }
 
 void StageRuntime::ReportStep(int64_t phase_steps_done, double train_loss, int64_t samples) {

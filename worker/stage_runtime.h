@@ -21,6 +21,7 @@
 #include "services/models/memory_meter.h"
 #include "services/rpc/server.h"
 #include "stagewise/v1/coordinator.pb.h"
+#include "worker/collective.h"
 #include "worker/peer_stream.h"
 #include "worker/stage_context.h"
 
@@ -43,6 +44,13 @@ struct RuntimeEnv {
   std::shared_ptr<const ClockSync> clock;
   // The job label of this stage's /metrics series (--metrics-job-ids).
   metrics::JobLabels job_labels;
+  // Replicated stages (StageAssignment.num_replicas > 1, docs/replicas.md):
+  // the store this stage's replicas meet through (the worker's is
+  // Coordinator.CollectiveStore; tests may pass a c10d HashStore). Required
+  // then; a stage with one replica never calls it.
+  std::function<c10::intrusive_ptr<c10d::Store>(const v1::StageAssignment&)> collective_store;
+  // Any rendezvous or gradient all-reduce slower than this fails the stage.
+  absl::Duration collective_timeout = absl::Seconds(300);
 };
 
 class StageRuntime final : public StageContext {
@@ -82,6 +90,9 @@ class StageRuntime final : public StageContext {
   int stage() const override { return assignment_.stage(); }
   int num_stages() const override { return assignment_.num_stages(); }
   int attempt() const { return assignment_.attempt(); }
+  int replica() const { return assignment_.replica(); }
+  int num_replicas() const { return std::max(1, assignment_.num_replicas()); }
+  int64_t batch_size() const override { return spec_.batch_size / num_replicas(); }
   models::Model& model() override { return *model_; }
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
   torch::Device device() const override { return env_.device; }
@@ -107,8 +118,12 @@ class StageRuntime final : public StageContext {
   metrics::StageMetrics& stage_metrics() override { return *metrics_; }
   Tracer* tracer() override { return tracer_.get(); }
   void Summarize(const std::string& key, double value) override;
+  absl::Status AverageReplicaGradients(torch::optim::Optimizer* extra) override;
 
  private:
+  // Replicated stages: meets the stage's other replicas (compute thread,
+  // before the first step).
+  absl::Status JoinReplicas();
   class InboxSink;
   explicit StageRuntime(RuntimeEnv env);
   absl::StatusOr<v1::StageMessage> Receive(BoundedQueue<v1::StageMessage>& queue,
@@ -154,6 +169,7 @@ class StageRuntime final : public StageContext {
   std::shared_ptr<models::MemoryAccount> memory_ = std::make_shared<models::MemoryAccount>();
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<Algorithm> algorithm_;
+  std::unique_ptr<ReplicaGroup> replicas_;  // num_replicas() > 1, once joined
   data::Datasets data_;
   std::unique_ptr<data::BatchSampler> train_, test_;
   int64_t steps_per_epoch_ = 0;

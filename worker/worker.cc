@@ -15,6 +15,7 @@
 #include "services/rpc/outbox.h"
 #include "services/rpc/status.h"
 #include "services/rpc/tls.h"
+#include "worker/coordinator_store.h"
 #include "worker/stream_gate.h"
 
 namespace stagewise::worker {
@@ -405,6 +406,7 @@ absl::Status Worker::ControlSession(bool* established) {
   {
     absl::MutexLock lock(&mu_);
     worker_id_ = resp.worker_id();
+    session_ = resp.session();
     control_ = stream;
   }
   if (shutdown_) stream->Cancel();  // Shutdown may have looked before control_ was set
@@ -456,15 +458,19 @@ void Worker::Ack(int64_t command_id) {
   Emit(std::move(e));
 }
 
-void Worker::EmitError(const std::string& job, int stage, const absl::Status& s, int attempt) {
+void Worker::EmitError(const std::string& job, int stage, const absl::Status& s, int attempt,
+                       int replica) {
   v1::WorkerEvent e;
   e.set_job_id(job);
   e.set_stage(stage);
-  if (attempt < 0) {
+  if (attempt < 0 || replica < 0) {
     std::shared_ptr<StageRuntime> rt = runtime();
-    attempt = rt && rt->job_id() == job ? rt->attempt() : 0;
+    const bool same = rt && rt->job_id() == job;
+    if (attempt < 0) attempt = same ? rt->attempt() : 0;
+    if (replica < 0) replica = same ? rt->replica() : 0;
   }
   e.set_attempt(attempt);
+  e.set_replica(replica);
   auto* err = e.mutable_error();
   err->set_retryable(IsTransient(s));
   err->set_code(static_cast<int>(s.code()));
@@ -532,9 +538,24 @@ void Worker::RunStageCommand(const v1::Command& command) {
       env.checkpoint_roots = options_.checkpoint_roots;
       env.model_roots = options_.model_roots;
       env.clock = clock_;
+      env.collective_timeout = options_.collective_timeout;
+      env.collective_store = [this](const v1::StageAssignment& assignment) {
+        CoordinatorStore::Scope scope;
+        {
+          absl::MutexLock lock(&mu_);
+          scope.worker_id = worker_id_;
+          scope.session = session_;
+        }
+        scope.job_id = assignment.job_id();
+        scope.attempt = assignment.attempt();
+        scope.prefix = absl::StrCat("stage", assignment.stage(), "/");
+        return c10::make_intrusive<CoordinatorStore>(
+            coordinator_.get(), std::move(scope),
+            std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.collective_timeout)));
+      };
       auto rt = StageRuntime::Create(a, std::move(env));
       if (!rt.ok()) {
-        EmitError(a.job_id(), a.stage(), rt.status(), a.attempt());
+        EmitError(a.job_id(), a.stage(), rt.status(), a.attempt(), a.replica());
         return;
       }
       {

@@ -67,6 +67,9 @@ struct WorkerOptions {
   // binary sets it when TLS is on.
   bool require_worker_identity = false;
   absl::Duration first_message_timeout = absl::Seconds(10);
+  // Replicated stages: a rendezvous or gradient all-reduce among a stage's
+  // replicas slower than this fails the stage (docs/replicas.md).
+  absl::Duration collective_timeout = absl::Seconds(300);
   // Events waiting to be written on the control stream; producers (compute
   // threads) wait for room, heartbeats are skipped when it is full.
   size_t control_outbox = 256;
@@ -106,7 +109,8 @@ class Worker {
   void RunStageCommand(const v1::Command& command);
   void Ack(int64_t command_id);
   // A StageError about `job`'s stage `stage` (attempt -1: the runtime's).
-  void EmitError(const std::string& job, int stage, const absl::Status& s, int attempt = -1);
+  void EmitError(const std::string& job, int stage, const absl::Status& s, int attempt = -1,
+                 int replica = -1);
   // Queues `event` on the current session's stream (waits for room; dropped
   // when there is no session). Heartbeats go with `may_skip`.
   void Emit(v1::WorkerEvent event, bool may_skip = false);
@@ -135,6 +139,7 @@ class Worker {
   mutable absl::Mutex mu_;
   std::shared_ptr<StageRuntime> runtime_ ABSL_GUARDED_BY(mu_);
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  std::string session_ ABSL_GUARDED_BY(mu_);  // the registration's (CollectiveStore calls)
   // The current session's stream (null between sessions).
   std::shared_ptr<ControlStream> control_ ABSL_GUARDED_BY(mu_);
 };

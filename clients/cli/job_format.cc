@@ -179,7 +179,10 @@ std::string JobTable(const v1::JobStatus& s, absl::TimeZone tz) {
   row("state", client::JobStateName(s.state()));
   if (!s.reason().empty()) row("reason", s.reason());
   if (!s.algorithm().empty()) {
-    row("algorithm", absl::StrCat(s.algorithm(), " on ", s.num_stages(), " stage(s)"));
+    row("algorithm",
+        absl::StrCat(
+            s.algorithm(), " on ", s.num_stages(), " stage(s)",
+            s.num_replicas() > 1 ? absl::StrCat(" x ", s.num_replicas(), " replicas") : ""));
   }
   if (s.num_phases() > 1) {
     row("phase", absl::StrCat(s.phase() + 1, "/", s.num_phases(), " (", s.phase_name(), ")"));
@@ -202,6 +205,11 @@ std::string JobTable(const v1::JobStatus& s, absl::TimeZone tz) {
     }
   }
   row("throughput", throughput);
+  if (s.replica_samples_per_second_size() > 1) {
+    std::vector<std::string> rates;
+    for (double r : s.replica_samples_per_second()) rates.push_back(absl::StrFormat("%.0f", r));
+    row("per replica", absl::StrCat(absl::StrJoin(rates, ", "), " samples/s"));
+  }
   const std::optional<double> seconds = JobSeconds(s);
   row("time", seconds.has_value() ? HumanDuration(*seconds) : "-");
   // Per-stage results ("stage<j>.<name>"), one line per stage, names sorted.
@@ -233,10 +241,14 @@ std::string JobJson(const v1::JobStatus& s) {
       "{\"job_id\":\"", JsonEscape(s.job_id()), "\",\"name\":\"", JsonEscape(s.name()),
       "\",\"state\":\"", client::JobStateName(s.state()), "\",\"reason\":\"",
       JsonEscape(s.reason()), "\",\"algorithm\":\"", JsonEscape(s.algorithm()),
-      "\",\"stages\":", s.num_stages(), ",\"phase\":", s.phase(),
-      ",\"num_phases\":", std::max(1, s.num_phases()), ",\"phase_name\":\"",
-      JsonEscape(s.phase_name()), "\",\"step\":", s.step(), ",\"total_steps\":", s.total_steps(),
-      ",\"epoch\":", s.epoch(), ",\"train_loss\":", JsonNumber(s.train_loss()),
+      "\",\"stages\":", s.num_stages(), ",\"replicas\":", std::max(1, s.num_replicas()),
+      ",\"replica_samples_per_second\":[",
+      absl::StrJoin(s.replica_samples_per_second(), ",",
+                    [](std::string* out, double v) { out->append(JsonNumber(v)); }),
+      "],\"phase\":", s.phase(), ",\"num_phases\":", std::max(1, s.num_phases()),
+      ",\"phase_name\":\"", JsonEscape(s.phase_name()), "\",\"step\":", s.step(),
+      ",\"total_steps\":", s.total_steps(), ",\"epoch\":", s.epoch(),
+      ",\"train_loss\":", JsonNumber(s.train_loss()),
       ",\"eval_loss\":", HasEval(s) ? JsonNumber(s.eval_loss()) : "null",
       ",\"eval_accuracy\":", HasEval(s) ? JsonNumber(s.eval_accuracy()) : "null",
       ",\"samples_per_second\":", JsonNumber(s.samples_per_second()), ",\"tokens_per_second\":",

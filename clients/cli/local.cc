@@ -400,7 +400,9 @@ int LocalRun::Run() {
   }
   const int stages = spec->stages.ranges.empty() ? spec->stages.count
                                                  : static_cast<int>(spec->stages.ranges.size());
-  const int num_workers = args_.workers > 0 ? args_.workers : std::max(1, stages);
+  // Replicated stages (docs/replicas.md): J x R workers.
+  const int num_workers =
+      args_.workers > 0 ? args_.workers : std::max(1, stages * std::max(1, spec->stages.replicas));
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const int threads = args_.threads > 0 ? args_.threads : std::max(1, cores / num_workers);
   if (const int code = SetUpChaos(*spec, num_workers); code >= 0) return code;

@@ -189,8 +189,15 @@ std::vector<std::string> KnownAlgorithms();
 int64_t AccumulationFactor(const AlgorithmSpec& spec);
 
 // stages: how many stages and which global blocks each holds.
+// The most replicas of a stage (stages.replicas).
+constexpr int kMaxReplicas = 64;
+
 struct StagesSpec {
   int count = 1;
+  // Pipelines that train side by side on disjoint shares of every mini-batch
+  // (data x pipeline parallelism, docs/replicas.md): J x R workers, each
+  // stage's R replicas averaging their gradients before every step.
+  int replicas = 1;
   // balanced: cut where the estimated work of the slowest stage is least
   // (models::EstimateBlockWork); even: the same block count per stage; auto:
   // profiled and planned by the coordinator; explicit: `ranges`.

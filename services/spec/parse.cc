@@ -149,7 +149,7 @@ absl::Status ParsePartition(const Section& section, StagesSpec* stages) {
   return absl::OkStatus();
 }
 
-// stages: a count, or {count, partition, modes, memory_budget}.
+// stages: a count, or {count, replicas, partition, modes, memory_budget}.
 absl::Status ParseStages(const YAML::Node& node, StagesSpec* stages) {
   if (node.IsNull()) return absl::OkStatus();
   if (node.IsScalar()) return spec::Convert(node, "stages", &stages->count);
@@ -157,8 +157,9 @@ absl::Status ParseStages(const YAML::Node& node, StagesSpec* stages) {
     return TypeError(node, "stages", "a stage count or a map");
   }
   Section section(node, "stages");
-  section.CheckKeys({"count", "partition", "modes", "memory_budget"});
+  section.CheckKeys({"count", "replicas", "partition", "modes", "memory_budget"});
   section.Read("count", &stages->count);
+  section.Read("replicas", &stages->replicas);
   if (!section.status().ok()) return section.status();
   if (const YAML::Node* modes = section.Find("modes"); modes != nullptr && !modes->IsNull()) {
     const std::string value = modes->IsScalar() ? modes->Scalar() : "";

@@ -226,6 +226,10 @@ absl::Status ValidateStages(const StagesSpec& stages) {
   if (stages.count < 1) {
     return KeyError("stages.count", absl::StrCat("must be >= 1, got ", stages.count));
   }
+  if (stages.replicas < 1 || stages.replicas > kMaxReplicas) {
+    return KeyError("stages.replicas",
+                    absl::StrCat("must be in [1, ", kMaxReplicas, "], got ", stages.replicas));
+  }
   if (stages.partition != Partition::kExplicit) {
     if (!stages.ranges.empty()) {
       return KeyError("stages.partition", absl::StrCat("is '", NameOf(stages.partition),
@@ -261,11 +265,34 @@ absl::Status ValidateStages(const StagesSpec& stages) {
   return absl::OkStatus();
 }
 
-// A micro-batch needs at least one sample.
-absl::Status CheckMicroBatches(int micro_batches, int64_t batch_size) {
-  if (micro_batches > batch_size && batch_size >= 1) {
+// A micro-batch needs at least one sample (of a replica's share of the batch).
+absl::Status CheckMicroBatches(int micro_batches, const JobSpec& spec) {
+  const int64_t share = spec.batch_size / std::max(1, spec.stages.replicas);
+  if (micro_batches > share && share >= 1) {
     return KeyError("algorithm.micro_batches",
-                    absl::StrCat("must be <= batch_size (", batch_size, "), got ", micro_batches));
+                    spec.stages.replicas > 1
+                        ? absl::StrCat("must be <= batch_size / stages.replicas (", share,
+                                       "), got ", micro_batches)
+                        : absl::StrCat("must be <= batch_size (", share, "), got ", micro_batches));
+  }
+  return absl::OkStatus();
+}
+
+// Each replica takes batch_size / R samples of every mini-batch, so that J x R
+// workers see exactly the samples of J workers at the same batch_size.
+absl::Status ValidateReplicas(const JobSpec& spec) {
+  const int R = spec.stages.replicas;
+  if (R <= 1) return absl::OkStatus();
+  if (spec.batch_size % R != 0) {
+    return KeyError("stages.replicas",
+                    absl::StrCat(R, " does not divide batch_size ", spec.batch_size,
+                                 ": every replica takes batch_size / replicas samples of each "
+                                 "mini-batch"));
+  }
+  if (spec.algorithm.get_if<AuxNetOptions>() != nullptr) {
+    return KeyError("stages.replicas",
+                    "auxnet does not run on replicated stages yet (its auxiliary networks "
+                    "step outside the averaged optimizer step); use stages.replicas: 1");
   }
   return absl::OkStatus();
 }
@@ -280,10 +307,10 @@ absl::Status ValidateAlgorithm(const AlgorithmSpec& algorithm, const JobSpec& sp
     }
     auto head = ParseAuxHeadSpec(nwise->aux_head);
     if (!head.ok()) return head.status();
-    return CheckMicroBatches(nwise->micro_batches, spec.batch_size);
+    return CheckMicroBatches(nwise->micro_batches, spec);
   }
   if (const auto* backprop = algorithm.get_if<BackpropOptions>()) {
-    return CheckMicroBatches(backprop->micro_batches, spec.batch_size);
+    return CheckMicroBatches(backprop->micro_batches, spec);
   }
   if (const auto* auxnet = algorithm.get_if<AuxNetOptions>()) {
     // auxnet's running statistics from the serial forward need one.
@@ -481,6 +508,7 @@ absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
   check(missing.data_dataset ? Required<DatasetKind>("data.dataset") : ValidateData(spec.data));
   if (check.status().ok()) check(ValidateModelFitsData(spec));
   check(ValidateStages(spec.stages));
+  if (check.status().ok()) check(ValidateReplicas(spec));
   check(AtLeast("batch_size", spec.batch_size, int64_t{1}));
   check(AtLeast("eval_batch_size", spec.eval_batch_size, int64_t{0}));
   if (check.status().ok()) check(ValidateAlgorithm(spec.algorithm, spec));

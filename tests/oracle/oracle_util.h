@@ -77,7 +77,8 @@ struct Outcome {
 };
 
 // Runs `yaml` on `stages` in-process workers; expects it to succeed.
-inline Outcome RunJob(const std::string& yaml, int stages) {
+// Outcome.tensors: parameters, and buffers unless `buffers` is false.
+inline Outcome RunJob(const std::string& yaml, int stages, bool buffers = true) {
   Cluster cluster({.workers = stages});
   EXPECT_TRUE(cluster.WaitForWorkers(stages));
   auto id = cluster.manager().Submit(yaml);
@@ -88,6 +89,7 @@ inline Outcome RunJob(const std::string& yaml, int stages) {
   if (!st.ok()) return {};
   EXPECT_EQ(st->state(), v1::SUCCEEDED) << st->reason();
   Outcome out{*st, cluster.StageTensors(*id, /*buffers=*/false)};
+  if (!buffers) return out;
   for (auto& [name, v] : cluster.StageTensors(*id, /*buffers=*/true)) out.tensors[name] = v;
   return out;
 }

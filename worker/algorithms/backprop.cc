@@ -60,7 +60,7 @@ class Backprop : public Algorithm {
         xs_ = b.x.split_with_sizes(MicroBatchSizes(batch_size_, M));
         ys_ = b.y.split_with_sizes(MicroBatchSizes(batch_size_, M));
       } else {
-        batch_size_ = ctx.spec().batch_size;
+        batch_size_ = ctx.batch_size();
       }
       if (one_f_one_b_) {
         for (int i = 0; i < warm; ++i) STAGEWISE_RETURN_IF_ERROR(Forward(ctx, step, i));
@@ -75,7 +75,7 @@ class Backprop : public Algorithm {
           for (int i = 0; i < M; ++i) STAGEWISE_RETURN_IF_ERROR(Backward(ctx, step, i));
         }
       }
-      StepOptimizer(ctx, step, ctx.LearningRate(step));
+      STAGEWISE_RETURN_IF_ERROR(StepOptimizer(ctx, step, ctx.LearningRate(step)));
       ctx.stage_metrics().SetMemory("activations", 0);
       ctx.ReportStep(step + 1, loss_, batch_size_);
       return absl::OkStatus();

@@ -147,12 +147,15 @@ void StepAt(torch::optim::Optimizer& optimizer, double lr) {
   optimizer.step();
 }
 
-void StepOptimizer(StageContext& ctx, int64_t step, double lr, torch::optim::Optimizer* extra) {
+absl::Status StepOptimizer(StageContext& ctx, int64_t step, double lr,
+                           torch::optim::Optimizer* extra) {
+  STAGEWISE_RETURN_IF_ERROR(ctx.AverageReplicaGradients(extra));
   const auto t0 = std::chrono::steady_clock::now();
   StepAt(ctx.optimizer(), lr);
   if (extra != nullptr) StepAt(*extra, lr);
   TimeCompute(ctx, "step", step, 0, t0);
   ctx.stage_metrics().IncSteps();
+  return absl::OkStatus();
 }
 
 double LossBackward(StageContext& ctx, int64_t step, const ForwardInput& in) {

@@ -58,9 +58,11 @@ absl::Status CheckOutputShape(const std::string& name, c10::IntArrayRef got, c10
 void StepAt(torch::optim::Optimizer& optimizer, double lr);
 // The stage's optimizer step at `lr` (and `extra`'s, e.g. an aux head's),
 // timed as compute phase "step" of mini-batch `step` and counted in the
-// stage metrics.
-void StepOptimizer(StageContext& ctx, int64_t step, double lr,
-                   torch::optim::Optimizer* extra = nullptr);
+// stage metrics. On replicated stages the gradients are averaged among the
+// stage's replicas first (StageContext::AverageReplicaGradients); its error
+// (a lost or stuck replica) fails the step.
+absl::Status StepOptimizer(StageContext& ctx, int64_t step, double lr,
+                           torch::optim::Optimizer* extra = nullptr);
 
 // Last stage: forward, loss and backward of mini-batch `step` (`in`) at once
 // (the input gradient lands in in.x.grad() on stages > 0), timed as

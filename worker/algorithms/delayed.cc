@@ -71,10 +71,11 @@ class Delayed : public Algorithm {
   };
 
   // The optimizer step after mini-batch t's backward.
-  void Step(StageContext& ctx, int64_t t, double loss, int64_t samples) {
-    StepOptimizer(ctx, t, ctx.LearningRate(steps_));
+  absl::Status Step(StageContext& ctx, int64_t t, double loss, int64_t samples) {
+    STAGEWISE_RETURN_IF_ERROR(StepOptimizer(ctx, t, ctx.LearningRate(steps_)));
     ++steps_;
     ctx.ReportStep(steps_, loss, samples);
+    return absl::OkStatus();
   }
 
   void ReportBuffers(StageContext& ctx) {
@@ -98,7 +99,7 @@ class Delayed : public Algorithm {
       ctx.optimizer().zero_grad();
       const double loss = LossBackward(ctx, t, in);
       ctx.stage_metrics().SetStaleness(0);
-      Step(ctx, t, loss, in.labels.size(0));
+      STAGEWISE_RETURN_IF_ERROR(Step(ctx, t, loss, in.labels.size(0)));
       return SendGrad(ctx, t, 0, in.x.grad());
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -144,7 +145,7 @@ class Delayed : public Algorithm {
       for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(current[i]);
     }
     ReportStaleness(ctx, steps_ - f.forward_step, &max_staleness_);
-    Step(ctx, t, 0.0, grad.size(0));
+    STAGEWISE_RETURN_IF_ERROR(Step(ctx, t, 0.0, grad.size(0)));
     ReportBuffers(ctx);
     return SendGrad(ctx, t, 0, x.grad());
   }

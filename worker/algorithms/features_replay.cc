@@ -157,7 +157,7 @@ class FeaturesReplay : public Algorithm {
       ctx.optimizer().zero_grad();
       loss_ = LossBackward(ctx, t, in);
       samples_ = in.labels.size(0);
-      StepOptimizer(ctx, t, ctx.LearningRate(t));
+      STAGEWISE_RETURN_IF_ERROR(StepOptimizer(ctx, t, ctx.LearningRate(t)));
       return SendGrad(ctx, t, 0, in.x.grad());
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -196,7 +196,7 @@ class FeaturesReplay : public Algorithm {
     if (!ctx.first()) input = input.detach().requires_grad_(true);
     STAGEWISE_RETURN_IF_ERROR(RecomputeBackward(ctx, r, input, grad));  // the replay
     ctx.stage_metrics().SetStaleness(lag_);
-    StepOptimizer(ctx, t, ctx.LearningRate(t));
+    STAGEWISE_RETURN_IF_ERROR(StepOptimizer(ctx, t, ctx.LearningRate(t)));
     ReportBuffers(ctx);
     return SendGrad(ctx, r, 0, input.grad());
   }

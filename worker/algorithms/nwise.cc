@@ -157,7 +157,7 @@ class Nwise : public Algorithm {
 
   absl::Status MiniBatch(StageContext& ctx, int64_t t) {
     const int M = micro_batches_;
-    const int64_t B = ctx.spec().batch_size;
+    const int64_t B = ctx.batch_size();
     const bool input_grad = !ctx.first() && n_ > 1;
     ctx.optimizer().zero_grad();
     if (aux_optimizer_) aux_optimizer_->zero_grad();
@@ -236,7 +236,7 @@ class Nwise : public Algorithm {
       if (pass_on) STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, t, mb, gx, torch::Tensor(), m));
     }
     // Step (main and aux head) with the schedule's rate for this mini-batch.
-    StepOptimizer(ctx, t, ctx.LearningRate(t), aux_optimizer_.get());
+    STAGEWISE_RETURN_IF_ERROR(StepOptimizer(ctx, t, ctx.LearningRate(t), aux_optimizer_.get()));
     ctx.stage_metrics().SetStaleness(0);
     ctx.ReportStep(t + 1, ctx.last() ? loss_sum : 0.0, samples);
     if (head_ && !ctx.last()) {

@@ -96,7 +96,7 @@ class Petra : public Algorithm {
   // One backward pass done: Delta_j += grad / k was accumulated in .grad (the
   // 1/k is applied here); every k-th pass steps and zeroes.
   // Mini-batch t's backward pass done.
-  void Accumulate(StageContext& ctx, int64_t t, double loss, int64_t samples) {
+  absl::Status Accumulate(StageContext& ctx, int64_t t, double loss, int64_t samples) {
     ++backwards_;
     if (backwards_ % k_ == 0) {
       if (k_ > 1) {
@@ -107,11 +107,12 @@ class Petra : public Algorithm {
       }
       // The schedule advances in mini-batches: an update uses the learning rate
       // of the first mini-batch of its window.
-      StepOptimizer(ctx, t, ctx.LearningRate(backwards_ - k_));
+      STAGEWISE_RETURN_IF_ERROR(StepOptimizer(ctx, t, ctx.LearningRate(backwards_ - k_)));
       ctx.optimizer().zero_grad();
       ++updates_;
     }
     ctx.ReportStep(backwards_, loss, samples);
+    return absl::OkStatus();
   }
 
   void ReportBuffers(StageContext& ctx) {
@@ -141,7 +142,7 @@ class Petra : public Algorithm {
       // statistics move in this (only) pass.
       const double loss = LossBackward(ctx, t, in);
       ctx.stage_metrics().SetStaleness(0);
-      Accumulate(ctx, t, loss, in.labels.size(0));
+      STAGEWISE_RETURN_IF_ERROR(Accumulate(ctx, t, loss, in.labels.size(0)));
       return SendGrad(ctx, t, 0, in.x.grad(), in.x.detach());
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -219,7 +220,7 @@ class Petra : public Algorithm {
     // One span for the pass: rebuilds and VJPs alternate block by block.
     TraceSpan(ctx, v1::SPAN_BACKWARD, t, 0, start);
     ReportStaleness(ctx, updates_ - f.updates_at_forward, &max_staleness_);
-    Accumulate(ctx, t, 0.0, samples);
+    STAGEWISE_RETURN_IF_ERROR(Accumulate(ctx, t, 0.0, samples));
     ReportBuffers(ctx);
     return SendGrad(ctx, t, 0, g, h);
   }

@@ -1,0 +1,177 @@
+#include "worker/collective.h"
+
+#include <chrono>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace stagewise::worker {
+namespace {
+
+std::chrono::milliseconds Millis(absl::Duration d) {
+  return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
+}
+
+// Consecutive tensors of one dtype and device, at most `limit` bytes together
+// (a larger tensor alone).
+std::vector<std::vector<torch::Tensor>> Buckets(const std::vector<torch::Tensor>& tensors,
+                                                int64_t limit) {
+  std::vector<std::vector<torch::Tensor>> out;
+  int64_t bytes = 0;
+  for (const torch::Tensor& t : tensors) {
+    const int64_t n = t.numel() * static_cast<int64_t>(t.element_size());
+    const bool fits = !out.empty() && out.back().front().scalar_type() == t.scalar_type() &&
+                      out.back().front().device() == t.device() && bytes + n <= limit;
+    if (!fits) {
+      out.emplace_back();
+      bytes = 0;
+    }
+    out.back().push_back(t);
+    bytes += n;
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ReplicaGroup>> ReplicaGroup::Create(
+    c10::intrusive_ptr<c10d::Store> store, const ReplicaGroupOptions& options) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return absl::InvalidArgumentError(absl::StrCat(options.name, ": replica ", options.rank, " of ",
+                                                   options.size, " is not a replica"));
+  }
+  if (options.bucket_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options.name, ": bucket_bytes must be positive"));
+  }
+  const absl::Time start = absl::Now();
+  try {
+    store->setTimeout(Millis(options.timeout));
+    auto gloo = c10d::ProcessGroupGloo::Options::create(Millis(options.timeout));
+    gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.host));
+    gloo->threads = 2;
+    auto group =
+        c10::make_intrusive<c10d::ProcessGroupGloo>(store, options.rank, options.size, gloo);
+    return std::unique_ptr<ReplicaGroup>(new ReplicaGroup(std::move(group), options));
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    const std::string first_line = what.substr(0, what.find('\n'));
+    const std::string message = absl::StrFormat(
+        "%s: replica %d of %d could not meet the others on %s within %.1f s (timeout %.0f s): %s",
+        options.name, options.rank, options.size, options.host,
+        absl::ToDoubleSeconds(absl::Now() - start), absl::ToDoubleSeconds(options.timeout),
+        first_line);
+    if (absl::StrContains(what, "imeout") || absl::StrContains(what, "imed out")) {
+      return absl::DeadlineExceededError(message);
+    }
+    return absl::UnavailableError(message);
+  }
+}
+
+absl::Status ReplicaGroup::Failed(const std::string& what, const std::exception& e,
+                                  absl::Time start) {
+  const std::string error = e.what();
+  broken_ = true;
+  broken_reason_ = absl::StrFormat(
+      "%s: %s among %d replicas failed after %.1f s (timeout %.0f s): %s", options_.name, what,
+      options_.size, absl::ToDoubleSeconds(absl::Now() - start),
+      absl::ToDoubleSeconds(options_.timeout), error.substr(0, error.find('\n')));
+  if (absl::StrContains(error, "imeout") || absl::StrContains(error, "imed out")) {
+    return absl::DeadlineExceededError(broken_reason_);
+  }
+  return absl::UnavailableError(broken_reason_);
+}
+
+absl::Status ReplicaGroup::SumThenScale(const std::vector<torch::Tensor>& tensors, double scale) {
+  if (broken_) return absl::FailedPreconditionError(broken_reason_);
+  if (options_.size == 1 || tensors.empty()) return absl::OkStatus();
+  const absl::Time start = absl::Now();
+  torch::NoGradGuard no_grad;
+  struct Pending {
+    std::vector<torch::Tensor> members;
+    torch::Tensor flat;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  std::vector<Pending> pending;
+  int64_t bytes = 0;
+  try {
+    // Launch every bucket, then wait: gloo's threads overlap them.
+    for (auto& members : Buckets(tensors, options_.bucket_bytes)) {
+      Pending p;
+      if (members.size() == 1 && members.front().is_contiguous()) {
+        p.flat = members.front();
+      } else {
+        std::vector<torch::Tensor> views;
+        views.reserve(members.size());
+        for (const torch::Tensor& t : members) views.push_back(t.reshape(-1));
+        p.flat = torch::cat(views);
+      }
+      bytes += p.flat.numel() * static_cast<int64_t>(p.flat.element_size());
+      std::vector<torch::Tensor> io{p.flat};
+      p.work = group_->allreduce(io);
+      p.members = std::move(members);
+      pending.push_back(std::move(p));
+    }
+    for (Pending& p : pending) {
+      p.work->wait();
+      p.flat.mul_(scale);
+      if (p.flat.is_same(p.members.front())) continue;
+      int64_t offset = 0;
+      for (torch::Tensor& t : p.members) {
+        t.copy_(p.flat.narrow(0, offset, t.numel()).view_as(t));
+        offset += t.numel();
+      }
+    }
+  } catch (const std::exception& e) {
+    return Failed("all-reduce", e, start);
+  }
+  bytes_ += bytes;
+  seconds_ = seconds_.load() + absl::ToDoubleSeconds(absl::Now() - start);
+  return absl::OkStatus();
+}
+
+absl::Status ReplicaGroup::AverageGradients(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> grads;
+  grads.reserve(params.size());
+  for (const torch::Tensor& p : params) {
+    if (!p.grad().defined()) {
+      torch::Tensor zeros = torch::zeros_like(p);
+      p.mutable_grad() = zeros;
+    }
+    grads.push_back(p.grad());
+  }
+  return SumThenScale(grads, 1.0 / options_.size);
+}
+
+absl::Status ReplicaGroup::Average(const std::vector<torch::Tensor>& tensors) {
+  return SumThenScale(tensors, 1.0 / options_.size);
+}
+
+absl::Status ReplicaGroup::Broadcast(const std::vector<torch::Tensor>& tensors) {
+  if (broken_) return absl::FailedPreconditionError(broken_reason_);
+  if (options_.size == 1 || tensors.empty()) return absl::OkStatus();
+  const absl::Time start = absl::Now();
+  torch::NoGradGuard no_grad;
+  try {
+    int64_t bytes = 0;
+    for (const torch::Tensor& t : tensors) {
+      torch::Tensor buffer = t.is_contiguous() ? t : t.contiguous();
+      std::vector<torch::Tensor> io{buffer};
+      c10d::BroadcastOptions opts;
+      opts.rootRank = 0;
+      group_->broadcast(io, opts)->wait();
+      if (!buffer.is_same(t)) t.copy_(buffer);
+      bytes += t.numel() * static_cast<int64_t>(t.element_size());
+    }
+    bytes_ += bytes;
+  } catch (const std::exception& e) {
+    return Failed("broadcast", e, start);
+  }
+  seconds_ = seconds_.load() + absl::ToDoubleSeconds(absl::Now() - start);
+  return absl::OkStatus();
+}
+
+}  // namespace stagewise::worker
