@@ -74,16 +74,16 @@ TEST(CollectiveStores, ANewAttemptStartsEmptyAndAnOldOneIsRefused) {
 TEST(CollectiveStores, IsBounded) {
   CollectiveStores stores;
   v1::CollectiveStoreResponse resp;
-  EXPECT_EQ(stores.Apply(Request(Op::SET, std::string(CollectiveStores::kMaxKeyBytes + 1, 'k')),
-                         &resp)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(stores
-                .Apply(Request(Op::SET, "k", 0,
-                               std::string(CollectiveStores::kMaxValueBytes + 1, 'v')),
-                       &resp)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      stores.Apply(Request(Op::SET, std::string(CollectiveStores::kMaxKeyBytes + 1, 'k')), &resp)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      stores
+          .Apply(Request(Op::SET, "k", 0, std::string(CollectiveStores::kMaxValueBytes + 1, 'v')),
+                 &resp)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
   for (size_t i = 0; i < CollectiveStores::kMaxKeysPerAttempt; ++i) {
     ASSERT_TRUE(stores.Apply(Request(Op::SET, std::to_string(i)), &resp).ok());
   }
