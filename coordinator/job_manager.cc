@@ -532,7 +532,9 @@ void JobManager::OnWorkerLost(const WorkerRegistry::Removed& worker, const std::
   }
   const std::string text =
       worker.stage >= 0
-          ? absl::StrCat("lost worker ", worker.worker_id, " (stage ", worker.stage, "): ", why)
+          ? absl::StrCat("lost worker ", worker.worker_id, " (stage ", worker.stage,
+                         worker.replica >= 0 ? absl::StrCat(", replica ", worker.replica) : "",
+                         "): ", why)
           : absl::StrCat("lost worker ", worker.worker_id, ": ", why);
   recovery_.Recover(worker.job_id, text, "worker_lost");
 }
@@ -561,7 +563,9 @@ void JobManager::Schedule() {
       continue;
     }
     it->second.workers = p.workers;
-    auto moved = Transition(p.job_id, p.profile ? v1::PROFILING : v1::CONFIGURING, "");
+    const std::string elastic = SetPlacedReplicas(it->second);
+    if (!elastic.empty()) STAGEWISE_LOG(WARNING) << "job " << p.job_id << ": " << elastic;
+    auto moved = Transition(p.job_id, p.profile ? v1::PROFILING : v1::CONFIGURING, elastic);
     if (!moved.ok()) {
       EndJob(p.job_id, v1::FAILED,
              absl::StrCat("cannot record the placement: ", moved.status().message()));
@@ -628,10 +632,14 @@ void JobManager::StopStages(const std::string& job_id, const std::string& reason
 void JobManager::Requeue(const std::string& job_id, bool recovering) {
   STAGEWISE_BUG(OnLoop());
   const Job& job = jobs_.at(job_id);
-  Scheduler::Request request{job_id, NumStages(job) * NumReplicas(job),
+  // Every placement asks for all the spec's replicas; a recovering elastic
+  // job takes fewer when that many are not idle.
+  Scheduler::Request request{job_id, NumStages(job) * SpecReplicas(job),
                              job.needs_plan && !job.planned};
+  request.stages = NumStages(job);
   request.distinct_identities = job.spec.placement.distinct_identities;
   if (recovering) {
+    request.fewer_replicas = ElasticReplicaCounts(job);
     request.not_before = absl::Now() + options_.recovery_settle;
     scheduler_.Requeue(std::move(request));
   } else {

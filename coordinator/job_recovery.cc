@@ -194,7 +194,10 @@ void JobRecovery::CheckDeadlines(absl::Time now) {
               ? job.status.attempts(job.status.attempts_size() - 1).end_reason()
               : job.status.reason();
       host_->EndJob(id, v1::FAILED,
-                    absl::StrCat("no ", NumStages(job) * NumReplicas(job),
+                    absl::StrCat("no ", NumStages(job) * SpecReplicas(job),
+                                 ElasticReplicaCounts(job).empty()
+                                     ? ""
+                                     : absl::StrCat(" (recovery.elastic: ", NumStages(job), ")"),
                                  " idle workers within recovery.wait_seconds (",
                                  job.spec.recovery.wait_seconds, " s) after attempt ",
                                  job.attempt - 1, " ended: ", last));

@@ -153,6 +153,18 @@ std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::Metrics
   return points;
 }
 
+std::string SetPlacedReplicas(LiveJob& job) {
+  const int J = std::max(1, NumStages(job));
+  job.replicas = std::max(1, static_cast<int>(job.workers.size()) / J);
+  job.status.set_num_replicas(job.replicas);
+  job.status.clear_replica_samples_per_second();
+  if (job.replicas >= SpecReplicas(job)) return "";
+  return absl::StrCat("recovery.elastic: this attempt runs ", job.replicas, " of ",
+                      SpecReplicas(job), " replicas of every stage (", job.workers.size(),
+                      " workers were idle); the global batch stays ", job.spec.batch_size, ", ",
+                      job.spec.batch_size / job.replicas, " per replica");
+}
+
 void ApplyReplicaMetrics(LiveJob& job, int stage, int replica, const v1::MetricsReport& m,
                          absl::Time now) {
   const int R = NumReplicas(job);

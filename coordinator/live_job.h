@@ -37,8 +37,12 @@ struct LiveJob {
   // block modes come from the plan.
   bool needs_plan = false;
   bool planned = false;
-  std::vector<std::vector<BlockMode>> modes;    // per stage, per block; empty = default
-  std::vector<std::string> workers;             // by stage, once placed
+  std::vector<std::vector<BlockMode>> modes;  // per stage, per block; empty = default
+  std::vector<std::string> workers;           // by slot, once placed
+  // Replicas of every stage in the current attempt: stages.replicas, or
+  // fewer when recovery.elastic placed the attempt short of workers (0
+  // until placed: the spec's).
+  int replicas = 0;
   std::map<int64_t, std::string> pending_acks;  // command id -> the worker it went to
   std::set<int> finished_stages;
   std::map<int, std::set<int>> phase_done;  // phase -> stages that finished it
@@ -66,7 +70,21 @@ struct LiveJob {
 // J x R workers by slot, replica r's stage j at r * J + j, so that replica 0
 // is the first J (R = 1: by stage, as before).
 inline int NumStages(const LiveJob& job) { return static_cast<int>(job.ranges.size()); }
-inline int NumReplicas(const LiveJob& job) { return std::max(1, job.spec.stages.replicas); }
+inline int SpecReplicas(const LiveJob& job) { return std::max(1, job.spec.stages.replicas); }
+inline int NumReplicas(const LiveJob& job) {
+  return job.replicas > 0 ? job.replicas : SpecReplicas(job);
+}
+// recovery.elastic: the replica counts below the spec's a recovering job may
+// run with, most first; each divides batch_size so every replica keeps an
+// equal share of the same global batch. Empty without elastic.
+inline std::vector<int> ElasticReplicaCounts(const LiveJob& job) {
+  std::vector<int> counts;
+  if (!job.spec.recovery.elastic) return counts;
+  for (int r = SpecReplicas(job) - 1; r >= 1; --r) {
+    if (job.spec.batch_size % r == 0) counts.push_back(r);
+  }
+  return counts;
+}
 inline int SlotOf(const LiveJob& job, int stage, int replica) {
   return replica * NumStages(job) + stage;
 }
@@ -106,6 +124,10 @@ LiveJob MakeLiveJob(const v1::JobStatus& status, const JobSpec& spec, const std:
 // the report changes nothing shown).
 std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::MetricsReport& report,
                                       absl::Time now);
+// A placement's workers (by slot) set the attempt's replicas, in the job and
+// its status. What to tell the user when recovery.elastic placed fewer than
+// the spec's replicas ("" otherwise).
+std::string SetPlacedReplicas(LiveJob& job);
 // A report of replica r > 0's stage (replica 0's goes to ApplyMetrics, which
 // records its share too): its last stage's training loss sets the replica's
 // entry of JobStatus.replica_samples_per_second. Nothing else moves.

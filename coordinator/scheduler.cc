@@ -57,8 +57,13 @@ Scheduler::Round Scheduler::Schedule(absl::Time now) {
       still_queued.push_back(std::move(request));
       continue;
     }
-    std::vector<std::string> workers =
-        registry_->Claim(request.job_id, request.workers, request.distinct_identities);
+    std::vector<std::string> workers = registry_->Claim(
+        request.job_id, request.workers, request.distinct_identities, request.stages);
+    for (size_t i = 0; workers.empty() && request.stages > 0 && i < request.fewer_replicas.size();
+         ++i) {
+      workers = registry_->Claim(request.job_id, request.stages * request.fewer_replicas[i],
+                                 request.distinct_identities, request.stages);
+    }
     if (workers.empty()) {
       const WorkerRegistry::Counts counts = registry_->GetCounts();
       // Enough idle workers, yet no claim: they share certificate identities.
@@ -66,6 +71,10 @@ Scheduler::Round Scheduler::Schedule(absl::Time now) {
       round.waiting.push_back(
           {request.job_id,
            absl::StrCat("waiting for ", request.workers, " idle workers",
+                        request.fewer_replicas.empty() || request.stages <= 0
+                            ? ""
+                            : absl::StrCat(" (recovery.elastic: at least ",
+                                           request.stages * request.fewer_replicas.back(), ")"),
                         identities ? " with distinct certificate identities" : "", " (",
                         counts.idle, " idle, ", counts.registered, " registered",
                         identities ? "; placement.distinct_identities: false lifts this" : "",

@@ -33,7 +33,7 @@ class Scheduler {
 
   struct Request {
     std::string job_id;
-    int workers = 1;          // one per stage
+    int workers = 1;          // one per stage and replica: J x R
     bool profile = false;     // needs a ProfileCommand (PROFILING) before its stages
     bool recovering = false;  // set by Requeue
     // placement.distinct_identities: no two stages on one certificate.
@@ -41,6 +41,10 @@ class Scheduler {
     // Not placed before this time (a recovering job waits for the losses of
     // one fault to settle: --recovery-settle).
     absl::Time not_before = absl::InfinitePast();
+    int stages = 0;  // J (0: workers)
+    // recovery.elastic: when `workers` are not idle, place stages x r
+    // workers instead, for the first r here that fits (most first).
+    std::vector<int> fewer_replicas = {};
   };
   // Appends a PENDING job to the queue.
   void Enqueue(Request request);

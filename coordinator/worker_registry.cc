@@ -86,7 +86,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::WorkerInfo& info,
           "again once that stream closes or misses its heartbeats"));
     }
     // The same worker came back before its stream opened: its old entry goes.
-    *replaced = Removed{id, it->second.job_id, it->second.stage};
+    *replaced = Removed{id, it->second.job_id, it->second.stage, it->second.replica};
     workers_.erase(it);
   } else if (workers_.size() >= kMaxWorkers) {
     return absl::ResourceExhaustedError(
@@ -144,7 +144,7 @@ std::optional<WorkerRegistry::Removed> WorkerRegistry::Disconnect(const std::str
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.sink != sink) return std::nullopt;
-  Removed removed{worker_id, it->second.job_id, it->second.stage};
+  Removed removed{worker_id, it->second.job_id, it->second.stage, it->second.replica};
   workers_.erase(it);
   return removed;
 }
@@ -166,7 +166,7 @@ std::vector<WorkerRegistry::Removed> WorkerRegistry::Expire(absl::Time now,
       ++it;
       continue;
     }
-    out.push_back({it->first, it->second.job_id, it->second.stage});
+    out.push_back({it->first, it->second.job_id, it->second.stage, it->second.replica});
     if (it->second.sink != nullptr) {
       it->second.sink->Close(absl::UnavailableError("missed heartbeats"));
     }
@@ -197,7 +197,7 @@ WorkerRegistry::Counts WorkerRegistry::GetCounts() const {
 }
 
 std::vector<std::string> WorkerRegistry::Claim(const std::string& job_id, int n,
-                                               bool distinct_identities) {
+                                               bool distinct_identities, int stages) {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> chosen;
   std::set<std::string> identities;
@@ -210,10 +210,12 @@ std::vector<std::string> WorkerRegistry::Claim(const std::string& job_id, int n,
     chosen.push_back(id);
   }
   if (static_cast<int>(chosen.size()) < n) return {};
-  for (size_t j = 0; j < chosen.size(); ++j) {
-    Worker& w = workers_[chosen[j]];
+  const int J = stages > 0 ? stages : n;
+  for (size_t slot = 0; slot < chosen.size(); ++slot) {
+    Worker& w = workers_[chosen[slot]];
     w.job_id = job_id;
-    w.stage = static_cast<int>(j);
+    w.stage = static_cast<int>(slot) % J;
+    w.replica = n > J ? static_cast<int>(slot) / J : -1;
   }
   return chosen;
 }
@@ -225,6 +227,7 @@ std::vector<std::string> WorkerRegistry::Release(const std::string& job_id) {
     if (w.job_id != job_id) continue;
     w.job_id.clear();
     w.stage = -1;
+    w.replica = -1;
     freed.push_back(id);
   }
   return freed;
@@ -261,6 +264,7 @@ std::vector<v1::WorkerInfo> WorkerRegistry::List() const {
     if (!w.job_id.empty()) {
       labels["job"] = w.job_id;
       labels["stage"] = std::to_string(w.stage);
+      if (w.replica >= 0) labels["replica"] = std::to_string(w.replica);
     }
     out.push_back(std::move(info));
   }

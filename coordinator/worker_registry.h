@@ -47,6 +47,7 @@ class WorkerRegistry {
     std::string worker_id;
     std::string job_id;  // empty when it was idle
     int stage = -1;
+    int replica = -1;  // replicated stages only (docs/replicas.md)
   };
   struct Counts {
     int idle = 0;        // connected, no job
@@ -102,8 +103,10 @@ class WorkerRegistry {
   // once; empty (and nothing claimed) when fewer than n are idle. With
   // `distinct_identities`, no two of them share a certificate identity (an
   // empty identity, plaintext, is never shared).
-  std::vector<std::string> Claim(const std::string& job_id, int n,
-                                 bool distinct_identities = false);
+  // `stages` (J, 0: n) tells how the n slots map onto stages: slot s runs
+  // stage s % J of replica s / J (docs/replicas.md), which List() shows.
+  std::vector<std::string> Claim(const std::string& job_id, int n, bool distinct_identities = false,
+                                 int stages = 0);
   // The certificate identity the worker registered with ("" when it is gone
   // or registered over plaintext).
   std::string Identity(const std::string& worker_id) const;
@@ -127,6 +130,7 @@ class WorkerRegistry {
     absl::Time last_seen;
     std::string job_id;  // empty when idle
     int stage = -1;
+    int replica = -1;  // only when the job has several replicas
   };
 
   mutable absl::Mutex mu_;

@@ -35,6 +35,16 @@ std::vector<std::vector<torch::Tensor>> Buckets(const std::vector<torch::Tensor>
   return out;
 }
 
+// What a failed gloo call becomes: DEADLINE_EXCEEDED when gloo says it timed
+// out (a peer is stuck or gone silent), UNAVAILABLE otherwise (a peer closed
+// its connection); `error` is gloo's text, `message` ours.
+absl::Status Classified(const std::string& error, const std::string& message) {
+  if (absl::StrContains(error, "imeout") || absl::StrContains(error, "imed out")) {
+    return absl::DeadlineExceededError(message);
+  }
+  return absl::UnavailableError(message);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ReplicaGroup>> ReplicaGroup::Create(
@@ -64,10 +74,7 @@ absl::StatusOr<std::unique_ptr<ReplicaGroup>> ReplicaGroup::Create(
         options.name, options.rank, options.size, options.host,
         absl::ToDoubleSeconds(absl::Now() - start), absl::ToDoubleSeconds(options.timeout),
         first_line);
-    if (absl::StrContains(what, "imeout") || absl::StrContains(what, "imed out")) {
-      return absl::DeadlineExceededError(message);
-    }
-    return absl::UnavailableError(message);
+    return Classified(what, message);
   }
 }
 
@@ -79,10 +86,7 @@ absl::Status ReplicaGroup::Failed(const std::string& what, const std::exception&
       "%s: %s among %d replicas failed after %.1f s (timeout %.0f s): %s", options_.name, what,
       options_.size, absl::ToDoubleSeconds(absl::Now() - start),
       absl::ToDoubleSeconds(options_.timeout), error.substr(0, error.find('\n')));
-  if (absl::StrContains(error, "imeout") || absl::StrContains(error, "imed out")) {
-    return absl::DeadlineExceededError(broken_reason_);
-  }
-  return absl::UnavailableError(broken_reason_);
+  return Classified(error, broken_reason_);
 }
 
 absl::Status ReplicaGroup::SumThenScale(const std::vector<torch::Tensor>& tensors, double scale) {

@@ -1,4 +1,5 @@
 // stagewise-worker: flags and wiring only; see worker/worker.h.
+#include <grpc/grpc.h>
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -15,6 +16,12 @@
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
+  // gRPC stays initialised until the process exits. Its final grpc_shutdown
+  // (when the last channel credentials go, after main) joins gRPC's executor
+  // threads, and with replicated stages one of them could sit in a poll until
+  // a call deadline 10 s away, which held the exit that long after an orderly
+  // shutdown. Nothing is left to flush by then.
+  grpc_init();
   stagewise::worker::WorkerOptions options;
   if (const char* env = std::getenv("STAGEWISE_COORDINATOR")) options.coordinator = env;
   std::string port_file;

@@ -98,6 +98,13 @@ class StageContext {
     (void)extra;
     return absl::OkStatus();
   }
+  // Just after the optimizer step (and `extra`'s): with sync.every = H > 1,
+  // every H-th call averages the replicas' parameter moves and applies the
+  // outer step (docs/replicas.md). OK and nothing happens otherwise.
+  virtual absl::Status SyncReplicas(torch::optim::Optimizer* extra) {
+    (void)extra;
+    return absl::OkStatus();
+  }
 
   // Progress for the coordinator: last stage reports the loss of each step.
   virtual void ReportStep(int64_t steps_done, double train_loss, int64_t samples) = 0;

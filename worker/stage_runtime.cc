@@ -113,7 +113,7 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
 
   rt->metrics_ = std::make_unique<metrics::StageMetrics>(
       *rt->env_.registry, rt->env_.job_labels.Of(assignment.job_id()), assignment.stage(),
-      rt->spec_.algorithm.name());
+      rt->spec_.algorithm.name(), assignment.num_replicas() > 1 ? assignment.replica() : -1);
   if (rt->spec_.trace.enabled) {
     rt->tracer_ = std::make_unique<Tracer>(rt->spec_.trace.from, rt->spec_.trace.to,
                                            rt->spec_.trace.max_spans);
@@ -368,30 +368,6 @@ v1::WorkerEvent StageRuntime::NewEvent() const {
   return event;
 }
 
-absl::Status StageRuntime::JoinReplicas() {
-  const std::string& host = assignment_.collective_host();
-  STAGEWISE_ASSIGN_OR_RETURN(replicas_,
-                             ReplicaGroup::Create(env_.collective_store(assignment_),
-                                                  {.rank = replica(),
-                                                   .size = num_replicas(),
-                                                   .host = host.empty() ? "127.0.0.1" : host,
-                                                   .timeout = env_.collective_timeout,
-                                                   .name = absl::StrCat("stage ", stage())}));
-  return absl::OkStatus();
-}
-
-absl::Status StageRuntime::AverageReplicaGradients(torch::optim::Optimizer* extra) {
-  if (replicas_ == nullptr) return absl::OkStatus();
-  std::vector<torch::Tensor> params;
-  for (torch::optim::Optimizer* opt : {optimizer_.get(), extra}) {
-    if (opt == nullptr) continue;
-    for (const auto& group : opt->param_groups()) {
-      for (const torch::Tensor& p : group.params()) params.push_back(p);
-    }
-  }
-  return replicas_->AverageGradients(params);
-}
-
 void StageRuntime::EmitTrace() {
   if (!tracer_ || !env_.emit) return;
   v1::WorkerEvent event = NewEvent();
@@ -620,6 +596,11 @@ absl::Status StageRuntime::WriteShard(int64_t phase_step, bool with_algorithm) {
     if (with_algorithm) STAGEWISE_RETURN_IF_ERROR(algorithm_->SaveState(*this, algorithm));
     archive.write("algorithm", algorithm);
   }
+  if (outer_ != nullptr && replicas_ != nullptr) {  // sync.every > 1: the anchors to resume from
+    torch::serialize::OutputArchive outer;
+    outer_->Save(outer);
+    archive.write("outer_sync", outer);
+  }
   {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -713,6 +694,10 @@ absl::Status StageRuntime::LoadResume(const v1::ResumePoint& resume) {
   if (phase_step > 0) {
     resume_state_ = std::make_unique<torch::serialize::InputArchive>();
     archive.read("algorithm", *resume_state_);
+  }
+  if (torch::serialize::InputArchive outer; archive.try_read("outer_sync", outer)) {
+    outer_ = std::make_unique<OuterSync>(spec_.sync);
+    STAGEWISE_RETURN_IF_ERROR(outer_->Load(outer));
   }
   start_phase_ = static_cast<int>(phase);
   first_step_ = phase_step;

@@ -22,6 +22,7 @@
 #include "services/rpc/server.h"
 #include "stagewise/v1/coordinator.pb.h"
 #include "worker/collective.h"
+#include "worker/outer_sync.h"
 #include "worker/peer_stream.h"
 #include "worker/stage_context.h"
 
@@ -118,12 +119,18 @@ class StageRuntime final : public StageContext {
   metrics::StageMetrics& stage_metrics() override { return *metrics_; }
   Tracer* tracer() override { return tracer_.get(); }
   void Summarize(const std::string& key, double value) override;
+  // Replicated stages (worker/stage_replicas.cc): with sync.every = 1 the
+  // gradients are averaged before every step; with H > 1 the outer sync runs
+  // after every H-th.
   absl::Status AverageReplicaGradients(torch::optim::Optimizer* extra) override;
+  absl::Status SyncReplicas(torch::optim::Optimizer* extra) override;
 
  private:
   // Replicated stages: meets the stage's other replicas (compute thread,
   // before the first step).
   absl::Status JoinReplicas();
+  // The parameters of the stage's optimizer, then of `extra`.
+  std::vector<torch::Tensor> ReplicatedParameters(torch::optim::Optimizer* extra) const;
   class InboxSink;
   explicit StageRuntime(RuntimeEnv env);
   absl::StatusOr<v1::StageMessage> Receive(BoundedQueue<v1::StageMessage>& queue,
@@ -170,6 +177,7 @@ class StageRuntime final : public StageContext {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<Algorithm> algorithm_;
   std::unique_ptr<ReplicaGroup> replicas_;  // num_replicas() > 1, once joined
+  std::unique_ptr<OuterSync> outer_;        // sync.every > 1 (or a shard that had one)
   data::Datasets data_;
   std::unique_ptr<data::BatchSampler> train_, test_;
   int64_t steps_per_epoch_ = 0;

@@ -148,6 +148,7 @@ struct PlanArgs {
   int threads = 0;                   // 0 = max(1, cores / stages), as `local`
   std::string device = "cpu";
   int repeats = 5;
+  int warmup = 2;         // untimed rounds before the timed ones
   std::string cache_dir;  // "" = planner::DefaultProfileCacheDir()
   bool refresh = false;
   bool show_profile = true;

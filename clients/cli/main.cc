@@ -276,6 +276,11 @@ int main(int argc, char** argv) {
           "Timed rounds per figure (every figure once per round; the lower quartile is kept)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  plan_cmd
+      ->add_option("--warmup", plan.warmup,
+                   "Untimed rounds before the timed ones (0 for a quick, rougher profile)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   plan_cmd->add_option("--cache-dir", plan.cache_dir,
                        "Profile cache (default: $STAGEWISE_PROFILE_CACHE, else "
                        "~/.cache/stagewise/profiles)");

@@ -64,6 +64,7 @@ int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
   auto device = torch::Device(args.device);
   planner::ProfileOptions po;
   po.repeats = args.repeats;
+  po.warmup = args.warmup;
   po.cache_dir = args.cache_dir.empty() ? planner::DefaultProfileCacheDir() : args.cache_dir;
   po.refresh = args.refresh;
   if (!args.quiet) po.progress = [&err](const std::string& line) { err << "  " << line << "\n"; };

@@ -577,13 +577,15 @@ struct StageMetrics::Impl {
 };
 
 StageMetrics::StageMetrics(prometheus::Registry& registry, const std::string& job, int stage,
-                           const std::string& algorithm)
+                           const std::string& algorithm, int replica)
     : impl_(std::make_unique<Impl>()) {
   impl_->registry = &registry;
   impl_->families = &StageCache().Acquire(registry);
+  prometheus::Labels labels{
+      {"job", job}, {"stage", std::to_string(stage)}, {"algorithm", algorithm}};
+  if (replica >= 0) labels["replica"] = std::to_string(replica);
   absl::MutexLock lock(&impl_->mu);
-  impl_->series = impl_->families->AcquireSeries(
-      {{"job", job}, {"stage", std::to_string(stage)}, {"algorithm", algorithm}});
+  impl_->series = impl_->families->AcquireSeries(labels);
 }
 
 StageMetrics::~StageMetrics() {

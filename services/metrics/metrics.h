@@ -37,7 +37,8 @@ class MetricsServer {
 };
 
 // clang-format off
-// What a stage reports (labels job, stage, algorithm on every series):
+// What a stage reports (labels job, stage, algorithm on every series, and
+// replica when the job's stages are replicated, docs/replicas.md):
 //   stagewise_stage_compute_seconds{phase}        histogram (forward, backward, recompute, step, eval)
 //   stagewise_stage_idle_seconds_total            counter: compute thread waiting for a message
 //   stagewise_stage_inbox_depth                   gauge
@@ -61,7 +62,7 @@ class MetricsServer {
 class StageMetrics {
  public:
   StageMetrics(prometheus::Registry& registry, const std::string& job, int stage,
-               const std::string& algorithm);
+               const std::string& algorithm, int replica = -1);  // -1: no replica label
   ~StageMetrics();
   // The stage ended: its series leave the endpoint now (the object stays
   // valid; later updates are dropped, the totals below keep their values).

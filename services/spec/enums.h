@@ -57,6 +57,8 @@ enum class Compression { kNone, kFp16, kBf16 };
 
 // optimizer.name and schedule.name.
 enum class OptimizerKind { kSgd, kAdam };
+// sync.outer: the outer optimizer of replicas that synchronise every H steps.
+enum class OuterOptimizer { kSgd, kNesterov };
 enum class LrScheduleKind { kConstant, kMultistep, kCosine };
 
 // The spellings of each enum, indexed by its value.
@@ -130,6 +132,10 @@ struct EnumSpellings<Compression> {
 template <>
 struct EnumSpellings<OptimizerKind> {
   static constexpr std::array<absl::string_view, 2> kNames = {"sgd", "adam"};
+};
+template <>
+struct EnumSpellings<OuterOptimizer> {
+  static constexpr std::array<absl::string_view, 2> kNames = {"sgd", "nesterov"};
 };
 template <>
 struct EnumSpellings<LrScheduleKind> {

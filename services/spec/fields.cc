@@ -45,6 +45,7 @@ const std::vector<Field<JobSpec>>& TopLevelFields() {
       Custom<S>("eval", "map", "", "see [eval](#eval)"),
       Custom<S>("checkpoint", "map", "", "see [checkpoint](#checkpoint)"),
       Custom<S>("recovery", "map", "", "see [recovery](#recovery)"),
+      Custom<S>("sync", "map", "every step", "see [sync](#sync)"),
       Custom<S>("placement", "map", "", "see [placement](#placement)"),
       Custom<S>("transport", "map", "", "see [transport](#transport)"),
       Custom<S>("phases", "list", "none",
@@ -201,6 +202,30 @@ const std::vector<Field<RecoverySpec>>& RecoveryFields() {
           "`>= 0`; a running job whose step does not advance for this long is recovered as if "
           "a stage were lost (cause `stalled`); `0` = 20x the median step time so far, at least "
           "300"),
+      Key("elastic", &S::elastic,
+          "replicated stages: a recovering job short of `count x replicas` idle workers "
+          "continues with fewer replicas of every stage (the most idle, dividing `batch_size`) "
+          "instead of waiting; same global batch and learning rate"),
+  };
+  return *kFields;
+}
+
+const std::vector<Field<SyncSpec>>& SyncFields() {
+  using S = SyncSpec;
+  static const auto* const kFields = new std::vector<Field<S>>{
+      Key("every", &S::every,
+          "`1..1000000`; `1`: the replicas of a stage average their gradients before every "
+          "optimizer step; `H > 1` (needs `stages.replicas > 1`): each replica takes H optimizer "
+          "steps on its own, then the replicas average their parameter moves and `outer` "
+          "applies them"),
+      Key("outer", &S::outer,
+          absl::StrCat(Choices<OuterOptimizer>(),
+                       ": the outer optimizer of `every > 1` (SGD on the averaged move, with "
+                       "Nesterov momentum or plain momentum)")),
+      Key("lr", &S::lr,
+          "`(0, 1000]`; the outer learning rate (`1` with `momentum: 0` and `outer: "
+          "sgd` is plain parameter averaging)"),
+      Key("momentum", &S::momentum, "`[0, 1)`; the outer momentum (`nesterov` needs `> 0`)"),
   };
   return *kFields;
 }

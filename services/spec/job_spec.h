@@ -263,6 +263,26 @@ struct RecoverySpec {
   // lost stage (cause "stalled"). 0: automatic, 20x the median step time
   // measured so far, at least 300 s (and 300 s before any step).
   double stall_seconds = 0;
+  // Replicated stages (stages.replicas = R > 1, docs/replicas.md): a
+  // recovering job short of J x R idle workers runs its next attempt with
+  // fewer replicas of every stage (the most that are idle, dividing
+  // batch_size) instead of waiting; the global batch, and so the learning
+  // rate, stay as they are. The next recovery takes all R again if it can.
+  bool elastic = false;
+};
+
+// How the replicas of a stage stay equal (stages.replicas > 1,
+// docs/replicas.md). every = 1: they average their gradients before every
+// optimizer step. every = H > 1 (the DiLoCo recipe): each replica steps on
+// its own share for H optimizer steps, then the replicas average their
+// parameter moves since the last synchronisation and an outer optimizer
+// (SGD, or SGD with Nesterov momentum) applies the average to the parameters
+// they started from; every replica continues from the result.
+struct SyncSpec {
+  int every = 1;
+  OuterOptimizer outer = OuterOptimizer::kNesterov;
+  double lr = 0.7;
+  double momentum = 0.9;
 };
 
 // Where the stages of a job may run (docs/security.md).
@@ -319,6 +339,7 @@ struct JobSpec {
   EvalSpec eval;
   CheckpointSpec checkpoint;
   RecoverySpec recovery;
+  SyncSpec sync;
   PlacementSpec placement;
   TransportSpec transport;
   TraceSpec trace;

@@ -314,6 +314,7 @@ absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root, spec::MissingKeys*
            ReadSection(top, "eval", spec::EvalFields(), &spec.eval),
            ReadSection(top, "checkpoint", spec::CheckpointFields(), &spec.checkpoint),
            ReadSection(top, "recovery", spec::RecoveryFields(), &spec.recovery),
+           ReadSection(top, "sync", spec::SyncFields(), &spec.sync),
            ReadSection(top, "placement", spec::PlacementFields(), &spec.placement),
            ReadSection(top, "transport", spec::TransportFields(), &spec.transport),
        }) {

@@ -399,6 +399,26 @@ absl::Status ValidateCheckpoint(const CheckpointSpec& checkpoint) {
   return check.status();
 }
 
+absl::Status ValidateSync(const SyncSpec& sync, int replicas) {
+  Checker check;
+  if (sync.every < 1 || sync.every > 1000000) {
+    check(KeyError("sync.every", absl::StrCat("must be in [1, 1000000], got ", sync.every)));
+  } else if (sync.every > 1 && replicas < 2) {
+    check(KeyError("sync.every", absl::StrCat("is ", sync.every,
+                                              ": needs stages.replicas > 1 (there is no other "
+                                              "replica to synchronise with)")));
+  }
+  if (!(sync.lr > 0 && sync.lr <= 1e3)) {
+    check(KeyError("sync.lr", absl::StrCat("must be in (0, 1000], got ", sync.lr)));
+  }
+  if (!(sync.momentum >= 0 && sync.momentum < 1)) {
+    check(KeyError("sync.momentum", absl::StrCat("must be in [0, 1), got ", sync.momentum)));
+  } else if (sync.outer == OuterOptimizer::kNesterov && sync.momentum == 0) {
+    check(KeyError("sync.momentum", "outer: nesterov needs momentum > 0 (or outer: sgd)"));
+  }
+  return check.status();
+}
+
 absl::Status ValidateRecovery(const RecoverySpec& recovery) {
   Checker check;
   check(AtLeast("recovery.max_restarts", int64_t{recovery.max_restarts}, int64_t{0}));
@@ -532,6 +552,7 @@ absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
   check(AtLeast("eval.every_steps", spec.eval.every_steps, int64_t{0}));
   check(ValidateCheckpoint(spec.checkpoint));
   check(ValidateRecovery(spec.recovery));
+  check(ValidateSync(spec.sync, spec.stages.replicas));
   return check.status();
 }
 

@@ -4,10 +4,16 @@
 // in-process workers on a small machine behave like J devices. Real tensors,
 // real autograd, real gRPC on loopback. For each algorithm and J it prints the
 // ideal time per mini-batch of the algorithm's schedule, the measured one in
-// steady state, and efficiency = ideal / measured. Never a test.
+// steady state, and efficiency = ideal / measured. With --replicas, every
+// configuration also runs as R replicated pipelines (stages.replicas,
+// docs/replicas.md; J x R workers, gradients averaged over real gloo between
+// the in-process workers): each replica keeps --batch samples per step (the
+// global batch is R x --batch), and the table adds samples/s and the scaling
+// efficiency against R x the R = 1 figure. Never a test.
 //
 //   build/bin/stagewise_emulated_bench [options]
 //     --stages 2,4,8,16      pipeline depths J
+//     --replicas 1           replicas R of every stage (e.g. 1,2,4)
 //     --algorithms LIST      from: backprop (M=1), gpipe, 1f1b, 1f1b1 (1F1B with
 //                            lookahead 1), delayed, petra,
 //                            features_replay, nwise, auxnet (default: all)
@@ -16,7 +22,7 @@
 //     --forward-ms 5         per block and mini-batch
 //     --backward-ms 10       per block and mini-batch
 //     --blocks-per-stage 2   K: stage j holds blocks [jK, (j+1)K) (+ the head)
-//     --batch 32             samples per mini-batch
+//     --batch 32             samples per mini-batch (per replica)
 //     --shape 2,16,16        per-sample activation [C, H, W] (C even)
 //     --steps 40             steady-state steps measured per run, after a
 //                            warm-up of 2J + 2 steps (pipeline fill)
@@ -61,6 +67,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   std::vector<int> stages = {2, 4, 8, 16};
+  std::vector<int> replicas = {1};
   std::vector<std::string> algorithms = {"backprop", "gpipe",           "1f1b",  "1f1b1", "delayed",
                                          "petra",    "features_replay", "nwise", "auxnet"};
   int rounds = 3;
@@ -79,6 +86,7 @@ struct Config {
   std::string label;      // as printed
   std::string yaml;       // the algorithm: line
   int J = 1;
+  int R = 1;           // replicas of every stage
   double ideal_s = 0;  // per mini-batch
 };
 
@@ -121,6 +129,8 @@ Options ParseOptions(int argc, char** argv) {
     };
     if (flag == "--stages") {
       o.stages = ParseList<int>(flag, value);
+    } else if (flag == "--replicas") {
+      o.replicas = ParseList<int>(flag, value);
     } else if (flag == "--algorithms") {
       o.algorithms = absl::StrSplit(value, ',', absl::SkipEmpty());
     } else if (flag == "--rounds") {
@@ -145,7 +155,7 @@ Options ParseOptions(int argc, char** argv) {
   return o;
 }
 
-std::vector<Config> Configs(const Options& o, int J) {
+std::vector<Config> Configs(const Options& o, int J, int R) {
   const double F = o.blocks_per_stage * o.forward_ms / 1e3;
   const double B = o.blocks_per_stage * o.backward_ms / 1e3;
   const int M = 2 * J;
@@ -154,6 +164,7 @@ std::vector<Config> Configs(const Options& o, int J) {
     Config c;
     c.algorithm = a;
     c.J = J;
+    c.R = R;
     if (a == "backprop") {
       c.label = "backprop M=1";
       c.yaml = "{name: backprop}";
@@ -202,13 +213,18 @@ std::string JobYaml(const Options& o, const Config& c, int total_steps) {
   }
   return absl::StrCat(
       "name: emulated-bench\nseed: 0\n",
+      // An emulated block waits its time per batch_size samples, scaled to the
+      // samples it sees: R x the time per global batch of R x --batch keeps
+      // each replica's share of --batch at forward_ms (weak scaling: every
+      // replica is a device as fast as the R = 1 one).
       absl::StrFormat("model: {name: emulated, depth: %d, forward_ms: %g, backward_ms: %g}\n",
-                      depth, o.forward_ms, o.backward_ms),
-      "data: {dataset: synthetic, train_size: ", 64 * o.batch, ", test_size: ", o.batch,
+                      depth, o.forward_ms * c.R, o.backward_ms * c.R),
+      "data: {dataset: synthetic, train_size: ", 64 * o.batch * c.R, ", test_size: ", o.batch,
       ", shape: [", absl::StrJoin(o.shape, ", "), "], classes: 10}\n",
-      "optimizer: {name: sgd, lr: 0.01}\n", "batch_size: ", o.batch, "\n", "steps: ", total_steps,
-      "\n", "eval: {every_epochs: 0, at_end: false}\n", "stages: {count: ", c.J, ", partition: [",
-      absl::StrJoin(ranges, ", "), "]}\n", "algorithm: ", c.yaml, "\n");
+      "optimizer: {name: sgd, lr: 0.01}\n", "batch_size: ", o.batch * c.R, "\n",
+      "steps: ", total_steps, "\n", "eval: {every_epochs: 0, at_end: false}\n",
+      "stages: {count: ", c.J, ", replicas: ", c.R, ", partition: [", absl::StrJoin(ranges, ", "),
+      "]}\n", "algorithm: ", c.yaml, "\n");
 }
 
 // Seconds per mini-batch in steady state, or a negative number on failure.
@@ -219,7 +235,7 @@ double Measure(stagewise::testing::Cluster& cluster, const Options& o, const Con
   std::vector<std::pair<int64_t, Clock::time_point>> seen;  // first time each step is seen
   auto id = cluster.manager().Submit(JobYaml(o, c, total));
   if (!id.ok()) {
-    std::cerr << c.label << " J=" << c.J << ": " << id.status() << "\n";
+    std::cerr << c.label << " J=" << c.J << " R=" << c.R << ": " << id.status() << "\n";
     return -1;
   }
   auto sub = cluster.manager().Subscribe(*id, [&](const stagewise::v1::JobEvent& e) {
@@ -233,7 +249,7 @@ double Measure(stagewise::testing::Cluster& cluster, const Options& o, const Con
   auto st = cluster.WaitForJob(*id, absl::Minutes(30));
   if (sub.ok()) cluster.manager().Unsubscribe(*sub);
   if (!st.ok() || st->state() != stagewise::v1::SUCCEEDED) {
-    std::cerr << c.label << " J=" << c.J
+    std::cerr << c.label << " J=" << c.J << " R=" << c.R
               << " failed: " << (st.ok() ? st->reason() : st.status().ToString()) << "\n";
     return -1;
   }
@@ -272,6 +288,7 @@ int main(int argc, char** argv) {
   const Options o = ParseOptions(argc, argv);
   at::set_num_threads(1);
   const int max_j = *std::max_element(o.stages.begin(), o.stages.end());
+  const int max_r = *std::max_element(o.replicas.begin(), o.replicas.end());
   std::cout << absl::StrFormat(
       "emulated accelerators: %d blocks per stage, %.3g ms forward and %.3g ms backward per block "
       "and mini-batch of %d, activations [%s] per sample, %d steady steps per run, %d rounds "
@@ -279,15 +296,17 @@ int main(int argc, char** argv) {
       o.blocks_per_stage, o.forward_ms, o.backward_ms, o.batch, absl::StrJoin(o.shape, ","),
       o.steps, o.rounds);
   stagewise::testing::Cluster::Options co;
-  co.workers = max_j;
+  co.workers = max_j * max_r;
   stagewise::testing::Cluster cluster(co);
-  if (!cluster.WaitForWorkers(max_j, absl::Seconds(60))) {
+  if (!cluster.WaitForWorkers(co.workers, absl::Seconds(60))) {
     std::cerr << "workers did not come up\n";
     return 1;
   }
   std::vector<Config> configs;
-  for (int J : o.stages) {
-    for (const Config& c : Configs(o, J)) configs.push_back(c);
+  for (int R : o.replicas) {
+    for (int J : o.stages) {
+      for (const Config& c : Configs(o, J, R)) configs.push_back(c);
+    }
   }
   std::map<size_t, std::vector<double>> measured;  // config index -> seconds per mini-batch
   bool failed = false;
@@ -299,13 +318,21 @@ int main(int argc, char** argv) {
         continue;
       }
       measured[i].push_back(s);
-      std::cerr << absl::StrFormat("round %d: %-22s J=%-2d %8.2f ms/batch (ideal %.2f)\n", r + 1,
-                                   configs[i].label, configs[i].J, 1e3 * s,
+      std::cerr << absl::StrFormat("round %d: %-22s J=%-2d R=%-2d %8.2f ms/batch (ideal %.2f)\n",
+                                   r + 1, configs[i].label, configs[i].J, configs[i].R, 1e3 * s,
                                    1e3 * configs[i].ideal_s);
     }
   }
-  std::cout << absl::StrFormat("%-22s %3s %10s %10s %16s %11s %9s\n", "algorithm", "J", "ideal ms",
-                               "median ms", "min-max ms", "efficiency", "spread");
+  // samples/s of the same algorithm and J at R = 1, for the scaling column.
+  std::map<std::pair<std::string, int>, double> single;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const auto it = measured.find(i);
+    if (it == measured.end() || configs[i].R != 1) continue;
+    single[{configs[i].label, configs[i].J}] = o.batch / Median(it->second);
+  }
+  std::cout << absl::StrFormat("%-22s %3s %3s %10s %10s %16s %11s %9s %10s %8s\n", "algorithm", "J",
+                               "R", "ideal ms", "median ms", "min-max ms", "efficiency", "spread",
+                               "samples/s", "scaling");
   for (size_t i = 0; i < configs.size(); ++i) {
     const auto it = measured.find(i);
     if (it == measured.end()) continue;
@@ -314,10 +341,17 @@ int main(int argc, char** argv) {
     const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
     // Spread of the efficiency ratio across rounds, relative to its median.
     const double spread = (*hi - *lo) / med;
-    std::cout << absl::StrFormat("%-22s %3d %10.2f %10.2f %7.2f-%-8.2f %10.1f%% %8.1f%%\n",
-                                 configs[i].label, configs[i].J, 1e3 * configs[i].ideal_s,
-                                 1e3 * med, 1e3 * *lo, 1e3 * *hi, 100 * configs[i].ideal_s / med,
-                                 100 * spread);
+    const double samples = o.batch * configs[i].R / med;
+    // Weak scaling: samples/s over R x the R = 1 figure.
+    const auto one = single.find({configs[i].label, configs[i].J});
+    const std::string scaling =
+        one == single.end()
+            ? "-"
+            : absl::StrFormat("%.1f%%", 100 * samples / (configs[i].R * one->second));
+    std::cout << absl::StrFormat(
+        "%-22s %3d %3d %10.2f %10.2f %7.2f-%-8.2f %10.1f%% %8.1f%% %10.0f %8s\n", configs[i].label,
+        configs[i].J, configs[i].R, 1e3 * configs[i].ideal_s, 1e3 * med, 1e3 * *lo, 1e3 * *hi,
+        100 * configs[i].ideal_s / med, 100 * spread, samples, scaling);
   }
   return failed ? 1 : 0;
 }

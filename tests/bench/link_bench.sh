@@ -7,9 +7,16 @@
 # links, not the stages, set the speed: e.g. PETRA's backward message carries
 # the rebuilt input as well as the gradient (twice the bytes of the others),
 # and fp16/bf16 wire compression (transport.compression) halves everything.
+# With --replicas R the job runs R replicated pipelines (stages.replicas,
+# docs/replicas.md) on J x R hosts, each replica keeping --batch samples per
+# step, so the replicas' gradient all-reduce (gloo's TCP) crosses the shaped
+# links too; --sync compares averaging every step with the outer
+# synchronisation every H steps (sync.every).
 #
 #   tests/bench/link_bench.sh [options]
 #     --stages 4                 J workers (J hosts + one for the coordinator)
+#     --replicas 1               R replicas of every stage (J x R worker hosts)
+#     --sync "1"                 sync.every values to compare (with R > 1)
 #     --rates "off 10gbit 1gbit" link rates (tc units; off = not shaped)
 #     --algorithms "1f1b delayed petra"
 #                                1f1b/gpipe (backprop, M = 2J micro-batches),
@@ -19,7 +26,7 @@
 #     --rounds 3                 every configuration once per round, interleaved
 #     --steps 60                 mini-batches per job
 #     --shape 16,32,32           per-sample activation [C, H, W] (C even)
-#     --batch 32                 samples per mini-batch
+#     --batch 32                 samples per mini-batch (per replica)
 #     --forward-ms 5 --backward-ms 10
 #                                emulated work per block and mini-batch (2
 #                                blocks per stage)
@@ -40,6 +47,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-build/bin}
 J=4
+R=1
+SYNC="1"
 RATES="off 10gbit 1gbit"
 ALGORITHMS="1f1b delayed petra"
 COMPRESSION="none fp16"
@@ -55,6 +64,8 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit "
 while [ $# -gt 0 ]; do
   case "$1" in
     --stages) J=$2; shift 2 ;;
+    --replicas) R=$2; shift 2 ;;
+    --sync) SYNC=$2; shift 2 ;;
     --rates) RATES=$2; shift 2 ;;
     --algorithms) ALGORITHMS=$2; shift 2 ;;
     --compression) COMPRESSION=$2; shift 2 ;;
@@ -71,8 +82,12 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ "$SMOKE" = 1 ]; then
-  J=2; RATES="200mbit"; ALGORITHMS="petra"; COMPRESSION="fp16"; ROUNDS=1; STEPS=8; SHAPE=4,16,16
+  J=2; R=1; SYNC=1; RATES="200mbit"; ALGORITHMS="petra"; COMPRESSION="fp16"; ROUNDS=1; STEPS=8
+  SHAPE=4,16,16
 fi
+[ "$R" -ge 1 ] 2>/dev/null || { echo "link_bench: --replicas must be >= 1" >&2; exit 2; }
+[ "$R" -gt 1 ] || SYNC=1
+WORKERS=$(( J * R ))
 for exe in stagewise stagewise-coordinator stagewise-worker; do
   [ -x "$BIN/$exe" ] || { echo "link_bench: $BIN/$exe not built (scripts/setup)" >&2; exit 2; }
 done
@@ -99,8 +114,8 @@ ip netns add "$HUB" 2>/dev/null || skip "cannot create a network namespace here"
 ip -n "$HUB" link set lo up
 ip -n "$HUB" link add br0 type bridge
 ip -n "$HUB" link set br0 up
-# Host 0 runs the coordinator (and the CLI), hosts 1..J the workers.
-for i in $(seq 0 "$J"); do
+# Host 0 runs the coordinator (and the CLI), hosts 1..J x R the workers.
+for i in $(seq 0 "$WORKERS"); do
   ns="${P}h$i"
   HOSTS+=("$ns")
   ip netns add "$ns"
@@ -125,7 +140,7 @@ shape() {
       print(int(float(m[1])*{'':1,'k':1e3,'m':1e6,'g':1e9}[m[2]]))")
     burst=$(( bits / 8 / 250 )); [ "$burst" -lt 262144 ] && burst=262144
   fi
-  for i in $(seq 0 "$J"); do
+  for i in $(seq 0 "$WORKERS"); do
     if [ "$rate" = off ]; then
       tc -n "${P}h$i" qdisc del dev eth0 root 2>/dev/null || true
       tc -n "$HUB" qdisc del dev "${P}p$i" root 2>/dev/null || true
@@ -140,7 +155,7 @@ COORD="$NET.1:7070"
 ip netns exec "${P}h0" "$BIN/stagewise-coordinator" --listen "$COORD" --metrics-listen "" \
   --db "$TMP/coordinator.db" --insecure --log-level warning >"$TMP/coordinator.log" 2>&1 &
 PIDS+=($!)
-for i in $(seq 1 "$J"); do
+for i in $(seq 1 "$WORKERS"); do
   ip netns exec "${P}h$i" "$BIN/stagewise-worker" --coordinator "$COORD" \
     --listen "$NET.$((i + 1)):7071" --advertise "$NET.$((i + 1))" --metrics-listen "" \
     --name "host$i" --threads 1 --insecure --log-level warning >"$TMP/worker$i.log" 2>&1 &
@@ -150,10 +165,10 @@ cli() { ip netns exec "${P}h0" "$BIN/stagewise" --coordinator "$COORD" --insecur
 for _ in $(seq 1 150); do
   n=$(cli workers -o json 2>/dev/null | python3 -c \
     "import json,sys; print(len(json.load(sys.stdin)))" 2>/dev/null || echo 0)
-  [ "$n" -ge "$J" ] && break
+  [ "$n" -ge "$WORKERS" ] && break
   sleep 0.2
 done
-[ "${n:-0}" -ge "$J" ] || { echo "link_bench: only ${n:-0} of $J workers registered" >&2;
+[ "${n:-0}" -ge "$WORKERS" ] || { echo "link_bench: only ${n:-0} of $WORKERS workers registered" >&2;
   tail -n 5 "$TMP"/*.log >&2; exit 1; }
 
 IFS=, read -r C H W <<<"$SHAPE"
@@ -196,34 +211,42 @@ PY
 
 RESULTS="$TMP/results.txt"
 : >"$RESULTS"
-echo "link_bench: J=$J hosts in namespaces $P*, net $NET.0/24; activation message $((ACT_BYTES / 1024)) KiB;" \
+echo "link_bench: J=$J x R=$R hosts in namespaces $P*, net $NET.0/24; activation message $((ACT_BYTES / 1024)) KiB;" \
   "F=$FWD ms, B=$BWD ms per block, 2 blocks per stage; $ROUNDS round(s) of $STEPS steps"
 for round in $(seq 1 "$ROUNDS"); do
   for rate in $RATES; do
     shape "$rate"
     for alg in $ALGORITHMS; do
       for comp in $COMPRESSION; do
-        name="link-$alg-$rate-$comp-r$round"
+       for every in $SYNC; do
+        wire=$comp; [ "$R" = 1 ] || wire="$comp/H$every"
+        name="link-$alg-$rate-${wire/\//-}-r$round"
+        # An emulated block waits its time per batch_size samples, scaled to
+        # the samples it sees: R x the times keep each replica's share of
+        # --batch at --forward-ms/--backward-ms (every replica a device as
+        # fast as the R = 1 one).
         cat >"$TMP/$name.yaml" <<EOF
 name: $name
-model: {name: emulated, depth: $((2 * J)), forward_ms: $FWD, backward_ms: $BWD}
-data: {dataset: synthetic, shape: [$C, $H, $W], train_size: $((BATCH * 16)), test_size: $BATCH}
+model: {name: emulated, depth: $((2 * J)), forward_ms: $((FWD * R)), backward_ms: $((BWD * R))}
+data: {dataset: synthetic, shape: [$C, $H, $W], train_size: $((BATCH * R * 16)), test_size: $BATCH}
 algorithm: $(algorithm_yaml "$alg")
-stages: {partition: $(partition)}
+stages: {partition: $(partition), replicas: $R}
 optimizer: {name: sgd, lr: 0.01}
-batch_size: $BATCH
+batch_size: $((BATCH * R))
 steps: $STEPS
 eval: {every_epochs: 0, at_end: false}
 EOF
         [ "$comp" = none ] || echo "transport: {compression: $comp}" >>"$TMP/$name.yaml"
+        [ "$every" = 1 ] || echo "sync: {every: $every}" >>"$TMP/$name.yaml"
         if ! out=$(cli submit "$TMP/$name.yaml" -q -o json 2>"$TMP/$name.err"); then
           echo "link_bench: $name failed: $(tail -3 "$TMP/$name.err")" >&2
           tail -n 5 "$TMP"/worker*.log >&2
           exit 1
         fi
         sps=$(python3 -c "import json,sys; print(json.loads(sys.argv[1]).get('samples_per_second', 0))" "$out")
-        echo "$round $alg $comp $rate $sps" >>"$RESULTS"
-        printf '  round %s  %-8s %-5s %-8s %8.1f samples/s\n' "$round" "$alg" "$comp" "$rate" "$sps"
+        echo "$round $alg $wire $rate $sps" >>"$RESULTS"
+        printf '  round %s  %-8s %-8s %-8s %8.1f samples/s\n' "$round" "$alg" "$wire" "$rate" "$sps"
+       done
       done
     done
   done
@@ -235,12 +258,16 @@ fi
 
 echo
 echo "time per mini-batch (ms), median of $ROUNDS round(s); ratio = time / unshaped time in the same round"
-printf '%-9s %-5s %-8s %9s %7s %7s %9s %7s\n' algorithm wire rate "ms/batch" spread ratio compute link
+[ "$R" = 1 ] || echo "(R = $R replicas of $BATCH samples: a mini-batch is $((BATCH * R)) samples;" \
+  "the link floor counts the stage messages, not the all-reduce)"
+printf '%-9s %-8s %-8s %9s %7s %7s %9s %7s\n' algorithm wire rate "ms/batch" spread ratio compute link
 for alg in $ALGORITHMS; do
   for comp in $COMPRESSION; do
+   for every in $SYNC; do
+    wire=$comp; [ "$R" = 1 ] || wire="$comp/H$every"
     for rate in $RATES; do
       read -r compute link <<<"$(floors "$alg" "$comp" "$rate")"
-      python3 - "$RESULTS" "$alg" "$comp" "$rate" "$BATCH" "$compute" "$link" <<'PY'
+      python3 - "$RESULTS" "$alg" "$wire" "$rate" "$((BATCH * R))" "$compute" "$link" <<'PY'
 import statistics, sys
 path, alg, comp, rate, batch, compute, link = sys.argv[1:8]
 rows = [l.split() for l in open(path)]
@@ -255,8 +282,9 @@ ratios = [a / b for a, b in ((ms(r, rate), ms(r, "off")) for r in rounds) if a a
 med = statistics.median(times)
 spread = (max(times) - min(times)) / med * 100
 ratio = f"{statistics.median(ratios):.2f}" if ratios else "-"
-print(f"{alg:<9} {comp:<5} {rate:<8} {med:9.1f} {spread:6.1f}% {ratio:>7} {compute:>9} {link:>7}")
+print(f"{alg:<9} {comp:<8} {rate:<8} {med:9.1f} {spread:6.1f}% {ratio:>7} {compute:>9} {link:>7}")
 PY
     done
+   done
   done
 done

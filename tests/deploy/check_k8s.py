@@ -3,8 +3,8 @@
 
   check_k8s.py SOURCE_DIR BINARY_DIR
 
-1. `kubectl kustomize` renders the base, both overlays and both examples,
-   offline.
+1. `kubectl kustomize` renders the base, both overlays and the three
+   examples, offline.
 2. Every rendered object, the Secrets deploy/k8s/make-secrets writes and the
    ServiceMonitor of deploy/prometheus validate against the Kubernetes API
    schema (kubernetes-models, tests/deploy/k8s/validate.js).
@@ -20,7 +20,11 @@
    read-only root; images are the ones deploy/image/build makes; the gpu
    overlay asks for a GPU and runs cuda:0; the checkpoint example's job saves
    under a ReadWriteMany volume mounted at --checkpoint-root on every
-   process; the submit example's job files pass `stagewise validate`.
+   process; the submit example's job files pass `stagewise validate`; the
+   replicated example sizes the worker StatefulSet stages.count x
+   stages.replicas of the job it submits; the workers' NetworkPolicy lets
+   workers (and only them) reach the gRPC port and gloo's ephemeral ports,
+   and leaves metrics and health open.
 4. The checks can fail: known breakages of the rendered cpu overlay (a probe
    on the wrong port, an unknown flag, another advertised name, a missing
    Secret mount, a wrong image, a Service port without a container port)
@@ -45,7 +49,11 @@ BIN = os.path.join(os.path.abspath(sys.argv[2]), "bin")
 K8S = os.path.join(SRC, "deploy", "k8s")
 VALIDATOR_DIR = os.path.join(SRC, "tests", "deploy", "k8s")
 BINARIES = ("stagewise", "stagewise-coordinator", "stagewise-worker")
-TARGETS = ("base", "overlays/cpu", "overlays/gpu", "examples/checkpoints", "examples/submit")
+TARGETS = ("base", "overlays/cpu", "overlays/gpu", "examples/checkpoints", "examples/submit",
+           "examples/replicated")
+# Where gloo's connections between replicas land: Linux's default
+# net.ipv4.ip_local_port_range (gloo binds port 0).
+EPHEMERAL = (32768, 60999)
 
 
 def skip(why):
@@ -210,7 +218,55 @@ class Checker:
             sel = pdb["spec"]["selector"]["matchLabels"]
             if not any(self.selects(sel, pod) for _, _, pod in self.workloads()):
                 self.err(f"PodDisruptionBudget/{pdb['metadata']['name']}", "selects no pods")
+        self.check_network_policy()
         return self.errors
+
+    def check_network_policy(self):
+        """Worker pods: other workers reach the gRPC port and gloo's ephemeral
+        ports; metrics and health stay reachable."""
+        workers = [pod for w, _, pod in self.workloads() if w == "StatefulSet/stagewise-worker"]
+        if not workers:
+            return
+        pod = workers[0]
+        named = {p["name"]: p["containerPort"]
+                 for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+        policies = [n for n in self.find("NetworkPolicy")
+                    if self.selects(n["spec"]["podSelector"].get("matchLabels", {}), pod)]
+        if not policies:
+            self.err("NetworkPolicy", "no NetworkPolicy selects the worker pods")
+            return
+
+        def allowed(port, from_pod):
+            for n in policies:
+                for rule in n["spec"].get("ingress", []):
+                    froms = rule.get("from")
+                    if froms is not None and not any(
+                            "podSelector" in f and "namespaceSelector" not in f and
+                            self.selects(f["podSelector"].get("matchLabels", {}), from_pod)
+                            for f in froms):
+                        continue
+                    ports = rule.get("ports")
+                    if ports is None:
+                        return True
+                    for p in ports:
+                        lo = named.get(p["port"], p["port"])
+                        hi = p.get("endPort", lo)
+                        if isinstance(lo, int) and lo <= port <= hi:
+                            return True
+            return False
+
+        stranger = {"metadata": {"labels": {"app": "elsewhere"}}}
+        where = f"NetworkPolicy/{policies[0]['metadata']['name']}"
+        if not allowed(named.get("grpc", -1), pod):
+            self.err(where, "workers cannot reach each other's grpc port")
+        if not all(allowed(p, pod) for p in EPHEMERAL):
+            self.err(where, f"workers cannot reach each other's ephemeral ports {EPHEMERAL[0]}-"
+                            f"{EPHEMERAL[1]} (gloo's collective connections)")
+        if allowed(named.get("grpc", -1), stranger) or allowed(EPHEMERAL[0], stranger):
+            self.err(where, "pods other than workers reach the grpc or collective ports")
+        for name in ("metrics", "health"):
+            if not allowed(named.get(name, -1), stranger):
+                self.err(where, f"the {name} port is closed to Prometheus and the kubelet")
 
     @staticmethod
     def selects(selector, pod):
@@ -501,6 +557,32 @@ def check_examples(rendered, tmp):
                            capture_output=True, text=True)
         if v.returncode:
             errors.append(f"examples/submit: stagewise validate {name}: {v.stderr.strip()}")
+    # Replicated: the worker StatefulSet has stages.count x stages.replicas
+    # pods for the job file the Job submits.
+    objs = rendered["examples/replicated"]
+    cms = {o["metadata"]["name"]: o.get("data", {}) for o in objs if o["kind"] == "ConfigMap"}
+    sts = [o for o in objs if o["kind"] == "StatefulSet" and
+           o["metadata"]["name"] == "stagewise-worker"]
+    jobs = [o for o in objs if o["kind"] == "Job"]
+    if len(sts) != 1 or len(jobs) != 1:
+        errors.append("examples/replicated: expected the worker StatefulSet and one Job")
+        return errors
+    pod = jobs[0]["spec"]["template"]
+    c = pod["spec"]["containers"][0]
+    found = Checker.mount_for(c, pod, c.get("args", [""])[-1])
+    cm = found and found[0].get("configMap", {}).get("name")
+    text = found and cms.get(cm, {}).get(found[1])
+    if not text:
+        errors.append(f"examples/replicated: the Job's {c.get('args')} is no mounted job file")
+        return errors
+    stages = yaml.safe_load(text).get("stages", {})
+    count, replicas = (stages, 1) if isinstance(stages, int) else (
+        stages.get("count", 0), stages.get("replicas", 1))
+    if replicas < 2:
+        errors.append(f"examples/replicated: {found[1]} has stages.replicas {replicas}")
+    if sts[0]["spec"]["replicas"] != count * replicas:
+        errors.append(f"examples/replicated: {sts[0]['spec']['replicas']} workers for a job of "
+                      f"{count} stages x {replicas} replicas")
     return errors
 
 
@@ -543,11 +625,16 @@ def breakages():
         c = worker_container(objs)
         c["args"] = [("--listen=0.0.0.0:7072" if a.startswith("--listen") else a) for a in c["args"]]
 
+    def network_policy(objs):
+        rule = first(objs, "NetworkPolicy", "stagewise-worker")["spec"]["ingress"][0]
+        rule["ports"] = [p for p in rule["ports"] if "endPort" not in p]
+
     return {"probe on another port": probe, "unknown flag": flag,
             "advertised name outside the headless Service": advertise,
             "certificate Secret not mounted": secret, "another image": image,
             "Service targetPort without a container port": service_port,
-            "misspelt STAGEWISE_ variable": env, "--listen off its container port": listen}
+            "misspelt STAGEWISE_ variable": env, "--listen off its container port": listen,
+            "NetworkPolicy without gloo's ports": network_policy}
 
 
 # ---------------------------------------------------------------- main

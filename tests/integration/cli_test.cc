@@ -285,11 +285,25 @@ TEST_F(Cli, EveryExampleRunsTwoStepsOnLocalWorkers) {
   int n = 0;
   for (const auto& e : fs::directory_iterator(std::string(STAGEWISE_SOURCE_DIR) + "/examples")) {
     if (e.path().extension() != ".yaml") continue;
+    // A planned example profiles its model first (minutes for the Reformer at
+    // five timed rounds): a one-round profile from `plan` seeds the cache the
+    // coordinator's profiling worker reads (same model, batch, device and
+    // threads), which `local` must then use.
+    const bool planned = Slurp(e.path()).find("partition: auto") != std::string::npos;
+    if (planned) {
+      Result p =
+          Stagewise("plan -q --no-profile --threads 1 --repeats 1 --warmup 0 " + e.path().string());
+      EXPECT_EQ(p.code, 0) << e.path() << ": " << p.err;
+    }
     Result r = Stagewise("local -q -o json --threads 1 --steps 2 --set data.limit_test=256 " +
                          e.path().string());
     EXPECT_EQ(r.code, 0) << e.path() << ": " << r.err;
     EXPECT_NE(r.out.find("\"state\":\"SUCCEEDED\""), std::string::npos)
         << e.path() << ": " << r.out;
+    if (planned) {
+      EXPECT_NE(r.out.find("\"plan.profile_cached\":1"), std::string::npos)
+          << e.path() << ": " << r.out;
+    }
     ++n;
   }
   EXPECT_GE(n, 3);
@@ -704,6 +718,39 @@ TEST_F(Cli, LocalChaosKillsProcessesAndTheJobStillSucceeds) {
     ++worker_kills;
   }
   EXPECT_GE(std::stoi(JsonField(r.out, "attempt")), static_cast<int>(worker_kills)) << r.out;
+}
+
+// Replicated stages (docs/replicas.md): 2 stages x 2 replicas, two workers
+// killed at random moments and restarted; the job recovers from its
+// checkpoints whether a recovering attempt waits for all 4 workers or, with
+// recovery.elastic, goes on with the replicas whose workers are back.
+TEST_F(Cli, LocalChaosOnReplicatedStagesSucceedsInBothRecoveryModes) {
+  for (const std::string elastic : {"false", "true"}) {
+    SCOPED_TRACE("recovery.elastic: " + elastic);
+    const std::string job = std::string(R"(name: chaos-replicas
+seed: 5
+model: {name: emulated, depth: 4, forward_ms: 2, backward_ms: 4, reversible: false}
+data: {dataset: synthetic, train_size: 512, test_size: 32, shape: [2, 4, 4], classes: 4}
+algorithm: backprop
+stages: {count: 2, replicas: 2}
+optimizer: {name: sgd, lr: 0.05}
+batch_size: 16
+steps: 400
+checkpoint: {dir: )") + (dir_ / ("ckpt-" + elastic)).string() +
+                            ", every_steps: 20, keep: 2}\nrecovery: {max_restarts: 6, elastic: " +
+                            elastic + "}\n";
+    Result r = Stagewise("local -o json --threads 1 --chaos 2 --chaos-seed 11 " + WriteJob(job));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(JsonField(r.out, "state"), "SUCCEEDED") << r.out;
+    EXPECT_EQ(JsonField(r.out, "step"), "400") << r.out;
+    size_t worker_kills = 0;
+    for (size_t at = r.err.find("chaos: killed worker"); at != std::string::npos;
+         at = r.err.find("chaos: killed worker", at + 1)) {
+      ++worker_kills;
+    }
+    EXPECT_GE(worker_kills, 1u) << r.err;
+    EXPECT_GE(std::stoi(JsonField(r.out, "attempt")), static_cast<int>(worker_kills)) << r.out;
+  }
 }
 
 // A TorchScript job's checkpoint exports as the user's own module.

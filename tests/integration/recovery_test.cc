@@ -2,13 +2,17 @@
 // each a regression test on real processes: two workers lost together cost
 // one restart, a watch is back within 5 s of the coordinator's return, the
 // recorded cause of an attempt names the lost worker, and recovery leaves no
-// stale corruption marks or unlisted files behind.
+// stale corruption marks or unlisted files behind. Then replicated stages
+// (docs/replicas.md): a stuck replica times the collective out and the job
+// recovers on a spare; recovery.elastic goes on with fewer replicas.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -38,6 +42,20 @@ steps: )",
                       steps, "\ncheckpoint: {dir: ", checkpoint_dir,
                       ", every_steps: 20, keep: ", keep,
                       "}\nrecovery: {max_restarts: ", max_restarts, ", wait_seconds: 60}\n");
+}
+
+// The same on 2 stages x 2 replicas (4 workers by slot: replica r's stage j
+// at 2r + j), `extra` appended (e.g. recovery.elastic).
+std::string ReplicatedJob(const std::string& checkpoint_dir, int64_t steps,
+                          const std::string& recovery) {
+  return absl::StrCat(R"(name: replicated-recovery
+model: {name: emulated, depth: 4, forward_ms: 1, backward_ms: 2, reversible: false}
+data: {dataset: synthetic, train_size: 512, test_size: 32, shape: [2, 4, 4], classes: 4}
+stages: {count: 2, replicas: 2}
+batch_size: 16
+steps: )",
+                      steps, "\ncheckpoint: {dir: ", checkpoint_dir,
+                      ", every_steps: 20, keep: 3}\nrecovery: ", recovery, "\n");
 }
 
 // The index of worker "w<i>".
@@ -225,6 +243,81 @@ TEST(Recovery, ACorruptCheckpointCostsNoRestartAndLeavesNothingBehind) {
     ++steps;
   }
   EXPECT_GE(steps, 10);
+}
+
+// A replica that stops answering (SIGSTOP: alive, connected, silent) leaves
+// its peers in the gradient all-reduce; --collective-timeout turns that into
+// a stage error (DEADLINE_EXCEEDED, retryable) well before the heartbeat
+// timeout, and the job recovers on the spare with both replicas.
+TEST(Recovery, AStuckReplicaTimesOutTheCollectiveAndTheJobRecoversOnASpare) {
+  Options o;
+  o.workers = 5;  // 2 x 2 and a spare
+  o.heartbeat_timeout_s = 20;
+  o.worker_args = {"--collective-timeout", "3"};
+  ProcessCluster cluster(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto id = cluster.client().Submit(
+      ReplicatedJob(cluster.dir() + "/ckpt", 300, "{max_restarts: 3, wait_seconds: 60}"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto running = WaitCheckpointed(cluster, *id, 20);
+  ASSERT_TRUE(running.ok()) << running.status();
+  ASSERT_EQ(running->state(), v1::RUNNING) << running->reason();
+  ASSERT_EQ(running->num_replicas(), 2);
+  ASSERT_EQ(running->attempts(0).workers_size(), 4);
+  const std::string stuck = running->attempts(0).workers(3);  // replica 1, stage 1
+  const pid_t pid = cluster.worker_pid(WorkerIndex(stuck));
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  auto next = cluster.WaitFor(
+      *id, [](const v1::JobStatus& s) { return s.attempts_size() >= 2; }, absl::Seconds(60));
+  ASSERT_TRUE(next.ok()) << next.status();
+  const v1::JobAttempt& ended = next->attempts(0);
+  EXPECT_EQ(ended.end_cause(), "stage_error") << ended.DebugString();
+  EXPECT_TRUE(absl::StrContains(ended.end_reason(), "among 2 replicas failed") &&
+              absl::StrContains(ended.end_reason(), "timeout 3 s"))
+      << ended.end_reason();
+  ASSERT_TRUE(cluster.KillWorker(WorkerIndex(stuck)).ok());  // gone for good
+  auto end = cluster.WaitForEnd(*id, absl::Seconds(240));
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_EQ(end->state(), v1::SUCCEEDED) << end->reason() << "\n" << cluster.CoordinatorLog();
+  EXPECT_EQ(end->num_replicas(), 2);
+  const v1::JobAttempt& last = end->attempts(end->attempts_size() - 1);
+  ASSERT_EQ(last.workers_size(), 4);
+  for (const std::string& w : last.workers()) EXPECT_NE(w, stuck);
+}
+
+// recovery.elastic: with no spare for a lost replica's worker, the next
+// attempt runs one replica of each stage on the remaining workers (the same
+// global batch), and the job ends SUCCEEDED instead of waiting.
+TEST(Recovery, AnElasticJobGoesOnWithFewerReplicas) {
+  Options o;
+  o.workers = 4;
+  ProcessCluster cluster(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto id = cluster.client().Submit(ReplicatedJob(
+      cluster.dir() + "/ckpt", 200, "{max_restarts: 2, wait_seconds: 30, elastic: true}"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto running = WaitCheckpointed(cluster, *id, 20);
+  ASSERT_TRUE(running.ok()) << running.status();
+  ASSERT_EQ(running->state(), v1::RUNNING) << running->reason();
+  ASSERT_EQ(running->attempts(0).workers_size(), 4);
+  ASSERT_TRUE(cluster.KillWorker(WorkerIndex(running->attempts(0).workers(2))).ok());
+  auto shrunk = cluster.WaitFor(*id, [](const v1::JobStatus& s) {
+    return s.attempts_size() >= 2 && s.state() == v1::RUNNING;
+  });
+  ASSERT_TRUE(shrunk.ok()) << shrunk.status();
+  EXPECT_EQ(shrunk->num_replicas(), 1) << shrunk->DebugString();
+  auto end = cluster.WaitForEnd(*id, absl::Seconds(240));
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_EQ(end->state(), v1::SUCCEEDED) << end->reason() << "\n" << cluster.CoordinatorLog();
+  ASSERT_EQ(end->attempts_size(), 2) << end->DebugString();
+  EXPECT_EQ(end->attempts(1).workers_size(), 2);
+  EXPECT_EQ(end->num_replicas(), 1);
+  EXPECT_EQ(end->step(), 200);
+  std::stringstream log;
+  log << std::ifstream(cluster.CoordinatorLog()).rdbuf();
+  EXPECT_TRUE(absl::StrContains(log.str(), "recovery.elastic: this attempt runs 1 of 2"))
+      << cluster.CoordinatorLog();
 }
 
 }  // namespace

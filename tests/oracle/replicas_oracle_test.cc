@@ -7,9 +7,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/training/reference_trainer.h"
 #include "tests/oracle/oracle_util.h"
 
 namespace stagewise {
@@ -71,6 +76,68 @@ TEST(ReplicasOracle, DelayedOnTwoReplicasEqualsOneReplica) {
   const auto want = Parameters(Yaml(kGpt, "{name: delayed}", 2, 1, 8, 6), 2);
   const auto got = Parameters(Yaml(kGpt, "{name: delayed}", 2, 2, 8, 6), 4);
   testing::ExpectClose(got, want);
+}
+
+// sync.every = H (the DiLoCo recipe): each replica steps on its own share for
+// H steps, then the replicas average their moves since the last
+// synchronisation and an outer Nesterov step moves the anchor, which every
+// replica continues from. The simulation: R whole-model reference trainers,
+// each on its share of the same mini-batches, with that outer step written
+// out; against 2 stages x 2 replicas after two synchronisations.
+TEST(ReplicasOracle, OuterSyncEveryThreeStepsEqualsItsSimulation) {
+  constexpr int R = 2, H = 3, kSteps = 6, kBatch = 8;
+  constexpr double kOuterLr = 0.7, kMomentum = 0.9;
+  const std::string yaml = Yaml(kGpt, "{name: backprop}", 2, R, kBatch, kSteps) +
+                           absl::StrCat("sync: {every: ", H, ", outer: nesterov, lr: ", kOuterLr,
+                                        ", momentum: ", kMomentum, "}\n");
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  std::vector<std::unique_ptr<training::ReferenceTrainer>> replicas;
+  for (int r = 0; r < R; ++r) {
+    auto t = training::ReferenceTrainer::Create(*spec);
+    ASSERT_TRUE(t.ok()) << t.status();
+    replicas.push_back(std::move(*t));
+  }
+  auto params = [](training::ReferenceTrainer& t) {
+    std::map<std::string, torch::Tensor> out;
+    for (const auto& item : t.model().named_parameters()) out[item.key()] = item.value();
+    return out;
+  };
+  std::map<std::string, torch::Tensor> anchor, momentum;
+  for (const auto& [name, p] : params(*replicas[0])) {
+    anchor[name] = p.detach().clone();
+    momentum[name] = torch::zeros_like(p);
+  }
+  const int64_t per_epoch = replicas[0]->train_sampler().batches_per_epoch();
+  const int64_t share = kBatch / R;
+  for (int64_t t = 0; t < kSteps; ++t) {
+    const data::Batch b = replicas[0]->train_sampler().Get(t / per_epoch, t % per_epoch);
+    for (int r = 0; r < R; ++r) {
+      data::Batch mine = b;
+      mine.x = b.x.narrow(0, r * share, share);
+      mine.y = b.y.narrow(0, r * share, share);
+      replicas[r]->Step(mine, spec->optimizer.lr);
+    }
+    if ((t + 1) % H != 0) continue;
+    torch::NoGradGuard no_grad;
+    for (auto& [name, a] : anchor) {
+      torch::Tensor delta = torch::zeros_like(a);
+      for (int r = 0; r < R; ++r) delta += (a - params(*replicas[r]).at(name)) / R;
+      momentum[name] = kMomentum * momentum[name] + delta;
+      a -= kOuterLr * (delta + kMomentum * momentum[name]);
+      for (int r = 0; r < R; ++r) params(*replicas[r]).at(name).copy_(a);
+    }
+  }
+  const auto got = Parameters(yaml, 2 * R);
+  testing::ExpectClose(got, anchor);
+  // Between synchronisations the replicas drift apart: a sync every step
+  // (plain gradient averaging) takes other steps.
+  const auto every_step = Parameters(Yaml(kGpt, "{name: backprop}", 2, R, kBatch, kSteps), 2 * R);
+  double differs = 0;
+  for (const auto& [name, a] : anchor) {
+    differs = std::max(differs, (every_step.at(name) - a).abs().max().item<double>());
+  }
+  EXPECT_GT(differs, 1e-4);
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
 // stages.replicas (docs/replicas.md): parsed, and the rules that involve the
-// batch size, micro-batches and the algorithm, each error naming its key.
+// batch size, micro-batches and the algorithm, each error naming its key;
+// sync (the outer synchronisation) and recovery.elastic.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "services/spec/job_spec.h"
@@ -67,6 +70,43 @@ TEST(ReplicasSpec, UnknownStagesKeyStillNamesTheKnownOnes) {
   auto spec = ParseJobSpec(Yaml("{count: 2, replica: 2}", 16));
   ASSERT_FALSE(spec.ok());
   EXPECT_THAT(spec.status().message(), HasSubstr("stages.replica"));
+}
+
+TEST(ReplicasSpec, SyncDefaultsToEveryStepAndReadsTheOuterOptimizer) {
+  auto plain = ParseJobSpec(Yaml("{count: 2, replicas: 2}", 16));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->sync.every, 1);
+  EXPECT_EQ(plain->sync.outer, OuterOptimizer::kNesterov);
+  EXPECT_FALSE(plain->recovery.elastic);
+  auto diloco = ParseJobSpec(Yaml("{count: 2, replicas: 2}", 16) +
+                             "sync: {every: 10, outer: sgd, lr: 1.0, momentum: 0}\n"
+                             "recovery: {elastic: true}\n");
+  ASSERT_TRUE(diloco.ok()) << diloco.status();
+  EXPECT_EQ(diloco->sync.every, 10);
+  EXPECT_EQ(diloco->sync.outer, OuterOptimizer::kSgd);
+  EXPECT_DOUBLE_EQ(diloco->sync.lr, 1.0);
+  EXPECT_DOUBLE_EQ(diloco->sync.momentum, 0.0);
+  EXPECT_TRUE(diloco->recovery.elastic);
+}
+
+TEST(ReplicasSpec, SyncErrorsNameTheirKey) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"{every: 0}", "sync.every: must be in [1, 1000000], got 0"},
+      {"{every: 4, momentum: 1}", "sync.momentum: must be in [0, 1), got 1"},
+      {"{every: 4, lr: 0}", "sync.lr: must be in (0, 1000], got 0"},
+      {"{every: 4, outer: nesterov, momentum: 0}", "sync.momentum: outer: nesterov needs"},
+      {"{every: 4, outer: adam}", "sync.outer"},
+      {"{evry: 4}", "sync.evry"},
+  };
+  for (const auto& [sync, want] : bad) {
+    auto spec = ParseJobSpec(Yaml("{count: 2, replicas: 2}", 16) + "sync: " + sync + "\n");
+    ASSERT_FALSE(spec.ok()) << sync;
+    EXPECT_THAT(spec.status().message(), HasSubstr(want)) << sync;
+  }
+  // Nothing to synchronise with one replica.
+  auto alone = ParseJobSpec(Yaml("2", 16) + "sync: {every: 4}\n");
+  ASSERT_FALSE(alone.ok());
+  EXPECT_THAT(alone.status().message(), HasSubstr("sync.every: is 4: needs stages.replicas > 1"));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -176,6 +177,49 @@ TEST_F(SchedulerTest, ASettlingRecoveryKeepsItsPlaceUntilItsTime) {
   round = scheduler_.Schedule(now + absl::Seconds(1));
   EXPECT_THAT(Ids(round.placed), ElementsAre("r"));
   EXPECT_EQ(scheduler_.NextDue(), absl::InfiniteFuture());
+}
+
+// recovery.elastic: a recovering job of 2 stages x 3 replicas finds 5 idle
+// workers and takes 2 x 2 of them (slots by replica) instead of waiting; with
+// fewer than one whole pipeline it waits and says for how many.
+TEST_F(SchedulerTest, AnElasticRecoveryTakesFewerReplicasWhenShortOfWorkers) {
+  for (int i = 0; i < 5; ++i) AddWorker("w" + std::to_string(i));
+  Scheduler::Request elastic{"e", 6, false};
+  elastic.stages = 2;
+  elastic.fewer_replicas = {2, 1};
+  scheduler_.Requeue(elastic);
+  Scheduler::Round round = scheduler_.Schedule(absl::Now());
+  ASSERT_THAT(Ids(round.placed), ElementsAre("e"));
+  EXPECT_THAT(round.placed[0].workers, ElementsAre("w0", "w1", "w2", "w3"));
+  // The registry knows each worker's stage and replica (`stagewise workers`).
+  std::map<std::string, std::pair<std::string, std::string>> where;
+  for (const v1::WorkerInfo& info : registry_.List()) {
+    if (info.labels().at("state") != "busy") continue;
+    where[info.worker_id()] = {info.labels().at("stage"), info.labels().at("replica")};
+  }
+  EXPECT_EQ(where["w0"], std::make_pair(std::string("0"), std::string("0")));
+  EXPECT_EQ(where["w1"], std::make_pair(std::string("1"), std::string("0")));
+  EXPECT_EQ(where["w2"], std::make_pair(std::string("0"), std::string("1")));
+  EXPECT_EQ(where["w3"], std::make_pair(std::string("1"), std::string("1")));
+
+  // One idle worker left: not even one pipeline of 2 stages.
+  Scheduler::Request short_of{"s", 4, false};
+  short_of.stages = 2;
+  short_of.fewer_replicas = {1};
+  scheduler_.Requeue(short_of);
+  round = scheduler_.Schedule(absl::Now());
+  EXPECT_TRUE(round.placed.empty());
+  ASSERT_EQ(round.waiting.size(), 1u);
+  EXPECT_THAT(round.waiting[0].reason,
+              HasSubstr("waiting for 4 idle workers (recovery.elastic: at least 2)"));
+  // Without elastic the same shortage of a 2 x 2 job just waits for 4.
+  registry_.Release("e");
+  Scheduler::Request rigid{"r", 6, false};
+  rigid.stages = 2;
+  scheduler_.Remove("s");
+  scheduler_.Requeue(rigid);
+  round = scheduler_.Schedule(absl::Now());
+  EXPECT_TRUE(round.placed.empty());
 }
 
 planner::ModelProfile FourBlocks() {

@@ -38,6 +38,7 @@ std::vector<std::pair<std::string, std::string>> ExpectedTables() {
       {"## eval", SectionTable(EvalFields())},
       {"## checkpoint", SectionTable(CheckpointFields())},
       {"## recovery", SectionTable(RecoveryFields())},
+      {"## sync", SectionTable(SyncFields())},
       {"## placement", SectionTable(PlacementFields())},
       {"## transport", SectionTable(TransportFields())},
   };

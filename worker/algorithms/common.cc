@@ -155,7 +155,7 @@ absl::Status StepOptimizer(StageContext& ctx, int64_t step, double lr,
   if (extra != nullptr) StepAt(*extra, lr);
   TimeCompute(ctx, "step", step, 0, t0);
   ctx.stage_metrics().IncSteps();
-  return absl::OkStatus();
+  return ctx.SyncReplicas(extra);
 }
 
 double LossBackward(StageContext& ctx, int64_t step, const ForwardInput& in) {

@@ -1,0 +1,50 @@
+// StageRuntime's part in replicated stages (docs/replicas.md): meeting the
+// other replicas of the stage, averaging gradients before every optimizer
+// step (sync.every = 1), or the outer synchronisation every H steps.
+#include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
+#include "worker/stage_runtime.h"
+
+namespace stagewise::worker {
+
+absl::Status StageRuntime::JoinReplicas() {
+  const std::string& host = assignment_.collective_host();
+  STAGEWISE_ASSIGN_OR_RETURN(replicas_,
+                             ReplicaGroup::Create(env_.collective_store(assignment_),
+                                                  {.rank = replica(),
+                                                   .size = num_replicas(),
+                                                   .host = host.empty() ? "127.0.0.1" : host,
+                                                   .timeout = env_.collective_timeout,
+                                                   .name = absl::StrCat("stage ", stage())}));
+  if (spec_.sync.every > 1 && outer_ == nullptr) outer_ = std::make_unique<OuterSync>(spec_.sync);
+  return absl::OkStatus();
+}
+
+std::vector<torch::Tensor> StageRuntime::ReplicatedParameters(
+    torch::optim::Optimizer* extra) const {
+  std::vector<torch::Tensor> params;
+  for (torch::optim::Optimizer* opt : {optimizer_.get(), extra}) {
+    if (opt == nullptr) continue;
+    for (const auto& group : opt->param_groups()) {
+      for (const torch::Tensor& p : group.params()) params.push_back(p);
+    }
+  }
+  return params;
+}
+
+absl::Status StageRuntime::AverageReplicaGradients(torch::optim::Optimizer* extra) {
+  if (replicas_ == nullptr) return absl::OkStatus();
+  // sync.every > 1: each replica steps on its own gradients; the anchors are
+  // the parameters before the first step.
+  if (outer_ != nullptr) return outer_->BeforeStep(ReplicatedParameters(extra));
+  return replicas_->AverageGradients(ReplicatedParameters(extra));
+}
+
+absl::Status StageRuntime::SyncReplicas(torch::optim::Optimizer* extra) {
+  if (replicas_ == nullptr || outer_ == nullptr) return absl::OkStatus();
+  return outer_->AfterStep(
+      ReplicatedParameters(extra),
+      [this](const std::vector<torch::Tensor>& deltas) { return replicas_->Average(deltas); });
+}
+
+}  // namespace stagewise::worker
