@@ -22,11 +22,14 @@ function(stagewise_process_defaults target)
   target_link_libraries(${target} PRIVATE stagewise_malloc_tuning)
 endfunction()
 
-# stagewise_add_test(NAME n SOURCES ... LIBS ... LABELS ... [TIMEOUT s] [TORCH])
+# stagewise_add_test(NAME n SOURCES ... LIBS ... LABELS ... [TIMEOUT s] [COST c] [TORCH])
 # One GoogleTest executable; every test case becomes a ctest test with LABELS
-# (and a TIMEOUT in seconds, for the slow suites).
+# (and a TIMEOUT in seconds, for the slow suites). COST: a parallel ctest
+# without timing data from an earlier run (a fresh CI checkout) starts the
+# tests of higher cost first, so give the suites of long tests one, or they
+# may start last and run alone at the end.
 function(stagewise_add_test)
-  cmake_parse_arguments(T "TORCH" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "TORCH" "NAME;TIMEOUT;COST" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main GTest::gmock)
   stagewise_process_defaults(${T_NAME})
@@ -39,7 +42,10 @@ function(stagewise_add_test)
     STAGEWISE_BINARY_DIR="${CMAKE_BINARY_DIR}")
   set(extra)
   if(T_TIMEOUT)
-    set(extra TIMEOUT ${T_TIMEOUT})
+    list(APPEND extra TIMEOUT ${T_TIMEOUT})
+  endif()
+  if(T_COST)
+    list(APPEND extra COST ${T_COST})
   endif()
   gtest_discover_tests(${T_NAME}
     PROPERTIES LABELS "${T_LABELS}" ${extra}
