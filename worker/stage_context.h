@@ -98,6 +98,15 @@ class StageContext {
     (void)extra;
     return absl::OkStatus();
   }
+  // The same for `optimizer`'s parameters alone (auxnet steps its auxiliary
+  // network apart from the stage's optimizer). sync.every > 1 is refused with
+  // auxnet, so this always averages.
+  virtual absl::Status AverageReplicaGradientsOf(torch::optim::Optimizer& optimizer) {
+    (void)optimizer;
+    return absl::OkStatus();
+  }
+  // How many replicas this stage has (stages.replicas; 1 without).
+  virtual int num_replicas() const { return 1; }
   // Just after the optimizer step (and `extra`'s): with sync.every = H > 1,
   // every H-th call averages the replicas' parameter moves and applies the
   // outer step (docs/replicas.md). OK and nothing happens otherwise.

@@ -40,6 +40,22 @@ absl::Status StageRuntime::AverageReplicaGradients(torch::optim::Optimizer* extr
   return replicas_->AverageGradients(ReplicatedParameters(extra));
 }
 
+absl::Status StageRuntime::AverageReplicaGradientsOf(torch::optim::Optimizer& optimizer) {
+  if (replicas_ == nullptr) return absl::OkStatus();
+  if (outer_ != nullptr) {
+    // The spec refuses sync.every > 1 with auxnet; the anchors cover the
+    // stage's optimizer alone.
+    return absl::FailedPreconditionError(
+        "sync.every > 1 averages the stage's optimizer only; an auxiliary optimizer cannot step "
+        "apart from it");
+  }
+  std::vector<torch::Tensor> params;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const torch::Tensor& p : group.params()) params.push_back(p);
+  }
+  return replicas_->AverageGradients(params);
+}
+
 absl::Status StageRuntime::SyncReplicas(torch::optim::Optimizer* extra) {
   if (replicas_ == nullptr || outer_ == nullptr) return absl::OkStatus();
   return outer_->AfterStep(

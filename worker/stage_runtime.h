@@ -92,7 +92,7 @@ class StageRuntime final : public StageContext {
   int num_stages() const override { return assignment_.num_stages(); }
   int attempt() const { return assignment_.attempt(); }
   int replica() const { return assignment_.replica(); }
-  int num_replicas() const { return std::max(1, assignment_.num_replicas()); }
+  int num_replicas() const override { return std::max(1, assignment_.num_replicas()); }
   int64_t batch_size() const override { return spec_.batch_size / num_replicas(); }
   models::Model& model() override { return *model_; }
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
@@ -124,6 +124,7 @@ class StageRuntime final : public StageContext {
   // after every H-th.
   absl::Status AverageReplicaGradients(torch::optim::Optimizer* extra) override;
   absl::Status SyncReplicas(torch::optim::Optimizer* extra) override;
+  absl::Status AverageReplicaGradientsOf(torch::optim::Optimizer& optimizer) override;
 
  private:
   // Replicated stages: meets the stage's other replicas (compute thread,

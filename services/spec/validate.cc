@@ -289,10 +289,12 @@ absl::Status ValidateReplicas(const JobSpec& spec) {
                                  ": every replica takes batch_size / replicas samples of each "
                                  "mini-batch"));
   }
-  if (spec.algorithm.get_if<AuxNetOptions>() != nullptr) {
-    return KeyError("stages.replicas",
-                    "auxnet does not run on replicated stages yet (its auxiliary networks "
-                    "step outside the averaged optimizer step); use stages.replicas: 1");
+  if (spec.algorithm.get_if<AuxNetOptions>() != nullptr && spec.sync.every > 1) {
+    return KeyError("sync.every",
+                    absl::StrCat("is ", spec.sync.every,
+                                 "; auxnet averages every step (its auxiliary networks step "
+                                 "apart from the stage's optimizer, outside the outer "
+                                 "synchronisation): use sync.every: 1"));
   }
   return absl::OkStatus();
 }

@@ -78,6 +78,26 @@ TEST(ReplicasOracle, DelayedOnTwoReplicasEqualsOneReplica) {
   testing::ExpectClose(got, want);
 }
 
+// AuxNet: each stage's step and its auxiliary network's step average their
+// gradients among the replicas, and the per-sample lambda correction is
+// scaled from the replica's share to the mini-batch, so without BatchNorm (an
+// MLP, whose auxiliary networks are linear maps) J x R equals J x 1 on the
+// same batch, with either aux_update rule.
+constexpr char kMlp[] = R"(model: {name: mlp, hidden: [32, 24, 16]}
+data: {dataset: synthetic, train_size: 128, test_size: 32, shape: [1, 6, 6], classes: 4}
+)";
+
+TEST(ReplicasOracle, AuxNetOnTwoReplicasEqualsOneReplica) {
+  for (const char* update : {"distill", "direct"}) {
+    SCOPED_TRACE(update);
+    const std::string auxnet = absl::StrCat(
+        "{name: auxnet, beta: 10, aux_lr: 0.5, aux_update: ", update, ", serial_loss_every: 2}");
+    const auto want = Parameters(Yaml(kMlp, auxnet, 2, 1, 8, 6), 2);
+    const auto got = Parameters(Yaml(kMlp, auxnet, 2, 2, 8, 6), 4);
+    testing::ExpectClose(got, want);
+  }
+}
+
 // sync.every = H (the DiLoCo recipe): each replica steps on its own share for
 // H steps, then the replicas average their moves since the last
 // synchronisation and an outer Nesterov step moves the anchor, which every

@@ -59,11 +59,13 @@ TEST(ReplicasSpec, MicroBatchesSplitAReplicasShare) {
   EXPECT_THAT(spec.status().message(), HasSubstr("batch_size / stages.replicas (4)"));
 }
 
-TEST(ReplicasSpec, AuxNetIsRefusedWithTheReason) {
-  auto spec = ParseJobSpec(Yaml("{count: 2, replicas: 2}", 16, "auxnet"));
+TEST(ReplicasSpec, AuxNetRunsReplicatedButNotWithOuterSync) {
+  auto plain = ParseJobSpec(Yaml("{count: 2, replicas: 2}", 16, "auxnet"));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto spec = ParseJobSpec(Yaml("{count: 2, replicas: 2}", 16, "auxnet") + "sync: {every: 4}\n");
   ASSERT_FALSE(spec.ok());
-  EXPECT_THAT(spec.status().message(), HasSubstr("stages.replicas"));
-  EXPECT_THAT(spec.status().message(), HasSubstr("auxnet"));
+  EXPECT_THAT(spec.status().message(), HasSubstr("sync.every"));
+  EXPECT_THAT(spec.status().message(), HasSubstr("auxnet averages every step"));
 }
 
 TEST(ReplicasSpec, UnknownStagesKeyStillNamesTheKnownOnes) {

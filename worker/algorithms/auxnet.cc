@@ -242,6 +242,9 @@ class AuxNetAlgorithm : public Algorithm {
     ctx.optimizer().zero_grad();
     loss.backward();
     const auto stepped = std::chrono::steady_clock::now();
+    // Replicated stages: the stage's gradients averaged among its replicas
+    // (sync.every is 1 with auxnet), then the step.
+    STAGEWISE_RETURN_IF_ERROR(ctx.AverageReplicaGradients(nullptr));
     StepAt(ctx.optimizer(), ctx.LearningRate(t));
     backward_time_.Add(SecondsSince(t3));
     TimeCompute(ctx, "forward", t, 0, t1, t2);
@@ -282,12 +285,18 @@ class AuxNetAlgorithm : public Algorithm {
       } else {
         // distill (Algorithm 1): correct lambda_k, then fit the AuxNet to it.
         // The plain penalty's gradient in closed form, the relative one by autograd.
+        // Both gradients are of means over this replica's B / R samples: a
+        // sample's is R times its share of the mini-batch's mean, so 1 / R
+        // makes the correction the J x 1 run's (replicas: 1 leaves it).
+        const double share = 1.0 / ctx.num_replicas();
         const torch::Tensor psi_grad =
             relative_ ? PenaltyGradOf(true, lambda, x_prev) : PenaltyGrad(lambda.detach(), x_prev);
         const torch::Tensor corrected =
-            CorrectLambdaWithGrad(lambda.detach(), psi_grad, x.grad(), beta, eta_);
+            CorrectLambdaWithGrad(lambda.detach(), share * psi_grad, share * x.grad(), beta, eta_);
         Penalty(lambda, corrected).backward();
       }
+      // The auxiliary network's gradients averaged among the replicas too.
+      STAGEWISE_RETURN_IF_ERROR(ctx.AverageReplicaGradientsOf(*aux_optimizer_));
       StepAt(*aux_optimizer_, ctx.LearningRate(t));
       aux_backward_.Add(SecondsSince(t4));
       TimeCompute(ctx, "aux", t, 0, t4);
