@@ -89,38 +89,39 @@ absl::Status ReplicaGroup::Failed(const std::string& what, const std::exception&
   return Classified(error, broken_reason_);
 }
 
-absl::Status ReplicaGroup::SumThenScale(const std::vector<torch::Tensor>& tensors, double scale) {
+absl::StatusOr<ReplicaGroup::Pending> ReplicaGroup::StartSum(std::vector<torch::Tensor> members) {
   if (broken_) return absl::FailedPreconditionError(broken_reason_);
-  if (options_.size == 1 || tensors.empty()) return absl::OkStatus();
   const absl::Time start = absl::Now();
   torch::NoGradGuard no_grad;
-  struct Pending {
-    std::vector<torch::Tensor> members;
-    torch::Tensor flat;
-    c10::intrusive_ptr<c10d::Work> work;
-  };
-  std::vector<Pending> pending;
-  int64_t bytes = 0;
+  Pending p;
   try {
-    // Launch every bucket, then wait: gloo's threads overlap them.
-    for (auto& members : Buckets(tensors, options_.bucket_bytes)) {
-      Pending p;
-      if (members.size() == 1 && members.front().is_contiguous()) {
-        p.flat = members.front();
-      } else {
-        std::vector<torch::Tensor> views;
-        views.reserve(members.size());
-        for (const torch::Tensor& t : members) views.push_back(t.reshape(-1));
-        p.flat = torch::cat(views);
-      }
-      bytes += p.flat.numel() * static_cast<int64_t>(p.flat.element_size());
+    if (members.size() == 1 && members.front().is_contiguous()) {
+      p.flat = members.front();
+    } else {
+      std::vector<torch::Tensor> views;
+      views.reserve(members.size());
+      for (const torch::Tensor& t : members) views.push_back(t.reshape(-1));
+      p.flat = torch::cat(views);
+    }
+    bytes_ += p.flat.numel() * static_cast<int64_t>(p.flat.element_size());
+    if (options_.size > 1) {
       std::vector<torch::Tensor> io{p.flat};
       p.work = group_->allreduce(io);
-      p.members = std::move(members);
-      pending.push_back(std::move(p));
     }
+  } catch (const std::exception& e) {
+    return Failed("all-reduce", e, start);
+  }
+  p.members = std::move(members);
+  return p;
+}
+
+absl::Status ReplicaGroup::FinishSums(std::vector<Pending>& pending, double scale,
+                                      absl::Time start) {
+  if (broken_) return absl::FailedPreconditionError(broken_reason_);
+  torch::NoGradGuard no_grad;
+  try {
     for (Pending& p : pending) {
-      p.work->wait();
+      if (p.work) p.work->wait();
       p.flat.mul_(scale);
       if (p.flat.is_same(p.members.front())) continue;
       int64_t offset = 0;
@@ -132,9 +133,22 @@ absl::Status ReplicaGroup::SumThenScale(const std::vector<torch::Tensor>& tensor
   } catch (const std::exception& e) {
     return Failed("all-reduce", e, start);
   }
-  bytes_ += bytes;
   seconds_ = seconds_.load() + absl::ToDoubleSeconds(absl::Now() - start);
   return absl::OkStatus();
+}
+
+absl::Status ReplicaGroup::SumThenScale(const std::vector<torch::Tensor>& tensors, double scale) {
+  if (broken_) return absl::FailedPreconditionError(broken_reason_);
+  if (options_.size == 1 || tensors.empty()) return absl::OkStatus();
+  const absl::Time start = absl::Now();
+  // Start every bucket, then wait: gloo's threads overlap them.
+  std::vector<Pending> pending;
+  for (auto& members : Buckets(tensors, options_.bucket_bytes)) {
+    absl::StatusOr<Pending> p = StartSum(std::move(members));
+    if (!p.ok()) return p.status();
+    pending.push_back(*std::move(p));
+  }
+  return FinishSums(pending, scale, start);
 }
 
 absl::Status ReplicaGroup::AverageGradients(const std::vector<torch::Tensor>& params) {

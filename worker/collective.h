@@ -54,6 +54,22 @@ class ReplicaGroup {
   // Replica 0's values copied into every replica's tensors, in place.
   absl::Status Broadcast(const std::vector<torch::Tensor>& tensors);
 
+  // One bucket's all-reduce in flight (OverlappedAverage starts buckets one
+  // by one while a backward runs).
+  struct Pending {
+    std::vector<torch::Tensor> members;
+    torch::Tensor flat;  // the members flattened (or the one member itself)
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  // Starts summing `members` (one bucket: same dtype and device) over the
+  // group. Every replica must start the same buckets in the same order.
+  absl::StatusOr<Pending> StartSum(std::vector<torch::Tensor> members);
+  // Waits for every started sum, multiplies it by `scale` and copies it back
+  // into its members; `start` is when the first was started (for errors and
+  // seconds()).
+  absl::Status FinishSums(std::vector<Pending>& pending, double scale, absl::Time start);
+  int64_t bucket_bytes() const { return options_.bucket_bytes; }
+
   int rank() const { return options_.rank; }
   int size() const { return options_.size; }
   // Bytes this replica contributed to all-reduces and broadcasts, and the

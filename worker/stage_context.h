@@ -105,6 +105,11 @@ class StageContext {
     (void)optimizer;
     return absl::OkStatus();
   }
+  // Before the last backward of a step (backprop): with replicas, sync.every
+  // = 1 and sync.overlap, the stage's gradients start their all-reduce as the
+  // backward produces them, and the next AverageReplicaGradients waits for
+  // them (docs/replicas.md, "Overlap"). Nothing happens otherwise.
+  virtual void ArmReplicaOverlap() {}
   // How many replicas this stage has (stages.replicas; 1 without).
   virtual int num_replicas() const { return 1; }
   // Just after the optimizer step (and `extra`'s): with sync.every = H > 1,

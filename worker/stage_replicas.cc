@@ -9,12 +9,15 @@ namespace stagewise::worker {
 
 absl::Status StageRuntime::JoinReplicas() {
   const std::string& host = assignment_.collective_host();
+  const auto bucket_bytes =
+      std::max<int64_t>(1, static_cast<int64_t>(spec_.sync.bucket_mb * (1 << 20)));
   STAGEWISE_ASSIGN_OR_RETURN(replicas_,
                              ReplicaGroup::Create(env_.collective_store(assignment_),
                                                   {.rank = replica(),
                                                    .size = num_replicas(),
                                                    .host = host.empty() ? "127.0.0.1" : host,
                                                    .timeout = env_.collective_timeout,
+                                                   .bucket_bytes = bucket_bytes,
                                                    .name = absl::StrCat("stage ", stage())}));
   if (spec_.sync.every > 1 && outer_ == nullptr) outer_ = std::make_unique<OuterSync>(spec_.sync);
   return absl::OkStatus();
@@ -37,7 +40,32 @@ absl::Status StageRuntime::AverageReplicaGradients(torch::optim::Optimizer* extr
   // sync.every > 1: each replica steps on its own gradients; the anchors are
   // the parameters before the first step.
   if (outer_ != nullptr) return outer_->BeforeStep(ReplicatedParameters(extra));
+  if (overlap_ != nullptr && overlap_->armed()) {
+    // The stage optimizer's buckets started during the backward.
+    STAGEWISE_RETURN_IF_ERROR(overlap_->Finish());
+    Summarize("overlapped_buckets", static_cast<double>(overlap_->started_early()));
+    return extra == nullptr ? absl::OkStatus() : AverageReplicaGradientsOf(*extra);
+  }
   return replicas_->AverageGradients(ReplicatedParameters(extra));
+}
+
+void StageRuntime::FinishReplicaOverlap() {
+  // A step that failed between arming and its optimizer step may have left
+  // buckets in flight that the other replicas' buckets match. Finishing them
+  // (the result no longer matters) starts the rest, as every replica that
+  // armed does, so that no replica's group, when destroyed, waits out the
+  // collective timeout for a bucket the others never start. A replica that
+  // did not arm destroys its group, which fails the others' buckets at once.
+  if (overlap_ != nullptr && overlap_->armed()) overlap_->Finish().IgnoreError();
+}
+
+void StageRuntime::ArmReplicaOverlap() {
+  if (replicas_ == nullptr || outer_ != nullptr || !spec_.sync.overlap) return;
+  if (overlap_ == nullptr) {
+    overlap_ = std::make_unique<OverlappedAverage>(replicas_.get(), ReplicatedParameters(nullptr),
+                                                   replicas_->bucket_bytes());
+  }
+  overlap_->Arm();
 }
 
 absl::Status StageRuntime::AverageReplicaGradientsOf(torch::optim::Optimizer& optimizer) {

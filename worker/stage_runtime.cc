@@ -306,6 +306,7 @@ void StageRuntime::ComputeLoop() {
       status = absl::InternalError(absl::StrCat("stage ", stage(), ": ", e.what()));
     }
   }
+  FinishReplicaOverlap();
   Summarize("peak_memory_bytes", static_cast<double>(memory_->peak()));
   metrics_->SetMemory("tensors_peak", memory_->peak());
   if (status.ok()) {
@@ -518,7 +519,16 @@ absl::Status StageRuntime::SendStamped(v1::StageMessage message,
   const auto size = static_cast<int64_t>(message.ByteSizeLong());
   const auto kind = message.kind();
   absl::Status s = send(std::move(message));
-  if (s.ok()) CountSent(kind, size);
+  if (s.ok()) {
+    CountSent(kind, size);
+    return s;
+  }
+  // The stream refused the message: this stage is stopping, or the stream is
+  // closing because its neighbour went away, and the closing may be seen
+  // here before the stream reports why (a killed neighbour's stream is
+  // cancelled). Another attempt may succeed, so that is UNAVAILABLE.
+  if (absl::Status stopped = Interrupted(); !stopped.ok()) return stopped;
+  if (s.code() == absl::StatusCode::kFailedPrecondition) return absl::UnavailableError(s.message());
   return s;
 }
 

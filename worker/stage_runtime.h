@@ -23,6 +23,7 @@
 #include "stagewise/v1/coordinator.pb.h"
 #include "worker/collective.h"
 #include "worker/outer_sync.h"
+#include "worker/overlap.h"
 #include "worker/peer_stream.h"
 #include "worker/stage_context.h"
 
@@ -125,6 +126,7 @@ class StageRuntime final : public StageContext {
   absl::Status AverageReplicaGradients(torch::optim::Optimizer* extra) override;
   absl::Status SyncReplicas(torch::optim::Optimizer* extra) override;
   absl::Status AverageReplicaGradientsOf(torch::optim::Optimizer& optimizer) override;
+  void ArmReplicaOverlap() override;
 
  private:
   // Replicated stages: meets the stage's other replicas (compute thread,
@@ -132,6 +134,8 @@ class StageRuntime final : public StageContext {
   absl::Status JoinReplicas();
   // The parameters of the stage's optimizer, then of `extra`.
   std::vector<torch::Tensor> ReplicatedParameters(torch::optim::Optimizer* extra) const;
+  // At the end of the compute thread: an armed overlap's buckets finished.
+  void FinishReplicaOverlap();
   class InboxSink;
   explicit StageRuntime(RuntimeEnv env);
   absl::StatusOr<v1::StageMessage> Receive(BoundedQueue<v1::StageMessage>& queue,
@@ -178,7 +182,10 @@ class StageRuntime final : public StageContext {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<Algorithm> algorithm_;
   std::unique_ptr<ReplicaGroup> replicas_;  // num_replicas() > 1, once joined
-  std::unique_ptr<OuterSync> outer_;        // sync.every > 1 (or a shard that had one)
+  // The stage optimizer's gradients averaged during the backward (after
+  // replicas_: destroyed before it).
+  std::unique_ptr<OverlappedAverage> overlap_;
+  std::unique_ptr<OuterSync> outer_;  // sync.every > 1 (or a shard that had one)
   data::Datasets data_;
   std::unique_ptr<data::BatchSampler> train_, test_;
   int64_t steps_per_epoch_ = 0;

@@ -226,6 +226,14 @@ const std::vector<Field<SyncSpec>>& SyncFields() {
           "`(0, 1000]`; the outer learning rate (`1` with `momentum: 0` and `outer: "
           "sgd` is plain parameter averaging)"),
       Key("momentum", &S::momentum, "`[0, 1)`; the outer momentum (`nesterov` needs `> 0`)"),
+      Key("overlap", &S::overlap,
+          "with `every: 1` and backprop: a bucket of gradients starts its all-reduce as soon as "
+          "the step's last backward has produced it, while the backward goes on (opt-in for now, "
+          "see replicas.md); `false` averages after the backward"),
+      Key("bucket_mb", &S::bucket_mb,
+          "`(0, 1024]`; gradients travel in flat buckets of at most this many MiB (a larger "
+          "tensor alone); smaller buckets start earlier during an overlapped backward, larger "
+          "ones make fewer all-reduces"),
   };
   return *kFields;
 }

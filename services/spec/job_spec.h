@@ -283,6 +283,14 @@ struct SyncSpec {
   OuterOptimizer outer = OuterOptimizer::kNesterov;
   double lr = 0.7;
   double momentum = 0.9;
+  // every = 1, backprop: each bucket of gradients starts its all-reduce as
+  // soon as the step's last backward has produced it, while the backward
+  // goes on (docs/replicas.md, "Overlap"). Opt-in until a replica lost
+  // mid-step can no longer hold its peers up to the collective timeout.
+  bool overlap = false;
+  // Gradients travel in flat buckets of at most this many MiB (a larger
+  // tensor alone); with overlap, a bucket starts once all its gradients are.
+  double bucket_mb = 25;
 };
 
 // Where the stages of a job may run (docs/security.md).

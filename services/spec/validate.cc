@@ -413,6 +413,9 @@ absl::Status ValidateSync(const SyncSpec& sync, int replicas) {
   if (!(sync.lr > 0 && sync.lr <= 1e3)) {
     check(KeyError("sync.lr", absl::StrCat("must be in (0, 1000], got ", sync.lr)));
   }
+  if (!(sync.bucket_mb > 0 && sync.bucket_mb <= 1024)) {
+    check(KeyError("sync.bucket_mb", absl::StrCat("must be in (0, 1024], got ", sync.bucket_mb)));
+  }
   if (!(sync.momentum >= 0 && sync.momentum < 1)) {
     check(KeyError("sync.momentum", absl::StrCat("must be in [0, 1), got ", sync.momentum)));
   } else if (sync.outer == OuterOptimizer::kNesterov && sync.momentum == 0) {

@@ -56,6 +56,33 @@ TEST(ReplicasOracle, BackpropTwoStagesTwoReplicasEqualsTwoStagesWithTwoMicroBatc
   testing::ExpectClose(got, want);
 }
 
+// 1F1B with micro-batches: the last micro-batch's backward starts the
+// all-reduce of every bucket whose gradients are final (sync.overlap:
+// true); with 1 KiB buckets most start before the backward ends. With
+// overlap, and averaging after the backward instead, 2 x 2 equals 2 x 1.
+TEST(ReplicasOracle, OverlappedAllReduceEqualsAveragingAfterTheBackward) {
+  const std::string one_f_one_b = "{name: backprop, micro_batches: 2, schedule: 1f1b}";
+  const auto want = Parameters(Yaml(kGpt, one_f_one_b, 2, 1, 8, 5), 2);
+  for (const bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap);
+    const std::string yaml =
+        Yaml(kGpt, one_f_one_b, 2, 2, 8, 5) +
+        absl::StrCat("sync: {overlap: ", overlap ? "true" : "false", ", bucket_mb: 0.001}\n");
+    testing::Outcome out = testing::RunJob(yaml, 4, /*buffers=*/false);
+    EXPECT_EQ(out.status.num_replicas(), 2);
+    testing::ExpectClose(out.tensors, want);
+    const auto& summary = out.status.summary();
+    for (const char* key : {"stage0.overlapped_buckets", "stage1.overlapped_buckets"}) {
+      if (overlap) {
+        ASSERT_TRUE(summary.contains(key)) << key;
+        EXPECT_GT(summary.at(key), 0) << key;  // buckets started during the backward
+      } else {
+        EXPECT_FALSE(summary.contains(key)) << key;
+      }
+    }
+  }
+}
+
 TEST(ReplicasOracle, GptTwoStagesTwoReplicasEqualsTwoStages) {
   // No BatchNorm: a replica's share is just a slice of the mini-batch's mean.
   const auto want = Parameters(Yaml(kGpt, "{name: backprop}", 2, 1, 8, 5), 2);

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "worker/overlap.h"
 
 namespace stagewise::worker {
 namespace {
@@ -169,6 +170,96 @@ TEST(ReplicaGroup, BadRankIsRefused) {
   options.size = 2;
   auto group = ReplicaGroup::Create(c10::make_intrusive<c10d::HashStore>(), options);
   EXPECT_EQ(group.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// OverlappedAverage: a small network per replica, two micro-batches of its own
+// data; the last backward runs armed. Every replica ends with the mean of the
+// replicas' accumulated gradients (as AverageGradients after the backward
+// would give), and with small buckets some start while the backward runs.
+struct Net : torch::nn::Module {
+  Net() {
+    // First in the parameter list, so last in the buckets' (reversed) order.
+    unused = register_module("unused", torch::nn::Linear(2, 2));
+    a = register_module("a", torch::nn::Linear(6, 8));
+    b = register_module("b", torch::nn::Linear(8, 8));
+    c = register_module("c", torch::nn::Linear(8, 3));
+    // The same values on every thread without the (shared) global generator.
+    torch::NoGradGuard no_grad;
+    int i = 0;
+    for (auto& p : parameters()) {
+      p.copy_(torch::sin(torch::arange(p.numel(), p.options()) * 0.37 + i++).view_as(p) * 0.4);
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return c->forward(torch::relu(b->forward(torch::relu(a->forward(x)))));
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr}, c{nullptr}, unused{nullptr};
+};
+
+// Micro-batch m of replica `rank`'s share.
+torch::Tensor Input(int rank, int m) {
+  return torch::cos(torch::arange(24, torch::kFloat) * (0.1 + 0.05 * rank) + m).view({4, 6});
+}
+
+// `net`'s accumulated gradients over two micro-batches; `before_last` runs
+// before the second backward.
+void TwoMicroBatches(int rank, Net& net, const std::function<void()>& before_last) {
+  for (int m = 0; m < 2; ++m) {
+    torch::Tensor loss = net.forward(Input(rank, m)).square().mean();
+    if (m == 1) before_last();
+    loss.backward();
+  }
+}
+
+TEST(OverlappedAverage, EqualsAveragingAfterTheBackward) {
+  constexpr int kSize = 2;
+  for (int64_t bucket : {int64_t{1} << 20, int64_t{64}}) {
+    SCOPED_TRACE(bucket);
+    ReplicaGroupOptions options;
+    options.timeout = absl::Seconds(30);
+    std::vector<std::vector<torch::Tensor>> want(kSize), got(kSize);
+    std::vector<int64_t> early(kSize);
+    OnReplicas(kSize, options, [&](int rank, ReplicaGroup& group) {
+      Net plain;
+      TwoMicroBatches(rank, plain, [] {});
+      ASSERT_TRUE(group.AverageGradients(plain.parameters()).ok());
+      for (const auto& p : plain.parameters()) want[rank].push_back(p.grad().clone());
+
+      Net net;
+      OverlappedAverage overlap(&group, net.parameters(), bucket);
+      for (int step = 0; step < 2; ++step) {  // the hooks stay for every step
+        for (auto& p : net.parameters()) p.mutable_grad() = torch::Tensor();
+        TwoMicroBatches(rank, net, [&] { overlap.Arm(); });
+        ASSERT_TRUE(overlap.armed());
+        ASSERT_TRUE(overlap.Finish().ok());
+        EXPECT_FALSE(overlap.armed());
+      }
+      for (const auto& p : net.parameters()) got[rank].push_back(p.grad().clone());
+      early[rank] = overlap.started_early();
+    });
+    ASSERT_EQ(got[0].size(), want[0].size());
+    for (size_t i = 0; i < got[0].size(); ++i) {
+      for (int r = 0; r < kSize; ++r) {
+        EXPECT_TRUE(torch::allclose(got[r][i], want[0][i], 1e-6, 1e-7)) << "param " << i;
+      }
+    }
+    // Small buckets: all but the unused layer's (the last) start during the
+    // backward, as soon as their gradients are final.
+    if (bucket == 64) {
+      EXPECT_EQ(early[0], 2 * 6);  // two steps, six buckets each
+      EXPECT_EQ(early[1], 2 * 6);
+    } else {
+      EXPECT_EQ(early[0], 0);  // one bucket, completed only by Finish
+    }
+  }
+}
+
+TEST(OverlappedAverage, FinishWithoutArmIsAnError) {
+  auto group = ReplicaGroup::Create(c10::make_intrusive<c10d::HashStore>(), {});
+  ASSERT_TRUE(group.ok());
+  Net net;
+  OverlappedAverage overlap(group->get(), net.parameters(), 1 << 20);
+  EXPECT_EQ(overlap.Finish().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

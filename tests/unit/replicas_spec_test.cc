@@ -79,7 +79,14 @@ TEST(ReplicasSpec, SyncDefaultsToEveryStepAndReadsTheOuterOptimizer) {
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(plain->sync.every, 1);
   EXPECT_EQ(plain->sync.outer, OuterOptimizer::kNesterov);
+  EXPECT_FALSE(plain->sync.overlap);
+  EXPECT_DOUBLE_EQ(plain->sync.bucket_mb, 25);
   EXPECT_FALSE(plain->recovery.elastic);
+  auto after =
+      ParseJobSpec(Yaml("{count: 2, replicas: 2}", 16) + "sync: {overlap: true, bucket_mb: 0.5}\n");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE(after->sync.overlap);
+  EXPECT_DOUBLE_EQ(after->sync.bucket_mb, 0.5);
   auto diloco = ParseJobSpec(Yaml("{count: 2, replicas: 2}", 16) +
                              "sync: {every: 10, outer: sgd, lr: 1.0, momentum: 0}\n"
                              "recovery: {elastic: true}\n");
@@ -99,6 +106,9 @@ TEST(ReplicasSpec, SyncErrorsNameTheirKey) {
       {"{every: 4, outer: nesterov, momentum: 0}", "sync.momentum: outer: nesterov needs"},
       {"{every: 4, outer: adam}", "sync.outer"},
       {"{evry: 4}", "sync.evry"},
+      {"{bucket_mb: 0}", "sync.bucket_mb: must be in (0, 1024], got 0"},
+      {"{bucket_mb: 2048}", "sync.bucket_mb: must be in (0, 1024], got 2048"},
+      {"{overlap: maybe}", "sync.overlap"},
   };
   for (const auto& [sync, want] : bad) {
     auto spec = ParseJobSpec(Yaml("{count: 2, replicas: 2}", 16) + "sync: " + sync + "\n");

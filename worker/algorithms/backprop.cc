@@ -89,6 +89,12 @@ class Backprop : public Algorithm {
     std::shared_ptr<models::ModalPass> pass;  // with block modes
   };
 
+  // Micro-batches run their backwards in order: the last one's completes the
+  // gradients, so replicated stages may start averaging them during it.
+  void ArmBeforeLastBackward(StageContext& ctx, int m) const {
+    if (m == micro_batches_ - 1) ctx.ArmReplicaOverlap();
+  }
+
   int64_t HeldBytes() const {
     int64_t bytes = 0;
     for (const auto& f : inflight_) bytes += TensorBytes(f.input) + TensorBytes(f.output);
@@ -121,6 +127,7 @@ class Backprop : public Algorithm {
       torch::Tensor loss = models::CrossEntropy(logits, labels) * weight;
       TimeCompute(ctx, "forward", step, m, t0);
       const auto t1 = std::chrono::steady_clock::now();
+      ArmBeforeLastBackward(ctx, m);
       loss.backward();
       TimeCompute(ctx, "backward", step, m, t1);
       loss_ += loss.item<double>();
@@ -153,6 +160,7 @@ class Backprop : public Algorithm {
     InFlight& f = inflight_[m];
     if (f.pass) {
       const auto t0 = std::chrono::steady_clock::now();
+      ArmBeforeLastBackward(ctx, m);
       torch::Tensor grad_in = f.pass->Backward(grad);
       TimeCompute(ctx, "backward", step, m, t0);
       f = InFlight{};
@@ -166,6 +174,7 @@ class Backprop : public Algorithm {
     }
     STAGEWISE_RETURN_IF_ERROR(CheckOutputShape("grad", grad.sizes(), out.sizes()));
     const auto t0 = std::chrono::steady_clock::now();
+    ArmBeforeLastBackward(ctx, m);
     out.backward(grad);
     TimeCompute(ctx, "backward", step, m, t0);
     STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, step, m, f.input.grad()));
@@ -192,6 +201,7 @@ class Backprop : public Algorithm {
     torch::Tensor logits = f.pass->output().requires_grad_(true);
     const double weight = static_cast<double>(labels.size(0)) / static_cast<double>(batch_size_);
     torch::Tensor loss = models::CrossEntropy(logits, labels) * weight;
+    ArmBeforeLastBackward(ctx, m);
     loss.backward();
     loss_ += loss.item<double>();
     torch::Tensor grad_in = f.pass->Backward(logits.grad());
