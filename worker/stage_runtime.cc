@@ -326,6 +326,12 @@ void StageRuntime::ComputeLoop() {
       }
     }
   }
+  // The run is over: close the replica group now, not when the runtime is
+  // destroyed (which may be much later), so that a replica still waiting in
+  // a collective with this one fails at once instead of waiting out
+  // --collective-timeout and missing the recovery's assignment.
+  overlap_.reset();
+  replicas_.reset();
   bool report = false;
   {
     absl::MutexLock lock(&mu_);
