@@ -15,22 +15,13 @@ std::chrono::milliseconds Millis(absl::Duration d) {
   return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
 }
 
-// Consecutive tensors of one dtype and device, at most `limit` bytes together
-// (a larger tensor alone).
+// BucketLayout's buckets of the tensors themselves.
 std::vector<std::vector<torch::Tensor>> Buckets(const std::vector<torch::Tensor>& tensors,
                                                 int64_t limit) {
   std::vector<std::vector<torch::Tensor>> out;
-  int64_t bytes = 0;
-  for (const torch::Tensor& t : tensors) {
-    const int64_t n = t.numel() * static_cast<int64_t>(t.element_size());
-    const bool fits = !out.empty() && out.back().front().scalar_type() == t.scalar_type() &&
-                      out.back().front().device() == t.device() && bytes + n <= limit;
-    if (!fits) {
-      out.emplace_back();
-      bytes = 0;
-    }
-    out.back().push_back(t);
-    bytes += n;
+  for (const std::vector<int>& bucket : BucketLayout(tensors, limit)) {
+    std::vector<torch::Tensor>& members = out.emplace_back();
+    for (int i : bucket) members.push_back(tensors[i]);
   }
   return out;
 }
@@ -46,6 +37,26 @@ absl::Status Classified(const std::string& error, const std::string& message) {
 }
 
 }  // namespace
+
+std::vector<std::vector<int>> BucketLayout(const std::vector<torch::Tensor>& tensors,
+                                           int64_t limit) {
+  std::vector<std::vector<int>> out;
+  int64_t bytes = 0;
+  for (int i = 0; i < static_cast<int>(tensors.size()); ++i) {
+    const torch::Tensor& t = tensors[i];
+    const torch::Tensor* first = out.empty() ? nullptr : &tensors[out.back().front()];
+    const int64_t n = t.numel() * static_cast<int64_t>(t.element_size());
+    const bool fits = first != nullptr && first->scalar_type() == t.scalar_type() &&
+                      first->device() == t.device() && bytes + n <= limit;
+    if (!fits) {
+      out.emplace_back();
+      bytes = 0;
+    }
+    out.back().push_back(i);
+    bytes += n;
+  }
+  return out;
+}
 
 absl::StatusOr<std::unique_ptr<ReplicaGroup>> ReplicaGroup::Create(
     c10::intrusive_ptr<c10d::Store> store, const ReplicaGroupOptions& options) {

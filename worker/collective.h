@@ -37,6 +37,13 @@ struct ReplicaGroupOptions {
   std::string name = "replica group";
 };
 
+// How tensors go into buckets: runs of consecutive tensors of one dtype and
+// device, at most `limit` bytes together (a larger tensor alone); indices
+// into `tensors`, in order. Every replica that passes the same shapes gets
+// the same layout.
+std::vector<std::vector<int>> BucketLayout(const std::vector<torch::Tensor>& tensors,
+                                           int64_t limit);
+
 class ReplicaGroup {
  public:
   // Meets the other size-1 replicas through `store` (every replica of the

@@ -32,20 +32,15 @@ class OverlappedAverage::Hook : public torch::autograd::FunctionPostHook {
 OverlappedAverage::OverlappedAverage(ReplicaGroup* group, std::vector<torch::Tensor> params,
                                      int64_t bucket_bytes)
     : group_(group), params_(std::move(params)), bucket_of_(params_.size(), 0) {
-  int64_t bytes = 0;
-  for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
-    const torch::Tensor& p = params_[i];
-    const int64_t n = p.numel() * static_cast<int64_t>(p.element_size());
-    const bool fits =
-        !buckets_.empty() && params_[buckets_.back().front()].scalar_type() == p.scalar_type() &&
-        params_[buckets_.back().front()].device() == p.device() && bytes + n <= bucket_bytes;
-    if (!fits) {
-      buckets_.emplace_back();
-      bytes = 0;
+  // The reversed list's layout, mapped back to indices into params_.
+  const std::vector<torch::Tensor> reversed(params_.rbegin(), params_.rend());
+  const int last = static_cast<int>(params_.size()) - 1;
+  for (const std::vector<int>& bucket : BucketLayout(reversed, bucket_bytes)) {
+    std::vector<int>& members = buckets_.emplace_back();
+    for (int r : bucket) {
+      members.push_back(last - r);
+      bucket_of_[last - r] = static_cast<int>(buckets_.size()) - 1;
     }
-    buckets_.back().push_back(i);
-    bucket_of_[i] = static_cast<int>(buckets_.size()) - 1;
-    bytes += n;
   }
   for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
     if (!params_[i].requires_grad()) continue;
