@@ -32,6 +32,7 @@ struct KindStyle {
 constexpr KindStyle kStyles[] = {
     {v1::SPAN_FORWARD, "forward", "forward", "#4e79a7", false},
     {v1::SPAN_BACKWARD, "backward", "backward", "#f28e2b", false},
+    {v1::SPAN_BACKWARD_WEIGHT, "weight", "weight gradients (W)", "#e15759", false},
     {v1::SPAN_RECOMPUTE, "recompute", "recompute", "#edc948", false},
     {v1::SPAN_STEP, "step", "optimizer step", "#b07aa1", false},
     {v1::SPAN_AUX, "aux", "auxiliary", "#59a14f", false},
@@ -290,7 +291,11 @@ std::string TimelineSvg(const v1::JobTrace& trace) {
   const double width = kLeft + kPlot + kRight;
   const double rows_bottom = kTop + stages * (kRow + kGap);
   const double legend_top = rows_bottom + 62;
-  const double height = legend_top + 2 * 22 + 16;
+  // The legend: every kind, kLegendPerLine to a line, then the box-label note.
+  constexpr int kLegendPerLine = 5;
+  constexpr int kKinds = static_cast<int>(sizeof(kStyles) / sizeof(kStyles[0]));
+  const double legend_lines = (kKinds + kLegendPerLine - 1) / kLegendPerLine;
+  const double height = legend_top + legend_lines * 22 + 16;
   auto x_of = [&](int64_t us) {
     return kLeft + kPlot * (static_cast<double>(us - origin) / 1000.0) / span_ms;
   };
@@ -370,12 +375,10 @@ std::string TimelineSvg(const v1::JobTrace& trace) {
     }
     svg += "</g>\n";
   }
-  // Legend: two lines of kinds.
-  const int per_line = 5;
   int i = 0;
   for (const KindStyle& s : kStyles) {
-    const double x = kLeft + (i % per_line) * 220;
-    const double y = legend_top + (i / per_line) * 22;
+    const double x = kLeft + (i % kLegendPerLine) * 220;
+    const double y = legend_top + (i / kLegendPerLine) * 22;
     if (s.thin) {
       absl::StrAppendFormat(&svg,
                             "<rect x=\"%.0f\" y=\"%.0f\" width=\"22\" height=\"4\" fill=\"%s\"/>\n",
@@ -392,7 +395,7 @@ std::string TimelineSvg(const v1::JobTrace& trace) {
   absl::StrAppendFormat(&svg,
                         "<text x=\"%.0f\" y=\"%.0f\" font-size=\"11\" fill=\"#555\">box label: "
                         "mini-batch%s</text>\n",
-                        kLeft, legend_top + 2 * 22 + 8, micro ? ".micro-batch" : "");
+                        kLeft, legend_top + legend_lines * 22 + 8, micro ? ".micro-batch" : "");
   svg += "</svg>\n";
   return svg;
 }
@@ -410,8 +413,10 @@ std::string TraceSummary(const v1::JobTrace& trace) {
   }
   absl::StrAppend(&out, absl::StrFormat("%-7s %6s", "stage", "spans"));
   const std::vector<v1::SpanKind> columns = {
-      v1::SPAN_FORWARD, v1::SPAN_BACKWARD, v1::SPAN_RECOMPUTE, v1::SPAN_STEP,     v1::SPAN_AUX,
-      v1::SPAN_SEND,    v1::SPAN_EVAL,     v1::SPAN_WAIT_PREV, v1::SPAN_WAIT_NEXT};
+      v1::SPAN_FORWARD,   v1::SPAN_BACKWARD, v1::SPAN_BACKWARD_WEIGHT,
+      v1::SPAN_RECOMPUTE, v1::SPAN_STEP,     v1::SPAN_AUX,
+      v1::SPAN_SEND,      v1::SPAN_EVAL,     v1::SPAN_WAIT_PREV,
+      v1::SPAN_WAIT_NEXT};
   for (const v1::SpanKind k : columns) absl::StrAppend(&out, absl::StrFormat(" %10s", SpanName(k)));
   absl::StrAppend(&out, absl::StrFormat(" %10s\n", "untraced"));
   for (const v1::StageTrace& st : trace.stages()) {

@@ -37,6 +37,9 @@ struct BlockInfo {
   double backward_seconds_per_sample = 0;
   // script blocks (TorchScript): trainable parameters, counted by the dry run.
   int64_t parameters = 0;
+  // emulated blocks: the share of the backward's wait that is weight
+  // gradients (a weight-only pass waits this share, an input-only pass the rest).
+  double backward_weight_share = 0.5;
 };
 
 }  // namespace stagewise::models

@@ -26,18 +26,27 @@ void WaitUntil(Clock::time_point start, double seconds) {
 
 // y = residual * x + scale * x + shift (scale and shift per value of a
 // sample), with the waits of an accelerator: n samples take n * forward_s to
-// go forward and n * backward_s to go back.
+// go forward and n * backward_s to go back, of which the weight gradients are
+// `weight_share`. A backward pass that asks only for the input gradient (B of
+// a zero-bubble schedule) waits the rest; one that asks only for the
+// parameters' (W) waits the weight share; a fused backward waits both (also
+// where x needs no gradient: a stage's first block then waits as before).
 struct EmulatedAffine : public torch::autograd::Function<EmulatedAffine> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& scale, const torch::Tensor& shift,
-                               bool residual, double forward_s, double backward_s) {
+                               bool residual, const BlockInfo* info) {
     const Clock::time_point start = Clock::now();
     torch::Tensor y = torch::addcmul(shift, x, scale);
     if (residual) y.add_(x);
     ctx->save_for_backward({x, scale});
+    const auto n = static_cast<double>(x.size(0));
+    const double backward_s = info->backward_seconds_per_sample * n;
+    const double share = info->backward_weight_share;
     ctx->saved_data["residual"] = residual;
-    ctx->saved_data["backward_s"] = backward_s * static_cast<double>(x.size(0));
-    WaitUntil(start, forward_s * static_cast<double>(x.size(0)));
+    ctx->saved_data["x_requires_grad"] = x.requires_grad();
+    ctx->saved_data["input_s"] = backward_s * (1 - share);
+    ctx->saved_data["weight_s"] = backward_s * share;
+    WaitUntil(start, info->forward_seconds_per_sample * n);
     return y;
   }
 
@@ -52,8 +61,11 @@ struct EmulatedAffine : public torch::autograd::Function<EmulatedAffine> {
     if (ctx->saved_data["residual"].toBool()) gx.add_(g);
     torch::Tensor gscale = (g * x).sum(0);
     torch::Tensor gshift = g.sum(0);
-    WaitUntil(start, ctx->saved_data["backward_s"].toDouble());
-    return {gx, gscale, gshift, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    const bool weights = ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
+    const bool input = ctx->needs_input_grad(0) || !ctx->saved_data["x_requires_grad"].toBool();
+    WaitUntil(start, (weights ? ctx->saved_data["weight_s"].toDouble() : 0) +
+                         (input || !weights ? ctx->saved_data["input_s"].toDouble() : 0));
+    return {gx, gscale, gshift, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -187,9 +199,7 @@ EmulatedBlock::EmulatedBlock(const BlockInfo& info) : Block(info) {
 }
 
 torch::Tensor EmulatedBlock::forward(const torch::Tensor& x) {
-  return EmulatedAffine::apply(x, scale_, shift_, /*residual=*/true,
-                               info().forward_seconds_per_sample,
-                               info().backward_seconds_per_sample);
+  return EmulatedAffine::apply(x, scale_, shift_, /*residual=*/true, &info());
 }
 
 EmulatedReversibleBlock::EmulatedReversibleBlock(const BlockInfo& info)
@@ -198,9 +208,7 @@ EmulatedReversibleBlock::EmulatedReversibleBlock(const BlockInfo& info)
 }
 
 torch::Tensor EmulatedReversibleBlock::F(const torch::Tensor& stream) {
-  return EmulatedAffine::apply(stream, scale_, shift_, /*residual=*/false,
-                               info().forward_seconds_per_sample,
-                               info().backward_seconds_per_sample);
+  return EmulatedAffine::apply(stream, scale_, shift_, /*residual=*/false, &info());
 }
 
 PairDownsampleBlock::PairDownsampleBlock(const BlockInfo& info) : Block(info) {

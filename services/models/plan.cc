@@ -245,6 +245,7 @@ absl::StatusOr<std::vector<BlockInfo>> PlanEmulated(const ModelSpec& spec) {
     b.out_channels = spec.reversible ? spec.input_shape[0] / 2 : spec.input_shape[0];
     b.forward_seconds_per_sample = spec.forward_ms / 1e3 / batch;
     b.backward_seconds_per_sample = spec.backward_ms / 1e3 / batch;
+    b.backward_weight_share = spec.backward_weight_share;
     p.Add(b, spec.input_shape);
   }
   p.Head(spec.num_classes);

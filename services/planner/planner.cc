@@ -13,6 +13,7 @@
 #include "absl/strings/str_replace.h"
 #include "services/planner/knapsack.h"
 #include "services/planner/partition.h"
+#include "services/planner/pipeline_schedule.h"
 #include "services/planner/timing_model.h"
 #include "services/spec/job_spec.h"
 
@@ -111,15 +112,30 @@ std::vector<bool> DefaultStore(const ModelProfile& p, AlgorithmKind algorithm, i
   return store;
 }
 
+pipeline::Schedule PipelineOf(PipelineSchedule s) {
+  switch (s) {
+    case PipelineSchedule::kGpipe:
+      return pipeline::Schedule::kGpipe;
+    case PipelineSchedule::kOneFOneB:
+      return pipeline::Schedule::kOneFOneB;
+    case PipelineSchedule::kZbH1:
+      return pipeline::Schedule::kZbH1;
+  }
+  return pipeline::Schedule::kGpipe;
+}
+
 StageRole RoleOf(const PlanOptions& o, int j) {
   StageRole r;
   const int J = o.num_stages;
   r.first = j == 0;
   r.last = j == J - 1;
   const AlgorithmKind a = o.algorithm;
-  if (a == A::kBackprop || a == A::kNwise) {
-    const int M = std::max(1, o.micro_batches);
-    r.inflight = r.last ? 1 : (o.one_f_one_b ? std::min(J - j + o.lookahead, M) : M);
+  if (a == A::kBackprop) {
+    pipeline::ScheduleOptions so{
+        .stages = J, .micro_batches = std::max(1, o.micro_batches), .lookahead = o.lookahead};
+    r.inflight = pipeline::MaxInFlight(PipelineOf(o.schedule), so, j);
+  } else if (a == A::kNwise) {
+    r.inflight = r.last ? 1 : std::max(1, o.micro_batches);
   } else if (a == A::kPetra || a == A::kDelayed) {
     r.inflight = r.last ? 1 : 2 * (J - 1 - j) + 1;
   } else if (a == A::kFeaturesReplay) {
@@ -374,10 +390,28 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
   out.push_back({"backprop", t_bp, 1.0, "sum of stage forward+backward+messages, + stage 0's step",
                  A::kBackprop});
   if (o.micro_batches > 1) {
-    const double M = o.micro_batches;
-    const double t = (M + J - 1) * slowest(bp, false) / M + bp[0].step_s;
-    out.push_back({absl::StrCat("backprop M=", o.micro_batches), t, 0,
-                   "(M+J-1) x slowest stage / M (no per-micro-batch overhead)", A::kBackprop});
+    // Each schedule's own orders played out with the stages' estimated
+    // costs per micro-batch (messages with the forward; the backward split
+    // half and half into input and weight gradients, the zero-bubble
+    // paper's B ~ W), then stage 0's step.
+    const int M = o.micro_batches;
+    pipeline::ScheduleOptions so{.stages = J, .micro_batches = M, .lookahead = o.lookahead};
+    for (const StageEstimate& s : bp) {
+      so.costs.push_back(
+          {(s.forward_s + s.message_s) / M, s.backward_s / (2.0 * M), s.backward_s / (2.0 * M)});
+    }
+    for (PipelineSchedule sched :
+         {PipelineSchedule::kGpipe, PipelineSchedule::kOneFOneB, PipelineSchedule::kZbH1}) {
+      auto orders = pipeline::StageOrders(PipelineOf(sched), so);
+      if (!orders.ok()) continue;
+      auto sim = pipeline::Simulate(*orders, so);
+      if (!sim.ok()) continue;
+      out.push_back({absl::StrCat("backprop ", NameOf(sched), " M=", M),
+                     sim->seconds + bp[0].step_s, 0,
+                     absl::StrFormat("the schedule simulated on the stages' costs (bubble %.0f%%)",
+                                     100 * sim->bubble),
+                     A::kBackprop});
+    }
   }
   out.push_back({"delayed", slowest(estimates(A::kDelayed), false), 0,
                  "slowest stage: graph-free forward + recompute + backward + step", A::kDelayed});
@@ -425,7 +459,7 @@ PlanOptions PlanOptionsForJob(const JobSpec& spec, const std::vector<std::pair<i
   if (spec.stages.memory_budget > 0) o.memory_caps = {spec.stages.memory_budget};
   if (const auto* backprop = a.get_if<BackpropOptions>()) {
     o.micro_batches = backprop->micro_batches;
-    o.one_f_one_b = backprop->schedule == PipelineSchedule::kOneFOneB;
+    o.schedule = backprop->schedule;
     o.lookahead = backprop->lookahead;
   } else if (const auto* nwise = a.get_if<NwiseOptions>()) {
     o.micro_batches = nwise->micro_batches;
@@ -478,7 +512,8 @@ std::vector<std::pair<std::string, double>> PlanSummary(const Plan& plan) {
   }
   for (const Prediction& p : plan.predictions) {
     out.emplace_back(
-        absl::StrCat("plan.predicted.", absl::StrReplaceAll(p.algorithm, {{" ", "_"}, {"=", ""}})),
+        absl::StrCat("plan.predicted.",
+                     absl::StrReplaceAll(p.algorithm, {{" ", "_"}, {"=", ""}, {"-", "_"}})),
         p.seconds_per_batch);
   }
   return out;

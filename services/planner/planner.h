@@ -62,8 +62,8 @@ struct PlanOptions {
   // auto: the knapsack under the cap; store / rebuild: every reversible block.
   BlockModes modes = BlockModes::kAuto;
   int micro_batches = 1;  // backprop / nwise
-  bool one_f_one_b = false;
-  int lookahead = 0;  // backprop 1F1B: extra micro-batches in flight per stage
+  PipelineSchedule schedule = PipelineSchedule::kGpipe;  // backprop
+  int lookahead = 0;  // backprop 1F1B and ZB-H1: extra micro-batches in flight per stage
   int nwise_n = 0;    // 0: predicted for n = 1 and n = 2
   // Knapsack units: at most this many per stage budget.
   int64_t max_units = 4096;

@@ -21,7 +21,7 @@ namespace stagewise {
 enum class AlgorithmKind { kBackprop, kDelayed, kFeaturesReplay, kPetra, kNwise, kAuxNet };
 
 // backprop's `schedule`: the order of micro-batches in a pipelined step.
-enum class PipelineSchedule { kGpipe, kOneFOneB };
+enum class PipelineSchedule { kGpipe, kOneFOneB, kZbH1 };
 
 // delayed's `weights`: which parameters a late backward uses.
 enum class DelayedWeights { kStash, kCurrent };
@@ -72,7 +72,7 @@ struct EnumSpellings<AlgorithmKind> {
 };
 template <>
 struct EnumSpellings<PipelineSchedule> {
-  static constexpr std::array<absl::string_view, 2> kNames = {"gpipe", "1f1b"};
+  static constexpr std::array<absl::string_view, 3> kNames = {"gpipe", "1f1b", "zb-h1"};
 };
 template <>
 struct EnumSpellings<DelayedWeights> {

@@ -84,6 +84,9 @@ const std::vector<Field<ModelSpec>>& ModelFields() {
           "emulated: milliseconds each block waits in its forward per mini-batch of `batch_size` "
           "samples (a micro-batch waits its share), 0..3.6e6"),
       Key("backward_ms", &S::backward_ms, "emulated: the same for the backward"),
+      Key("backward_weight_share", &S::backward_weight_share,
+          "emulated: [0, 1]; the part of `backward_ms` that is weight gradients (W, which "
+          "`schedule: zb-h1` defers), the rest being the input gradient (B)"),
       Key("reversible", &S::reversible,
           "emulated: blocks are reversible couplings (PETRA, rebuild mode); needs an even "
           "`data.shape[0]`"),
@@ -375,7 +378,7 @@ const std::vector<AlgorithmSchema>& AlgorithmSchemas() {
            EnumParam("schedule", &B::schedule, ""),
            BoolParam("recompute", &B::recompute, "keep only stage inputs, recompute in backward"),
            IntParam("lookahead", &B::lookahead, 0,
-                    "1F1B: extra micro-batches in flight per stage (to hide message "
+                    "1f1b and zb-h1: extra micro-batches in flight per stage (to hide message "
                     "latency)")}),
       Schema<D>(AlgorithmKind::kDelayed,
                 {EnumParam("weights", &D::weights, ""),

@@ -66,6 +66,9 @@ struct ModelSpec {
   // (text: [sequence_length] and 256 byte values).
   std::vector<int64_t> input_shape;
   int num_classes = 0;
+  // emulated: the part of backward_ms that is weight gradients (the W a
+  // zero-bubble schedule defers); the rest is the input gradient (B).
+  double backward_weight_share = 0.5;
 };
 
 // data: where samples come from and how they are augmented.

@@ -140,6 +140,7 @@ absl::Status ValidateModel(const ModelSpec& model) {
             key, absl::StrCat("must be a time in milliseconds in [0, ", kMaxMs, "], got ", value)));
       }
     }
+    check(InUnitInterval("model.backward_weight_share", model.backward_weight_share));
     return check.status();
   }
   Checker check;
@@ -546,6 +547,14 @@ absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
         check(KeyError("stages.modes", absl::StrCat("'", NameOf(spec.stages.modes),
                                                     "' applies to backprop and petra, not to '",
                                                     NameOf(kind), "' (leave it auto)")));
+        break;
+      }
+      const auto* backprop = phase.algorithm.get_if<BackpropOptions>();
+      if (backprop != nullptr && backprop->schedule == PipelineSchedule::kZbH1 &&
+          spec.stages.modes == BlockModes::kRebuild) {
+        check(KeyError("stages.modes",
+                       "rebuild keeps no graph between a backward's input and weight gradients, "
+                       "which algorithm.schedule zb-h1 splits (use store or auto)"));
         break;
       }
     }

@@ -15,12 +15,14 @@
 //     --stages 2,4,8,16      pipeline depths J
 //     --replicas 1           replicas R of every stage (e.g. 1,2,4)
 //     --algorithms LIST      from: backprop (M=1), gpipe, 1f1b, 1f1b1 (1F1B with
-//                            lookahead 1), delayed, petra,
+//                            lookahead 1), zb-h1 (zero bubble), delayed, petra,
 //                            features_replay, nwise, auxnet (default: all)
 //     --rounds 3             repetitions; every round runs every configuration
 //                            once, interleaved; medians and spread count
 //     --forward-ms 5         per block and mini-batch
 //     --backward-ms 10       per block and mini-batch
+//     --weight-share 0.5     the part of the backward that is weight gradients
+//                            (W, which zb-h1 defers; model.backward_weight_share)
 //     --blocks-per-stage 2   K: stage j holds blocks [jK, (j+1)K) (+ the head)
 //     --batch 32             samples per mini-batch (per replica)
 //     --shape 2,16,16        per-sample activation [C, H, W] (C even)
@@ -32,6 +34,11 @@
 // Ideal time per mini-batch, with F = K * forward_ms and B = K * backward_ms
 // the work of one stage on one mini-batch:
 //   backprop, M = 2J micro-batches (GPipe or 1F1B):  (M + J - 1) / M * (F + B)
+//   zb-h1, M = 2J: the schedule's own orders played out with the costs
+//     (services/planner/pipeline_schedule.h); with a weight share of 1/3 of
+//     F + B it is (3M + J - 1) / 3M * (F + B). The table's last column,
+//     "bubble cut", is (1F1B's measured time - this one's) over (1F1B's ideal
+//     - this one's): the share of the predicted saving that was measured.
 //   delayed: its forward keeps no graph, so the backward recomputes the
 //     forward from the stored input (weight stashing would otherwise need a
 //     graph per in-flight mini-batch):                         2F + B
@@ -57,6 +64,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "services/planner/pipeline_schedule.h"
 #include "services/planner/timing_model.h"
 #include "services/spec/job_spec.h"
 #include "tests/integration/cluster.h"
@@ -68,11 +76,13 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   std::vector<int> stages = {2, 4, 8, 16};
   std::vector<int> replicas = {1};
-  std::vector<std::string> algorithms = {"backprop", "gpipe",           "1f1b",  "1f1b1", "delayed",
-                                         "petra",    "features_replay", "nwise", "auxnet"};
+  std::vector<std::string> algorithms = {"backprop", "gpipe",   "1f1b",  "1f1b1",
+                                         "zb-h1",    "delayed", "petra", "features_replay",
+                                         "nwise",    "auxnet"};
   int rounds = 3;
   double forward_ms = 5;
   double backward_ms = 10;
+  double weight_share = 0.5;
   int blocks_per_stage = 2;
   int batch = 32;
   std::vector<int64_t> shape = {2, 16, 16};
@@ -139,6 +149,9 @@ Options ParseOptions(int argc, char** argv) {
       number(&o.forward_ms);
     } else if (flag == "--backward-ms") {
       number(&o.backward_ms);
+    } else if (flag == "--weight-share") {
+      number(&o.weight_share);
+      if (o.weight_share > 1) Usage("--weight-share: at most 1");
     } else if (flag == "--blocks-per-stage") {
       integer(&o.blocks_per_stage);
     } else if (flag == "--batch") {
@@ -169,6 +182,19 @@ std::vector<Config> Configs(const Options& o, int J, int R) {
       c.label = "backprop M=1";
       c.yaml = "{name: backprop}";
       c.ideal_s = J * (F + B);
+    } else if (a == "zb-h1") {
+      c.label = absl::StrCat("backprop ZB-H1 M=", M);
+      c.yaml = absl::StrCat("{name: backprop, micro_batches: ", M, ", schedule: zb-h1}");
+      namespace pl = stagewise::pipeline;
+      pl::ScheduleOptions so{.stages = J, .micro_batches = M};
+      const double per = 1.0 / M;  // a micro-batch's share of the stage's work
+      so.costs.assign(
+          J, pl::StageCosts{F * per, B * per * (1 - o.weight_share), B * per * o.weight_share});
+      auto orders = pl::StageOrders(pl::Schedule::kZbH1, so);
+      if (!orders.ok()) Usage(orders.status().ToString());
+      auto sim = pl::Simulate(*orders, so);
+      if (!sim.ok()) Usage(sim.status().ToString());
+      c.ideal_s = sim->seconds;
     } else if (a == "gpipe" || a == "1f1b" || a == "1f1b1") {
       const bool gpipe = a == "gpipe";
       const int lookahead = a == "1f1b1" ? 1 : 0;
@@ -217,8 +243,9 @@ std::string JobYaml(const Options& o, const Config& c, int total_steps) {
       // samples it sees: R x the time per global batch of R x --batch keeps
       // each replica's share of --batch at forward_ms (weak scaling: every
       // replica is a device as fast as the R = 1 one).
-      absl::StrFormat("model: {name: emulated, depth: %d, forward_ms: %g, backward_ms: %g}\n",
-                      depth, o.forward_ms * c.R, o.backward_ms * c.R),
+      absl::StrFormat("model: {name: emulated, depth: %d, forward_ms: %g, backward_ms: %g, "
+                      "backward_weight_share: %g}\n",
+                      depth, o.forward_ms * c.R, o.backward_ms * c.R, o.weight_share),
       "data: {dataset: synthetic, train_size: ", 64 * o.batch * c.R, ", test_size: ", o.batch,
       ", shape: [", absl::StrJoin(o.shape, ", "), "], classes: 10}\n",
       "optimizer: {name: sgd, lr: 0.01}\n", "batch_size: ", o.batch * c.R, "\n",
@@ -330,9 +357,16 @@ int main(int argc, char** argv) {
     if (it == measured.end() || configs[i].R != 1) continue;
     single[{configs[i].label, configs[i].J}] = o.batch / Median(it->second);
   }
-  std::cout << absl::StrFormat("%-22s %3s %3s %10s %10s %16s %11s %9s %10s %8s\n", "algorithm", "J",
-                               "R", "ideal ms", "median ms", "min-max ms", "efficiency", "spread",
-                               "samples/s", "scaling");
+  // 1F1B's ideal and median at the same J and R, for the bubble-cut column.
+  std::map<std::pair<int, int>, std::pair<double, double>> one_f_one_b;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const auto it = measured.find(i);
+    if (it == measured.end() || configs[i].algorithm != "1f1b") continue;
+    one_f_one_b[{configs[i].J, configs[i].R}] = {configs[i].ideal_s, Median(it->second)};
+  }
+  std::cout << absl::StrFormat("%-22s %3s %3s %10s %10s %16s %11s %9s %10s %8s %11s\n", "algorithm",
+                               "J", "R", "ideal ms", "median ms", "min-max ms", "efficiency",
+                               "spread", "samples/s", "scaling", "bubble cut");
   for (size_t i = 0; i < configs.size(); ++i) {
     const auto it = measured.find(i);
     if (it == measured.end()) continue;
@@ -348,10 +382,18 @@ int main(int argc, char** argv) {
         one == single.end()
             ? "-"
             : absl::StrFormat("%.1f%%", 100 * samples / (configs[i].R * one->second));
+    // Measured saving against 1F1B over the saving its ideal predicts.
+    std::string cut = "-";
+    const auto base = one_f_one_b.find({configs[i].J, configs[i].R});
+    if (configs[i].algorithm == "zb-h1" && base != one_f_one_b.end()) {
+      const double predicted = base->second.first - configs[i].ideal_s;
+      if (predicted > 0)
+        cut = absl::StrFormat("%.0f%%", 100 * (base->second.second - med) / predicted);
+    }
     std::cout << absl::StrFormat(
-        "%-22s %3d %3d %10.2f %10.2f %7.2f-%-8.2f %10.1f%% %8.1f%% %10.0f %8s\n", configs[i].label,
-        configs[i].J, configs[i].R, 1e3 * configs[i].ideal_s, 1e3 * med, 1e3 * *lo, 1e3 * *hi,
-        100 * configs[i].ideal_s / med, 100 * spread, samples, scaling);
+        "%-22s %3d %3d %10.2f %10.2f %7.2f-%-8.2f %10.1f%% %8.1f%% %10.0f %8s %11s\n",
+        configs[i].label, configs[i].J, configs[i].R, 1e3 * configs[i].ideal_s, 1e3 * med,
+        1e3 * *lo, 1e3 * *hi, 100 * configs[i].ideal_s / med, 100 * spread, samples, scaling, cut);
   }
   return failed ? 1 : 0;
 }

@@ -1,9 +1,11 @@
 // Oracle (docs/algorithms.md, backprop): J stages exchanging activations and
 // gradients over real gRPC streams end with the parameters of a single-process
 // run: plain backprop for M = 1, and accumulation over the same micro-batches
-// for M > 1.
+// for M > 1, whatever the schedule (GPipe, 1F1B, ZB-H1, with recompute).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -147,11 +149,17 @@ INSTANTIATE_TEST_SUITE_P(Stages, BackpropOracle,
                                            Case{2, 1, "gpipe", false, true},
                                            Case{3, 1, "gpipe", false, true},
                                            Case{3, 4, "1f1b", false, true, true},
-                                           Case{2, 4, "gpipe", true, true, true}),
+                                           Case{2, 4, "gpipe", true, true, true},
+                                           // zero bubble: B and W split on stages > 0
+                                           Case{2, 4, "zb-h1", false}, Case{3, 4, "zb-h1", false},
+                                           Case{4, 6, "zb-h1", false}, Case{3, 4, "zb-h1", true},
+                                           Case{4, 4, "zb-h1", true, true, true}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            std::ostringstream os;
                            PrintTo(info.param, &os);
-                           return os.str();
+                           std::string name = os.str();  // letters, digits, underscores
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
                          });
 
 }  // namespace

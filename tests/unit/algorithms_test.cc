@@ -181,19 +181,27 @@ TEST(TransportTest, HalfPrecisionWireHalvesTheBytesAndStaysNearExact) {
 }
 
 TEST(BackpropTest, MicroBatchSchedulesAgree) {
-  // GPipe and 1F1B over two stages accumulate the same micro-batch gradients.
+  // GPipe, 1F1B and ZB-H1 over two stages accumulate the same micro-batch gradients.
   auto gpipe = MakeJob("{name: backprop, micro_batches: 3, schedule: gpipe}", 2);
   auto one_f_one_b = MakeJob("{name: backprop, micro_batches: 3, schedule: 1f1b}", 2);
   auto recompute = MakeJob("{name: backprop, micro_batches: 3, recompute: true}", 2);
   // One micro-batch of lookahead, and more than there are micro-batches.
   auto classic = MakeJob("{name: backprop, micro_batches: 3, schedule: 1f1b, lookahead: 1}", 2);
   auto deep = MakeJob("{name: backprop, micro_batches: 3, schedule: 1f1b, lookahead: 5}", 2);
-  ASSERT_TRUE(gpipe && one_f_one_b && recompute && classic && deep);
+  // Zero bubble: stage 1 splits each backward into B and W.
+  auto zb = MakeJob("{name: backprop, micro_batches: 3, schedule: zb-h1}", 2);
+  auto zb_recompute =
+      MakeJob("{name: backprop, micro_batches: 3, schedule: zb-h1, recompute: true}", 2);
+  ASSERT_TRUE(gpipe && one_f_one_b && recompute && classic && deep && zb && zb_recompute);
   RunAll(*gpipe);
   RunAll(*one_f_one_b);
   RunAll(*recompute);
   RunAll(*classic);
   RunAll(*deep);
+  RunAll(*zb);
+  RunAll(*zb_recompute);
+  ExpectSameParameters(zb->Parameters(), gpipe->Parameters());
+  ExpectSameParameters(zb_recompute->Parameters(), gpipe->Parameters());
   ExpectSameParameters(one_f_one_b->Parameters(), gpipe->Parameters());
   ExpectSameParameters(recompute->Parameters(), gpipe->Parameters());
   ExpectSameParameters(classic->Parameters(), gpipe->Parameters());

@@ -1,10 +1,13 @@
 // backprop: exact synchronous backpropagation across stages (docs/algorithms.md).
-// A mini-batch is split into M micro-batches that flow forward in GPipe order
-// (all forwards, then all backwards) or 1F1B order; gradients are accumulated
+// A mini-batch is split into M micro-batches that flow in the order of the
+// schedule (services/planner/pipeline_schedule.h): GPipe (all forwards, then
+// all backwards), 1F1B, or ZB-H1, where stages j > 0 split each backward into
+// the input gradient (B, sent on at once) and the weight gradients (W,
+// deferred into the bubbles; models::SplitPass). Gradients are accumulated
 // with loss scale n_m / B so the sum is the mini-batch mean, and every stage
-// steps once per mini-batch. Stage 0 takes the next mini-batch only after its
-// step (flush). With `recompute`, a stage keeps only each micro-batch's input
-// and reruns the forward with a graph when the gradient returns. When the job
+// steps once per mini-batch, after its last backward or W. Stage 0 takes the
+// next mini-batch only after its step (flush). With `recompute`, a stage keeps only each
+// micro-batch's input and reruns the forward with a graph when the gradient returns. When the job
 // assigns block modes (the planner, after Jiang et al., reversible
 // training framework), the stage runs a ModalPass:
 // storing blocks keep their graph, rebuilding reversible blocks keep nothing
@@ -20,6 +23,8 @@
 #include "services/models/batch_norm.h"
 #include "services/models/loss.h"
 #include "services/models/modal_pass.h"
+#include "services/models/split_pass.h"
+#include "services/planner/pipeline_schedule.h"
 #include "worker/algorithms/common.h"
 #include "worker/algorithms/schedule.h"
 
@@ -30,14 +35,15 @@ class Backprop : public Algorithm {
  public:
   explicit Backprop(const BackpropOptions& options)
       : micro_batches_(options.micro_batches),
-        one_f_one_b_(options.schedule == PipelineSchedule::kOneFOneB),
+        schedule_(options.schedule),
         recompute_(options.recompute),
         lookahead_(options.lookahead) {}
 
   // Nothing to save; checks that the cut has nothing in flight.
   absl::Status SaveState(StageContext&, torch::serialize::OutputArchive&) override {
     for (const auto& f : inflight_) {
-      if (f.input.defined() || f.output.defined() || f.pass) {
+      if (f.input.defined() || f.output.defined() || f.loss.defined() || f.pass ||
+          !f.split.empty()) {
         return absl::FailedPreconditionError("backprop: checkpoint with a micro-batch in flight");
       }
     }
@@ -47,9 +53,26 @@ class Backprop : public Algorithm {
   absl::Status Run(StageContext& ctx) override {
     ctx.stage_metrics().SetStaleness(0);
     const int M = micro_batches_;
-    // 1F1B: J-1-j forwards before the first backward, plus `lookahead` more
-    // (the next micro-batch already queued while a message is on the wire).
-    const int warm = ctx.last() ? 0 : std::min(ctx.num_stages() - 1 - ctx.stage() + lookahead_, M);
+    pipeline::ScheduleOptions options{
+        .stages = ctx.num_stages(), .micro_batches = M, .lookahead = lookahead_};
+    pipeline::Schedule schedule = pipeline::Schedule::kGpipe;
+    if (schedule_ == PipelineSchedule::kOneFOneB) schedule = pipeline::Schedule::kOneFOneB;
+    if (schedule_ == PipelineSchedule::kZbH1) schedule = pipeline::Schedule::kZbH1;
+    auto orders = pipeline::StageOrders(schedule, options);
+    if (!orders.ok()) return orders.status();
+    const std::vector<pipeline::Op> order = std::move((*orders)[ctx.stage()]);
+    split_ = false;
+    for (const pipeline::Op& op : order)
+      split_ = split_ || op.kind == pipeline::OpKind::kBackwardWeight;
+    if (split_) {
+      for (BlockMode mode : ctx.block_modes()) {
+        if (mode == BlockMode::kRebuild) {
+          return absl::FailedPreconditionError(
+              "algorithm.schedule: zb-h1 splits each backward into B and W, which a block in "
+              "rebuild mode (stages.modes) cannot: it keeps no graph between them");
+        }
+      }
+    }
     return RunLockStep(ctx, [&](int64_t step) -> absl::Status {
       ctx.optimizer().zero_grad();
       inflight_.assign(M, InFlight{});
@@ -62,17 +85,20 @@ class Backprop : public Algorithm {
       } else {
         batch_size_ = ctx.batch_size();
       }
-      if (one_f_one_b_) {
-        for (int i = 0; i < warm; ++i) STAGEWISE_RETURN_IF_ERROR(Forward(ctx, step, i));
-        for (int i = warm; i < M; ++i) {
-          STAGEWISE_RETURN_IF_ERROR(Forward(ctx, step, i));
-          if (!ctx.last()) STAGEWISE_RETURN_IF_ERROR(Backward(ctx, step, i - warm));
-        }
-        for (int i = M - warm; i < M; ++i) STAGEWISE_RETURN_IF_ERROR(Backward(ctx, step, i));
-      } else {
-        for (int i = 0; i < M; ++i) STAGEWISE_RETURN_IF_ERROR(Forward(ctx, step, i));
-        if (!ctx.last()) {
-          for (int i = 0; i < M; ++i) STAGEWISE_RETURN_IF_ERROR(Backward(ctx, step, i));
+      for (const pipeline::Op& op : order) {
+        switch (op.kind) {
+          case pipeline::OpKind::kForward:
+            STAGEWISE_RETURN_IF_ERROR(Forward(ctx, step, op.micro_batch));
+            break;
+          case pipeline::OpKind::kBackward:
+            STAGEWISE_RETURN_IF_ERROR(Backward(ctx, step, op.micro_batch));
+            break;
+          case pipeline::OpKind::kBackwardInput:
+            STAGEWISE_RETURN_IF_ERROR(BackwardInput(ctx, step, op.micro_batch));
+            break;
+          case pipeline::OpKind::kBackwardWeight:
+            BackwardWeight(ctx, step, op.micro_batch);
+            break;
         }
       }
       STAGEWISE_RETURN_IF_ERROR(StepOptimizer(ctx, step, ctx.LearningRate(step)));
@@ -86,11 +112,15 @@ class Backprop : public Algorithm {
   struct InFlight {
     torch::Tensor input;                      // leaf; requires grad on stages > 0
     torch::Tensor output;                     // with graph, unless recompute
+    torch::Tensor loss;                       // last stage: scaled, with graph
+    torch::Tensor logits;                     // last stage with block modes
     std::shared_ptr<models::ModalPass> pass;  // with block modes
+    models::SplitPass split;                  // zb-h1: from the forward (or recompute) to W
   };
 
-  // Micro-batches run their backwards in order: the last one's completes the
-  // gradients, so replicated stages may start averaging them during it.
+  // Micro-batches run their backwards (or W) in order: the last one's
+  // completes the gradients, so replicated stages may start averaging them
+  // during it.
   void ArmBeforeLastBackward(StageContext& ctx, int m) const {
     if (m == micro_batches_ - 1) ctx.ArmReplicaOverlap();
   }
@@ -99,6 +129,15 @@ class Backprop : public Algorithm {
     int64_t bytes = 0;
     for (const auto& f : inflight_) bytes += TensorBytes(f.input) + TensorBytes(f.output);
     return bytes;
+  }
+
+  // The last stage's loss of micro-batch m, scaled so that the accumulated
+  // gradient is the mini-batch mean.
+  torch::Tensor ScaledLoss(const torch::Tensor& logits, const torch::Tensor& labels) {
+    const double weight = static_cast<double>(labels.size(0)) / static_cast<double>(batch_size_);
+    torch::Tensor loss = models::CrossEntropy(logits, labels) * weight;
+    loss_ += loss.item<double>();
+    return loss;
   }
 
   absl::Status Forward(StageContext& ctx, int64_t step, int m) {
@@ -115,35 +154,26 @@ class Backprop : public Algorithm {
     }
     const auto t0 = std::chrono::steady_clock::now();
     InFlight& f = inflight_[m];
-    if (!ctx.block_modes().empty()) {
+    if (!ctx.block_modes().empty() && !split_) {
       return ModalForward(ctx, step, m, input, labels, std::move(labels_proto), t0);
     }
     f.input = input;
-    if (ctx.last()) {
-      // Forward, loss and backward at once; the loss is scaled so that the
-      // accumulated gradient is the mini-batch mean.
-      torch::Tensor logits = ctx.model().forward(input);
-      const double weight = static_cast<double>(labels.size(0)) / static_cast<double>(batch_size_);
-      torch::Tensor loss = models::CrossEntropy(logits, labels) * weight;
-      TimeCompute(ctx, "forward", step, m, t0);
-      const auto t1 = std::chrono::steady_clock::now();
-      ArmBeforeLastBackward(ctx, m);
-      loss.backward();
-      TimeCompute(ctx, "backward", step, m, t1);
-      loss_ += loss.item<double>();
-      STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, step, m, input.grad()));
-      f = InFlight{};
-      return absl::OkStatus();
-    }
     torch::Tensor out;
-    if (recompute_) {
+    if (recompute_ && !ctx.last()) {
       // The recomputation updates BatchNorm running statistics; this pass must not.
       torch::NoGradGuard no_grad;
       models::FreezeRunningStats freeze;
       out = ctx.model().forward(input);
+    } else if (split_) {
+      f.split = models::SplitPass::Forward(ctx.model().blocks(), input);
+      out = f.output = f.split.output();
     } else {
-      out = ctx.model().forward(input);
-      f.output = out;
+      out = f.output = ctx.model().forward(input);
+    }
+    if (ctx.last()) {
+      f.loss = ScaledLoss(out, labels);  // the backward follows in the order
+      TimeCompute(ctx, "forward", step, m, t0);
+      return absl::OkStatus();
     }
     TimeCompute(ctx, "forward", step, m, t0);
     const int64_t held = HeldBytes();
@@ -155,9 +185,19 @@ class Backprop : public Algorithm {
     return SendForward(ctx, step, m, out, labels, std::move(labels_proto));
   }
 
+  // The fused backward of micro-batch m: input and weight gradients at once.
   absl::Status Backward(StageContext& ctx, int64_t step, int m) {
-    STAGEWISE_ASSIGN_OR_RETURN(torch::Tensor grad, ReceiveGrad(ctx, step, m));
     InFlight& f = inflight_[m];
+    if (ctx.last()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      ArmBeforeLastBackward(ctx, m);
+      f.loss.backward();
+      torch::Tensor grad_in = f.pass ? f.pass->Backward(f.logits.grad()) : f.input.grad();
+      TimeCompute(ctx, "backward", step, m, t0);
+      f = InFlight{};
+      return SendGrad(ctx, step, m, grad_in);
+    }
+    STAGEWISE_ASSIGN_OR_RETURN(torch::Tensor grad, ReceiveGrad(ctx, step, m));
     if (f.pass) {
       const auto t0 = std::chrono::steady_clock::now();
       ArmBeforeLastBackward(ctx, m);
@@ -183,8 +223,42 @@ class Backprop : public Algorithm {
     return absl::OkStatus();
   }
 
+  // B of micro-batch m (zb-h1, stages > 0): the input gradient, sent at
+  // once; the graph stays for W.
+  absl::Status BackwardInput(StageContext& ctx, int64_t step, int m) {
+    InFlight& f = inflight_[m];
+    torch::Tensor root = f.loss, root_grad;
+    if (!ctx.last()) {
+      STAGEWISE_ASSIGN_OR_RETURN(root_grad, ReceiveGrad(ctx, step, m));
+      if (recompute_) {
+        const auto t0 = std::chrono::steady_clock::now();
+        f.split = models::SplitPass::Forward(ctx.model().blocks(), f.input);
+        f.output = f.split.output();
+        TimeCompute(ctx, "recompute", step, m, t0);
+      }
+      root = f.split.output();
+      STAGEWISE_RETURN_IF_ERROR(CheckOutputShape("grad", root_grad.sizes(), root.sizes()));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    torch::Tensor grad_in = f.split.BackwardInput(root, root_grad);
+    TimeCompute(ctx, "backward", step, m, t0);
+    f.loss = torch::Tensor();
+    return SendGrad(ctx, step, m, grad_in);
+  }
+
+  // W of micro-batch m (zb-h1): its weight gradients, from what B left.
+  void BackwardWeight(StageContext& ctx, int64_t step, int m) {
+    InFlight& f = inflight_[m];
+    const auto t0 = std::chrono::steady_clock::now();
+    ArmBeforeLastBackward(ctx, m);
+    f.split.BackwardWeight();
+    TimeCompute(ctx, "backward_weight", step, m, t0);
+    f = InFlight{};
+    ctx.stage_metrics().SetMemory("activations", HeldBytes());
+  }
+
   // Forward through the stage's blocks in their assigned modes; the last
-  // stage goes on with the loss and the backward at once.
+  // stage goes on with the loss (its backward follows in the order).
   absl::Status ModalForward(StageContext& ctx, int64_t step, int m, const torch::Tensor& input,
                             const torch::Tensor& labels, v1::TensorProto labels_proto,
                             std::chrono::steady_clock::time_point t0) {
@@ -197,23 +271,16 @@ class Backprop : public Algorithm {
     if (!ctx.last()) {
       return SendForward(ctx, step, m, f.pass->output(), labels, std::move(labels_proto));
     }
-    const auto t1 = std::chrono::steady_clock::now();
-    torch::Tensor logits = f.pass->output().requires_grad_(true);
-    const double weight = static_cast<double>(labels.size(0)) / static_cast<double>(batch_size_);
-    torch::Tensor loss = models::CrossEntropy(logits, labels) * weight;
-    ArmBeforeLastBackward(ctx, m);
-    loss.backward();
-    loss_ += loss.item<double>();
-    torch::Tensor grad_in = f.pass->Backward(logits.grad());
-    TimeCompute(ctx, "backward", step, m, t1);
-    f = InFlight{};
-    return SendGrad(ctx, step, m, grad_in);
+    f.logits = f.pass->output().requires_grad_(true);
+    f.loss = ScaledLoss(f.logits, labels);
+    return absl::OkStatus();
   }
 
   const int micro_batches_;
-  const bool one_f_one_b_;
+  const PipelineSchedule schedule_;
   const bool recompute_;
   const int lookahead_;
+  bool split_ = false;  // this stage's order has W operations (zb-h1, stages > 0)
   int64_t peak_held_ = 0;
   std::vector<InFlight> inflight_;
   std::vector<torch::Tensor> xs_, ys_;

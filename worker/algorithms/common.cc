@@ -110,6 +110,7 @@ void TimeCompute(StageContext& ctx, const char* phase, int64_t step, int micro_b
   v1::SpanKind kind = v1::SPAN_KIND_UNSPECIFIED;
   if (name == "forward") kind = v1::SPAN_FORWARD;
   if (name == "backward") kind = v1::SPAN_BACKWARD;
+  if (name == "backward_weight") kind = v1::SPAN_BACKWARD_WEIGHT;
   if (name == "recompute") kind = v1::SPAN_RECOMPUTE;
   if (name == "step") kind = v1::SPAN_STEP;
   if (name == "aux") kind = v1::SPAN_AUX;

@@ -35,7 +35,8 @@ double SecondsSince(std::chrono::steady_clock::time_point t0);
 void TraceSpan(StageContext& ctx, v1::SpanKind kind, int64_t step, int micro_batch,
                std::chrono::steady_clock::time_point t0,
                std::chrono::steady_clock::time_point t1 = std::chrono::steady_clock::now());
-// Compute phase `phase` ("forward", "backward", "recompute", "step", "aux")
+// Compute phase `phase` ("forward", "backward", "backward_weight", "recompute",
+// "step", "aux")
 // took [t0, t1): observed in the stage metrics and traced as its span kind.
 void TimeCompute(StageContext& ctx, const char* phase, int64_t step, int micro_batch,
                  std::chrono::steady_clock::time_point t0,
