@@ -61,7 +61,7 @@ struct PlanOptions {
   std::vector<std::pair<int, int>> ranges;
   // auto: the knapsack under the cap; store / rebuild: every reversible block.
   BlockModes modes = BlockModes::kAuto;
-  int micro_batches = 1;  // backprop / nwise
+  int micro_batches = 1;                                 // backprop / nwise
   PipelineSchedule schedule = PipelineSchedule::kGpipe;  // backprop
   int lookahead = 0;  // backprop 1F1B and ZB-H1: extra micro-batches in flight per stage
   int nwise_n = 0;    // 0: predicted for n = 1 and n = 2
