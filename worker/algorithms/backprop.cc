@@ -271,6 +271,10 @@ class Backprop : public Algorithm {
     if (!ctx.last()) {
       return SendForward(ctx, step, m, f.pass->output(), labels, std::move(labels_proto));
     }
+    // The backward follows at once in the order; until then the stage input
+    // stays with the micro-batch, as in one fused forward and backward (the
+    // planner's memory model of the last stage).
+    f.input = input;
     f.logits = f.pass->output().requires_grad_(true);
     f.loss = ScaledLoss(f.logits, labels);
     return absl::OkStatus();
