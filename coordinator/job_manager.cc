@@ -512,10 +512,11 @@ void JobManager::OnProfile(const std::string& job_id, const v1::ProfileResult& r
   job.planned = true;
   job.ranges = std::move(planned->ranges);
   job.modes = std::move(planned->modes);
+  job.schedule = std::move(planned->schedule);
   auto& summary = *job.status.mutable_summary();
   for (const auto& [key, value] : planned->summary) summary[key] = value;
   summary["plan.profile_cached"] = result.cached() ? 1 : 0;
-  UpdateProgress(job, "planned", {});
+  UpdateProgress(job, job.schedule.empty() ? "planned" : "planned: schedule " + job.schedule, {});
   // Transition writes the plan first, then the state.
   if (!Transition(job_id, v1::CONFIGURING, "").ok()) return;
   Configure(job_id, jobs_.at(job_id));
@@ -584,6 +585,7 @@ void JobManager::Configure(const std::string& job_id, Job& job) {
   STAGEWISE_BUG(OnLoop());
   std::vector<v1::Command> commands = scheduler_.StageAssignments(
       job_id, job.yaml, job.workers, job.ranges, job.modes, NumReplicas(job));
+  for (v1::Command& c : commands) c.mutable_configure()->set_schedule(job.schedule);
   job.recovery_deadline = absl::InfiniteFuture();
   job.configure_deadline = absl::Now() + options_.configure_timeout;
   recovery_.BeginAttempt(job, &commands);

@@ -71,10 +71,14 @@ LiveJob MakeLiveJob(const v1::JobStatus& status, const JobSpec& spec, const std:
   job.ranges = ranges;
   const bool reversible = std::any_of(blocks.begin(), blocks.end(),
                                       [](const models::BlockInfo& b) { return b.reversible; });
-  // An auto partition, or auto modes under a budget, need a profile first.
+  // An auto partition, auto modes under a budget, or backprop's schedule:
+  // auto need a profile first.
+  const std::vector<PhaseSpec> phases = Phases(spec);  // a copy: Phases returns a temporary
+  const auto* backprop = phases.front().algorithm.get_if<BackpropOptions>();
   job.needs_plan =
       spec.stages.partition == Partition::kAuto ||
-      (reversible && spec.stages.modes == BlockModes::kAuto && spec.stages.memory_budget > 0);
+      (reversible && spec.stages.modes == BlockModes::kAuto && spec.stages.memory_budget > 0) ||
+      (backprop != nullptr && backprop->schedule == PipelineSchedule::kAuto);
   if (!job.needs_plan && reversible && spec.stages.modes != BlockModes::kAuto) {
     for (const auto& [b, e] : ranges) {
       std::vector<BlockMode> modes;

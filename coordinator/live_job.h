@@ -38,7 +38,8 @@ struct LiveJob {
   bool needs_plan = false;
   bool planned = false;
   std::vector<std::vector<BlockMode>> modes;  // per stage, per block; empty = default
-  std::vector<std::string> workers;           // by slot, once placed
+  std::string schedule;  // backprop's schedule: auto as planned (StageAssignment.schedule)
+  std::vector<std::string> workers;  // by slot, once placed
   // Replicas of every stage in the current attempt: stages.replicas, or
   // fewer when recovery.elastic placed the attempt short of workers (0
   // until placed: the spec's).

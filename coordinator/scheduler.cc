@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "services/planner/planner.h"
 #include "services/planner/profile.h"
 
@@ -123,11 +124,28 @@ absl::StatusOr<Scheduler::PlannedStages> Scheduler::PlanFromProfile(
       options.memory_caps = caps;
     }
   }
-  auto plan = planner::MakePlan(*profile, options);
+  PlannedStages out;
+  absl::StatusOr<planner::Plan> plan;
+  if (options.algorithm == AlgorithmKind::kBackprop &&
+      options.schedule == PipelineSchedule::kAuto) {
+    auto choice = planner::ChooseSchedule(*profile, options);
+    if (choice.ok()) {
+      out.schedule = std::string(NameOf(choice->schedule));
+      for (const auto& [s, seconds] : choice->tried) {
+        // plan.schedule.zb_h1 = its predicted seconds per mini-batch (-1: did not fit)
+        out.summary.emplace_back(
+            absl::StrCat("plan.schedule.", absl::StrReplaceAll(NameOf(s), {{"-", "_"}})), seconds);
+      }
+      plan = std::move(choice->plan);
+    } else {
+      plan = choice.status();
+    }
+  } else {
+    plan = planner::MakePlan(*profile, options);
+  }
   if (!plan.ok()) {
     return absl::Status(plan.status().code(), absl::StrCat("plan: ", plan.status().message()));
   }
-  PlannedStages out;
   for (const planner::StagePlan& s : plan->stages) {
     out.ranges.emplace_back(s.begin, s.end);
     std::vector<BlockMode> modes;
@@ -136,7 +154,7 @@ absl::StatusOr<Scheduler::PlannedStages> Scheduler::PlanFromProfile(
     }
     out.modes.push_back(std::move(modes));
   }
-  out.summary = planner::PlanSummary(*plan);
+  for (auto& entry : planner::PlanSummary(*plan)) out.summary.push_back(std::move(entry));
   return out;
 }
 

@@ -109,8 +109,8 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
   if (assignment.stage() + 1 < assignment.num_stages() && assignment.next_address().empty()) {
     return absl::InvalidArgumentError("StageAssignment.next_address: empty for a non-last stage");
   }
-  rt->phases_ = Phases(rt->spec_);
-
+  rt->phases_ = Phases(rt->spec_);  // backprop's schedule: auto as the planner chose
+  if (auto s = ResolveAutoSchedule(assignment.schedule(), rt->phases_); !s.ok()) return s;
   rt->metrics_ = std::make_unique<metrics::StageMetrics>(
       *rt->env_.registry, rt->env_.job_labels.Of(assignment.job_id()), assignment.stage(),
       rt->spec_.algorithm.name(), assignment.num_replicas() > 1 ? assignment.replica() : -1);

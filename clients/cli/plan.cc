@@ -76,6 +76,24 @@ int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
     planner::ModelProfile profile;
     absl::StatusOr<planner::Plan> plan;
     bool cached;
+    std::string schedule_note = {};  // backprop's schedule: auto, as chosen
+  };
+  // backprop's schedule: auto is the planner's choice, as the coordinator makes it.
+  auto plan_of = [&](const planner::ModelProfile& p, std::string* note) {
+    if (options.algorithm != AlgorithmKind::kBackprop ||
+        options.schedule != PipelineSchedule::kAuto) {
+      return planner::MakePlan(p, options);
+    }
+    auto choice = planner::ChooseSchedule(p, options);
+    if (!choice.ok()) return absl::StatusOr<planner::Plan>(choice.status());
+    *note =
+        absl::StrCat("schedule auto: ", NameOf(choice->schedule), " (predicted per mini-batch:");
+    for (const auto& [s, seconds] : choice->tried) {
+      absl::StrAppend(note, " ", NameOf(s), " ",
+                      seconds < 0 ? "does not fit" : absl::StrFormat("%.2fms", seconds * 1e3));
+    }
+    absl::StrAppend(note, ")\n");
+    return absl::StatusOr<planner::Plan>(std::move(choice->plan));
   };
   std::vector<Candidate> candidates;
   for (int64_t b : batches) {
@@ -90,7 +108,9 @@ int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
       return kExitFailed;
     }
     if (!args.quiet && cached) err << "  (cached)\n";
-    candidates.push_back({b, *profile, planner::MakePlan(*profile, options), cached});
+    std::string note;
+    auto plan = plan_of(*profile, &note);
+    candidates.push_back({b, *profile, std::move(plan), cached, std::move(note)});
   }
   // The best time per sample of the job's algorithm among feasible plans.
   int best = -1;
@@ -163,7 +183,7 @@ int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
     }
     out << "\n";
   }
-  out << planner::PlanText(chosen.profile, *chosen.plan);
+  out << chosen.schedule_note << planner::PlanText(chosen.profile, *chosen.plan);
   return kExitOk;
 }
 

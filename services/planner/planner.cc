@@ -120,6 +120,8 @@ pipeline::Schedule PipelineOf(PipelineSchedule s) {
       return pipeline::Schedule::kOneFOneB;
     case PipelineSchedule::kZbH1:
       return pipeline::Schedule::kZbH1;
+    case PipelineSchedule::kAuto:  // until ChooseSchedule picks: 1F1B's memory
+      return pipeline::Schedule::kOneFOneB;
   }
   return pipeline::Schedule::kGpipe;
 }
@@ -356,6 +358,46 @@ absl::StatusOr<Plan> MakePlan(const ModelProfile& p, const PlanOptions& o) {
   return plan;
 }
 
+absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelProfile& p, PlanOptions o) {
+  ScheduleChoice best;
+  double best_s = 0;
+  int64_t best_peak = 0;
+  absl::Status last = absl::InvalidArgumentError("no schedule to choose from");
+  for (PipelineSchedule s :
+       {PipelineSchedule::kOneFOneB, PipelineSchedule::kZbH1, PipelineSchedule::kGpipe}) {
+    if (s == PipelineSchedule::kZbH1 && o.modes == BlockModes::kRebuild) continue;
+    o.schedule = s;
+    absl::StatusOr<Plan> plan = MakePlan(p, o);
+    if (!plan.ok()) {
+      last = plan.status();
+      best.tried.emplace_back(s, -1.0);
+      continue;
+    }
+    // Its own prediction: "backprop <schedule> M=<M>", or plain backprop for M = 1.
+    const std::string name = o.micro_batches > 1
+                                 ? absl::StrCat("backprop ", NameOf(s), " M=", o.micro_batches)
+                                 : std::string("backprop");
+    double seconds = -1;
+    for (const Prediction& pr : plan->predictions) {
+      if (pr.algorithm == name) seconds = pr.seconds_per_batch;
+    }
+    int64_t peak = 0;
+    for (const StagePlan& st : plan->stages) peak = std::max(peak, st.estimate.peak_bytes);
+    best.tried.emplace_back(s, seconds);
+    const bool first = best.plan.stages.empty();
+    const bool faster = seconds < best_s * (1 - 1e-9);
+    const bool tie = !faster && seconds <= best_s * (1 + 1e-9);
+    if (first || faster || (tie && peak < best_peak)) {
+      best.schedule = s;
+      best.plan = *std::move(plan);
+      best_s = seconds;
+      best_peak = peak;
+    }
+  }
+  if (best.plan.stages.empty()) return last;
+  return best;
+}
+
 std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& plan,
                                           const PlanOptions& o) {
   const int J = static_cast<int>(plan.stages.size());
@@ -402,6 +444,7 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
     }
     for (PipelineSchedule sched :
          {PipelineSchedule::kGpipe, PipelineSchedule::kOneFOneB, PipelineSchedule::kZbH1}) {
+      if (sched == PipelineSchedule::kZbH1 && o.modes == BlockModes::kRebuild) continue;
       auto orders = pipeline::StageOrders(PipelineOf(sched), so);
       if (!orders.ok()) continue;
       auto sim = pipeline::Simulate(*orders, so);

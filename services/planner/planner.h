@@ -108,6 +108,19 @@ absl::StatusOr<StagePlan> PlanStage(const ModelProfile& profile, const PlanOptio
 // modes and predictions. RESOURCE_EXHAUSTED names the cap nothing fits under.
 absl::StatusOr<Plan> MakePlan(const ModelProfile& profile, const PlanOptions& options);
 
+// backprop's `schedule: auto`: MakePlan under each of 1f1b, zb-h1 and gpipe
+// (not zb-h1 with stages.modes rebuild: a rebuild block cannot split its
+// backward) and the one with the smallest predicted time per mini-batch among
+// those that fit the caps; on a tie, the smaller largest stage peak, then
+// that order. `tried` has every candidate's predicted seconds, or -1 where it
+// did not fit. The last candidate's error when none fits.
+struct ScheduleChoice {
+  PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
+  Plan plan;
+  std::vector<std::pair<PipelineSchedule, double>> tried;
+};
+absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelProfile& profile, PlanOptions options);
+
 // Predicted seconds per mini-batch of `algorithm` on the plan's partition
 // (the plan's modes for backprop and petra).
 std::vector<Prediction> PredictAlgorithms(const ModelProfile& profile, const Plan& plan,

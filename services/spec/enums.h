@@ -21,7 +21,9 @@ namespace stagewise {
 enum class AlgorithmKind { kBackprop, kDelayed, kFeaturesReplay, kPetra, kNwise, kAuxNet };
 
 // backprop's `schedule`: the order of micro-batches in a pipelined step.
-enum class PipelineSchedule { kGpipe, kOneFOneB, kZbH1 };
+// auto: the planner picks the fastest of the others that fits the memory
+// caps (first phase only; docs/algorithms.md).
+enum class PipelineSchedule { kGpipe, kOneFOneB, kZbH1, kAuto };
 
 // delayed's `weights`: which parameters a late backward uses.
 enum class DelayedWeights { kStash, kCurrent };
@@ -72,7 +74,7 @@ struct EnumSpellings<AlgorithmKind> {
 };
 template <>
 struct EnumSpellings<PipelineSchedule> {
-  static constexpr std::array<absl::string_view, 3> kNames = {"gpipe", "1f1b", "zb-h1"};
+  static constexpr std::array<absl::string_view, 4> kNames = {"gpipe", "1f1b", "zb-h1", "auto"};
 };
 template <>
 struct EnumSpellings<DelayedWeights> {

@@ -377,6 +377,12 @@ absl::StatusOr<std::string> OverrideKeys(const std::string& yaml_text,
 // algorithm, optimizer, schedule and length.
 std::vector<PhaseSpec> Phases(const JobSpec& spec);
 
+// backprop's `schedule: auto` in `phases` becomes `chosen` (the planner's
+// pick, StageAssignment.schedule: "gpipe", "1f1b" or "zb-h1"), or 1f1b when
+// `chosen` is empty (an assignment without a plan). INVALID_ARGUMENT for
+// another `chosen`.
+absl::Status ResolveAutoSchedule(const std::string& chosen, std::vector<PhaseSpec>& phases);
+
 // Parses and validates a job. Errors are INVALID_ARGUMENT naming the key path,
 // e.g. "optimizer.momentum: must be in [0, 1), got 1.5".
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text);

@@ -427,6 +427,25 @@ absl::StatusOr<AuxHeadSpec> ParseAuxHeadSpec(const std::string& text) {
                                                  "' (known: conv, conv:C1,C2,..., linear)"));
 }
 
+absl::Status ResolveAutoSchedule(const std::string& chosen, std::vector<PhaseSpec>& phases) {
+  PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
+  if (!chosen.empty()) {
+    auto parsed = EnumFromName<PipelineSchedule>(chosen);
+    if (!parsed.has_value() || *parsed == PipelineSchedule::kAuto) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StageAssignment.schedule: not a pipeline schedule: '", chosen, "'"));
+    }
+    schedule = *parsed;
+  }
+  for (PhaseSpec& phase : phases) {
+    auto* backprop = std::get_if<BackpropOptions>(&phase.algorithm.options);
+    if (backprop != nullptr && backprop->schedule == PipelineSchedule::kAuto) {
+      backprop->schedule = schedule;
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::vector<PhaseSpec> Phases(const JobSpec& spec) {
   if (!spec.phases.empty()) return spec.phases;
   PhaseSpec only;

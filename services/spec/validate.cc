@@ -499,6 +499,12 @@ absl::Status ValidatePhases(const JobSpec& spec) {
     by_epochs |= phase.epochs > 0;
     by_steps |= phase.steps > 0;
     if (absl::Status s = ValidateAlgorithm(phase.algorithm, spec); !s.ok()) return InPhase(i, s);
+    const auto* backprop = phase.algorithm.get_if<BackpropOptions>();
+    if (i > 0 && backprop != nullptr && backprop->schedule == PipelineSchedule::kAuto) {
+      return InPhase(i, KeyError("algorithm.schedule",
+                                 "auto is chosen by the planner for the first phase only; name "
+                                 "gpipe, 1f1b or zb-h1"));
+    }
     if (absl::Status s = ValidateOptimizer(phase.optimizer); !s.ok()) return InPhase(i, s);
     if (absl::Status s = ValidateSchedule(phase.schedule); !s.ok()) return InPhase(i, s);
   }

@@ -30,6 +30,13 @@
 //                            warm-up of 2J + 2 steps (pipeline fill)
 //     --verbose              per run, each stage's idle time (waiting for a
 //                            message) per mini-batch
+//     --peer                 also run tests/bench/gloo_pipeline_peer.py (a plain
+//                            PyTorch pipeline over gloo, one process per stage,
+//                            the same emulated blocks, 1F1B, M = 2J; needs
+//                            /usr/bin/python3 with python3-torch) at every J with
+//                            R = 1, interleaved with the other configurations;
+//                            the "vs peer" column is that row's median over the
+//                            peer's at the same J
 //
 // Ideal time per mini-batch, with F = K * forward_ms and B = K * backward_ms
 // the work of one stage on one mini-batch:
@@ -52,6 +59,7 @@
 // mini-batch is (t_last - t_warm) / (s_last - s_warm) over the steady steps.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -88,6 +96,7 @@ struct Options {
   std::vector<int64_t> shape = {2, 16, 16};
   int steps = 40;
   bool verbose = false;  // per-stage idle time of every run
+  bool peer = false;     // the gloo pipeline peer at every J (R = 1)
 };
 
 // One configuration: an algorithm at J stages, with its ideal.
@@ -125,6 +134,10 @@ Options ParseOptions(int argc, char** argv) {
     if (flag == "-h" || flag == "--help") Usage("help");
     if (flag == "--verbose") {
       o.verbose = true;
+      continue;
+    }
+    if (flag == "--peer") {
+      o.peer = true;
       continue;
     }
     if (i + 1 >= argc) Usage(absl::StrCat(flag, " needs a value"));
@@ -227,7 +240,41 @@ std::vector<Config> Configs(const Options& o, int J, int R) {
     }
     out.push_back(c);
   }
+  if (o.peer && R == 1) {
+    Config c;
+    c.algorithm = "peer";
+    c.label = absl::StrCat("gloo peer 1F1B M=", M);
+    c.J = J;
+    c.ideal_s = (M + J - 1.0) / M * (F + B);
+    out.push_back(c);
+  }
   return out;
+}
+
+// The gloo pipeline peer (tests/bench/gloo_pipeline_peer.py) at c.J: its
+// median seconds per mini-batch, or a negative number on failure.
+double MeasurePeer(const Options& o, const Config& c) {
+  const std::string command = absl::StrCat(
+      "/usr/bin/python3 ", STAGEWISE_SOURCE_DIR, "/tests/bench/gloo_pipeline_peer.py --stages ",
+      c.J, " --micro-batches ", 2 * c.J, " --forward-ms ", o.forward_ms, " --backward-ms ",
+      o.backward_ms, " --blocks-per-stage ", o.blocks_per_stage, " --batch ", o.batch, " --shape ",
+      absl::StrJoin(o.shape, ","), " --steps ", o.steps);
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return -1;
+  std::string text;
+  char buffer[512];
+  while (fgets(buffer, sizeof(buffer), pipe) != nullptr) text += buffer;
+  const int rc = pclose(pipe);
+  const std::string key = "\"seconds_per_batch\": ";
+  const size_t at = text.find(key);
+  double seconds = -1;
+  if (rc != 0 || at == std::string::npos ||
+      !absl::SimpleAtod(
+          text.substr(at + key.size(), text.find_first_of(",}", at) - at - key.size()), &seconds)) {
+    std::cerr << c.label << " J=" << c.J << ": the peer failed (" << command << ")\n";
+    return -1;
+  }
+  return seconds;
 }
 
 std::string JobYaml(const Options& o, const Config& c, int total_steps) {
@@ -339,7 +386,8 @@ int main(int argc, char** argv) {
   bool failed = false;
   for (int r = 0; r < o.rounds; ++r) {
     for (size_t i = 0; i < configs.size(); ++i) {
-      const double s = Measure(cluster, o, configs[i]);
+      const double s = configs[i].algorithm == "peer" ? MeasurePeer(o, configs[i])
+                                                      : Measure(cluster, o, configs[i]);
       if (s < 0) {
         failed = true;
         continue;
@@ -364,9 +412,17 @@ int main(int argc, char** argv) {
     if (it == measured.end() || configs[i].algorithm != "1f1b") continue;
     one_f_one_b[{configs[i].J, configs[i].R}] = {configs[i].ideal_s, Median(it->second)};
   }
-  std::cout << absl::StrFormat("%-22s %3s %3s %10s %10s %16s %11s %9s %10s %8s %11s\n", "algorithm",
-                               "J", "R", "ideal ms", "median ms", "min-max ms", "efficiency",
-                               "spread", "samples/s", "scaling", "bubble cut");
+  std::map<int, double> peer;  // J -> the gloo peer's median
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const auto it = measured.find(i);
+    if (it != measured.end() && configs[i].algorithm == "peer") {
+      peer[configs[i].J] = Median(it->second);
+    }
+  }
+  std::cout << absl::StrFormat("%-22s %3s %3s %10s %10s %16s %11s %9s %10s %8s %11s %8s\n",
+                               "algorithm", "J", "R", "ideal ms", "median ms", "min-max ms",
+                               "efficiency", "spread", "samples/s", "scaling", "bubble cut",
+                               "vs peer");
   for (size_t i = 0; i < configs.size(); ++i) {
     const auto it = measured.find(i);
     if (it == measured.end()) continue;
@@ -390,10 +446,15 @@ int main(int argc, char** argv) {
       if (predicted > 0)
         cut = absl::StrFormat("%.0f%%", 100 * (base->second.second - med) / predicted);
     }
+    // Time per mini-batch over the gloo peer's 1F1B at the same J (< 1: faster).
+    std::string vs_peer = "-";
+    const auto p = peer.find(configs[i].J);
+    if (p != peer.end() && configs[i].R == 1) vs_peer = absl::StrFormat("%.2fx", med / p->second);
     std::cout << absl::StrFormat(
-        "%-22s %3d %3d %10.2f %10.2f %7.2f-%-8.2f %10.1f%% %8.1f%% %10.0f %8s %11s\n",
+        "%-22s %3d %3d %10.2f %10.2f %7.2f-%-8.2f %10.1f%% %8.1f%% %10.0f %8s %11s %8s\n",
         configs[i].label, configs[i].J, configs[i].R, 1e3 * configs[i].ideal_s, 1e3 * med,
-        1e3 * *lo, 1e3 * *hi, 100 * configs[i].ideal_s / med, 100 * spread, samples, scaling, cut);
+        1e3 * *lo, 1e3 * *hi, 100 * configs[i].ideal_s / med, 100 * spread, samples, scaling, cut,
+        vs_peer);
   }
   return failed ? 1 : 0;
 }

@@ -123,6 +123,13 @@ TEST_P(BackpropOracle, ParametersEqualTheSingleProcessRun) {
   ASSERT_EQ(st->state(), v1::SUCCEEDED) << st->reason();
   EXPECT_EQ(st->step(), 6);
   EXPECT_GT(st->eval_accuracy(), 0.0);
+  if (c.schedule == "auto") {
+    // Every candidate's predicted time per mini-batch is in the summary; with
+    // no memory cap the fastest, ZB-H1, runs.
+    for (const char* s : {"gpipe", "1f1b", "zb_h1"}) {
+      EXPECT_GT(st->summary().count(absl::StrCat("plan.schedule.", s)), 0u) << s;
+    }
+  }
 
   auto got = cluster.StageTensors(*id, /*buffers=*/false);
   auto want = Reference(*spec, c.micro_batches, /*buffers=*/false);
@@ -153,7 +160,9 @@ INSTANTIATE_TEST_SUITE_P(Stages, BackpropOracle,
                                            // zero bubble: B and W split on stages > 0
                                            Case{2, 4, "zb-h1", false}, Case{3, 4, "zb-h1", false},
                                            Case{4, 6, "zb-h1", false}, Case{3, 4, "zb-h1", true},
-                                           Case{4, 4, "zb-h1", true, true, true}),
+                                           Case{4, 4, "zb-h1", true, true, true},
+                                           // the planner picks (a profile first)
+                                           Case{3, 4, "auto", false}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            std::ostringstream os;
                            PrintTo(info.param, &os);

@@ -1077,6 +1077,30 @@ TEST(JobSpecTest, StagesModesAndMemoryBudget) {
               HasSubstr("unknown unit"));
 }
 
+// backprop's schedule: auto is the planner's to resolve, in the first phase
+// only; a worker resolves it from its assignment (1f1b without one).
+TEST(JobSpecTest, AutoScheduleResolvesInTheFirstPhaseOnly) {
+  JobSpec spec =
+      ParseOk(SpecYaml({{"algorithm", "{name: backprop, micro_batches: 4, schedule: auto}"}}));
+  std::vector<PhaseSpec> phases = Phases(spec);
+  ASSERT_TRUE(ResolveAutoSchedule("zb-h1", phases).ok());
+  EXPECT_EQ(std::get<BackpropOptions>(phases[0].algorithm.options).schedule,
+            PipelineSchedule::kZbH1);
+  phases = Phases(spec);
+  ASSERT_TRUE(ResolveAutoSchedule("", phases).ok());
+  EXPECT_EQ(std::get<BackpropOptions>(phases[0].algorithm.options).schedule,
+            PipelineSchedule::kOneFOneB);
+  phases = Phases(spec);
+  EXPECT_THAT(std::string(ResolveAutoSchedule("auto", phases).message()),
+              HasSubstr("StageAssignment.schedule"));
+  EXPECT_FALSE(ResolveAutoSchedule("sideways", phases).ok());
+  const std::string later = ParseError(SpecYaml({{"epochs", ""}, {"phases", R"(
+  - {name: local, epochs: 1, algorithm: {name: nwise, n: 1}}
+  - {name: tune, epochs: 1, algorithm: {name: backprop, schedule: auto}})"}}));
+  EXPECT_THAT(later, HasSubstr("algorithm.schedule"));
+  EXPECT_THAT(later, HasSubstr("first phase only"));
+}
+
 TEST(JobSpecTest, ParseByteSize) {
   EXPECT_EQ(*ParseByteSize("2GiB"), int64_t{2} << 30);
   EXPECT_EQ(*ParseByteSize("64 KiB"), 65536);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <random>
 #include <vector>
 
@@ -328,6 +329,63 @@ TEST(Planner, AutoPartitionBalancesTheSlowestStage) {
   EXPECT_DOUBLE_EQ(plan->predictions[0].speedup, 1.0);
   EXPECT_FALSE(PlanText(p, *plan).empty());
   EXPECT_NE(PlanJson(p, *plan).find("\"predictions\""), std::string::npos);
+}
+
+// backprop's schedule: auto: the fastest schedule that fits. Without a cap
+// ZB-H1 (its prediction is below 1F1B's and GPipe's; GPipe may beat 1F1B by
+// a little on unequal stages, but holds M micro-batches); under a cap between
+// 1F1B's largest stage peak and ZB-H1's (ZB-H1 holds J micro-batches on every
+// stage, 1F1B J - j), 1F1B; with every block rebuilding, never ZB-H1.
+TEST(Planner, AutoScheduleIsTheFastestThatFits) {
+  std::mt19937 rng(3);
+  ModelProfile p = SyntheticProfile(6, rng);
+  PlanOptions o;
+  o.num_stages = 4;
+  o.micro_batches = 8;
+  o.schedule = PipelineSchedule::kAuto;
+  o.modes = BlockModes::kStore;
+  o.ranges = {{0, 2}, {2, 4}, {4, 6}, {6, 8}};
+  auto free = ChooseSchedule(p, o);
+  ASSERT_TRUE(free.ok()) << free.status();
+  EXPECT_EQ(free->schedule, PipelineSchedule::kZbH1);
+  ASSERT_EQ(free->tried.size(), 3u);
+  std::map<PipelineSchedule, double> seconds(free->tried.begin(), free->tried.end());
+  EXPECT_LT(seconds[PipelineSchedule::kZbH1], seconds[PipelineSchedule::kOneFOneB]);
+  EXPECT_LT(seconds[PipelineSchedule::kZbH1], seconds[PipelineSchedule::kGpipe]);
+
+  // Each stage's peak under each schedule alone, to put the caps between them.
+  auto peaks_of = [&](PipelineSchedule s) {
+    PlanOptions one = o;
+    one.schedule = s;
+    auto plan = MakePlan(p, one);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    std::vector<int64_t> peaks;
+    for (const StagePlan& st : plan->stages) peaks.push_back(st.estimate.peak_bytes);
+    return peaks;
+  };
+  const std::vector<int64_t> one_f_one_b = peaks_of(PipelineSchedule::kOneFOneB);
+  const std::vector<int64_t> zb = peaks_of(PipelineSchedule::kZbH1);
+  ASSERT_EQ(one_f_one_b.size(), 4u);
+  ASSERT_EQ(zb.size(), 4u);
+  ASSERT_LT(one_f_one_b[3], zb[3]);  // the last stage: 1 micro-batch against J
+  for (int j = 0; j < 4; ++j) o.memory_caps.push_back((one_f_one_b[j] + zb[j] + 1) / 2);
+  auto capped = ChooseSchedule(p, o);
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_EQ(capped->schedule, PipelineSchedule::kOneFOneB);
+  seconds = std::map<PipelineSchedule, double>(capped->tried.begin(), capped->tried.end());
+  EXPECT_EQ(seconds[PipelineSchedule::kZbH1], -1);  // did not fit
+
+  o.memory_caps.clear();
+  o.modes = BlockModes::kRebuild;
+  auto rebuild = ChooseSchedule(p, o);
+  ASSERT_TRUE(rebuild.ok()) << rebuild.status();
+  EXPECT_NE(rebuild->schedule, PipelineSchedule::kZbH1);
+  for (const auto& [s, t] : rebuild->tried) EXPECT_NE(s, PipelineSchedule::kZbH1);
+
+  // Nothing fits: the planner's error.
+  o.modes = BlockModes::kStore;
+  o.memory_caps = {1};
+  EXPECT_EQ(ChooseSchedule(p, o).status().code(), absl::StatusCode::kResourceExhausted);
 }
 
 TEST(Planner, ParseBytes) {
