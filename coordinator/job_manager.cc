@@ -404,8 +404,8 @@ void JobManager::OnAck(const v1::Ack& ack, const std::string& sender) {
       metrics_->ObserveRecovery(absl::ToDoubleSeconds(running.started - running.attempt_ended));
       running.attempt_ended = absl::InfinitePast();
     }
-    for (const std::string& worker : running.workers) {
-      Send(worker, StartCommand(job_id, phase, from));
+    for (const std::string& worker : DistinctWorkers(running)) {
+      Send(worker, StartCommand(job_id, phase, from));  // starts every stage it holds
     }
     return;
   }
@@ -497,7 +497,7 @@ void JobManager::OnPhaseDone(const std::string& job_id, int slot, const v1::Phas
                               phases[next].algorithm.name(), ") started"),
                  {});
   FlushProgress();  // the new phase is on disk before the stages start it
-  for (const std::string& worker : job.workers) Send(worker, StartCommand(job_id, next));
+  for (const std::string& worker : DistinctWorkers(job)) Send(worker, StartCommand(job_id, next));
 }
 
 void JobManager::OnProfile(const std::string& job_id, const v1::ProfileResult& result) {
@@ -563,7 +563,7 @@ void JobManager::Schedule() {
       registry_.Release(p.job_id);
       continue;
     }
-    it->second.workers = p.workers;
+    it->second.workers = SlotWorkers(it->second, p.workers);
     const std::string elastic = SetPlacedReplicas(it->second);
     if (!elastic.empty()) STAGEWISE_LOG(WARNING) << "job " << p.job_id << ": " << elastic;
     auto moved = Transition(p.job_id, p.profile ? v1::PROFILING : v1::CONFIGURING, elastic);
@@ -636,9 +636,9 @@ void JobManager::Requeue(const std::string& job_id, bool recovering) {
   const Job& job = jobs_.at(job_id);
   // Every placement asks for all the spec's replicas; a recovering elastic
   // job takes fewer when that many are not idle.
-  Scheduler::Request request{job_id, NumStages(job) * SpecReplicas(job),
+  Scheduler::Request request{job_id, NumWorkerStages(job) * SpecReplicas(job),
                              job.needs_plan && !job.planned};
-  request.stages = NumStages(job);
+  request.stages = NumWorkerStages(job);
   request.distinct_identities = job.spec.placement.distinct_identities;
   if (recovering) {
     request.fewer_replicas = ElasticReplicaCounts(job);

@@ -91,6 +91,7 @@ absl::StatusOr<v1::JobTrace> JobQueries::JobTrace(const std::string& job_id) con
   out.set_name(rec.status.name());
   out.set_algorithm(rec.status.algorithm());
   out.set_num_stages(rec.status.num_stages());
+  out.set_chunks_per_worker(rec.status.chunks_per_worker());
   // Chunks of one stage and attempt go together, onto the coordinator's clock.
   std::map<std::pair<int, int>, v1::StageTrace> by_stage;
   for (const v1::TraceChunk& c : chunks) {

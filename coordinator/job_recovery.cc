@@ -193,14 +193,15 @@ void JobRecovery::CheckDeadlines(absl::Time now) {
           job.status.attempts_size() > 0
               ? job.status.attempts(job.status.attempts_size() - 1).end_reason()
               : job.status.reason();
-      host_->EndJob(id, v1::FAILED,
-                    absl::StrCat("no ", NumStages(job) * SpecReplicas(job),
-                                 ElasticReplicaCounts(job).empty()
-                                     ? ""
-                                     : absl::StrCat(" (recovery.elastic: ", NumStages(job), ")"),
-                                 " idle workers within recovery.wait_seconds (",
-                                 job.spec.recovery.wait_seconds, " s) after attempt ",
-                                 job.attempt - 1, " ended: ", last));
+      host_->EndJob(
+          id, v1::FAILED,
+          absl::StrCat("no ", NumWorkerStages(job) * SpecReplicas(job),
+                       ElasticReplicaCounts(job).empty()
+                           ? ""
+                           : absl::StrCat(" (recovery.elastic: ", NumWorkerStages(job), ")"),
+                       " idle workers within recovery.wait_seconds (",
+                       job.spec.recovery.wait_seconds, " s) after attempt ", job.attempt - 1,
+                       " ended: ", last));
     } else {
       std::vector<std::string> silent;
       for (const auto& [command, worker] : job.pending_acks) silent.push_back(worker);

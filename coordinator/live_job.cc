@@ -54,6 +54,7 @@ v1::JobStatus InitialStatus(const Submission& submission, const std::string& own
   st.set_phase_name(phases.front().name);
   st.set_num_stages(static_cast<int>(submission.ranges.size()));
   st.set_num_replicas(spec.stages.replicas);
+  if (spec.stages.chunks_per_worker > 1) st.set_chunks_per_worker(spec.stages.chunks_per_worker);
   st.set_total_steps(data::TotalSteps(spec, submission.steps_per_epoch));
   st.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
   st.set_updated_unix_ms(st.created_unix_ms());
@@ -91,6 +92,28 @@ LiveJob MakeLiveJob(const v1::JobStatus& status, const JobSpec& spec, const std:
     }
   }
   return job;
+}
+
+std::vector<std::string> SlotWorkers(const LiveJob& job, const std::vector<std::string>& claimed) {
+  const size_t v = static_cast<size_t>(ChunksPerWorker(job));
+  if (v == 1) return claimed;
+  const size_t S = static_cast<size_t>(NumStages(job));
+  const size_t J = static_cast<size_t>(NumWorkerStages(job));
+  const size_t R = claimed.size() / J;
+  std::vector<std::string> slots;
+  slots.reserve(R * S);
+  for (size_t r = 0; r < R; ++r) {
+    for (size_t s = 0; s < S; ++s) slots.push_back(claimed[r * J + s % J]);
+  }
+  return slots;
+}
+
+std::vector<std::string> DistinctWorkers(const LiveJob& job) {
+  std::vector<std::string> out;
+  for (const std::string& w : job.workers) {
+    if (std::find(out.begin(), out.end(), w) == out.end()) out.push_back(w);
+  }
+  return out;
 }
 
 absl::Duration StallLimit(const LiveJob& job) {

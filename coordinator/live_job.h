@@ -89,6 +89,22 @@ inline std::vector<int> ElasticReplicaCounts(const LiveJob& job) {
 inline int SlotOf(const LiveJob& job, int stage, int replica) {
   return replica * NumStages(job) + stage;
 }
+// Interleaved 1F1B (stages.chunks_per_worker = v > 1): the S = J x v virtual
+// stages are the job's stages (ranges, slots, shards, events); worker j of a
+// pipeline holds virtual stages j, j + J, ..., so `workers` names it v times.
+inline int ChunksPerWorker(const LiveJob& job) {
+  return std::max(1, job.spec.stages.chunks_per_worker);
+}
+// The workers of one pipeline: J.
+inline int NumWorkerStages(const LiveJob& job) {
+  return std::max(1, NumStages(job) / ChunksPerWorker(job));
+}
+// The claimed workers (J x R distinct ones, replica r's j-th at r * J + j)
+// spread over the slots: slot r * S + s is claimed[r * J + s % J].
+std::vector<std::string> SlotWorkers(const LiveJob& job, const std::vector<std::string>& claimed);
+// Every worker of `job.workers` once, in slot order: where a command goes to
+// a worker rather than to a stage (start, stop).
+std::vector<std::string> DistinctWorkers(const LiveJob& job);
 
 // How long the running job may go without progress: recovery.stall_seconds,
 // or 20x the median of step_seconds, at least 300 s.

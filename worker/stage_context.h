@@ -19,6 +19,7 @@
 #include "services/models/model.h"
 #include "services/spec/job_spec.h"
 #include "stagewise/v1/stage.pb.h"
+#include "worker/device_turns.h"
 #include "worker/trace.h"
 
 namespace stagewise::worker {
@@ -128,6 +129,11 @@ class StageContext {
   // The job's pipeline timeline (its `trace:` section), or nullptr when the
   // job does not trace. Only the compute thread records.
   virtual Tracer* tracer() { return nullptr; }
+  // Interleaved 1F1B (stages.chunks_per_worker > 1): the turns this worker's
+  // chunks take on its device (worker/device_turns.h); nullptr where each
+  // stage has a device of its own (then the chunks' orders run unordered
+  // among themselves, which only the data dependencies constrain).
+  virtual DeviceTurns* device_turns() { return nullptr; }
   // A value for the job summary (sent with the stage's result), e.g.
   // "peak_inputs", "staleness_steps". Later calls overwrite.
   virtual void Summarize(const std::string& key, double value) = 0;

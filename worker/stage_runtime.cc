@@ -401,6 +401,7 @@ void StageRuntime::Abort(const absl::Status& why, bool report) {
   }
   from_prev_.Close();
   from_next_.Close();
+  if (env_.turns) env_.turns->Cancel(why);  // the worker's other chunks wake
   if (downstream_) downstream_->Close(why);
   if (upstream) upstream->Close(why);
 }

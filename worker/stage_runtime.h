@@ -22,6 +22,7 @@
 #include "services/rpc/server.h"
 #include "stagewise/v1/coordinator.pb.h"
 #include "worker/collective.h"
+#include "worker/device_turns.h"
 #include "worker/outer_sync.h"
 #include "worker/overlap.h"
 #include "worker/peer_stream.h"
@@ -53,6 +54,10 @@ struct RuntimeEnv {
   std::function<c10::intrusive_ptr<c10d::Store>(const v1::StageAssignment&)> collective_store;
   // Any rendezvous or gradient all-reduce slower than this fails the stage.
   absl::Duration collective_timeout = absl::Seconds(300);
+  // Interleaved 1F1B: the turns the worker's stages of this job take on its
+  // device (shared by them; null with one chunk per worker). A stage that
+  // stops or fails cancels them.
+  std::shared_ptr<DeviceTurns> turns;
 };
 
 class StageRuntime final : public StageContext {
@@ -119,6 +124,7 @@ class StageRuntime final : public StageContext {
   void ReportEval(int64_t steps_done, double loss, double accuracy, int64_t samples) override;
   metrics::StageMetrics& stage_metrics() override { return *metrics_; }
   Tracer* tracer() override { return tracer_.get(); }
+  DeviceTurns* device_turns() override { return env_.turns.get(); }
   void Summarize(const std::string& key, double value) override;
   // Replicated stages (worker/stage_replicas.cc): with sync.every = 1 the
   // gradients are averaged before every step; with H > 1 the outer sync runs

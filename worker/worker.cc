@@ -4,6 +4,7 @@
 #include <prometheus/family.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
 #include <map>
 
@@ -321,16 +322,13 @@ void Worker::Shutdown() {
     STAGEWISE_LOG(INFO) << "shutdown: " << what << " after "
                         << absl::FormatDuration(absl::Now() - start);
   };
-  std::shared_ptr<StageRuntime> rt;
   std::shared_ptr<ControlStream> control;
   {
     absl::MutexLock lock(&mu_);
-    rt = runtime_;
     control = control_;
   }
-  if (rt) {
-    rt->Stop(absl::CancelledError("the worker is shutting down"));
-    rt->Join();
+  if (!runtimes().empty()) {
+    StopAll(absl::CancelledError("the worker is shutting down"), false);
     phase("stage stopped");
   }
   if (control) control->Cancel();
@@ -339,21 +337,28 @@ void Worker::Shutdown() {
   // Commands already handed on still run (they find the stage stopped).
   stage_tasks_.Stop();
   profile_tasks_.Stop();
-  {
-    absl::MutexLock lock(&mu_);
-    rt = runtime_;
-  }
-  if (rt) {
-    rt->Stop(absl::CancelledError("the worker is shutting down"));
-    rt->Join();
-  }
+  StopAll(absl::CancelledError("the worker is shutting down"), false);
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   phase("server stopped");
 }
 
 std::shared_ptr<StageRuntime> Worker::runtime() const {
   absl::MutexLock lock(&mu_);
-  return runtime_;
+  return runtimes_.empty() ? nullptr : runtimes_.front();
+}
+
+std::vector<std::shared_ptr<StageRuntime>> Worker::runtimes() const {
+  absl::MutexLock lock(&mu_);
+  return runtimes_;
+}
+
+void Worker::StopAll(const absl::Status& why, bool only_running) {
+  const std::vector<std::shared_ptr<StageRuntime>> all = runtimes();
+  // Stop them all first: a chunk may wait on another (its turns, its data).
+  for (const auto& rt : all) {
+    if (!only_running || rt->running()) rt->Stop(why);
+  }
+  for (const auto& rt : all) rt->Join();
 }
 
 bool Worker::registered() const {
@@ -430,13 +435,8 @@ absl::Status Worker::ControlSession(bool* established) {
   }
   // Without its coordinator a job cannot finish; the coordinator re-plans it.
   // The stage thread stops it (this thread never joins a stage).
-  stage_tasks_.Post([this] {
-    std::shared_ptr<StageRuntime> rt = runtime();
-    if (rt && rt->running()) {
-      rt->Stop(absl::UnavailableError("lost the coordinator"));
-      rt->Join();
-    }
-  });
+  stage_tasks_.Post(
+      [this] { StopAll(absl::UnavailableError("lost the coordinator"), /*only_running=*/true); });
   return rpc::FromGrpcStatus(stream->status());
 }
 
@@ -515,7 +515,13 @@ void Worker::RunStageCommand(const v1::Command& command) {
     case v1::Command::kConfigure: {
       const v1::StageAssignment& a = command.configure();
       std::shared_ptr<StageRuntime> old = runtime();
-      if (old && old->running()) {
+      // Interleaved: the next virtual stage of the attempt this worker holds
+      // joins the ones configured before it.
+      const bool same_attempt =
+          old && old->job_id() == a.job_id() && old->attempt() == a.attempt() && !old->started();
+      bool busy = false;
+      for (const auto& rt : runtimes()) busy = busy || rt->running();
+      if (busy && !same_attempt) {
         if (old->job_id() != a.job_id()) {
           EmitError(a.job_id(), a.stage(),
                     absl::FailedPreconditionError(absl::StrCat("busy with job ", old->job_id())),
@@ -524,8 +530,7 @@ void Worker::RunStageCommand(const v1::Command& command) {
         }
         // A new attempt of the job this worker still runs (the coordinator
         // recovered it): the old attempt is over.
-        old->Stop(absl::AbortedError(absl::StrCat("superseded by attempt ", a.attempt())));
-        old->Join();
+        StopAll(absl::AbortedError(absl::StrCat("superseded by attempt ", a.attempt())), false);
       }
       if (options_.before_stage_build) options_.before_stage_build(a);
       RuntimeEnv env;
@@ -553,6 +558,11 @@ void Worker::RunStageCommand(const v1::Command& command) {
             coordinator_.get(), std::move(scope),
             std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.collective_timeout)));
       };
+      {
+        absl::MutexLock lock(&mu_);
+        if (!same_attempt) turns_ = std::make_shared<DeviceTurns>();
+        env.turns = turns_;
+      }
       auto rt = StageRuntime::Create(a, std::move(env));
       if (!rt.ok()) {
         EmitError(a.job_id(), a.stage(), rt.status(), a.attempt(), a.replica());
@@ -560,24 +570,34 @@ void Worker::RunStageCommand(const v1::Command& command) {
       }
       {
         absl::MutexLock lock(&mu_);
-        runtime_ = *rt;
+        if (!same_attempt) runtimes_.clear();
+        // A repeated assignment of a stage replaces its runtime.
+        runtimes_.erase(std::remove_if(runtimes_.begin(), runtimes_.end(),
+                                       [&](const auto& r) { return r->stage() == a.stage(); }),
+                        runtimes_.end());
+        runtimes_.push_back(*rt);
+        std::sort(runtimes_.begin(), runtimes_.end(),
+                  [](const auto& x, const auto& y) { return x->stage() < y->stage(); });
       }
       Ack(command.command_id());
       return;
     }
     case v1::Command::kStart: {
-      std::shared_ptr<StageRuntime> rt = runtime();
-      if (!rt || rt->job_id() != command.start().job_id()) {
+      const std::vector<std::shared_ptr<StageRuntime>> all = runtimes();
+      if (all.empty() || all.front()->job_id() != command.start().job_id()) {
         EmitError(
             command.start().job_id(), -1,
             absl::FailedPreconditionError("start for a job this worker is not configured for"));
         return;
       }
-      // A multi-phase job goes on with its next phase on the same runtime.
-      absl::Status s = rt->started() ? rt->BeginPhase(command.start().phase()) : rt->Start();
-      if (!s.ok()) {
-        EmitError(rt->job_id(), rt->stage(), s);
-        return;
+      // Every stage this worker holds; a multi-phase job goes on with its
+      // next phase on the same runtimes.
+      for (const auto& rt : all) {
+        absl::Status s = rt->started() ? rt->BeginPhase(command.start().phase()) : rt->Start();
+        if (!s.ok()) {
+          EmitError(rt->job_id(), rt->stage(), s);
+          return;
+        }
       }
       Ack(command.command_id());
       return;
@@ -585,8 +605,7 @@ void Worker::RunStageCommand(const v1::Command& command) {
     case v1::Command::kStop: {
       std::shared_ptr<StageRuntime> rt = runtime();
       if (rt && rt->job_id() == command.stop().job_id()) {
-        rt->Stop(absl::CancelledError(command.stop().reason()));
-        rt->Join();
+        StopAll(absl::CancelledError(command.stop().reason()), false);
       }
       Ack(command.command_id());
       return;
@@ -629,13 +648,20 @@ void Worker::Profile(const v1::ProfileCommand& command) {
 
 absl::Status Worker::Route(const v1::StageMessage& first, const std::string& peer_identity,
                            std::shared_ptr<UpstreamStream> stream, MessageSink** sink) {
-  std::shared_ptr<StageRuntime> rt = runtime();
-  if (!rt || rt->job_id() != first.job_id()) {
+  const std::vector<std::shared_ptr<StageRuntime>> all = runtimes();
+  if (all.empty() || all.front()->job_id() != first.job_id()) {
     return absl::PermissionDeniedError(
         absl::StrCat("StageMessage.job_id: this worker runs no stage of job '",
                      first.job_id().substr(0, 64), first.job_id().size() > 64 ? "...'" : "'"));
   }
-  return rt->AttachUpstream(first, peer_identity, std::move(stream), sink);
+  // The stream from stage j feeds stage j + 1 (interleaved: one of the
+  // virtual stages this worker holds); the first one answers otherwise.
+  for (const auto& rt : all) {
+    if (rt->stage() == first.origin_stage() + 1) {
+      return rt->AttachUpstream(first, peer_identity, std::move(stream), sink);
+    }
+  }
+  return all.front()->AttachUpstream(first, peer_identity, std::move(stream), sink);
 }
 
 }  // namespace stagewise::worker

@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -90,8 +91,12 @@ class Worker {
   int port() const { return port_; }
   int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
   std::string address() const;
-  // The current (or last) stage runtime; tests read its model.
+  // The current (or last) job's stage runtime of the lowest stage; tests
+  // read its model.
   std::shared_ptr<StageRuntime> runtime() const;
+  // All of them: one, or with stages.chunks_per_worker = v the v virtual
+  // stages this worker holds, by stage.
+  std::vector<std::shared_ptr<StageRuntime>> runtimes() const;
   bool registered() const;
   // Clock replies the control stream delivered so far (tests: the stream is
   // read while a stage builds).
@@ -137,7 +142,12 @@ class Worker {
   std::shared_ptr<ClockSync> clock_ = std::make_shared<ClockSync>();
 
   mutable absl::Mutex mu_;
-  std::shared_ptr<StageRuntime> runtime_ ABSL_GUARDED_BY(mu_);
+  // The stages of the current (or last) job attempt this worker holds, by
+  // stage, and the turns they take on the device (interleaved).
+  std::vector<std::shared_ptr<StageRuntime>> runtimes_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<DeviceTurns> turns_ ABSL_GUARDED_BY(mu_);
+  // Stops and joins every runtime of runtimes() (the stage thread, shutdown).
+  void StopAll(const absl::Status& why, bool only_running);
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   std::string session_ ABSL_GUARDED_BY(mu_);  // the registration's (CollectiveStore calls)
   // The current session's stream (null between sessions).

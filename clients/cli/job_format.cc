@@ -182,6 +182,10 @@ std::string JobTable(const v1::JobStatus& s, absl::TimeZone tz) {
     row("algorithm",
         absl::StrCat(
             s.algorithm(), " on ", s.num_stages(), " stage(s)",
+            s.chunks_per_worker() > 1
+                ? absl::StrCat(" (", s.num_stages() / s.chunks_per_worker(), " workers x ",
+                               s.chunks_per_worker(), " chunks)")
+                : "",
             s.num_replicas() > 1 ? absl::StrCat(" x ", s.num_replicas(), " replicas") : ""));
   }
   if (s.num_phases() > 1) {
@@ -242,6 +246,7 @@ std::string JobJson(const v1::JobStatus& s) {
       "\",\"state\":\"", client::JobStateName(s.state()), "\",\"reason\":\"",
       JsonEscape(s.reason()), "\",\"algorithm\":\"", JsonEscape(s.algorithm()),
       "\",\"stages\":", s.num_stages(), ",\"replicas\":", std::max(1, s.num_replicas()),
+      ",\"chunks_per_worker\":", std::max(1, s.chunks_per_worker()),
       ",\"replica_samples_per_second\":[",
       absl::StrJoin(s.replica_samples_per_second(), ",",
                     [](std::string* out, double v) { out->append(JsonNumber(v)); }),

@@ -398,8 +398,8 @@ int LocalRun::Run() {
     // The default window (docs/trace.md), as if the job had asked for it.
     yaml += "\ntrace: {}\n";
   }
-  const int stages = spec->stages.ranges.empty() ? spec->stages.count
-                                                 : static_cast<int>(spec->stages.ranges.size());
+  // Workers per pipeline (interleaved: each holds chunks_per_worker stages).
+  const int stages = spec->stages.count;
   // Replicated stages (docs/replicas.md): J x R workers.
   const int num_workers =
       args_.workers > 0 ? args_.workers : std::max(1, stages * std::max(1, spec->stages.replicas));

@@ -136,7 +136,8 @@ std::string ChromeTraceJson(const v1::JobTrace& trace) {
   absl::StrAppend(
       &out, "\"job_id\":", JsonString(trace.job_id()), ",\"name\":", JsonString(trace.name()),
       ",\"algorithm\":", JsonString(trace.algorithm()), ",\"num_stages\":", trace.num_stages(),
-      ",\"origin_unix_us\":\"", origin, "\",\"clock_rtt_us\":", rtt,
+      ",\"chunks_per_worker\":", std::max(1, trace.chunks_per_worker()), ",\"origin_unix_us\":\"",
+      origin, "\",\"clock_rtt_us\":", rtt,
       ",\"dropped_at_coordinator\":", trace.dropped_at_coordinator(), "},\n");
   out += "\"traceEvents\":[\n";
   std::set<int> stages;
@@ -210,6 +211,7 @@ absl::StatusOr<v1::JobTrace> ParseChromeTrace(const std::string& json, const std
     trace.set_name(text("name"));
     trace.set_algorithm(text("algorithm"));
     trace.set_num_stages(static_cast<int>(number("num_stages")));
+    trace.set_chunks_per_worker(static_cast<int>(number("chunks_per_worker")));
     trace.set_dropped_at_coordinator(static_cast<int64_t>(number("dropped_at_coordinator")));
     if (o.count("clock_rtt_us")) rtt = static_cast<int64_t>(number("clock_rtt_us"));
     if (!text("origin_unix_us").empty() && !absl::SimpleAtoi(text("origin_unix_us"), &origin)) {
@@ -285,11 +287,16 @@ std::string TimelineSvg(const v1::JobTrace& trace) {
   int stages = trace.num_stages();
   for (const v1::StageTrace& st : trace.stages()) stages = std::max(stages, st.stage() + 1);
   stages = std::max(stages, 1);
+  // Interleaved: a row per worker, which holds stages w, w + workers, ...
+  const int chunks = std::max(1, trace.chunks_per_worker());
+  const int workers = chunks > 1 && stages % chunks == 0 ? stages / chunks : stages;
+  const bool by_worker = workers != stages;
+  auto row_of = [&](int stage) { return by_worker ? stage % workers : stage; };
   const double span_ms = std::max<double>(static_cast<double>(end - origin) / 1000.0, 1e-3);
   // Layout (pixels).
   constexpr double kLeft = 78, kRight = 24, kTop = 46, kRow = 40, kGap = 10, kPlot = 1100;
   const double width = kLeft + kPlot + kRight;
-  const double rows_bottom = kTop + stages * (kRow + kGap);
+  const double rows_bottom = kTop + workers * (kRow + kGap);
   const double legend_top = rows_bottom + 62;
   // The legend: every kind, kLegendPerLine to a line, then the box-label note.
   constexpr int kLegendPerLine = 5;
@@ -327,16 +334,18 @@ std::string TimelineSvg(const v1::JobTrace& trace) {
   for (const v1::StageTrace& st : trace.stages()) {
     for (const v1::Span& s : st.spans()) micro = micro || s.micro_batch() > 0;
   }
-  for (int j = 0; j < stages; ++j) {
+  for (int j = 0; j < workers; ++j) {
     const double y = kTop + j * (kRow + kGap);
     absl::StrAppendFormat(&svg,
-                          "<text x=\"%.0f\" y=\"%.1f\" font-size=\"13\" text-anchor=\"end\">stage "
+                          "<text x=\"%.0f\" y=\"%.1f\" font-size=\"13\" text-anchor=\"end\">%s "
                           "%d</text>\n<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" "
                           "fill=\"none\" stroke=\"#d0d0d0\"/>\n",
-                          kLeft - 8, y + kRow / 2 + 4, j, kLeft, y, kPlot, kRow);
+                          kLeft - 8, y + kRow / 2 + 4, by_worker ? "worker" : "stage", j, kLeft, y,
+                          kPlot, kRow);
   }
   for (const v1::StageTrace& st : trace.stages()) {
-    const double y = kTop + st.stage() * (kRow + kGap);
+    const double y = kTop + row_of(st.stage()) * (kRow + kGap);
+    const int chunk = by_worker ? st.stage() / workers : 0;
     absl::StrAppendFormat(&svg, "<g id=\"stage%d-attempt%d\">\n", st.stage(), st.attempt());
     for (const v1::Span& s : st.spans()) {
       const KindStyle* style = StyleOf(s.kind());
@@ -345,12 +354,14 @@ std::string TimelineSvg(const v1::JobTrace& trace) {
       const double w = std::max(0.4, x_of(s.start_us() + s.duration_us()) - x0);
       std::string label = absl::StrCat(s.step());
       if (micro) absl::StrAppend(&label, ".", s.micro_batch());
+      if (by_worker) label = absl::StrCat("c", chunk, ":", label);
       if (s.kind() == v1::SPAN_EVAL) label = "eval";
       if (s.kind() == v1::SPAN_CHECKPOINT) label = "ckpt";
-      const std::string tip =
-          absl::StrFormat("%s, mini-batch %d%s: %.3f ms", style->legend, s.step(),
-                          micro ? absl::StrCat(", micro-batch ", s.micro_batch()) : "",
-                          static_cast<double>(s.duration_us()) / 1000.0);
+      const std::string tip = absl::StrFormat(
+          "%s%s, mini-batch %d%s: %.3f ms", style->legend,
+          by_worker ? absl::StrCat(" of chunk ", chunk, " (stage ", st.stage(), ")") : "", s.step(),
+          micro ? absl::StrCat(", micro-batch ", s.micro_batch()) : "",
+          static_cast<double>(s.duration_us()) / 1000.0);
       if (style->thin) {
         absl::StrAppendFormat(&svg,
                               "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" "
@@ -358,13 +369,14 @@ std::string TimelineSvg(const v1::JobTrace& trace) {
                               x0, y + kRow * 0.4, w, kRow * 0.2, style->colour, XmlText(tip));
         continue;
       }
-      // Odd mini-batches lighter, so neighbouring boxes of one kind part.
+      // Odd mini-batches lighter, so neighbouring boxes of one kind part;
+      // interleaved: odd chunks too.
       absl::StrAppendFormat(&svg,
                             "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" "
                             "fill=\"%s\" fill-opacity=\"%s\" stroke=\"white\" "
                             "stroke-width=\"0.5\"><title>%s</title></rect>\n",
-                            x0, y + 2, w, kRow - 4, style->colour, s.step() % 2 ? "0.7" : "1",
-                            XmlText(tip));
+                            x0, y + 2, w, kRow - 4, style->colour,
+                            (s.step() + chunk) % 2 ? "0.7" : "1", XmlText(tip));
       const double chars = static_cast<double>(label.size());
       if (w >= chars * 5.6 + 2 && s.kind() != v1::SPAN_SEND) {
         absl::StrAppendFormat(&svg,
@@ -394,8 +406,9 @@ std::string TimelineSvg(const v1::JobTrace& trace) {
   }
   absl::StrAppendFormat(&svg,
                         "<text x=\"%.0f\" y=\"%.0f\" font-size=\"11\" fill=\"#555\">box label: "
-                        "mini-batch%s</text>\n",
-                        kLeft, legend_top + legend_lines * 22 + 8, micro ? ".micro-batch" : "");
+                        "%smini-batch%s</text>\n",
+                        kLeft, legend_top + legend_lines * 22 + 8, by_worker ? "c<chunk>:" : "",
+                        micro ? ".micro-batch" : "");
   svg += "</svg>\n";
   return svg;
 }
@@ -410,6 +423,12 @@ std::string TraceSummary(const v1::JobTrace& trace) {
   if (spans == 0) {
     out += "no spans: the job has no `trace:` section, or its window missed every step\n";
     return out;
+  }
+  if (const int v = trace.chunks_per_worker(); v > 1 && trace.num_stages() % v == 0) {
+    const int workers = trace.num_stages() / v;
+    absl::StrAppend(&out, "interleaved: ", workers, " workers x ", v,
+                    " chunks; stage s is chunk s / ", workers, " of worker s mod ", workers,
+                    " (its untraced time includes its worker's other chunks' turns)\n");
   }
   absl::StrAppend(&out, absl::StrFormat("%-7s %6s", "stage", "spans"));
   const std::vector<v1::SpanKind> columns = {

@@ -499,11 +499,14 @@ absl::StatusOr<std::vector<std::pair<int, int>>> ResolvePartition(
     }
     return stages.ranges;
   }
-  const int j = stages.count;
+  const int j = VirtualStages(stages);  // interleaved: count x chunks_per_worker
   if (j < 1 || j > num_blocks) {
-    return absl::InvalidArgumentError(absl::StrCat("stages.count: ", j, " stages for a model of ",
-                                                   num_blocks, " blocks (need 1..", num_blocks,
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stages.count: ", j, " stages",
+        stages.chunks_per_worker > 1 ? absl::StrCat(" (", stages.count, " x ",
+                                                    stages.chunks_per_worker, " chunks per worker)")
+                                     : "",
+        " for a model of ", num_blocks, " blocks (need 1..", num_blocks, ")"));
   }
   if (stages.partition != Partition::kEven) {
     // balanced (and auto's placeholder): the least estimated bottleneck.

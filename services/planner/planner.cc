@@ -122,6 +122,8 @@ pipeline::Schedule PipelineOf(PipelineSchedule s) {
       return pipeline::Schedule::kZbH1;
     case PipelineSchedule::kAuto:  // until ChooseSchedule picks: 1F1B's memory
       return pipeline::Schedule::kOneFOneB;
+    case PipelineSchedule::kInterleaved:  // per virtual stage: 1F1B's memory
+      return pipeline::Schedule::kOneFOneB;
   }
   return pipeline::Schedule::kGpipe;
 }
@@ -445,6 +447,7 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
     for (PipelineSchedule sched :
          {PipelineSchedule::kGpipe, PipelineSchedule::kOneFOneB, PipelineSchedule::kZbH1}) {
       if (sched == PipelineSchedule::kZbH1 && o.modes == BlockModes::kRebuild) continue;
+      if (o.chunks > 1) break;  // the stages share workers: only interleaved applies
       auto orders = pipeline::StageOrders(PipelineOf(sched), so);
       if (!orders.ok()) continue;
       auto sim = pipeline::Simulate(*orders, so);
@@ -454,6 +457,31 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
                      absl::StrFormat("the schedule simulated on the stages' costs (bubble %.0f%%)",
                                      100 * sim->bubble),
                      A::kBackprop});
+    }
+    if (o.chunks > 1 && J % o.chunks == 0) {
+      // Interleaved: worker w holds virtual stages w, w + W, ...; its costs
+      // are its chunks' (one chunk's operation costs 1/v of them), and each
+      // worker's step is its chunks' steps.
+      const int W = J / o.chunks;
+      pipeline::ScheduleOptions io{.stages = W, .micro_batches = M, .chunks = o.chunks};
+      io.costs.assign(W, {0, 0, 0});
+      double step = 0;
+      for (int s = 0; s < J; ++s) {
+        pipeline::StageCosts& c = io.costs[s % W];
+        c.forward += (bp[s].forward_s + bp[s].message_s) / M;
+        c.backward_input += bp[s].backward_s / (2.0 * M);
+        c.backward_weight += bp[s].backward_s / (2.0 * M);
+        if (s % W == 0) step += bp[s].step_s;
+      }
+      auto orders = pipeline::StageOrders(pipeline::Schedule::kInterleaved, io);
+      auto sim = orders.ok() ? pipeline::Simulate(*orders, io) : orders.status();
+      if (sim.ok()) {
+        out.push_back(
+            {absl::StrCat("backprop interleaved v=", o.chunks, " M=", M), sim->seconds + step, 0,
+             absl::StrFormat("the schedule simulated on the chunks' costs (bubble %.0f%%)",
+                             100 * sim->bubble),
+             A::kBackprop});
+      }
     }
   }
   out.push_back({"delayed", slowest(estimates(A::kDelayed), false), 0,
@@ -493,7 +521,8 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
 
 PlanOptions PlanOptionsForJob(const JobSpec& spec, const std::vector<std::pair<int, int>>& ranges) {
   PlanOptions o;
-  o.num_stages = spec.stages.count;
+  o.num_stages = VirtualStages(spec.stages);  // interleaved: the virtual stages
+  o.chunks = std::max(1, spec.stages.chunks_per_worker);
   // A copy: Phases() returns a temporary (a reference into it dangled; found
   // by the AddressSanitizer run, scripts/test --sanitize).
   const AlgorithmSpec a = Phases(spec).front().algorithm;

@@ -67,6 +67,9 @@ struct PlanOptions {
   int nwise_n = 0;    // 0: predicted for n = 1 and n = 2
   // Knapsack units: at most this many per stage budget.
   int64_t max_units = 4096;
+  // Interleaved (stages.chunks_per_worker): num_stages virtual stages on
+  // num_stages / chunks workers; predicted under the interleaved order.
+  int chunks = 1;
 };
 
 // The options a job implies: its stage count, first phase's algorithm (and

@@ -21,9 +21,10 @@ namespace stagewise {
 enum class AlgorithmKind { kBackprop, kDelayed, kFeaturesReplay, kPetra, kNwise, kAuxNet };
 
 // backprop's `schedule`: the order of micro-batches in a pipelined step.
-// auto: the planner picks the fastest of the others that fits the memory
-// caps (first phase only; docs/algorithms.md).
-enum class PipelineSchedule { kGpipe, kOneFOneB, kZbH1, kAuto };
+// auto: the planner picks the fastest of gpipe, 1f1b and zb-h1 that fits the
+// memory caps (first phase only; docs/algorithms.md). interleaved: 1F1B over
+// stages.chunks_per_worker chunks per worker (Narayanan et al. 2021).
+enum class PipelineSchedule { kGpipe, kOneFOneB, kZbH1, kAuto, kInterleaved };
 
 // delayed's `weights`: which parameters a late backward uses.
 enum class DelayedWeights { kStash, kCurrent };
@@ -74,7 +75,8 @@ struct EnumSpellings<AlgorithmKind> {
 };
 template <>
 struct EnumSpellings<PipelineSchedule> {
-  static constexpr std::array<absl::string_view, 4> kNames = {"gpipe", "1f1b", "zb-h1", "auto"};
+  static constexpr std::array<absl::string_view, 5> kNames = {"gpipe", "1f1b", "zb-h1", "auto",
+                                                              "interleaved"};
 };
 template <>
 struct EnumSpellings<DelayedWeights> {

@@ -15,6 +15,7 @@
 #ifndef STAGEWISE_SERVICES_SPEC_JOB_SPEC_H_
 #define STAGEWISE_SERVICES_SPEC_JOB_SPEC_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -194,6 +195,8 @@ int64_t AccumulationFactor(const AlgorithmSpec& spec);
 // stages: how many stages and which global blocks each holds.
 // The most replicas of a stage (stages.replicas).
 constexpr int kMaxReplicas = 64;
+// The most chunks per worker (stages.chunks_per_worker).
+constexpr int kMaxChunksPerWorker = 16;
 
 struct StagesSpec {
   int count = 1;
@@ -215,7 +218,18 @@ struct StagesSpec {
   // Memory cap per worker in bytes for the planner (0 = none; workers'
   // --memory-bytes applies then). Written as 2GiB, 512MiB, 1.5G or bytes.
   int64_t memory_budget = 0;
+  // Interleaved 1F1B (algorithm.schedule: interleaved): each of the `count`
+  // workers of a pipeline holds this many non-adjacent chunks of blocks, the
+  // model being cut into count x chunks_per_worker virtual stages; worker j
+  // holds virtual stages j, j + count, j + 2 count, ...
+  int chunks_per_worker = 1;
 };
+
+// The pipeline's stages as the model is cut: count x chunks_per_worker
+// (count without interleaving).
+inline int VirtualStages(const StagesSpec& stages) {
+  return stages.count * std::max(1, stages.chunks_per_worker);
+}
 
 // "2GiB", "512MiB", "64KiB", "1.5G", "300MB", "1000" -> bytes;
 // INVALID_ARGUMENT otherwise.

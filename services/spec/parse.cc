@@ -137,19 +137,29 @@ absl::Status ParsePartition(const Section& section, StagesSpec* stages) {
     return KeyError(path,
                     absl::StrCat("needs at least one [begin, end) range", MarkSuffix(*partition)));
   }
+  // Interleaved: the ranges are the virtual stages, chunks_per_worker per worker.
+  const size_t chunks = static_cast<size_t>(std::max(1, stages->chunks_per_worker));
+  if (ranges.size() % chunks != 0) {
+    return KeyError(path, absl::StrCat(ranges.size(), " ranges are not a multiple of ",
+                                       section.PathOf("chunks_per_worker"), " (", chunks, ")",
+                                       MarkSuffix(*partition)));
+  }
   if (const YAML::Node* count = section.Find("count");
-      count != nullptr && static_cast<size_t>(stages->count) != ranges.size()) {
-    return KeyError(section.PathOf("count"),
-                    absl::StrCat(stages->count, " does not match the ", ranges.size(),
-                                 " ranges in ", path, MarkSuffix(*count)));
+      count != nullptr && static_cast<size_t>(stages->count) * chunks != ranges.size()) {
+    return KeyError(
+        section.PathOf("count"),
+        absl::StrCat(stages->count, chunks > 1 ? absl::StrCat(" x ", chunks, " chunks") : "",
+                     " does not match the ", ranges.size(), " ranges in ", path,
+                     MarkSuffix(*count)));
   }
   stages->partition = Partition::kExplicit;
-  stages->count = static_cast<int>(ranges.size());
+  stages->count = static_cast<int>(ranges.size() / chunks);
   stages->ranges = std::move(ranges);
   return absl::OkStatus();
 }
 
-// stages: a count, or {count, replicas, partition, modes, memory_budget}.
+// stages: a count, or {count, replicas, chunks_per_worker, partition, modes,
+// memory_budget}.
 absl::Status ParseStages(const YAML::Node& node, StagesSpec* stages) {
   if (node.IsNull()) return absl::OkStatus();
   if (node.IsScalar()) return spec::Convert(node, "stages", &stages->count);
@@ -157,9 +167,11 @@ absl::Status ParseStages(const YAML::Node& node, StagesSpec* stages) {
     return TypeError(node, "stages", "a stage count or a map");
   }
   Section section(node, "stages");
-  section.CheckKeys({"count", "replicas", "partition", "modes", "memory_budget"});
+  section.CheckKeys(
+      {"count", "replicas", "chunks_per_worker", "partition", "modes", "memory_budget"});
   section.Read("count", &stages->count);
   section.Read("replicas", &stages->replicas);
+  section.Read("chunks_per_worker", &stages->chunks_per_worker);
   if (!section.status().ok()) return section.status();
   if (const YAML::Node* modes = section.Find("modes"); modes != nullptr && !modes->IsNull()) {
     const std::string value = modes->IsScalar() ? modes->Scalar() : "";

@@ -231,6 +231,10 @@ absl::Status ValidateStages(const StagesSpec& stages) {
     return KeyError("stages.replicas",
                     absl::StrCat("must be in [1, ", kMaxReplicas, "], got ", stages.replicas));
   }
+  if (stages.chunks_per_worker < 1 || stages.chunks_per_worker > kMaxChunksPerWorker) {
+    return KeyError("stages.chunks_per_worker", absl::StrCat("must be in [1, ", kMaxChunksPerWorker,
+                                                             "], got ", stages.chunks_per_worker));
+  }
   if (stages.partition != Partition::kExplicit) {
     if (!stages.ranges.empty()) {
       return KeyError("stages.partition", absl::StrCat("is '", NameOf(stages.partition),
@@ -241,10 +245,14 @@ absl::Status ValidateStages(const StagesSpec& stages) {
   if (stages.ranges.empty()) {
     return KeyError("stages.partition", "needs at least one [begin, end) range");
   }
-  if (stages.ranges.size() != static_cast<size_t>(stages.count)) {
-    return KeyError("stages.count",
-                    absl::StrCat(stages.count, " does not match the ", stages.ranges.size(),
-                                 " ranges in stages.partition"));
+  if (stages.ranges.size() != static_cast<size_t>(VirtualStages(stages))) {
+    return KeyError(
+        "stages.count",
+        absl::StrCat(stages.count,
+                     stages.chunks_per_worker > 1
+                         ? absl::StrCat(" x ", stages.chunks_per_worker, " chunks")
+                         : "",
+                     " does not match the ", stages.ranges.size(), " ranges in stages.partition"));
   }
   // The end of the last range must equal the model's block count, which only
   // the model library knows; it checks that when it builds the stages.
@@ -514,6 +522,53 @@ absl::Status ValidatePhases(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// Interleaved 1F1B: stages.chunks_per_worker > 1 and schedule: interleaved go
+// together, in every phase, on one pipeline cut by the spec.
+absl::Status ValidateInterleaved(const JobSpec& spec) {
+  const int v = spec.stages.chunks_per_worker, J = spec.stages.count;
+  const std::vector<PhaseSpec> phases = Phases(spec);
+  for (size_t i = 0; i < phases.size(); ++i) {
+    const auto* backprop = phases[i].algorithm.get_if<BackpropOptions>();
+    const bool interleaved =
+        backprop != nullptr && backprop->schedule == PipelineSchedule::kInterleaved;
+    auto in_phase = [&](absl::Status s) { return spec.phases.empty() ? s : InPhase(i, s); };
+    if (interleaved && v < 2) {
+      return in_phase(KeyError("algorithm.schedule",
+                               "interleaved needs stages.chunks_per_worker >= 2 (the chunks of "
+                               "blocks each worker holds)"));
+    }
+    if (!interleaved && v > 1) {
+      return KeyError(
+          "stages.chunks_per_worker",
+          absl::StrCat("is ", v,
+                       ", which only algorithm: {name: backprop, schedule: "
+                       "interleaved} runs",
+                       spec.phases.empty() ? "" : absl::StrCat(" (phase ", i, " is not)")));
+    }
+    if (interleaved && backprop->micro_batches % J != 0) {
+      return in_phase(KeyError("algorithm.micro_batches",
+                               absl::StrCat("interleaved needs a multiple of stages.count (", J,
+                                            "), got ", backprop->micro_batches,
+                                            ": micro-batches enter the ring in groups of ", J)));
+    }
+  }
+  if (v > 1 && spec.stages.replicas > 1) {
+    return KeyError("stages.replicas",
+                    "is not supported with stages.chunks_per_worker > 1 yet (one pipeline)");
+  }
+  if (v > 1 && spec.stages.memory_budget > 0) {
+    return KeyError("stages.memory_budget",
+                    "the planner plans one chunk per worker; with chunks_per_worker leave it out "
+                    "(and the workers' --memory-bytes do not apply)");
+  }
+  if (v > 1 && spec.stages.partition == Partition::kAuto) {
+    return KeyError("stages.partition",
+                    "auto plans one chunk per worker; with chunks_per_worker use balanced, even "
+                    "or explicit ranges");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateJobSpec(const JobSpec& spec) { return spec::ValidateParsed(spec, {}); }
 
 namespace spec {
@@ -573,6 +628,7 @@ absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
   check(ValidateCheckpoint(spec.checkpoint));
   check(ValidateRecovery(spec.recovery));
   check(ValidateSync(spec.sync, spec.stages.replicas));
+  if (check.status().ok()) check(ValidateInterleaved(spec));
   return check.status();
 }
 

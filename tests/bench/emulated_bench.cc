@@ -15,7 +15,8 @@
 //     --stages 2,4,8,16      pipeline depths J
 //     --replicas 1           replicas R of every stage (e.g. 1,2,4)
 //     --algorithms LIST      from: backprop (M=1), gpipe, 1f1b, 1f1b1 (1F1B with
-//                            lookahead 1), zb-h1 (zero bubble), delayed, petra,
+//                            lookahead 1), zb-h1 (zero bubble), interleaved
+//                            (1F1B over 2 chunks per worker, M = 2J), delayed, petra,
 //                            features_replay, nwise, auxnet (default: all)
 //     --rounds 3             repetitions; every round runs every configuration
 //                            once, interleaved; medians and spread count
@@ -46,6 +47,9 @@
 //     F + B it is (3M + J - 1) / 3M * (F + B). The table's last column,
 //     "bubble cut", is (1F1B's measured time - this one's) over (1F1B's ideal
 //     - this one's): the share of the predicted saving that was measured.
+//   interleaved, v = 2 chunks of K/2 blocks per worker, M = 2J: the worker's
+//     order simulated likewise, (M + (J - 1) / v) / M * (F + B) for equal
+//     costs; its bubble cut as zb-h1's.
 //   delayed: its forward keeps no graph, so the backward recomputes the
 //     forward from the stored input (weight stashing would otherwise need a
 //     graph per in-flight mini-batch):                         2F + B
@@ -84,9 +88,9 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   std::vector<int> stages = {2, 4, 8, 16};
   std::vector<int> replicas = {1};
-  std::vector<std::string> algorithms = {"backprop", "gpipe",   "1f1b",  "1f1b1",
-                                         "zb-h1",    "delayed", "petra", "features_replay",
-                                         "nwise",    "auxnet"};
+  std::vector<std::string> algorithms = {"backprop",        "gpipe",       "1f1b",    "1f1b1",
+                                         "zb-h1",           "interleaved", "delayed", "petra",
+                                         "features_replay", "nwise",       "auxnet"};
   int rounds = 3;
   double forward_ms = 5;
   double backward_ms = 10;
@@ -107,6 +111,7 @@ struct Config {
   int J = 1;
   int R = 1;           // replicas of every stage
   double ideal_s = 0;  // per mini-batch
+  int chunks = 1;      // interleaved: chunks per worker (J x chunks virtual stages)
 };
 
 [[noreturn]] void Usage(const std::string& why) {
@@ -187,6 +192,7 @@ std::vector<Config> Configs(const Options& o, int J, int R) {
   const int M = 2 * J;
   std::vector<Config> out;
   for (const std::string& a : o.algorithms) {
+    if (a == "interleaved" && R > 1) continue;  // one pipeline only (docs/algorithms.md)
     Config c;
     c.algorithm = a;
     c.J = J;
@@ -204,6 +210,24 @@ std::vector<Config> Configs(const Options& o, int J, int R) {
       so.costs.assign(
           J, pl::StageCosts{F * per, B * per * (1 - o.weight_share), B * per * o.weight_share});
       auto orders = pl::StageOrders(pl::Schedule::kZbH1, so);
+      if (!orders.ok()) Usage(orders.status().ToString());
+      auto sim = pl::Simulate(*orders, so);
+      if (!sim.ok()) Usage(sim.status().ToString());
+      c.ideal_s = sim->seconds;
+    } else if (a == "interleaved") {
+      // Two chunks per worker of K/2 blocks each: 2J virtual stages.
+      c.chunks = 2;
+      if (o.blocks_per_stage % c.chunks != 0) {
+        Usage("--algorithms interleaved: --blocks-per-stage must be even (2 chunks per worker)");
+      }
+      c.label = absl::StrCat("backprop interleaved v=2 M=", M);
+      c.yaml = absl::StrCat("{name: backprop, micro_batches: ", M, ", schedule: interleaved}");
+      namespace pl = stagewise::pipeline;
+      pl::ScheduleOptions so{.stages = J, .micro_batches = M, .chunks = c.chunks};
+      const double per = 1.0 / M;  // a micro-batch's share of the worker's work (all chunks)
+      so.costs.assign(
+          J, pl::StageCosts{F * per, B * per * (1 - o.weight_share), B * per * o.weight_share});
+      auto orders = pl::StageOrders(pl::Schedule::kInterleaved, so);
       if (!orders.ok()) Usage(orders.status().ToString());
       auto sim = pl::Simulate(*orders, so);
       if (!sim.ok()) Usage(sim.status().ToString());
@@ -279,10 +303,12 @@ double MeasurePeer(const Options& o, const Config& c) {
 
 std::string JobYaml(const Options& o, const Config& c, int total_steps) {
   const int depth = c.J * o.blocks_per_stage;
+  // Interleaved: J x v virtual stages of K / v blocks (worker j holds j, j + J, ...).
+  const int S = c.J * c.chunks, per = o.blocks_per_stage / c.chunks;
   std::vector<std::string> ranges;
-  for (int j = 0; j < c.J; ++j) {
-    const int end = j + 1 == c.J ? depth + 1 : (j + 1) * o.blocks_per_stage;  // + head
-    ranges.push_back(absl::StrCat("[", j * o.blocks_per_stage, ", ", end, "]"));
+  for (int s = 0; s < S; ++s) {
+    const int end = s + 1 == S ? depth + 1 : (s + 1) * per;  // + head
+    ranges.push_back(absl::StrCat("[", s * per, ", ", end, "]"));
   }
   return absl::StrCat(
       "name: emulated-bench\nseed: 0\n",
@@ -297,8 +323,8 @@ std::string JobYaml(const Options& o, const Config& c, int total_steps) {
       ", shape: [", absl::StrJoin(o.shape, ", "), "], classes: 10}\n",
       "optimizer: {name: sgd, lr: 0.01}\n", "batch_size: ", o.batch * c.R, "\n",
       "steps: ", total_steps, "\n", "eval: {every_epochs: 0, at_end: false}\n",
-      "stages: {count: ", c.J, ", replicas: ", c.R, ", partition: [", absl::StrJoin(ranges, ", "),
-      "]}\n", "algorithm: ", c.yaml, "\n");
+      "stages: {count: ", c.J, ", replicas: ", c.R, ", chunks_per_worker: ", c.chunks,
+      ", partition: [", absl::StrJoin(ranges, ", "), "]}\n", "algorithm: ", c.yaml, "\n");
 }
 
 // Seconds per mini-batch in steady state, or a negative number on failure.
@@ -441,7 +467,8 @@ int main(int argc, char** argv) {
     // Measured saving against 1F1B over the saving its ideal predicts.
     std::string cut = "-";
     const auto base = one_f_one_b.find({configs[i].J, configs[i].R});
-    if (configs[i].algorithm == "zb-h1" && base != one_f_one_b.end()) {
+    if ((configs[i].algorithm == "zb-h1" || configs[i].algorithm == "interleaved") &&
+        base != one_f_one_b.end()) {
       const double predicted = base->second.first - configs[i].ideal_s;
       if (predicted > 0)
         cut = absl::StrFormat("%.0f%%", 100 * (base->second.second - med) / predicted);

@@ -124,14 +124,17 @@ std::map<std::string, torch::Tensor> Cluster::StageTensors(const std::string& jo
                                                            bool buffers) {
   std::map<std::string, torch::Tensor> out;
   for (auto& w : workers_) {
-    auto rt = w->runtime();
-    if (!rt || rt->job_id() != job_id) continue;
-    auto model = rt->model_ptr();
-    if (buffers) {
-      for (const auto& item : model->named_buffers()) out[item.key()] = item.value().detach().cpu();
-    } else {
-      for (const auto& item : model->named_parameters()) {
-        out[item.key()] = item.value().detach().cpu();
+    for (const auto& rt : w->runtimes()) {  // interleaved: each of the worker's chunks
+      if (rt->job_id() != job_id) continue;
+      auto model = rt->model_ptr();
+      if (buffers) {
+        for (const auto& item : model->named_buffers()) {
+          out[item.key()] = item.value().detach().cpu();
+        }
+      } else {
+        for (const auto& item : model->named_parameters()) {
+          out[item.key()] = item.value().detach().cpu();
+        }
       }
     }
   }

@@ -1,7 +1,8 @@
 // Oracle (docs/algorithms.md, backprop): J stages exchanging activations and
 // gradients over real gRPC streams end with the parameters of a single-process
 // run: plain backprop for M = 1, and accumulation over the same micro-batches
-// for M > 1, whatever the schedule (GPipe, 1F1B, ZB-H1, with recompute).
+// for M > 1, whatever the schedule (GPipe, 1F1B, ZB-H1, interleaved 1F1B with
+// v chunks per worker, with recompute).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -27,18 +28,24 @@ struct Case {
   // RevNet; with varying, every mini-batch draws its own sequence length.
   bool gpt = false;
   bool varying = false;
+  // Interleaved: chunks per worker (stages = workers, stages x chunks
+  // virtual stages).
+  int chunks = 1;
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << (c.gpt ? "gpt_" : "") << "J" << c.stages << "_M" << c.micro_batches << "_" << c.schedule
-      << (c.recompute ? "_recompute" : "") << (c.varying ? "_varying_length" : "");
+      << (c.chunks > 1 ? "_v" + std::to_string(c.chunks) : "") << (c.recompute ? "_recompute" : "")
+      << (c.varying ? "_varying_length" : "");
 }
 
 std::string ModelAndData(const Case& c) {
   if (!c.gpt) {
-    return R"(model: {name: revnet, depth: 18, width: 4, blocks: [1, 1, 1, 1]}
+    // 6 blocks, or 10 for the virtual stages of interleaved runs.
+    return absl::StrCat("model: {name: revnet, depth: 18, width: 4, blocks: ",
+                        c.chunks > 1 ? "[2, 2, 2, 2]" : "[1, 1, 1, 1]", R"(}
 data: {dataset: synthetic, train_size: 128, test_size: 32, shape: [3, 8, 8], classes: 4}
-)";
+)");
   }
   return absl::StrCat(R"(model: {name: gpt, depth: 3, width: 16, heads: 2}
 data: {dataset: fortunes, sequence_length: 24, train_size: 128, limit_test: 6)",
@@ -46,14 +53,16 @@ data: {dataset: fortunes, sequence_length: 24, train_size: 128, limit_test: 6)",
 }
 
 std::string JobYaml(const Case& c) {
-  return absl::StrCat(R"(name: oracle
+  return absl::StrCat(
+      R"(name: oracle
 seed: 5
 )",
-                      ModelAndData(c), R"(algorithm: {name: backprop, micro_batches: )",
-                      c.micro_batches, ", schedule: ", c.schedule,
-                      ", recompute: ", c.recompute ? "true" : "false", R"(}
+      ModelAndData(c), R"(algorithm: {name: backprop, micro_batches: )", c.micro_batches,
+      ", schedule: ", c.schedule, ", recompute: ", c.recompute ? "true" : "false", R"(}
 stages: )",
-                      c.stages, R"(
+      c.chunks > 1 ? absl::StrCat("{count: ", c.stages, ", chunks_per_worker: ", c.chunks, "}")
+                   : std::to_string(c.stages),
+      R"(
 optimizer: {name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 1.0e-4}
 schedule: {name: cosine, warmup_epochs: 0.25}
 batch_size: 16
@@ -162,7 +171,14 @@ INSTANTIATE_TEST_SUITE_P(Stages, BackpropOracle,
                                            Case{4, 6, "zb-h1", false}, Case{3, 4, "zb-h1", true},
                                            Case{4, 4, "zb-h1", true, true, true},
                                            // the planner picks (a profile first)
-                                           Case{3, 4, "auto", false}),
+                                           Case{3, 4, "auto", false},
+                                           // interleaved: v chunks on each of J workers
+                                           Case{2, 4, "interleaved", false, false, false, 2},
+                                           Case{3, 6, "interleaved", false, false, false, 2},
+                                           Case{4, 8, "interleaved", false, false, false, 2},
+                                           Case{2, 4, "interleaved", false, false, false, 3},
+                                           Case{3, 6, "interleaved", true, false, false, 2},
+                                           Case{2, 4, "interleaved", false, true, true, 2}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            std::ostringstream os;
                            PrintTo(info.param, &os);

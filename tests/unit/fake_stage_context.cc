@@ -158,8 +158,14 @@ absl::StatusOr<std::unique_ptr<FakeJob>> FakeJob::Create(const JobSpec& job_spec
     job->forward_.push_back(std::make_unique<MessageQueue>(queue_capacity));
     job->backward_.push_back(std::make_unique<MessageQueue>(queue_capacity));
   }
+  // Interleaved: worker w holds stages w, w + W, ...; they take its turns.
+  const int W = J / std::max(1, spec.stages.chunks_per_worker);
+  if (spec.stages.chunks_per_worker > 1) {
+    for (int w = 0; w < W; ++w) job->turns_.push_back(std::make_unique<worker::DeviceTurns>());
+  }
   for (int j = 0; j < J; ++j) {
     std::unique_ptr<FakeStageContext> s(new FakeStageContext());
+    if (!job->turns_.empty()) s->turns_ = job->turns_[j % W].get();
     s->job_ = job.get();
     s->spec_ = spec;
     s->stage_ = j;
@@ -310,6 +316,7 @@ void FakeJob::Stop(const absl::Status& why) {
   }
   for (auto& q : forward_) q->Close();
   for (auto& q : backward_) q->Close();
+  for (auto& t : turns_) t->Cancel(why);
 }
 
 std::vector<absl::Status> FakeJob::Run(std::vector<int> stages) {

@@ -84,6 +84,8 @@ class FakeStageContext : public worker::StageContext {
   // With the spec's trace: section (the compute spans the algorithms record;
   // the runtime's waits are not in a fake).
   worker::Tracer* tracer() override { return tracer_.get(); }
+  // Interleaved: the turns of the fake worker holding this stage.
+  worker::DeviceTurns* device_turns() override { return turns_; }
   void Summarize(const std::string& key, double value) override;
   int64_t first_step() const override { return first_step_; }
   bool CheckpointDue(int64_t steps_done) const override;
@@ -127,6 +129,7 @@ class FakeStageContext : public worker::StageContext {
   MessageQueue* to_prev_ = nullptr;
   std::unique_ptr<metrics::StageMetrics> metrics_;
   std::unique_ptr<worker::Tracer> tracer_;
+  worker::DeviceTurns* turns_ = nullptr;    // owned by the job; null without chunks
   worker::Algorithm* algorithm_ = nullptr;  // while Run runs on this stage's thread
   int64_t checkpoint_every_ = 0;
   int64_t first_step_ = 0;
@@ -206,6 +209,7 @@ class FakeJob {
   std::unique_ptr<data::BatchSampler> train_, test_;
   std::vector<std::unique_ptr<MessageQueue>> forward_, backward_;
   std::vector<std::unique_ptr<FakeStageContext>> stages_;
+  std::vector<std::unique_ptr<worker::DeviceTurns>> turns_;  // per fake worker (interleaved)
   mutable absl::Mutex mu_;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, FakeCheckpoint> checkpoints_ ABSL_GUARDED_BY(mu_);

@@ -3,7 +3,10 @@
 // schedule (services/planner/pipeline_schedule.h): GPipe (all forwards, then
 // all backwards), 1F1B, or ZB-H1, where stages j > 0 split each backward into
 // the input gradient (B, sent on at once) and the weight gradients (W,
-// deferred into the bubbles; models::SplitPass). Gradients are accumulated
+// deferred into the bubbles; models::SplitPass), or interleaved 1F1B, where
+// each worker holds stages.chunks_per_worker non-adjacent stages and runs
+// the worker's order one operation at a time (worker/device_turns.h).
+// Gradients are accumulated
 // with loss scale n_m / B so the sum is the mini-batch mean, and every stage
 // steps once per mini-batch, after its last backward or W. Stage 0 takes the
 // next mini-batch only after its step (flush). With `recompute`, a stage keeps only each
@@ -53,14 +56,37 @@ class Backprop : public Algorithm {
   absl::Status Run(StageContext& ctx) override {
     ctx.stage_metrics().SetStaleness(0);
     const int M = micro_batches_;
+    // Interleaved: this stage is chunk c of worker j (virtual stage c J + j);
+    // the schedule orders the worker's operations, of which this stage runs
+    // those of its chunk, each at its position `turn` of the worker's order.
+    const int v = schedule_ == PipelineSchedule::kInterleaved
+                      ? std::max(1, ctx.spec().stages.chunks_per_worker)
+                      : 1;
+    const int J = ctx.num_stages() / v;
+    if (J * v != ctx.num_stages()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("backprop: ", ctx.num_stages(),
+                       " stages are not stages.chunks_per_worker = ", v, " chunks per worker"));
+    }
     pipeline::ScheduleOptions options{
-        .stages = ctx.num_stages(), .micro_batches = M, .lookahead = lookahead_};
+        .stages = J, .micro_batches = M, .lookahead = lookahead_, .chunks = v};
     pipeline::Schedule schedule = pipeline::Schedule::kGpipe;
     if (schedule_ == PipelineSchedule::kOneFOneB) schedule = pipeline::Schedule::kOneFOneB;
     if (schedule_ == PipelineSchedule::kZbH1) schedule = pipeline::Schedule::kZbH1;
+    if (schedule_ == PipelineSchedule::kInterleaved) schedule = pipeline::Schedule::kInterleaved;
     auto orders = pipeline::StageOrders(schedule, options);
     if (!orders.ok()) return orders.status();
-    const std::vector<pipeline::Op> order = std::move((*orders)[ctx.stage()]);
+    const std::vector<pipeline::Op>& worker_order = (*orders)[ctx.stage() % J];
+    const int chunk = ctx.stage() / J;
+    std::vector<pipeline::Op> order;
+    std::vector<int> turn;  // the position of order[i] in the worker's order
+    for (size_t i = 0; i < worker_order.size(); ++i) {
+      if (worker_order[i].chunk != chunk) continue;
+      order.push_back(worker_order[i]);
+      turn.push_back(static_cast<int>(i));
+    }
+    const int turns = static_cast<int>(worker_order.size());
+    DeviceTurns* device = v > 1 ? ctx.device_turns() : nullptr;
     split_ = false;
     for (const pipeline::Op& op : order)
       split_ = split_ || op.kind == pipeline::OpKind::kBackwardWeight;
@@ -85,7 +111,9 @@ class Backprop : public Algorithm {
       } else {
         batch_size_ = ctx.batch_size();
       }
-      for (const pipeline::Op& op : order) {
+      for (size_t i = 0; i < order.size(); ++i) {
+        const pipeline::Op& op = order[i];
+        if (device != nullptr) STAGEWISE_RETURN_IF_ERROR(device->Acquire(step, turn[i], turns));
         switch (op.kind) {
           case pipeline::OpKind::kForward:
             STAGEWISE_RETURN_IF_ERROR(Forward(ctx, step, op.micro_batch));
@@ -100,6 +128,7 @@ class Backprop : public Algorithm {
             BackwardWeight(ctx, step, op.micro_batch);
             break;
         }
+        if (device != nullptr) STAGEWISE_RETURN_IF_ERROR(device->Release(step, turn[i], turns));
       }
       STAGEWISE_RETURN_IF_ERROR(StepOptimizer(ctx, step, ctx.LearningRate(step)));
       ctx.stage_metrics().SetMemory("activations", 0);
