@@ -5,15 +5,16 @@
 namespace stagewise::worker {
 
 // Each position of the order belongs to one chunk, and a chunk runs its
-// positions in order. A chunk asking for position p of step t + 1 has run
-// all its positions of step t, so the order of step t is past every one of
-// them: p cannot be due for step t any more. Hence a position other than 0
-// matches by its number alone within the current step; position 0 opens
-// the next step.
+// positions in order. Position 0 (the first forward) belongs to the chunk
+// that starts every step: when it asks, the position due is 0 only once the
+// order of the step before is complete (or none ran yet), so it matches by
+// its number alone, whatever the step's number (a new phase counts its
+// steps from 0 again). A later position must be of the step position 0
+// opened.
 bool DeviceTurns::Due(int64_t step, int pos) const {
   if (!cancelled_.ok()) return true;
   if (pos_ != pos) return false;
-  return pos == 0 ? step > step_ : step == step_;
+  return pos == 0 || step == step_;
 }
 
 absl::Status DeviceTurns::Acquire(int64_t step, int pos, int size) {

@@ -23,8 +23,9 @@ class DeviceTurns {
   // Blocks until position `pos` of the order of step `step` (of `size`
   // operations) is due, i.e. every earlier position of that step was
   // released, and the order of the step before ended. Position 0 starts a
-  // step. The reason once Cancel was called (every waiter wakes);
-  // INVALID_ARGUMENT for a position outside [0, size).
+  // step (steps need not be consecutive: phases count from 0 again). The
+  // reason once Cancel was called (every waiter wakes); INVALID_ARGUMENT for
+  // a position outside [0, size).
   absl::Status Acquire(int64_t step, int pos, int size);
   // The holder of position `pos` is done: the next one is due (after the
   // last one, position 0 of the next step). FAILED_PRECONDITION when `pos`
@@ -42,7 +43,7 @@ class DeviceTurns {
   bool Due(int64_t step, int pos) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
-  int64_t step_ ABSL_GUARDED_BY(mu_) = -1;  // the step position 0 last started
+  int64_t step_ ABSL_GUARDED_BY(mu_) = -1;  // the step position 0 last opened
   int pos_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
 };
