@@ -157,6 +157,35 @@ TEST_P(BackpropOracle, ParametersEqualTheSingleProcessRun) {
   }
 }
 
+// Two phases of interleaved 1F1B with different micro-batch counts: the
+// worker's device turns start over with the second phase's order (its steps
+// count from 0 again), and the job ends with every step done; the status
+// names the virtual stages and the chunks.
+TEST(InterleavedPhases, RunOnTheSameChunksToTheEnd) {
+  const std::string yaml = R"(name: phases
+seed: 5
+model: {name: revnet, depth: 18, width: 4, blocks: [2, 2, 2, 2]}
+data: {dataset: synthetic, train_size: 128, test_size: 32, shape: [3, 8, 8], classes: 4}
+stages: {count: 2, chunks_per_worker: 2}
+batch_size: 16
+eval: {every_epochs: 0, at_end: true}
+phases:
+  - {name: a, steps: 3, algorithm: {name: backprop, micro_batches: 4, schedule: interleaved}}
+  - {name: b, steps: 2, algorithm: {name: backprop, micro_batches: 2, schedule: interleaved}}
+)";
+  testing::Cluster cluster({.workers = 2});
+  ASSERT_TRUE(cluster.WaitForWorkers(2));
+  auto id = cluster.manager().Submit(yaml);
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto st = cluster.WaitForJob(*id);
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_EQ(st->state(), v1::SUCCEEDED) << st->reason();
+  EXPECT_EQ(st->step(), 5);
+  EXPECT_EQ(st->num_stages(), 4);
+  EXPECT_EQ(st->chunks_per_worker(), 2);
+  EXPECT_GT(st->eval_accuracy(), 0.0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Stages, BackpropOracle,
                          ::testing::Values(Case{1, 1, "gpipe", false}, Case{1, 4, "gpipe", false},
                                            Case{2, 1, "gpipe", false}, Case{2, 4, "gpipe", false},
