@@ -407,8 +407,8 @@ std::string TimelineSvg(const v1::JobTrace& trace) {
   absl::StrAppendFormat(&svg,
                         "<text x=\"%.0f\" y=\"%.0f\" font-size=\"11\" fill=\"#555\">box label: "
                         "%smini-batch%s</text>\n",
-                        kLeft, legend_top + legend_lines * 22 + 8, by_worker ? "c<chunk>:" : "",
-                        micro ? ".micro-batch" : "");
+                        kLeft, legend_top + legend_lines * 22 + 8,
+                        by_worker ? "c&lt;chunk&gt;:" : "", micro ? ".micro-batch" : "");
   svg += "</svg>\n";
   return svg;
 }
