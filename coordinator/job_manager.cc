@@ -375,7 +375,7 @@ void JobManager::HandleEvent(const v1::WorkerEvent& event) {
       return OnPhaseDone(job_id, SlotOf(jobs_.at(job_id), event.stage(), event.replica()),
                          event.phase_done());
     case v1::WorkerEvent::kProfile:
-      return OnProfile(job_id, event.profile());
+      return OnProfile(job_id, event.profile(), event.worker_id());
     case v1::WorkerEvent::kError:
       return recovery_.OnStageError(job_id, jobs_.at(job_id), event.stage(), event.error());
     default:
@@ -500,11 +500,25 @@ void JobManager::OnPhaseDone(const std::string& job_id, int slot, const v1::Phas
   for (const std::string& worker : DistinctWorkers(job)) Send(worker, StartCommand(job_id, next));
 }
 
-void JobManager::OnProfile(const std::string& job_id, const v1::ProfileResult& result) {
+void JobManager::OnProfile(const std::string& job_id, const v1::ProfileResult& result,
+                           const std::string& sender) {
   STAGEWISE_BUG(OnLoop());
   Job& job = jobs_.at(job_id);
   if (job.planned) return;
-  auto planned = scheduler_.PlanFromProfile(job.spec, job.ranges, result, job.workers);
+  if (job.spec.placement.per_worker_profiles) {
+    // Every worker profiles; the plan waits for the last of them.
+    job.profiles[sender] = result;
+    const std::vector<std::string> all = DistinctWorkers(job);
+    const size_t have = job.profiles.size();
+    if (have < all.size()) {
+      UpdateProgress(job, absl::StrCat("profiled on ", have, " of ", all.size(), " workers"), {});
+      return;
+    }
+  }
+  auto planned = scheduler_.PlanFromProfile(job.spec, job.ranges, result, job.workers,
+                                            job.spec.placement.per_worker_profiles
+                                                ? &job.profiles
+                                                : nullptr);
   if (!planned.ok()) {
     EndJob(job_id, v1::FAILED, std::string(planned.status().message()));
     return;
@@ -516,6 +530,9 @@ void JobManager::OnProfile(const std::string& job_id, const v1::ProfileResult& r
   auto& summary = *job.status.mutable_summary();
   for (const auto& [key, value] : planned->summary) summary[key] = value;
   summary["plan.profile_cached"] = result.cached() ? 1 : 0;
+  if (job.spec.placement.per_worker_profiles) {
+    summary["plan.worker_profiles"] = static_cast<double>(job.profiles.size());
+  }
   UpdateProgress(job, job.schedule.empty() ? "planned" : "planned: schedule " + job.schedule, {});
   // Transition writes the plan first, then the state.
   if (!Transition(job_id, v1::CONFIGURING, "").ok()) return;
@@ -574,7 +591,13 @@ void JobManager::Schedule() {
     }
     Job& job = jobs_.at(p.job_id);
     if (p.profile) {
-      Send(p.workers.front(), Scheduler::ProfileCommand(p.job_id, job.yaml));
+      // placement.per_worker_profiles: every worker measures its own times.
+      const std::vector<std::string> profilers = job.spec.placement.per_worker_profiles
+                                                     ? DistinctWorkers(job)
+                                                     : std::vector<std::string>{p.workers.front()};
+      for (const std::string& w : profilers) {
+        Send(w, Scheduler::ProfileCommand(p.job_id, job.yaml));
+      }
     } else {
       Configure(p.job_id, job);
     }

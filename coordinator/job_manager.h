@@ -222,7 +222,8 @@ class JobManager : private JobHost {
   void OnTrace(const v1::WorkerEvent& event);
   void OnResult(const std::string& job_id, int stage, int replica, const v1::StageResult& result);
   void OnPhaseDone(const std::string& job_id, int slot, const v1::PhaseDone& done);
-  void OnProfile(const std::string& job_id, const v1::ProfileResult& result);
+  void OnProfile(const std::string& job_id, const v1::ProfileResult& result,
+                 const std::string& sender);
   void OnWorkerLost(const WorkerRegistry::Removed& worker, const std::string& why);
 
   // The lifecycle.

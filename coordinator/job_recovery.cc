@@ -34,6 +34,7 @@ void JobRecovery::Recover(const std::string& job_id, const std::string& why,
   // End the attempt: its stages stop, its workers are free again.
   host_->StopStages(job_id, absl::StrCat("attempt ", job.attempt, " ended: ", why));
   job.workers.clear();
+  job.profiles.clear();
   job.pending_acks.clear();
   job.finished_stages.clear();
   job.phase_done.clear();

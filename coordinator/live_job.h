@@ -40,6 +40,9 @@ struct LiveJob {
   std::vector<std::vector<BlockMode>> modes;  // per stage, per block; empty = default
   std::string schedule;  // backprop's schedule: auto as planned (StageAssignment.schedule)
   std::vector<std::string> workers;  // by slot, once placed
+  // placement.per_worker_profiles, while PROFILING: each worker's profile
+  // so far (worker id -> ProfileResult); the plan waits for all of them.
+  std::map<std::string, v1::ProfileResult> profiles;
   // Replicas of every stage in the current attempt: stages.replicas, or
   // fewer when recovery.elastic placed the attempt short of workers (0
   // until placed: the spec's).

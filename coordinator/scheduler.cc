@@ -98,13 +98,30 @@ v1::Command Scheduler::ProfileCommand(const std::string& job_id, const std::stri
 
 absl::StatusOr<Scheduler::PlannedStages> Scheduler::PlanFromProfile(
     const JobSpec& spec, const std::vector<std::pair<int, int>>& ranges,
-    const v1::ProfileResult& result, const std::vector<std::string>& workers) const {
+    const v1::ProfileResult& result, const std::vector<std::string>& workers,
+    const std::map<std::string, v1::ProfileResult>* per_worker) const {
   auto profile = planner::ParseProfile(result.profile());
   if (!profile.ok()) {
     return absl::Status(profile.status().code(),
                         absl::StrCat("profile from the worker: ", profile.status().message()));
   }
   planner::PlanOptions options = planner::PlanOptionsForJob(spec, ranges);
+  if (per_worker != nullptr) {
+    // Stage j on the times of the worker in slot j (replica 0's).
+    for (int j = 0; j < options.num_stages && j < static_cast<int>(workers.size()); ++j) {
+      auto it = per_worker->find(workers[j]);
+      if (it == per_worker->end()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("no profile from worker ", workers[j], " (stage ", j, ")"));
+      }
+      auto own = planner::ParseProfile(it->second.profile());
+      if (!own.ok()) {
+        return absl::Status(own.status().code(), absl::StrCat("profile from worker ", workers[j],
+                                                              ": ", own.status().message()));
+      }
+      options.stage_profiles.push_back(*std::move(own));
+    }
+  }
   if (options.memory_caps.empty()) {
     // The workers' own --memory-bytes, where every one of them says.
     // Replicated stages: a stage's cap is the smallest of its replicas'

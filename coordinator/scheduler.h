@@ -15,6 +15,7 @@
 #ifndef STAGEWISE_COORDINATOR_SCHEDULER_H_
 #define STAGEWISE_COORDINATOR_SCHEDULER_H_
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -92,10 +93,12 @@ class Scheduler {
   // Caps: stages.memory_budget, else every worker's --memory-bytes when all
   // of them report one. `ranges`: the job's resolved partition, kept unless
   // stages.partition is auto. Errors name the profile or the plan.
-  absl::StatusOr<PlannedStages> PlanFromProfile(const JobSpec& spec,
-                                                const std::vector<std::pair<int, int>>& ranges,
-                                                const v1::ProfileResult& result,
-                                                const std::vector<std::string>& workers) const;
+  // `per_worker` (placement.per_worker_profiles): every worker's profile by
+  // worker id; stage j is planned on the one of the worker in slot j.
+  absl::StatusOr<PlannedStages> PlanFromProfile(
+      const JobSpec& spec, const std::vector<std::pair<int, int>>& ranges,
+      const v1::ProfileResult& result, const std::vector<std::string>& workers,
+      const std::map<std::string, v1::ProfileResult>* per_worker = nullptr) const;
 
   // Every stage's StageAssignment (command ids unset), one per worker: with
   // `replicas` R, workers by slot (replica r's stage j at r * J + j, J =

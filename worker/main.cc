@@ -46,6 +46,11 @@ int main(int argc, char** argv) {
   app.add_option("--memory-bytes", options.memory_bytes,
                  "Memory a stage may use, in bytes (0: unknown); the planner's cap for jobs "
                  "without stages.memory_budget");
+  app.add_option("--emulated-speed", options.emulated_speed,
+                 "How fast this worker's emulated device is: `emulated` model blocks wait their "
+                 "configured times divided by this (0.5: half as fast), in its stages and "
+                 "profiles; for heterogeneous clusters on one machine (docs/planner.md)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--profile-cache", options.profile_cache,
                  "Where block profiles are cached (default: $STAGEWISE_PROFILE_CACHE, else "
                  "~/.cache/stagewise/profiles)");

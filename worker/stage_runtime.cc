@@ -299,6 +299,7 @@ void StageRuntime::ComputeLoop() {
   absl::Status status;
   {
     models::ScopedMemoryAccount charge(memory_);
+    models::ScopedEmulatedSpeed speed(env_.emulated_speed);  // this worker's emulated device
     try {
       status = num_replicas() > 1 ? JoinReplicas() : absl::OkStatus();
       if (status.ok()) status = RunPhases();

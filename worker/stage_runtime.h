@@ -18,6 +18,7 @@
 #include "services/common/bounded_queue.h"
 #include "services/common/path_policy.h"
 #include "services/metrics/metrics.h"
+#include "services/models/blocks.h"
 #include "services/models/memory_meter.h"
 #include "services/rpc/server.h"
 #include "stagewise/v1/coordinator.pb.h"
@@ -58,6 +59,9 @@ struct RuntimeEnv {
   // device (shared by them; null with one chunk per worker). A stage that
   // stops or fails cancels them.
   std::shared_ptr<DeviceTurns> turns;
+  // Emulated blocks run this many times as fast on the stage's compute
+  // thread (--emulated-speed; models::ScopedEmulatedSpeed).
+  double emulated_speed = 1.0;
 };
 
 class StageRuntime final : public StageContext {

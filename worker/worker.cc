@@ -544,6 +544,7 @@ void Worker::RunStageCommand(const v1::Command& command) {
       env.model_roots = options_.model_roots;
       env.clock = clock_;
       env.collective_timeout = options_.collective_timeout;
+      env.emulated_speed = options_.emulated_speed;
       env.collective_store = [this](const v1::StageAssignment& assignment) {
         CoordinatorStore::Scope scope;
         {
@@ -616,6 +617,7 @@ void Worker::RunStageCommand(const v1::Command& command) {
 }
 
 void Worker::Profile(const v1::ProfileCommand& command) {
+  models::ScopedEmulatedSpeed speed(options_.emulated_speed);  // measured as its stages run
   auto fail = [&](const absl::Status& s) {
     v1::WorkerEvent e;
     e.set_job_id(command.job_id());

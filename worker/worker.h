@@ -46,6 +46,10 @@ struct WorkerOptions {
   std::string device = "cpu";
   std::string name;  // default: host:port
   int64_t memory_bytes = 0;
+  // Emulated blocks wait their times divided by this on this worker, in its
+  // stages and its profiles (--emulated-speed: heterogeneous clusters on one
+  // machine, docs/planner.md).
+  double emulated_speed = 1.0;
   std::string profile_cache;  // "" = planner::DefaultProfileCacheDir()
   absl::Duration heartbeat = absl::Seconds(1);
   absl::Duration reconnect = absl::Seconds(1);      // first retry after losing the coordinator

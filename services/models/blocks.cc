@@ -13,12 +13,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+thread_local double emulated_speed = 1.0;
+
 // Waits until `start + seconds`: the time the emulated work would have taken
-// from `start`, whatever the real arithmetic cost. The thread's timer slack
-// drops to 1 us so that sub-millisecond waits do not round up by 50 us each.
+// from `start`, whatever the real arithmetic cost (on this thread's emulated
+// device: EmulatedSeconds). The thread's timer slack drops to 1 us so that
+// sub-millisecond waits do not round up by 50 us each.
 void WaitUntil(Clock::time_point start, double seconds) {
   static thread_local const bool kFineSlack = prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0) == 0;
   (void)kFineSlack;
+  seconds = EmulatedSeconds(seconds);
   if (seconds <= 0) return;
   std::this_thread::sleep_until(
       start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
@@ -86,6 +90,16 @@ torch::nn::Conv2d Conv(int64_t in, int64_t out, int64_t k, int64_t stride) {
 }
 
 }  // namespace
+
+double EmulatedSpeed() { return emulated_speed; }
+
+double EmulatedSeconds(double seconds) { return seconds / emulated_speed; }
+
+ScopedEmulatedSpeed::ScopedEmulatedSpeed(double speed) : previous_(emulated_speed) {
+  if (speed > 0) emulated_speed = speed;
+}
+
+ScopedEmulatedSpeed::~ScopedEmulatedSpeed() { emulated_speed = previous_; }
 
 torch::Tensor Block::inverse(const torch::Tensor&) {
   TORCH_CHECK(false, "block ", info_.index, " (", info_.kind, ") is not reversible");

@@ -115,6 +115,25 @@ class EmulatedBlock : public Block {
   torch::Tensor scale_, shift_;
 };
 
+// How fast this thread's emulated device is: emulated blocks wait their
+// configured times divided by it (a worker's --emulated-speed: 0.5 is a
+// device half as fast). 1 unless a ScopedEmulatedSpeed is alive on the
+// thread; LibTorch runs a CPU backward on the thread that calls it, so the
+// stage's compute thread (and the profiling thread) set it once.
+double EmulatedSpeed();
+// The seconds an emulated wait of `seconds` takes on this thread.
+double EmulatedSeconds(double seconds);
+class ScopedEmulatedSpeed {
+ public:
+  explicit ScopedEmulatedSpeed(double speed);  // speed > 0
+  ~ScopedEmulatedSpeed();
+  ScopedEmulatedSpeed(const ScopedEmulatedSpeed&) = delete;
+  ScopedEmulatedSpeed& operator=(const ScopedEmulatedSpeed&) = delete;
+
+ private:
+  double previous_;
+};
+
 // The reversible variant: the coupling (x, x~) -> (x~ + F(x), x) with
 // F(x) = scale * x + shift, waiting like EmulatedBlock inside F. Its rebuild
 // therefore costs one more forward, as a real reversible block's does.

@@ -150,6 +150,11 @@ StageRole RoleOf(const PlanOptions& o, int j) {
 
 std::string Ms(double s) { return absl::StrFormat("%.2fms", s * 1e3); }
 
+// Stage j's profile: the one measured on its worker, else the job's one.
+const ModelProfile& ProfileOfStage(const ModelProfile& p, const PlanOptions& o, int j) {
+  return j < static_cast<int>(o.stage_profiles.size()) ? o.stage_profiles[j] : p;
+}
+
 }  // namespace
 
 StageEstimate EstimateStage(const ModelProfile& p, AlgorithmKind algorithm, int begin, int end,
@@ -315,11 +320,26 @@ absl::StatusOr<Plan> MakePlan(const ModelProfile& p, const PlanOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat(o.memory_caps.size(), " memory caps for ", J, " workers"));
   }
+  if (!o.stage_profiles.empty()) {
+    if (static_cast<int>(o.stage_profiles.size()) != J) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(o.stage_profiles.size(), " worker profiles for ", J, " stages"));
+    }
+    for (const ModelProfile& w : o.stage_profiles) {
+      if (w.blocks.size() != p.blocks.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("a worker's profile has ", w.blocks.size(),
+                                                       " blocks, the model ", p.blocks.size()));
+      }
+    }
+  }
   std::map<std::tuple<int, int, int>, absl::StatusOr<StagePlan>> memo;
   auto stage = [&](int b, int e, int j) -> const absl::StatusOr<StagePlan>& {
     auto key = std::make_tuple(b, e, j);
     auto it = memo.find(key);
-    if (it == memo.end()) it = memo.emplace(key, PlanStage(p, o, b, e, RoleOf(o, j), cap(j))).first;
+    if (it == memo.end()) {
+      it = memo.emplace(key, PlanStage(ProfileOfStage(p, o, j), o, b, e, RoleOf(o, j), cap(j)))
+               .first;
+    }
     return it->second;
   };
   auto cost = [&](int b, int e, int j) {
@@ -418,7 +438,8 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
       const StagePlan& s = plan.stages[j];
       std::vector<bool> store =
           plan.algorithm == algorithm ? s.store : DefaultStore(p, algorithm, s.begin, s.end);
-      out.push_back(EstimateStage(p, algorithm, s.begin, s.end, store, r[j]));
+      out.push_back(
+          EstimateStage(ProfileOfStage(p, o, j), algorithm, s.begin, s.end, store, r[j]));
     }
     return out;
   };

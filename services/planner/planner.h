@@ -70,6 +70,10 @@ struct PlanOptions {
   // Interleaved (stages.chunks_per_worker): num_stages virtual stages on
   // num_stages / chunks workers; predicted under the interleaved order.
   int chunks = 1;
+  // Heterogeneous workers (placement.per_worker_profiles): stage j's times
+  // and bytes from the profile measured on the worker that runs it (size
+  // num_stages); empty: the one profile for every stage.
+  std::vector<ModelProfile> stage_profiles;
 };
 
 // The options a job implies: its stage count, first phase's algorithm (and

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "services/models/aux_head.h"
 #include "services/models/batch_norm.h"
+#include "services/models/blocks.h"
 #include "services/models/loss.h"
 #include "services/models/memory_meter.h"
 #include "services/models/modal_pass.h"
@@ -117,6 +118,10 @@ std::string ProfileKey(const JobSpec& spec, int64_t batch_size, const torch::Dev
   std::string text =
       absl::StrCat(ModelName(spec.model), "|", blocks, "|", NameOf(spec.optimizer.name), "|",
                    spec.optimizer.momentum, "|", aux_head);
+  // A worker whose emulated device runs at another speed measures other times.
+  if (spec.model.name == ModelKind::kEmulated && models::EmulatedSpeed() != 1.0) {
+    absl::StrAppend(&text, "|emulated speed ", models::EmulatedSpeed());
+  }
   // A TorchScript model is its file: two files with the same shapes differ.
   if (spec.model.name == ModelKind::kTorchScript) {
     absl::StrAppend(&text, "|", spec.model.script_file, "|", spec.model.script_bytes);

@@ -247,6 +247,10 @@ const std::vector<Field<PlacementSpec>>& PlacementFields() {
       Key("distinct_identities", &S::distinct_identities,
           "no two stages of the job on workers with the same certificate identity (TLS); "
           "`false` for clusters that issue one certificate to several workers"),
+      Key("per_worker_profiles", &S::per_worker_profiles,
+          "with `stages.partition: auto`: profile the model on every worker of the job and plan "
+          "each stage on the times of the worker that runs it (machines of different speeds; "
+          "see [planner.md](planner.md#heterogeneous-workers))"),
   };
   return *kFields;
 }

@@ -315,6 +315,11 @@ struct PlacementSpec {
   // No two stages on workers with the same certificate identity, so that one
   // certificate never holds a whole pipeline. Plaintext workers have none.
   bool distinct_identities = true;
+  // A planned job (stages.partition: auto) is profiled on every worker it
+  // was placed on, and each stage is planned on the times of the worker
+  // that runs it: machines of different speeds get ranges of equal time
+  // (docs/planner.md, "Heterogeneous workers").
+  bool per_worker_profiles = false;
 };
 
 // One phase of a job that switches algorithm and hyper-parameters part-way

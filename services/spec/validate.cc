@@ -629,6 +629,10 @@ absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
   check(ValidateRecovery(spec.recovery));
   check(ValidateSync(spec.sync, spec.stages.replicas));
   if (check.status().ok()) check(ValidateInterleaved(spec));
+  if (spec.placement.per_worker_profiles && spec.stages.partition != Partition::kAuto) {
+    check(KeyError("placement.per_worker_profiles",
+                   "plans the partition on every worker's profile: needs stages.partition: auto"));
+  }
   return check.status();
 }
 

@@ -72,6 +72,9 @@ void Cluster::AddWorker() {
   wo.name = "w" + std::to_string(workers_.size());
   wo.reconnect = absl::Milliseconds(200);
   wo.before_stage_build = options_.before_stage_build;
+  if (workers_.size() < options_.emulated_speeds.size()) {
+    wo.emulated_speed = options_.emulated_speeds[workers_.size()];
+  }
   // STAGEWISE_TEST_DEVICE=cuda:0 runs the in-process workers on a GPU (the
   // oracles' reference trainers follow it, tests/oracle/oracle_util.h).
   if (const char* device = std::getenv("STAGEWISE_TEST_DEVICE");

@@ -32,6 +32,8 @@ class Cluster {
     bool metrics_endpoints = false;  // serve /metrics on 127.0.0.1:0
     // Every worker's WorkerOptions::before_stage_build.
     std::function<void(const v1::StageAssignment&)> before_stage_build = nullptr;
+    // Worker i's WorkerOptions::emulated_speed (1 where not given).
+    std::vector<double> emulated_speeds = {};
   };
   explicit Cluster(Options options);
   ~Cluster();

@@ -1,5 +1,6 @@
 // The coordinator and workers as a system: real gRPC on port 0, in-process.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -260,6 +261,58 @@ eval: {every_epochs: 0, at_end: false}
   ASSERT_TRUE(trace.ok()) << trace.status();
   EXPECT_EQ(trace->stages_size(), 0);
   EXPECT_EQ(client.GetJobTrace("job-nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+// placement.per_worker_profiles (docs/planner.md, "Heterogeneous workers"):
+// with one worker's emulated device half as fast, the plan made from every
+// worker's profile gives the slow worker's stage fewer blocks; the one
+// profile of a single worker cuts the model as if both were equal.
+TEST(Distributed, EachWorkersProfileGivesTheSlowWorkerTheShorterStage) {
+  const std::filesystem::path cache =
+      std::filesystem::temp_directory_path() /
+      absl::StrCat("stagewise-hetero-", getpid(), "-", absl::ToUnixNanos(absl::Now()));
+  std::filesystem::create_directories(cache);
+  setenv("STAGEWISE_PROFILE_CACHE", cache.c_str(), 1);
+  absl::Cleanup cleanup = [&] {
+    unsetenv("STAGEWISE_PROFILE_CACHE");
+    std::filesystem::remove_all(cache);
+  };
+  testing::Cluster cluster({.workers = 2, .emulated_speeds = {1.0, 0.5}});
+  ASSERT_TRUE(cluster.WaitForWorkers(2));
+  for (const bool per_worker : {true, false}) {
+    SCOPED_TRACE(per_worker ? "per-worker profiles" : "one profile");
+    const std::string yaml = absl::StrCat(R"(name: hetero
+model: {name: emulated, depth: 8, forward_ms: 4, backward_ms: 8}
+data: {dataset: synthetic, train_size: 64, test_size: 16, shape: [2, 4, 4]}
+algorithm: backprop
+stages: {count: 2, partition: auto}
+placement: {per_worker_profiles: )",
+                                          per_worker ? "true" : "false", R"(}
+batch_size: 16
+steps: 2
+)");
+    auto id = cluster.manager().Submit(yaml);
+    ASSERT_TRUE(id.ok()) << id.status();
+    auto st = cluster.WaitForJob(*id);
+    ASSERT_TRUE(st.ok()) << st.status();
+    ASSERT_EQ(st->state(), v1::SUCCEEDED) << st->reason();
+    EXPECT_EQ(st->summary().count("plan.worker_profiles"), per_worker ? 1u : 0u);
+    // Blocks per worker: worker 1 is the slow one.
+    std::vector<int> blocks;
+    for (auto& w : cluster.workers()) {
+      auto rt = w->runtime();
+      ASSERT_NE(rt, nullptr);
+      ASSERT_EQ(rt->job_id(), *id);
+      blocks.push_back(static_cast<int>(rt->model().blocks().size()));
+    }
+    ASSERT_EQ(blocks[0] + blocks[1], 9);  // 8 emulated blocks and the head
+    if (per_worker) {
+      // Twice as slow: about a third of the model (3 of 9), not half.
+      EXPECT_LE(blocks[1] + 2, blocks[0]) << blocks[0] << " / " << blocks[1];
+    } else {
+      EXPECT_LE(std::abs(blocks[0] - blocks[1]), 1) << blocks[0] << " / " << blocks[1];
+    }
+  }
 }
 
 TEST(Distributed, JobWaitsForWorkersThenCanBeCancelled) {
