@@ -331,6 +331,43 @@ TEST(Planner, AutoPartitionBalancesTheSlowestStage) {
   EXPECT_NE(PlanJson(p, *plan).find("\"predictions\""), std::string::npos);
 }
 
+// placement.per_worker_profiles: stage j is planned on the profile of its
+// worker. With stage 1's worker half as fast (every time doubled) the DP
+// gives it less of the model than the one profile does, its bottleneck on
+// those times is no worse than the speed-blind cut's, and the worker count
+// of profiles must match the stages.
+TEST(Planner, EachStageIsPlannedOnItsWorkersTimes) {
+  std::mt19937 rng(3);
+  const ModelProfile p = SyntheticProfile(10, rng);
+  ModelProfile slow = p;
+  for (BlockProfile& b : slow.blocks) {
+    for (double* t : {&b.forward_s, &b.forward_nograd_s, &b.backward_s, &b.rebuild_backward_s,
+                      &b.inverse_s, &b.step_s, &b.message_s, &b.aux_head_s}) {
+      *t *= 2;
+    }
+  }
+  PlanOptions o;
+  o.num_stages = 2;
+  auto blind = MakePlan(p, o);
+  ASSERT_TRUE(blind.ok()) << blind.status();
+  o.stage_profiles = {p, slow};
+  auto aware = MakePlan(p, o);
+  ASSERT_TRUE(aware.ok()) << aware.status();
+  auto blocks = [](const StagePlan& s) { return s.end - s.begin; };
+  EXPECT_LT(blocks(aware->stages[1]), blocks(blind->stages[1]));
+  EXPECT_GT(blocks(aware->stages[0]), blocks(blind->stages[0]));
+  // The speed-blind cut on the real (per-worker) times is no better.
+  o.ranges = {{blind->stages[0].begin, blind->stages[0].end},
+              {blind->stages[1].begin, blind->stages[1].end}};
+  auto blind_on_real = MakePlan(p, o);
+  ASSERT_TRUE(blind_on_real.ok()) << blind_on_real.status();
+  EXPECT_LE(aware->bottleneck_s, blind_on_real->bottleneck_s + 1e-12);
+  EXPECT_GT(blind_on_real->bottleneck_s, blind->bottleneck_s);
+  o.ranges.clear();
+  o.stage_profiles = {p};
+  EXPECT_TRUE(absl::IsInvalidArgument(MakePlan(p, o).status()));
+}
+
 // backprop's schedule: auto: the fastest schedule that fits. Without a cap
 // ZB-H1 (its prediction is below 1F1B's and GPipe's; GPipe may beat 1F1B by
 // a little on unequal stages, but holds M micro-batches); under a cap between
