@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <thread>
 
 #include "services/models/blocks.h"
 #include "services/models/modal_pass.h"
@@ -40,6 +41,29 @@ TEST(EmulatedModel, PlanHasDepthBlocksAndAHead) {
   }
   EXPECT_EQ(plan->back().kind, "head");
   EXPECT_EQ(plan->back().out_shape, (std::vector<int64_t>{5}));
+}
+
+// --emulated-speed: a thread's emulated waits are its speed's share of the
+// configured time; scopes nest and restore, other threads keep theirs, and
+// a speed that is not positive changes nothing.
+TEST(EmulatedModel, SpeedScalesThisThreadsWaits) {
+  EXPECT_DOUBLE_EQ(EmulatedSpeed(), 1.0);
+  EXPECT_DOUBLE_EQ(EmulatedSeconds(0.01), 0.01);
+  {
+    ScopedEmulatedSpeed half(0.5);
+    EXPECT_DOUBLE_EQ(EmulatedSeconds(0.01), 0.02);
+    {
+      ScopedEmulatedSpeed fast(4);
+      EXPECT_DOUBLE_EQ(EmulatedSeconds(0.01), 0.0025);
+      ScopedEmulatedSpeed ignored(0);
+      EXPECT_DOUBLE_EQ(EmulatedSpeed(), 4.0);
+    }
+    EXPECT_DOUBLE_EQ(EmulatedSpeed(), 0.5);
+    double other = 0;
+    std::thread([&] { other = EmulatedSpeed(); }).join();
+    EXPECT_DOUBLE_EQ(other, 1.0);
+  }
+  EXPECT_DOUBLE_EQ(EmulatedSpeed(), 1.0);
 }
 
 TEST(EmulatedModel, RefusesWhatItCannotRun) {
