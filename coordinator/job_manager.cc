@@ -515,10 +515,9 @@ void JobManager::OnProfile(const std::string& job_id, const v1::ProfileResult& r
       return;
     }
   }
-  auto planned = scheduler_.PlanFromProfile(job.spec, job.ranges, result, job.workers,
-                                            job.spec.placement.per_worker_profiles
-                                                ? &job.profiles
-                                                : nullptr);
+  auto planned =
+      scheduler_.PlanFromProfile(job.spec, job.ranges, result, job.workers,
+                                 job.spec.placement.per_worker_profiles ? &job.profiles : nullptr);
   if (!planned.ok()) {
     EndJob(job_id, v1::FAILED, std::string(planned.status().message()));
     return;

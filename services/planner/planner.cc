@@ -438,8 +438,7 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
       const StagePlan& s = plan.stages[j];
       std::vector<bool> store =
           plan.algorithm == algorithm ? s.store : DefaultStore(p, algorithm, s.begin, s.end);
-      out.push_back(
-          EstimateStage(ProfileOfStage(p, o, j), algorithm, s.begin, s.end, store, r[j]));
+      out.push_back(EstimateStage(ProfileOfStage(p, o, j), algorithm, s.begin, s.end, store, r[j]));
     }
     return out;
   };

@@ -18,6 +18,12 @@
 //                            lookahead 1), zb-h1 (zero bubble), interleaved
 //                            (1F1B over 2 chunks per worker, M = 2J), delayed, petra,
 //                            features_replay, nwise, auxnet (default: all)
+//     --speeds 1,1,0.5,1     worker i's emulated speed (stagewise-worker
+//                            --emulated-speed; 1 where not given): with
+//                            --algorithms planned,planned-blind, 1F1B on a
+//                            partition the planner cuts from every worker's
+//                            profile, or from one (placement.per_worker_profiles),
+//                            its ideal the plan's prediction
 //     --rounds 3             repetitions; every round runs every configuration
 //                            once, interleaved; medians and spread count
 //     --forward-ms 5         per block and mini-batch
@@ -92,6 +98,7 @@ struct Options {
                                          "zb-h1",           "interleaved", "delayed", "petra",
                                          "features_replay", "nwise",       "auxnet"};
   int rounds = 3;
+  std::vector<double> speeds;  // worker i's --emulated-speed (1 where not given)
   double forward_ms = 5;
   double backward_ms = 10;
   double weight_share = 0.5;
@@ -112,6 +119,10 @@ struct Config {
   int R = 1;           // replicas of every stage
   double ideal_s = 0;  // per mini-batch
   int chunks = 1;      // interleaved: chunks per worker (J x chunks virtual stages)
+  // planned, planned-blind: stages.partition auto, with or without
+  // placement.per_worker_profiles; the ideal is the plan's prediction.
+  bool planned = false;
+  bool per_worker_profiles = false;
 };
 
 [[noreturn]] void Usage(const std::string& why) {
@@ -155,7 +166,13 @@ Options ParseOptions(int argc, char** argv) {
       if (!absl::SimpleAtoi(value, out) || *out < 1)
         Usage(absl::StrCat(flag, ": bad '", value, "'"));
     };
-    if (flag == "--stages") {
+    if (flag == "--speeds") {
+      for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+        double v = 0;
+        if (!absl::SimpleAtod(part, &v) || v <= 0) Usage(absl::StrCat(flag, ": bad '", part, "'"));
+        o.speeds.push_back(v);
+      }
+    } else if (flag == "--stages") {
       o.stages = ParseList<int>(flag, value);
     } else if (flag == "--replicas") {
       o.replicas = ParseList<int>(flag, value);
@@ -232,6 +249,15 @@ std::vector<Config> Configs(const Options& o, int J, int R) {
       auto sim = pl::Simulate(*orders, so);
       if (!sim.ok()) Usage(sim.status().ToString());
       c.ideal_s = sim->seconds;
+    } else if (a == "planned" || a == "planned-blind") {
+      // The planner cuts the model (partition: auto) from every worker's
+      // profile, or from one worker's; 1F1B. Ideal: the plan's prediction.
+      c.planned = true;
+      c.per_worker_profiles = a == "planned";
+      c.label = absl::StrCat("1F1B M=", M,
+                             c.per_worker_profiles ? " per-worker plan" : " one-profile plan");
+      c.yaml = absl::StrCat("{name: backprop, micro_batches: ", M, ", schedule: 1f1b}");
+      c.ideal_s = 0;  // from the plan, once it ran
     } else if (a == "gpipe" || a == "1f1b" || a == "1f1b1") {
       const bool gpipe = a == "gpipe";
       const int lookahead = a == "1f1b1" ? 1 : 0;
@@ -324,11 +350,16 @@ std::string JobYaml(const Options& o, const Config& c, int total_steps) {
       "optimizer: {name: sgd, lr: 0.01}\n", "batch_size: ", o.batch * c.R, "\n",
       "steps: ", total_steps, "\n", "eval: {every_epochs: 0, at_end: false}\n",
       "stages: {count: ", c.J, ", replicas: ", c.R, ", chunks_per_worker: ", c.chunks,
-      ", partition: [", absl::StrJoin(ranges, ", "), "]}\n", "algorithm: ", c.yaml, "\n");
+      ", partition: ", c.planned ? "auto" : absl::StrCat("[", absl::StrJoin(ranges, ", "), "]"),
+      "}\n",
+      c.planned ? absl::StrCat("placement: {per_worker_profiles: ",
+                               c.per_worker_profiles ? "true" : "false", "}\n")
+                : "",
+      "algorithm: ", c.yaml, "\n");
 }
 
 // Seconds per mini-batch in steady state, or a negative number on failure.
-double Measure(stagewise::testing::Cluster& cluster, const Options& o, const Config& c) {
+double Measure(stagewise::testing::Cluster& cluster, const Options& o, Config& c) {
   const int warm = 2 * c.J + 2;
   const int total = warm + o.steps;
   std::mutex mu;
@@ -352,6 +383,20 @@ double Measure(stagewise::testing::Cluster& cluster, const Options& o, const Con
     std::cerr << c.label << " J=" << c.J << " R=" << c.R
               << " failed: " << (st.ok() ? st->reason() : st.status().ToString()) << "\n";
     return -1;
+  }
+  if (c.planned) {
+    // The plan's predicted time per mini-batch under the job's schedule, and its cut.
+    const auto it = st->summary().find(absl::StrCat("plan.predicted.backprop_1f1b_M", 2 * c.J));
+    if (it != st->summary().end()) c.ideal_s = it->second;
+    std::string cut;
+    for (int j = 0; j < c.J; ++j) {
+      const auto b = st->summary().find(absl::StrCat("plan.stage", j, ".block_begin"));
+      const auto e = st->summary().find(absl::StrCat("plan.stage", j, ".block_end"));
+      if (b != st->summary().end() && e != st->summary().end()) {
+        absl::StrAppend(&cut, j ? " " : "", "[", b->second, ",", e->second, ")");
+      }
+    }
+    std::cerr << c.label << " J=" << c.J << ": planned " << cut << "\n";
   }
   if (o.verbose) {
     // Where a stage's time went: waiting for a message, per mini-batch.
@@ -397,6 +442,7 @@ int main(int argc, char** argv) {
       o.steps, o.rounds);
   stagewise::testing::Cluster::Options co;
   co.workers = max_j * max_r;
+  co.emulated_speeds = o.speeds;
   stagewise::testing::Cluster cluster(co);
   if (!cluster.WaitForWorkers(co.workers, absl::Seconds(60))) {
     std::cerr << "workers did not come up\n";
