@@ -662,6 +662,7 @@ void JobManager::Requeue(const std::string& job_id, bool recovering) {
                              job.needs_plan && !job.planned};
   request.stages = NumWorkerStages(job);
   request.distinct_identities = job.spec.placement.distinct_identities;
+  request.labels = job.spec.placement.labels;
   if (recovering) {
     request.fewer_replicas = ElasticReplicaCounts(job);
     request.not_before = absl::Now() + options_.recovery_settle;

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "services/planner/planner.h"
 #include "services/planner/profile.h"
@@ -58,25 +59,31 @@ Scheduler::Round Scheduler::Schedule(absl::Time now) {
       still_queued.push_back(std::move(request));
       continue;
     }
-    std::vector<std::string> workers = registry_->Claim(
-        request.job_id, request.workers, request.distinct_identities, request.stages);
+    std::vector<std::string> workers =
+        registry_->Claim(request.job_id, request.workers, request.distinct_identities,
+                         request.stages, request.labels);
     for (size_t i = 0; workers.empty() && request.stages > 0 && i < request.fewer_replicas.size();
          ++i) {
       workers = registry_->Claim(request.job_id, request.stages * request.fewer_replicas[i],
-                                 request.distinct_identities, request.stages);
+                                 request.distinct_identities, request.stages, request.labels);
     }
     if (workers.empty()) {
       const WorkerRegistry::Counts counts = registry_->GetCounts();
+      const int idle = request.labels.empty() ? counts.idle : registry_->IdleWith(request.labels);
       // Enough idle workers, yet no claim: they share certificate identities.
-      const bool identities = request.distinct_identities && counts.idle >= request.workers;
+      const bool identities = request.distinct_identities && idle >= request.workers;
       round.waiting.push_back(
           {request.job_id,
            absl::StrCat("waiting for ", request.workers, " idle workers",
+                        request.labels.empty()
+                            ? ""
+                            : absl::StrCat(" labelled ", absl::StrJoin(request.labels, ", ")),
                         request.fewer_replicas.empty() || request.stages <= 0
                             ? ""
                             : absl::StrCat(" (recovery.elastic: at least ",
                                            request.stages * request.fewer_replicas.back(), ")"),
                         identities ? " with distinct certificate identities" : "", " (",
+                        request.labels.empty() ? "" : absl::StrCat(idle, " of them idle, "),
                         counts.idle, " idle, ", counts.registered, " registered",
                         identities ? "; placement.distinct_identities: false lifts this" : "",
                         ")")});

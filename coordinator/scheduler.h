@@ -46,6 +46,8 @@ class Scheduler {
     // recovery.elastic: when `workers` are not idle, place stages x r
     // workers instead, for the first r here that fits (most first).
     std::vector<int> fewer_replicas = {};
+    // placement.labels: only workers with every "key=value" of these.
+    std::vector<std::string> labels = {};
   };
   // Appends a PENDING job to the queue.
   void Enqueue(Request request);

@@ -196,14 +196,40 @@ WorkerRegistry::Counts WorkerRegistry::GetCounts() const {
   return counts;
 }
 
+namespace {
+
+// Whether `info` was registered with every "key=value" of `labels`.
+bool HasLabels(const v1::WorkerInfo& info, const std::vector<std::string>& labels) {
+  for (const std::string& label : labels) {
+    const size_t eq = label.find('=');
+    if (eq == std::string::npos) return false;
+    auto it = info.labels().find(label.substr(0, eq));
+    if (it == info.labels().end() || it->second != label.substr(eq + 1)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int WorkerRegistry::IdleWith(const std::vector<std::string>& labels) const {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (const auto& [id, w] : workers_) {
+    n += w.sink != nullptr && w.job_id.empty() && HasLabels(w.info, labels);
+  }
+  return n;
+}
+
 std::vector<std::string> WorkerRegistry::Claim(const std::string& job_id, int n,
-                                               bool distinct_identities, int stages) {
+                                               bool distinct_identities, int stages,
+                                               const std::vector<std::string>& labels) {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> chosen;
   std::set<std::string> identities;
   for (const auto& [id, w] : workers_) {
     if (static_cast<int>(chosen.size()) == n) break;
     if (w.sink == nullptr || !w.job_id.empty()) continue;
+    if (!HasLabels(w.info, labels)) continue;  // placement.labels
     if (distinct_identities && !w.identity.empty() && !identities.insert(w.identity).second) {
       continue;  // this certificate holds a stage of the job already
     }

@@ -105,8 +105,12 @@ class WorkerRegistry {
   // empty identity, plaintext, is never shared).
   // `stages` (J, 0: n) tells how the n slots map onto stages: slot s runs
   // stage s % J of replica s / J (docs/replicas.md), which List() shows.
+  // `labels` (placement.labels, "key=value"): only workers registered with
+  // every one of them (stagewise-worker --label).
   std::vector<std::string> Claim(const std::string& job_id, int n, bool distinct_identities = false,
-                                 int stages = 0);
+                                 int stages = 0, const std::vector<std::string>& labels = {});
+  // Idle workers that carry every one of `labels` ("key=value").
+  int IdleWith(const std::vector<std::string>& labels) const;
   // The certificate identity the worker registered with ("" when it is gone
   // or registered over plaintext).
   std::string Identity(const std::string& worker_id) const;

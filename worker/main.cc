@@ -5,7 +5,9 @@
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <iostream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "services/common/log.h"
 #include "services/common/log_flags.h"
@@ -51,6 +53,21 @@ int main(int argc, char** argv) {
                  "configured times divided by this (0.5: half as fast), in its stages and "
                  "profiles; for heterogeneous clusters on one machine (docs/planner.md)")
       ->check(CLI::PositiveNumber);
+  std::vector<std::string> labels;
+  app.add_option("--label", labels,
+                 "KEY=VALUE this worker carries, e.g. gpu=a100; repeatable. A job's "
+                 "placement.labels takes only workers with all of its labels; `stagewise "
+                 "workers` shows them (state, job, stage and replica are the coordinator's)")
+      ->check([](const std::string& v) -> std::string {
+        const size_t eq = v.find('=');
+        if (eq == 0 || eq == std::string::npos) return "must be KEY=VALUE with a non-empty KEY";
+        const std::string key = v.substr(0, eq);
+        if (key == "state" || key == "job" || key == "stage" || key == "replica") {
+          return "KEY '" + key + "' is the coordinator's (state, job, stage, replica)";
+        }
+        if (key.size() > 64 || v.size() - eq - 1 > 256) return "KEY at most 64, VALUE 256 bytes";
+        return "";
+      });
   app.add_option("--profile-cache", options.profile_cache,
                  "Where block profiles are cached (default: $STAGEWISE_PROFILE_CACHE, else "
                  "~/.cache/stagewise/profiles)");
@@ -109,6 +126,10 @@ int main(int argc, char** argv) {
   stagewise::rpc::AddTlsFlags(&app, &tls);
   stagewise::log::AddLogLevelFlag(&app, &log_level);
   CLI11_PARSE(app, argc, argv);
+  for (const std::string& label : labels) {
+    const size_t eq = label.find('=');
+    options.labels[label.substr(0, eq)] = label.substr(eq + 1);
+  }
   if (auto labels = stagewise::metrics::MakeJobLabels(metrics_job_ids, metrics_job_key_file);
       labels.ok()) {
     options.job_labels = *std::move(labels);

@@ -389,6 +389,7 @@ absl::Status Worker::ControlSession(bool* established) {
   info->set_address(address());
   info->set_device(options_.device);
   info->set_memory_bytes(options_.memory_bytes);
+  for (const auto& [key, value] : options_.labels) (*info->mutable_labels())[key] = value;
   info->set_version(STAGEWISE_VERSION);
   info->set_protocol(v1::CONTROL_PROTOCOL_V3);
   v1::RegisterWorkerResponse resp;

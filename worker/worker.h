@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -50,6 +51,8 @@ struct WorkerOptions {
   // stages and its profiles (--emulated-speed: heterogeneous clusters on one
   // machine, docs/planner.md).
   double emulated_speed = 1.0;
+  // Registered with the worker (--label KEY=VALUE): placement.labels match them.
+  std::map<std::string, std::string> labels;
   std::string profile_cache;  // "" = planner::DefaultProfileCacheDir()
   absl::Duration heartbeat = absl::Seconds(1);
   absl::Duration reconnect = absl::Seconds(1);      // first retry after losing the coordinator

@@ -251,6 +251,10 @@ const std::vector<Field<PlacementSpec>>& PlacementFields() {
           "with `stages.partition: auto`: profile the model on every worker of the job and plan "
           "each stage on the times of the worker that runs it (machines of different speeds; "
           "see [planner.md](planner.md#heterogeneous-workers))"),
+      Key("labels", &S::labels,
+          "`key=value` entries, e.g. `[gpu=a100]`: only workers started with every one of "
+          "these (`stagewise-worker --label gpu=a100`) take the job's stages; it waits for "
+          "enough of them"),
   };
   return *kFields;
 }

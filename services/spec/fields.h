@@ -59,6 +59,7 @@ std::string TypeText() {
   if constexpr (std::is_floating_point_v<T>) return "number";
   if constexpr (std::is_enum_v<T> || std::is_same_v<T, std::string>) return "string";
   if constexpr (std::is_same_v<T, std::vector<double>>) return "list of number";
+  if constexpr (std::is_same_v<T, std::vector<std::string>>) return "list of string";
   if constexpr (std::is_same_v<T, std::vector<int>> || std::is_same_v<T, std::vector<int64_t>>) {
     return "list of int";
   }

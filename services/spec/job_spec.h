@@ -320,6 +320,9 @@ struct PlacementSpec {
   // that runs it: machines of different speeds get ranges of equal time
   // (docs/planner.md, "Heterogeneous workers").
   bool per_worker_profiles = false;
+  // Only workers registered with every one of these labels ("key=value",
+  // stagewise-worker --label), e.g. ["gpu=a100"].
+  std::vector<std::string> labels;
 };
 
 // One phase of a job that switches algorithm and hyper-parameters part-way

@@ -629,6 +629,18 @@ absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
   check(ValidateRecovery(spec.recovery));
   check(ValidateSync(spec.sync, spec.stages.replicas));
   if (check.status().ok()) check(ValidateInterleaved(spec));
+  if (spec.placement.labels.size() > 32) {
+    check(KeyError("placement.labels", "at most 32 labels (a worker registers at most 32)"));
+  }
+  for (size_t i = 0; i < spec.placement.labels.size(); ++i) {
+    const std::string& label = spec.placement.labels[i];
+    const size_t eq = label.find('=');
+    if (eq == 0 || eq == std::string::npos || label.size() > 321) {
+      check(KeyError(
+          absl::StrCat("placement.labels[", i, "]"),
+          absl::StrCat("must be key=value with a non-empty key, got '", label.substr(0, 64), "'")));
+    }
+  }
   if (spec.placement.per_worker_profiles && spec.stages.partition != Partition::kAuto) {
     check(KeyError("placement.per_worker_profiles",
                    "plans the partition on every worker's profile: needs stages.partition: auto"));

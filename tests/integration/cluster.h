@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,8 @@ class Cluster {
     std::function<void(const v1::StageAssignment&)> before_stage_build = nullptr;
     // Worker i's WorkerOptions::emulated_speed (1 where not given).
     std::vector<double> emulated_speeds = {};
+    // Worker i's WorkerOptions::labels (none where not given).
+    std::vector<std::map<std::string, std::string>> labels = {};
   };
   explicit Cluster(Options options);
   ~Cluster();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -313,6 +314,45 @@ steps: 2
       EXPECT_LE(std::abs(blocks[0] - blocks[1]), 1) << blocks[0] << " / " << blocks[1];
     }
   }
+}
+
+// placement.labels: a job runs only on workers started with its labels
+// (--label), and waits, saying so, while too few of them are idle.
+TEST(Distributed, LabelledJobsRunOnlyOnWorkersWithTheLabels) {
+  testing::Cluster cluster({.workers = 3, .labels = {{}, {{"gpu", "h100"}}, {{"gpu", "a100"}}}});
+  ASSERT_TRUE(cluster.WaitForWorkers(3));
+  auto yaml = [](int stages) {
+    return absl::StrCat(R"(name: labelled
+model: {name: mlp, hidden: [8]}
+data: {dataset: synthetic, train_size: 64, test_size: 16, shape: [4], classes: 2}
+stages: )",
+                        stages, R"(
+placement: {labels: [gpu=a100]}
+batch_size: 16
+steps: 2
+)");
+  };
+  auto id = cluster.manager().Submit(yaml(1));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto st = cluster.WaitForJob(*id);
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_EQ(st->state(), v1::SUCCEEDED) << st->reason();
+  for (size_t i = 0; i < cluster.workers().size(); ++i) {
+    auto rt = cluster.workers()[i]->runtime();
+    EXPECT_EQ(rt != nullptr && rt->job_id() == *id, i == 2) << "worker " << i;
+  }
+  // Two stages need two a100 workers: there is one.
+  auto waiting = cluster.manager().Submit(yaml(2));
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  bool said = false;
+  for (int i = 0; i < 100 && !said; ++i) {
+    auto job = cluster.manager().GetJob(*waiting);
+    said = job.ok() && absl::StrContains(job->reason(), "labelled gpu=a100") &&
+           absl::StrContains(job->reason(), "1 of them idle");
+    if (!said) absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(said);
+  ASSERT_TRUE(cluster.manager().Cancel(*waiting, "test over").ok());
 }
 
 TEST(Distributed, JobWaitsForWorkersThenCanBeCancelled) {

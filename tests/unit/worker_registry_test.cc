@@ -208,5 +208,32 @@ TEST(WorkerRegistry, ClaimIsAllOrNothingInIdOrderAndReleaseFrees) {
   EXPECT_FALSE(registry.Send("w3", c));  // no stream yet
 }
 
+// placement.labels: a claim takes only workers registered with every
+// "key=value" asked for, and says how many such workers are idle.
+TEST(WorkerRegistry, ClaimTakesOnlyWorkersWithTheLabels) {
+  WorkerRegistry registry;
+  std::optional<WorkerRegistry::Removed> replaced;
+  std::string session;
+  FakeSink sinks[4];
+  for (int i = 0; i < 4; ++i) {
+    const std::string id = "w" + std::to_string(i);
+    v1::WorkerInfo info = Info(id);
+    if (i >= 1) (*info.mutable_labels())["gpu"] = i == 3 ? "h100" : "a100";
+    if (i == 2) (*info.mutable_labels())["zone"] = "b";
+    ASSERT_TRUE(registry.Register(info, {}, kT0, &replaced, &session).ok());
+    ASSERT_TRUE(registry.Connect(id, session, {}, &sinks[i], kT0).ok());
+  }
+  EXPECT_EQ(registry.IdleWith({"gpu=a100"}), 2);
+  EXPECT_EQ(registry.IdleWith({"gpu=a100", "zone=b"}), 1);
+  EXPECT_EQ(registry.IdleWith({}), 4);
+  EXPECT_TRUE(registry.Claim("big", 3, false, 0, {"gpu=a100"}).empty());
+  EXPECT_THAT(registry.Claim("a", 1, false, 0, {"gpu=a100", "zone=b"}), ElementsAre("w2"));
+  EXPECT_THAT(registry.Claim("b", 1, false, 0, {"gpu=a100"}), ElementsAre("w1"));
+  EXPECT_TRUE(registry.Claim("c", 1, false, 0, {"gpu=a100"}).empty());
+  EXPECT_TRUE(registry.Claim("d", 1, false, 0, {"gpu"}).empty());  // not key=value: none
+  EXPECT_THAT(registry.Claim("e", 1, false, 0, {"gpu=h100"}), ElementsAre("w3"));
+  EXPECT_EQ(Labels(registry, "w3").at("gpu"), "h100");
+}
+
 }  // namespace
 }  // namespace stagewise::coordinator
