@@ -170,6 +170,8 @@ int Export(const ExportArgs& args, std::ostream& out, std::ostream& err);
 int Local(const LocalArgs& args, std::ostream& out, std::ostream& err);
 int Plot(const PlotArgs& args, std::ostream& out, std::ostream& err);
 int Trace(const TraceArgs& args, std::ostream& out, std::ostream& err);
+// `doctor SOURCE`: the trace read for its bottleneck (clients/cli/doctor.h).
+int Doctor(const TraceArgs& args, std::ostream& out, std::ostream& err);
 int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err);
 
 }  // namespace stagewise::cli

@@ -188,6 +188,16 @@ int main(int argc, char** argv) {
   trace_cmd->add_option("-o,--output", trace_args.output, "Write Chrome trace JSON here");
   trace_cmd->add_option("--svg", trace_args.svg, "Draw the pipeline diagram here (FILE.svg)");
 
+  TraceArgs doctor_args;
+  auto* doctor_cmd = app.add_subcommand(
+      "doctor",
+      "Where a pipeline loses its time, from its trace: per stage how busy it is, how long it\n"
+      "waits for its neighbours and its longest wait; the stage the others wait on when one\n"
+      "stands out (busy 1.15x the median stage or more); a stage that computes 1.25x its\n"
+      "plan's prediction or more (planned jobs). SOURCE as for `trace`; a job id also names\n"
+      "each stage's worker.");
+  doctor_cmd->add_option("source", doctor_args.source, "Job id or trace JSON file")->required();
+
   LocalArgs local;
   auto* local_cmd = app.add_subcommand(
       "local",
@@ -355,6 +365,10 @@ int main(int argc, char** argv) {
   if (trace_cmd->parsed()) {
     trace_args.coordinator = coordinator;
     return Trace(trace_args, std::cout, std::cerr);
+  }
+  if (doctor_cmd->parsed()) {
+    doctor_args.coordinator = coordinator;
+    return Doctor(doctor_args, std::cout, std::cerr);
   }
   return kExitInvalid;
 }

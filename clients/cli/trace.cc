@@ -1,13 +1,16 @@
 // `stagewise trace`: a job's pipeline timeline (docs/trace.md).
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <ostream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "clients/cli/commands.h"
+#include "clients/cli/doctor.h"
 #include "clients/cli/job_watch.h"
 #include "clients/cli/timeline.h"
 #include "clients/client/coordinator_client.h"
@@ -75,6 +78,36 @@ int Trace(const TraceArgs& args, std::ostream& out, std::ostream& err) {
   out << TraceSummary(*trace);
   if (!args.output.empty()) out << "wrote " << args.output << " (open it in ui.perfetto.dev)\n";
   if (!args.svg.empty()) out << "wrote " << args.svg << "\n";
+  return kExitOk;
+}
+
+int Doctor(const TraceArgs& args, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<v1::JobTrace> trace = LoadTrace(args.source, args.coordinator);
+  if (!trace.ok()) {
+    if (trace.status().code() == absl::StatusCode::kInvalidArgument) {
+      err << "error: " << trace.status().message() << "\n";
+      return kExitInvalid;
+    }
+    return ReportError(trace.status(), err);
+  }
+  // A job on the coordinator: its plan (summary) and the workers of its
+  // latest attempt, by slot (replica 0's stage j at slot j).
+  std::map<std::string, double> summary;
+  std::vector<std::string> workers;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(args.source, ec)) {
+    client::CoordinatorClient client(client::ResolveCoordinatorAddress(args.coordinator));
+    if (absl::StatusOr<v1::JobStatus> st = client.GetJob(trace->job_id()); st.ok()) {
+      summary = {st->summary().begin(), st->summary().end()};
+      if (st->attempts_size() > 0) {
+        const v1::JobAttempt& a = st->attempts(st->attempts_size() - 1);
+        for (int j = 0; j < st->num_stages() && j < a.workers_size(); ++j) {
+          workers.push_back(a.workers(j));
+        }
+      }
+    }
+  }
+  out << DiagnosisText(*trace, Diagnose(*trace, summary), workers);
   return kExitOk;
 }
 
