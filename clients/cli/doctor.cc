@@ -147,9 +147,11 @@ std::string DiagnosisText(const v1::JobTrace& trace, const Diagnosis& d,
                     " of its time; the rest is the schedule's bubble and the messages, not one "
                     "slow stage\n");
   }
-  for (const auto& [stage, ratio] : d.slower_than_planned) {
+  for (const auto& entry : d.slower_than_planned) {
+    const int stage = entry.first;
+    const double ratio = entry.second;
     const StageHealth& h = *std::find_if(d.stages.begin(), d.stages.end(),
-                                         [&](const auto& x) { return x.stage == stage; });
+                                         [stage](const auto& x) { return x.stage == stage; });
     absl::StrAppend(&out,
                     absl::StrFormat("slower than planned: stage %d%s computes %.1f ms per "
                                     "mini-batch, %.2fx the plan's prediction: its worker is "
