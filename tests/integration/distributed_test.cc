@@ -306,6 +306,11 @@ steps: 2
       ASSERT_EQ(rt->job_id(), *id);
       blocks.push_back(static_cast<int>(rt->model().blocks().size()));
     }
+    std::string plan;  // for the failure messages
+    for (const auto& [key, value] : st->summary()) {
+      if (absl::StartsWith(key, "plan.stage")) absl::StrAppend(&plan, " ", key, "=", value);
+    }
+    SCOPED_TRACE(plan);
     ASSERT_EQ(blocks[0] + blocks[1], 9);  // 8 emulated blocks and the head
     if (per_worker) {
       // Twice as slow: about a third of the model (3 of 9), not half.
@@ -324,7 +329,7 @@ TEST(Distributed, LabelledJobsRunOnlyOnWorkersWithTheLabels) {
   auto yaml = [](int stages) {
     return absl::StrCat(R"(name: labelled
 model: {name: mlp, hidden: [8]}
-data: {dataset: synthetic, train_size: 64, test_size: 16, shape: [4], classes: 2}
+data: {dataset: synthetic, train_size: 64, test_size: 16, shape: [1, 2, 2], classes: 2}
 stages: )",
                         stages, R"(
 placement: {labels: [gpu=a100]}
