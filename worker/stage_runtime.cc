@@ -65,8 +65,7 @@ StageRuntime::StageRuntime(RuntimeEnv env)
 StageRuntime::~StageRuntime() {
   Stop(absl::CancelledError("runtime destroyed"));
   Join();
-  // The streams call back into this runtime's sinks until gRPC is done with
-  // them; Stop closed both, so they end promptly.
+  // The streams call back into its sinks until gRPC is done; Stop closed both, so soon.
   if (downstream_) downstream_->WaitDone();
   std::shared_ptr<UpstreamStream> upstream;
   {
@@ -383,8 +382,7 @@ void StageRuntime::EmitTrace() {
   *chunk = tracer_->TakeChunk();
   if (chunk->spans().empty() && chunk->dropped() == 0) return;
   chunk->set_phase(phase_);
-  // One offset for every chunk of the stage: a newer estimate would move
-  // later spans against earlier ones.
+  // One offset for every chunk of the stage: a newer one would move later spans.
   if (!trace_clock_.has_value())
     trace_clock_ = env_.clock ? env_.clock->Get() : ClockSync::Estimate{};
   chunk->set_clock_offset_us(trace_clock_->offset_us);

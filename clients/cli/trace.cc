@@ -38,6 +38,16 @@ absl::StatusOr<v1::JobTrace> LoadTrace(const std::string& source, const std::str
   return trace;
 }
 
+// The exit code (and message) for a trace that did not load: 2 for a
+// SOURCE that is neither a trace file nor a job, else as ReportError.
+int TraceLoadError(const absl::Status& s, std::ostream& err) {
+  if (s.code() == absl::StatusCode::kInvalidArgument) {
+    err << "error: " << s.message() << "\n";
+    return kExitInvalid;
+  }
+  return ReportError(s, err);
+}
+
 }  // namespace
 
 absl::Status WriteTraceFiles(const v1::JobTrace& trace, const std::string& json,
@@ -64,13 +74,7 @@ int Trace(const TraceArgs& args, std::ostream& out, std::ostream& err) {
     return kExitInvalid;
   }
   absl::StatusOr<v1::JobTrace> trace = LoadTrace(args.source, args.coordinator);
-  if (!trace.ok()) {
-    if (trace.status().code() == absl::StatusCode::kInvalidArgument) {
-      err << "error: " << trace.status().message() << "\n";
-      return kExitInvalid;
-    }
-    return ReportError(trace.status(), err);
-  }
+  if (!trace.ok()) return TraceLoadError(trace.status(), err);
   if (absl::Status s = WriteTraceFiles(*trace, args.output, args.svg); !s.ok()) {
     err << "error: " << s.message() << "\n";
     return kExitFailed;
@@ -83,13 +87,7 @@ int Trace(const TraceArgs& args, std::ostream& out, std::ostream& err) {
 
 int Doctor(const TraceArgs& args, std::ostream& out, std::ostream& err) {
   absl::StatusOr<v1::JobTrace> trace = LoadTrace(args.source, args.coordinator);
-  if (!trace.ok()) {
-    if (trace.status().code() == absl::StatusCode::kInvalidArgument) {
-      err << "error: " << trace.status().message() << "\n";
-      return kExitInvalid;
-    }
-    return ReportError(trace.status(), err);
-  }
+  if (!trace.ok()) return TraceLoadError(trace.status(), err);
   // A job on the coordinator: its plan (summary) and the workers of its
   // latest attempt, by slot (replica 0's stage j at slot j).
   std::map<std::string, double> summary;

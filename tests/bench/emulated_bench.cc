@@ -85,6 +85,7 @@
 #include "services/planner/pipeline_schedule.h"
 #include "services/planner/timing_model.h"
 #include "services/spec/job_spec.h"
+#include "tests/bench/bench_util.h"
 #include "tests/integration/cluster.h"
 
 namespace {
@@ -421,11 +422,7 @@ double Measure(stagewise::testing::Cluster& cluster, const Options& o, Config& c
   return seconds / static_cast<double>(seen.back().first - first->first);
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using stagewise::bench::Median;
 
 }  // namespace
 

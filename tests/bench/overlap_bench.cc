@@ -42,6 +42,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "tests/bench/bench_util.h"
 #include "worker/collective.h"
 #include "worker/overlap.h"
 
@@ -184,11 +185,7 @@ class Rendezvous {
   int generation_ = 0;
 };
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using stagewise::bench::Median;
 
 }  // namespace
 

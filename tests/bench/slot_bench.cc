@@ -88,6 +88,7 @@
 #include "services/common/status_macros.h"
 #include "services/rpc/server.h"
 #include "services/tensor/stage_message.h"
+#include "tests/bench/bench_util.h"
 #include "worker/algorithms/common.h"
 #include "worker/peer_stream.h"
 
@@ -171,12 +172,7 @@ Options ParseOptions(int argc, char** argv) {
 
 double Micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
+using stagewise::bench::Median;
 
 double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;

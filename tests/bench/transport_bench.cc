@@ -44,6 +44,7 @@
 #include "absl/synchronization/mutex.h"
 #include "services/rpc/server.h"
 #include "services/tensor/codec.h"
+#include "tests/bench/bench_util.h"
 #include "worker/peer_stream.h"
 
 namespace {
@@ -281,12 +282,7 @@ double Seconds(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
+using stagewise::bench::Median;
 
 // ---- iperf3 -----------------------------------------------------------------
 
