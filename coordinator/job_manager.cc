@@ -579,8 +579,22 @@ void JobManager::Schedule() {
       registry_.Release(p.job_id);
       continue;
     }
+    std::string fewer;  // recovery.min_stages: placed on fewer workers than stages
+    if (!p.profile && it->second.fewer_stages &&
+        static_cast<int>(p.workers.size()) < NumStages(it->second)) {
+      absl::StatusOr<std::string> cut =
+          CutFewerStages(it->second, static_cast<int>(p.workers.size()));
+      if (!cut.ok()) {
+        EndJob(p.job_id, v1::FAILED, absl::StrCat("recovery.min_stages: ", cut.status().message()));
+        continue;
+      }
+      fewer = *cut;
+      STAGEWISE_LOG(WARNING) << "job " << p.job_id << ": " << fewer;
+    }
+    it->second.fewer_stages = false;
     it->second.workers = SlotWorkers(it->second, p.workers);
-    const std::string elastic = SetPlacedReplicas(it->second);
+    std::string elastic = SetPlacedReplicas(it->second);
+    if (elastic.empty()) elastic = fewer;
     if (!elastic.empty()) STAGEWISE_LOG(WARNING) << "job " << p.job_id << ": " << elastic;
     auto moved = Transition(p.job_id, p.profile ? v1::PROFILING : v1::CONFIGURING, elastic);
     if (!moved.ok()) {
@@ -665,6 +679,7 @@ void JobManager::Requeue(const std::string& job_id, bool recovering) {
   request.labels = job.spec.placement.labels;
   if (recovering) {
     request.fewer_replicas = ElasticReplicaCounts(job);
+    request.fewer_stages = FewerStageCounts(job);
     request.not_before = absl::Now() + options_.recovery_settle;
     scheduler_.Requeue(std::move(request));
   } else {

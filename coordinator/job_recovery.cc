@@ -78,6 +78,7 @@ void JobRecovery::Recover(const std::string& job_id, const std::string& why,
 
 bool JobRecovery::QueueRecovery(const std::string& job_id, LiveJob& job, const std::string& why) {
   job.resume.reset();
+  job.fewer_stages = false;  // all the stages again first (recovery.min_stages)
   if (!job.spec.checkpoint.dir.empty()) {
     std::vector<std::string> skipped;
     std::vector<checkpoint::Committed> committed =
@@ -86,7 +87,9 @@ bool JobRecovery::QueueRecovery(const std::string& job_id, LiveJob& job, const s
       STAGEWISE_LOG(WARNING) << "job " << job_id << ": skipping checkpoint " << line;
     }
     for (checkpoint::Committed& c : committed) {
-      if (c.manifest.shards_size() != static_cast<int>(job.ranges.size()) && !job.needs_plan) {
+      // recovery.min_stages: any cut will do (the attempt reshards it).
+      if (c.manifest.shards_size() != static_cast<int>(job.ranges.size()) && !job.needs_plan &&
+          job.spec.recovery.min_stages == 0) {
         STAGEWISE_LOG(WARNING) << "job " << job_id << ": skipping checkpoint " << c.dir << ": "
                                << c.manifest.shards_size() << " shards for " << job.ranges.size()
                                << " stages";
@@ -109,6 +112,7 @@ bool JobRecovery::QueueRecovery(const std::string& job_id, LiveJob& job, const s
       any_modes = any_modes || shard.block_modes_size() > 0;
     }
     if (!any_modes) job.modes.clear();
+    job.status.set_num_stages(NumStages(job));
     job.planned = true;
     host_->UpdateProgress(
         job,
@@ -189,6 +193,20 @@ void JobRecovery::CheckDeadlines(absl::Time now) {
     LiveJob* found = host_->FindJob(id);
     if (found == nullptr) continue;
     LiveJob& job = *found;
+    if (recovering && !job.fewer_stages && NumStages(job) > job.spec.recovery.min_stages &&
+        job.spec.recovery.min_stages > 0) {
+      // recovery.min_stages: from now on fewer stages will do.
+      job.fewer_stages = true;
+      job.recovery_deadline = now + absl::Seconds(job.spec.recovery.wait_seconds);
+      host_->UpdateProgress(
+          job,
+          absl::StrCat("no ", NumStages(job), " idle workers within recovery.wait_seconds (",
+                       job.spec.recovery.wait_seconds, " s): the job resumes on as few as ",
+                       job.spec.recovery.min_stages, " stages (recovery.min_stages)"),
+          {});
+      host_->Requeue(id, /*recovering=*/true);
+      continue;
+    }
     if (recovering) {
       const std::string last =
           job.status.attempts_size() > 0
@@ -196,13 +214,16 @@ void JobRecovery::CheckDeadlines(absl::Time now) {
               : job.status.reason();
       host_->EndJob(
           id, v1::FAILED,
-          absl::StrCat("no ", NumWorkerStages(job) * SpecReplicas(job),
-                       ElasticReplicaCounts(job).empty()
-                           ? ""
-                           : absl::StrCat(" (recovery.elastic: ", NumWorkerStages(job), ")"),
-                       " idle workers within recovery.wait_seconds (",
-                       job.spec.recovery.wait_seconds, " s) after attempt ", job.attempt - 1,
-                       " ended: ", last));
+          absl::StrCat(
+              "no ", NumWorkerStages(job) * SpecReplicas(job),
+              ElasticReplicaCounts(job).empty()
+                  ? ""
+                  : absl::StrCat(" (recovery.elastic: ", NumWorkerStages(job), ")"),
+              job.fewer_stages
+                  ? absl::StrCat(" (recovery.min_stages: ", job.spec.recovery.min_stages, ")")
+                  : "",
+              " idle workers within recovery.wait_seconds (", job.spec.recovery.wait_seconds,
+              " s) after attempt ", job.attempt - 1, " ended: ", last));
     } else {
       std::vector<std::string> silent;
       for (const auto& [command, worker] : job.pending_acks) silent.push_back(worker);
@@ -257,18 +278,34 @@ void JobRecovery::BeginAttempt(LiveJob& job, std::vector<v1::Command>* commands)
       job.status.set_phase_name(phases[m.phase()].name);
       job.status.set_algorithm(phases[m.phase()].algorithm.name());
     }
-    // Every replica of stage j loads stage j's one shard (replicas are equal).
+    // Every replica of stage j loads stage j's one shard (replicas are
+    // equal); on another cut (recovery.min_stages), every shard that holds
+    // some of stage j's blocks.
+    const bool same_cut = m.shards_size() == NumStages(job);
     for (size_t slot = 0; slot < commands->size(); ++slot) {
       const int j = static_cast<int>(slot) % NumStages(job);
-      if (j >= m.shards_size()) continue;
-      const v1::CheckpointShard& shard = m.shards(j);
+      const auto [begin, end] = job.ranges[static_cast<size_t>(j)];
       v1::ResumePoint* r = (*commands)[slot].mutable_configure()->mutable_resume();
       r->set_step(m.step());
       r->set_phase(m.phase());
       r->set_phase_step(m.phase_step());
-      r->set_shard_path(job.resume->dir + "/" + shard.file());
-      r->set_shard_bytes(shard.bytes());
-      r->set_shard_crc32(shard.crc32());
+      if (same_cut && m.shards(j).block_begin() == begin && m.shards(j).block_end() == end) {
+        const v1::CheckpointShard& shard = m.shards(j);
+        r->set_shard_path(job.resume->dir + "/" + shard.file());
+        r->set_shard_bytes(shard.bytes());
+        r->set_shard_crc32(shard.crc32());
+        continue;
+      }
+      for (const v1::CheckpointShard& shard : m.shards()) {
+        if (shard.block_end() <= begin || shard.block_begin() >= end) continue;
+        v1::ResumeShard* source = r->add_sources();
+        source->set_path(job.resume->dir + "/" + shard.file());
+        source->set_bytes(shard.bytes());
+        source->set_crc32(shard.crc32());
+        source->set_stage(shard.stage());
+        source->set_block_begin(shard.block_begin());
+        source->set_block_end(shard.block_end());
+      }
     }
   } else if (job.attempt > 0) {
     job.status.set_steps_redone(job.status.steps_redone() + job.max_step);

@@ -94,6 +94,41 @@ LiveJob MakeLiveJob(const v1::JobStatus& status, const JobSpec& spec, const std:
   return job;
 }
 
+absl::StatusOr<std::string> CutFewerStages(LiveJob& job, int count) {
+  STAGEWISE_ASSIGN_OR_RETURN(const std::vector<models::BlockInfo> blocks,
+                             models::PlanModel(job.spec.model));
+  StagesSpec stages = job.spec.stages;
+  stages.count = count;
+  stages.partition = Partition::kBalanced;
+  stages.ranges.clear();
+  using Ranges = std::vector<std::pair<int, int>>;
+  STAGEWISE_ASSIGN_OR_RETURN(Ranges ranges, models::ResolvePartition(stages, blocks));
+  if (!job.modes.empty()) {
+    std::vector<BlockMode> by_block(blocks.size(), BlockMode::kStore);
+    for (size_t j = 0; j < job.ranges.size() && j < job.modes.size(); ++j) {
+      for (int b = job.ranges[j].first; b < job.ranges[j].second; ++b) {
+        const size_t i = static_cast<size_t>(b - job.ranges[j].first);
+        if (i < job.modes[j].size()) by_block[static_cast<size_t>(b)] = job.modes[j][i];
+      }
+    }
+    job.modes.clear();
+    for (const auto& [b, e] : ranges)
+      job.modes.emplace_back(by_block.begin() + b, by_block.begin() + e);
+  }
+  job.ranges = std::move(ranges);
+  job.status.set_num_stages(count);
+  job.fewer_stages = false;
+  std::string cut;
+  for (const auto& [b, e] : job.ranges)
+    absl::StrAppend(&cut, cut.empty() ? "" : " ", "[", b, ",", e, ")");
+  return absl::StrCat(
+      "recovery.min_stages: this attempt runs ", count, " of ", job.spec.stages.count, " stages (",
+      count, " workers were idle after recovery.wait_seconds), blocks ", cut,
+      job.resume
+          ? absl::StrCat(", the checkpoint at step ", job.resume->manifest.step(), " resharded")
+          : "");
+}
+
 std::vector<std::string> SlotWorkers(const LiveJob& job, const std::vector<std::string>& claimed) {
   const size_t v = static_cast<size_t>(ChunksPerWorker(job));
   if (v == 1) return claimed;

@@ -68,6 +68,9 @@ struct LiveJob {
   int64_t progressed_step = 0;
   std::deque<double> step_seconds;
   double median_step_seconds = 0;  // of step_seconds, updated with it
+  // recovery.min_stages: the recovery deadline passed short of workers for
+  // every stage; the next placement may take fewer (FewerStageCounts).
+  bool fewer_stages = false;
 };
 
 // Replicated stages (stages.replicas, docs/replicas.md): `workers` holds
@@ -89,6 +92,21 @@ inline std::vector<int> ElasticReplicaCounts(const LiveJob& job) {
   }
   return counts;
 }
+// recovery.min_stages: the stage counts below the job's its next placement
+// may take, most first (J-1 down to min_stages); empty unless
+// job.fewer_stages.
+inline std::vector<int> FewerStageCounts(const LiveJob& job) {
+  std::vector<int> counts;
+  if (!job.fewer_stages) return counts;
+  for (int s = static_cast<int>(job.ranges.size()) - 1; s >= job.spec.recovery.min_stages; --s) {
+    if (s >= 1) counts.push_back(s);
+  }
+  return counts;
+}
+// Cuts the job into `count` stages (balanced, whatever stages.partition
+// says) for an attempt placed on that many workers; block modes follow their
+// blocks. What to tell the user.
+absl::StatusOr<std::string> CutFewerStages(LiveJob& job, int count);
 inline int SlotOf(const LiveJob& job, int stage, int replica) {
   return replica * NumStages(job) + stage;
 }

@@ -67,6 +67,11 @@ Scheduler::Round Scheduler::Schedule(absl::Time now) {
       workers = registry_->Claim(request.job_id, request.stages * request.fewer_replicas[i],
                                  request.distinct_identities, request.stages, request.labels);
     }
+    for (size_t i = 0; workers.empty() && i < request.fewer_stages.size(); ++i) {
+      workers =
+          registry_->Claim(request.job_id, request.fewer_stages[i], request.distinct_identities,
+                           request.fewer_stages[i], request.labels);
+    }
     if (workers.empty()) {
       const WorkerRegistry::Counts counts = registry_->GetCounts();
       const int idle = request.labels.empty() ? counts.idle : registry_->IdleWith(request.labels);
@@ -74,19 +79,22 @@ Scheduler::Round Scheduler::Schedule(absl::Time now) {
       const bool identities = request.distinct_identities && idle >= request.workers;
       round.waiting.push_back(
           {request.job_id,
-           absl::StrCat("waiting for ", request.workers, " idle workers",
-                        request.labels.empty()
-                            ? ""
-                            : absl::StrCat(" labelled ", absl::StrJoin(request.labels, ", ")),
-                        request.fewer_replicas.empty() || request.stages <= 0
-                            ? ""
-                            : absl::StrCat(" (recovery.elastic: at least ",
-                                           request.stages * request.fewer_replicas.back(), ")"),
-                        identities ? " with distinct certificate identities" : "", " (",
-                        request.labels.empty() ? "" : absl::StrCat(idle, " of them idle, "),
-                        counts.idle, " idle, ", counts.registered, " registered",
-                        identities ? "; placement.distinct_identities: false lifts this" : "",
-                        ")")});
+           absl::StrCat(
+               "waiting for ", request.workers, " idle workers",
+               request.labels.empty()
+                   ? ""
+                   : absl::StrCat(" labelled ", absl::StrJoin(request.labels, ", ")),
+               request.fewer_replicas.empty() || request.stages <= 0
+                   ? ""
+                   : absl::StrCat(" (recovery.elastic: at least ",
+                                  request.stages * request.fewer_replicas.back(), ")"),
+               request.fewer_stages.empty() ? ""
+                                            : absl::StrCat(" (recovery.min_stages: at least ",
+                                                           request.fewer_stages.back(), ")"),
+               identities ? " with distinct certificate identities" : "", " (",
+               request.labels.empty() ? "" : absl::StrCat(idle, " of them idle, "), counts.idle,
+               " idle, ", counts.registered, " registered",
+               identities ? "; placement.distinct_identities: false lifts this" : "", ")")});
       still_queued.push_back(std::move(request));
       continue;
     }

@@ -48,6 +48,10 @@ class Scheduler {
     std::vector<int> fewer_replicas = {};
     // placement.labels: only workers with every "key=value" of these.
     std::vector<std::string> labels = {};
+    // recovery.min_stages: when `workers` are not idle, place this many
+    // stages (one worker each) instead, for the first count here that fits
+    // (most first); the owner cuts the job anew (CutFewerStages).
+    std::vector<int> fewer_stages = {};
   };
   // Appends a PENDING job to the queue.
   void Enqueue(Request request);

@@ -86,6 +86,11 @@ class StageContext {
   // When this phase resumes inside it (first_step() > 0): the algorithm state
   // that Algorithm::SaveState wrote at that checkpoint; nullptr otherwise.
   virtual torch::serialize::InputArchive* resume_state() = 0;
+  // The phase resumes at first_step() > 0 on another cut than the
+  // checkpoint's (ResumePoint.sources): parameters and optimizer state were
+  // regrouped, the algorithm's state was not; each algorithm restarts its
+  // pipeline at first_step() as at a phase start (docs/fault_tolerance.md).
+  virtual bool resharded() const { return false; }
 
   // OK while the job runs; the reason once it was stopped or failed. Algorithms
   // check it at least once per step (a single stage never blocks on a peer).

@@ -124,6 +124,7 @@ class StageRuntime final : public StageContext {
   bool CheckpointDue(int64_t steps_done) const override;
   absl::Status Checkpoint(int64_t steps_done) override;
   torch::serialize::InputArchive* resume_state() override { return resume_state_.get(); }
+  bool resharded() const override { return resharded_; }
   void ReportStep(int64_t steps_done, double train_loss, int64_t samples) override;
   void ReportEval(int64_t steps_done, double loss, double accuracy, int64_t samples) override;
   metrics::StageMetrics& stage_metrics() override { return *metrics_; }
@@ -162,7 +163,10 @@ class StageRuntime final : public StageContext {
   // `with_algorithm`: include Algorithm::SaveState (inside a phase only).
   absl::Status WriteShard(int64_t phase_step, bool with_algorithm);
   // Loads the shard named by StageAssignment.resume (Create, after phase 0
-  // is set up): enters the checkpoint's phase, restores everything.
+  // is set up): enters the checkpoint's phase, restores everything; on
+  // another cut (ResumePoint.sources) regroups what the stage holds from the
+  // sources (worker/reshard.h) and restarts the algorithm's state
+  // (worker/stage_checkpoint.cc).
   absl::Status LoadResume(const v1::ResumePoint& resume);
   // An event about this stage: the envelope names the job, stage and attempt.
   v1::WorkerEvent NewEvent() const;
@@ -217,6 +221,7 @@ class StageRuntime final : public StageContext {
   // parent's compilation unit, so the parent lives as long.
   std::unique_ptr<torch::serialize::InputArchive> resume_archive_;
   int start_phase_ = 0;          // the phase the compute thread begins with
+  bool resharded_ = false;       // resumed inside a phase on another cut (no algorithm state)
   bool resumed_at_end_ = false;  // resumed from the checkpoint at the last step
 
   BoundedQueue<v1::StageMessage> from_prev_;

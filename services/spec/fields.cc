@@ -209,6 +209,12 @@ const std::vector<Field<RecoverySpec>>& RecoveryFields() {
           "replicated stages: a recovering job short of `count x replicas` idle workers "
           "continues with fewer replicas of every stage (the most idle, dividing `batch_size`) "
           "instead of waiting; same global batch and learning rate"),
+      Key("min_stages", &S::min_stages,
+          "`0` (off) or `1..stages.count`; a recovering job still short of workers for all its "
+          "stages after `wait_seconds` resumes on fewer stages, at least this many, its "
+          "checkpoint regrouped onto a balanced cut (exact for backprop; see "
+          "[fault_tolerance.md](fault_tolerance.md#fewer-stages)); it waits another "
+          "`wait_seconds` for those"),
   };
   return *kFields;
 }

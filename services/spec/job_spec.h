@@ -286,6 +286,12 @@ struct RecoverySpec {
   // batch_size) instead of waiting; the global batch, and so the learning
   // rate, stay as they are. The next recovery takes all R again if it can.
   bool elastic = false;
+  // Resharding (docs/fault_tolerance.md, "Fewer stages"): a recovering job
+  // still short of workers for all its stages after wait_seconds resumes on
+  // fewer stages, at least this many (0: never), for as many as are idle:
+  // its checkpoint is regrouped onto the new cut (balanced), exactly for
+  // backprop. The job then keeps that many stages.
+  int min_stages = 0;
 };
 
 // How the replicas of a stage stay equal (stages.replicas > 1,

@@ -524,6 +524,33 @@ absl::Status ValidatePhases(const JobSpec& spec) {
 
 // Interleaved 1F1B: stages.chunks_per_worker > 1 and schedule: interleaved go
 // together, in every phase, on one pipeline cut by the spec.
+// recovery.min_stages: a recovering job may resume on fewer stages, its
+// checkpoint resharded; only plain pipelines (one replica, one chunk per
+// worker) whose algorithms run on that few.
+absl::Status ValidateMinStages(const JobSpec& spec) {
+  const int min = spec.recovery.min_stages;
+  if (min == 0) return absl::OkStatus();
+  if (min < 0 || min > spec.stages.count) {
+    return KeyError("recovery.min_stages", absl::StrCat("must be 0 (off) or 1..stages.count (",
+                                                        spec.stages.count, "), got ", min));
+  }
+  if (spec.stages.replicas > 1) {
+    return KeyError("recovery.min_stages",
+                    "not with stages.replicas > 1 (recovery.elastic runs fewer replicas instead)");
+  }
+  if (spec.stages.chunks_per_worker > 1) {
+    return KeyError("recovery.min_stages", "not with stages.chunks_per_worker > 1 yet");
+  }
+  for (const PhaseSpec& phase : Phases(spec)) {
+    if (const auto* nwise = phase.algorithm.get_if<NwiseOptions>(); nwise && nwise->n > min) {
+      return KeyError("recovery.min_stages",
+                      absl::StrCat("nwise with n = ", nwise->n, " needs at least ", nwise->n,
+                                   " stages, got ", min));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateInterleaved(const JobSpec& spec) {
   const int v = spec.stages.chunks_per_worker, J = spec.stages.count;
   const std::vector<PhaseSpec> phases = Phases(spec);
@@ -629,6 +656,7 @@ absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
   check(ValidateRecovery(spec.recovery));
   check(ValidateSync(spec.sync, spec.stages.replicas));
   if (check.status().ok()) check(ValidateInterleaved(spec));
+  if (check.status().ok()) check(ValidateMinStages(spec));
   if (spec.placement.labels.size() > 32) {
     check(KeyError("placement.labels", "at most 32 labels (a worker registers at most 32)"));
   }

@@ -5,3 +5,5 @@ stagewise_add_test(NAME collective_test SOURCES collective_test.cc
   LIBS stagewise_collective LABELS unit TORCH)
 stagewise_add_test(NAME device_turns_test SOURCES device_turns_test.cc
   LIBS stagewise_device_turns LABELS unit)
+stagewise_add_test(NAME reshard_test SOURCES reshard_test.cc
+  LIBS stagewise_worker stagewise_training LABELS unit TORCH)

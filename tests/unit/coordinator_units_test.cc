@@ -302,6 +302,68 @@ TEST_F(JobRecoveryTest, DeadlinesFailWaitingJobsAndRecoverSilentStages) {
               HasSubstr("did not acknowledge their assignment within 30s (no answer from w1)"));
 }
 
+TEST_F(JobRecoveryTest, PastItsWaitARecoveryWithMinStagesTakesFewerStagesOnce) {
+  LiveJob waiting = RunningJob("recovery: {min_stages: 1}\n");
+  waiting.status.set_state(v1::RECOVERING);
+  waiting.recovery_deadline = absl::Now() - absl::Seconds(1);
+  host_.jobs["job-1"] = waiting;
+  EXPECT_TRUE(FewerStageCounts(waiting).empty());  // not before its wait
+  recovery_.CheckDeadlines(absl::Now());
+  EXPECT_TRUE(host_.ended.empty());
+  LiveJob& job = host_.jobs.at("job-1");
+  EXPECT_TRUE(job.fewer_stages);
+  EXPECT_THAT(FewerStageCounts(job), ::testing::ElementsAre(1));
+  ASSERT_EQ(host_.requeued.size(), 1u);
+  EXPECT_THAT(host_.progress.back(), HasSubstr("resumes on as few as 1 stages"));
+  EXPECT_GT(job.recovery_deadline, absl::Now());
+  // Still nothing idle after the second wait: the job fails, saying so.
+  job.recovery_deadline = absl::Now() - absl::Seconds(1);
+  recovery_.CheckDeadlines(absl::Now());
+  ASSERT_EQ(host_.ended.size(), 1u);
+  EXPECT_THAT(host_.ended[0].reason, HasSubstr("(recovery.min_stages: 1)"));
+}
+
+TEST(LiveJob, AnAttemptOnFewerStagesIsCutAnewAndLoadsEveryOverlappingShard) {
+  LiveJob job = RunningJob("recovery: {min_stages: 1}\n");
+  job.fewer_stages = true;
+  checkpoint::Committed c;
+  c.dir = "/ckpt/job-1/step-0000000020";
+  c.manifest.set_step(20);
+  c.manifest.set_phase_step(20);
+  for (int j = 0; j < 2; ++j) {
+    v1::CheckpointShard* shard = c.manifest.add_shards();
+    shard->set_stage(j);
+    shard->set_file(checkpoint::ShardFileName(j));
+    shard->set_block_begin(2 * j);
+    shard->set_block_end(2 * j + 2);
+    shard->set_bytes(100 + j);
+  }
+  job.resume = c;
+  auto said = CutFewerStages(job, 1);
+  ASSERT_TRUE(said.ok()) << said.status();
+  EXPECT_THAT(*said, HasSubstr("this attempt runs 1 of 2 stages"));
+  EXPECT_THAT(*said, HasSubstr("the checkpoint at step 20 resharded"));
+  ASSERT_EQ(job.ranges.size(), 1u);
+  EXPECT_EQ(job.ranges[0], std::make_pair(0, 4));
+  EXPECT_EQ(job.status.num_stages(), 1);
+  EXPECT_FALSE(job.fewer_stages);
+
+  prometheus::Registry registry;
+  metrics::CoordinatorMetrics metrics(registry);
+  FakeJobHost host;
+  JobRecovery recovery(&host, &metrics, absl::Seconds(30));
+  std::vector<v1::Command> commands(1);
+  recovery.BeginAttempt(job, &commands);
+  const v1::ResumePoint& r = commands[0].configure().resume();
+  EXPECT_EQ(r.step(), 20);
+  EXPECT_TRUE(r.shard_path().empty());
+  ASSERT_EQ(r.sources_size(), 2);
+  EXPECT_EQ(r.sources(1).path(), c.dir + "/stage-1.pt");
+  EXPECT_EQ(r.sources(1).bytes(), 101);
+  EXPECT_EQ(r.sources(1).block_begin(), 2);
+  EXPECT_EQ(r.sources(1).block_end(), 4);
+}
+
 TEST_F(JobRecoveryTest, StageErrorsRecoverOnlyWhenTransient) {
   host_.jobs["job-1"] = RunningJob();
   v1::StageError e;

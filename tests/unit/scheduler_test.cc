@@ -222,6 +222,35 @@ TEST_F(SchedulerTest, AnElasticRecoveryTakesFewerReplicasWhenShortOfWorkers) {
   EXPECT_TRUE(round.placed.empty());
 }
 
+TEST_F(SchedulerTest, ARecoveryAllowedFewerStagesTakesTheMostThatAreIdle) {
+  for (int i = 0; i < 3; ++i) AddWorker("w" + std::to_string(i));
+  // Four stages wanted, three idle: without fewer_stages it waits.
+  Scheduler::Request rigid{"r", 4, false};
+  rigid.stages = 4;
+  scheduler_.Requeue(rigid);
+  Scheduler::Round round = scheduler_.Schedule(absl::Now());
+  EXPECT_TRUE(round.placed.empty());
+  scheduler_.Remove("r");
+  // recovery.min_stages 2, past its wait: three stages on the three idle.
+  Scheduler::Request fewer{"f", 4, false};
+  fewer.stages = 4;
+  fewer.fewer_stages = {3, 2};
+  scheduler_.Requeue(fewer);
+  round = scheduler_.Schedule(absl::Now());
+  ASSERT_THAT(Ids(round.placed), ElementsAre("f"));
+  EXPECT_THAT(round.placed[0].workers, ElementsAre("w0", "w1", "w2"));
+  // None idle: it waits, saying how few would do.
+  Scheduler::Request more{"m", 4, false};
+  more.stages = 4;
+  more.fewer_stages = {3, 2};
+  scheduler_.Requeue(more);
+  round = scheduler_.Schedule(absl::Now());
+  EXPECT_TRUE(round.placed.empty());
+  ASSERT_EQ(round.waiting.size(), 1u);
+  EXPECT_THAT(round.waiting[0].reason,
+              HasSubstr("waiting for 4 idle workers (recovery.min_stages: at least 2)"));
+}
+
 planner::ModelProfile FourBlocks() {
   planner::ModelProfile p;
   p.key = "k";

@@ -31,7 +31,9 @@
 // the serial-loss cadence follow from the step). The state besides model and
 // optimizer is stage k's AuxNet (parameters, BatchNorm buffers), its
 // optimizer and the noise generator; SaveState writes them and a resumed run
-// loads them after building them.
+// loads them after building them. A resume on another cut
+// (StageContext::resharded) builds them fresh, as at a phase start: the
+// AuxNet sits at a stage boundary that moved.
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <chrono>

@@ -273,7 +273,7 @@ absl::Status MissingState(const std::string& key, const std::string& what) {
 
 absl::StatusOr<torch::serialize::InputArchive*> ResumeState(StageContext& ctx,
                                                             const std::string& algorithm) {
-  if (ctx.first_step() == 0) return nullptr;
+  if (ctx.first_step() == 0 || ctx.resharded()) return nullptr;
   torch::serialize::InputArchive* state = ctx.resume_state();
   if (state == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -136,9 +136,11 @@ absl::StatusOr<torch::Tensor> ReceiveGrad(StageContext& ctx, int64_t step, int m
 // are written detached and read back as copies on `device`; a missing or
 // malformed entry is DATA_LOSS "resume state: ...".
 //
-// ResumeState: nullptr when the phase starts at its step 0, else the state
-// SaveState wrote at the checkpoint the job resumes from; FAILED_PRECONDITION
-// naming `algorithm` when the phase resumes inside it without one.
+// ResumeState: nullptr when the phase starts at its step 0 or resumes on
+// another cut (ctx.resharded(): the algorithm restarts its pipeline at
+// ctx.first_step()), else the state SaveState wrote at the checkpoint the job
+// resumes from; FAILED_PRECONDITION naming `algorithm` when the phase resumes
+// inside it without one.
 absl::StatusOr<torch::serialize::InputArchive*> ResumeState(StageContext& ctx,
                                                             const std::string& algorithm);
 void WriteStateInt(torch::serialize::OutputArchive& archive, const std::string& key, int64_t value);

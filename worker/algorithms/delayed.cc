@@ -16,7 +16,9 @@
 // Checkpoints: the cut is a drain, so nothing is in flight there; the only
 // state besides the model and optimizer is the step count (= the cut's step
 // on every stage), which a resumed run takes from ctx.first_step(). SaveState
-// records it to check the resume against.
+// records it to check the resume against. A resume on another cut
+// (StageContext::resharded) is therefore exact up to the new cut's delays:
+// nothing is dropped, stage j's staleness is the new J's from step s on.
 #include <chrono>
 #include <map>
 #include <vector>

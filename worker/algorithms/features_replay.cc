@@ -22,7 +22,11 @@
 // t+1-(J-1-j) that stage j+1 sent during iteration t. Where a checkpoint is
 // due after iteration t, the stage receives that gradient at the end of the
 // iteration (before the checkpoint) instead of at the start of iteration
-// t+1; SaveState writes both, and a resumed run starts from them.
+// t+1; SaveState writes both, and a resumed run starts from them. A resume
+// on another cut (StageContext::resharded) has neither, the inputs being
+// another boundary's: the replay restarts at the resume step s as at a phase
+// start (warm-up until s + J-1-j), so the mini-batches the old cut had not
+// replayed yet never reach the stages below the last one.
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -41,6 +45,9 @@ class FeaturesReplay : public Algorithm {
   absl::Status Run(StageContext& ctx) override {
     const int64_t J = ctx.num_stages(), j = ctx.stage();
     lag_ = J - 1 - j;
+    // On another cut than the checkpoint's the replay restarts at the resume
+    // step: mini-batches before it are not replayed below the last stage.
+    origin_ = ctx.resharded() ? ctx.first_step() : 0;
     ctx.Summarize("staleness_steps", static_cast<double>(lag_));
     STAGEWISE_ASSIGN_OR_RETURN(torch::serialize::InputArchive* const state,
                                ResumeState(ctx, "features_replay"));
@@ -104,7 +111,7 @@ class FeaturesReplay : public Algorithm {
   // Whether stage j receives a gradient in iteration t (for mini-batch
   // t - lag): stage j+1 sent it during iteration t-1.
   bool ExpectsGrad(const StageContext& ctx, int64_t t) const {
-    return !ctx.last() && t - lag_ >= 0;
+    return !ctx.last() && t - lag_ >= origin_;
   }
 
   void ClearPending() {
@@ -174,7 +181,7 @@ class FeaturesReplay : public Algorithm {
 
     // Replay of mini-batch t - (J-1-j) with the gradient of iteration t-1.
     const int64_t r = t - lag_;
-    if (r < 0) return absl::OkStatus();  // warm-up: no gradient yet
+    if (r < origin_) return absl::OkStatus();  // warm-up: no gradient yet
     torch::Tensor grad;
     if (pending_.defined()) {
       if (pending_step_ != r) {
@@ -201,7 +208,8 @@ class FeaturesReplay : public Algorithm {
     return SendGrad(ctx, r, 0, input.grad());
   }
 
-  int64_t lag_ = 0;  // J-1-j
+  int64_t lag_ = 0;     // J-1-j
+  int64_t origin_ = 0;  // the first mini-batch replayed: 0, or the resume step on another cut
   int64_t peak_inputs_ = 0;
   double loss_ = 0;
   int64_t samples_ = 0;

@@ -24,7 +24,9 @@
 // (every gradient of the mini-batch was received and the stage stepped); the
 // state besides model and optimizer is the aux head (parameters, BatchNorm
 // buffers) and its optimizer, which SaveState writes and a resumed run loads
-// after building them.
+// after building them. A resume on another cut (StageContext::resharded)
+// builds a fresh aux head and optimizer (from the seed, as at a phase start):
+// the head sits at the stage's output, which moved.
 #include <chrono>
 #include <map>
 #include <set>

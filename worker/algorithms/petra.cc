@@ -22,7 +22,10 @@
 // done follow from the cut's step s (s and s / k on every stage). When s is
 // not a multiple of k, the gradients of the s mod k backward passes of the
 // open window sit in the parameters' .grad: SaveState writes them and a
-// resumed run puts them back, so the window completes as it would have.
+// resumed run puts them back, so the window completes as it would have. A
+// resume on another cut (StageContext::resharded) drops them: that window's
+// update sums only its remaining passes (still divided by k); nothing is
+// dropped when checkpoint.every_steps is a multiple of k.
 #include <chrono>
 #include <map>
 #include <vector>
