@@ -108,6 +108,11 @@ Admission CheckRanges(const v1::WorkerEvent& event, const LiveJob& job) {
       }
       return Take();
     }
+    case v1::WorkerEvent::kCheckpointPlanned:
+      if (event.checkpoint_planned().step() <= 0 || event.checkpoint_planned().step() > total) {
+        return out_of_range("step out of range");
+      }
+      return Take();
     case v1::WorkerEvent::kTrace:
       if (!job.spec.trace.enabled) return out_of_range("the job does not trace");
       if (event.trace().spans_size() > kMaxSpansPerChunk) {
@@ -131,6 +136,7 @@ int EventAttempt(const v1::WorkerEvent& event) {
     case v1::WorkerEvent::kResult:
     case v1::WorkerEvent::kPhaseDone:
     case v1::WorkerEvent::kCheckpointSaved:
+    case v1::WorkerEvent::kCheckpointPlanned:
     case v1::WorkerEvent::kTrace:
       return event.attempt();
     case v1::WorkerEvent::kError:

@@ -41,6 +41,8 @@ class JobHost {
   // Puts the job back in the scheduler's queue (ahead of new jobs when
   // `recovering`); the loop schedules after the current task, never inside.
   virtual void Requeue(const std::string& job_id, bool recovering) = 0;
+  // Sends a command to a worker (its id is set by the sender).
+  virtual void Send(const std::string& worker_id, v1::Command command) = 0;
 };
 
 }  // namespace stagewise::coordinator

@@ -191,6 +191,7 @@ void JobManager::Housekeeping(absl::Time now) {
         lost, absl::StrCat("no heartbeat for ", absl::FormatDuration(options_.heartbeat_timeout)));
   }
   recovery_.CheckDeadlines(now);
+  planned_.CheckDeadlines(now);
   if (now >= scheduler_.NextDue()) schedule_needed_ = true;  // a settle window passed
   if (now >= flush_due_) FlushProgress();
   while (!metrics_expiry_.empty() && metrics_expiry_.front().first <= now) {
@@ -329,6 +330,7 @@ void JobManager::OnEvent(const v1::WorkerEvent& event) {
 
 void JobManager::HandleEvent(const v1::WorkerEvent& event) {
   STAGEWISE_BUG(OnLoop());
+  if (event.has_preempting()) return OnPreempting(event.worker_id(), event.preempting());
   const Admission admission = AdmitEvent(event, FindJob(event.job_id()));
   switch (admission.verdict) {
     case Admission::Verdict::kTake:
@@ -356,8 +358,11 @@ void JobManager::HandleEvent(const v1::WorkerEvent& event) {
   switch (event.event_case()) {
     case v1::WorkerEvent::kCheckpointSaved:
       if (!first_replica) return;
-      return committer_.OnShardSaved(job_id, jobs_.at(job_id), event.stage(),
-                                     event.checkpoint_saved());
+      committer_.OnShardSaved(job_id, jobs_.at(job_id), event.stage(), event.checkpoint_saved());
+      return planned_.OnCommitted(job_id, jobs_.at(job_id));
+    case v1::WorkerEvent::kCheckpointPlanned:
+      if (!first_replica || event.stage() != 0) return;
+      return planned_.OnPlanned(jobs_.at(job_id), event.checkpoint_planned().step());
     case v1::WorkerEvent::kTrace:
       if (!first_replica) return;
       return OnTrace(event);
@@ -500,42 +505,20 @@ void JobManager::OnPhaseDone(const std::string& job_id, int slot, const v1::Phas
   for (const std::string& worker : DistinctWorkers(job)) Send(worker, StartCommand(job_id, next));
 }
 
-void JobManager::OnProfile(const std::string& job_id, const v1::ProfileResult& result,
-                           const std::string& sender) {
+void JobManager::OnPreempting(const std::string& worker_id, const v1::Preempting& preempting) {
   STAGEWISE_BUG(OnLoop());
-  Job& job = jobs_.at(job_id);
-  if (job.planned) return;
-  if (job.spec.placement.per_worker_profiles) {
-    // Every worker profiles; the plan waits for the last of them.
-    job.profiles[sender] = result;
-    const std::vector<std::string> all = DistinctWorkers(job);
-    const size_t have = job.profiles.size();
-    if (have < all.size()) {
-      UpdateProgress(job, absl::StrCat("profiled on ", have, " of ", all.size(), " workers"), {});
-      return;
-    }
+  const std::optional<std::string> job_id = registry_.MarkDraining(worker_id);
+  if (!job_id.has_value()) return;
+  STAGEWISE_LOG(WARNING) << "worker " << worker_id << " is being preempted (it leaves within "
+                         << preempting.grace_seconds() << " s)";
+  LiveJob* job = job_id->empty() ? nullptr : FindJob(*job_id);
+  if (job == nullptr) return;
+  const std::string reason = absl::StrCat("worker ", worker_id, " is being preempted");
+  if (!planned_.Begin(*job_id, *job, reason, "preempted")) {
+    STAGEWISE_LOG(WARNING) << "job " << *job_id << ": " << reason
+                           << ", and no checkpoint can be planned (not running, no "
+                              "checkpoint.dir, or one planned already)";
   }
-  auto planned =
-      scheduler_.PlanFromProfile(job.spec, job.ranges, result, job.workers,
-                                 job.spec.placement.per_worker_profiles ? &job.profiles : nullptr);
-  if (!planned.ok()) {
-    EndJob(job_id, v1::FAILED, std::string(planned.status().message()));
-    return;
-  }
-  job.planned = true;
-  job.ranges = std::move(planned->ranges);
-  job.modes = std::move(planned->modes);
-  job.schedule = std::move(planned->schedule);
-  auto& summary = *job.status.mutable_summary();
-  for (const auto& [key, value] : planned->summary) summary[key] = value;
-  summary["plan.profile_cached"] = result.cached() ? 1 : 0;
-  if (job.spec.placement.per_worker_profiles) {
-    summary["plan.worker_profiles"] = static_cast<double>(job.profiles.size());
-  }
-  UpdateProgress(job, job.schedule.empty() ? "planned" : "planned: schedule " + job.schedule, {});
-  // Transition writes the plan first, then the state.
-  if (!Transition(job_id, v1::CONFIGURING, "").ok()) return;
-  Configure(job_id, jobs_.at(job_id));
 }
 
 void JobManager::OnWorkerLost(const WorkerRegistry::Removed& worker, const std::string& why) {
@@ -554,95 +537,6 @@ void JobManager::OnWorkerLost(const WorkerRegistry::Removed& worker, const std::
                          "): ", why)
           : absl::StrCat("lost worker ", worker.worker_id, ": ", why);
   recovery_.Recover(worker.job_id, text, "worker_lost");
-}
-
-// --- Loop thread: lifecycle -------------------------------------------------
-
-void JobManager::ScheduleIfNeeded() {
-  if (!schedule_needed_) return;
-  schedule_needed_ = false;
-  Schedule();
-}
-
-void JobManager::Schedule() {
-  STAGEWISE_BUG(OnLoop());
-  Scheduler::Round round = scheduler_.Schedule(absl::Now());
-  for (const Scheduler::Waiting& w : round.waiting) {
-    auto it = jobs_.find(w.job_id);
-    if (it == jobs_.end() || it->second.status.reason() == w.reason) continue;
-    it->second.status.set_reason(w.reason);
-    UpdateProgress(it->second, w.reason, {});
-  }
-  for (const Scheduler::Placement& p : round.placed) {
-    auto it = jobs_.find(p.job_id);
-    if (it == jobs_.end()) {
-      registry_.Release(p.job_id);
-      continue;
-    }
-    std::string fewer;  // recovery.min_stages: placed on fewer workers than stages
-    if (!p.profile && it->second.fewer_stages &&
-        static_cast<int>(p.workers.size()) < NumStages(it->second)) {
-      absl::StatusOr<std::string> cut =
-          CutFewerStages(it->second, static_cast<int>(p.workers.size()));
-      if (!cut.ok()) {
-        EndJob(p.job_id, v1::FAILED, absl::StrCat("recovery.min_stages: ", cut.status().message()));
-        continue;
-      }
-      fewer = *cut;
-      STAGEWISE_LOG(WARNING) << "job " << p.job_id << ": " << fewer;
-    }
-    it->second.fewer_stages = false;
-    it->second.workers = SlotWorkers(it->second, p.workers);
-    std::string elastic = SetPlacedReplicas(it->second);
-    if (elastic.empty()) elastic = fewer;
-    if (!elastic.empty()) STAGEWISE_LOG(WARNING) << "job " << p.job_id << ": " << elastic;
-    auto moved = Transition(p.job_id, p.profile ? v1::PROFILING : v1::CONFIGURING, elastic);
-    if (!moved.ok()) {
-      EndJob(p.job_id, v1::FAILED,
-             absl::StrCat("cannot record the placement: ", moved.status().message()));
-      continue;
-    }
-    Job& job = jobs_.at(p.job_id);
-    if (p.profile) {
-      // placement.per_worker_profiles: every worker measures its own times.
-      const std::vector<std::string> profilers = job.spec.placement.per_worker_profiles
-                                                     ? DistinctWorkers(job)
-                                                     : std::vector<std::string>{p.workers.front()};
-      for (const std::string& w : profilers) {
-        Send(w, Scheduler::ProfileCommand(p.job_id, job.yaml));
-      }
-    } else {
-      Configure(p.job_id, job);
-    }
-  }
-}
-
-void JobManager::Configure(const std::string& job_id, Job& job) {
-  STAGEWISE_BUG(OnLoop());
-  std::vector<v1::Command> commands = scheduler_.StageAssignments(
-      job_id, job.yaml, job.workers, job.ranges, job.modes, NumReplicas(job));
-  for (v1::Command& c : commands) c.mutable_configure()->set_schedule(job.schedule);
-  job.recovery_deadline = absl::InfiniteFuture();
-  job.configure_deadline = absl::Now() + options_.configure_timeout;
-  recovery_.BeginAttempt(job, &commands);
-  UpdateProgress(job, "", {});
-  // A claimed worker whose control stream ended since it was claimed has left
-  // the registry (its stage would get no next_address and fail as a bad
-  // assignment, which would fail the job). The lost-worker task already
-  // queued ends this attempt and recovers the job; send nothing meanwhile.
-  for (const std::string& worker : job.workers) {
-    if (!registry_.Info(worker).has_value()) {
-      STAGEWISE_LOG(WARNING) << "job " << job_id << " attempt " << job.attempt << ": worker "
-                             << worker << " left before its stage was configured";
-      return;
-    }
-  }
-  for (size_t j = 0; j < commands.size(); ++j) {
-    commands[j].mutable_configure()->set_attempt(job.attempt);
-    commands[j].set_command_id(next_command_++);
-    job.pending_acks.emplace(commands[j].command_id(), job.workers[j]);
-    Send(job.workers[j], std::move(commands[j]));
-  }
 }
 
 // --- JobHost -------------------------------------------------------------
@@ -665,27 +559,6 @@ void JobManager::StopStages(const std::string& job_id, const std::string& reason
   for (const std::string& worker : registry_.Release(job_id)) {
     Send(worker, StopCommand(job_id, reason));
   }
-}
-
-void JobManager::Requeue(const std::string& job_id, bool recovering) {
-  STAGEWISE_BUG(OnLoop());
-  const Job& job = jobs_.at(job_id);
-  // Every placement asks for all the spec's replicas; a recovering elastic
-  // job takes fewer when that many are not idle.
-  Scheduler::Request request{job_id, NumWorkerStages(job) * SpecReplicas(job),
-                             job.needs_plan && !job.planned};
-  request.stages = NumWorkerStages(job);
-  request.distinct_identities = job.spec.placement.distinct_identities;
-  request.labels = job.spec.placement.labels;
-  if (recovering) {
-    request.fewer_replicas = ElasticReplicaCounts(job);
-    request.fewer_stages = FewerStageCounts(job);
-    request.not_before = absl::Now() + options_.recovery_settle;
-    scheduler_.Requeue(std::move(request));
-  } else {
-    scheduler_.Enqueue(std::move(request));
-  }
-  schedule_needed_ = true;
 }
 
 absl::StatusOr<v1::JobStatus> JobManager::Transition(const std::string& job_id, v1::JobState to,

@@ -66,6 +66,7 @@
 #include "coordinator/job_recovery.h"
 #include "coordinator/job_view.h"
 #include "coordinator/live_job.h"
+#include "coordinator/planned_stop.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/store.h"
 #include "coordinator/worker_registry.h"
@@ -225,16 +226,22 @@ class JobManager : private JobHost {
   void OnProfile(const std::string& job_id, const v1::ProfileResult& result,
                  const std::string& sender);
   void OnWorkerLost(const WorkerRegistry::Removed& worker, const std::string& why);
+  // WorkerEvent.preempting: no new work for the worker; its job checkpoints
+  // and resumes without it (PlannedStops).
+  void OnPreempting(const std::string& worker_id, const v1::Preempting& preempting);
 
   // The lifecycle.
   void Admit(Job job);
   absl::StatusOr<v1::JobStatus> CancelJob(const std::string& job_id, const std::string& reason);
   void Schedule();
   void ScheduleIfNeeded();
+  // recovery.min_stages: plans a stop of every running job that runs fewer
+  // stages than stages.count when idle workers could take more (cause grow).
+  void MaybeGrow();
   // Sends every stage its StageAssignment (job.workers already chosen).
   void Configure(const std::string& job_id, Job& job);
   void FlushProgress();
-  void Send(const std::string& worker_id, v1::Command command);
+  void Send(const std::string& worker_id, v1::Command command) override;
   void RefreshGauges();
 
   // JobHost (job_host.h), for JobRecovery and CheckpointCommitter.
@@ -263,6 +270,7 @@ class JobManager : private JobHost {
   Scheduler scheduler_{&registry_};
   JobRecovery recovery_{this, metrics_, options_.configure_timeout};
   CheckpointCommitter committer_{this, metrics_};
+  PlannedStops planned_{this, &recovery_};
   std::map<std::string, Job> jobs_;
   std::set<std::string> dirty_;                              // jobs with unwritten status
   std::vector<std::pair<std::string, MetricPoint>> points_;  // unwritten metric history

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "coordinator/event_admission.h"
+#include "coordinator/planned_stop.h"
 #include "services/checkpoint/checkpoint.h"
 #include "services/common/log.h"
 
@@ -39,6 +40,8 @@ void JobRecovery::Recover(const std::string& job_id, const std::string& why,
   job.finished_stages.clear();
   job.phase_done.clear();
   job.shards.clear();
+  job.planned_stop.reset();
+  if (cause != "grow") job.grow_to = 0;
   job.configure_deadline = absl::InfiniteFuture();
   job.progressed = absl::InfiniteFuture();
   job.attempt_ended = absl::Now();
@@ -57,10 +60,14 @@ void JobRecovery::Recover(const std::string& job_id, const std::string& why,
   }
   metrics_->CountRestart(cause);
   // An attempt that never ran because its checkpoint was corrupt is not a
-  // restart of its own: the fault that led to it was counted already.
+  // restart of its own: the fault that led to it was counted already. Nor is
+  // one ended on purpose (a planned stop: preemption).
   int ended = 0;
   for (const v1::JobAttempt& a : job.status.attempts()) {
-    ended += a.ended_unix_ms() > 0 && a.end_cause() != "corrupt_checkpoint" ? 1 : 0;
+    ended += a.ended_unix_ms() > 0 && a.end_cause() != "corrupt_checkpoint" &&
+                     !IsPlannedCause(a.end_cause())
+                 ? 1
+                 : 0;
   }
   if (ended > job.spec.recovery.max_restarts) {
     host_->UpdateProgress(job, "", {});  // the attempt's end is written with the end
@@ -77,6 +84,8 @@ void JobRecovery::Recover(const std::string& job_id, const std::string& why,
 }
 
 bool JobRecovery::QueueRecovery(const std::string& job_id, LiveJob& job, const std::string& why) {
+  const int grow_to = job.grow_to;
+  job.grow_to = 0;
   job.resume.reset();
   job.fewer_stages = false;  // all the stages again first (recovery.min_stages)
   if (!job.spec.checkpoint.dir.empty()) {
@@ -114,6 +123,15 @@ bool JobRecovery::QueueRecovery(const std::string& job_id, LiveJob& job, const s
     if (!any_modes) job.modes.clear();
     job.status.set_num_stages(NumStages(job));
     job.planned = true;
+    if (grow_to > NumStages(job)) {
+      // recovery.min_stages: back to more stages, the checkpoint resharded.
+      if (absl::StatusOr<std::string> cut = CutStages(job, grow_to); cut.ok()) {
+        host_->UpdateProgress(job, absl::StrCat("growing to ", grow_to, " stages, blocks ", *cut),
+                              {});
+      } else {
+        STAGEWISE_LOG(ERROR) << "job " << job_id << ": cannot grow: " << cut.status();
+      }
+    }
     host_->UpdateProgress(
         job,
         absl::StrCat("attempt ", job.attempt, " will resume from the checkpoint at step ",
@@ -148,7 +166,7 @@ void JobRecovery::NoteLostWorker(const std::string& worker_id, const std::string
       if (a->ended_unix_ms() == 0) continue;
       const bool ran_there =
           std::find(a->workers().begin(), a->workers().end(), worker_id) != a->workers().end();
-      if (ran_there && a->end_cause() != "worker_lost" &&
+      if (ran_there && a->end_cause() != "worker_lost" && !IsPlannedCause(a->end_cause()) &&
           now_ms - a->ended_unix_ms() <= absl::ToInt64Milliseconds(kLossWindow)) {
         STAGEWISE_LOG(INFO) << "job " << id << " attempt " << a->attempt() << " ended on: " << why;
         a->set_end_reason(absl::StrCat(why, " (first reported: ", a->end_reason(), ")"));

@@ -94,7 +94,7 @@ LiveJob MakeLiveJob(const v1::JobStatus& status, const JobSpec& spec, const std:
   return job;
 }
 
-absl::StatusOr<std::string> CutFewerStages(LiveJob& job, int count) {
+absl::StatusOr<std::string> CutStages(LiveJob& job, int count) {
   STAGEWISE_ASSIGN_OR_RETURN(const std::vector<models::BlockInfo> blocks,
                              models::PlanModel(job.spec.model));
   StagesSpec stages = job.spec.stages;
@@ -112,15 +112,22 @@ absl::StatusOr<std::string> CutFewerStages(LiveJob& job, int count) {
       }
     }
     job.modes.clear();
-    for (const auto& [b, e] : ranges)
+    for (const auto& [b, e] : ranges) {
       job.modes.emplace_back(by_block.begin() + b, by_block.begin() + e);
+    }
   }
   job.ranges = std::move(ranges);
   job.status.set_num_stages(count);
-  job.fewer_stages = false;
   std::string cut;
-  for (const auto& [b, e] : job.ranges)
+  for (const auto& [b, e] : job.ranges) {
     absl::StrAppend(&cut, cut.empty() ? "" : " ", "[", b, ",", e, ")");
+  }
+  return cut;
+}
+
+absl::StatusOr<std::string> CutFewerStages(LiveJob& job, int count) {
+  STAGEWISE_ASSIGN_OR_RETURN(const std::string cut, CutStages(job, count));
+  job.fewer_stages = false;
   return absl::StrCat(
       "recovery.min_stages: this attempt runs ", count, " of ", job.spec.stages.count, " stages (",
       count, " workers were idle after recovery.wait_seconds), blocks ", cut,

@@ -71,6 +71,20 @@ struct LiveJob {
   // recovery.min_stages: the recovery deadline passed short of workers for
   // every stage; the next placement may take fewer (FewerStageCounts).
   bool fewer_stages = false;
+  // A planned stop (coordinator/planned_stop.h): the attempt checkpoints at
+  // `step` (-1 until stage 0 picks it), then ends with `cause` and the job
+  // resumes from that checkpoint; dropped when not committed by `deadline`.
+  struct PlannedStop {
+    std::string reason;
+    std::string cause;
+    int64_t step = -1;
+    absl::Time deadline = absl::InfiniteFuture();
+  };
+  std::optional<PlannedStop> planned_stop;
+  // recovery.min_stages: a job that runs on fewer stages than stages.count
+  // takes in idle workers (cause "grow"); its next attempt is cut into this
+  // many stages (0: the checkpoint's cut).
+  int grow_to = 0;
 };
 
 // Replicated stages (stages.replicas, docs/replicas.md): `workers` holds
@@ -104,8 +118,10 @@ inline std::vector<int> FewerStageCounts(const LiveJob& job) {
   return counts;
 }
 // Cuts the job into `count` stages (balanced, whatever stages.partition
-// says) for an attempt placed on that many workers; block modes follow their
-// blocks. What to tell the user.
+// says); block modes follow their blocks. The cut as text ("[0,5) [5,10)").
+absl::StatusOr<std::string> CutStages(LiveJob& job, int count);
+// CutStages for an attempt placed on fewer workers than stages
+// (recovery.min_stages). What to tell the user.
 absl::StatusOr<std::string> CutFewerStages(LiveJob& job, int count);
 inline int SlotOf(const LiveJob& job, int stage, int replica) {
   return replica * NumStages(job) + stage;

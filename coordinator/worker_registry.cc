@@ -189,7 +189,7 @@ WorkerRegistry::Counts WorkerRegistry::GetCounts() const {
   for (const auto& [id, w] : workers_) {
     if (!w.job_id.empty()) {
       ++counts.busy;
-    } else if (w.sink != nullptr) {
+    } else if (w.sink != nullptr && !w.draining) {
       ++counts.idle;
     }
   }
@@ -215,7 +215,7 @@ int WorkerRegistry::IdleWith(const std::vector<std::string>& labels) const {
   absl::MutexLock lock(&mu_);
   int n = 0;
   for (const auto& [id, w] : workers_) {
-    n += w.sink != nullptr && w.job_id.empty() && HasLabels(w.info, labels);
+    n += w.sink != nullptr && w.job_id.empty() && !w.draining && HasLabels(w.info, labels);
   }
   return n;
 }
@@ -228,7 +228,7 @@ std::vector<std::string> WorkerRegistry::Claim(const std::string& job_id, int n,
   std::set<std::string> identities;
   for (const auto& [id, w] : workers_) {
     if (static_cast<int>(chosen.size()) == n) break;
-    if (w.sink == nullptr || !w.job_id.empty()) continue;
+    if (w.sink == nullptr || !w.job_id.empty() || w.draining) continue;
     if (!HasLabels(w.info, labels)) continue;  // placement.labels
     if (distinct_identities && !w.identity.empty() && !identities.insert(w.identity).second) {
       continue;  // this certificate holds a stage of the job already
@@ -259,6 +259,14 @@ std::vector<std::string> WorkerRegistry::Release(const std::string& job_id) {
   return freed;
 }
 
+std::optional<std::string> WorkerRegistry::MarkDraining(const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return std::nullopt;
+  it->second.draining = true;
+  return it->second.job_id;
+}
+
 std::string WorkerRegistry::Identity(const std::string& worker_id) const {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
@@ -286,7 +294,9 @@ std::vector<v1::WorkerInfo> WorkerRegistry::List() const {
   for (const auto& [id, w] : workers_) {
     v1::WorkerInfo info = w.info;
     auto& labels = *info.mutable_labels();
-    labels["state"] = w.sink == nullptr ? "registering" : (w.job_id.empty() ? "idle" : "busy");
+    labels["state"] = w.sink == nullptr ? "registering"
+                      : w.draining      ? "draining"
+                                        : (w.job_id.empty() ? "idle" : "busy");
     if (!w.job_id.empty()) {
       labels["job"] = w.job_id;
       labels["stage"] = std::to_string(w.stage);

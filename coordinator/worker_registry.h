@@ -111,6 +111,10 @@ class WorkerRegistry {
                                  int stages = 0, const std::vector<std::string>& labels = {});
   // Idle workers that carry every one of `labels` ("key=value").
   int IdleWith(const std::vector<std::string>& labels) const;
+  // WorkerEvent.preempting: the worker exits soon; it is never claimed again
+  // (a restart re-registers it afresh) and listed as "draining". The job it
+  // runs a stage of ("" when idle), or nullopt when it is not registered.
+  std::optional<std::string> MarkDraining(const std::string& worker_id);
   // The certificate identity the worker registered with ("" when it is gone
   // or registered over plaintext).
   std::string Identity(const std::string& worker_id) const;
@@ -134,7 +138,8 @@ class WorkerRegistry {
     absl::Time last_seen;
     std::string job_id;  // empty when idle
     int stage = -1;
-    int replica = -1;  // only when the job has several replicas
+    int replica = -1;       // only when the job has several replicas
+    bool draining = false;  // WorkerEvent.preempting: it is going away
   };
 
   mutable absl::Mutex mu_;

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "services/common/log.h"
 #include "services/common/log_flags.h"
 #include "services/metrics/flags.h"
@@ -53,6 +54,15 @@ int main(int argc, char** argv) {
                  "configured times divided by this (0.5: half as fast), in its stages and "
                  "profiles; for heterogeneous clusters on one machine (docs/planner.md)")
       ->check(CLI::PositiveNumber);
+  double termination_grace_s = 50;
+  app.add_option("--termination-grace", termination_grace_s,
+                 "Seconds a SIGTERM (Kubernetes eviction, a spot notice) leaves a worker that "
+                 "runs a stage: the coordinator checkpoints the job at its next step boundary and "
+                 "resumes it elsewhere, and the worker exits once its stage is stopped, at the "
+                 "latest after this long (keep it below the pod's "
+                 "terminationGracePeriodSeconds). 0: exit at once; a second signal: at once")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   std::vector<std::string> labels;
   app.add_option("--label", labels,
                  "KEY=VALUE this worker carries, e.g. gpu=a100; repeatable. A job's "
@@ -193,6 +203,20 @@ int main(int argc, char** argv) {
   }
   int signal = 0;
   sigwait(&signals, &signal);
+  const absl::Duration grace = absl::Seconds(termination_grace_s);
+  if (signal == SIGTERM && grace > absl::ZeroDuration() && worker.BeginPreemption(grace)) {
+    // Preemption: the coordinator checkpoints the job and stops the stage.
+    STAGEWISE_LOG(INFO) << "SIGTERM: the job checkpoints and moves; exiting once the stage "
+                        << "stops, within " << grace;
+    const absl::Time deadline = absl::Now() + grace;
+    const timespec tick{0, 100 * 1000 * 1000};
+    while (worker.HasRunningStage() && absl::Now() < deadline) {
+      if (sigtimedwait(&signals, nullptr, &tick) > 0) {
+        STAGEWISE_LOG(INFO) << "a second signal: not waiting for the checkpoint";
+        break;
+      }
+    }
+  }
   STAGEWISE_LOG(INFO) << "signal " << signal << ", shutting down";
   // Probes see NOT_SERVING while the stage stops.
   if (health) health->SetServing(false);

@@ -493,7 +493,12 @@ absl::StatusOr<v1::StageMessage> StageRuntime::Receive(BoundedQueue<v1::StageMes
 
 absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFromPrev() {
   if (first()) return absl::FailedPreconditionError("stage 0 has no previous stage");
-  return Receive(from_prev_, v1::SPAN_WAIT_PREV);
+  absl::StatusOr<v1::StageMessage> m = Receive(from_prev_, v1::SPAN_WAIT_PREV);
+  // A planned checkpoint (CheckpointCommand) reaches every stage this way.
+  if (m.ok() && m->checkpoint_step() > 0 && m->checkpoint_step() <= total_steps_) {
+    extra_cuts_.insert(m->checkpoint_step());
+  }
+  return m;
 }
 
 absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFromNext() {
@@ -501,8 +506,25 @@ absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFromNext() {
   return Receive(from_next_, v1::SPAN_WAIT_NEXT);
 }
 
+void StageRuntime::RequestCheckpoint() { checkpoint_requested_.store(true); }
+
+void StageRuntime::PlanExtraCut(int64_t step) {
+  if (step <= phase_offset_ + first_step_ || step > total_steps_) return;
+  extra_cuts_.insert(step);
+  if (!env_.emit) return;
+  v1::WorkerEvent event = NewEvent();
+  event.mutable_checkpoint_planned()->set_step(step);
+  env_.emit(std::move(event));
+}
+
 absl::Status StageRuntime::SendToNext(v1::StageMessage message) {
   if (!downstream_) return absl::FailedPreconditionError("the last stage has no next stage");
+  if (message.kind() == v1::StageMessage::FORWARD || message.kind() == v1::StageMessage::AUX) {
+    // Stage 0, asked for a checkpoint: after the mini-batch it sends now.
+    const int64_t next = phase_offset_ + message.step() + 1;
+    if (first() && checkpoint_requested_.exchange(false)) PlanExtraCut(next);
+    if (extra_cuts_.count(next) > 0) message.set_checkpoint_step(next);
+  }
   return SendStamped(std::move(message),
                      [this](v1::StageMessage m) { return downstream_->Send(std::move(m)); });
 }
@@ -562,7 +584,8 @@ absl::Status StageRuntime::Interrupted() const {
 }
 
 bool StageRuntime::CheckpointScheduled(int64_t step) const {
-  return data::CheckpointScheduled(spec_.checkpoint, step, total_steps_, steps_per_epoch_);
+  return data::CheckpointScheduled(spec_.checkpoint, step, total_steps_, steps_per_epoch_) ||
+         extra_cuts_.count(step) > 0;
 }
 
 bool StageRuntime::CheckpointDue(int64_t steps_done) const {
@@ -608,6 +631,8 @@ void StageRuntime::ReportStep(int64_t phase_steps_done, double train_loss, int64
   metrics_->SetMemory("tensors", memory_->current());
   metrics_->SetMemory("tensors_peak", memory_->peak());
   const int64_t steps_done = phase_offset_ + phase_steps_done;
+  // A single stage asked for a checkpoint: right after this step.
+  if (first() && last() && checkpoint_requested_.exchange(false)) PlanExtraCut(steps_done);
   if (last() && !std::isfinite(train_loss)) {
     // Not retryable: a recovery would replay the same trajectory.
     Fail(absl::FailedPreconditionError(absl::StrCat("training diverged: the loss is ", train_loss,

@@ -6,10 +6,12 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -94,6 +96,10 @@ class StageRuntime final : public StageContext {
   absl::Status AttachUpstream(const v1::StageMessage& message, const std::string& peer_identity,
                               std::shared_ptr<UpstreamStream> stream, MessageSink** sink);
   std::shared_ptr<models::Model> model_ptr() const { return model_; }
+  // CheckpointCommand, stage 0 (any thread): the job checkpoints after the
+  // mini-batch this stage sends next (the compute thread picks the step,
+  // PlanExtraCut, and every stage learns it from StageMessage.checkpoint_step).
+  void RequestCheckpoint();
 
   // StageContext
   const JobSpec& spec() const override { return spec_; }
@@ -156,7 +162,11 @@ class StageRuntime final : public StageContext {
   void EmitTrace();
   absl::Status ValidateIncoming(const v1::StageMessage& m, bool from_prev) const;
   void ComputeLoop();
-  // Whether checkpoint.every_* asks for a checkpoint after global step `step`.
+  // A checkpoint after global step `step` besides checkpoint.every_*, picked
+  // here (stage 0): noted and reported (WorkerEvent.checkpoint_planned).
+  void PlanExtraCut(int64_t step);
+  // Whether checkpoint.every_* or a planned cut asks for a checkpoint after
+  // global step `step`.
   bool CheckpointScheduled(int64_t step) const;
   // Writes this stage's shard of the checkpoint after `phase_step` steps of
   // the current phase (atomically) and reports it to the coordinator.
@@ -220,8 +230,12 @@ class StageRuntime final : public StageContext {
   // The shard resume_state_ was read from: a nested archive may rely on its
   // parent's compilation unit, so the parent lives as long.
   std::unique_ptr<torch::serialize::InputArchive> resume_archive_;
-  int start_phase_ = 0;          // the phase the compute thread begins with
-  bool resharded_ = false;       // resumed inside a phase on another cut (no algorithm state)
+  int start_phase_ = 0;     // the phase the compute thread begins with
+  bool resharded_ = false;  // resumed inside a phase on another cut (no algorithm state)
+  // Planned checkpoints (CheckpointCommand): asked for (any thread), and the
+  // global steps planned (compute thread only).
+  std::atomic<bool> checkpoint_requested_{false};
+  std::set<int64_t> extra_cuts_;
   bool resumed_at_end_ = false;  // resumed from the checkpoint at the last step
 
   BoundedQueue<v1::StageMessage> from_prev_;

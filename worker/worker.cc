@@ -453,6 +453,25 @@ void Worker::Emit(v1::WorkerEvent event, bool may_skip) {
   (void)(may_skip ? stream->TrySend(std::move(event)) : stream->Send(std::move(event)));
 }
 
+bool Worker::HasRunningStage() const {
+  for (const auto& rt : runtimes()) {
+    if (rt->running()) return true;
+  }
+  return false;
+}
+
+bool Worker::BeginPreemption(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (control_ == nullptr) return false;
+  }
+  if (!HasRunningStage()) return false;
+  v1::WorkerEvent e;
+  e.mutable_preempting()->set_grace_seconds(absl::ToDoubleSeconds(grace));
+  Emit(std::move(e));
+  return true;
+}
+
 void Worker::Ack(int64_t command_id) {
   v1::WorkerEvent e;
   e.mutable_ack()->set_command_id(command_id);
@@ -486,6 +505,7 @@ void Worker::Dispatch(const v1::Command& command) {
     case v1::Command::kConfigure:
     case v1::Command::kStart:
     case v1::Command::kStop:
+    case v1::Command::kCheckpoint:
       if (!stage_tasks_.Post([this, command] { RunStageCommand(command); })) {
         STAGEWISE_LOG(ERROR) << "stage commands are piling up; dropped command "
                              << command.command_id();
@@ -599,6 +619,21 @@ void Worker::RunStageCommand(const v1::Command& command) {
         if (!s.ok()) {
           EmitError(rt->job_id(), rt->stage(), s);
           return;
+        }
+      }
+      Ack(command.command_id());
+      return;
+    }
+    case v1::Command::kCheckpoint: {
+      // Stage 0 of the attempt picks the step (StageRuntime::RequestCheckpoint);
+      // anything else is stale and only acknowledged.
+      const v1::CheckpointCommand& c = command.checkpoint();
+      for (const auto& rt : runtimes()) {
+        if (rt->job_id() == c.job_id() && rt->attempt() == c.attempt() && rt->stage() == 0 &&
+            rt->running()) {
+          STAGEWISE_LOG(INFO) << "job " << c.job_id() << ": checkpoint requested (" << c.reason()
+                              << ")";
+          rt->RequestCheckpoint();
         }
       }
       Ack(command.command_id());

@@ -94,6 +94,14 @@ class Worker {
   absl::Status Start();
   // Stops the current stage, closes the control stream and the servers.
   void Shutdown();
+  // SIGTERM with a grace period (docs/fault_tolerance.md, "Preemption"): when
+  // a stage runs and the coordinator is connected, tells it
+  // (WorkerEvent.preempting), which checkpoints the job at its next step
+  // boundary and then stops this worker's stages. True when there is
+  // something to wait for (HasRunningStage); the caller then waits, at most
+  // `grace`, and calls Shutdown.
+  bool BeginPreemption(absl::Duration grace);
+  bool HasRunningStage() const;
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_ ? metrics_->port() : 0; }

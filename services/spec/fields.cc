@@ -214,7 +214,7 @@ const std::vector<Field<RecoverySpec>>& RecoveryFields() {
           "stages after `wait_seconds` resumes on fewer stages, at least this many, its "
           "checkpoint regrouped onto a balanced cut (exact for backprop; see "
           "[fault_tolerance.md](fault_tolerance.md#fewer-stages)); it waits another "
-          "`wait_seconds` for those"),
+          "`wait_seconds` for those, and grows back when workers are idle again"),
   };
   return *kFields;
 }

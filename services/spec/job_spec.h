@@ -290,7 +290,8 @@ struct RecoverySpec {
   // still short of workers for all its stages after wait_seconds resumes on
   // fewer stages, at least this many (0: never), for as many as are idle:
   // its checkpoint is regrouped onto the new cut (balanced), exactly for
-  // backprop. The job then keeps that many stages.
+  // backprop. It grows back towards stages.count when workers are idle
+  // again (a planned stop at the next step boundary).
   int min_stages = 0;
 };
 

@@ -52,6 +52,12 @@ absl::Status ValidateStageMessage(const v1::StageMessage& m, const StageMessageE
   if (m.step() < 0 || m.micro_batch() < 0) {
     return absl::InvalidArgumentError("StageMessage.step/micro_batch: negative");
   }
+  if (m.checkpoint_step() != 0 &&
+      (m.checkpoint_step() < 0 || !expect.from_prev ||
+       (kind != v1::StageMessage::FORWARD && kind != v1::StageMessage::AUX))) {
+    return absl::InvalidArgumentError(
+        "StageMessage.checkpoint_step: only a positive step on FORWARD or AUX from stage j-1");
+  }
   if (kind == v1::StageMessage::OPEN && (m.tensors_size() > 0 || m.scalars_size() > 0)) {
     return absl::InvalidArgumentError(
         "StageMessage: an OPEN message carries no tensors or scalars");

@@ -187,6 +187,22 @@ absl::Status ProcessCluster::KillWorker(int i) {
   return s;
 }
 
+absl::StatusOr<std::string> ProcessCluster::TerminateWorker(int i, absl::Duration wait) {
+  if (!workers_[i]) return absl::FailedPreconditionError("not running");
+  workers_[i]->Signal(SIGTERM);
+  const absl::Time deadline = absl::Now() + wait;
+  while (workers_[i]->IsRunning() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  if (workers_[i]->IsRunning()) {
+    workers_[i]->Kill();
+    workers_[i].reset();
+    return absl::DeadlineExceededError(
+        absl::StrCat("worker ", i, " still ran ", absl::FormatDuration(wait), " after SIGTERM"));
+  }
+  std::string how = workers_[i]->DescribeExit();
+  workers_[i].reset();
+  return how;
+}
+
 absl::Status ProcessCluster::KillAndRestartWorker(int i) {
   if (absl::Status s = KillWorker(i); !s.ok()) return s;
   return StartWorker(i);

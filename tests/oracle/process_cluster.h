@@ -79,6 +79,9 @@ class ProcessCluster {
   // as the same worker). Returns once it answers on its port again.
   absl::Status KillAndRestartWorker(int i);
   absl::Status KillWorker(int i);
+  // SIGTERM (once) and up to `wait` for worker i to exit by itself (then
+  // SIGKILL and an error). How it ended ("exited with code 0").
+  absl::StatusOr<std::string> TerminateWorker(int i, absl::Duration wait);
   absl::Status StartWorker(int i);
   // SIGKILL of the coordinator, then (after `down_for`) the same command line
   // (same port, same db). Returns once it serves again.

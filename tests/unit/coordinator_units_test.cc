@@ -19,6 +19,7 @@
 #include "coordinator/event_admission.h"
 #include "coordinator/job_recovery.h"
 #include "coordinator/job_view.h"
+#include "coordinator/planned_stop.h"
 #include "services/checkpoint/checkpoint.h"
 #include "services/metrics/metrics.h"
 #include "tests/unit/coordinator_fakes.h"
@@ -362,6 +363,54 @@ TEST(LiveJob, AnAttemptOnFewerStagesIsCutAnewAndLoadsEveryOverlappingShard) {
   EXPECT_EQ(r.sources(1).bytes(), 101);
   EXPECT_EQ(r.sources(1).block_begin(), 2);
   EXPECT_EQ(r.sources(1).block_end(), 4);
+}
+
+TEST_F(JobRecoveryTest, APlannedStopCheckpointsFirstAndIsNoRestart) {
+  // Attempt 0 ended early already: with max_restarts 1, counting this stop
+  // as a restart would fail the job.
+  host_.jobs["job-1"] = RunningJob(
+      "checkpoint: {dir: /tmp/never-written, every_steps: 1000}\nrecovery: {max_restarts: 1}\n");
+  LiveJob& job = host_.jobs.at("job-1");
+  PlannedStops planned(&host_, &recovery_);
+  ASSERT_TRUE(planned.Begin("job-1", job, "worker w1 is being preempted", "preempted"));
+  EXPECT_FALSE(planned.Begin("job-1", job, "again", "preempted"));  // one at a time
+  ASSERT_EQ(host_.sent.size(), 1u);
+  EXPECT_EQ(host_.sent[0].first, "w0");  // stage 0
+  EXPECT_EQ(host_.sent[0].second.checkpoint().job_id(), "job-1");
+  EXPECT_EQ(host_.sent[0].second.checkpoint().attempt(), 1);
+  // Stage 0 picks step 17; an older checkpoint's commit changes nothing.
+  planned.OnPlanned(job, 17);
+  job.status.set_last_checkpoint_step(10);
+  planned.OnCommitted("job-1", job);
+  EXPECT_TRUE(host_.stopped.empty());
+  job.status.set_last_checkpoint_step(17);
+  planned.OnCommitted("job-1", job);
+  ASSERT_EQ(host_.stopped.size(), 1u);
+  EXPECT_TRUE(host_.ended.empty()) << host_.ended[0].reason;
+  const LiveJob& after = host_.jobs.at("job-1");
+  EXPECT_EQ(after.status.state(), v1::RECOVERING);
+  EXPECT_EQ(after.status.attempts(1).end_cause(), "preempted");
+  EXPECT_THAT(after.status.attempts(1).end_reason(),
+              HasSubstr("worker w1 is being preempted (checkpoint at step 17 committed)"));
+  EXPECT_FALSE(after.planned_stop.has_value());
+  // The lost worker's stream closing afterwards does not rename the cause.
+  recovery_.NoteLostWorker("w1", "lost worker w1: its control stream closed");
+  EXPECT_EQ(host_.jobs.at("job-1").status.attempts(1).end_cause(), "preempted");
+}
+
+TEST_F(JobRecoveryTest, APlannedStopNeedsARunningJobWithCheckpointsAndExpires) {
+  host_.jobs["job-1"] = RunningJob();  // no checkpoint.dir
+  PlannedStops planned(&host_, &recovery_);
+  EXPECT_FALSE(planned.Begin("job-1", host_.jobs.at("job-1"), "why", "preempted"));
+  host_.jobs["job-1"] = RunningJob("checkpoint: {dir: /tmp/never-written}\n");
+  LiveJob& job = host_.jobs.at("job-1");
+  ASSERT_TRUE(planned.Begin("job-1", job, "why", "preempted"));
+  planned.CheckDeadlines(absl::Now());
+  EXPECT_TRUE(job.planned_stop.has_value());
+  planned.CheckDeadlines(absl::Now() + PlannedStops::kTimeout + absl::Seconds(1));
+  EXPECT_FALSE(job.planned_stop.has_value());
+  EXPECT_THAT(host_.progress.back(), HasSubstr("why: no checkpoint within"));
+  EXPECT_TRUE(host_.stopped.empty());
 }
 
 TEST_F(JobRecoveryTest, StageErrorsRecoverOnlyWhenTransient) {

@@ -54,5 +54,24 @@ TEST(StageMessage, AnOpenMessageCarriesNothing) {
               HasSubstr("OPEN message carries no tensors or scalars"));
 }
 
+TEST(StageMessage, OnlyForwardAndAuxFromThePreviousStageCarryACheckpointStep) {
+  const StageMessageExpectation from_prev{"job-1", 1, true};
+  const StageMessageExpectation from_next{"job-1", 1, false};
+  for (const auto kind : {v1::StageMessage::FORWARD, v1::StageMessage::AUX}) {
+    v1::StageMessage m = Message(kind);
+    m.set_checkpoint_step(57);
+    EXPECT_TRUE(ValidateStageMessage(m, from_prev).ok());
+    m.set_checkpoint_step(-1);
+    EXPECT_THAT(std::string(ValidateStageMessage(m, from_prev).message()),
+                HasSubstr("StageMessage.checkpoint_step"));
+  }
+  v1::StageMessage eval = Message(v1::StageMessage::EVAL);
+  eval.set_checkpoint_step(57);
+  EXPECT_EQ(ValidateStageMessage(eval, from_prev).code(), absl::StatusCode::kInvalidArgument);
+  v1::StageMessage backward = Message(v1::StageMessage::BACKWARD);
+  backward.set_checkpoint_step(57);
+  EXPECT_EQ(ValidateStageMessage(backward, from_next).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace stagewise

@@ -235,5 +235,31 @@ TEST(WorkerRegistry, ClaimTakesOnlyWorkersWithTheLabels) {
   EXPECT_EQ(Labels(registry, "w3").at("gpu"), "h100");
 }
 
+TEST(WorkerRegistry, ADrainingWorkerIsNeverClaimedAgainUntilItRegistersAfresh) {
+  WorkerRegistry registry;
+  std::optional<WorkerRegistry::Removed> replaced;
+  std::string session;
+  FakeSink sinks[3];
+  for (int i = 0; i < 2; ++i) {
+    const std::string id = "w" + std::to_string(i);
+    ASSERT_TRUE(registry.Register(Info(id), {}, kT0, &replaced, &session).ok());
+    ASSERT_TRUE(registry.Connect(id, session, {}, &sinks[i], kT0).ok());
+  }
+  ASSERT_THAT(registry.Claim("job", 1, false, 0, {}), ElementsAre("w0"));
+  EXPECT_EQ(registry.MarkDraining("w0"), std::optional<std::string>("job"));
+  EXPECT_EQ(registry.MarkDraining("w1"), std::optional<std::string>(""));
+  EXPECT_EQ(registry.MarkDraining("nobody"), std::nullopt);
+  EXPECT_EQ(Labels(registry, "w0").at("state"), "draining");
+  registry.Release("job");
+  EXPECT_EQ(registry.GetCounts().idle, 0);
+  EXPECT_EQ(registry.IdleWith({}), 0);
+  EXPECT_TRUE(registry.Claim("next", 1, false, 0, {}).empty());
+  // Restarted under the same name: a new registration, claimable again.
+  ASSERT_TRUE(registry.Disconnect("w0", &sinks[0]).has_value());
+  ASSERT_TRUE(registry.Register(Info("w0"), {}, kT0, &replaced, &session).ok());
+  ASSERT_TRUE(registry.Connect("w0", session, {}, &sinks[2], kT0).ok());
+  EXPECT_THAT(registry.Claim("next", 1, false, 0, {}), ElementsAre("w0"));
+}
+
 }  // namespace
 }  // namespace stagewise::coordinator

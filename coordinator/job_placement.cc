@@ -1,0 +1,185 @@
+// JobManager's placement side (loop thread): the scheduling pass, the plan
+// from the workers' profiles, the stage assignments, and the queue a job
+// goes back to. The rest of the manager is in job_manager.cc.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/job_manager.h"
+#include "services/common/log.h"
+
+namespace stagewise::coordinator {
+
+// --- Loop thread: lifecycle -------------------------------------------------
+
+void JobManager::ScheduleIfNeeded() {
+  if (!schedule_needed_) return;
+  schedule_needed_ = false;
+  Schedule();
+}
+
+void JobManager::Schedule() {
+  STAGEWISE_BUG(OnLoop());
+  Scheduler::Round round = scheduler_.Schedule(absl::Now());
+  for (const Scheduler::Waiting& w : round.waiting) {
+    auto it = jobs_.find(w.job_id);
+    if (it == jobs_.end() || it->second.status.reason() == w.reason) continue;
+    it->second.status.set_reason(w.reason);
+    UpdateProgress(it->second, w.reason, {});
+  }
+  for (const Scheduler::Placement& p : round.placed) {
+    auto it = jobs_.find(p.job_id);
+    if (it == jobs_.end()) {
+      registry_.Release(p.job_id);
+      continue;
+    }
+    std::string fewer;  // recovery.min_stages: placed on fewer workers than stages
+    if (!p.profile && it->second.fewer_stages &&
+        static_cast<int>(p.workers.size()) < NumStages(it->second)) {
+      absl::StatusOr<std::string> cut =
+          CutFewerStages(it->second, static_cast<int>(p.workers.size()));
+      if (!cut.ok()) {
+        EndJob(p.job_id, v1::FAILED, absl::StrCat("recovery.min_stages: ", cut.status().message()));
+        continue;
+      }
+      fewer = *cut;
+      STAGEWISE_LOG(WARNING) << "job " << p.job_id << ": " << fewer;
+    }
+    it->second.fewer_stages = false;
+    it->second.workers = SlotWorkers(it->second, p.workers);
+    std::string elastic = SetPlacedReplicas(it->second);
+    if (elastic.empty()) elastic = fewer;
+    if (!elastic.empty()) STAGEWISE_LOG(WARNING) << "job " << p.job_id << ": " << elastic;
+    auto moved = Transition(p.job_id, p.profile ? v1::PROFILING : v1::CONFIGURING, elastic);
+    if (!moved.ok()) {
+      EndJob(p.job_id, v1::FAILED,
+             absl::StrCat("cannot record the placement: ", moved.status().message()));
+      continue;
+    }
+    Job& job = jobs_.at(p.job_id);
+    if (p.profile) {
+      // placement.per_worker_profiles: every worker measures its own times.
+      const std::vector<std::string> profilers = job.spec.placement.per_worker_profiles
+                                                     ? DistinctWorkers(job)
+                                                     : std::vector<std::string>{p.workers.front()};
+      for (const std::string& w : profilers) {
+        Send(w, Scheduler::ProfileCommand(p.job_id, job.yaml));
+      }
+    } else {
+      Configure(p.job_id, job);
+    }
+  }
+  // recovery.min_stages: a job that shrank takes idle workers back, while no
+  // other job waits for them.
+  if (scheduler_.size() == 0) MaybeGrow();
+}
+
+void JobManager::MaybeGrow() {
+  STAGEWISE_BUG(OnLoop());
+  for (auto& [id, job] : jobs_) {
+    if (job.spec.recovery.min_stages == 0 || job.status.state() != v1::RUNNING ||
+        job.planned_stop) {
+      continue;
+    }
+    const int have = NumStages(job);
+    const int to =
+        std::min(job.spec.stages.count, have + registry_.IdleWith(job.spec.placement.labels));
+    if (to <= have) continue;
+    if (planned_.Begin(
+            id, job,
+            absl::StrCat(to - have, " idle worker(s): growing from ", have, " to ", to, " stages"),
+            "grow")) {
+      job.grow_to = to;
+    }
+  }
+}
+
+void JobManager::Configure(const std::string& job_id, Job& job) {
+  STAGEWISE_BUG(OnLoop());
+  std::vector<v1::Command> commands = scheduler_.StageAssignments(
+      job_id, job.yaml, job.workers, job.ranges, job.modes, NumReplicas(job));
+  for (v1::Command& c : commands) c.mutable_configure()->set_schedule(job.schedule);
+  job.recovery_deadline = absl::InfiniteFuture();
+  job.configure_deadline = absl::Now() + options_.configure_timeout;
+  recovery_.BeginAttempt(job, &commands);
+  UpdateProgress(job, "", {});
+  // A claimed worker whose control stream ended since it was claimed has left
+  // the registry (its stage would get no next_address and fail as a bad
+  // assignment, which would fail the job). The lost-worker task already
+  // queued ends this attempt and recovers the job; send nothing meanwhile.
+  for (const std::string& worker : job.workers) {
+    if (!registry_.Info(worker).has_value()) {
+      STAGEWISE_LOG(WARNING) << "job " << job_id << " attempt " << job.attempt << ": worker "
+                             << worker << " left before its stage was configured";
+      return;
+    }
+  }
+  for (size_t j = 0; j < commands.size(); ++j) {
+    commands[j].mutable_configure()->set_attempt(job.attempt);
+    commands[j].set_command_id(next_command_++);
+    job.pending_acks.emplace(commands[j].command_id(), job.workers[j]);
+    Send(job.workers[j], std::move(commands[j]));
+  }
+}
+
+void JobManager::OnProfile(const std::string& job_id, const v1::ProfileResult& result,
+                           const std::string& sender) {
+  STAGEWISE_BUG(OnLoop());
+  Job& job = jobs_.at(job_id);
+  if (job.planned) return;
+  if (job.spec.placement.per_worker_profiles) {
+    // Every worker profiles; the plan waits for the last of them.
+    job.profiles[sender] = result;
+    const std::vector<std::string> all = DistinctWorkers(job);
+    const size_t have = job.profiles.size();
+    if (have < all.size()) {
+      UpdateProgress(job, absl::StrCat("profiled on ", have, " of ", all.size(), " workers"), {});
+      return;
+    }
+  }
+  auto planned =
+      scheduler_.PlanFromProfile(job.spec, job.ranges, result, job.workers,
+                                 job.spec.placement.per_worker_profiles ? &job.profiles : nullptr);
+  if (!planned.ok()) {
+    EndJob(job_id, v1::FAILED, std::string(planned.status().message()));
+    return;
+  }
+  job.planned = true;
+  job.ranges = std::move(planned->ranges);
+  job.modes = std::move(planned->modes);
+  job.schedule = std::move(planned->schedule);
+  auto& summary = *job.status.mutable_summary();
+  for (const auto& [key, value] : planned->summary) summary[key] = value;
+  summary["plan.profile_cached"] = result.cached() ? 1 : 0;
+  if (job.spec.placement.per_worker_profiles) {
+    summary["plan.worker_profiles"] = static_cast<double>(job.profiles.size());
+  }
+  UpdateProgress(job, job.schedule.empty() ? "planned" : "planned: schedule " + job.schedule, {});
+  // Transition writes the plan first, then the state.
+  if (!Transition(job_id, v1::CONFIGURING, "").ok()) return;
+  Configure(job_id, jobs_.at(job_id));
+}
+
+void JobManager::Requeue(const std::string& job_id, bool recovering) {
+  STAGEWISE_BUG(OnLoop());
+  const Job& job = jobs_.at(job_id);
+  // Every placement asks for all the spec's replicas; a recovering elastic
+  // job takes fewer when that many are not idle.
+  Scheduler::Request request{job_id, NumWorkerStages(job) * SpecReplicas(job),
+                             job.needs_plan && !job.planned};
+  request.stages = NumWorkerStages(job);
+  request.distinct_identities = job.spec.placement.distinct_identities;
+  request.labels = job.spec.placement.labels;
+  if (recovering) {
+    request.fewer_replicas = ElasticReplicaCounts(job);
+    request.fewer_stages = FewerStageCounts(job);
+    request.not_before = absl::Now() + options_.recovery_settle;
+    scheduler_.Requeue(std::move(request));
+  } else {
+    scheduler_.Enqueue(std::move(request));
+  }
+  schedule_needed_ = true;
+}
+
+}  // namespace stagewise::coordinator

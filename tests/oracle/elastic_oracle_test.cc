@@ -1,0 +1,261 @@
+// Elastic jobs, on real processes (a stagewise-coordinator and
+// stagewise-workers; docs/fault_tolerance.md).
+//
+// Resharding ("Fewer stages"): a job of
+// four stages with recovery.min_stages loses workers and gets no spare; after
+// recovery.wait_seconds it resumes from its checkpoint on the stages it has
+// workers for, the checkpoint regrouped onto the new cut, and finishes.
+// - backprop: the parameters and BatchNorm buffers at the end equal those of
+//   the same job run on four stages without a fault (<= 1e-6 relative),
+//   resumed on three stages and on two;
+// - the decoupled algorithms: SUCCEEDED with every step taken once, the
+//   resume on the smaller cut as documented (each restarts its in-flight
+//   state at the resume step).
+//
+// Preemption: SIGTERM to a worker mid-job has the job checkpointed at its
+// next step boundary and resumed from that very step on a spare, not counted
+// as a restart, ending equal to the run without it; the worker exits 0.
+//
+// The kill step and the workers lost are random; the seed is printed and can
+// be fixed with STAGEWISE_TEST_SEED=<n>.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "tests/oracle/oracle_util.h"
+#include "tests/oracle/process_cluster.h"
+
+namespace stagewise {
+namespace {
+
+using testing::ProcessCluster;
+using testing::TestSeed;
+
+constexpr int kStages = 4;
+constexpr int64_t kEvery = 20;  // checkpoint.every_steps
+
+std::string JobYaml(const std::string& algorithm, const std::string& checkpoint_dir, int min_stages,
+                    int stages = kStages, int64_t every = kEvery, int max_restarts = 3) {
+  return absl::StrCat(R"(name: reshard-oracle
+seed: 5
+model: {name: revnet, depth: 18, width: 8, blocks: [1, 1, 1, 1]}
+data: {dataset: synthetic, train_size: 512, test_size: 32, shape: [3, 16, 16], classes: 4}
+stages: )",
+                      stages, R"(
+optimizer: {name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 1.0e-4}
+schedule: {name: cosine, warmup_epochs: 0.25}
+batch_size: 16
+steps: 160
+eval: {every_epochs: 1, at_end: true}
+checkpoint: {dir: )",
+                      checkpoint_dir, ", every_steps: ", every, R"(, keep: 2}
+recovery: {max_restarts: )",
+                      max_restarts, ", wait_seconds: 3, min_stages: ", min_stages, R"(}
+algorithm: )",
+                      algorithm, "\n");
+}
+
+// Runs `yaml` on a fresh cluster of four workers, kills `lost` of them (no
+// spare) at a random step past the first checkpoint and waits for the end:
+// the job must resume on 4 - lost stages and succeed. Returns the job id.
+std::string RunLosing(ProcessCluster& cluster, const std::string& yaml, int lost,
+                      std::mt19937_64& rng) {
+  auto id = cluster.client().Submit(yaml);
+  EXPECT_TRUE(id.ok()) << id.status();
+  if (!id.ok()) return "";
+  const int64_t kill_step = std::uniform_int_distribution<int64_t>(kEvery + 1, 90)(rng);
+  std::vector<int> victims(kStages);
+  std::iota(victims.begin(), victims.end(), 0);
+  std::shuffle(victims.begin(), victims.end(), rng);
+  victims.resize(static_cast<size_t>(lost));
+  SCOPED_TRACE(absl::StrCat("kill ", lost, " worker(s) at step >= ", kill_step));
+  auto reached = cluster.WaitFor(*id, [&](const v1::JobStatus& st) {
+    return st.state() == v1::RUNNING && st.step() >= kill_step;
+  });
+  EXPECT_TRUE(reached.ok()) << reached.status();
+  if (!reached.ok()) return "";
+  EXPECT_EQ(reached->state(), v1::RUNNING) << "ended before the kill: " << reached->reason();
+  for (int v : victims) EXPECT_TRUE(cluster.KillWorker(v).ok());
+  auto done = cluster.WaitForEnd(*id, absl::Seconds(300));
+  EXPECT_TRUE(done.ok()) << done.status();
+  if (!done.ok()) return "";
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason() << "\n"
+                                          << cli::TailFile(cluster.CoordinatorLog(), 40);
+  EXPECT_EQ(done->step(), done->total_steps());
+  EXPECT_EQ(done->num_stages(), kStages - lost) << done->DebugString();
+  EXPECT_GE(done->attempts_size(), 2) << done->DebugString();
+  if (done->attempts_size() >= 2) {
+    const v1::JobAttempt& last = done->attempts(done->attempts_size() - 1);
+    EXPECT_EQ(last.workers_size(), kStages - lost);
+    EXPECT_GT(last.from_step(), 0);
+    EXPECT_EQ(last.from_step() % kEvery, 0);
+    std::cout << "[reshard] killed " << lost << " worker(s) at step " << reached->step()
+              << ", resumed on " << done->num_stages() << " stages from step " << last.from_step()
+              << "; " << done->steps_redone() << " steps redone\n";
+  }
+  return *id;
+}
+
+void RunBackpropOracle(int lost) {
+  const uint64_t seed = TestSeed();
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE(absl::StrCat("STAGEWISE_TEST_SEED=", seed));
+  ProcessCluster cluster(kStages);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string ckpt = cluster.dir() + "/checkpoints";
+  const std::string yaml = JobYaml("{name: backprop, micro_batches: 2}", ckpt, kStages - lost);
+  auto clean_id = cluster.client().Submit(yaml);
+  ASSERT_TRUE(clean_id.ok()) << clean_id.status();
+  auto clean = cluster.WaitForEnd(*clean_id);
+  ASSERT_TRUE(clean.ok()) << clean.status();
+  ASSERT_EQ(clean->state(), v1::SUCCEEDED) << clean->reason();
+  const int64_t total = clean->total_steps();
+  auto want = testing::CheckpointTensors(ckpt, *clean_id, total);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  const std::string id = RunLosing(cluster, yaml, lost, rng);
+  ASSERT_FALSE(id.empty());
+  auto got = testing::CheckpointTensors(ckpt, id, total);
+  ASSERT_TRUE(got.ok()) << got.status();
+  testing::ExpectClose(*got, *want, 1e-6);
+}
+
+TEST(ReshardOracleTest, BackpropFromFourStagesOntoThree) { RunBackpropOracle(1); }
+
+TEST(ReshardOracleTest, BackpropFromFourStagesOntoTwo) { RunBackpropOracle(2); }
+
+// The decoupled algorithms restart their in-flight state at the resume step
+// on the new cut (StageContext::resharded): they finish, every step once.
+TEST(ReshardOracleTest, DecoupledAlgorithmsFinishOnTwoStages) {
+  const uint64_t seed = TestSeed();
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE(absl::StrCat("STAGEWISE_TEST_SEED=", seed));
+  for (const std::string algorithm :
+       {"{name: delayed, weights: stash}", "{name: petra, accumulation: 3}", "features_replay",
+        "{name: nwise, n: 2, aux_head: 'conv:8,8'}", "{name: auxnet, beta: 100, aux_lr: 0.1}"}) {
+    SCOPED_TRACE(algorithm);
+    ProcessCluster cluster(kStages);
+    ASSERT_TRUE(cluster.ok()) << cluster.error();
+    EXPECT_FALSE(
+        RunLosing(cluster, JobYaml(algorithm, cluster.dir() + "/checkpoints", 2), 2, rng).empty());
+  }
+}
+
+// Lost workers that come back are taken in again: the job that shrank to
+// two stages grows back to four at its next step boundary (a planned stop,
+// cause grow) and ends equal to the uninterrupted four-stage run.
+TEST(ElasticOracleTest, BackpropShrinksToTwoStagesAndGrowsBackToFour) {
+  const uint64_t seed = TestSeed();
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE(absl::StrCat("STAGEWISE_TEST_SEED=", seed));
+  ProcessCluster cluster(kStages);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string ckpt = cluster.dir() + "/checkpoints";
+  const std::string yaml = JobYaml("{name: backprop, micro_batches: 2}", ckpt, 2);
+  auto clean_id = cluster.client().Submit(yaml);
+  ASSERT_TRUE(clean_id.ok()) << clean_id.status();
+  auto clean = cluster.WaitForEnd(*clean_id);
+  ASSERT_TRUE(clean.ok()) << clean.status();
+  ASSERT_EQ(clean->state(), v1::SUCCEEDED) << clean->reason();
+  const int64_t total = clean->total_steps();
+  auto want = testing::CheckpointTensors(ckpt, *clean_id, total);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  auto id = cluster.client().Submit(yaml);
+  ASSERT_TRUE(id.ok()) << id.status();
+  const int64_t kill_step = std::uniform_int_distribution<int64_t>(kEvery + 1, 50)(rng);
+  auto reached = cluster.WaitFor(*id, [&](const v1::JobStatus& st) {
+    return st.state() == v1::RUNNING && st.step() >= kill_step;
+  });
+  ASSERT_TRUE(reached.ok()) << reached.status();
+  ASSERT_EQ(reached->state(), v1::RUNNING) << reached->reason();
+  const std::vector<int> victims = {1, 3};
+  for (int v : victims) ASSERT_TRUE(cluster.KillWorker(v).ok());
+  auto shrunk = cluster.WaitFor(*id, [](const v1::JobStatus& st) {
+    return st.state() == v1::RUNNING && st.num_stages() == 2;
+  });
+  ASSERT_TRUE(shrunk.ok()) << shrunk.status();
+  ASSERT_EQ(shrunk->state(), v1::RUNNING) << shrunk->reason();
+  const int64_t shrunk_at = shrunk->step();
+  for (int v : victims) ASSERT_TRUE(cluster.StartWorker(v).ok());
+  auto done = cluster.WaitForEnd(*id);
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason() << "\n"
+                                          << cli::TailFile(cluster.CoordinatorLog(), 40);
+  EXPECT_EQ(done->step(), total);
+  EXPECT_EQ(done->num_stages(), kStages) << done->DebugString();
+  ASSERT_GE(done->attempts_size(), 3) << done->DebugString();
+  const v1::JobAttempt& grown = done->attempts(done->attempts_size() - 1);
+  EXPECT_EQ(grown.workers_size(), kStages);
+  EXPECT_EQ(done->attempts(done->attempts_size() - 2).end_cause(), "grow");
+  std::cout << "[grow] lost 2 of 4 workers at step " << reached->step() << ", ran on 2 stages from "
+            << shrunk_at << ", back on 4 from step " << grown.from_step() << "\n";
+  auto got = testing::CheckpointTensors(ckpt, *id, total);
+  ASSERT_TRUE(got.ok()) << got.status();
+  testing::ExpectClose(*got, *want, 1e-6);
+}
+
+int WorkerIndex(const std::string& worker_id) {
+  return worker_id.size() > 1 && worker_id[0] == 'w' ? std::atoi(worker_id.c_str() + 1) : -1;
+}
+
+TEST(ElasticOracleTest, ASigtermedWorkersJobResumesFromTheCheckpointItAskedFor) {
+  const uint64_t seed = TestSeed();
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE(absl::StrCat("STAGEWISE_TEST_SEED=", seed));
+  ProcessCluster cluster(3);  // two stages and a spare
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string ckpt = cluster.dir() + "/checkpoints";
+  // No periodic checkpoint before the end; no restart allowed: the
+  // preemption's checkpoint is the only way to step 160, and it is no restart.
+  const std::string yaml = JobYaml("{name: backprop, micro_batches: 2}", ckpt, 0, 2, 1000, 0);
+  auto clean_id = cluster.client().Submit(yaml);
+  ASSERT_TRUE(clean_id.ok()) << clean_id.status();
+  auto clean = cluster.WaitForEnd(*clean_id);
+  ASSERT_TRUE(clean.ok()) << clean.status();
+  ASSERT_EQ(clean->state(), v1::SUCCEEDED) << clean->reason();
+  const int64_t total = clean->total_steps();
+  auto want = testing::CheckpointTensors(ckpt, *clean_id, total);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  auto id = cluster.client().Submit(yaml);
+  ASSERT_TRUE(id.ok()) << id.status();
+  const int64_t at = std::uniform_int_distribution<int64_t>(20, 100)(rng);
+  auto reached = cluster.WaitFor(
+      *id, [&](const v1::JobStatus& st) { return st.state() == v1::RUNNING && st.step() >= at; });
+  ASSERT_TRUE(reached.ok()) << reached.status();
+  ASSERT_EQ(reached->state(), v1::RUNNING) << reached->reason();
+  const int victim = WorkerIndex(reached->attempts(0).workers(1));  // stage 1
+  ASSERT_GE(victim, 0) << reached->DebugString();
+  auto exited = cluster.TerminateWorker(victim, absl::Seconds(60));
+  ASSERT_TRUE(exited.ok()) << exited.status();
+  EXPECT_EQ(*exited, "exited with code 0");
+  auto done = cluster.WaitForEnd(*id);
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason() << "\n"
+                                          << cli::TailFile(cluster.CoordinatorLog(), 40);
+  EXPECT_EQ(done->step(), total);
+  ASSERT_EQ(done->attempts_size(), 2) << done->DebugString();
+  EXPECT_EQ(done->attempts(0).end_cause(), "preempted");
+  EXPECT_THAT(done->attempts(0).end_reason(),
+              ::testing::HasSubstr(absl::StrCat("worker w", victim, " is being preempted")));
+  const int64_t from = done->attempts(1).from_step();
+  EXPECT_GE(from, reached->step());
+  EXPECT_LT(from, total);
+  EXPECT_THAT(done->attempts(0).end_reason(),
+              ::testing::HasSubstr(absl::StrCat("checkpoint at step ", from, " committed")));
+  for (const std::string& w : done->attempts(1).workers()) EXPECT_NE(WorkerIndex(w), victim);
+  std::cout << "[preemption] SIGTERM to worker " << victim << " at step " << reached->step()
+            << ": checkpoint at step " << from << ", resumed there (" << done->steps_redone()
+            << " steps redone); " << *exited << "\n";
+  auto got = testing::CheckpointTensors(ckpt, *id, total);
+  ASSERT_TRUE(got.ok()) << got.status();
+  testing::ExpectClose(*got, *want, 1e-6);
+}
+
+}  // namespace
+}  // namespace stagewise
