@@ -193,6 +193,7 @@ void JobManager::Housekeeping(absl::Time now) {
   recovery_.CheckDeadlines(now);
   planned_.CheckDeadlines(now);
   if (now >= scheduler_.NextDue()) schedule_needed_ = true;  // a settle window passed
+  if (scheduler_.size() == 0) MaybeGrow();
   if (now >= flush_due_) FlushProgress();
   while (!metrics_expiry_.empty() && metrics_expiry_.front().first <= now) {
     metrics_->RemoveJob(metrics_expiry_.front().second);
@@ -514,10 +515,11 @@ void JobManager::OnPreempting(const std::string& worker_id, const v1::Preempting
   LiveJob* job = job_id->empty() ? nullptr : FindJob(*job_id);
   if (job == nullptr) return;
   const std::string reason = absl::StrCat("worker ", worker_id, " is being preempted");
-  if (!planned_.Begin(*job_id, *job, reason, "preempted")) {
-    STAGEWISE_LOG(WARNING) << "job " << *job_id << ": " << reason
-                           << ", and no checkpoint can be planned (not running, no "
-                              "checkpoint.dir, or one planned already)";
+  if (!planned_.Begin(*job_id, *job, reason, "preempted") && !job->planned_stop) {
+    // No checkpoint to take first (none kept, or not running yet): the
+    // worker is as good as lost; stopping its stages now lets it go at once.
+    recovery_.Recover(*job_id, absl::StrCat(reason, " (no checkpoint could be taken first)"),
+                      "worker_lost");
   }
 }
 

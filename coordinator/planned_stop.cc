@@ -16,7 +16,7 @@ bool PlannedStops::Begin(const std::string& job_id, LiveJob& job, const std::str
   }
   job.planned_stop = LiveJob::PlannedStop{reason, cause, -1, absl::Now() + kTimeout};
   v1::Command command;
-  v1::CheckpointCommand* c = command.mutable_checkpoint();
+  v1::CheckpointCommand* c = command.mutable_checkpoint_soon();
   c->set_job_id(job_id);
   c->set_attempt(job.attempt);
   c->set_reason(reason);

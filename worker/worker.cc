@@ -466,6 +466,10 @@ bool Worker::BeginPreemption(absl::Duration grace) {
     if (control_ == nullptr) return false;
   }
   if (!HasRunningStage()) return false;
+  // Without checkpoints there is nothing to wait for: the job recovers as
+  // from a lost worker.
+  const std::shared_ptr<StageRuntime> rt = runtime();
+  if (rt == nullptr || rt->spec().checkpoint.dir.empty()) return false;
   v1::WorkerEvent e;
   e.mutable_preempting()->set_grace_seconds(absl::ToDoubleSeconds(grace));
   Emit(std::move(e));
@@ -505,7 +509,7 @@ void Worker::Dispatch(const v1::Command& command) {
     case v1::Command::kConfigure:
     case v1::Command::kStart:
     case v1::Command::kStop:
-    case v1::Command::kCheckpoint:
+    case v1::Command::kCheckpointSoon:
       if (!stage_tasks_.Post([this, command] { RunStageCommand(command); })) {
         STAGEWISE_LOG(ERROR) << "stage commands are piling up; dropped command "
                              << command.command_id();
@@ -624,10 +628,10 @@ void Worker::RunStageCommand(const v1::Command& command) {
       Ack(command.command_id());
       return;
     }
-    case v1::Command::kCheckpoint: {
+    case v1::Command::kCheckpointSoon: {
       // Stage 0 of the attempt picks the step (StageRuntime::RequestCheckpoint);
       // anything else is stale and only acknowledged.
-      const v1::CheckpointCommand& c = command.checkpoint();
+      const v1::CheckpointCommand& c = command.checkpoint_soon();
       for (const auto& rt : runtimes()) {
         if (rt->job_id() == c.job_id() && rt->attempt() == c.attempt() && rt->stage() == 0 &&
             rt->running()) {

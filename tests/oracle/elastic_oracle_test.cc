@@ -124,13 +124,13 @@ void RunBackpropOracle(int lost) {
   testing::ExpectClose(*got, *want, 1e-6);
 }
 
-TEST(ReshardOracleTest, BackpropFromFourStagesOntoThree) { RunBackpropOracle(1); }
+TEST(ElasticOracleTest, BackpropFromFourStagesOntoThree) { RunBackpropOracle(1); }
 
-TEST(ReshardOracleTest, BackpropFromFourStagesOntoTwo) { RunBackpropOracle(2); }
+TEST(ElasticOracleTest, BackpropFromFourStagesOntoTwo) { RunBackpropOracle(2); }
 
 // The decoupled algorithms restart their in-flight state at the resume step
 // on the new cut (StageContext::resharded): they finish, every step once.
-TEST(ReshardOracleTest, DecoupledAlgorithmsFinishOnTwoStages) {
+TEST(ElasticOracleTest, DecoupledAlgorithmsFinishOnTwoStages) {
   const uint64_t seed = TestSeed();
   std::mt19937_64 rng(seed);
   SCOPED_TRACE(absl::StrCat("STAGEWISE_TEST_SEED=", seed));
@@ -181,7 +181,7 @@ TEST(ElasticOracleTest, BackpropShrinksToTwoStagesAndGrowsBackToFour) {
   ASSERT_TRUE(shrunk.ok()) << shrunk.status();
   ASSERT_EQ(shrunk->state(), v1::RUNNING) << shrunk->reason();
   const int64_t shrunk_at = shrunk->step();
-  for (int v : victims) ASSERT_TRUE(cluster.StartWorker(v).ok());
+  ASSERT_TRUE(cluster.StartWorkers(victims).ok());
   auto done = cluster.WaitForEnd(*id);
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason() << "\n"

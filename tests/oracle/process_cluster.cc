@@ -164,18 +164,23 @@ absl::Status ProcessCluster::StartCoordinator() {
   return absl::OkStatus();
 }
 
-absl::Status ProcessCluster::StartWorker(int i) {
-  const std::string& port_file = worker_port_files_[i];
-  fs::remove(port_file);
-  auto child = cli::Child::Spawn(worker_argv_[i], absl::StrCat(dir_, "/w", i, ".log"));
-  if (!child.ok()) return child.status();
-  workers_[i] = std::move(*child);
-  auto ports = cli::WaitForPortFile(port_file, absl::Seconds(60), *workers_[i]);
-  if (!ports.ok()) {
-    return absl::Status(ports.status().code(), absl::StrCat(ports.status().message(), "\n",
-                                                            cli::TailFile(WorkerLog(i), 30)));
+absl::Status ProcessCluster::StartWorker(int i) { return StartWorkers({i}); }
+
+absl::Status ProcessCluster::StartWorkers(const std::vector<int>& which) {
+  for (int i : which) {
+    fs::remove(worker_port_files_[i]);
+    auto child = cli::Child::Spawn(worker_argv_[i], absl::StrCat(dir_, "/w", i, ".log"));
+    if (!child.ok()) return child.status();
+    workers_[i] = std::move(*child);
   }
-  worker_ports_[i] = *ports;
+  for (int i : which) {
+    auto ports = cli::WaitForPortFile(worker_port_files_[i], absl::Seconds(60), *workers_[i]);
+    if (!ports.ok()) {
+      return absl::Status(ports.status().code(), absl::StrCat(ports.status().message(), "\n",
+                                                              cli::TailFile(WorkerLog(i), 30)));
+    }
+    worker_ports_[i] = *ports;
+  }
   return absl::OkStatus();
 }
 

@@ -83,6 +83,8 @@ class ProcessCluster {
   // SIGKILL and an error). How it ended ("exited with code 0").
   absl::StatusOr<std::string> TerminateWorker(int i, absl::Duration wait);
   absl::Status StartWorker(int i);
+  // Starts them all, then waits for each (they register close together).
+  absl::Status StartWorkers(const std::vector<int>& which);
   // SIGKILL of the coordinator, then (after `down_for`) the same command line
   // (same port, same db). Returns once it serves again.
   absl::Status KillAndRestartCoordinator(absl::Duration down_for = absl::ZeroDuration());

@@ -376,8 +376,8 @@ TEST_F(JobRecoveryTest, APlannedStopCheckpointsFirstAndIsNoRestart) {
   EXPECT_FALSE(planned.Begin("job-1", job, "again", "preempted"));  // one at a time
   ASSERT_EQ(host_.sent.size(), 1u);
   EXPECT_EQ(host_.sent[0].first, "w0");  // stage 0
-  EXPECT_EQ(host_.sent[0].second.checkpoint().job_id(), "job-1");
-  EXPECT_EQ(host_.sent[0].second.checkpoint().attempt(), 1);
+  EXPECT_EQ(host_.sent[0].second.checkpoint_soon().job_id(), "job-1");
+  EXPECT_EQ(host_.sent[0].second.checkpoint_soon().attempt(), 1);
   // Stage 0 picks step 17; an older checkpoint's commit changes nothing.
   planned.OnPlanned(job, 17);
   job.status.set_last_checkpoint_step(10);
