@@ -1008,22 +1008,6 @@ TEST(JobSpecTest, PlacementAndTheStallWatchdog) {
               HasSubstr("placement.distinct_identities"));
 }
 
-TEST(JobSpecTest, MinStagesTakesPlainPipelinesWhoseAlgorithmsFit) {
-  EXPECT_EQ(ParseOk(SpecYaml({})).recovery.min_stages, 0);
-  EXPECT_EQ(
-      ParseOk(SpecYaml({{"stages", "4"}, {"recovery", "{min_stages: 2}"}})).recovery.min_stages, 2);
-  EXPECT_THAT(ParseError(SpecYaml({{"stages", "4"}, {"recovery", "{min_stages: 5}"}})),
-              StartsWith("recovery.min_stages: must be 0 (off) or 1..stages.count (4), got 5"));
-  EXPECT_THAT(ParseError(SpecYaml({{"stages", "{count: 2, replicas: 2}"},
-                                   {"batch_size", "16"},
-                                   {"recovery", "{min_stages: 1}"}})),
-              StartsWith("recovery.min_stages: not with stages.replicas > 1"));
-  EXPECT_THAT(ParseError(SpecYaml({{"stages", "4"},
-                                   {"algorithm", "{name: nwise, n: 3}"},
-                                   {"recovery", "{min_stages: 2}"}})),
-              StartsWith("recovery.min_stages: nwise with n = 3 needs at least 3 stages, got 2"));
-}
-
 TEST(JobSpecTest, TransportCompression) {
   EXPECT_EQ(ParseOk(SpecYaml({})).transport.compression, Compression::kNone);
   for (Compression c : {Compression::kNone, Compression::kFp16, Compression::kBf16}) {

@@ -1,0 +1,45 @@
+// recovery.min_stages (docs/fault_tolerance.md, "Fewer stages"): parsed, and
+// refused, naming the key, where a job could not run on fewer stages.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "services/spec/job_spec.h"
+
+namespace stagewise {
+namespace {
+
+using ::testing::StartsWith;
+
+std::string Yaml(const std::string& stages, const std::string& extra) {
+  return absl::StrCat(
+      "name: r\nmodel: {name: mlp, hidden: [8, 8, 8]}\n"
+      "data: {dataset: synthetic, train_size: 128, test_size: 32, shape: [1, 4, 4]}\n"
+      "stages: ",
+      stages, "\nbatch_size: 16\nsteps: 2\n", extra);
+}
+
+std::string Error(const std::string& yaml) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml);
+  return spec.ok() ? "parsed" : std::string(spec.status().message());
+}
+
+TEST(RecoverySpec, MinStagesTakesPlainPipelinesWhoseAlgorithmsFit) {
+  auto off = ParseJobSpec(Yaml("4", ""));
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->recovery.min_stages, 0);
+  auto on = ParseJobSpec(Yaml("4", "recovery: {min_stages: 2}\n"));
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_EQ(on->recovery.min_stages, 2);
+  EXPECT_THAT(Error(Yaml("4", "recovery: {min_stages: 5}\n")),
+              StartsWith("recovery.min_stages: must be 0 (off) or 1..stages.count (4), got 5"));
+  EXPECT_THAT(Error(Yaml("{count: 2, replicas: 2}", "recovery: {min_stages: 1}\n")),
+              StartsWith("recovery.min_stages: not with stages.replicas > 1"));
+  EXPECT_THAT(Error(Yaml("4", "algorithm: {name: nwise, n: 3}\nrecovery: {min_stages: 2}\n")),
+              StartsWith("recovery.min_stages: nwise with n = 3 needs at least 3 stages, got 2"));
+}
+
+}  // namespace
+}  // namespace stagewise
