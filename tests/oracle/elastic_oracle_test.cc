@@ -231,9 +231,16 @@ TEST(ElasticOracleTest, ASigtermedWorkersJobResumesFromTheCheckpointItAskedFor) 
   ASSERT_EQ(reached->state(), v1::RUNNING) << reached->reason();
   const int victim = WorkerIndex(reached->attempts(0).workers(1));  // stage 1
   ASSERT_GE(victim, 0) << reached->DebugString();
+  const absl::Time signalled = absl::Now();
   auto exited = cluster.TerminateWorker(victim, absl::Seconds(60));
   ASSERT_TRUE(exited.ok()) << exited.status();
   EXPECT_EQ(*exited, "exited with code 0");
+  const double exit_s = absl::ToDoubleSeconds(absl::Now() - signalled);
+  auto resumed = cluster.WaitFor(*id, [](const v1::JobStatus& st) {
+    return st.state() == v1::RUNNING && st.attempts_size() >= 2;
+  });
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  const double resumed_s = absl::ToDoubleSeconds(absl::Now() - signalled);
   auto done = cluster.WaitForEnd(*id);
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason() << "\n"
@@ -251,7 +258,8 @@ TEST(ElasticOracleTest, ASigtermedWorkersJobResumesFromTheCheckpointItAskedFor) 
   for (const std::string& w : done->attempts(1).workers()) EXPECT_NE(WorkerIndex(w), victim);
   std::cout << "[preemption] SIGTERM to worker " << victim << " at step " << reached->step()
             << ": checkpoint at step " << from << ", resumed there (" << done->steps_redone()
-            << " steps redone); " << *exited << "\n";
+            << " steps redone); " << *exited << " after " << exit_s
+            << " s, the job running again after " << resumed_s << " s\n";
   auto got = testing::CheckpointTensors(ckpt, *id, total);
   ASSERT_TRUE(got.ok()) << got.status();
   testing::ExpectClose(*got, *want, 1e-6);
