@@ -155,6 +155,19 @@ const ModelProfile& ProfileOfStage(const ModelProfile& p, const PlanOptions& o, 
   return j < static_cast<int>(o.stage_profiles.size()) ? o.stage_profiles[j] : p;
 }
 
+// The links (PlanOptions::link_bytes_per_s): stage [begin, end) sends its
+// output forward and its input's gradient back, one message of the
+// boundary's size each way.
+void AddLinkTime(const ModelProfile& p, const PlanOptions& o, int begin, int end,
+                 const StageRole& role, StageEstimate& s) {
+  if (o.link_bytes_per_s <= 0) return;
+  auto send = [&](int64_t bytes) {
+    return o.link_latency_s + static_cast<double>(bytes) / o.link_bytes_per_s;
+  };
+  if (!role.last) s.link_s += send(p.blocks[end - 1].output_bytes);
+  if (!role.first) s.link_s += send(p.blocks[begin].input_bytes);
+}
+
 }  // namespace
 
 StageEstimate EstimateStage(const ModelProfile& p, AlgorithmKind algorithm, int begin, int end,
@@ -215,7 +228,9 @@ absl::StatusOr<StagePlan> PlanStage(const ModelProfile& p, const PlanOptions& o,
   sp.role = role;
   sp.cap_bytes = cap;
   auto estimate = [&](const std::vector<bool>& store) {
-    return EstimateStage(p, a, begin, end, store, role);
+    StageEstimate e = EstimateStage(p, a, begin, end, store, role);
+    AddLinkTime(p, o, begin, end, role, e);
+    return e;
   };
   auto fits = [&](const StageEstimate& e) { return cap <= 0 || e.peak_bytes <= cap; };
   std::vector<bool> lowest(n), highest(n);
@@ -438,7 +453,9 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
       const StagePlan& s = plan.stages[j];
       std::vector<bool> store =
           plan.algorithm == algorithm ? s.store : DefaultStore(p, algorithm, s.begin, s.end);
-      out.push_back(EstimateStage(ProfileOfStage(p, o, j), algorithm, s.begin, s.end, store, r[j]));
+      const ModelProfile& on = ProfileOfStage(p, o, j);
+      out.push_back(EstimateStage(on, algorithm, s.begin, s.end, store, r[j]));
+      AddLinkTime(on, o, s.begin, s.end, r[j], out.back());
     }
     return out;
   };
@@ -558,6 +575,8 @@ PlanOptions PlanOptionsForJob(const JobSpec& spec, const std::vector<std::pair<i
     o.nwise_n = nwise->n;
   }
   if (spec.stages.partition != Partition::kAuto) o.ranges = ranges;
+  o.link_bytes_per_s = spec.placement.link_gbps * 1e9 / 8;
+  o.link_latency_s = spec.placement.link_rtt_ms / 2000;
   return o;
 }
 
@@ -600,6 +619,7 @@ std::vector<std::pair<std::string, double>> PlanSummary(const Plan& plan) {
     out.emplace_back(prefix + "block_end", s.end);
     out.emplace_back(prefix + "peak_bytes", static_cast<double>(s.estimate.peak_bytes));
     out.emplace_back(prefix + "seconds_per_batch", s.estimate.time_s() + s.estimate.aux_head_s);
+    if (s.estimate.link_s > 0) out.emplace_back(prefix + "link_seconds", s.estimate.link_s);
     out.emplace_back(prefix + "rebuild_blocks", rebuilt);
   }
   for (const Prediction& p : plan.predictions) {
@@ -627,6 +647,14 @@ std::string PlanText(const ModelProfile& p, const Plan& plan) {
                                           Ms(e.message_s), Ms(e.time_s() + e.aux_head_s),
                                           HumanBytes(e.kept_bytes), HumanBytes(e.peak_bytes),
                                           s.cap_bytes > 0 ? HumanBytes(s.cap_bytes) : "-"));
+  }
+  std::string links;
+  for (size_t j = 0; j < plan.stages.size(); ++j) {
+    const double link_s = plan.stages[j].estimate.link_s;
+    if (link_s > 0) absl::StrAppend(&links, links.empty() ? "" : ", ", "stage ", j, " ", Ms(link_s));
+  }
+  if (!links.empty()) {
+    absl::StrAppend(&out, "sending over the links (placement.link_gbps, in time): ", links, "\n");
   }
   absl::StrAppend(&out, "reversible blocks (store = compute-centric, rebuild = memory-centric):\n");
   bool any = false;

@@ -38,10 +38,13 @@ struct StageEstimate {
   double step_s = 0;
   double message_s = 0;      // encoding and decoding the stage's messages
   double aux_head_s = 0;     // nwise: the stage's aux head
+  // Sending over the links (PlanOptions::link_bytes_per_s): the stage's
+  // output forward and its input's gradient back.
+  double link_s = 0;
   int64_t static_bytes = 0;  // parameters, buffers, gradients, optimizer state
   int64_t kept_bytes = 0;    // what one mini-batch keeps between forward and backward
   int64_t peak_bytes = 0;
-  double time_s() const { return forward_s + backward_s + step_s + message_s; }
+  double time_s() const { return forward_s + backward_s + step_s + message_s + link_s; }
 };
 
 // Memory and time of blocks [begin, end) of `profile` under `store` (one
@@ -74,6 +77,11 @@ struct PlanOptions {
   // and bytes from the profile measured on the worker that runs it (size
   // num_stages); empty: the one profile for every stage.
   std::vector<ModelProfile> stage_profiles;
+  // The links between neighbouring workers (placement.link_gbps,
+  // link_rtt_ms): a message of b bytes takes link_latency_s + b /
+  // link_bytes_per_s, counted in the sending stage's time. 0: not modelled.
+  double link_bytes_per_s = 0;
+  double link_latency_s = 0;
 };
 
 // The options a job implies: its stage count, first phase's algorithm (and

@@ -261,6 +261,14 @@ const std::vector<Field<PlacementSpec>>& PlacementFields() {
           "`key=value` entries, e.g. `[gpu=a100]`: only workers started with every one of "
           "these (`stagewise-worker --label gpu=a100`) take the job's stages; it waits for "
           "enough of them"),
+      Key("link_gbps", &S::link_gbps,
+          "`>= 0`; the bandwidth between neighbouring workers in Gbit/s, for the planner "
+          "(`stages.partition: auto`): a stage's time includes sending its output forward and "
+          "its input's gradient back, so cuts avoid large activations on slow links; `0` = not "
+          "modelled (see [planner.md](planner.md#links))"),
+      Key("link_rtt_ms", &S::link_rtt_ms,
+          "`>= 0`; the round trip between neighbouring workers in ms (half of it per message), "
+          "with `link_gbps`"),
   };
   return *kFields;
 }

@@ -330,6 +330,12 @@ struct PlacementSpec {
   // Only workers registered with every one of these labels ("key=value",
   // stagewise-worker --label), e.g. ["gpu=a100"].
   std::vector<std::string> labels;
+  // The links between neighbouring workers, for the planner
+  // (stages.partition: auto): Gbit/s and round trip in ms; 0: not modelled.
+  // A stage's time then includes sending its output forward and its
+  // input's gradient back, so the cut avoids large activations on slow links.
+  double link_gbps = 0;
+  double link_rtt_ms = 0;
 };
 
 // One phase of a job that switches algorithm and hyper-parameters part-way

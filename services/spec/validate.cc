@@ -669,6 +669,11 @@ absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
           absl::StrCat("must be key=value with a non-empty key, got '", label.substr(0, 64), "'")));
     }
   }
+  for (const auto& [key, value] : {std::pair<const char*, double>{"placement.link_gbps",
+                                                                   spec.placement.link_gbps},
+                                    {"placement.link_rtt_ms", spec.placement.link_rtt_ms}}) {
+    if (!(value >= 0 && value <= 1e9)) check(KeyError(key, "must be >= 0 and at most 1e9"));
+  }
   if (spec.placement.per_worker_profiles && spec.stages.partition != Partition::kAuto) {
     check(KeyError("placement.per_worker_profiles",
                    "plans the partition on every worker's profile: needs stages.partition: auto"));

@@ -368,6 +368,44 @@ TEST(Planner, EachStageIsPlannedOnItsWorkersTimes) {
   EXPECT_TRUE(absl::IsInvalidArgument(MakePlan(p, o).status()));
 }
 
+// placement.link_gbps: sending counts in the sender's time, so over a slow
+// link the cut moves off the boundary with the large activation.
+TEST(Planner, ASlowLinkMovesTheCutOffALargeActivation) {
+  ModelProfile p;
+  p.model = "chain";
+  p.batch_size = 32;
+  for (int i = 0; i < 6; ++i) {
+    BlockProfile b;
+    b.index = i;
+    b.kind = "linear";
+    b.forward_s = b.forward_nograd_s = 1e-3;
+    b.backward_s = b.rebuild_backward_s = 2e-3;
+    b.input_bytes = i == 3 ? 64 << 20 : 1 << 10;
+    b.output_bytes = i == 2 ? 64 << 20 : 1 << 10;
+    p.blocks.push_back(b);
+  }
+  PlanOptions o;
+  o.num_stages = 2;
+  auto blind = MakePlan(p, o);
+  ASSERT_TRUE(blind.ok()) << blind.status();
+  ASSERT_EQ(blind->stages[0].end, 3);  // equal halves: the 64 MiB boundary
+  EXPECT_EQ(blind->stages[0].estimate.link_s, 0);
+  o.link_bytes_per_s = 1e9 / 8;  // 1 Gbit/s
+  o.link_latency_s = 1e-4;
+  auto aware = MakePlan(p, o);
+  ASSERT_TRUE(aware.ok()) << aware.status();
+  EXPECT_NE(aware->stages[0].end, 3);
+  // Stage 0 sends its output and stage 1 its input's gradient, each 1 KiB.
+  EXPECT_NEAR(aware->stages[0].estimate.link_s, 1e-4 + 1024 / 1.25e8, 1e-9);
+  EXPECT_NEAR(aware->stages[1].estimate.link_s, 1e-4 + 1024 / 1.25e8, 1e-9);
+  o.ranges = {{0, 3}, {3, 6}};
+  auto blind_on_link = MakePlan(p, o);
+  ASSERT_TRUE(blind_on_link.ok()) << blind_on_link.status();
+  EXPECT_GT(blind_on_link->bottleneck_s, 0.5);  // 64 MiB at 125 MB/s
+  EXPECT_LT(aware->bottleneck_s, 0.1);
+  EXPECT_THAT(PlanText(p, *aware), HasSubstr("sending over the links"));
+}
+
 // backprop's schedule: auto: the fastest schedule that fits. Without a cap
 // ZB-H1 (its prediction is below 1F1B's and GPipe's; GPipe may beat 1F1B by
 // a little on unequal stages, but holds M micro-batches); under a cap between
