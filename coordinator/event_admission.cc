@@ -44,6 +44,7 @@ constexpr MetricRule kMetricRules[] = {
     {"train_loss", true, 0, kMaxLoss}, {"eval_loss", true, 0, kMaxLoss},
     {"eval_accuracy", true, 0, 1},     {"eval_samples", true, 0, kMaxCount},
     {"samples", false, 0, kMaxCount},  {"report_seconds", false, 0, kMaxCount},
+    {"compute_seconds", false, 0, kMaxCount},
 };
 
 Admission CheckMetricValues(const v1::MetricsReport& m, int stage, const LiveJob& job) {

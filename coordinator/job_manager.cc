@@ -444,6 +444,9 @@ void JobManager::OnTrace(const v1::WorkerEvent& event) {
 void JobManager::OnMetrics(const std::string& job_id, int stage, const v1::MetricsReport& m) {
   STAGEWISE_BUG(OnLoop());
   Job& job = jobs_.at(job_id);
+  if (const auto it = m.values().find("compute_seconds"); it != m.values().end()) {
+    rebalancer_.OnComputeTime(job_id, job, stage, m.step(), it->second, absl::Now());
+  }
   std::vector<MetricPoint> points = ApplyMetrics(job, stage, m, absl::Now());
   if (points.empty()) return;
   const v1::JobStatus& st = job.status;

@@ -67,6 +67,7 @@
 #include "coordinator/job_view.h"
 #include "coordinator/live_job.h"
 #include "coordinator/planned_stop.h"
+#include "coordinator/rebalancer.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/store.h"
 #include "coordinator/worker_registry.h"
@@ -271,6 +272,7 @@ class JobManager : private JobHost {
   JobRecovery recovery_{this, metrics_, options_.configure_timeout};
   CheckpointCommitter committer_{this, metrics_};
   PlannedStops planned_{this, &recovery_};
+  Rebalancer rebalancer_{this, &planned_, &scheduler_};
   std::map<std::string, Job> jobs_;
   std::set<std::string> dirty_;                              // jobs with unwritten status
   std::vector<std::pair<std::string, MetricPoint>> points_;  // unwritten metric history

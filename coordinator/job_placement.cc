@@ -85,7 +85,19 @@ void JobManager::MaybeGrow() {
     const int have = NumStages(job);
     const int to =
         std::min(job.spec.stages.count, have + registry_.IdleWith(job.spec.placement.labels));
-    if (to <= have) continue;
+    if (to <= have) {
+      job.grow_possible_since = absl::InfiniteFuture();
+      continue;
+    }
+    // All the stages at once; fewer once they stayed that few for
+    // recovery.wait_seconds (workers that restart together come one by one).
+    const absl::Time now = absl::Now();
+    if (job.grow_possible_since == absl::InfiniteFuture()) job.grow_possible_since = now;
+    if (to < job.spec.stages.count &&
+        now - job.grow_possible_since < absl::Seconds(job.spec.recovery.wait_seconds)) {
+      continue;
+    }
+    job.grow_possible_since = absl::InfiniteFuture();
     if (planned_.Begin(
             id, job,
             absl::StrCat(to - have, " idle worker(s): growing from ", have, " to ", to, " stages"),

@@ -35,19 +35,23 @@ void JobRecovery::Recover(const std::string& job_id, const std::string& why,
   // End the attempt: its stages stop, its workers are free again.
   host_->StopStages(job_id, absl::StrCat("attempt ", job.attempt, " ended: ", why));
   job.workers.clear();
-  job.profiles.clear();
   job.pending_acks.clear();
   job.finished_stages.clear();
   job.phase_done.clear();
   job.shards.clear();
   job.planned_stop.reset();
   if (cause != "grow") job.grow_to = 0;
+  if (cause != "rebalance") job.recut.reset();
+  job.stage_compute.clear();
+  job.imbalanced_since = -1;
   job.configure_deadline = absl::InfiniteFuture();
   job.progressed = absl::InfiniteFuture();
   job.attempt_ended = absl::Now();
   job.max_step = std::max(job.max_step, job.status.step());
   if (state == v1::PROFILING) {
-    // Only the profile was lost: back to the queue as it was.
+    // Only the profile was lost: back to the queue as it was, to profile
+    // again. (Otherwise the profiles stay: rebalancing re-plans on them.)
+    job.profiles.clear();
     host_->Requeue(job_id, /*recovering=*/false);
     (void)host_->Transition(job_id, v1::PENDING, why);
     return;
@@ -123,6 +127,16 @@ bool JobRecovery::QueueRecovery(const std::string& job_id, LiveJob& job, const s
     if (!any_modes) job.modes.clear();
     job.status.set_num_stages(NumStages(job));
     job.planned = true;
+    if (job.recut) {
+      // Rebalancing: the new plan's cut, the checkpoint resharded onto it.
+      job.ranges = job.recut->ranges;
+      job.modes = job.recut->modes;
+      for (const auto& [key, value] : job.recut->summary) {
+        (*job.status.mutable_summary())[key] = value;
+      }
+      job.status.set_num_stages(NumStages(job));
+      job.recut.reset();
+    }
     if (grow_to > NumStages(job)) {
       // recovery.min_stages: back to more stages, the checkpoint resharded.
       if (absl::StatusOr<std::string> cut = CutStages(job, grow_to); cut.ok()) {

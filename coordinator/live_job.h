@@ -85,6 +85,20 @@ struct LiveJob {
   // takes in idle workers (cause "grow"); its next attempt is cut into this
   // many stages (0: the checkpoint's cut).
   int grow_to = 0;
+  absl::Time grow_possible_since = absl::InfiniteFuture();  // idle workers could take more stages
+  // Rebalancing (coordinator/rebalancer.h), this attempt: per stage its
+  // latest (global step, cumulative compute seconds) reports; the step from
+  // which the slowest stage has been over the threshold (-1: it is not);
+  // when the job was rebalanced; and the cut its next attempt takes.
+  std::vector<std::deque<std::pair<int64_t, double>>> stage_compute;
+  int64_t imbalanced_since = -1;
+  std::deque<absl::Time> rebalanced_at;
+  struct Recut {
+    std::vector<std::pair<int, int>> ranges;
+    std::vector<std::vector<BlockMode>> modes;
+    std::vector<std::pair<std::string, double>> summary;  // the new plan's plan.* entries
+  };
+  std::optional<Recut> recut;
 };
 
 // Replicated stages (stages.replicas, docs/replicas.md): `workers` holds

@@ -28,7 +28,7 @@ namespace stagewise::coordinator {
 
 // Causes of an attempt that ended on purpose: not counted as restarts.
 inline bool IsPlannedCause(const std::string& cause) {
-  return cause == "preempted" || cause == "grow";
+  return cause == "preempted" || cause == "grow" || cause == "rebalance";
 }
 
 class PlannedStops {

@@ -54,6 +54,10 @@ int main(int argc, char** argv) {
                  "configured times divided by this (0.5: half as fast), in its stages and "
                  "profiles; for heterogeneous clusters on one machine (docs/planner.md)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--emulated-speed-file", options.emulated_speed_file,
+                 "A file holding the emulated device's speed, read every 250 ms: writing 0.5 to it "
+                 "makes the worker half as fast from then on, running stages included (a host "
+                 "that slows down; rebalancing, docs/fault_tolerance.md)");
   double termination_grace_s = 50;
   app.add_option("--termination-grace", termination_grace_s,
                  "Seconds a SIGTERM (Kubernetes eviction, a spot notice) leaves a worker that "

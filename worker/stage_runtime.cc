@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -299,7 +300,13 @@ void StageRuntime::ComputeLoop() {
   absl::Status status;
   {
     models::ScopedMemoryAccount charge(memory_);
-    models::ScopedEmulatedSpeed speed(env_.emulated_speed);  // this worker's emulated device
+    // This worker's emulated device, as fast as it is now.
+    std::optional<models::ScopedEmulatedSpeed> speed;
+    if (env_.emulated_speed_source != nullptr) {
+      speed.emplace(env_.emulated_speed_source);
+    } else {
+      speed.emplace(env_.emulated_speed);
+    }
     try {
       status = num_replicas() > 1 ? JoinReplicas() : absl::OkStatus();
       if (status.ok()) status = RunPhases();
@@ -663,6 +670,8 @@ void StageRuntime::ReportStep(int64_t phase_steps_done, double train_loss, int64
   if (last()) (*m->mutable_values())["train_loss"] = train_loss;
   (*m->mutable_values())["samples"] = static_cast<double>(samples);
   (*m->mutable_values())["report_seconds"] = seconds;
+  // Cumulative: the coordinator compares the stage's pace with its plan.
+  (*m->mutable_values())["compute_seconds"] = metrics_->compute_seconds();
   env_.emit(std::move(event));
 }
 

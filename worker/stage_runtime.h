@@ -64,6 +64,9 @@ struct RuntimeEnv {
   // Emulated blocks run this many times as fast on the stage's compute
   // thread (--emulated-speed; models::ScopedEmulatedSpeed).
   double emulated_speed = 1.0;
+  // When set, the speed as it is at each wait instead (the worker's, which
+  // --emulated-speed-file changes); it outlives the stage.
+  const std::atomic<double>* emulated_speed_source = nullptr;
 };
 
 class StageRuntime final : public StageContext {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <iostream>
 #include <map>
 
@@ -311,6 +312,10 @@ absl::Status Worker::Start() {
   coordinator_channel_ = rpc::MakeChannel(options_.coordinator, options_.rpc);
   coordinator_ = v1::Coordinator::NewStub(coordinator_channel_);
   control_thread_ = std::thread([this] { ControlLoop(); });
+  emulated_speed_.store(options_.emulated_speed);
+  if (!options_.emulated_speed_file.empty()) {
+    speed_thread_ = std::thread([this] { FollowSpeedFile(); });
+  }
   return absl::OkStatus();
 }
 
@@ -333,6 +338,7 @@ void Worker::Shutdown() {
   }
   if (control) control->Cancel();
   if (control_thread_.joinable()) control_thread_.join();
+  if (speed_thread_.joinable()) speed_thread_.join();
   phase("control stream closed");
   // Commands already handed on still run (they find the stage stopped).
   stage_tasks_.Stop();
@@ -453,6 +459,18 @@ void Worker::Emit(v1::WorkerEvent event, bool may_skip) {
   (void)(may_skip ? stream->TrySend(std::move(event)) : stream->Send(std::move(event)));
 }
 
+void Worker::FollowSpeedFile() {
+  while (!shutdown_requested_.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
+    std::ifstream in(options_.emulated_speed_file);
+    double speed = 0;
+    if (!(in >> speed) || !(speed > 0 && speed <= 1e6)) continue;  // absent or not a speed yet
+    if (emulated_speed_.exchange(speed) != speed) {
+      STAGEWISE_LOG(INFO) << "emulated speed now " << speed << " ("
+                          << options_.emulated_speed_file << ")";
+    }
+  }
+}
+
 bool Worker::HasRunningStage() const {
   for (const auto& rt : runtimes()) {
     if (rt->running()) return true;
@@ -570,6 +588,7 @@ void Worker::RunStageCommand(const v1::Command& command) {
       env.clock = clock_;
       env.collective_timeout = options_.collective_timeout;
       env.emulated_speed = options_.emulated_speed;
+      env.emulated_speed_source = &emulated_speed_;
       env.collective_store = [this](const v1::StageAssignment& assignment) {
         CoordinatorStore::Scope scope;
         {
@@ -657,7 +676,7 @@ void Worker::RunStageCommand(const v1::Command& command) {
 }
 
 void Worker::Profile(const v1::ProfileCommand& command) {
-  models::ScopedEmulatedSpeed speed(options_.emulated_speed);  // measured as its stages run
+  models::ScopedEmulatedSpeed speed(emulated_speed_.load());  // measured as its stages run
   auto fail = [&](const absl::Status& s) {
     v1::WorkerEvent e;
     e.set_job_id(command.job_id());

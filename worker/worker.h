@@ -51,6 +51,10 @@ struct WorkerOptions {
   // stages and its profiles (--emulated-speed: heterogeneous clusters on one
   // machine, docs/planner.md).
   double emulated_speed = 1.0;
+  // When set, a file holding the speed, read every 250 ms: writing 0.5 to it
+  // makes the worker's emulated device half as fast from then on, stages
+  // running included (a host slowing down, for rebalancing tests).
+  std::string emulated_speed_file;
   // Registered with the worker (--label KEY=VALUE): placement.labels match them.
   std::map<std::string, std::string> labels;
   std::string profile_cache;  // "" = planner::DefaultProfileCacheDir()
@@ -102,6 +106,8 @@ class Worker {
   // `grace`, and calls Shutdown.
   bool BeginPreemption(absl::Duration grace);
   bool HasRunningStage() const;
+  // The emulated device's speed now (--emulated-speed, --emulated-speed-file).
+  double emulated_speed() const { return emulated_speed_.load(); }
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
@@ -128,6 +134,8 @@ class Worker {
   // The stage thread: configures, starts or stops the stage.
   void RunStageCommand(const v1::Command& command);
   void Ack(int64_t command_id);
+  // --emulated-speed-file: reads the file every 250 ms until shutdown.
+  void FollowSpeedFile();
   // A StageError about `job`'s stage `stage` (attempt -1: the runtime's).
   void EmitError(const std::string& job, int stage, const absl::Status& s, int attempt = -1,
                  int replica = -1);
@@ -147,6 +155,8 @@ class Worker {
   std::shared_ptr<grpc::Channel> coordinator_channel_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
   std::thread control_thread_;
+  std::thread speed_thread_;  // --emulated-speed-file
+  std::atomic<double> emulated_speed_{1.0};
   SerialExecutor stage_tasks_{64};
   SerialExecutor profile_tasks_{4};
   void Profile(const v1::ProfileCommand& command);

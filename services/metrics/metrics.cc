@@ -20,6 +20,7 @@
 
 #include <exception>
 #include <fstream>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -565,6 +566,7 @@ struct StageMetrics::Impl {
   // The totals when retired (summaries may still ask).
   double idle_total ABSL_GUARDED_BY(mu) = 0;
   int64_t bytes_total[2] ABSL_GUARDED_BY(mu) = {0, 0};  // received, sent
+  std::atomic<int64_t> compute_us{0};
 
   void Release() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (series == nullptr) return;
@@ -602,6 +604,9 @@ void StageMetrics::Retire() {
 }
 
 void StageMetrics::ObserveCompute(const std::string& phase, double seconds) {
+  if (phase != "checkpoint" && seconds > 0) {
+    impl_->compute_us.fetch_add(static_cast<int64_t>(seconds * 1e6));
+  }
   absl::ReaderMutexLock lock(&impl_->mu);
   if (impl_->series == nullptr) return;
   impl_->families->Compute(*impl_->series, phase)->Observe(seconds);
@@ -657,6 +662,10 @@ void StageMetrics::IncSteps() {
   absl::ReaderMutexLock lock(&impl_->mu);
   if (impl_->series == nullptr) return;
   impl_->series->steps->Increment();
+}
+
+double StageMetrics::compute_seconds() const {
+  return static_cast<double>(impl_->compute_us.load()) / 1e6;
 }
 
 double StageMetrics::idle_seconds() const {

@@ -78,6 +78,9 @@ class StageMetrics {
   void IncSteps();
   // Totals for summaries and tests.
   double idle_seconds() const;
+  // Every ObserveCompute but checkpoints', whether or not the series are
+  // still exported (rebalancing compares it with the plan).
+  double compute_seconds() const;
   int64_t bytes(bool sent) const;
 
  private:

@@ -14,6 +14,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 thread_local double emulated_speed = 1.0;
+thread_local const std::atomic<double>* emulated_source = nullptr;  // wins when set
 
 // Waits until `start + seconds`: the time the emulated work would have taken
 // from `start`, whatever the real arithmetic cost (on this thread's emulated
@@ -91,15 +92,31 @@ torch::nn::Conv2d Conv(int64_t in, int64_t out, int64_t k, int64_t stride) {
 
 }  // namespace
 
-double EmulatedSpeed() { return emulated_speed; }
-
-double EmulatedSeconds(double seconds) { return seconds / emulated_speed; }
-
-ScopedEmulatedSpeed::ScopedEmulatedSpeed(double speed) : previous_(emulated_speed) {
-  if (speed > 0) emulated_speed = speed;
+double EmulatedSpeed() {
+  if (emulated_source != nullptr) {
+    const double s = emulated_source->load(std::memory_order_relaxed);
+    if (s > 0) return s;
+  }
+  return emulated_speed;
 }
 
-ScopedEmulatedSpeed::~ScopedEmulatedSpeed() { emulated_speed = previous_; }
+double EmulatedSeconds(double seconds) { return seconds / EmulatedSpeed(); }
+
+ScopedEmulatedSpeed::ScopedEmulatedSpeed(double speed)
+    : previous_(emulated_speed), previous_source_(emulated_source) {
+  if (speed > 0) emulated_speed = speed;
+  emulated_source = nullptr;
+}
+
+ScopedEmulatedSpeed::ScopedEmulatedSpeed(const std::atomic<double>* speed)
+    : previous_(emulated_speed), previous_source_(emulated_source) {
+  emulated_source = speed;
+}
+
+ScopedEmulatedSpeed::~ScopedEmulatedSpeed() {
+  emulated_speed = previous_;
+  emulated_source = previous_source_;
+}
 
 torch::Tensor Block::inverse(const torch::Tensor&) {
   TORCH_CHECK(false, "block ", info_.index, " (", info_.kind, ") is not reversible");

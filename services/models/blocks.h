@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <utility>
 
 #include "services/models/batch_norm.h"
@@ -126,12 +127,16 @@ double EmulatedSeconds(double seconds);
 class ScopedEmulatedSpeed {
  public:
   explicit ScopedEmulatedSpeed(double speed);  // speed > 0
+  // The speed as `speed` holds it at each wait: a worker changes it while
+  // its stages run (--emulated-speed-file). Must outlive this object.
+  explicit ScopedEmulatedSpeed(const std::atomic<double>* speed);
   ~ScopedEmulatedSpeed();
   ScopedEmulatedSpeed(const ScopedEmulatedSpeed&) = delete;
   ScopedEmulatedSpeed& operator=(const ScopedEmulatedSpeed&) = delete;
 
  private:
   double previous_;
+  const std::atomic<double>* previous_source_;
 };
 
 // The reversible variant: the coupling (x, x~) -> (x~ + F(x), x) with

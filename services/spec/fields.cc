@@ -54,6 +54,7 @@ const std::vector<Field<JobSpec>>& TopLevelFields() {
                 "written by the CLI when it submits a `torchscript` model (its dry run); not "
                 "written by hand"),
       Custom<S>("trace", "map", "off", "see [trace](#trace)"),
+      Custom<S>("rebalance", "map", "off", "see [rebalance](#rebalance)"),
   };
   return *kFields;
 }
@@ -269,6 +270,19 @@ const std::vector<Field<PlacementSpec>>& PlacementFields() {
       Key("link_rtt_ms", &S::link_rtt_ms,
           "`>= 0`; the round trip between neighbouring workers in ms (half of it per message), "
           "with `link_gbps`"),
+  };
+  return *kFields;
+}
+
+const std::vector<Field<RebalanceSpec>>& RebalanceFields() {
+  using S = RebalanceSpec;
+  static const auto* const kFields = new std::vector<Field<S>>{
+      Key("threshold", &S::threshold,
+          "`0` (off) or `(0, 10]`: rebalance when the slowest stage's time per mini-batch, over "
+          "its plan, exceeds the median stage's by this fraction (0.15: 15%)"),
+      Key("window_steps", &S::window_steps,
+          "`>= 1`; ... for this many steps in a row (measured since the attempt started)"),
+      Key("max_per_hour", &S::max_per_hour, "`> 0`; at most this many rebalances per hour"),
   };
   return *kFields;
 }

@@ -126,6 +126,7 @@ const std::vector<Field<CheckpointSpec>>& CheckpointFields();
 const std::vector<Field<RecoverySpec>>& RecoveryFields();
 const std::vector<Field<SyncSpec>>& SyncFields();
 const std::vector<Field<PlacementSpec>>& PlacementFields();
+const std::vector<Field<RebalanceSpec>>& RebalanceFields();
 const std::vector<Field<TransportSpec>>& TransportFields();
 
 // ---------------------------------------------------------------------------

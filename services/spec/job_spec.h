@@ -361,6 +361,17 @@ struct TransportSpec {
 // The pipeline timeline (docs/trace.md): stages record what their compute
 // thread does during steps [from, to) of each phase and send it to the
 // coordinator. Off unless the job has a `trace:` section.
+// Rebalancing while training (docs/fault_tolerance.md, "Rebalancing"): a
+// planned job whose slowest stage runs more than `threshold` over its plan,
+// against the other stages, for `window_steps` steps in a row is
+// checkpointed, re-planned on the measured speeds and resumed on the new
+// cut. Off while threshold is 0.
+struct RebalanceSpec {
+  double threshold = 0;
+  int64_t window_steps = 200;
+  double max_per_hour = 2;
+};
+
 struct TraceSpec {
   bool enabled = false;
   int64_t from = 0;           // trace.steps: [from, to]: the first step kept ...
@@ -389,6 +400,7 @@ struct JobSpec {
   PlacementSpec placement;
   TransportSpec transport;
   TraceSpec trace;
+  RebalanceSpec rebalance = {};
   // Optional. When given, `algorithm` is the first phase's and epochs/steps
   // the sum over phases.
   std::vector<PhaseSpec> phases;

@@ -329,6 +329,7 @@ absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root, spec::MissingKeys*
            ReadSection(top, "sync", spec::SyncFields(), &spec.sync),
            ReadSection(top, "placement", spec::PlacementFields(), &spec.placement),
            ReadSection(top, "transport", spec::TransportFields(), &spec.transport),
+           ReadSection(top, "rebalance", spec::RebalanceFields(), &spec.rebalance),
        }) {
     if (!s.ok()) return s;
   }

@@ -551,6 +551,33 @@ absl::Status ValidateMinStages(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// rebalance: re-plans on the workers' measured speeds, so the job must be
+// planned on per-worker profiles and keep checkpoints to move through.
+absl::Status ValidateRebalance(const JobSpec& spec) {
+  const RebalanceSpec& r = spec.rebalance;
+  if (!(r.threshold >= 0 && r.threshold <= 10)) {
+    return KeyError("rebalance.threshold", "must be 0 (off) or in (0, 10]");
+  }
+  if (r.window_steps < 1) return KeyError("rebalance.window_steps", "must be >= 1");
+  if (!(r.max_per_hour > 0 && r.max_per_hour <= 3600)) {
+    return KeyError("rebalance.max_per_hour", "must be > 0 and at most 3600");
+  }
+  if (r.threshold == 0) return absl::OkStatus();
+  if (!spec.placement.per_worker_profiles) {
+    return KeyError("rebalance.threshold",
+                    "re-plans on each worker's profile: needs placement.per_worker_profiles "
+                    "(and stages.partition: auto)");
+  }
+  if (spec.checkpoint.dir.empty()) {
+    return KeyError("rebalance.threshold", "moves the job through a checkpoint: needs checkpoint.dir");
+  }
+  if (spec.stages.replicas > 1 || spec.stages.chunks_per_worker > 1) {
+    return KeyError("rebalance.threshold",
+                    "not with stages.replicas > 1 or stages.chunks_per_worker > 1 yet");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateInterleaved(const JobSpec& spec) {
   const int v = spec.stages.chunks_per_worker, J = spec.stages.count;
   const std::vector<PhaseSpec> phases = Phases(spec);
@@ -657,6 +684,7 @@ absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
   check(ValidateSync(spec.sync, spec.stages.replicas));
   if (check.status().ok()) check(ValidateInterleaved(spec));
   if (check.status().ok()) check(ValidateMinStages(spec));
+  if (check.status().ok()) check(ValidateRebalance(spec));
   if (spec.placement.labels.size() > 32) {
     check(KeyError("placement.labels", "at most 32 labels (a worker registers at most 32)"));
   }

@@ -20,12 +20,17 @@
 // be fixed with STAGEWISE_TEST_SEED=<n>.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <numeric>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "clients/cli/doctor.h"
 #include "tests/oracle/oracle_util.h"
 #include "tests/oracle/process_cluster.h"
 
@@ -261,6 +266,111 @@ TEST(ElasticOracleTest, ASigtermedWorkersJobResumesFromTheCheckpointItAskedFor) 
             << " steps redone); " << *exited << " after " << exit_s
             << " s, the job running again after " << resumed_s << " s\n";
   auto got = testing::CheckpointTensors(ckpt, *id, total);
+  ASSERT_TRUE(got.ok()) << got.status();
+  testing::ExpectClose(*got, *want, 1e-6);
+}
+
+// Rebalancing: a worker slowed mid-job (its --emulated-speed-file) is named
+// by the doctor as slower than planned; a window later the job moves to the
+// cut planned on the measured speeds (one planned stop, cause rebalance), the
+// slowed worker's stage getting fewer blocks, and it ends with the
+// parameters of the same job run without the slowdown.
+TEST(ElasticOracleTest, ASlowedWorkerIsNamedAndTheJobRebalancesAroundIt) {
+  // Each worker's speed file, removed with the directory at the end.
+  char pattern[] = "/tmp/stagewise-speed-XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const std::string speeds = pattern;
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() { std::filesystem::remove_all(dir); }
+  } cleanup{speeds};
+  ProcessCluster::Options options;
+  options.workers = 4;
+  options.worker_args = {"--emulated-speed-file", speeds + "/speed-{i}"};
+  ProcessCluster cluster(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string ckpt = cluster.dir() + "/checkpoints";
+  const std::string yaml = absl::StrCat(R"(name: rebalance-oracle
+seed: 3
+model: {name: emulated, depth: 8, forward_ms: 2, backward_ms: 4}
+data: {dataset: synthetic, shape: [2, 8, 8], train_size: 4096, test_size: 64}
+algorithm: {name: backprop, micro_batches: 4, schedule: 1f1b}
+stages: {count: 4, partition: auto}
+placement: {per_worker_profiles: true}
+optimizer: {name: sgd, lr: 0.01}
+batch_size: 32
+steps: 500
+eval: {every_epochs: 0, at_end: true}
+checkpoint: {dir: )",
+                                        ckpt, R"(, every_steps: 1000, keep: 2}
+recovery: {max_restarts: 0}
+rebalance: {threshold: 0.15, window_steps: 150}
+trace: {steps: [130, 140]}
+)");
+  auto clean_id = cluster.client().Submit(yaml);
+  ASSERT_TRUE(clean_id.ok()) << clean_id.status();
+  auto clean = cluster.WaitForEnd(*clean_id);
+  ASSERT_TRUE(clean.ok()) << clean.status();
+  ASSERT_EQ(clean->state(), v1::SUCCEEDED) << clean->reason();
+  EXPECT_EQ(clean->attempts_size(), 1) << "rebalanced without a slowdown: " << clean->DebugString();
+  auto want = testing::CheckpointTensors(ckpt, *clean_id, 500);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  auto id = cluster.client().Submit(yaml);
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto at100 = cluster.WaitFor(*id, [](const v1::JobStatus& st) {
+    return st.state() == v1::RUNNING && st.step() >= 100;
+  });
+  ASSERT_TRUE(at100.ok()) << at100.status();
+  ASSERT_EQ(at100->state(), v1::RUNNING) << at100->reason();
+  const std::string slowed = at100->attempts(0).workers(2);  // stage 2's worker
+  const int victim = WorkerIndex(slowed);
+  ASSERT_GE(victim, 0);
+  {
+    std::ofstream speed(absl::StrCat(speeds, "/speed-", victim));
+    speed << "0.5\n";
+  }
+  // Before the rebalance: the doctor, on the trace of steps 130-140.
+  std::string diagnosis;
+  for (;;) {
+    auto st = cluster.client().GetJob(*id);
+    ASSERT_TRUE(st.ok()) << st.status();
+    ASSERT_EQ(st->attempts_size(), 1) << "rebalanced before the doctor saw the trace:\n"
+                                      << diagnosis;
+    ASSERT_EQ(st->state(), v1::RUNNING) << st->reason() << "\n" << diagnosis;
+    auto trace = cluster.client().GetJobTrace(*id);
+    ASSERT_TRUE(trace.ok()) << trace.status();
+    const std::map<std::string, double> summary(st->summary().begin(), st->summary().end());
+    const cli::Diagnosis d = cli::Diagnose(*trace, summary);
+    std::vector<std::string> workers(st->attempts(0).workers().begin(),
+                                     st->attempts(0).workers().end());
+    diagnosis = cli::DiagnosisText(*trace, d, workers);
+    if (d.slower_than_planned.count(2) > 0) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_THAT(diagnosis, ::testing::HasSubstr(absl::StrCat("slower than planned: stage 2 (on ",
+                                                           slowed, ")")));
+  auto done = cluster.WaitForEnd(*id);
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason() << "\n"
+                                          << cli::TailFile(cluster.CoordinatorLog(), 40);
+  ASSERT_EQ(done->attempts_size(), 2) << done->DebugString();
+  EXPECT_EQ(done->attempts(0).end_cause(), "rebalance");
+  EXPECT_THAT(done->attempts(0).end_reason(),
+              ::testing::HasSubstr(absl::StrCat("stage 2 (worker ", slowed, ")")));
+  const auto& summary = done->summary();
+  const int blocks_before =
+      static_cast<int>(clean->summary().at("plan.stage2.block_end") -
+                       clean->summary().at("plan.stage2.block_begin"));
+  const int blocks_after = static_cast<int>(summary.at("plan.stage2.block_end") -
+                                            summary.at("plan.stage2.block_begin"));
+  EXPECT_LT(blocks_after, blocks_before);
+  std::cout << "[rebalance] worker " << slowed << " (stage 2) at half speed from step "
+            << at100->step() << ": " << done->attempts(0).end_reason() << "; resumed from step "
+            << done->attempts(1).from_step() << ", stage 2 now " << blocks_after << " blocks (was "
+            << blocks_before << ")\n"
+            << diagnosis;
+  auto got = testing::CheckpointTensors(ckpt, *id, 500);
   ASSERT_TRUE(got.ok()) << got.status();
   testing::ExpectClose(*got, *want, 1e-6);
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "gtest/gtest.h"
 #include "services/checkpoint/checkpoint.h"
 #include "services/models/model.h"
@@ -83,7 +84,9 @@ ProcessCluster::ProcessCluster(Options options) : options_(std::move(options)) {
     for (const std::string& flag : TlsFlags(absl::StrCat("worker-", i))) {
       worker_argv_.back().push_back(flag);
     }
-    for (const std::string& flag : options_.worker_args) worker_argv_.back().push_back(flag);
+    for (const std::string& flag : options_.worker_args) {
+      worker_argv_.back().push_back(absl::StrReplaceAll(flag, {{"{i}", absl::StrCat(i)}}));
+    }
     workers_.emplace_back();
     worker_ports_.emplace_back();
     error_ = StartWorker(i);

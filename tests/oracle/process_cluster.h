@@ -30,7 +30,8 @@ class ProcessCluster {
     double heartbeat_timeout_s = 5;
     // Extra stagewise-coordinator flags (e.g. {"--configure-timeout", "2"}).
     std::vector<std::string> coordinator_args;
-    // Extra stagewise-worker flags (e.g. {"--max-streams", "4"}).
+    // Extra stagewise-worker flags (e.g. {"--max-streams", "4"}); "{i}" in
+    // one becomes the worker's index.
     std::vector<std::string> worker_args;
     // Serve /metrics on 127.0.0.1 (coordinator_metrics_port, worker_metrics_port).
     bool metrics = false;

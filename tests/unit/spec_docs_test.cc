@@ -40,6 +40,7 @@ std::vector<std::pair<std::string, std::string>> ExpectedTables() {
       {"## recovery", SectionTable(RecoveryFields())},
       {"## sync", SectionTable(SyncFields())},
       {"## placement", SectionTable(PlacementFields())},
+      {"## rebalance", SectionTable(RebalanceFields())},
       {"## transport", SectionTable(TransportFields())},
   };
 }
