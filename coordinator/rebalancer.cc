@@ -53,7 +53,7 @@ void Rebalancer::OnComputeTime(const std::string& job_id, LiveJob& job, int stag
   for (int j = 0; j < J; ++j) summary[absl::StrCat("stage", j, ".pace_over_plan")] = over[j];
   std::vector<double> sorted = over;
   std::sort(sorted.begin(), sorted.end());
-  const double median = sorted[J / 2];
+  const double median = sorted[(J - 1) / 2];  // the lower one: with two stages, the other
   const double worst = sorted.back();
   const int64_t at = job.status.step();
   if (median <= 0 || worst < (1 + r.threshold) * median) {

@@ -1,7 +1,8 @@
 // Rebalancing while training (docs/fault_tolerance.md, "Rebalancing"): the
 // coordinator watches each stage's compute time per mini-batch against its
 // plan. When the slowest stage runs more than rebalance.threshold over the
-// median stage (both relative to their plans) for rebalance.window_steps
+// median stage (both relative to their plans; the lower median for an even
+// count) for rebalance.window_steps
 // steps in a row, it re-plans on the workers' profiles scaled by what they
 // measure, and if the new cut is worth it (its slowest stage at least
 // threshold / 2 faster) it plans a stop (PlannedStops, cause "rebalance"):

@@ -20,6 +20,8 @@
 #include "coordinator/job_recovery.h"
 #include "coordinator/job_view.h"
 #include "coordinator/planned_stop.h"
+#include "coordinator/rebalancer.h"
+#include "coordinator/scheduler.h"
 #include "services/checkpoint/checkpoint.h"
 #include "services/metrics/metrics.h"
 #include "tests/unit/coordinator_fakes.h"
@@ -411,6 +413,50 @@ TEST_F(JobRecoveryTest, APlannedStopNeedsARunningJobWithCheckpointsAndExpires) {
   EXPECT_FALSE(job.planned_stop.has_value());
   EXPECT_THAT(host_.progress.back(), HasSubstr("why: no checkpoint within"));
   EXPECT_TRUE(host_.stopped.empty());
+}
+
+// Rebalancing's detection: every stage's pace over its plan goes to the
+// summary; a uniform drift is no imbalance; one stage over the median by
+// more than the threshold for window_steps steps in a row has the job
+// re-planned (here without profiles, so it says why it does not move).
+TEST_F(JobRecoveryTest, OneStageOverItsPlanForAWindowHasTheJobReplanned) {
+  host_.jobs["job-1"] = RunningJob(
+      "checkpoint: {dir: /tmp/never-written}\nrebalance: {threshold: 0.15, window_steps: 20}\n");
+  LiveJob& job = host_.jobs.at("job-1");
+  auto& summary = *job.status.mutable_summary();
+  summary["plan.stage0.seconds_per_batch"] = 0.010;
+  summary["plan.stage1.seconds_per_batch"] = 0.020;
+  WorkerRegistry registry;
+  Scheduler scheduler(&registry);
+  PlannedStops planned(&host_, &recovery_);
+  Rebalancer rebalancer(&host_, &planned, &scheduler);
+  const absl::Time now = absl::Now();
+  // Both 30% over their plans: the same for both, nothing to do.
+  for (int64_t step = 0; step <= 40; step += 5) {
+    job.status.set_step(step);
+    rebalancer.OnComputeTime("job-1", job, 0, step, 0.013 * step, now);
+    rebalancer.OnComputeTime("job-1", job, 1, step, 0.026 * step, now);
+  }
+  EXPECT_NEAR(job.status.summary().at("stage0.pace_over_plan"), 1.3, 1e-9);
+  EXPECT_NEAR(job.status.summary().at("stage1.pace_over_plan"), 1.3, 1e-9);
+  EXPECT_EQ(job.imbalanced_since, -1);
+  // From step 45 on stage 0 runs at twice its plan, stage 1 at its plan.
+  double c0 = 0.013 * 40, c1 = 0.026 * 40;
+  for (int64_t step = 45; step <= 100; step += 5) {
+    c0 += 0.020 * 5;  // 2x
+    c1 += 0.020 * 5;  // 1x
+    job.status.set_step(step);
+    rebalancer.OnComputeTime("job-1", job, 0, step, c0, now);
+    rebalancer.OnComputeTime("job-1", job, 1, step, c1, now);
+    if (!host_.progress.empty() &&
+        host_.progress.back().find("not rebalancing") != std::string::npos) {
+      break;
+    }
+  }
+  ASSERT_FALSE(host_.progress.empty());
+  EXPECT_THAT(host_.progress.back(), HasSubstr("not rebalancing: no profile of worker w0"));
+  EXPECT_GE(job.status.step() - 45, 20);  // not before a whole window
+  EXPECT_FALSE(job.planned_stop.has_value());
 }
 
 TEST_F(JobRecoveryTest, StageErrorsRecoverOnlyWhenTransient) {
