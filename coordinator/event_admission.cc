@@ -41,9 +41,12 @@ struct MetricRule {
   double low, high;
 };
 constexpr MetricRule kMetricRules[] = {
-    {"train_loss", true, 0, kMaxLoss}, {"eval_loss", true, 0, kMaxLoss},
-    {"eval_accuracy", true, 0, 1},     {"eval_samples", true, 0, kMaxCount},
-    {"samples", false, 0, kMaxCount},  {"report_seconds", false, 0, kMaxCount},
+    {"train_loss", true, 0, kMaxLoss},
+    {"eval_loss", true, 0, kMaxLoss},
+    {"eval_accuracy", true, 0, 1},
+    {"eval_samples", true, 0, kMaxCount},
+    {"samples", false, 0, kMaxCount},
+    {"report_seconds", false, 0, kMaxCount},
     {"compute_seconds", false, 0, kMaxCount},
 };
 

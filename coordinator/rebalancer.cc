@@ -22,7 +22,8 @@ double Planned(const LiveJob& job, int j) {
 
 std::string CutText(const std::vector<std::pair<int, int>>& ranges) {
   std::string cut;
-  for (const auto& [b, e] : ranges) absl::StrAppend(&cut, cut.empty() ? "" : " ", "[", b, ",", e, ")");
+  for (const auto& [b, e] : ranges)
+    absl::StrAppend(&cut, cut.empty() ? "" : " ", "[", b, ",", e, ")");
   return cut;
 }
 

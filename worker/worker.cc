@@ -465,8 +465,8 @@ void Worker::FollowSpeedFile() {
     double speed = 0;
     if (!(in >> speed) || !(speed > 0 && speed <= 1e6)) continue;  // absent or not a speed yet
     if (emulated_speed_.exchange(speed) != speed) {
-      STAGEWISE_LOG(INFO) << "emulated speed now " << speed << " ("
-                          << options_.emulated_speed_file << ")";
+      STAGEWISE_LOG(INFO) << "emulated speed now " << speed << " (" << options_.emulated_speed_file
+                          << ")";
     }
   }
 }

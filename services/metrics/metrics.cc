@@ -18,9 +18,9 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <atomic>
 #include <exception>
 #include <fstream>
-#include <atomic>
 #include <map>
 #include <memory>
 #include <sstream>

@@ -651,7 +651,8 @@ std::string PlanText(const ModelProfile& p, const Plan& plan) {
   std::string links;
   for (size_t j = 0; j < plan.stages.size(); ++j) {
     const double link_s = plan.stages[j].estimate.link_s;
-    if (link_s > 0) absl::StrAppend(&links, links.empty() ? "" : ", ", "stage ", j, " ", Ms(link_s));
+    if (link_s > 0)
+      absl::StrAppend(&links, links.empty() ? "" : ", ", "stage ", j, " ", Ms(link_s));
   }
   if (!links.empty()) {
     absl::StrAppend(&out, "sending over the links (placement.link_gbps, in time): ", links, "\n");

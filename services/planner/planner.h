@@ -36,8 +36,8 @@ struct StageEstimate {
   double forward_s = 0;   // per mini-batch, as the algorithm runs it
   double backward_s = 0;  // including rebuilds and recomputations
   double step_s = 0;
-  double message_s = 0;      // encoding and decoding the stage's messages
-  double aux_head_s = 0;     // nwise: the stage's aux head
+  double message_s = 0;   // encoding and decoding the stage's messages
+  double aux_head_s = 0;  // nwise: the stage's aux head
   // Sending over the links (PlanOptions::link_bytes_per_s): the stage's
   // output forward and its input's gradient back.
   double link_s = 0;

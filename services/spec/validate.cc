@@ -569,7 +569,8 @@ absl::Status ValidateRebalance(const JobSpec& spec) {
                     "(and stages.partition: auto)");
   }
   if (spec.checkpoint.dir.empty()) {
-    return KeyError("rebalance.threshold", "moves the job through a checkpoint: needs checkpoint.dir");
+    return KeyError("rebalance.threshold",
+                    "moves the job through a checkpoint: needs checkpoint.dir");
   }
   if (spec.stages.replicas > 1 || spec.stages.chunks_per_worker > 1) {
     return KeyError("rebalance.threshold",
@@ -697,9 +698,9 @@ absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
           absl::StrCat("must be key=value with a non-empty key, got '", label.substr(0, 64), "'")));
     }
   }
-  for (const auto& [key, value] : {std::pair<const char*, double>{"placement.link_gbps",
-                                                                   spec.placement.link_gbps},
-                                    {"placement.link_rtt_ms", spec.placement.link_rtt_ms}}) {
+  for (const auto& [key, value] :
+       {std::pair<const char*, double>{"placement.link_gbps", spec.placement.link_gbps},
+        {"placement.link_rtt_ms", spec.placement.link_rtt_ms}}) {
     if (!(value >= 0 && value <= 1e9)) check(KeyError(key, "must be >= 0 and at most 1e9"));
   }
   if (spec.placement.per_worker_profiles && spec.stages.partition != Partition::kAuto) {

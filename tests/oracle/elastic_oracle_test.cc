@@ -318,9 +318,8 @@ trace: {steps: [130, 140]}
 
   auto id = cluster.client().Submit(yaml);
   ASSERT_TRUE(id.ok()) << id.status();
-  auto at100 = cluster.WaitFor(*id, [](const v1::JobStatus& st) {
-    return st.state() == v1::RUNNING && st.step() >= 100;
-  });
+  auto at100 = cluster.WaitFor(
+      *id, [](const v1::JobStatus& st) { return st.state() == v1::RUNNING && st.step() >= 100; });
   ASSERT_TRUE(at100.ok()) << at100.status();
   ASSERT_EQ(at100->state(), v1::RUNNING) << at100->reason();
   const std::string slowed = at100->attempts(0).workers(2);  // stage 2's worker
@@ -348,8 +347,8 @@ trace: {steps: [130, 140]}
     if (d.slower_than_planned.count(2) > 0) break;
     absl::SleepFor(absl::Milliseconds(200));
   }
-  EXPECT_THAT(diagnosis, ::testing::HasSubstr(absl::StrCat("slower than planned: stage 2 (on ",
-                                                           slowed, ")")));
+  EXPECT_THAT(diagnosis,
+              ::testing::HasSubstr(absl::StrCat("slower than planned: stage 2 (on ", slowed, ")")));
   auto done = cluster.WaitForEnd(*id);
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason() << "\n"
@@ -359,11 +358,10 @@ trace: {steps: [130, 140]}
   EXPECT_THAT(done->attempts(0).end_reason(),
               ::testing::HasSubstr(absl::StrCat("stage 2 (worker ", slowed, ")")));
   const auto& summary = done->summary();
-  const int blocks_before =
-      static_cast<int>(clean->summary().at("plan.stage2.block_end") -
-                       clean->summary().at("plan.stage2.block_begin"));
-  const int blocks_after = static_cast<int>(summary.at("plan.stage2.block_end") -
-                                            summary.at("plan.stage2.block_begin"));
+  const int blocks_before = static_cast<int>(clean->summary().at("plan.stage2.block_end") -
+                                             clean->summary().at("plan.stage2.block_begin"));
+  const int blocks_after =
+      static_cast<int>(summary.at("plan.stage2.block_end") - summary.at("plan.stage2.block_begin"));
   EXPECT_LT(blocks_after, blocks_before);
   std::cout << "[rebalance] worker " << slowed << " (stage 2) at half speed from step "
             << at100->step() << ": " << done->attempts(0).end_reason() << "; resumed from step "
