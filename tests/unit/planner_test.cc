@@ -403,7 +403,7 @@ TEST(Planner, ASlowLinkMovesTheCutOffALargeActivation) {
   ASSERT_TRUE(blind_on_link.ok()) << blind_on_link.status();
   EXPECT_GT(blind_on_link->bottleneck_s, 0.5);  // 64 MiB at 125 MB/s
   EXPECT_LT(aware->bottleneck_s, 0.1);
-  EXPECT_THAT(PlanText(p, *aware), ::testing::HasSubstr("sending over the links"));
+  EXPECT_NE(PlanText(p, *aware).find("sending over the links"), std::string::npos);
 }
 
 // backprop's schedule: auto: the fastest schedule that fits. Without a cap
