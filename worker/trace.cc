@@ -124,7 +124,9 @@ Tracer::Scope::~Scope() {
 
 bool Tracer::ChunkReady() const {
   absl::MutexLock lock(&mu_);
-  return pending_.size() >= chunk_;
+  // Full, or the window is over: what it holds goes at once (the doctor
+  // reads a running job's trace).
+  return pending_.size() >= chunk_ || (position_ >= to_ && !pending_.empty());
 }
 
 v1::TraceChunk Tracer::TakeChunk() {

@@ -83,7 +83,7 @@ class Tracer {
     Clock::time_point start_;
   };
 
-  // Whether `chunk` spans are waiting.
+  // Whether `chunk` spans are waiting, or any once the window is over.
   bool ChunkReady() const;
   // The spans recorded since the last call (start_us on this host's unix
   // clock), with the dropped count so far; fields other than spans and

@@ -420,9 +420,10 @@ TEST_F(JobRecoveryTest, APlannedStopNeedsARunningJobWithCheckpointsAndExpires) {
 // more than the threshold for window_steps steps in a row has the job
 // re-planned (here without profiles, so it says why it does not move).
 TEST_F(JobRecoveryTest, OneStageOverItsPlanForAWindowHasTheJobReplanned) {
-  host_.jobs["job-1"] = RunningJob(
-      "checkpoint: {dir: /tmp/never-written}\nrebalance: {threshold: 0.15, window_steps: 20}\n");
+  host_.jobs["job-1"] = RunningJob("checkpoint: {dir: /tmp/never-written}\n");
   LiveJob& job = host_.jobs.at("job-1");
+  job.spec.rebalance.threshold = 0.15;  // (a planned job's; the spec rules are job_spec's)
+  job.spec.rebalance.window_steps = 20;
   auto& summary = *job.status.mutable_summary();
   summary["plan.stage0.seconds_per_batch"] = 0.010;
   summary["plan.stage1.seconds_per_batch"] = 0.020;

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -55,7 +56,7 @@ TEST(EmulatedModel, SpeedScalesThisThreadsWaits) {
     {
       ScopedEmulatedSpeed fast(4);
       EXPECT_DOUBLE_EQ(EmulatedSeconds(0.01), 0.0025);
-      ScopedEmulatedSpeed ignored(0);
+      ScopedEmulatedSpeed ignored(0.0);
       EXPECT_DOUBLE_EQ(EmulatedSpeed(), 4.0);
     }
     EXPECT_DOUBLE_EQ(EmulatedSpeed(), 0.5);
@@ -64,6 +65,29 @@ TEST(EmulatedModel, SpeedScalesThisThreadsWaits) {
     EXPECT_DOUBLE_EQ(other, 1.0);
   }
   EXPECT_DOUBLE_EQ(EmulatedSpeed(), 1.0);
+}
+
+// --emulated-speed-file: a scope on a shared speed reads it at every wait,
+// so the worker can change it while a stage runs; not positive: the plain
+// speed holds.
+TEST(EmulatedModel, ASharedSpeedIsReadAtEveryWait) {
+  std::atomic<double> speed{1.0};
+  ScopedEmulatedSpeed base(2.0);
+  {
+    ScopedEmulatedSpeed shared(&speed);
+    EXPECT_DOUBLE_EQ(EmulatedSeconds(0.01), 0.01);
+    speed.store(0.5);
+    EXPECT_DOUBLE_EQ(EmulatedSeconds(0.01), 0.02);
+    speed.store(0);
+    EXPECT_DOUBLE_EQ(EmulatedSpeed(), 2.0);
+    {
+      ScopedEmulatedSpeed plain(4.0);  // a plain scope inside wins
+      speed.store(0.5);
+      EXPECT_DOUBLE_EQ(EmulatedSpeed(), 4.0);
+    }
+    EXPECT_DOUBLE_EQ(EmulatedSpeed(), 0.5);
+  }
+  EXPECT_DOUBLE_EQ(EmulatedSpeed(), 2.0);
 }
 
 TEST(EmulatedModel, RefusesWhatItCannotRun) {

@@ -106,6 +106,21 @@ TEST(TracerTest, PastTheLimitSpansAreCountedNotKept) {
   EXPECT_EQ(tracer.recorded(), 3);
 }
 
+// A running job's trace reaches the coordinator when its window is over,
+// not only when a chunk is full (the doctor reads it while the job runs).
+TEST(TracerTest, TheSpansGoOnceTheWindowIsOver) {
+  Tracer tracer(2, 4, 100, /*chunk=*/50);
+  const auto t = Tracer::Clock::now();
+  tracer.Advance(2);
+  tracer.Record(v1::SPAN_FORWARD, 2, 0, t, t);
+  tracer.Advance(3);
+  EXPECT_FALSE(tracer.ChunkReady());
+  tracer.Advance(4);
+  EXPECT_TRUE(tracer.ChunkReady());
+  EXPECT_EQ(tracer.TakeChunk().spans_size(), 1);
+  EXPECT_FALSE(tracer.ChunkReady());
+}
+
 TEST(TracerTest, ANegativeDurationIsZero) {
   Tracer tracer(0, 1, 10);
   const auto t = Tracer::Clock::now();
