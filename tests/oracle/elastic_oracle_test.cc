@@ -64,6 +64,21 @@ algorithm: )",
                       algorithm, "\n");
 }
 
+// Runs `yaml` on `cluster` without a fault to its end (SUCCEEDED): its
+// status, and the parameters and buffers of its final checkpoint.
+void RunClean(ProcessCluster& cluster, const std::string& yaml, const std::string& checkpoint_dir,
+              v1::JobStatus* status, std::map<std::string, torch::Tensor>* tensors) {
+  auto id = cluster.client().Submit(yaml);
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto end = cluster.WaitForEnd(*id);
+  ASSERT_TRUE(end.ok()) << end.status();
+  ASSERT_EQ(end->state(), v1::SUCCEEDED) << end->reason();
+  auto got = testing::CheckpointTensors(checkpoint_dir, *id, end->total_steps());
+  ASSERT_TRUE(got.ok()) << got.status();
+  *status = *end;
+  *tensors = *std::move(got);
+}
+
 // Runs `yaml` on a fresh cluster of four workers, kills `lost` of them (no
 // spare) at a random step past the first checkpoint and waits for the end:
 // the job must resume on 4 - lost stages and succeed. Returns the job id.
@@ -113,20 +128,16 @@ void RunBackpropOracle(int lost) {
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const std::string ckpt = cluster.dir() + "/checkpoints";
   const std::string yaml = JobYaml("{name: backprop, micro_batches: 2}", ckpt, kStages - lost);
-  auto clean_id = cluster.client().Submit(yaml);
-  ASSERT_TRUE(clean_id.ok()) << clean_id.status();
-  auto clean = cluster.WaitForEnd(*clean_id);
-  ASSERT_TRUE(clean.ok()) << clean.status();
-  ASSERT_EQ(clean->state(), v1::SUCCEEDED) << clean->reason();
-  const int64_t total = clean->total_steps();
-  auto want = testing::CheckpointTensors(ckpt, *clean_id, total);
-  ASSERT_TRUE(want.ok()) << want.status();
+  v1::JobStatus clean;
+  std::map<std::string, torch::Tensor> want;
+  ASSERT_NO_FATAL_FAILURE(RunClean(cluster, yaml, ckpt, &clean, &want));
+  const int64_t total = clean.total_steps();
 
   const std::string id = RunLosing(cluster, yaml, lost, rng);
   ASSERT_FALSE(id.empty());
   auto got = testing::CheckpointTensors(ckpt, id, total);
   ASSERT_TRUE(got.ok()) << got.status();
-  testing::ExpectClose(*got, *want, 1e-6);
+  testing::ExpectClose(*got, want, 1e-6);
 }
 
 TEST(ElasticOracleTest, BackpropFromFourStagesOntoThree) { RunBackpropOracle(1); }
@@ -161,14 +172,10 @@ TEST(ElasticOracleTest, BackpropShrinksToTwoStagesAndGrowsBackToFour) {
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const std::string ckpt = cluster.dir() + "/checkpoints";
   const std::string yaml = JobYaml("{name: backprop, micro_batches: 2}", ckpt, 2);
-  auto clean_id = cluster.client().Submit(yaml);
-  ASSERT_TRUE(clean_id.ok()) << clean_id.status();
-  auto clean = cluster.WaitForEnd(*clean_id);
-  ASSERT_TRUE(clean.ok()) << clean.status();
-  ASSERT_EQ(clean->state(), v1::SUCCEEDED) << clean->reason();
-  const int64_t total = clean->total_steps();
-  auto want = testing::CheckpointTensors(ckpt, *clean_id, total);
-  ASSERT_TRUE(want.ok()) << want.status();
+  v1::JobStatus clean;
+  std::map<std::string, torch::Tensor> want;
+  ASSERT_NO_FATAL_FAILURE(RunClean(cluster, yaml, ckpt, &clean, &want));
+  const int64_t total = clean.total_steps();
 
   auto id = cluster.client().Submit(yaml);
   ASSERT_TRUE(id.ok()) << id.status();
@@ -201,7 +208,7 @@ TEST(ElasticOracleTest, BackpropShrinksToTwoStagesAndGrowsBackToFour) {
             << shrunk_at << ", back on 4 from step " << grown.from_step() << "\n";
   auto got = testing::CheckpointTensors(ckpt, *id, total);
   ASSERT_TRUE(got.ok()) << got.status();
-  testing::ExpectClose(*got, *want, 1e-6);
+  testing::ExpectClose(*got, want, 1e-6);
 }
 
 int WorkerIndex(const std::string& worker_id) {
@@ -218,14 +225,10 @@ TEST(ElasticOracleTest, ASigtermedWorkersJobResumesFromTheCheckpointItAskedFor) 
   // No periodic checkpoint before the end; no restart allowed: the
   // preemption's checkpoint is the only way to step 160, and it is no restart.
   const std::string yaml = JobYaml("{name: backprop, micro_batches: 2}", ckpt, 0, 2, 1000, 0);
-  auto clean_id = cluster.client().Submit(yaml);
-  ASSERT_TRUE(clean_id.ok()) << clean_id.status();
-  auto clean = cluster.WaitForEnd(*clean_id);
-  ASSERT_TRUE(clean.ok()) << clean.status();
-  ASSERT_EQ(clean->state(), v1::SUCCEEDED) << clean->reason();
-  const int64_t total = clean->total_steps();
-  auto want = testing::CheckpointTensors(ckpt, *clean_id, total);
-  ASSERT_TRUE(want.ok()) << want.status();
+  v1::JobStatus clean;
+  std::map<std::string, torch::Tensor> want;
+  ASSERT_NO_FATAL_FAILURE(RunClean(cluster, yaml, ckpt, &clean, &want));
+  const int64_t total = clean.total_steps();
 
   auto id = cluster.client().Submit(yaml);
   ASSERT_TRUE(id.ok()) << id.status();
@@ -267,7 +270,7 @@ TEST(ElasticOracleTest, ASigtermedWorkersJobResumesFromTheCheckpointItAskedFor) 
             << " s, the job running again after " << resumed_s << " s\n";
   auto got = testing::CheckpointTensors(ckpt, *id, total);
   ASSERT_TRUE(got.ok()) << got.status();
-  testing::ExpectClose(*got, *want, 1e-6);
+  testing::ExpectClose(*got, want, 1e-6);
 }
 
 // Rebalancing: a worker slowed mid-job (its --emulated-speed-file) is named
@@ -307,14 +310,10 @@ recovery: {max_restarts: 0}
 rebalance: {threshold: 0.15, window_steps: 150}
 trace: {steps: [130, 140]}
 )");
-  auto clean_id = cluster.client().Submit(yaml);
-  ASSERT_TRUE(clean_id.ok()) << clean_id.status();
-  auto clean = cluster.WaitForEnd(*clean_id);
-  ASSERT_TRUE(clean.ok()) << clean.status();
-  ASSERT_EQ(clean->state(), v1::SUCCEEDED) << clean->reason();
-  EXPECT_EQ(clean->attempts_size(), 1) << "rebalanced without a slowdown: " << clean->DebugString();
-  auto want = testing::CheckpointTensors(ckpt, *clean_id, 500);
-  ASSERT_TRUE(want.ok()) << want.status();
+  v1::JobStatus clean;
+  std::map<std::string, torch::Tensor> want;
+  ASSERT_NO_FATAL_FAILURE(RunClean(cluster, yaml, ckpt, &clean, &want));
+  EXPECT_EQ(clean.attempts_size(), 1) << "rebalanced without a slowdown: " << clean.DebugString();
 
   auto id = cluster.client().Submit(yaml);
   ASSERT_TRUE(id.ok()) << id.status();
@@ -358,8 +357,8 @@ trace: {steps: [130, 140]}
   EXPECT_THAT(done->attempts(0).end_reason(),
               ::testing::HasSubstr(absl::StrCat("stage 2 (worker ", slowed, ")")));
   const auto& summary = done->summary();
-  const int blocks_before = static_cast<int>(clean->summary().at("plan.stage2.block_end") -
-                                             clean->summary().at("plan.stage2.block_begin"));
+  const int blocks_before = static_cast<int>(clean.summary().at("plan.stage2.block_end") -
+                                             clean.summary().at("plan.stage2.block_begin"));
   const int blocks_after =
       static_cast<int>(summary.at("plan.stage2.block_end") - summary.at("plan.stage2.block_begin"));
   EXPECT_LT(blocks_after, blocks_before);
@@ -370,7 +369,7 @@ trace: {steps: [130, 140]}
             << diagnosis;
   auto got = testing::CheckpointTensors(ckpt, *id, 500);
   ASSERT_TRUE(got.ok()) << got.status();
-  testing::ExpectClose(*got, *want, 1e-6);
+  testing::ExpectClose(*got, want, 1e-6);
 }
 
 }  // namespace
