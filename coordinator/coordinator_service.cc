@@ -324,6 +324,17 @@ grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(
   return Done(ctx, listing.status());
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::ListJobEvents(grpc::CallbackServerContext* ctx,
+                                                            const v1::ListJobEventsRequest* request,
+                                                            v1::ListJobEventsResponse* response) {
+  if (auto caller = Authorize(ctx, rpc::Role::kRead); !caller.ok()) {
+    return Done(ctx, caller.status());
+  }
+  auto events = manager_->JobEvents(request->job_id());
+  if (events.ok()) *response = std::move(*events);
+  return Done(ctx, events.status());
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::GetJobMetrics(grpc::CallbackServerContext* ctx,
                                                             const v1::GetJobMetricsRequest* request,
                                                             v1::JobMetrics* response) {

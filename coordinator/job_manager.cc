@@ -645,6 +645,12 @@ void JobManager::UpdateProgress(Job& job, const std::string& message,
   job.status.set_updated_unix_ms(NowMs());
   dirty_.insert(job.status.job_id());
   for (MetricPoint& p : points) points_.emplace_back(job.status.job_id(), std::move(p));
+  // A message is an event of the job's log (`stagewise events`), written with the progress.
+  if (!message.empty()) {
+    notes_.emplace_back(job.status.job_id(),
+                        TransitionRecord{job.status.state(), job.status.state(), message,
+                                         job.status.updated_unix_ms()});
+  }
   if (flush_due_ == absl::InfiniteFuture()) {
     flush_due_ = absl::Now() + options_.progress_flush_interval;
   }
@@ -653,18 +659,21 @@ void JobManager::UpdateProgress(Job& job, const std::string& message,
 
 void JobManager::FlushProgress() {
   flush_due_ = absl::InfiniteFuture();
-  if (dirty_.empty() && points_.empty()) return;
+  if (dirty_.empty() && points_.empty() && notes_.empty()) return;
   JobStore::ProgressBatch batch;
   for (const std::string& id : dirty_) {
     auto it = jobs_.find(id);
     if (it != jobs_.end()) batch.statuses.push_back(it->second.status);
   }
   batch.points = std::move(points_);
+  batch.notes = std::move(notes_);
   dirty_.clear();
   points_.clear();
+  notes_.clear();
   if (absl::Status s = store_->WriteProgress(batch); !s.ok()) {
     STAGEWISE_LOG(ERROR) << "progress of " << batch.statuses.size() << " job(s), "
-                         << batch.points.size() << " metric point(s) not saved: " << s;
+                         << batch.points.size() << " metric point(s), " << batch.notes.size()
+                         << " note(s) not saved: " << s;
   }
 }
 

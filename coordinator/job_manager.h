@@ -142,6 +142,9 @@ class JobManager : private JobHost {
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id) const {
     return queries_.ListCheckpoints(job_id);
   }
+  absl::StatusOr<v1::ListJobEventsResponse> JobEvents(const std::string& job_id) const {
+    return queries_.JobEvents(job_id);
+  }
   // The job's stored metric history (what was flushed; a finished job's is
   // complete), at most `max_points` per metric (<= 0: 5000), evenly thinned.
   absl::StatusOr<v1::JobMetrics> JobMetrics(const std::string& job_id,
@@ -274,8 +277,9 @@ class JobManager : private JobHost {
   PlannedStops planned_{this, &recovery_};
   Rebalancer rebalancer_{this, &planned_, &scheduler_};
   std::map<std::string, Job> jobs_;
-  std::set<std::string> dirty_;                              // jobs with unwritten status
-  std::vector<std::pair<std::string, MetricPoint>> points_;  // unwritten metric history
+  std::set<std::string> dirty_;                                  // jobs with unwritten status
+  std::vector<std::pair<std::string, MetricPoint>> points_;      // unwritten metric history
+  std::vector<std::pair<std::string, TransitionRecord>> notes_;  // unwritten event log notes
   absl::Time flush_due_ = absl::InfiniteFuture();
   std::deque<std::pair<absl::Time, std::string>> metrics_expiry_;  // (when, job) in order
   int64_t next_command_ = 1;

@@ -54,6 +54,25 @@ absl::StatusOr<v1::ListCheckpointsResponse> JobQueries::ListCheckpoints(
   return out;
 }
 
+absl::StatusOr<v1::ListJobEventsResponse> JobQueries::JobEvents(const std::string& job_id) const {
+  STAGEWISE_ASSIGN_OR_RETURN(JobRecord rec, store_->GetJob(job_id));
+  STAGEWISE_ASSIGN_OR_RETURN(std::vector<TransitionRecord> log,
+                             store_->Transitions(job_id, /*notes=*/true));
+  v1::ListJobEventsResponse out;
+  v1::JobLogEvent* submitted = out.add_events();
+  submitted->set_to_state(v1::PENDING);
+  submitted->set_reason("submitted");
+  submitted->set_unix_ms(rec.status.created_unix_ms());
+  for (const TransitionRecord& t : log) {
+    v1::JobLogEvent* e = out.add_events();
+    e->set_from_state(t.from);
+    e->set_to_state(t.to);
+    e->set_reason(t.reason);
+    e->set_unix_ms(t.unix_ms);
+  }
+  return out;
+}
+
 absl::StatusOr<v1::JobMetrics> JobQueries::JobMetrics(const std::string& job_id,
                                                       const std::vector<std::string>& names,
                                                       int max_points) const {

@@ -31,6 +31,9 @@ class JobQueries {
   // Newest first, read from the job's checkpoint.dir (the coordinator must
   // reach it); NOT_FOUND for an unknown job, none without checkpoint.dir.
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id) const;
+  // The job's event log: its submission, every transition and note, oldest
+  // first (ListJobEventsRequest); NOT_FOUND for an unknown job.
+  absl::StatusOr<v1::ListJobEventsResponse> JobEvents(const std::string& job_id) const;
   // At most `max_points` per metric (<= 0: 5000), evenly thinned.
   absl::StatusOr<v1::JobMetrics> JobMetrics(const std::string& job_id,
                                             const std::vector<std::string>& names,

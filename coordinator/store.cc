@@ -357,7 +357,9 @@ absl::Status JobStore::UpdateStatus(const v1::JobStatus& status) {
 
 absl::Status JobStore::WriteProgress(const ProgressBatch& batch) {
   constexpr absl::string_view kOp = "JobStore::WriteProgress";
-  if (batch.statuses.empty() && batch.points.empty()) return absl::OkStatus();
+  if (batch.statuses.empty() && batch.points.empty() && batch.notes.empty()) {
+    return absl::OkStatus();
+  }
   for (const v1::JobStatus& status : batch.statuses) {
     STAGEWISE_RETURN_IF_ERROR(CheckJobId(status.job_id(), "statuses[].job_id"));
   }
@@ -365,6 +367,13 @@ absl::Status JobStore::WriteProgress(const ProgressBatch& batch) {
     STAGEWISE_RETURN_IF_ERROR(CheckJobId(batch.points[i].first, "points[].first"));
     if (batch.points[i].second.name.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("points[", i, "].name is empty"));
+    }
+  }
+  for (size_t i = 0; i < batch.notes.size(); ++i) {
+    STAGEWISE_RETURN_IF_ERROR(CheckJobId(batch.notes[i].first, "notes[].first"));
+    if (batch.notes[i].second.from != batch.notes[i].second.to) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("notes[", i, "]: a note stays in its state; use Transition"));
     }
   }
   const int64_t now = NowMs();
@@ -385,6 +394,22 @@ absl::Status JobStore::WriteProgress(const ProgressBatch& batch) {
     updated.set_created_unix_ms(current.status.created_unix_ms());
     updated.set_updated_unix_ms(now);
     STAGEWISE_RETURN_IF_ERROR(impl_->WriteStatus(updated, kOp));
+  }
+  if (!batch.notes.empty()) {
+    Stmt note(impl_->db, kOp);
+    STAGEWISE_RETURN_IF_ERROR(
+        note.Prepare("INSERT INTO transitions (job_id, from_state, to_state, reason, unix_ms) "
+                     "VALUES (?1, ?2, ?2, ?3, ?4)"));
+    for (const auto& [job_id, n] : batch.notes) {
+      STAGEWISE_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id, kOp));
+      if (!exists) return JobNotFound(job_id);
+      note.Reset();
+      note.BindText(1, job_id);
+      note.BindInt64(2, n.to);
+      note.BindText(3, n.reason);
+      note.BindInt64(4, n.unix_ms != 0 ? n.unix_ms : now);
+      STAGEWISE_RETURN_IF_ERROR(note.Run());
+    }
   }
   if (batch.points.empty()) return txn.Commit();
   Stmt insert(impl_->db, kOp);
@@ -552,16 +577,20 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::UnfinishedJobs() const {
   return jobs;
 }
 
-absl::StatusOr<std::vector<TransitionRecord>> JobStore::Transitions(
-    const std::string& job_id) const {
+absl::StatusOr<std::vector<TransitionRecord>> JobStore::Transitions(const std::string& job_id,
+                                                                    bool notes) const {
   constexpr absl::string_view kOp = "JobStore::Transitions";
   absl::MutexLock lock(&impl_->mu);
   STAGEWISE_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id, kOp));
   if (!exists) return JobNotFound(job_id);
   Stmt select(impl_->db, kOp);
   STAGEWISE_RETURN_IF_ERROR(
-      select.Prepare("SELECT from_state, to_state, reason, unix_ms FROM transitions "
-                     "WHERE job_id = ?1 ORDER BY id"));
+      // Notes are written with the batched progress, after transitions that
+      // happened later: by time, then as written.
+      select.Prepare(notes ? "SELECT from_state, to_state, reason, unix_ms FROM transitions "
+                             "WHERE job_id = ?1 ORDER BY unix_ms, id"
+                           : "SELECT from_state, to_state, reason, unix_ms FROM transitions "
+                             "WHERE job_id = ?1 AND from_state != to_state ORDER BY id"));
   select.BindText(1, job_id);
   std::vector<TransitionRecord> transitions;
   for (;;) {

@@ -91,15 +91,23 @@ class JobStore {
                                        size_t max_bytes) const;
   // Jobs not in a terminal state, oldest first (what a restarted coordinator resumes).
   absl::StatusOr<std::vector<JobRecord>> UnfinishedJobs() const;
-  absl::StatusOr<std::vector<TransitionRecord>> Transitions(const std::string& job_id) const;
+  // A job's state transitions, oldest first. With `notes`, also its notes
+  // (what happened within a state that an operator wants in the event log:
+  // "planned", "checkpoint at step 100 committed", "not rebalancing: ..."),
+  // stored as transitions from a state to itself.
+  absl::StatusOr<std::vector<TransitionRecord>> Transitions(const std::string& job_id,
+                                                            bool notes = false) const;
 
   absl::Status AppendMetrics(const std::string& job_id, const std::vector<MetricPoint>& points);
   // Progress of live jobs in one transaction (one fsync, all or nothing):
   // every status replaces the stored one as UpdateStatus does (no state
-  // change), then every point is appended as AppendMetrics does.
+  // change), then every point is appended as AppendMetrics does, then every
+  // note.
   struct ProgressBatch {
     std::vector<v1::JobStatus> statuses;
     std::vector<std::pair<std::string, MetricPoint>> points;  // (job_id, point), in order
+    // (job_id, note): from == to, the state it happened in (Transitions).
+    std::vector<std::pair<std::string, TransitionRecord>> notes = {};
   };
   absl::Status WriteProgress(const ProgressBatch& batch);
   // All points of a job in insertion order, optionally only one name.

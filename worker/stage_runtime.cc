@@ -424,6 +424,7 @@ void StageRuntime::Stop(const absl::Status& why) {
 void StageRuntime::Fail(const absl::Status& why) { Abort(why, true); }
 
 void StageRuntime::Join() {
+  absl::MutexLock lock(&join_mu_);
   if (compute_.joinable()) compute_.join();
 }
 

@@ -84,6 +84,8 @@ class StageRuntime final : public StageContext {
   void Stop(const absl::Status& why);
   // Fails the job: reported to the coordinator once, then everything stops.
   void Fail(const absl::Status& why);
+  // Waits for the compute thread to end. Callers may race (the worker's
+  // shutdown and a stop command both join): one joins, the others wait.
   void Join();
   bool running() const;
   // Start() was called (the compute thread exists or existed).
@@ -261,6 +263,7 @@ class StageRuntime final : public StageContext {
   int64_t loss_count_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, double> summary_ ABSL_GUARDED_BY(mu_);
   std::thread compute_;
+  absl::Mutex join_mu_;  // serialises Join (std::thread::join is not re-entrant)
 };
 
 }  // namespace stagewise::worker

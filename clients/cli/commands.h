@@ -166,6 +166,8 @@ int List(const ListArgs& args, std::ostream& out, std::ostream& err);
 int Cancel(const CancelArgs& args, std::ostream& out, std::ostream& err);
 int Workers(const WorkersArgs& args, std::ostream& out, std::ostream& err);
 int Checkpoints(const CheckpointsArgs& args, std::ostream& out, std::ostream& err);
+// `stagewise events JOB`: the job's event log (ListJobEvents).
+int Events(const JobArgs& args, std::ostream& out, std::ostream& err);
 int Export(const ExportArgs& args, std::ostream& out, std::ostream& err);
 int Local(const LocalArgs& args, std::ostream& out, std::ostream& err);
 int Plot(const PlotArgs& args, std::ostream& out, std::ostream& err);

@@ -405,7 +405,7 @@ int Export(const ExportArgs& args, std::ostream& out, std::ostream& err) {
     return kExitInvalid;
   }
   if (args.out_dir.empty()) {
-    err << "error: export needs -o DIR (where model.pt, job.yaml and README.txt go)\n";
+    err << "error: export needs --output-dir DIR (where model.pt, job.yaml and README.txt go)\n";
     return kExitInvalid;
   }
   absl::StatusOr<std::string> step_dir = args.checkpoint.empty()

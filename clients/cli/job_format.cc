@@ -327,6 +327,38 @@ std::string CheckpointsJson(const std::string& job_id, const v1::ListCheckpoints
                       absl::StrJoin(skipped, ","), "]}");
 }
 
+std::string EventsTable(const v1::ListJobEventsResponse& r, absl::TimeZone tz) {
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::JobLogEvent& e : r.events()) {
+    std::string event;
+    if (e.from_state() == e.to_state()) {
+      event = absl::StrCat("(", client::JobStateName(e.to_state()), ")");
+    } else if (e.from_state() == v1::JOB_STATE_UNSPECIFIED) {
+      event = absl::StrCat("-> ", client::JobStateName(e.to_state()));
+    } else {
+      event = absl::StrCat(client::JobStateName(e.from_state()), " -> ",
+                           client::JobStateName(e.to_state()));
+    }
+    rows.push_back({LocalTime(e.unix_ms(), tz), event, e.reason().empty() ? "-" : e.reason()});
+  }
+  return RenderTable({"TIME", "EVENT", "REASON"}, rows);
+}
+
+std::string EventsJson(const std::string& job_id, const v1::ListJobEventsResponse& r) {
+  std::vector<std::string> items;
+  for (const v1::JobLogEvent& e : r.events()) {
+    items.push_back(absl::StrCat("{\"unix_ms\":", e.unix_ms(), ",\"from\":",
+                                 e.from_state() == v1::JOB_STATE_UNSPECIFIED
+                                     ? "null"
+                                     : JsonString(client::JobStateName(e.from_state())),
+                                 ",\"to\":", JsonString(client::JobStateName(e.to_state())),
+                                 ",\"note\":", e.from_state() == e.to_state() ? "true" : "false",
+                                 ",\"reason\":", JsonString(e.reason()), "}"));
+  }
+  return absl::StrCat("{\"job_id\":", JsonString(job_id), ",\"events\":[",
+                      absl::StrJoin(items, ","), "]}");
+}
+
 std::string JobListTable(const std::vector<v1::JobStatus>& jobs, absl::Time now) {
   std::vector<std::vector<std::string>> rows;
   for (const auto& s : jobs) {

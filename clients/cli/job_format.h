@@ -38,6 +38,10 @@ std::string AttemptsTable(const v1::JobStatus& s, absl::TimeZone tz);
 // `tz`, size, shards, directory), then the skipped step directories and why.
 std::string CheckpointsTable(const v1::ListCheckpointsResponse& r, absl::TimeZone tz);
 std::string CheckpointsJson(const std::string& job_id, const v1::ListCheckpointsResponse& r);
+// `stagewise events`: one row per event (TIME, EVENT, REASON); EVENT is
+// "FROM -> TO" for a transition, the state in parentheses for a note.
+std::string EventsTable(const v1::ListJobEventsResponse& r, absl::TimeZone tz);
+std::string EventsJson(const std::string& job_id, const v1::ListJobEventsResponse& r);
 // The step directory of a checkpoint (its manifest's directory).
 std::string CheckpointDir(const v1::CheckpointInfo& c);
 

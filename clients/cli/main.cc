@@ -1,9 +1,12 @@
 // stagewise: the command-line client. Parses flags and dispatches; the
 // commands live in the stagewise_cli library.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <iostream>
+#include <sstream>
 
 #include "clients/cli/commands.h"
+#include "clients/cli/conventions.h"
 #include "clients/client/coordinator_client.h"
 #include "services/metrics/metrics.h"
 #include "services/rpc/tls.h"
@@ -45,8 +48,14 @@ int main(int argc, char** argv) {
   };
   const auto output_option = [](CLI::App* cmd, std::string& output, const char* what) {
     cmd->add_option("-o,--output", output, what)
-        ->check(CLI::IsMember({"text", "json"}))
+        ->check(CLI::IsMember({"text", "json", "yaml"}))
         ->capture_default_str();
+  };
+
+  // An old spelling that keeps working, hidden from --help; Deprecated()
+  // below says what replaces it (-o names an output format everywhere).
+  const auto old_spelling = [](CLI::App* cmd, const std::string& names, std::string& value) {
+    return cmd->add_option(names, value)->group("");
   };
 
   auto* version = app.add_subcommand("version", "Print the version and the libraries built in");
@@ -58,9 +67,7 @@ int main(int argc, char** argv) {
   train_cmd->add_option("job", train.job_path, "Job spec (YAML)")
       ->required()
       ->check(CLI::ExistingFile);
-  train_cmd->add_option("-o,--output", train.output, "Result format")
-      ->check(CLI::IsMember({"text", "json"}))
-      ->capture_default_str();
+  output_option(train_cmd, train.output, "Result format");
   train_cmd->add_option("--threads", train.threads, "CPU threads for LibTorch (0 = all cores)")
       ->capture_default_str();
   train_cmd->add_option("--steps", train.steps,
@@ -80,9 +87,7 @@ int main(int argc, char** argv) {
   validate_cmd->add_option("job", validate.job_path, "Job spec (YAML)")
       ->required()
       ->check(CLI::ExistingFile);
-  validate_cmd->add_option("-o,--output", validate.output, "Output format")
-      ->check(CLI::IsMember({"text", "json"}))
-      ->capture_default_str();
+  output_option(validate_cmd, validate.output, "Output format");
   set_option(validate_cmd, validate.sets);
 
   SubmitArgs submit;
@@ -142,6 +147,15 @@ int main(int argc, char** argv) {
   checkpoints_cmd->add_option("job_id", checkpoints.job_id, "Job id")->required();
   output_option(checkpoints_cmd, checkpoints.output, "Output format");
 
+  JobArgs events;
+  auto* events_cmd = app.add_subcommand(
+      "events",
+      "A job's event log, oldest first: its submission, every state change with its reason\n"
+      "(placement, recoveries and their causes, planned stops, the end) and the notes within\n"
+      "a state (planned, checkpoints committed, refusals such as \"not rebalancing: ...\")");
+  events_cmd->add_option("job_id", events.job_id, "Job id")->required();
+  output_option(events_cmd, events.output, "Output format");
+
   ExportArgs export_args;
   auto* export_cmd = app.add_subcommand(
       "export",
@@ -158,10 +172,11 @@ int main(int argc, char** argv) {
       ->add_option("--step", export_args.step,
                    "The checkpoint taken after this step (default: the newest committed one)")
       ->check(CLI::NonNegativeNumber);
-  export_cmd
-      ->add_option("-o,--output-dir", export_args.out_dir,
-                   "Directory to write model.pt, job.yaml and README.txt to (created)")
-      ->required();
+  export_cmd->add_option("--output-dir", export_args.out_dir,
+                         "Directory to write model.pt, job.yaml and README.txt to (created; "
+                         "required)");
+  std::string export_old_dir;
+  auto* export_old = old_spelling(export_cmd, "-o", export_old_dir);
 
   PlotArgs plot_args;
   auto* plot_cmd = app.add_subcommand(
@@ -171,8 +186,10 @@ int main(int argc, char** argv) {
       "id (its history comes from the coordinator) or a file `stagewise local --history`\n"
       "wrote.");
   plot_cmd->add_option("sources", plot_args.sources, "Job ids or history files")->required();
-  plot_cmd->add_option("-o,--output", plot_args.output, "The picture: FILE.svg or FILE.png")
-      ->required();
+  plot_cmd->add_option("--output-file", plot_args.output,
+                       "The picture: FILE.svg or FILE.png (required)");
+  std::string plot_old_file;
+  auto* plot_old = old_spelling(plot_cmd, "-o,--output", plot_old_file);
   plot_cmd->add_option("--title", plot_args.title, "Title above the panels")->capture_default_str();
 
   TraceArgs trace_args;
@@ -181,11 +198,14 @@ int main(int argc, char** argv) {
       "A job's pipeline timeline: what every stage's compute thread did, step by step\n"
       "(forward, backward, rebuild, optimizer step, waiting, sending, evaluation). Needs a\n"
       "`trace:` section in the job (`local --trace` adds one). Prints a summary per stage;\n"
-      "-o writes Chrome trace JSON (ui.perfetto.dev, chrome://tracing), --svg the pipeline\n"
+      "--output-file writes Chrome trace JSON (ui.perfetto.dev, chrome://tracing), --svg the\n"
+      "pipeline "
       "diagram. SOURCE is a job id on the coordinator or a JSON file this command or\n"
       "`stagewise local --trace` wrote.");
   trace_cmd->add_option("source", trace_args.source, "Job id or trace JSON file")->required();
-  trace_cmd->add_option("-o,--output", trace_args.output, "Write Chrome trace JSON here");
+  trace_cmd->add_option("--output-file", trace_args.output, "Write Chrome trace JSON here");
+  std::string trace_old_file;
+  auto* trace_old = old_spelling(trace_cmd, "-o,--output", trace_old_file);
   trace_cmd->add_option("--svg", trace_args.svg, "Draw the pipeline diagram here (FILE.svg)");
 
   TraceArgs doctor_args;
@@ -299,6 +319,17 @@ int main(int argc, char** argv) {
   plan_cmd->add_flag("-q,--quiet", plan.quiet, "No progress on stderr");
   output_option(plan_cmd, plan.output, "Output format");
 
+  std::string shell;
+  auto* completion_cmd = app.add_subcommand(
+      "completion",
+      "Print a shell completion script (commands, their options, file names):\n"
+      "  bash: source <(stagewise completion bash)   (or save it under\n"
+      "        /etc/bash_completion.d/ or ~/.local/share/bash-completion/completions/stagewise)\n"
+      "  zsh:  source <(stagewise completion zsh)    (uses bashcompinit)");
+  completion_cmd->add_option("shell", shell, "bash or zsh")
+      ->required()
+      ->check(CLI::IsMember({"bash", "zsh"}));
+
   std::vector<std::string> label_jobs;
   std::string label_key_file;
   auto* label_cmd = app.add_subcommand(
@@ -311,6 +342,20 @@ int main(int argc, char** argv) {
                    "The --metrics-job-key-file of the coordinator and the workers")
       ->required();
 
+  // An unknown command is an error, even with --help after it (CLI11 would
+  // print the top-level help and succeed).
+  {
+    const std::vector<std::string> args(argv + 1, argv + argc);
+    const std::string word = CommandWord(app, args);
+    const std::vector<std::string> names = CommandNames(app);
+    if (!word.empty() && std::find(names.begin(), names.end(), word) == names.end()) {
+      const std::string closest = ClosestName(word, names);
+      std::cerr << "error: unknown command '" << word << "'"
+                << (closest.empty() ? "" : "; did you mean '" + closest + "'?") << "\n"
+                << "Run 'stagewise --help' for the commands.\n";
+      return kExitInvalid;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -321,6 +366,62 @@ int main(int argc, char** argv) {
     std::cout << VersionString() << "\n";
     return kExitOk;
   }
+  if (completion_cmd->parsed()) {
+    auto script = CompletionScript(app, shell);
+    if (!script.ok()) {
+      std::cerr << "error: " << script.status().message() << "\n";
+      return kExitInvalid;
+    }
+    std::cout << *script;
+    return kExitOk;
+  }
+  // The old spellings: the value goes where the new one's would, with a note.
+  const auto deprecated = [](const CLI::Option* old, std::string& from, std::string& to,
+                             const std::string& was, const std::string& now) {
+    if (old->count() == 0) return true;
+    std::cerr << "warning: '" << was << "' is deprecated; use '" << now
+              << "' (-o names an output format in every command)\n";
+    if (!to.empty() && to != from) {
+      std::cerr << "error: both '" << was << "' and '" << now << "' given\n";
+      return false;
+    }
+    to = from;
+    return true;
+  };
+  const auto required = [](const std::string& value, const std::string& what) {
+    if (!value.empty()) return true;
+    std::cerr << "error: " << what << " is required\nRun with --help for more information.\n";
+    return false;
+  };
+  if (export_cmd->parsed() && (!deprecated(export_old, export_old_dir, export_args.out_dir,
+                                           "stagewise export -o DIR", "--output-dir DIR") ||
+                               !required(export_args.out_dir, "--output-dir"))) {
+    return kExitInvalid;
+  }
+  if (plot_cmd->parsed() && (!deprecated(plot_old, plot_old_file, plot_args.output,
+                                         "stagewise plot -o FILE", "--output-file FILE") ||
+                             !required(plot_args.output, "--output-file"))) {
+    return kExitInvalid;
+  }
+  if (trace_cmd->parsed() && !deprecated(trace_old, trace_old_file, trace_args.output,
+                                         "stagewise trace -o FILE", "--output-file FILE")) {
+    return kExitInvalid;
+  }
+  // -o yaml: the command prints JSON, converted once it has finished.
+  const auto formatted = [](std::string& output, const auto& run) -> int {
+    if (output != "yaml") return run(std::cout);
+    output = "json";
+    std::ostringstream json;
+    const int rc = run(json);
+    auto yaml = JsonToYaml(json.str());
+    if (!yaml.ok()) {
+      std::cerr << "error: -o yaml: " << yaml.status().message() << "\n";
+      std::cout << json.str();
+      return rc == kExitOk ? kExitFailed : rc;
+    }
+    std::cout << *yaml;
+    return rc;
+  };
   if (label_cmd->parsed()) {
     auto labels = stagewise::metrics::MakeJobLabels("hashed", label_key_file);
     if (!labels.ok()) {
@@ -330,13 +431,21 @@ int main(int argc, char** argv) {
     for (const std::string& job : label_jobs) std::cout << job << " " << labels->Of(job) << "\n";
     return kExitOk;
   }
-  if (train_cmd->parsed()) return TrainLocal(train, std::cout, std::cerr);
-  if (validate_cmd->parsed()) return Validate(validate, std::cout, std::cerr);
-  if (plan_cmd->parsed()) return Plan(plan, std::cout, std::cerr);
+  if (train_cmd->parsed()) {
+    return formatted(train.output,
+                     [&](std::ostream& o) { return TrainLocal(train, o, std::cerr); });
+  }
+  if (validate_cmd->parsed()) {
+    return formatted(validate.output,
+                     [&](std::ostream& o) { return Validate(validate, o, std::cerr); });
+  }
+  if (plan_cmd->parsed()) {
+    return formatted(plan.output, [&](std::ostream& o) { return Plan(plan, o, std::cerr); });
+  }
   if (local_cmd->parsed()) {
     // `local` makes its own throw-away certificates unless --insecure.
     local.insecure = tls.insecure;
-    return Local(local, std::cout, std::cerr);
+    return formatted(local.output, [&](std::ostream& o) { return Local(local, o, std::cerr); });
   }
   {
     stagewise::rpc::RpcOptions client_options;
@@ -348,15 +457,35 @@ int main(int argc, char** argv) {
     stagewise::client::SetDefaultClientOptions(client_options);
   }
   submit.coordinator = status.coordinator = list.coordinator = watch.coordinator =
-      cancel.coordinator = workers.coordinator = checkpoints.coordinator = export_args.coordinator =
-          coordinator;
-  if (submit_cmd->parsed()) return Submit(submit, std::cout, std::cerr);
-  if (status_cmd->parsed()) return JobStatusCommand(status, std::cout, std::cerr);
-  if (list_cmd->parsed()) return List(list, std::cout, std::cerr);
-  if (watch_cmd->parsed()) return Watch(watch, std::cout, std::cerr);
-  if (cancel_cmd->parsed()) return Cancel(cancel, std::cout, std::cerr);
-  if (workers_cmd->parsed()) return Workers(workers, std::cout, std::cerr);
-  if (checkpoints_cmd->parsed()) return Checkpoints(checkpoints, std::cout, std::cerr);
+      cancel.coordinator = workers.coordinator = checkpoints.coordinator = events.coordinator =
+          export_args.coordinator = coordinator;
+  if (submit_cmd->parsed()) {
+    return formatted(submit.output, [&](std::ostream& o) { return Submit(submit, o, std::cerr); });
+  }
+  if (status_cmd->parsed()) {
+    return formatted(status.output,
+                     [&](std::ostream& o) { return JobStatusCommand(status, o, std::cerr); });
+  }
+  if (list_cmd->parsed()) {
+    return formatted(list.output, [&](std::ostream& o) { return List(list, o, std::cerr); });
+  }
+  if (watch_cmd->parsed()) {
+    return formatted(watch.output, [&](std::ostream& o) { return Watch(watch, o, std::cerr); });
+  }
+  if (cancel_cmd->parsed()) {
+    return formatted(cancel.output, [&](std::ostream& o) { return Cancel(cancel, o, std::cerr); });
+  }
+  if (workers_cmd->parsed()) {
+    return formatted(workers.output,
+                     [&](std::ostream& o) { return Workers(workers, o, std::cerr); });
+  }
+  if (checkpoints_cmd->parsed()) {
+    return formatted(checkpoints.output,
+                     [&](std::ostream& o) { return Checkpoints(checkpoints, o, std::cerr); });
+  }
+  if (events_cmd->parsed()) {
+    return formatted(events.output, [&](std::ostream& o) { return Events(events, o, std::cerr); });
+  }
   if (export_cmd->parsed()) return Export(export_args, std::cout, std::cerr);
   if (plot_cmd->parsed()) {
     plot_args.coordinator = coordinator;

@@ -134,6 +134,15 @@ int Workers(const WorkersArgs& args, std::ostream& out, std::ostream& err) {
   return kExitOk;
 }
 
+int Events(const JobArgs& args, std::ostream& out, std::ostream& err) {
+  client::CoordinatorClient client(client::ResolveCoordinatorAddress(args.coordinator));
+  absl::StatusOr<v1::ListJobEventsResponse> events = client.ListJobEvents(args.job_id);
+  if (!events.ok()) return ReportError(events.status(), err);
+  out << (args.output == "json" ? EventsJson(args.job_id, *events) + "\n"
+                                : EventsTable(*events, absl::LocalTimeZone()));
+  return kExitOk;
+}
+
 int Checkpoints(const CheckpointsArgs& args, std::ostream& out, std::ostream& err) {
   client::CoordinatorClient client(client::ResolveCoordinatorAddress(args.coordinator));
   absl::StatusOr<v1::ListCheckpointsResponse> listing = client.ListCheckpoints(args.job_id);

@@ -203,6 +203,17 @@ absl::StatusOr<v1::ListCheckpointsResponse> CoordinatorClient::ListCheckpoints(
   return resp;
 }
 
+absl::StatusOr<v1::ListJobEventsResponse> CoordinatorClient::ListJobEvents(
+    const std::string& job_id) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::ListJobEventsRequest req;
+  req.set_job_id(job_id);
+  v1::ListJobEventsResponse resp;
+  if (absl::Status s = Convert(stub_->ListJobEvents(&ctx, req, &resp)); !s.ok()) return s;
+  return resp;
+}
+
 absl::StatusOr<v1::JobStatus> CoordinatorClient::Watch(
     const std::string& job_id, const std::function<bool(const v1::JobEvent&)>& on_event) {
   grpc::ClientContext ctx;  // no deadline: a job may run for hours

@@ -99,6 +99,8 @@ class CoordinatorClient {
   // were skipped and why, and the job's checkpoint directory, as the
   // coordinator sees them. NOT_FOUND for an unknown job.
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id);
+  // The job's event log (ListJobEvents), oldest first. NOT_FOUND for an unknown job.
+  absl::StatusOr<v1::ListJobEventsResponse> ListJobEvents(const std::string& job_id);
   // The job's metric history (GetJobMetrics), every metric.
   absl::StatusOr<v1::JobMetrics> GetJobMetrics(const std::string& job_id);
   // The job's pipeline timeline (GetJobTrace), on the coordinator's clock.

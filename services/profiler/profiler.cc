@@ -2,8 +2,10 @@
 
 #include <torch/cuda.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -118,9 +120,14 @@ std::string ProfileKey(const JobSpec& spec, int64_t batch_size, const torch::Dev
   std::string text =
       absl::StrCat(ModelName(spec.model), "|", blocks, "|", NameOf(spec.optimizer.name), "|",
                    spec.optimizer.momentum, "|", aux_head);
-  // A worker whose emulated device runs at another speed measures other times.
-  if (spec.model.name == ModelKind::kEmulated && models::EmulatedSpeed() != 1.0) {
-    absl::StrAppend(&text, "|emulated speed ", models::EmulatedSpeed());
+  // An emulated block waits what the spec says: other waits, other times; a
+  // worker whose emulated device runs at another speed measures other times.
+  if (spec.model.name == ModelKind::kEmulated) {
+    absl::StrAppend(&text, "|emulated ", spec.model.forward_ms, "/", spec.model.backward_ms, "/",
+                    spec.model.backward_weight_share);
+    if (models::EmulatedSpeed() != 1.0) {
+      absl::StrAppend(&text, "|emulated speed ", models::EmulatedSpeed());
+    }
   }
   // A TorchScript model is its file: two files with the same shapes differ.
   if (spec.model.name == ModelKind::kTorchScript) {
@@ -376,20 +383,32 @@ absl::StatusOr<ModelProfile> CachedProfile(const JobSpec& spec, int64_t batch,
   }
   auto p = ProfileModel(spec, batch, device, o);
   if (!p.ok() || path.empty()) return p;
+  // The cache only saves the next profiling: a profile that cannot be kept
+  // is still this one's answer. Several workers on one host may profile the
+  // same key at once: each writes its own temporary file, and the last
+  // rename wins (their profiles are equally good).
+  auto not_kept = [&](const std::string& why) {
+    if (o.progress) o.progress(absl::StrCat("profile not cached: ", why));
+    return p;
+  };
   std::error_code ec;
   fs::create_directories(path.parent_path(), ec);
-  if (ec) {
-    return absl::UnavailableError(absl::StrCat("profile cache ", o.cache_dir, ": ", ec.message()));
-  }
-  const fs::path tmp = path.string() + ".tmp";
+  if (ec) return not_kept(absl::StrCat(o.cache_dir, ": ", ec.message()));
+  static std::atomic<uint64_t> writes{0};
+  const fs::path tmp = absl::StrCat(path.string(), ".tmp.", ::getpid(), ".", writes.fetch_add(1));
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << SerializeProfile(*p);
-    if (!out) return absl::UnavailableError(absl::StrCat("writing ", tmp.string()));
+    if (!out) {
+      fs::remove(tmp, ec);
+      return not_kept(absl::StrCat("writing ", tmp.string()));
+    }
   }
   fs::rename(tmp, path, ec);
-  if (ec)
-    return absl::UnavailableError(absl::StrCat("writing ", path.string(), ": ", ec.message()));
+  if (ec) {
+    fs::remove(tmp, ec);
+    return not_kept(absl::StrCat("writing ", path.string(), ": ", ec.message()));
+  }
   return p;
 }
 

@@ -34,7 +34,8 @@ struct ProfileOptions {
 std::string DefaultProfileCacheDir();
 
 // What a cached profile is filed under: the model's blocks (kinds, shapes,
-// widths), the batch size, the device and the thread count.
+// widths; an emulated model's waits), the batch size, the device and the
+// thread count.
 std::string ProfileKey(const JobSpec& spec, int64_t batch_size, const torch::Device& device,
                        int threads, const std::string& aux_head);
 
@@ -44,8 +45,11 @@ absl::StatusOr<ModelProfile> ProfileModel(const JobSpec& spec, int64_t batch_siz
                                           const ProfileOptions& options);
 
 // The cached profile when options.cache_dir holds one with the same key (and
-// not options.refresh); otherwise profiles and writes the cache (temp file,
-// then rename). `cached` (optional) says which happened.
+// not options.refresh); otherwise profiles and writes the cache (a temporary
+// file of this call's own, then rename: processes that profile the same key
+// at once do not collide). A cache that cannot be written is reported
+// through options.progress, not as an error. `cached` (optional) says which
+// happened.
 absl::StatusOr<ModelProfile> CachedProfile(const JobSpec& spec, int64_t batch_size,
                                            const torch::Device& device,
                                            const ProfileOptions& options, bool* cached = nullptr);

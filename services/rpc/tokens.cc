@@ -203,8 +203,9 @@ std::optional<Role> RequiredRole(std::string_view method) {
     if (name.substr(1, slash - 1) != kCoordinatorService) return std::nullopt;
     name.remove_prefix(slash + 1);
   }
-  for (const absl::string_view read : {"GetJob", "ListJobs", "WatchJob", "ListWorkers",
-                                       "ListCheckpoints", "GetJobMetrics", "GetJobTrace"}) {
+  for (const absl::string_view read :
+       {"GetJob", "ListJobs", "WatchJob", "ListWorkers", "ListCheckpoints", "GetJobMetrics",
+        "GetJobTrace", "ListJobEvents"}) {
     if (name == read) return Role::kRead;
   }
   if (name == "SubmitJob" || name == "CancelJob") return Role::kSubmit;

@@ -13,7 +13,8 @@
 // NewToken() (`stagewise certs`) makes 64 hex digits.
 //
 // Roles:
-//   read    GetJob, ListJobs, WatchJob, ListWorkers, ListCheckpoints
+//   read    GetJob, ListJobs, WatchJob, ListWorkers, ListCheckpoints, GetJobMetrics,
+//           GetJobTrace, ListJobEvents
 //   submit  read + SubmitJob, and CancelJob of the jobs submitted under its own name
 //   admin   everything, and cancel any job
 // RegisterWorker and Control are for workers (certificates) and no role grants

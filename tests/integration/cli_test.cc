@@ -450,7 +450,7 @@ TEST_F(Cli, TorchScriptModelsTrainWithEveryAlgorithmOnLocalWorkers) {
     EXPECT_NE(drawn.out.find("2 stages"), std::string::npos) << drawn.out;
   }
   if (std::system("command -v gnuplot >/dev/null") == 0) {
-    Result r = Stagewise("plot" + histories + " -o " + (dir_ / "all.svg").string());
+    Result r = Stagewise("plot" + histories + " --output-file " + (dir_ / "all.svg").string());
     EXPECT_EQ(r.code, 0) << r.err;
     EXPECT_NE(r.out.find("(8 jobs)"), std::string::npos) << r.out;
     const std::string svg = Slurp(dir_ / "all.svg");
@@ -641,7 +641,7 @@ TEST_F(Cli, CheckpointsOfALocalJobAreListedAndExported) {
 
   // Export through the coordinator (the files are on this machine).
   const fs::path exported = dir_ / "exported";
-  r = Stagewise("export " + job_id + " -o " + exported.string() + at);
+  r = Stagewise("export " + job_id + " --output-dir " + exported.string() + at);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("after step 20"), std::string::npos) << r.out;
   for (const char* file : {"model.pt", "job.yaml", "README.txt"}) {
@@ -671,14 +671,16 @@ TEST_F(Cli, CheckpointsOfALocalJobAreListedAndExported) {
 
   // Offline: a job's checkpoint directory and --step picks the older one.
   const fs::path older = dir_ / "older";
-  r = Stagewise("export --checkpoint " + job_dir.string() + " --step 10 -o " + older.string());
+  r = Stagewise("export --checkpoint " + job_dir.string() + " --step 10 --output-dir " +
+                older.string());
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("after step 10"), std::string::npos) << r.out;
   std::shared_ptr<stagewise::models::Model> at10 =
       *stagewise::models::BuildModel(spec->model, static_cast<uint64_t>(spec->seed));
   torch::load(at10, (older / "model.pt").string());
   ExpectEqualToTheShards(*at10, *spec, job_dir / "step-0000000010");
-  r = Stagewise("export --checkpoint " + job_dir.string() + " --step 15 -o " + older.string());
+  r = Stagewise("export --checkpoint " + job_dir.string() + " --step 15 --output-dir " +
+                older.string());
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("no committed checkpoint after step 15"), std::string::npos) << r.err;
 
@@ -692,7 +694,7 @@ TEST_F(Cli, CheckpointsOfALocalJobAreListedAndExported) {
     shard.put('\x5a');
   }
   const fs::path refused = dir_ / "refused";
-  r = Stagewise("export --checkpoint " + copy.string() + " -o " + refused.string());
+  r = Stagewise("export --checkpoint " + copy.string() + " --output-dir " + refused.string());
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.err.find((copy / "stage-1.pt").string()), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(refused / "model.pt"));
@@ -761,8 +763,8 @@ TEST_F(Cli, ATrainedTorchScriptModelIsExportedAsTorchScript) {
   Result r = Stagewise("local -q -o json --threads 1 " + WriteJob(yaml));
   ASSERT_EQ(r.code, 0) << r.err;
   const fs::path exported = dir_ / "exported";
-  r = Stagewise("export --checkpoint " + ckpt.string() + "/" + JsonField(r.out, "job_id") + " -o " +
-                exported.string());
+  r = Stagewise("export --checkpoint " + ckpt.string() + "/" + JsonField(r.out, "job_id") +
+                " --output-dir " + exported.string());
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(Slurp(exported / "README.txt").find("your TorchScript model"), std::string::npos);
   // The user's module, forward and all, with weights that training moved.
@@ -810,8 +812,8 @@ TEST_F(Cli, LocalHistoryIsPlottedAndTheSvgRenders) {
   ASSERT_EQ(r.code, 0) << r.err;
 
   const fs::path svg = dir_ / "curves.svg";
-  r = Stagewise("plot " + (dir_ / "a.tsv").string() + " " + (dir_ / "b.tsv").string() + " -o " +
-                svg.string() + " --title 'two runs'");
+  r = Stagewise("plot " + (dir_ / "a.tsv").string() + " " + (dir_ / "b.tsv").string() +
+                " --output-file " + svg.string() + " --title 'two runs'");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("(2 jobs)"), std::string::npos) << r.out;
   const std::string text = Slurp(svg);
@@ -827,16 +829,18 @@ TEST_F(Cli, LocalHistoryIsPlottedAndTheSvgRenders) {
   EXPECT_EQ(PngDimension(bytes, 16), 1200u);
   EXPECT_EQ(PngDimension(bytes, 20), 800u);
   // gnuplot writes PNG itself too.
-  r = Stagewise("plot " + (dir_ / "a.tsv").string() + " -o " + (dir_ / "direct.png").string());
+  r = Stagewise("plot " + (dir_ / "a.tsv").string() + " --output-file " +
+                (dir_ / "direct.png").string());
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(Slurp(dir_ / "direct.png").substr(1, 3), "PNG");
 
   // Errors name what is wrong.
-  r = Stagewise("plot " + (dir_ / "a.tsv").string() + " -o " + (dir_ / "c.jpg").string());
+  r = Stagewise("plot " + (dir_ / "a.tsv").string() + " --output-file " +
+                (dir_ / "c.jpg").string());
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("must be a .svg or a .png file"), std::string::npos) << r.err;
   std::ofstream(dir_ / "notes.txt") << "1 2 3\n";
-  r = Stagewise("plot " + (dir_ / "notes.txt").string() + " -o " + svg.string());
+  r = Stagewise("plot " + (dir_ / "notes.txt").string() + " --output-file " + svg.string());
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("notes.txt:1: expected step<TAB>seconds<TAB>name<TAB>value"),
             std::string::npos)
@@ -882,8 +886,8 @@ TEST_F(Cli, TheTimelineLandsOnTheCoordinatorsClockAndTheSvgRenders) {
                            "waiting for stage j+1", "time (ms"}) {
     EXPECT_NE(drawn.find(want), std::string::npos) << want;
   }
-  r = Stagewise("trace " + json.string() + " --svg " + (dir_ / "again.svg").string() + " -o " +
-                (dir_ / "again.json").string());
+  r = Stagewise("trace " + json.string() + " --svg " + (dir_ / "again.svg").string() +
+                " --output-file " + (dir_ / "again.json").string());
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(Slurp(dir_ / "again.svg"), drawn);
   EXPECT_EQ(Slurp(dir_ / "again.json"), Slurp(json));

@@ -76,6 +76,9 @@ void Cluster::AddWorker() {
   if (workers_.size() < options_.emulated_speeds.size()) {
     wo.emulated_speed = options_.emulated_speeds[workers_.size()];
   }
+  if (workers_.size() < options_.emulated_speed_files.size()) {
+    wo.emulated_speed_file = options_.emulated_speed_files[workers_.size()];
+  }
   // STAGEWISE_TEST_DEVICE=cuda:0 runs the in-process workers on a GPU (the
   // oracles' reference trainers follow it, tests/oracle/oracle_util.h).
   if (const char* device = std::getenv("STAGEWISE_TEST_DEVICE");

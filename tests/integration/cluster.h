@@ -35,6 +35,9 @@ class Cluster {
     std::function<void(const v1::StageAssignment&)> before_stage_build = nullptr;
     // Worker i's WorkerOptions::emulated_speed (1 where not given).
     std::vector<double> emulated_speeds = {};
+    // Worker i's WorkerOptions::emulated_speed_file (none where not given):
+    // a file the worker re-reads every 250 ms, to change its speed mid-job.
+    std::vector<std::string> emulated_speed_files = {};
     // Worker i's WorkerOptions::labels (none where not given).
     std::vector<std::map<std::string, std::string>> labels = {};
   };

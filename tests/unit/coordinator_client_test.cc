@@ -1225,26 +1225,28 @@ TEST_F(CliTest, ExportChecksItsArgumentsAndWhereTheFilesAre) {
   ASSERT_EQ(RunAtFake({"submit", "--no-wait", WriteJob(kJob)}).code, 0);
   const std::string out_dir = (dir_ / "exported").string();
   // The coordinator's paths (/ckpt/...) are not on this machine.
+  // The old spelling -o DIR still works, with a note.
   CliResult r = RunAtFake({"export", "job-1", "-o", out_dir});
   EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("'stagewise export -o DIR' is deprecated; use '--output-dir DIR'"));
   EXPECT_THAT(r.err, HasSubstr("/ckpt/job-1/step-0000000040 on the coordinator, which is not "
                                "readable here"));
   EXPECT_THAT(r.err, HasSubstr("where the job's checkpoint directory (/ckpt/job-1) is mounted"));
-  r = RunAtFake({"export", "job-1", "--step", "30", "-o", out_dir});
+  r = RunAtFake({"export", "job-1", "--step", "30", "--output-dir", out_dir});
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_THAT(r.err, HasSubstr("no committed checkpoint after step 30 (committed: 40, 20)"));
   EXPECT_FALSE(fs::exists(out_dir));
   // Usage errors.
   r = RunAtFake({"export", "job-1"});
   EXPECT_EQ(r.code, 2) << r.err;
-  r = RunAtFake({"export", "job-1", "--checkpoint", dir_.string(), "-o", out_dir});
+  r = RunAtFake({"export", "job-1", "--checkpoint", dir_.string(), "--output-dir", out_dir});
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_THAT(r.err, HasSubstr("not both"));
-  r = Run({"export", "--checkpoint", (dir_ / "nothing").string(), "-o", out_dir});
+  r = Run({"export", "--checkpoint", (dir_ / "nothing").string(), "--output-dir", out_dir});
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_THAT(r.err, HasSubstr("no such directory"));
   fs::create_directories(dir_ / "step-0000000010");
-  r = Run({"export", "--checkpoint", (dir_ / "step-0000000010").string(), "-o", out_dir});
+  r = Run({"export", "--checkpoint", (dir_ / "step-0000000010").string(), "--output-dir", out_dir});
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_THAT(r.err, HasSubstr("is not a committed checkpoint (no MANIFEST)"));
 }

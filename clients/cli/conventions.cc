@@ -1,0 +1,243 @@
+#include "clients/cli/conventions.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace stagewise::cli {
+
+int EditDistance(const std::string& a, const std::string& b) {
+  std::vector<int> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = static_cast<int>(j);
+  for (size_t i = 1; i <= a.size(); ++i) {
+    int diagonal = row[0];
+    row[0] = static_cast<int>(i);
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const int up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string ClosestName(const std::string& word, const std::vector<std::string>& candidates) {
+  if (word.empty()) return "";
+  std::string best;
+  int best_distance = std::max<int>(2, static_cast<int>(word.size()) / 2) + 1;
+  for (const std::string& c : candidates) {
+    const int d = absl::StartsWith(c, word) ? 0 : EditDistance(word, c);
+    if (d < best_distance) {
+      best = c;
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
+std::vector<std::string> CommandNames(const CLI::App& app) {
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    names.push_back(sub->get_name());
+  }
+  return names;
+}
+
+std::string CommandWord(const CLI::App& app, const std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") return i + 1 < args.size() ? args[i + 1] : "";
+    if (a.size() > 1 && a[0] == '-') {
+      // A global option with its value in the next word (not --name=value).
+      if (a.find('=') == std::string::npos) {
+        const CLI::Option* opt = app.get_option_no_throw(a);
+        if (opt != nullptr && opt->get_items_expected_max() > 0) ++i;
+      }
+      continue;
+    }
+    return a;
+  }
+  return "";
+}
+
+namespace {
+
+// A scalar that was quoted in the JSON and would read back as something else
+// (a number, a boolean, null, empty) when written plain.
+bool NeedsQuotes(const YAML::Node& scalar) {
+  const std::string& v = scalar.Scalar();
+  if (scalar.Tag() != "!") return false;  // a JSON number, true, false or null
+  if (v.empty()) return true;
+  const std::string lower = absl::AsciiStrToLower(v);
+  if (lower == "true" || lower == "false" || lower == "null" || lower == "~" || lower == "yes" ||
+      lower == "no" || lower == "on" || lower == "off") {
+    return true;
+  }
+  double d;
+  std::istringstream in(v);
+  in >> d;
+  return !in.fail() || v.find_first_of(":#{}[],&*!|>'\"%@`") != std::string::npos ||
+         absl::ascii_isspace(v.front()) || absl::ascii_isspace(v.back()) || v[0] == '-';
+}
+
+void Emit(YAML::Emitter& out, const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map:
+      out << YAML::BeginMap;
+      for (const auto& kv : node) {
+        out << YAML::Key;
+        Emit(out, kv.first);
+        out << YAML::Value;
+        Emit(out, kv.second);
+      }
+      out << YAML::EndMap;
+      break;
+    case YAML::NodeType::Sequence:
+      out << YAML::BeginSeq;
+      for (const auto& item : node) Emit(out, item);
+      out << YAML::EndSeq;
+      break;
+    case YAML::NodeType::Scalar:
+      if (NeedsQuotes(node)) out << YAML::DoubleQuoted;
+      out << node.Scalar();
+      break;
+    default:
+      out << YAML::Null;
+  }
+}
+
+// The top-level JSON values of `json` (objects or arrays), in order: one
+// document, or several (one per line, or any layout). Strings may hold
+// brackets; a value that never closes is an error.
+absl::StatusOr<std::vector<std::string>> SplitJson(const std::string& json) {
+  std::vector<std::string> docs;
+  int depth = 0, line = 1, start_line = 1;
+  bool in_string = false, escaped = false;
+  size_t start = 0;
+  for (size_t i = 0; i < json.size(); ++i) {
+    const char c = json[i];
+    if (c == '\n') ++line;
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (depth++ == 0) {
+        start = i;
+        start_line = line;
+      }
+    } else if (c == '}' || c == ']') {
+      if (--depth < 0)
+        return absl::InvalidArgumentError(
+            absl::StrCat("line ", line, ": unmatched '", std::string(1, c), "'"));
+      if (depth == 0) docs.push_back(json.substr(start, i + 1 - start));
+    } else if (depth == 0 && !absl::ascii_isspace(static_cast<unsigned char>(c))) {
+      return absl::InvalidArgumentError(absl::StrCat("line ", line, ": not JSON output"));
+    }
+  }
+  if (depth != 0 || in_string) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("line ", start_line, ": a value that does not end"));
+  }
+  return docs;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> JsonToYaml(const std::string& json) {
+  absl::StatusOr<std::vector<std::string>> texts = SplitJson(json);
+  if (!texts.ok()) return texts.status();
+  std::vector<YAML::Node> docs;
+  for (const std::string& text : *texts) {
+    try {
+      docs.push_back(YAML::Load(text));
+    } catch (const YAML::Exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat("not JSON: ", e.what()));
+    }
+  }
+  std::string out;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    if (docs[i].IsNull()) continue;
+    YAML::Emitter e;
+    Emit(e, docs[i]);
+    absl::StrAppend(&out, out.empty() ? "" : "---\n", e.c_str(), "\n");
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> CompletionScript(const CLI::App& app, const std::string& shell) {
+  if (shell != "bash" && shell != "zsh") {
+    return absl::InvalidArgumentError(absl::StrCat("shell: '", shell, "' is not one of bash, zsh"));
+  }
+  // Option spellings (not hidden ones), and the global options that take a value.
+  auto spellings = [](const CLI::App& a, std::vector<std::string>* names,
+                      std::vector<std::string>* with_value) {
+    for (const CLI::Option* opt : a.get_options()) {
+      if (opt->get_group().empty() || opt->nonpositional() == false) continue;
+      for (const std::string& l : opt->get_lnames()) {
+        names->push_back("--" + l);
+        if (with_value && opt->get_items_expected_max() > 0) with_value->push_back("--" + l);
+      }
+      for (const std::string& s : opt->get_snames()) {
+        names->push_back("-" + s);
+        if (with_value && opt->get_items_expected_max() > 0) with_value->push_back("-" + s);
+      }
+    }
+  };
+  std::vector<std::string> global, global_with_value;
+  spellings(app, &global, &global_with_value);
+  const std::vector<std::string> commands = CommandNames(app);
+  std::string cases;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    std::vector<std::string> names;
+    spellings(*sub, &names, nullptr);
+    names.insert(names.end(), global.begin(), global.end());
+    bool positional = false;
+    for (const CLI::Option* opt : sub->get_options()) positional |= !opt->nonpositional();
+    // Words only, so nothing needs escaping inside the double quotes.
+    absl::StrAppend(&cases, "    ", sub->get_name(), ") words=\"", absl::StrJoin(names, " "),
+                    "\"; files=", positional ? 1 : 0, " ;;\n");
+  }
+  std::string script = absl::StrCat(
+      "# ", shell, " completion for stagewise: generated by `stagewise completion ", shell, "`.\n",
+      shell == "zsh" ? "autoload -U +X bashcompinit && bashcompinit\n" : "",
+      "_stagewise() {\n"
+      "  local cur=${COMP_WORDS[COMP_CWORD]} cmd='' i words files=0\n"
+      "  for ((i = 1; i < COMP_CWORD; i++)); do\n"
+      "    case ${COMP_WORDS[i]} in\n"
+      "      ",
+      global_with_value.empty() ? "--no-such-option" : absl::StrJoin(global_with_value, "|"),
+      ") ((i++)) ;;\n"
+      "      -*) ;;\n"
+      "      *) cmd=${COMP_WORDS[i]}; break ;;\n"
+      "    esac\n"
+      "  done\n"
+      "  case $cmd in\n"
+      "    '') words=\"",
+      absl::StrJoin(commands, " "), " ", absl::StrJoin(global, " "), "\" ;;\n", cases,
+      "    *) words='' ;;\n"
+      "  esac\n"
+      "  COMPREPLY=($(compgen -W \"$words\" -- \"$cur\"))\n"
+      "  if [[ $files == 1 && $cur != -* ]]; then COMPREPLY+=($(compgen -f -- \"$cur\")); fi\n"
+      "}\n"
+      "complete -o default -F _stagewise stagewise\n");
+  return script;
+}
+
+}  // namespace stagewise::cli

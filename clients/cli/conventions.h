@@ -1,0 +1,45 @@
+// What every `stagewise` command shares, apart from its work (docs/cli.md,
+// "Conventions"): the closest command to a mistyped one, `-o yaml` (the
+// command's JSON output as YAML) and the shell completion script.
+// No LibTorch, no gRPC: the CLI's unit tests link it alone.
+#ifndef STAGEWISE_CLIENTS_CLI_CONVENTIONS_H_
+#define STAGEWISE_CLIENTS_CLI_CONVENTIONS_H_
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace stagewise::cli {
+
+// The edit distance (insertions, deletions, substitutions) between a and b.
+int EditDistance(const std::string& a, const std::string& b);
+
+// The candidate closest to `word` by edit distance (a candidate that starts
+// with `word` counts as closest), or "" when none is within half the word's
+// length (at least 2): "stats" -> "status", "xyzzy" -> "".
+std::string ClosestName(const std::string& word, const std::vector<std::string>& candidates);
+
+// The word on the command line that names the command: the first argument
+// that is neither an option nor the value of one of `app`'s own options;
+// "" when there is none. `stagewise --coordinator HOST:7070 nosuch` -> "nosuch".
+std::string CommandWord(const CLI::App& app, const std::vector<std::string>& args);
+
+// Every subcommand's name, in the order they were added.
+std::vector<std::string> CommandNames(const CLI::App& app);
+
+// One or more JSON documents (as the commands' `-o json` prints them: one
+// document, or one per line) as YAML, documents separated by "---".
+// Strings stay strings ("123" is quoted). INVALID_ARGUMENT if a line is not
+// JSON.
+absl::StatusOr<std::string> JsonToYaml(const std::string& json);
+
+// A completion script for `shell` ("bash" or "zsh", which loads the bash one
+// through bashcompinit): commands, each command's options, files for
+// positional arguments. INVALID_ARGUMENT for another shell.
+absl::StatusOr<std::string> CompletionScript(const CLI::App& app, const std::string& shell);
+
+}  // namespace stagewise::cli
+
+#endif  // STAGEWISE_CLIENTS_CLI_CONVENTIONS_H_

@@ -1,0 +1,120 @@
+// clients/cli/conventions.h: the closest command, the command word, -o yaml
+// and the completion script (run by a real bash).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "clients/cli/conventions.h"
+
+namespace stagewise::cli {
+namespace {
+
+TEST(EditDistance, CountsInsertionsDeletionsAndSubstitutions) {
+  EXPECT_EQ(EditDistance("", ""), 0);
+  EXPECT_EQ(EditDistance("status", "status"), 0);
+  EXPECT_EQ(EditDistance("stats", "status"), 1);
+  EXPECT_EQ(EditDistance("kitten", "sitting"), 3);
+  EXPECT_EQ(EditDistance("", "abc"), 3);
+}
+
+TEST(ClosestName, SuggestsOnlyWhatIsClose) {
+  const std::vector<std::string> commands = {"submit", "status", "list", "watch", "workers"};
+  EXPECT_EQ(ClosestName("stats", commands), "status");
+  EXPECT_EQ(ClosestName("sumbit", commands), "submit");
+  EXPECT_EQ(ClosestName("wor", commands), "workers");  // a prefix
+  EXPECT_EQ(ClosestName("xyzzy", commands), "");
+  EXPECT_EQ(ClosestName("", commands), "");
+}
+
+// The shape of the real CLI: global options with and without values.
+std::unique_ptr<CLI::App> SmallApp() {
+  auto app = std::make_unique<CLI::App>("test");
+  static std::string coordinator, job, out = "text";
+  static bool insecure = false;
+  app->add_option("--coordinator", coordinator, "address");
+  app->add_flag("--insecure", insecure, "plain text");
+  auto* status = app->add_subcommand("status", "one job");
+  status->add_option("job_id", job, "Job id");
+  status->add_option("-o,--output", out, "format");
+  app->add_subcommand("list", "jobs");
+  return app;
+}
+
+TEST(CommandWord, SkipsGlobalOptionsAndTheirValues) {
+  auto app = SmallApp();
+  EXPECT_EQ(CommandWord(*app, {"status", "j1"}), "status");
+  EXPECT_EQ(CommandWord(*app, {"--coordinator", "h:1", "nosuch", "--help"}), "nosuch");
+  EXPECT_EQ(CommandWord(*app, {"--coordinator=h:1", "list"}), "list");
+  EXPECT_EQ(CommandWord(*app, {"--insecure", "list"}), "list");
+  EXPECT_EQ(CommandWord(*app, {"--help"}), "");
+  EXPECT_EQ(CommandWord(*app, {}), "");
+  EXPECT_EQ(CommandNames(*app), (std::vector<std::string>{"status", "list"}));
+}
+
+TEST(JsonToYaml, KeepsTypesAndStrings) {
+  auto y = JsonToYaml(R"({"job":"123","steps":40,"ok":true,"acc":0.5,"name":"true",)"
+                      R"("tags":["a","b"],"none":null,"empty":""})");
+  ASSERT_TRUE(y.ok()) << y.status();
+  const YAML::Node n = YAML::Load(*y);
+  EXPECT_EQ(n["job"].as<std::string>(), "123");
+  EXPECT_EQ(n["job"].Tag(), "!") << *y;  // quoted: reads back as a string
+  EXPECT_EQ(n["name"].Tag(), "!") << *y;
+  EXPECT_EQ(n["steps"].as<int>(), 40);
+  EXPECT_TRUE(n["ok"].as<bool>());
+  EXPECT_DOUBLE_EQ(n["acc"].as<double>(), 0.5);
+  EXPECT_EQ(n["tags"].size(), 2u);
+  EXPECT_TRUE(n["none"].IsNull());
+  EXPECT_EQ(n["empty"].as<std::string>(), "");
+}
+
+TEST(JsonToYaml, OneDocumentPerLine) {
+  auto y = JsonToYaml("{\"step\":1}\n{\"step\":2}\n");
+  ASSERT_TRUE(y.ok()) << y.status();
+  const std::vector<YAML::Node> docs = YAML::LoadAll(*y);
+  ASSERT_EQ(docs.size(), 2u) << *y;
+  EXPECT_EQ(docs[1]["step"].as<int>(), 2);
+  auto bad = JsonToYaml("{\"step\":1}\n{oops\n");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("line 2"), std::string::npos) << bad.status();
+}
+
+// What bash completes for the words typed so far (the last may be partial).
+std::string Complete(const std::string& script, const std::string& words, int cword) {
+  const std::string dir = ::testing::TempDir();
+  const std::string file = dir + "/stagewise-completion-" + std::to_string(::getpid());
+  std::ofstream(file) << script << "COMP_WORDS=(" << words << ")\nCOMP_CWORD=" << cword
+                      << "\n_stagewise\necho \"${COMPREPLY[*]}\"\n";
+  std::string out;
+  if (FILE* p = ::popen(("bash " + file + " 2>&1").c_str(), "r")) {
+    char buf[512];
+    while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    ::pclose(p);
+  }
+  std::filesystem::remove(file);
+  return out;
+}
+
+TEST(CompletionScript, BashCompletesCommandsAndTheirOptions) {
+  auto app = SmallApp();
+  auto script = CompletionScript(*app, "bash");
+  ASSERT_TRUE(script.ok()) << script.status();
+  EXPECT_EQ(Complete(*script, "stagewise st", 1), "status\n");
+  EXPECT_EQ(Complete(*script, "stagewise --coordinator h:1 l", 3), "list\n");
+  const std::string options = Complete(*script, "stagewise status --o", 2);
+  EXPECT_NE(options.find("--output"), std::string::npos) << options;
+  EXPECT_EQ(Complete(*script, "stagewise list --o", 2), "\n");  // list has no --output
+  auto zsh = CompletionScript(*app, "zsh");
+  ASSERT_TRUE(zsh.ok());
+  EXPECT_NE(zsh->find("bashcompinit"), std::string::npos);
+  EXPECT_FALSE(CompletionScript(*app, "fish").ok());
+}
+
+}  // namespace
+}  // namespace stagewise::cli
