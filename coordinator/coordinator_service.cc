@@ -1,6 +1,12 @@
 #include "coordinator/coordinator_service.h"
 
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -9,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "services/common/log.h"
+#include "services/common/version.h"
 #include "services/rpc/outbox.h"
 #include "services/rpc/status.h"
 #include "services/rpc/tls.h"
@@ -174,13 +181,98 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
   rpc::Outbox<v1::JobEvent> outbox_;
 };
 
+// BackupDatabase: the copy is made on a thread of its own (it may take a
+// while and must not hold a gRPC callback thread), then streamed a chunk at a
+// time, one write in flight; the temporary file goes when the call is done.
+class BackupReactor final : public grpc::ServerWriteReactor<v1::DatabaseChunk> {
+ public:
+  BackupReactor(JobManager* manager, const absl::Status& authorized) {
+    if (!authorized.ok()) {
+      Finish(rpc::ToGrpcStatus(authorized));
+      return;
+    }
+    static std::atomic<uint64_t> backups{0};
+    path_ = (std::filesystem::temp_directory_path() /
+             absl::StrCat("stagewise-backup-", ::getpid(), "-", backups.fetch_add(1), ".db"))
+                .string();
+    copier_ = std::thread([this, manager] {
+      absl::Status copied = manager->BackupDatabase(path_);
+      if (!copied.ok()) {
+        Finish(rpc::ToGrpcStatus(copied));
+        return;
+      }
+      in_.open(path_, std::ios::binary);
+      std::error_code ec;
+      total_ = static_cast<int64_t>(std::filesystem::file_size(path_, ec));
+      if (!in_ || ec) {
+        Finish(rpc::ToGrpcStatus(absl::InternalError("reading the database copy failed")));
+        return;
+      }
+      NextChunk();
+    });
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+      return;
+    }
+    NextChunk();
+  }
+  void OnCancel() override { cancelled_ = true; }
+  void OnDone() override {
+    if (copier_.joinable()) copier_.join();
+    in_.close();
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove(path_, ec);
+    delete this;
+  }
+
+ private:
+  void NextChunk() {
+    if (cancelled_) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+      return;
+    }
+    std::string* data = chunk_.mutable_data();
+    data->resize(1 << 20);
+    in_.read(data->data(), static_cast<std::streamsize>(data->size()));
+    data->resize(static_cast<size_t>(in_.gcount()));
+    if (data->empty()) {
+      Finish(in_.eof() ? grpc::Status::OK
+                       : rpc::ToGrpcStatus(absl::InternalError("reading the copy failed")));
+      return;
+    }
+    chunk_.set_total_bytes(total_);
+    StartWrite(&chunk_);
+  }
+
+  std::string path_;
+  std::thread copier_;
+  std::ifstream in_;
+  int64_t total_ = 0;
+  std::atomic<bool> cancelled_{false};
+  v1::DatabaseChunk chunk_;  // the write in flight
+};
+
 }  // namespace
 
 absl::StatusOr<rpc::Principal> CoordinatorService::Authorize(grpc::CallbackServerContext* ctx,
                                                              rpc::Role needed) const {
+  const auto& metadata = ctx->client_metadata();
+  // A client of another version line would misread (or be misread by) this
+  // coordinator: refused, naming both versions. Clients that do not say
+  // (older ones, grpcurl) are let through.
+  if (auto it = metadata.find(kVersionMetadataKey); it != metadata.end()) {
+    absl::Status compatible =
+        CheckPeerVersion(absl::string_view(it->second.data(), it->second.size()), "this client");
+    if (!compatible.ok()) {
+      manager_->metrics()->CountRefused("version");
+      return compatible;
+    }
+  }
   if (policy_.tokens == nullptr) return rpc::Principal{"anonymous", rpc::Role::kAdmin};
   std::string header;
-  const auto& metadata = ctx->client_metadata();
   if (auto it = metadata.find("authorization"); it != metadata.end()) {
     header.assign(it->second.data(), it->second.size());
   }
@@ -322,6 +414,12 @@ grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(
   auto listing = manager_->ListCheckpoints(request->job_id());
   if (listing.ok()) *response = std::move(*listing);
   return Done(ctx, listing.status());
+}
+
+grpc::ServerWriteReactor<v1::DatabaseChunk>* CoordinatorService::BackupDatabase(
+    grpc::CallbackServerContext* ctx, const v1::BackupDatabaseRequest*) {
+  auto caller = Authorize(ctx, rpc::Role::kAdmin);
+  return new BackupReactor(manager_, caller.status());
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ListJobEvents(grpc::CallbackServerContext* ctx,

@@ -60,6 +60,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
                                         const v1::ListWorkersRequest* request,
                                         v1::ListWorkersResponse* response) override;
+  grpc::ServerWriteReactor<v1::DatabaseChunk>* BackupDatabase(
+      grpc::CallbackServerContext* ctx, const v1::BackupDatabaseRequest* request) override;
   grpc::ServerUnaryReactor* ListJobEvents(grpc::CallbackServerContext* ctx,
                                           const v1::ListJobEventsRequest* request,
                                           v1::ListJobEventsResponse* response) override;

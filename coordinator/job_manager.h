@@ -145,6 +145,8 @@ class JobManager : private JobHost {
   absl::StatusOr<v1::ListJobEventsResponse> JobEvents(const std::string& job_id) const {
     return queries_.JobEvents(job_id);
   }
+  // An online copy of the database in a new file (JobStore::Backup).
+  absl::Status BackupDatabase(const std::string& path) const { return store_->Backup(path); }
   // The job's stored metric history (what was flushed; a finished job's is
   // complete), at most `max_points` per metric (<= 0: 5000), evenly thinned.
   absl::StatusOr<v1::JobMetrics> JobMetrics(const std::string& job_id,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <string>
@@ -470,6 +471,51 @@ absl::StatusOr<v1::JobStatus> JobStore::Transition(const std::string& job_id, v1
   STAGEWISE_RETURN_IF_ERROR(log.Run());
   STAGEWISE_RETURN_IF_ERROR(txn.Commit());
   return status;
+}
+
+absl::Status JobStore::Backup(const std::string& path) const {
+  constexpr absl::string_view kOp = "JobStore::Backup";
+  if (std::filesystem::exists(path)) {
+    return absl::AlreadyExistsError(absl::StrCat(kOp, ": ", path, " exists"));
+  }
+  sqlite3* out = nullptr;
+  auto fail = [&](const std::string& why) {
+    if (out != nullptr) sqlite3_close_v2(out);
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+    return absl::UnavailableError(absl::StrCat(kOp, ": ", path, ": ", why));
+  };
+  if (sqlite3_open_v2(path.c_str(), &out, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) !=
+      SQLITE_OK) {
+    return fail(out != nullptr ? sqlite3_errmsg(out) : "cannot open");
+  }
+  sqlite3_backup* backup = nullptr;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    backup = sqlite3_backup_init(out, "main", impl_->db, "main");
+  }
+  if (backup == nullptr) return fail(sqlite3_errmsg(out));
+  int rc = SQLITE_OK;
+  do {
+    {
+      // The store's connection is shared: one step at a time under its lock;
+      // its own writes between steps reach the copy (SQLite updates a backup
+      // from the connection it reads).
+      absl::MutexLock lock(&impl_->mu);
+      rc = sqlite3_backup_step(backup, 256);
+    }
+    if (rc == SQLITE_BUSY || rc == SQLITE_LOCKED) absl::SleepFor(absl::Milliseconds(5));
+  } while (rc == SQLITE_OK || rc == SQLITE_BUSY || rc == SQLITE_LOCKED);
+  {
+    absl::MutexLock lock(&impl_->mu);
+    sqlite3_backup_finish(backup);
+  }
+  if (rc != SQLITE_DONE) return fail(sqlite3_errstr(rc));
+  if (sqlite3_close_v2(out) != SQLITE_OK) {
+    out = nullptr;
+    return fail("closing the copy failed");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<JobRecord> JobStore::GetJob(const std::string& job_id) const {

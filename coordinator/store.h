@@ -63,6 +63,12 @@ class JobStore {
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path,
                                                         const JobStoreOptions& options);
+  // A consistent copy of the database in a new file at `path` while the store
+  // goes on serving (SQLite's online backup, a few hundred pages at a time
+  // under the store's lock, so writers wait at most one step; what they
+  // change meanwhile is in the copy). The copy opens with Open() as it is.
+  // ALREADY_EXISTS if `path` exists; nothing is left at `path` on failure.
+  absl::Status Backup(const std::string& path) const;
   // PRAGMA user_version of a database this binary created or migrated.
   static constexpr int kSchemaVersion = 2;
   ~JobStore();

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
+#include "services/common/version.h"
 
 namespace stagewise::coordinator {
 
@@ -58,6 +59,8 @@ absl::Status CheckInfo(const v1::WorkerInfo& info) {
   STAGEWISE_RETURN_IF_ERROR(CheckText("WorkerInfo.address", info.address(), 256));
   STAGEWISE_RETURN_IF_ERROR(CheckText("WorkerInfo.device", info.device(), 64));
   STAGEWISE_RETURN_IF_ERROR(CheckText("WorkerInfo.version", info.version(), 64));
+  STAGEWISE_RETURN_IF_ERROR(
+      CheckPeerVersion(info.version(), absl::StrCat("the worker ", info.worker_id())));
   if (info.labels_size() > 32) {
     return absl::InvalidArgumentError("WorkerInfo.labels: at most 32 labels");
   }

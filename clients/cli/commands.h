@@ -58,6 +58,13 @@ struct JobArgs {  // status, watch
   std::string reconnect_timeout = kDefaultReconnectTimeout;
 };
 
+// `admin backup FILE`: an online copy of the coordinator's database.
+struct BackupArgs {
+  std::string coordinator;
+  std::string file;
+  bool quiet = false;
+};
+
 struct CheckpointsArgs {
   std::string coordinator;
   std::string job_id;
@@ -166,6 +173,8 @@ int List(const ListArgs& args, std::ostream& out, std::ostream& err);
 int Cancel(const CancelArgs& args, std::ostream& out, std::ostream& err);
 int Workers(const WorkersArgs& args, std::ostream& out, std::ostream& err);
 int Checkpoints(const CheckpointsArgs& args, std::ostream& out, std::ostream& err);
+// `stagewise admin backup FILE` (BackupDatabase, admin role).
+int AdminBackup(const BackupArgs& args, std::ostream& out, std::ostream& err);
 // `stagewise events JOB`: the job's event log (ListJobEvents).
 int Events(const JobArgs& args, std::ostream& out, std::ostream& err);
 int Export(const ExportArgs& args, std::ostream& out, std::ostream& err);

@@ -207,6 +207,7 @@ absl::StatusOr<std::string> CompletionScript(const CLI::App& app, const std::str
   for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
     std::vector<std::string> names;
     spellings(*sub, &names, nullptr);
+    for (const std::string& nested : CommandNames(*sub)) names.push_back(nested);
     names.insert(names.end(), global.begin(), global.end());
     bool positional = false;
     for (const CLI::Option* opt : sub->get_options()) positional |= !opt->nonpositional();

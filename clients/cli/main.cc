@@ -2,10 +2,12 @@
 // commands live in the stagewise_cli library.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdlib>
 #include <iostream>
 #include <sstream>
 
 #include "clients/cli/commands.h"
+#include "clients/cli/config_file.h"
 #include "clients/cli/conventions.h"
 #include "clients/client/coordinator_client.h"
 #include "services/metrics/metrics.h"
@@ -36,6 +38,11 @@ int main(int argc, char** argv) {
                  "Bearer token for the coordinator (env STAGEWISE_TOKEN); its role decides what "
                  "this client may do (read, submit, admin)")
       ->envname("STAGEWISE_TOKEN");
+  std::string context_name;
+  app.add_option("--context", context_name,
+                 "The config file's context to talk to (env STAGEWISE_CONTEXT; default: its "
+                 "current-context). Flags and environment variables win over it")
+      ->envname("STAGEWISE_CONTEXT");
   // --set on every command that reads a job file (docs/cli.md, "Overriding keys").
   const auto set_option = [](CLI::App* cmd, std::vector<std::string>& sets) {
     cmd->add_option("--set", sets,
@@ -319,6 +326,42 @@ int main(int argc, char** argv) {
   plan_cmd->add_flag("-q,--quiet", plan.quiet, "No progress on stderr");
   output_option(plan_cmd, plan.output, "Output format");
 
+  ConfigArgs config_args;
+  auto* config_cmd = app.add_subcommand(
+      "config",
+      "Contexts: named coordinators with their token file and certificates, kept in\n"
+      "~/.config/stagewise/config.yaml ($STAGEWISE_CONFIG); the current one is used when\n"
+      "no --coordinator, --token or --tls-* flag (or variable) says otherwise");
+  config_cmd->require_subcommand(1);
+  config_cmd->add_subcommand("get-contexts", "List the contexts (* marks the current one)");
+  config_cmd->add_subcommand("current-context", "Print the current context's name");
+  config_cmd->add_subcommand("use-context", "Make NAME the current context")
+      ->add_option("name", config_args.name, "Context name")
+      ->required();
+  config_cmd->add_subcommand("delete-context", "Remove context NAME")
+      ->add_option("name", config_args.name, "Context name")
+      ->required();
+  auto* set_context_cmd = config_cmd->add_subcommand(
+      "set-context",
+      "Create or update context NAME from the flags given with it: --coordinator,\n"
+      "--token-file, --tls-ca, --tls-cert, --tls-key, --tls-server-name, --insecure (the\n"
+      "others are kept). The first context becomes the current one");
+  set_context_cmd->add_option("name", config_args.name, "Context name")->required();
+  set_context_cmd->add_option("--token-file", config_args.set.token_file,
+                              "A file holding the bearer token (kept as a path, not copied)");
+
+  BackupArgs backup;
+  auto* admin_cmd =
+      app.add_subcommand("admin", "The coordinator's upkeep (admin token): `admin backup FILE`");
+  admin_cmd->require_subcommand(1);
+  auto* backup_cmd = admin_cmd->add_subcommand(
+      "backup",
+      "Copy the coordinator's database while it runs (SQLite's online backup) to FILE on\n"
+      "this machine; restore it by starting a stopped coordinator on it (--db FILE).\n"
+      "See deploy/README.md, \"Backing up the database\"");
+  backup_cmd->add_option("file", backup.file, "Where the copy goes (must not exist)")->required();
+  backup_cmd->add_flag("-q,--quiet", backup.quiet, "No progress lines");
+
   std::string shell;
   auto* completion_cmd = app.add_subcommand(
       "completion",
@@ -365,6 +408,32 @@ int main(int argc, char** argv) {
   if (version->parsed()) {
     std::cout << VersionString() << "\n";
     return kExitOk;
+  }
+  if (config_cmd->parsed()) {
+    for (const CLI::App* sub : config_cmd->get_subcommands()) config_args.action = sub->get_name();
+    // set-context takes the global flags given on this command line (not
+    // their environment variables).
+    const std::pair<const char*, std::string*> given[] = {
+        {"--coordinator", &coordinator},         {"--tls-ca", &tls.ca_file},
+        {"--tls-cert", &tls.cert_file},          {"--tls-key", &tls.key_file},
+        {"--tls-server-name", &tls.server_name}, {"--token-file", nullptr}};
+    for (const auto& [flag, value] : given) {
+      const CLI::Option* opt = app.get_option_no_throw(flag);
+      if (opt == nullptr) opt = set_context_cmd->get_option_no_throw(flag);
+      if (opt == nullptr || opt->count() == 0) continue;
+      config_args.given.push_back(std::string(flag + 2));
+      if (value == nullptr) continue;
+      if (config_args.given.back() == "coordinator") config_args.set.coordinator = *value;
+      if (config_args.given.back() == "tls-ca") config_args.set.tls_ca = *value;
+      if (config_args.given.back() == "tls-cert") config_args.set.tls_cert = *value;
+      if (config_args.given.back() == "tls-key") config_args.set.tls_key = *value;
+      if (config_args.given.back() == "tls-server-name") config_args.set.tls_server_name = *value;
+    }
+    if (app.get_option("--insecure")->count() > 0) {
+      config_args.given.push_back("insecure");
+      config_args.set.insecure = tls.insecure;
+    }
+    return ConfigCommand(config_args, std::cout, std::cerr);
   }
   if (completion_cmd->parsed()) {
     auto script = CompletionScript(app, shell);
@@ -447,6 +516,35 @@ int main(int argc, char** argv) {
     local.insecure = tls.insecure;
     return formatted(local.output, [&](std::ostream& o) { return Local(local, o, std::cerr); });
   }
+  // The config file's context fills what no flag or variable gave.
+  if (absl::StatusOr<CliConfig> config = LoadConfig(ConfigPath()); !config.ok()) {
+    std::cerr << "error: " << config.status().message() << "\n";
+    return kExitInvalid;
+  } else if (absl::StatusOr<const Context*> ctx = SelectContext(*config, context_name); !ctx.ok()) {
+    std::cerr << "error: " << ctx.status().message() << "\n";
+    return kExitInvalid;
+  } else if (*ctx != nullptr) {
+    const Context& c = **ctx;
+    const char* env = std::getenv("STAGEWISE_COORDINATOR");
+    if (coordinator.empty() && (env == nullptr || *env == '\0')) coordinator = c.coordinator;
+    if (token.empty() && !c.token_file.empty()) {
+      absl::StatusOr<std::string> t = ReadTokenFile(c.token_file);
+      if (!t.ok()) {
+        std::cerr << "error: context: " << t.status().message() << "\n";
+        return kExitInvalid;
+      }
+      token = *t;
+    }
+    const bool tls_given =
+        !tls.ca_file.empty() || !tls.cert_file.empty() || !tls.key_file.empty() || tls.insecure;
+    if (!tls_given) {
+      tls.ca_file = c.tls_ca;
+      tls.cert_file = c.tls_cert;
+      tls.key_file = c.tls_key;
+      tls.insecure = c.insecure;
+    }
+    if (tls.server_name.empty()) tls.server_name = c.tls_server_name;
+  }
   {
     stagewise::rpc::RpcOptions client_options;
     if (absl::Status s = stagewise::rpc::ApplyTls(tls, &client_options); !s.ok()) {
@@ -458,7 +556,7 @@ int main(int argc, char** argv) {
   }
   submit.coordinator = status.coordinator = list.coordinator = watch.coordinator =
       cancel.coordinator = workers.coordinator = checkpoints.coordinator = events.coordinator =
-          export_args.coordinator = coordinator;
+          export_args.coordinator = backup.coordinator = coordinator;
   if (submit_cmd->parsed()) {
     return formatted(submit.output, [&](std::ostream& o) { return Submit(submit, o, std::cerr); });
   }
@@ -483,6 +581,7 @@ int main(int argc, char** argv) {
     return formatted(checkpoints.output,
                      [&](std::ostream& o) { return Checkpoints(checkpoints, o, std::cerr); });
   }
+  if (backup_cmd->parsed()) return AdminBackup(backup, std::cout, std::cerr);
   if (events_cmd->parsed()) {
     return formatted(events.output, [&](std::ostream& o) { return Events(events, o, std::cerr); });
   }

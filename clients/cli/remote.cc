@@ -134,6 +134,22 @@ int Workers(const WorkersArgs& args, std::ostream& out, std::ostream& err) {
   return kExitOk;
 }
 
+int AdminBackup(const BackupArgs& args, std::ostream& out, std::ostream& err) {
+  client::CoordinatorClient client(client::ResolveCoordinatorAddress(args.coordinator));
+  int64_t shown = 0;
+  absl::StatusOr<int64_t> bytes =
+      client.BackupDatabase(args.file, [&](int64_t done, int64_t total) {
+        // A line per 64 MiB and at the end: big databases take a while.
+        if (args.quiet || (done - shown < (int64_t{64} << 20) && done != total)) return;
+        shown = done;
+        err << "backup: " << HumanBytes(done) << " of " << HumanBytes(total) << "\n";
+      });
+  if (!bytes.ok()) return ReportError(bytes.status(), err);
+  out << "backed up the coordinator's database to " << args.file << " (" << HumanBytes(*bytes)
+      << ")\n";
+  return kExitOk;
+}
+
 int Events(const JobArgs& args, std::ostream& out, std::ostream& err) {
   client::CoordinatorClient client(client::ResolveCoordinatorAddress(args.coordinator));
   absl::StatusOr<v1::ListJobEventsResponse> events = client.ListJobEvents(args.job_id);

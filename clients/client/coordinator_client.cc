@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <utility>
 
@@ -9,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "services/common/version.h"
 #include "services/rpc/server.h"
 #include "services/rpc/status.h"
 
@@ -70,6 +73,7 @@ CoordinatorClient::CoordinatorClient(const std::string& address, absl::Duration 
     : address_(address),
       deadline_(deadline),
       token_(options.bearer_token),
+      version_(options.client_version.empty() ? Version() : options.client_version),
       options_(options),
       channel_(rpc::MakeChannel(address, options)),
       stub_(v1::Coordinator::NewStub(channel_)) {}
@@ -83,6 +87,8 @@ void CoordinatorClient::SetDeadline(grpc::ClientContext* ctx) const {
 
 void CoordinatorClient::AddToken(grpc::ClientContext* ctx) const {
   if (!token_.empty()) ctx->AddMetadata("authorization", "Bearer " + token_);
+  // The coordinator refuses a client of another version line by name.
+  if (!version_.empty()) ctx->AddMetadata(kVersionMetadataKey, version_);
 }
 
 std::string CoordinatorClient::UnreachableHint() const {
@@ -212,6 +218,52 @@ absl::StatusOr<v1::ListJobEventsResponse> CoordinatorClient::ListJobEvents(
   v1::ListJobEventsResponse resp;
   if (absl::Status s = Convert(stub_->ListJobEvents(&ctx, req, &resp)); !s.ok()) return s;
   return resp;
+}
+
+absl::StatusOr<int64_t> CoordinatorClient::BackupDatabase(
+    const std::string& path, const std::function<void(int64_t, int64_t)>& progress) {
+  namespace fs = std::filesystem;
+  if (fs::exists(path)) {
+    return absl::AlreadyExistsError(absl::StrCat(path, " exists; not overwriting it"));
+  }
+  const std::string part = path + ".part";
+  std::ofstream out(part, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::InvalidArgumentError(absl::StrCat("cannot write ", part));
+  auto discard = [&](absl::Status s) {
+    out.close();
+    std::error_code ec;
+    fs::remove(part, ec);
+    return s;
+  };
+  grpc::ClientContext ctx;
+  // A big database takes a while: an hour at most.
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Hours(1)));
+  AddToken(&ctx);
+  std::unique_ptr<grpc::ClientReader<v1::DatabaseChunk>> reader =
+      stub_->BackupDatabase(&ctx, v1::BackupDatabaseRequest());
+  v1::DatabaseChunk chunk;
+  int64_t done = 0;
+  while (reader->Read(&chunk)) {
+    out.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
+    if (!out) return discard(absl::UnavailableError(absl::StrCat("writing ", part, " failed")));
+    done += static_cast<int64_t>(chunk.data().size());
+    if (progress) progress(done, chunk.total_bytes());
+    if (chunk.total_bytes() > 0 && done > chunk.total_bytes()) {
+      ctx.TryCancel();
+      return discard(absl::DataLossError("the coordinator sent more than the copy's size"));
+    }
+  }
+  if (absl::Status s = Convert(reader->Finish()); !s.ok()) return discard(s);
+  if (chunk.total_bytes() != done) {
+    return discard(absl::DataLossError(
+        absl::StrCat("received ", done, " of ", chunk.total_bytes(), " bytes")));
+  }
+  out.close();
+  if (!out) return discard(absl::UnavailableError(absl::StrCat("writing ", part, " failed")));
+  std::error_code ec;
+  fs::rename(part, path, ec);
+  if (ec) return discard(absl::UnavailableError(absl::StrCat(path, ": ", ec.message())));
+  return done;
 }
 
 absl::StatusOr<v1::JobStatus> CoordinatorClient::Watch(

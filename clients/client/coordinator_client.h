@@ -101,6 +101,13 @@ class CoordinatorClient {
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id);
   // The job's event log (ListJobEvents), oldest first. NOT_FOUND for an unknown job.
   absl::StatusOr<v1::ListJobEventsResponse> ListJobEvents(const std::string& job_id);
+  // An online copy of the coordinator's database (BackupDatabase, admin
+  // role) written to `path` (through `path`.part, renamed at the end;
+  // ALREADY_EXISTS if `path` exists). `progress` (optional) sees the bytes
+  // received and the total after each chunk. Returns the bytes written.
+  absl::StatusOr<int64_t> BackupDatabase(
+      const std::string& path,
+      const std::function<void(int64_t done, int64_t total)>& progress = nullptr);
   // The job's metric history (GetJobMetrics), every metric.
   absl::StatusOr<v1::JobMetrics> GetJobMetrics(const std::string& job_id);
   // The job's pipeline timeline (GetJobTrace), on the coordinator's clock.
@@ -160,7 +167,8 @@ class CoordinatorClient {
 
   std::string address_;
   absl::Duration deadline_;
-  std::string token_;  // bearer token ("" = none)
+  std::string token_;    // bearer token ("" = none)
+  std::string version_;  // sent as x-stagewise-version
   rpc::RpcOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;

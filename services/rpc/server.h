@@ -40,6 +40,9 @@ struct RpcOptions {
   // Clients of the coordinator: sent as "authorization: Bearer <token>" with
   // every call ("" = none). Workers never send one.
   std::string bearer_token;
+  // Clients of the coordinator: the version sent as x-stagewise-version
+  // ("" = this build's, services/common/version.h; tests set another).
+  std::string client_version;
 };
 
 // The server credentials of `options` (plaintext when none were set).

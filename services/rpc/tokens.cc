@@ -209,6 +209,7 @@ std::optional<Role> RequiredRole(std::string_view method) {
     if (name == read) return Role::kRead;
   }
   if (name == "SubmitJob" || name == "CancelJob") return Role::kSubmit;
+  if (name == "BackupDatabase") return Role::kAdmin;
   return std::nullopt;
 }
 

@@ -16,7 +16,7 @@
 //   read    GetJob, ListJobs, WatchJob, ListWorkers, ListCheckpoints, GetJobMetrics,
 //           GetJobTrace, ListJobEvents
 //   submit  read + SubmitJob, and CancelJob of the jobs submitted under its own name
-//   admin   everything, and cancel any job
+//   admin   everything: cancel any job, BackupDatabase
 // RegisterWorker and Control are for workers (certificates) and no role grants
 // them.
 //

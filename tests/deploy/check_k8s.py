@@ -18,9 +18,9 @@
    and key the manifests use, with certificates that verify against the CA
    for the name the manifests verify); writable paths are volumes under a
    read-only root; images are the ones deploy/image/build makes; the gpu
-   overlay asks for a GPU and runs cuda:0; the checkpoint example's job saves
-   under a ReadWriteMany volume mounted at --checkpoint-root on every
-   process; the submit example's job files pass `stagewise validate`; the
+   overlay asks for a GPU and runs cuda:0; in both overlays the checkpointed
+   job saves under a ReadWriteMany volume mounted at --checkpoint-root on
+   every process, and the coordinator has a budget that allows no eviction; the submit example's job files pass `stagewise validate`; the
    replicated example sizes the worker StatefulSet stages.count x
    stages.replicas of the job it submits; the workers' NetworkPolicy lets
    workers (and only them) reach the gRPC port and gloo's ephemeral ports,
@@ -49,7 +49,7 @@ BIN = os.path.join(os.path.abspath(sys.argv[2]), "bin")
 K8S = os.path.join(SRC, "deploy", "k8s")
 VALIDATOR_DIR = os.path.join(SRC, "tests", "deploy", "k8s")
 BINARIES = ("stagewise", "stagewise-coordinator", "stagewise-worker")
-TARGETS = ("base", "overlays/cpu", "overlays/gpu", "examples/checkpoints", "examples/submit",
+TARGETS = ("base", "overlays/cpu", "overlays/gpu", "examples/submit",
            "examples/replicated")
 # Where gloo's connections between replicas land: Linux's default
 # net.ipv4.ip_local_port_range (gloo binds port 0).
@@ -509,29 +509,40 @@ def check_monitoring(objs, servicemonitor):
 
 def check_examples(rendered, tmp):
     errors = []
-    # Checkpoints: the job's checkpoint.dir under --checkpoint-root, a
-    # ReadWriteMany claim mounted there on every process.
-    objs = rendered["examples/checkpoints"]
-    cms = {o["metadata"]["name"]: o.get("data", {}) for o in objs if o["kind"] == "ConfigMap"}
-    root = cms.get("stagewise-config", {}).get("STAGEWISE_CHECKPOINT_ROOT")
+    # Checkpoints, in both overlays: the job's checkpoint.dir under
+    # --checkpoint-root, a ReadWriteMany claim mounted there on every process;
+    # the coordinator (one pod) under a budget that allows no eviction.
     job = yaml.safe_load(open(os.path.join(K8S, "examples/submit/jobs/quickstart-checkpointed.yaml")))
     ckpt = job.get("checkpoint", {}).get("dir", "")
-    if not root or not ckpt.startswith(root.rstrip("/") + "/"):
-        errors.append(f"examples/checkpoints: checkpoint.dir {ckpt} is not under "
-                      f"STAGEWISE_CHECKPOINT_ROOT {root}")
-    claims = {o["metadata"]["name"]: o for o in objs if o["kind"] == "PersistentVolumeClaim"}
-    for o in objs:
-        if o["kind"] != "StatefulSet":
-            continue
-        pod = o["spec"]["template"]
-        c = pod["spec"]["containers"][0]
-        found = Checker.mount_for(c, pod, ckpt)
-        claim = found and found[0].get("persistentVolumeClaim", {}).get("claimName")
-        if not claim or claim not in claims or found[2].get("readOnly"):
-            errors.append(f"examples/checkpoints: {o['metadata']['name']} does not mount "
-                          f"{ckpt} writable from a claim of this example")
-        elif "ReadWriteMany" not in claims[claim]["spec"]["accessModes"]:
-            errors.append(f"examples/checkpoints: claim {claim} is not ReadWriteMany")
+    for target in ("overlays/cpu", "overlays/gpu"):
+        objs = rendered[target]
+        cms = {o["metadata"]["name"]: o.get("data", {}) for o in objs if o["kind"] == "ConfigMap"}
+        root = cms.get("stagewise-config", {}).get("STAGEWISE_CHECKPOINT_ROOT")
+        if not root or not ckpt.startswith(root.rstrip("/") + "/"):
+            errors.append(f"{target}: checkpoint.dir {ckpt} is not under "
+                          f"STAGEWISE_CHECKPOINT_ROOT {root}")
+        claims = {o["metadata"]["name"]: o for o in objs if o["kind"] == "PersistentVolumeClaim"}
+        for o in objs:
+            if o["kind"] != "StatefulSet":
+                continue
+            pod = o["spec"]["template"]
+            c = pod["spec"]["containers"][0]
+            found = Checker.mount_for(c, pod, ckpt)
+            claim = found and found[0].get("persistentVolumeClaim", {}).get("claimName")
+            if not claim or claim not in claims or found[2].get("readOnly"):
+                errors.append(f"{target}: {o['metadata']['name']} does not mount "
+                              f"{ckpt} writable from a claim of this overlay")
+            elif "ReadWriteMany" not in claims[claim]["spec"]["accessModes"]:
+                errors.append(f"{target}: claim {claim} is not ReadWriteMany")
+        coordinator = [o for o in objs if o["kind"] == "StatefulSet"
+                       and o["metadata"]["name"] == "stagewise-coordinator"][0]
+        labels = coordinator["spec"]["template"]["metadata"]["labels"]
+        budgets = [o for o in objs if o["kind"] == "PodDisruptionBudget"
+                   and all(labels.get(k) == v
+                           for k, v in o["spec"]["selector"]["matchLabels"].items())]
+        if len(budgets) != 1 or budgets[0]["spec"].get("maxUnavailable") != 0:
+            errors.append(f"{target}: the coordinator needs one PodDisruptionBudget with "
+                          f"maxUnavailable 0, found {[b['metadata']['name'] for b in budgets]}")
     # Submit: the Job's job file is in its ConfigMap and every job file there
     # passes `stagewise validate`.
     objs = rendered["examples/submit"]
@@ -663,7 +674,7 @@ def main():
 
         helpinfo = binary_help()
         image = run([os.path.join(SRC, "deploy/image/build"), "--print-name"]).strip()
-        for t in ("overlays/cpu", "overlays/gpu", "examples/checkpoints"):
+        for t in ("overlays/cpu", "overlays/gpu"):
             found = Checker(rendered[t], helpinfo, image, secrets).check(gpu=t.endswith("gpu"))
             errors += [f"{t}: {e}" for e in found]
             print(f"{t}: {len(rendered[t])} objects, {len(found)} problems")

@@ -1,6 +1,7 @@
 // The `stagewise` binary's shared conventions against a real coordinator (an
 // in-process cluster): `events` with every output format, an unknown command,
-// and an old spelling that still works with a note.
+// an old spelling that still works with a note, and the version handshake (a
+// client of another version line is refused, naming both).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +16,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "clients/client/coordinator_client.h"
+#include "services/common/version.h"
 #include "tests/integration/cluster.h"
 
 namespace stagewise {
@@ -35,11 +38,14 @@ class CliEventsTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  Result Stagewise(const std::string& args) {
+  // `env`: VAR=value words before the binary. The CLI's config file is the
+  // test's own unless `env` names another (a user's contexts must not count).
+  Result Stagewise(const std::string& args, const std::string& env = "") {
     const fs::path out = dir_ / "stdout", err = dir_ / "stderr";
-    const std::string cmd =
-        absl::StrCat("cd ", dir_.string(), " && TZ=UTC ", STAGEWISE_BINARY_DIR, "/bin/stagewise ",
-                     args, " >", out.string(), " 2>", err.string(), " </dev/null");
+    const std::string cmd = absl::StrCat(
+        "cd ", dir_.string(), " && TZ=UTC STAGEWISE_CONFIG=", (dir_ / "none.yaml").string(), " ",
+        env, STAGEWISE_BINARY_DIR, "/bin/stagewise ", args, " >", out.string(), " 2>", err.string(),
+        " </dev/null");
     const int status = std::system(cmd.c_str());
     Result r;
     r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -139,6 +145,86 @@ checkpoint: {dir: )",
   Result trace = Stagewise("trace " + *id + at + "-o old.json");
   EXPECT_NE(trace.err.find("deprecated"), std::string::npos) << trace.err;
   EXPECT_NE(trace.err.find("--output-file"), std::string::npos) << trace.err;
+}
+
+TEST_F(CliEventsTest, AClientOfAnotherVersionLineIsRefusedNamingBoth) {
+  testing::Cluster cluster({.workers = 0});
+  rpc::RpcOptions other;
+  other.client_version = "9.0.0";
+  client::CoordinatorClient newer(cluster.coordinator_address(), absl::Seconds(10), other);
+  auto jobs = newer.ListJobs();
+  ASSERT_EQ(jobs.status().code(), absl::StatusCode::kFailedPrecondition) << jobs.status();
+  EXPECT_NE(jobs.status().message().find(
+                absl::StrCat("this client runs stagewise 9.0.0 and this coordinator ", Version())),
+            std::string::npos)
+      << jobs.status();
+  // This build's own client (and the CLI, which sends the same) is served.
+  client::CoordinatorClient same(cluster.coordinator_address(), absl::Seconds(10),
+                                 rpc::RpcOptions{});
+  EXPECT_TRUE(same.ListJobs().ok());
+  Result cli = Stagewise("list --coordinator " + cluster.coordinator_address());
+  EXPECT_EQ(cli.code, 0) << cli.err;
+}
+
+TEST_F(CliEventsTest, AContextSaysWhereTheCoordinatorIs) {
+  testing::Cluster cluster({.workers = 0});
+  const std::string config = "STAGEWISE_CONFIG=" + (dir_ / "config.yaml").string() + " ";
+  Result set =
+      Stagewise("config set-context here --coordinator " + cluster.coordinator_address(), config);
+  ASSERT_EQ(set.code, 0) << set.err;
+  EXPECT_NE(set.out.find("created context here (current)"), std::string::npos) << set.out;
+  // No --coordinator, no STAGEWISE_COORDINATOR: the context's.
+  Result list = Stagewise("list", config + "STAGEWISE_COORDINATOR= ");
+  EXPECT_EQ(list.code, 0) << list.err;
+  // A flag wins over the context.
+  Result elsewhere = Stagewise("list --coordinator 127.0.0.1:1", config);
+  EXPECT_EQ(elsewhere.code, 3) << elsewhere.err;
+  Result unknown = Stagewise("list --context nosuch", config);
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_NE(unknown.err.find("context 'nosuch' is not in"), std::string::npos) << unknown.err;
+}
+
+TEST_F(CliEventsTest, ABackupTakenWhileAJobRunsRestoresToACoordinatorThatListsIt) {
+  const std::string db = (dir_ / "coordinator.db").string();
+  std::string id;
+  {
+    testing::Cluster cluster({.workers = 2, .db = db});
+    ASSERT_TRUE(cluster.WaitForWorkers(2));
+    auto submitted = cluster.manager().Submit(R"(name: long
+seed: 1
+model: {name: mlp, hidden: [16]}
+data: {dataset: synthetic, train_size: 256, test_size: 32, shape: [1, 4, 4], classes: 4}
+optimizer: {name: sgd, lr: 0.05}
+batch_size: 32
+steps: 10000000
+stages: {count: 2}
+)");
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    id = *submitted;
+    ASSERT_TRUE(cluster.WaitForState(id, v1::RUNNING));
+    const std::string at = " --coordinator " + cluster.coordinator_address();
+    Result backup = Stagewise("admin backup backup.db" + at);
+    ASSERT_EQ(backup.code, 0) << backup.err;
+    EXPECT_NE(backup.out.find("backed up the coordinator's database to backup.db"),
+              std::string::npos)
+        << backup.out;
+    Result again = Stagewise("admin backup backup.db" + at);
+    EXPECT_NE(again.code, 0);
+    EXPECT_NE(again.err.find("exists"), std::string::npos) << again.err;
+    ASSERT_TRUE(cluster.manager().Cancel(id, "test over").ok());
+  }
+  // Restore: a coordinator started on the copy lists the job, as it was when
+  // the copy was taken (running: it recovers it, here onto no workers).
+  testing::Cluster restored({.workers = 0, .db = (dir_ / "backup.db").string()});
+  auto job = restored.manager().GetJob(id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->name(), "long");
+  EXPECT_NE(job->state(), v1::CANCELLED) << "the copy is from before the cancel";
+  bool listed = false;
+  auto jobs = restored.manager().ListJobs(0);
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  for (const v1::JobStatus& j : *jobs) listed |= j.job_id() == id;
+  EXPECT_TRUE(listed);
 }
 
 TEST_F(CliEventsTest, AnUnknownCommandIsAnErrorNamingTheClosestOne) {

@@ -9,8 +9,10 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 
+#include "clients/cli/config_file.h"
 #include "clients/cli/conventions.h"
 
 namespace stagewise::cli {
@@ -114,6 +116,112 @@ TEST(CompletionScript, BashCompletesCommandsAndTheirOptions) {
   ASSERT_TRUE(zsh.ok());
   EXPECT_NE(zsh->find("bashcompinit"), std::string::npos);
   EXPECT_FALSE(CompletionScript(*app, "fish").ok());
+}
+
+// The config file in a temporary $STAGEWISE_CONFIG, restored afterwards.
+class ConfigFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           ("stagewise-config-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir_);
+    path_ = (dir_ / "sub" / "config.yaml").string();
+    ::setenv("STAGEWISE_CONFIG", path_.c_str(), 1);
+    if (const char* home = std::getenv("HOME")) home_ = home;
+  }
+  void TearDown() override {
+    ::unsetenv("STAGEWISE_CONFIG");
+    ::setenv("HOME", home_.c_str(), 1);
+    std::filesystem::remove_all(dir_);
+  }
+  int Run(ConfigArgs args, std::string* out = nullptr, std::string* err = nullptr) {
+    std::ostringstream o, e;
+    const int rc = ConfigCommand(args, o, e);
+    if (out) *out = o.str();
+    if (err) *err = e.str();
+    return rc;
+  }
+  std::filesystem::path dir_;
+  std::string path_;
+  std::string home_;
+};
+
+TEST_F(ConfigFileTest, SetUseAndDeleteContextsRoundTripThroughTheFile) {
+  EXPECT_EQ(ConfigPath(), path_);
+  auto empty = LoadConfig(path_);
+  ASSERT_TRUE(empty.ok()) << empty.status();  // no file: no contexts
+  EXPECT_TRUE(empty->contexts.empty());
+
+  ConfigArgs prod{"set-context", "prod", {}, {"coordinator", "token-file", "tls-ca"}};
+  prod.set.coordinator = "stagewise.example.com:7070";
+  prod.set.token_file = "/secrets/prod.token";
+  prod.set.tls_ca = "/secrets/ca.pem";
+  std::string out;
+  ASSERT_EQ(Run(prod, &out), 0);
+  EXPECT_NE(out.find("created context prod (current)"), std::string::npos) << out;
+  ConfigArgs laptop{"set-context", "laptop", {}, {"coordinator", "insecure"}};
+  laptop.set.coordinator = "127.0.0.1:7070";
+  laptop.set.insecure = true;
+  ASSERT_EQ(Run(laptop), 0);
+  EXPECT_EQ(std::filesystem::status(path_).permissions() & std::filesystem::perms::others_read,
+            std::filesystem::perms::none);
+
+  auto config = LoadConfig(path_);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->current_context, "prod");  // the first one stays current
+  EXPECT_EQ(config->contexts.at("prod").tls_ca, "/secrets/ca.pem");
+  EXPECT_TRUE(config->contexts.at("laptop").insecure);
+  ASSERT_EQ(Run({"use-context", "laptop", {}, {}}), 0);
+  auto selected = SelectContext(*LoadConfig(path_), "");
+  ASSERT_TRUE(selected.ok());
+  EXPECT_EQ((*selected)->coordinator, "127.0.0.1:7070");
+  ASSERT_EQ(Run({"current-context", "", {}, {}}, &out), 0);
+  EXPECT_EQ(out, "laptop\n");
+  ASSERT_EQ(Run({"get-contexts", "", {}, {}}, &out), 0);
+  EXPECT_NE(out.find("*        laptop"), std::string::npos) << out;
+  EXPECT_NE(out.find("/secrets/prod.token"), std::string::npos) << out;
+
+  // Updating keeps the fields not given.
+  ConfigArgs moved{"set-context", "prod", {}, {"coordinator"}};
+  moved.set.coordinator = "new.example.com:7070";
+  ASSERT_EQ(Run(moved), 0);
+  EXPECT_EQ(LoadConfig(path_)->contexts.at("prod").token_file, "/secrets/prod.token");
+
+  std::string err;
+  EXPECT_EQ(Run({"use-context", "nosuch", {}, {}}, nullptr, &err), 2);
+  EXPECT_NE(err.find("context 'nosuch' is not in"), std::string::npos) << err;
+  EXPECT_NE(err.find("contexts: laptop, prod"), std::string::npos) << err;
+  ASSERT_EQ(Run({"delete-context", "laptop", {}, {}}), 0);
+  EXPECT_TRUE(LoadConfig(path_)->current_context.empty());
+}
+
+TEST_F(ConfigFileTest, ABadFileIsRefusedNamingTheKey) {
+  std::filesystem::create_directories(dir_ / "sub");
+  std::ofstream(path_) << "contexts:\n  prod:\n    coordinater: x:1\n";
+  auto bad = LoadConfig(path_);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("contexts.prod.coordinater: unknown key"),
+            std::string::npos)
+      << bad.status();
+  std::ofstream(path_) << "current-context: gone\ncontexts: {a: {coordinator: x:1}}\n";
+  EXPECT_NE(LoadConfig(path_).status().message().find("'gone' is not among the contexts"),
+            std::string::npos);
+  std::ofstream(path_) << "contexts: {a: {token-file: ~/t}}\n";
+  ::setenv("HOME", "/home/someone", 1);
+  auto home = LoadConfig(path_);
+  ASSERT_TRUE(home.ok()) << home.status();
+  EXPECT_EQ(home->contexts.at("a").token_file, "/home/someone/t");
+}
+
+TEST_F(ConfigFileTest, TokenFilesAreTrimmedAndMustHoldAToken) {
+  std::filesystem::create_directories(dir_);
+  std::ofstream(dir_ / "token") << "  secret-token-1234567890\n";
+  auto token = ReadTokenFile((dir_ / "token").string());
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ(*token, "secret-token-1234567890");
+  std::ofstream(dir_ / "empty") << "\n";
+  EXPECT_FALSE(ReadTokenFile((dir_ / "empty").string()).ok());
+  EXPECT_FALSE(ReadTokenFile((dir_ / "missing").string()).ok());
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "coordinator/store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/job_store_fixtures.h"
 
 namespace stagewise::coordinator {
 namespace {
@@ -25,24 +26,9 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
-
-std::unique_ptr<JobStore> OpenOrDie(const std::string& path) {
-  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path);
-  EXPECT_TRUE(store.ok()) << store.status();
-  return store.ok() ? std::move(*store) : nullptr;
-}
-
-JobRecord MakeJob(const std::string& id, int64_t created_ms = 0) {
-  JobRecord record;
-  record.status.set_job_id(id);
-  record.status.set_name(absl::StrCat("name-of-", id));
-  record.status.set_created_unix_ms(created_ms);
-  record.status.set_algorithm("petra");
-  record.status.set_num_stages(4);
-  record.status.set_total_steps(1000);
-  record.spec_yaml = absl::StrCat("name: ", id, "\nmodel: revnet18\n");
-  return record;
-}
+using testing::MakeJob;
+using testing::OpenOrDie;
+using testing::TempDir;
 
 std::vector<std::string> Ids(const std::vector<v1::JobStatus>& jobs) {
   std::vector<std::string> ids;
@@ -55,24 +41,6 @@ std::vector<std::string> Ids(const std::vector<JobRecord>& jobs) {
   for (const JobRecord& job : jobs) ids.push_back(job.status.job_id());
   return ids;
 }
-
-// A fresh directory under the test temp dir, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::path(::testing::TempDir()) / "job_store_XXXXXX").string();
-    EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  std::string File(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 // One PRAGMA through a separate raw connection, as an operator's sqlite3
 // shell would see the file.

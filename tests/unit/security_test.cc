@@ -840,6 +840,7 @@ TEST(TokenTableTest, RolesAndTokens) {
   EXPECT_EQ(RequiredRole("GetJobMetrics"), Role::kRead);
   EXPECT_EQ(RequiredRole("/stagewise.v1.Coordinator/GetJobTrace"), Role::kRead);
   EXPECT_EQ(RequiredRole("ListJobEvents"), Role::kRead);
+  EXPECT_EQ(RequiredRole("/stagewise.v1.Coordinator/BackupDatabase"), Role::kAdmin);
   EXPECT_EQ(RequiredRole("/stagewise.v1.Coordinator/SubmitJob"), Role::kSubmit);
   EXPECT_EQ(RequiredRole("CancelJob"), Role::kSubmit);
   EXPECT_EQ(RequiredRole("/stagewise.v1.Coordinator/RegisterWorker"), std::nullopt);

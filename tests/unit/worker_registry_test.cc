@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/version.h"
 #include "tests/unit/coordinator_fakes.h"
 
 namespace stagewise::coordinator {
@@ -144,7 +145,22 @@ TEST(WorkerRegistry, RefusesBadWorkerInfo) {
     EXPECT_THAT(refused.status().message(),
                 HasSubstr(absl::StrCat("control protocol ", static_cast<int>(old))));
   }
+  // Another version line: refused naming both; the same line, or a worker
+  // that does not say, is taken.
+  v1::WorkerInfo newer = Info("w2");
+  newer.set_version("7.1.0");
+  auto refused = registry.Register(newer, {}, kT0, &replaced, &session);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("the worker w2 runs stagewise 7.1.0"));
+  EXPECT_THAT(refused.status().message(), HasSubstr(absl::StrCat("this coordinator ", Version())));
+  v1::WorkerInfo garbled = Info("w2");
+  garbled.set_version("latest");
+  EXPECT_EQ(registry.Register(garbled, {}, kT0, &replaced, &session).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(registry.List().empty());
+  v1::WorkerInfo same = Info("w3");
+  same.set_version(Version());
+  EXPECT_TRUE(registry.Register(same, {}, kT0, &replaced, &session).ok());
 }
 
 TEST(WorkerRegistry, ExpiresOnlySilentWorkersAndClosesTheirStreams) {
