@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "services/common/log.h"
 #include "services/common/retry_policy.h"
+#include "services/common/version.h"
 #include "services/profiler/profiler.h"
 #include "services/rpc/outbox.h"
 #include "services/rpc/status.h"
@@ -396,7 +397,7 @@ absl::Status Worker::ControlSession(bool* established) {
   info->set_device(options_.device);
   info->set_memory_bytes(options_.memory_bytes);
   for (const auto& [key, value] : options_.labels) (*info->mutable_labels())[key] = value;
-  info->set_version(STAGEWISE_VERSION);
+  info->set_version(Version());
   info->set_protocol(v1::CONTROL_PROTOCOL_V3);
   v1::RegisterWorkerResponse resp;
   {

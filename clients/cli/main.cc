@@ -413,21 +413,22 @@ int main(int argc, char** argv) {
     for (const CLI::App* sub : config_cmd->get_subcommands()) config_args.action = sub->get_name();
     // set-context takes the global flags given on this command line (not
     // their environment variables).
-    const std::pair<const char*, std::string*> given[] = {
-        {"--coordinator", &coordinator},         {"--tls-ca", &tls.ca_file},
-        {"--tls-cert", &tls.cert_file},          {"--tls-key", &tls.key_file},
-        {"--tls-server-name", &tls.server_name}, {"--token-file", nullptr}};
-    for (const auto& [flag, value] : given) {
-      const CLI::Option* opt = app.get_option_no_throw(flag);
-      if (opt == nullptr) opt = set_context_cmd->get_option_no_throw(flag);
-      if (opt == nullptr || opt->count() == 0) continue;
-      config_args.given.push_back(std::string(flag + 2));
-      if (value == nullptr) continue;
-      if (config_args.given.back() == "coordinator") config_args.set.coordinator = *value;
-      if (config_args.given.back() == "tls-ca") config_args.set.tls_ca = *value;
-      if (config_args.given.back() == "tls-cert") config_args.set.tls_cert = *value;
-      if (config_args.given.back() == "tls-key") config_args.set.tls_key = *value;
-      if (config_args.given.back() == "tls-server-name") config_args.set.tls_server_name = *value;
+    struct Given {
+      const CLI::Option* option;
+      const std::string* value;  // the parsed flag (set-context's own: already in place)
+      std::string* field;
+    };
+    const Given given[] = {
+        {app.get_option("--coordinator"), &coordinator, &config_args.set.coordinator},
+        {app.get_option("--tls-ca"), &tls.ca_file, &config_args.set.tls_ca},
+        {app.get_option("--tls-cert"), &tls.cert_file, &config_args.set.tls_cert},
+        {app.get_option("--tls-key"), &tls.key_file, &config_args.set.tls_key},
+        {app.get_option("--tls-server-name"), &tls.server_name, &config_args.set.tls_server_name},
+        {set_context_cmd->get_option("--token-file"), nullptr, nullptr}};
+    for (const Given& g : given) {
+      if (g.option->count() == 0) continue;
+      config_args.given.push_back(g.option->get_lnames().front());
+      if (g.field != nullptr) *g.field = *g.value;
     }
     if (app.get_option("--insecure")->count() > 0) {
       config_args.given.push_back("insecure");

@@ -1,3 +1,5 @@
+#include "services/common/version.h"
+
 #include <torch/version.h>
 
 #include "absl/strings/str_cat.h"
@@ -6,7 +8,7 @@
 namespace stagewise::cli {
 
 std::string VersionString() {
-  return absl::StrCat("stagewise ", STAGEWISE_VERSION, " (LibTorch ", TORCH_VERSION, ")");
+  return absl::StrCat("stagewise ", Version(), " (LibTorch ", TORCH_VERSION, ")");
 }
 
 }  // namespace stagewise::cli
