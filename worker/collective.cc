@@ -2,7 +2,12 @@
 
 #include <chrono>
 #include <exception>
+#include <stdexcept>
 #include <utility>
+#if STAGEWISE_HAVE_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -38,6 +43,37 @@ absl::Status Classified(const std::string& error, const std::string& message) {
 
 }  // namespace
 
+struct ReplicaGroup::Gloo {
+#if STAGEWISE_HAVE_GLOO
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+#endif
+  c10::intrusive_ptr<c10d::Work> Allreduce(std::vector<torch::Tensor>& io) {
+#if STAGEWISE_HAVE_GLOO
+    return group->allreduce(io);
+#else
+    (void)io;
+    throw std::logic_error("no gloo in this build");  // Create refuses R > 1
+#endif
+  }
+  c10::intrusive_ptr<c10d::Work> Broadcast(std::vector<torch::Tensor>& io,
+                                           const c10d::BroadcastOptions& opts) {
+#if STAGEWISE_HAVE_GLOO
+    return group->broadcast(io, opts);
+#else
+    (void)io;
+    (void)opts;
+    throw std::logic_error("no gloo in this build");  // Create refuses R > 1
+#endif
+  }
+};
+
+bool ReplicaGroup::GlooAvailable() { return STAGEWISE_HAVE_GLOO != 0; }
+
+ReplicaGroup::ReplicaGroup(std::unique_ptr<Gloo> gloo, ReplicaGroupOptions options)
+    : gloo_(std::move(gloo)), options_(std::move(options)) {}
+
+ReplicaGroup::~ReplicaGroup() = default;
+
 std::vector<std::vector<int>> BucketLayout(const std::vector<torch::Tensor>& tensors,
                                            int64_t limit) {
   std::vector<std::vector<int>> out;
@@ -68,15 +104,25 @@ absl::StatusOr<std::unique_ptr<ReplicaGroup>> ReplicaGroup::Create(
     return absl::InvalidArgumentError(
         absl::StrCat(options.name, ": bucket_bytes must be positive"));
   }
+  if (!GlooAvailable() && options.size > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        options.name, ": ", options.size,
+        " replicas need LibTorch's ProcessGroupGloo, and this build of stagewise has none (its "
+        "LibTorch came without gloo's headers; configure with -DSTAGEWISE_GLOO_INCLUDE_DIR=DIR, "
+        "docs/cuda.md)"));
+  }
   const absl::Time start = absl::Now();
   try {
     store->setTimeout(Millis(options.timeout));
-    auto gloo = c10d::ProcessGroupGloo::Options::create(Millis(options.timeout));
-    gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.host));
-    gloo->threads = 2;
-    auto group =
-        c10::make_intrusive<c10d::ProcessGroupGloo>(store, options.rank, options.size, gloo);
-    return std::unique_ptr<ReplicaGroup>(new ReplicaGroup(std::move(group), options));
+    auto gloo = std::make_unique<Gloo>();
+#if STAGEWISE_HAVE_GLOO
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(Millis(options.timeout));
+    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.host));
+    gloo_options->threads = 2;
+    gloo->group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, options.rank, options.size,
+                                                              gloo_options);
+#endif
+    return std::unique_ptr<ReplicaGroup>(new ReplicaGroup(std::move(gloo), options));
   } catch (const std::exception& e) {
     const std::string what = e.what();
     const std::string first_line = what.substr(0, what.find('\n'));
@@ -117,7 +163,7 @@ absl::StatusOr<ReplicaGroup::Pending> ReplicaGroup::StartSum(std::vector<torch::
     bytes_ += p.flat.numel() * static_cast<int64_t>(p.flat.element_size());
     if (options_.size > 1) {
       std::vector<torch::Tensor> io{p.flat};
-      p.work = group_->allreduce(io);
+      p.work = gloo_->Allreduce(io);
     }
   } catch (const std::exception& e) {
     return Failed("all-reduce", e, start);
@@ -191,7 +237,7 @@ absl::Status ReplicaGroup::Broadcast(const std::vector<torch::Tensor>& tensors) 
       std::vector<torch::Tensor> io{buffer};
       c10d::BroadcastOptions opts;
       opts.rootRank = 0;
-      group_->broadcast(io, opts)->wait();
+      gloo_->Broadcast(io, opts)->wait();
       if (!buffer.is_same(t)) t.copy_(buffer);
       bytes += t.numel() * static_cast<int64_t>(t.element_size());
     }

@@ -1,7 +1,9 @@
 // Averaging among the R replicas of one stage (docs/replicas.md): LibTorch's
 // own c10d ProcessGroupGloo over a c10d Store, with gradients packed into
 // buckets, and a timeout that turns a stuck collective into a stage error
-// instead of a hang.
+// instead of a hang. ProcessGroupGloo's header (and gloo's, which it needs)
+// stays inside collective.cc: a LibTorch without gloo's headers (PyTorch's
+// pip wheels) builds everything else, and there R > 1 is refused.
 #ifndef STAGEWISE_WORKER_COLLECTIVE_H_
 #define STAGEWISE_WORKER_COLLECTIVE_H_
 
@@ -11,8 +13,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -46,6 +48,10 @@ std::vector<std::vector<int>> BucketLayout(const std::vector<torch::Tensor>& ten
 
 class ReplicaGroup {
  public:
+  // False where this build's LibTorch came without gloo's headers: then
+  // Create refuses a group of more than one replica.
+  static bool GlooAvailable();
+
   // Meets the other size-1 replicas through `store` (every replica of the
   // group passes a store with the same keys, e.g. a PrefixStore per group and
   // attempt) and connects to each of them. Blocks up to options.timeout.
@@ -84,14 +90,18 @@ class ReplicaGroup {
   int64_t bytes() const { return bytes_.load(); }
   double seconds() const { return seconds_.load(); }
 
+  ~ReplicaGroup();
+  ReplicaGroup(const ReplicaGroup&) = delete;
+  ReplicaGroup& operator=(const ReplicaGroup&) = delete;
+
  private:
-  ReplicaGroup(c10::intrusive_ptr<c10d::ProcessGroupGloo> group, ReplicaGroupOptions options)
-      : group_(std::move(group)), options_(std::move(options)) {}
+  struct Gloo;  // the c10d process group (collective.cc)
+  ReplicaGroup(std::unique_ptr<Gloo> gloo, ReplicaGroupOptions options);
   // All-reduces (sum) the tensors bucket by bucket, then divides by size.
   absl::Status SumThenScale(const std::vector<torch::Tensor>& tensors, double scale);
   absl::Status Failed(const std::string& what, const std::exception& e, absl::Time start);
 
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  std::unique_ptr<Gloo> gloo_;
   ReplicaGroupOptions options_;
   bool broken_ = false;
   std::string broken_reason_;

@@ -7,17 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "services/models/optimizer_state_key.h"
 
 namespace stagewise::worker {
 namespace {
-
-// How LibTorch's optimizers key their per-parameter state: the address of
-// the parameter's TensorImpl, printed (torch/optim/adam.cpp, sgd.cpp).
-std::string StateKey(const torch::Tensor& parameter) {
-  std::ostringstream key;
-  key << parameter.unsafeGetTensorImpl();
-  return key.str();
-}
 
 std::string Shape(const torch::Tensor& t) {
   return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
@@ -68,7 +61,8 @@ absl::Status RegroupShards(const std::vector<ReshardSource>& sources, models::Mo
     }
     const auto& states = from_optimizer->state();
     size_t known_states = 0;  // the shard's parameters with a state, any stage's
-    for (const auto& p : from.parameters()) known_states += states.count(StateKey(p));
+    for (const auto& p : from.parameters())
+      known_states += states.count(models::OptimizerStateKey(p));
     if (known_states != states.size()) {
       return absl::InternalError(absl::StrCat(
           "resharding ", source.path, ": ", states.size() - known_states, " of the optimizer's ",
@@ -89,9 +83,9 @@ absl::Status RegroupShards(const std::vector<ReshardSource>& sources, models::Mo
         }
         it->second.copy_(value);
         if (!parameters) continue;
-        const auto state = states.find(StateKey(value));
+        const auto state = states.find(models::OptimizerStateKey(value));
         if (state == states.end()) continue;  // no step taken with it yet
-        optimizer.state()[StateKey(it->second)] = state->second->clone();
+        optimizer.state()[models::OptimizerStateKey(it->second)] = state->second->clone();
       }
     }
   }

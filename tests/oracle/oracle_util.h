@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -16,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "services/models/optimizer_state_key.h"
 #include "services/models/plan.h"
 #include "services/training/reference_trainer.h"
 #include "tests/integration/cluster.h"
@@ -46,7 +48,13 @@ inline std::map<std::string, torch::Tensor> Tensors(torch::nn::Module& m) {
   return out;
 }
 
-// Same names, and every tensor within `tolerance` relative (L2) of `want`.
+// Same names, and every tensor within `tolerance` relative (L2) of `want`, or
+// within kOracleNoise absolute (L2). The absolute floor is for tensors that
+// stay at rounding-noise size: after an oracle's few steps the proj_bn biases
+// of the ResNet blocks hold values of norm 1e-9 to 2e-8, identical between two
+// runs on one device but not between a CPU simulation and GPU workers, where
+// their relative difference is of order 1 (docs/cuda.md).
+constexpr double kOracleNoise = 1e-6;
 inline void ExpectClose(const std::map<std::string, torch::Tensor>& got,
                         const std::map<std::string, torch::Tensor>& want, double tolerance = 1e-5) {
   ASSERT_EQ(got.size(), want.size());
@@ -54,8 +62,12 @@ inline void ExpectClose(const std::map<std::string, torch::Tensor>& got,
     ASSERT_TRUE(got.count(name)) << name;
     const torch::Tensor g = got.at(name).to(torch::kCPU, torch::kDouble);
     const torch::Tensor wd = w.to(torch::kCPU, torch::kDouble);
-    const double err = ((g - wd).norm() / wd.norm().clamp_min(1e-12)).item<double>();
-    EXPECT_LE(err, tolerance) << name;
+    const double diff = (g - wd).norm().item<double>();
+    const double scale = wd.norm().item<double>();
+    if (diff <= kOracleNoise) continue;
+    const double err = diff / std::max(scale, 1e-12);
+    EXPECT_LE(err, tolerance) << name << ": |got| " << g.norm().item<double>() << ", |want| "
+                              << scale << ", |got - want| " << diff;
   }
 }
 
@@ -103,18 +115,7 @@ struct MomentumOutcome {
   std::map<std::string, torch::Tensor> got;   // every stage's, by global name
 };
 
-// The key of parameter `p` in an optimizer's state map: its TensorImpl's
-// address, printed (LibTorch 1.x) or as a pointer (2.x).
-template <typename Key>
-Key OptimizerStateKey(const torch::Tensor& p) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream key;
-    key << p.unsafeGetTensorImpl();
-    return key.str();
-  } else {
-    return static_cast<Key>(p.unsafeGetTensorImpl());
-  }
-}
+using models::OptimizerStateKey;  // services/models/optimizer_state_key.h
 
 // The momentum buffer of parameter `p` in `opt` (SGD).
 inline torch::Tensor MomentumBuffer(torch::optim::Optimizer& opt, const torch::Tensor& p) {
