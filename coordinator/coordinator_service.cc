@@ -271,12 +271,15 @@ absl::StatusOr<rpc::Principal> CoordinatorService::Authorize(grpc::CallbackServe
       return compatible;
     }
   }
-  if (policy_.tokens == nullptr) return rpc::Principal{"anonymous", rpc::Role::kAdmin};
+  std::shared_ptr<const rpc::TokenTable> reloaded;  // the table in force for this call
+  if (policy_.token_file != nullptr) reloaded = policy_.token_file->table();
+  const rpc::TokenTable* tokens = reloaded ? reloaded.get() : policy_.tokens;
+  if (tokens == nullptr) return rpc::Principal{"anonymous", rpc::Role::kAdmin};
   std::string header;
   if (auto it = metadata.find("authorization"); it != metadata.end()) {
     header.assign(it->second.data(), it->second.size());
   }
-  auto principal = policy_.tokens->Authenticate(header);
+  auto principal = tokens->Authenticate(header);
   if (!principal.ok()) {
     manager_->metrics()->CountRefused("unauthenticated");
     return principal.status();

@@ -16,6 +16,9 @@ struct AccessPolicy {
   // Bearer tokens of clients (null: no token is asked for, every client is
   // an admin; the coordinator logs a WARNING at startup).
   const rpc::TokenTable* tokens = nullptr;
+  // A tokens file kept current (--tokens with reloading): when set, it is
+  // used instead of `tokens`.
+  const rpc::TokenFile* token_file = nullptr;
   // With TLS on, RegisterWorker and Control accept only peers whose
   // certificate identity is a worker's: "worker", or "worker-*" / "worker.*".
   // Off (plaintext) there is no certificate to check.

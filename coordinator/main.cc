@@ -4,10 +4,14 @@
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/store.h"
@@ -19,6 +23,63 @@
 #include "services/rpc/server.h"
 #include "services/rpc/tls.h"
 #include "services/rpc/tokens.h"
+
+namespace {
+
+// Keeps --tokens current: every `every` (0: never) and on Reload() (SIGHUP).
+// Logs each change, and each new error once (a broken file keeps the tokens
+// in force until it is fixed).
+class TokenReloader {
+ public:
+  TokenReloader(stagewise::rpc::TokenFile* file, absl::Duration every) : file_(file) {
+    if (file_ == nullptr || every <= absl::ZeroDuration()) return;
+    thread_ = std::thread([this, every] {
+      while (!stop_.WaitForNotificationWithTimeout(every)) Reload("timer");
+    });
+  }
+  ~TokenReloader() { Stop(); }
+
+  void Reload(const char* why) ABSL_LOCKS_EXCLUDED(mu_) {
+    if (file_ == nullptr) {
+      if (std::string(why) == "SIGHUP") {
+        STAGEWISE_LOG(INFO) << "stagewise-coordinator: SIGHUP: no --tokens to reload";
+      }
+      return;
+    }
+    absl::StatusOr<bool> changed = file_->Reload();
+    absl::MutexLock lock(&mu_);
+    if (!changed.ok()) {
+      const std::string error(changed.status().message());
+      if (error != last_error_ || std::string(why) == "SIGHUP") {
+        STAGEWISE_LOG(ERROR) << "stagewise-coordinator: --tokens not reloaded (" << why
+                             << "), the previous tokens stay in force: " << error;
+      }
+      last_error_ = error;
+      return;
+    }
+    last_error_.clear();
+    if (*changed) {
+      STAGEWISE_LOG(INFO) << "stagewise-coordinator: --tokens reloaded (" << why
+                          << "): " << file_->table()->size() << " tokens from " << file_->path();
+    } else if (std::string(why) == "SIGHUP") {
+      STAGEWISE_LOG(INFO) << "stagewise-coordinator: SIGHUP: --tokens unchanged";
+    }
+  }
+
+  void Stop() {
+    if (!stop_.HasBeenNotified()) stop_.Notify();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  stagewise::rpc::TokenFile* const file_;
+  absl::Notification stop_;
+  std::thread thread_;
+  absl::Mutex mu_;
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::string listen = "0.0.0.0:7070";
@@ -68,6 +129,13 @@ int main(int argc, char** argv) {
                  "read, submit, admin); without it every client is an admin "
                  "(env STAGEWISE_TOKENS_FILE)")
       ->envname("STAGEWISE_TOKENS_FILE");
+  double tokens_reload_s = 10;
+  app.add_option("--tokens-reload-seconds", tokens_reload_s,
+                 "How often the --tokens file is read again (rotated tokens apply to the next "
+                 "calls; a file that does not parse keeps the tokens in force). 0: only on "
+                 "SIGHUP, which always reloads at once")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--max-jobs-per-owner", max_jobs_per_owner,
                  "Jobs one token may have that have not ended")
       ->check(CLI::PositiveNumber)
@@ -100,6 +168,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);  // reload the tokens file
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   // Credentials first: a misconfigured coordinator fails before touching state.
@@ -116,9 +185,9 @@ int main(int argc, char** argv) {
     STAGEWISE_LOG(WARNING) << "stagewise-coordinator: --insecure: serving plaintext on " << listen
                            << ": anyone who reaches it can submit jobs and act as a worker";
   }
-  std::optional<stagewise::rpc::TokenTable> tokens;
+  std::unique_ptr<stagewise::rpc::TokenFile> tokens;
   if (!tokens_file.empty()) {
-    auto loaded = stagewise::rpc::TokenTable::Load(tokens_file);
+    auto loaded = stagewise::rpc::TokenFile::Open(tokens_file);
     if (!loaded.ok()) {
       STAGEWISE_LOG(ERROR) << "stagewise-coordinator: --tokens: " << loaded.status().message();
       return 2;
@@ -154,7 +223,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   stagewise::coordinator::CoordinatorService service(
-      &manager, {.tokens = tokens ? &*tokens : nullptr, .require_worker_identity = tls.enabled()});
+      &manager, {.token_file = tokens.get(), .require_worker_identity = tls.enabled()});
   grpc::ServerBuilder builder;
   stagewise::rpc::ConfigureServerBuilder(rpc_options, &builder);
   int port = 0;
@@ -186,8 +255,14 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  TokenReloader reloader(tokens.get(), absl::Seconds(tokens_reload_s));
   int signal = 0;
-  sigwait(&signals, &signal);
+  while (true) {
+    sigwait(&signals, &signal);
+    if (signal != SIGHUP) break;
+    reloader.Reload("SIGHUP");
+  }
+  reloader.Stop();
   STAGEWISE_LOG(INFO) << "stagewise-coordinator: signal " << signal << ", shutting down";
   if (health) health->SetServing(false);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

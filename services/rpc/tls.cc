@@ -3,6 +3,8 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <grpc/grpc_security_constants.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 #include <netinet/in.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
@@ -257,6 +259,13 @@ void AddTlsFlags(CLI::App* app, TlsConfig* config) {
                 "Without TLS flags and without this, servers only listen on loopback addresses")
       ->envname("STAGEWISE_INSECURE")
       ->group(kGroup);
+  app->add_option("--tls-reload-seconds", config->reload_seconds,
+                  "How often a running process re-reads --tls-cert, --tls-key and --tls-ca and "
+                  "uses rotated files for new connections (0: read them once at start)")
+      ->envname("STAGEWISE_TLS_RELOAD_SECONDS")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str()
+      ->group(kGroup);
 }
 
 namespace {
@@ -334,10 +343,35 @@ absl::StatusOr<TlsMaterial> LoadTlsMaterial(const TlsConfig& config) {
 
 absl::Status ValidateTlsConfig(const TlsConfig& config) { return LoadTlsMaterial(config).status(); }
 
+namespace {
+
+// The three files of an enabled() config, looked at again every
+// reload_seconds by a thread of gRPC's.
+std::shared_ptr<grpc::experimental::CertificateProviderInterface> WatchedFiles(
+    const TlsConfig& config) {
+  return std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      config.key_file, config.cert_file, config.ca_file,
+      static_cast<unsigned int>(config.reload_seconds));
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const TlsConfig& config) {
   STAGEWISE_ASSIGN_OR_RETURN(TlsMaterial material, Load(config, Usage::kServer));
   if (!config.enabled()) return grpc::InsecureServerCredentials();
+  if (config.reload_seconds > 0) {
+    grpc::experimental::TlsServerCredentialsOptions options(WatchedFiles(config));
+    options.watch_root_certs();
+    options.watch_identity_key_cert_pairs();
+    options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    std::shared_ptr<grpc::ServerCredentials> credentials =
+        grpc::experimental::TlsServerCredentials(options);
+    if (credentials == nullptr) {
+      return absl::InternalError("--tls-cert: gRPC rejected the TLS server credentials");
+    }
+    return credentials;
+  }
   grpc::SslServerCredentialsOptions options(
       GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
   options.pem_root_certs = std::move(material.ca_pem);
@@ -354,6 +388,19 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
     const TlsConfig& config) {
   STAGEWISE_ASSIGN_OR_RETURN(TlsMaterial material, Load(config, Usage::kClient));
   if (!config.enabled()) return grpc::InsecureChannelCredentials();
+  if (config.reload_seconds > 0) {
+    grpc::experimental::TlsChannelCredentialsOptions options;
+    options.set_certificate_provider(WatchedFiles(config));
+    options.watch_root_certs();
+    options.watch_identity_key_cert_pairs();
+    options.set_verify_server_certs(true);
+    std::shared_ptr<grpc::ChannelCredentials> credentials =
+        grpc::experimental::TlsCredentials(options);
+    if (credentials == nullptr) {
+      return absl::InternalError("--tls-cert: gRPC rejected the TLS channel credentials");
+    }
+    return credentials;
+  }
   grpc::SslCredentialsOptions options;
   options.pem_root_certs = std::move(material.ca_pem);
   options.pem_private_key = std::move(material.private_key_pem);

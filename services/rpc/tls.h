@@ -49,6 +49,10 @@ struct TlsConfig {
   std::string server_name;  // --tls-server-name: clients only; the name to verify in the
                             // server's certificate instead of the target's host ("" = host).
   bool insecure = false;    // --insecure: explicit plaintext, no TLS at all.
+  // --tls-reload-seconds: how often a running process looks at the three
+  // files again and takes rotated ones into use for new connections (its own
+  // certificate and key, and the CA bundle); 0 = read once at start.
+  int reload_seconds = 60;
 
   // True when TLS is on: not insecure and any of cert/key/ca given.
   bool enabled() const;
@@ -82,15 +86,20 @@ struct TlsMaterial {
 //   FAILED_PRECONDITION "--tls-cert: expired on 2026-01-01 00:00:00 UTC (/x.pem)"
 //                      "--tls-cert: not valid before ... (/x.pem)"
 // A config that is not enabled() yields empty material (the insecure/conflict
-// check still applies). Files are read on every call: certificates rotated on
-// disk are picked up by the next process start.
+// check still applies). Files are read on every call; a running process also
+// re-reads them every reload_seconds (MakeServerCredentials).
 absl::StatusOr<TlsMaterial> LoadTlsMaterial(const TlsConfig& config);
 
 // LoadTlsMaterial(config).status(): for a process to fail at startup.
 absl::Status ValidateTlsConfig(const TlsConfig& config);
 
 // Server credentials: mutual TLS (GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY)
-// when enabled(), grpc::InsecureServerCredentials() otherwise. Errors as
+// when enabled(), grpc::InsecureServerCredentials() otherwise. With
+// reload_seconds > 0 the files are watched (gRPC's FileWatcherCertificateProvider):
+// a rotated certificate, key or CA bundle serves every handshake after the
+// next look, connections already open stay as they are, and a half-written
+// rotation (a key that does not match its certificate yet) keeps the previous
+// pair until it is complete. Errors as
 // LoadTlsMaterial, and INVALID_ARGUMENT "--tls-cert: not usable by a TLS
 // server ..." when the certificate's (extended) key usage forbids serving.
 // Call CheckListenPolicy first: this does not look at the address.
@@ -98,7 +107,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const TlsConfig& config);
 
 // Channel credentials: presents cert/key and verifies the server against the
-// CA when enabled(), grpc::InsecureChannelCredentials() otherwise. Errors as
+// CA when enabled(), grpc::InsecureChannelCredentials() otherwise; files
+// watched as for the server. Errors as
 // MakeServerCredentials ("not usable by a TLS client"). Use with
 // ApplyChannelArgs on the same config.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(

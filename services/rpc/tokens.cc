@@ -78,14 +78,14 @@ std::string_view RoleName(Role role) {
   return "unknown";
 }
 
-absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
+absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path, bool warn_permissions) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": cannot read: ", std::generic_category().message(errno)));
   }
   struct stat info;
-  if (fstat(fd, &info) == 0 && (info.st_mode & 077) != 0) {
+  if (warn_permissions && fstat(fd, &info) == 0 && (info.st_mode & 077) != 0) {
     STAGEWISE_LOG(WARNING) << "tokens file " << path << " is readable by other users; chmod 600 it";
   }
   std::string text;
@@ -106,6 +106,42 @@ absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
   absl::StatusOr<TokenTable> table = Parse(text, path);
   OPENSSL_cleanse(text.data(), text.size());
   return table;
+}
+
+bool TokenTable::SameAs(const TokenTable& other) const {
+  if (entries_.size() != other.entries_.size()) return false;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const Entry& a = entries_[i];
+    const Entry& b = other.entries_[i];
+    if (a.digest != b.digest || a.principal.name != b.principal.name ||
+        a.principal.role != b.principal.role) {
+      return false;
+    }
+  }
+  return true;
+}
+
+TokenFile::TokenFile(std::string path, TokenTable table)
+    : path_(std::move(path)), table_(std::make_shared<const TokenTable>(std::move(table))) {}
+
+absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& path) {
+  absl::StatusOr<TokenTable> table = TokenTable::Load(path);
+  if (!table.ok()) return table.status();
+  return std::unique_ptr<TokenFile>(new TokenFile(path, *std::move(table)));
+}
+
+std::shared_ptr<const TokenTable> TokenFile::table() const {
+  absl::MutexLock lock(&mu_);
+  return table_;
+}
+
+absl::StatusOr<bool> TokenFile::Reload() {
+  absl::StatusOr<TokenTable> loaded = TokenTable::Load(path_, /*warn_permissions=*/false);
+  if (!loaded.ok()) return loaded.status();
+  absl::MutexLock lock(&mu_);
+  if (table_->SameAs(*loaded)) return false;
+  table_ = std::make_shared<const TokenTable>(*std::move(loaded));
+  return true;
 }
 
 absl::StatusOr<TokenTable> TokenTable::Parse(const std::string& text, const std::string& origin) {

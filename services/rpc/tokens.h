@@ -29,6 +29,7 @@
 #include <grpcpp/server_context.h>
 
 #include <array>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -36,6 +37,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace stagewise::rpc {
 
@@ -58,7 +60,7 @@ class TokenTable {
   // Reads and parses a tokens file. INVALID_ARGUMENT "<path>: cannot read: ..."
   // when it cannot be read, or as Parse. Logs a WARNING when the file is
   // readable by group or others.
-  static absl::StatusOr<TokenTable> Load(const std::string& path);
+  static absl::StatusOr<TokenTable> Load(const std::string& path, bool warn_permissions = true);
 
   // Parses tokens-file text; `origin` names it in errors. INVALID_ARGUMENT
   // "<origin>:<line>: ..." for a line without exactly three fields, a secret
@@ -81,6 +83,8 @@ class TokenTable {
 
   bool empty() const { return entries_.empty(); }
   size_t size() const { return entries_.size(); }
+  // The same secrets (by digest), roles and names, in the same order.
+  bool SameAs(const TokenTable& other) const;
 
  private:
   struct Entry {
@@ -88,6 +92,32 @@ class TokenTable {
     Principal principal;
   };
   std::vector<Entry> entries_;
+};
+
+// A tokens file kept current while the coordinator runs: Reload() reads it
+// again and takes the new table into use when it parses, for every call
+// authenticated afterwards (calls in flight keep the table they started
+// with). A file that no longer parses, or cannot be read, leaves the table in
+// force and returns the error, so a half-edited file never locks everyone
+// out. Thread-safe.
+class TokenFile {
+ public:
+  // TokenTable::Load(path), kept.
+  static absl::StatusOr<std::unique_ptr<TokenFile>> Open(const std::string& path);
+
+  // The table in force.
+  std::shared_ptr<const TokenTable> table() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Reads the file again: true when the table changed, false when it holds
+  // the same tokens; errors as TokenTable::Load (the table is kept).
+  absl::StatusOr<bool> Reload() ABSL_LOCKS_EXCLUDED(mu_);
+  const std::string& path() const { return path_; }
+
+ private:
+  TokenFile(std::string path, TokenTable table);
+
+  const std::string path_;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const TokenTable> table_ ABSL_GUARDED_BY(mu_);
 };
 
 // The least role that may call Coordinator method `method` (the bare name,

@@ -98,13 +98,21 @@ ProcessCluster::ProcessCluster(Options options) : options_(std::move(options)) {
 std::vector<std::string> ProcessCluster::TlsFlags(const std::string& identity) const {
   if (!options_.tls) return {"--insecure"};
   const rpc::TlsConfig c = rpc::TlsConfigFor(pki_dir(), identity);
-  return {"--tls-cert", c.cert_file, "--tls-key", c.key_file, "--tls-ca", c.ca_file};
+  std::vector<std::string> flags = {"--tls-cert", c.cert_file, "--tls-key",
+                                    c.key_file,   "--tls-ca",  c.ca_file};
+  if (options_.tls_reload_seconds > 0) {
+    flags.push_back("--tls-reload-seconds");
+    flags.push_back(std::to_string(options_.tls_reload_seconds));
+  }
+  return flags;
 }
 
 rpc::RpcOptions ProcessCluster::RpcOptionsFor(const std::string& identity) const {
   rpc::RpcOptions options;
   if (options_.tls) {
-    absl::Status s = rpc::ApplyTls(rpc::TlsConfigFor(pki_dir(), identity), &options);
+    rpc::TlsConfig config = rpc::TlsConfigFor(pki_dir(), identity);
+    if (options_.tls_reload_seconds > 0) config.reload_seconds = options_.tls_reload_seconds;
+    absl::Status s = rpc::ApplyTls(config, &options);
     if (!s.ok()) ADD_FAILURE() << s;
   }
   return options;

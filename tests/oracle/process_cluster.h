@@ -39,6 +39,9 @@ class ProcessCluster {
     // dir()/tls (CreateLocalPki: identities coordinator, worker, client; and
     // worker-<i> for worker i); false: --insecure.
     bool tls = true;
+    // --tls-reload-seconds of every process and of RpcOptionsFor's channels
+    // (0: the default).
+    int tls_reload_seconds = 0;
     // Contents of a --tokens file for the coordinator ("" = no tokens).
     std::string tokens;
     // The bearer token of client() ("" = none).
@@ -71,6 +74,7 @@ class ProcessCluster {
   int worker_metrics_port(int i) const { return worker_ports_[i].metrics; }
   // The process id of worker i (0 when it is not running).
   pid_t worker_pid(int i) const { return workers_[i] ? workers_[i]->pid() : 0; }
+  pid_t coordinator_pid() const { return coordinator_ ? coordinator_->pid() : 0; }
   // Channel settings of a process with certificate `identity` (coordinator,
   // worker or client; plaintext when TLS is off).
   rpc::RpcOptions RpcOptionsFor(const std::string& identity) const;
