@@ -135,6 +135,7 @@ class JobManager : private JobHost {
   // INVALID_ARGUMENT for a reason over kMaxCancelReasonBytes.
   absl::StatusOr<v1::JobStatus> Cancel(const std::string& job_id, const std::string& reason);
   std::vector<v1::WorkerInfo> ListWorkers() const;
+  std::map<std::string, absl::Time> WorkersLastSeen() const { return registry_.LastSeen(); }
   metrics::CoordinatorMetrics* metrics() const { return metrics_; }
   // The job's committed checkpoints, newest first, read from checkpoint.dir
   // (the coordinator must reach it); NOT_FOUND for an unknown job, an empty

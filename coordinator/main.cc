@@ -15,6 +15,7 @@
 #include "coordinator/coordinator_service.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/store.h"
+#include "coordinator/web_server.h"
 #include "services/common/log.h"
 #include "services/common/log_flags.h"
 #include "services/metrics/flags.h"
@@ -140,6 +141,16 @@ int main(int argc, char** argv) {
                  "Jobs one token may have that have not ended")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  stagewise::coordinator::WebOptions web;
+  app.add_option("--web-listen", web.listen,
+                 "Address of the status pages (jobs, workers, a page per job), e.g. "
+                 "127.0.0.1:8080: HTTPS with --tls-cert when TLS is on, a read token with "
+                 "--tokens (empty: off; env STAGEWISE_WEB_LISTEN)")
+      ->envname("STAGEWISE_WEB_LISTEN");
+  app.add_option("--web-refresh-seconds", web.refresh_seconds,
+                 "How often the status pages reload themselves (0: never)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   std::string health_listen;
   app.add_option("--health-listen", health_listen,
                  "Plaintext grpc.health.v1 address for probes that speak no TLS, e.g. "
@@ -248,6 +259,20 @@ int main(int argc, char** argv) {
     STAGEWISE_LOG(INFO) << "stagewise-coordinator: health check (plaintext) on port "
                         << health->port();
   }
+  std::unique_ptr<stagewise::coordinator::WebServer> web_server;
+  if (!web.listen.empty()) {
+    web.tls = tls;
+    web.tokens = tokens.get();
+    auto started = stagewise::coordinator::WebServer::Start(&manager, web);
+    if (!started.ok()) {
+      STAGEWISE_LOG(ERROR) << "stagewise-coordinator: " << started.status().message();
+      return 1;
+    }
+    web_server = std::move(*started);
+    STAGEWISE_LOG(INFO) << "stagewise-coordinator: status pages on "
+                        << (web_server->https() ? "https" : "http") << "://" << web.listen
+                        << " (port " << web_server->port() << ")";
+  }
   if (!port_file.empty()) {
     if (absl::Status s = stagewise::rpc::WritePortFile(port_file, port, (*metrics)->port());
         !s.ok()) {
@@ -263,6 +288,7 @@ int main(int argc, char** argv) {
     reloader.Reload("SIGHUP");
   }
   reloader.Stop();
+  web_server.reset();
   STAGEWISE_LOG(INFO) << "stagewise-coordinator: signal " << signal << ", shutting down";
   if (health) health->SetServing(false);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -310,4 +310,11 @@ std::vector<v1::WorkerInfo> WorkerRegistry::List() const {
   return out;
 }
 
+std::map<std::string, absl::Time> WorkerRegistry::LastSeen() const {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, absl::Time> out;
+  for (const auto& [id, w] : workers_) out.emplace(id, w.last_seen);
+  return out;
+}
+
 }  // namespace stagewise::coordinator

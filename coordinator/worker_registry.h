@@ -128,6 +128,8 @@ class WorkerRegistry {
   // Every worker, with labels state = registering | idle | busy and, when
   // busy, job and stage.
   std::vector<v1::WorkerInfo> List() const;
+  // When each worker was last heard from (registration, any event).
+  std::map<std::string, absl::Time> LastSeen() const;
 
  private:
   struct Worker {

@@ -118,6 +118,8 @@ struct LocalArgs {
   uint64_t chaos_seed = 0;  // 0 = pick one (printed)
   // Plaintext on loopback instead of mutual TLS with throw-away certificates.
   bool insecure = false;
+  // The coordinator's status pages on this loopback address ("" = off).
+  std::string web;
   // Where to write the job's metric history at the end (for `plot`); "" = nowhere.
   std::string history;
   // Where to write the job's pipeline timeline at the end: Chrome trace JSON

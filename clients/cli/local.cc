@@ -474,11 +474,18 @@ int LocalRun::Run() {
   }
 
   // Coordinator.
+  if (!args_.web.empty() && !rpc::IsLoopbackAddress(args_.web)) {
+    err_ << "error: --web: " << args_.web
+         << " is not a loopback address (local serves on 127.0.0.1 only)\n";
+    return kExitInvalid;
+  }
+  std::vector<std::string> web;
+  if (!args_.web.empty()) web = {"--web-listen", args_.web};
   absl::StatusOr<Proc*> coordinator =
       Start("coordinator",
             with({binaries[0], "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--db",
                   Path("coordinator.db"), "--port-file", Path("coordinator.port")},
-                 with(tls_flags("coordinator"), checkpoint_root)),
+                 with(with(tls_flags("coordinator"), checkpoint_root), web)),
             "coordinator.log", Path("coordinator.port"));
   if (!coordinator.ok()) return Fail(coordinator.status(), nullptr);
   coordinator_ = *coordinator;
@@ -528,6 +535,10 @@ int LocalRun::Run() {
   if (!registered.ok()) return Fail(registered, *coordinator);
   if (!args_.quiet) {
     err_ << "local: coordinator at " << address << ", " << num_workers << " worker(s) registered\n";
+    if (!args_.web.empty()) {
+      err_ << "local: status pages at " << (args_.insecure ? "http" : "https") << "://" << args_.web
+           << "/" << (args_.insecure ? "" : " (a throw-away certificate)") << "\n";
+    }
   }
 
   // The job.

@@ -258,6 +258,10 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   local_cmd->add_option("--chaos-seed", local.chaos_seed,
                         "Seed of the kills' moments and victims (default: a random one, printed)");
+  local_cmd->add_option("--web", local.web,
+                        "Serve the coordinator's status pages (jobs, workers, the job's curves "
+                        "and timeline) on this loopback address, e.g. 127.0.0.1:8080: HTTPS "
+                        "with the throw-away certificate (plain HTTP with --insecure)");
   local_cmd->add_flag("--keep-logs", local.keep_logs,
                       "Keep the processes' logs and database and print where they are");
   local_cmd->add_flag("-q,--quiet", local.quiet, "No progress, only the result");

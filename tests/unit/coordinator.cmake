@@ -10,3 +10,7 @@ stagewise_add_test(NAME coordinator_units_test SOURCES coordinator_units_test.cc
   LIBS stagewise_job_manager LABELS unit)
 stagewise_add_test(NAME collective_store_test SOURCES collective_store_test.cc
   LIBS stagewise_job_manager LABELS unit)
+# The status pages' HTML (docs/status_page.md); the browser test is
+# tests/browser.
+stagewise_add_test(NAME status_page_test SOURCES status_page_test.cc
+  LIBS stagewise_status_page LABELS unit)

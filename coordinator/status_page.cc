@@ -1,0 +1,485 @@
+#include "coordinator/status_page.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+
+namespace stagewise::coordinator::status_page {
+namespace {
+
+constexpr char kStyle[] = R"(
+body{font:14px system-ui,sans-serif;margin:0;color:#222;background:#fafafa}
+nav{background:#263238;color:#fff;padding:8px 16px}nav a{color:#fff;margin-right:16px}
+main{padding:12px 16px}h1{font-size:20px}h2{font-size:16px;margin-top:24px}
+table{border-collapse:collapse;background:#fff}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
+th{background:#eceff1}td.n{text-align:right;font-variant-numeric:tabular-nums}
+.RUNNING{color:#1565c0}.SUCCEEDED{color:#2e7d32}.FAILED{color:#c62828}.CANCELLED{color:#757575}
+.PENDING,.RECOVERING{color:#ef6c00}.err{color:#c62828}.bar{background:#eceff1;width:120px;height:10px}
+.bar span{display:block;height:10px;background:#1565c0}svg{background:#fff;border:1px solid #ddd}
+)";
+
+std::string Head(const std::string& title, const PageOptions& options) {
+  std::string refresh =
+      options.refresh_seconds > 0
+          ? absl::StrCat("<meta http-equiv=\"refresh\" content=\"", options.refresh_seconds, "\">")
+          : "";
+  return absl::StrCat("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">", refresh,
+                      "<title>", Escape(title), " · stagewise</title><style>", kStyle,
+                      "</style></head><body><nav><b>stagewise</b> &nbsp; <a href=\"/\">Jobs</a>"
+                      "<a href=\"/workers\">Workers</a></nav><main>");
+}
+
+constexpr char kTail[] = "</main></body></html>\n";
+
+std::string StateName(v1::JobState state) {
+  std::string name = v1::JobState_Name(state);
+  return name.empty() ? absl::StrCat(static_cast<int>(state)) : name;
+}
+
+std::string Number(double v, int digits = 3) {
+  if (!std::isfinite(v)) return "—";
+  return absl::StrFormat("%.*g", digits, v);
+}
+
+std::string Age(absl::Time then, absl::Time now) {
+  if (then == absl::InfinitePast()) return "never";
+  const double s = absl::ToDoubleSeconds(now - then);
+  if (s < 120) return absl::StrFormat("%.0f s ago", std::max(0.0, s));
+  if (s < 7200) return absl::StrFormat("%.0f min ago", s / 60);
+  return absl::StrFormat("%.1f h ago", s / 3600);
+}
+
+std::string When(int64_t unix_ms) {
+  if (unix_ms <= 0) return "—";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(unix_ms), absl::UTCTimeZone());
+}
+
+std::string JobLink(const std::string& id) {
+  return absl::StrCat("<a href=\"/jobs/", Escape(id), "\">", Escape(id), "</a>");
+}
+
+std::string Throughput(const v1::JobStatus& j) {
+  if (j.samples_per_second() <= 0) return "—";
+  if (j.tokens_per_sample() > 0) {
+    return absl::StrCat(Number(j.samples_per_second() * j.tokens_per_sample(), 4), " tokens/s");
+  }
+  return absl::StrCat(Number(j.samples_per_second(), 4), " samples/s");
+}
+
+std::string Accuracy(const v1::JobStatus& j) {
+  if (j.eval_accuracy() <= 0 && j.eval_loss() <= 0) return "—";
+  if (j.tokens_per_sample() > 0) {
+    return absl::StrCat(Number(j.eval_loss() / std::log(2.0)), " bits/byte");
+  }
+  return absl::StrFormat("%.1f%%", 100 * j.eval_accuracy());
+}
+
+std::string Progress(const v1::JobStatus& j) {
+  const int64_t total = std::max<int64_t>(j.total_steps(), 1);
+  return absl::StrCat("<progress max=\"", total, "\" value=\"", std::min(j.step(), total),
+                      "\"></progress> ", j.step(), " / ", j.total_steps());
+}
+
+const char* KindColour(v1::SpanKind kind) {
+  switch (kind) {
+    case v1::SPAN_FORWARD:
+      return "#4e79a7";
+    case v1::SPAN_BACKWARD:
+      return "#f28e2b";
+    case v1::SPAN_BACKWARD_WEIGHT:
+      return "#e15759";
+    case v1::SPAN_RECOMPUTE:
+      return "#76b7b2";
+    case v1::SPAN_STEP:
+      return "#59a14f";
+    case v1::SPAN_WAIT_PREV:
+    case v1::SPAN_WAIT_NEXT:
+      return "#d9d9d9";
+    case v1::SPAN_SEND:
+      return "#edc948";
+    case v1::SPAN_EVAL:
+      return "#b07aa1";
+    case v1::SPAN_AUX:
+      return "#ff9da7";
+    case v1::SPAN_CHECKPOINT:
+      return "#9c755f";
+    default:
+      return "#bab0ac";
+  }
+}
+
+bool IsWait(v1::SpanKind kind) { return kind == v1::SPAN_WAIT_PREV || kind == v1::SPAN_WAIT_NEXT; }
+
+// The spans of each stage's latest attempt, by stage.
+std::map<int, const v1::StageTrace*> LatestAttempts(const v1::JobTrace& trace) {
+  std::map<int, const v1::StageTrace*> latest;
+  for (const v1::StageTrace& st : trace.stages()) {
+    auto [it, fresh] = latest.emplace(st.stage(), &st);
+    if (!fresh && st.attempt() >= it->second->attempt()) it->second = &st;
+  }
+  return latest;
+}
+
+// [begin, end) of the window: the last `steps` recorded steps (from the
+// first span of the earliest of them to the last span's end), at most
+// `max_us` long.
+std::pair<int64_t, int64_t> Window(const std::map<int, const v1::StageTrace*>& stages, int steps,
+                                   int64_t max_us) {
+  int64_t end = std::numeric_limits<int64_t>::min();
+  int64_t last_step = std::numeric_limits<int64_t>::min();
+  for (const auto& [stage, st] : stages) {
+    for (const v1::Span& s : st->spans()) {
+      end = std::max(end, s.start_us() + s.duration_us());
+      last_step = std::max(last_step, s.step());
+    }
+  }
+  if (end == std::numeric_limits<int64_t>::min()) return {0, 0};
+  int64_t begin = end;
+  for (const auto& [stage, st] : stages) {
+    for (const v1::Span& s : st->spans()) {
+      if (s.step() > last_step - steps) begin = std::min(begin, s.start_us());
+    }
+  }
+  return {std::max(begin, end - max_us), end};
+}
+
+}  // namespace
+
+std::string Escape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+std::string JobsPage(const std::vector<v1::JobStatus>& jobs, const std::string& next_page,
+                     const PageOptions& options) {
+  std::string out = Head("Jobs", options);
+  absl::StrAppend(
+      &out, "<h1>Jobs</h1><table id=\"jobs\"><tr><th>job</th><th>name</th>",
+      "<th>state</th><th>algorithm</th><th>stages</th><th>progress</th>",
+      "<th>throughput</th><th>accuracy</th><th>owner</th><th>submitted (UTC)</th></tr>");
+  for (const v1::JobStatus& j : jobs) {
+    const std::string state = StateName(j.state());
+    absl::StrAppend(&out, "<tr class=\"job\" id=\"job-", Escape(j.job_id()), "\"><td>",
+                    JobLink(j.job_id()), "</td><td>", Escape(j.name()), "</td><td class=\"", state,
+                    "\" title=\"", Escape(j.reason()), "\">", state, "</td><td>",
+                    Escape(j.algorithm()), "</td><td class=\"n\">", j.num_stages(),
+                    j.num_replicas() > 1 ? absl::StrCat(" × ", j.num_replicas()) : "", "</td><td>",
+                    Progress(j), "</td><td class=\"n\">", Throughput(j), "</td><td class=\"n\">",
+                    Accuracy(j), "</td><td>", Escape(j.owner()), "</td><td>",
+                    When(j.created_unix_ms()), "</td></tr>");
+  }
+  absl::StrAppend(&out, "</table>");
+  if (jobs.empty()) absl::StrAppend(&out, "<p>No jobs yet.</p>");
+  if (!next_page.empty()) {
+    absl::StrAppend(&out, "<p><a href=\"/?page=", Escape(next_page), "\">older jobs</a></p>");
+  }
+  return out + kTail;
+}
+
+std::string WorkersPage(const std::vector<WorkerRow>& workers, const PageOptions& options) {
+  std::string out = Head("Workers", options);
+  absl::StrAppend(&out, "<h1>Workers (", workers.size(), ")</h1><table id=\"workers\"><tr>",
+                  "<th>worker</th><th>state</th><th>job</th><th>stage</th><th>device</th>",
+                  "<th>address</th><th>last heartbeat</th><th>pace / plan</th></tr>");
+  for (const WorkerRow& w : workers) {
+    const auto& labels = w.info.labels();
+    auto label = [&](const char* key) {
+      auto it = labels.find(key);
+      return it == labels.end() ? std::string() : it->second;
+    };
+    const std::string job = label("job");
+    std::string stage = label("stage");
+    if (!label("replica").empty()) absl::StrAppend(&stage, " (replica ", label("replica"), ")");
+    absl::StrAppend(&out, "<tr class=\"worker\" id=\"worker-", Escape(w.info.worker_id()),
+                    "\"><td>", Escape(w.info.worker_id()), "</td><td>", Escape(label("state")),
+                    "</td><td>", job.empty() ? "—" : JobLink(job), "</td><td class=\"n\">",
+                    stage.empty() ? "—" : Escape(stage), "</td><td>", Escape(w.info.device()),
+                    "</td><td>", Escape(w.info.address()), "</td><td>",
+                    Age(w.last_seen, options.now), "</td><td class=\"n\">",
+                    w.pace_over_plan > 0 ? absl::StrFormat("%.2fx", w.pace_over_plan) : "—",
+                    "</td></tr>");
+  }
+  absl::StrAppend(&out, "</table>");
+  return out + kTail;
+}
+
+std::string CurveSvg(const std::string& title,
+                     const std::map<std::string, std::vector<std::pair<double, double>>>& series,
+                     const std::string& y_label) {
+  constexpr double kW = 420, kH = 220, kLeft = 56, kRight = 10, kTop = 22, kBottom = 30;
+  double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
+  for (const auto& [name, points] : series) {
+    for (const auto& [x, y] : points) {
+      if (!std::isfinite(y)) continue;
+      x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
+    }
+  }
+  std::string out = absl::StrFormat(
+      "<svg class=\"curve\" data-title=\"%s\" width=\"%.0f\" height=\"%.0f\" "
+      "viewBox=\"0 0 %.0f %.0f\" xmlns=\"http://www.w3.org/2000/svg\"><text x=\"%.0f\" y=\"15\" "
+      "font-size=\"13\">%s</text>",
+      Escape(title), kW, kH, kW, kH, kLeft, Escape(title));
+  if (!std::isfinite(x0)) {
+    absl::StrAppend(&out, "<text x=\"", kLeft, "\" y=\"110\" fill=\"#777\">no samples yet</text>",
+                    "</svg>");
+    return out;
+  }
+  if (x1 <= x0) x1 = x0 + 1;
+  if (y1 <= y0) y1 = y0 + (y0 == 0 ? 1 : std::abs(y0) * 0.1);
+  auto px = [&](double x) { return kLeft + (x - x0) / (x1 - x0) * (kW - kLeft - kRight); };
+  auto py = [&](double y) { return kH - kBottom - (y - y0) / (y1 - y0) * (kH - kTop - kBottom); };
+  absl::StrAppendFormat(&out,
+                        "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" "
+                        "stroke=\"#ccc\"/>",
+                        kLeft, kTop, kW - kLeft - kRight, kH - kTop - kBottom);
+  absl::StrAppendFormat(&out,
+                        "<text x=\"4\" y=\"%.0f\" font-size=\"11\">%s</text><text x=\"4\" "
+                        "y=\"%.0f\" font-size=\"11\">%s</text>",
+                        kTop + 10, Number(y1), kH - kBottom, Number(y0));
+  absl::StrAppendFormat(&out,
+                        "<text x=\"%.0f\" y=\"%.0f\" font-size=\"11\">step %s</text><text "
+                        "x=\"%.0f\" y=\"%.0f\" font-size=\"11\" text-anchor=\"end\">%s</text>",
+                        kLeft, kH - 10, Number(x0, 6), kW - kRight, kH - 10, Number(x1, 6));
+  absl::StrAppendFormat(
+      &out, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"11\" text-anchor=\"end\">%s</text>",
+      kW - kRight, kTop - 8, Escape(y_label));
+  static constexpr const char* kColours[] = {"#1565c0", "#ef6c00", "#2e7d32", "#6a1b9a"};
+  int i = 0;
+  for (const auto& [name, points] : series) {
+    const char* colour = kColours[i % 4];
+    std::vector<std::string> xy;
+    for (const auto& [x, y] : points) {
+      if (std::isfinite(y)) xy.push_back(absl::StrFormat("%.1f,%.1f", px(x), py(y)));
+    }
+    absl::StrAppendFormat(&out,
+                          "<polyline data-series=\"%s\" data-points=\"%d\" fill=\"none\" "
+                          "stroke=\"%s\" stroke-width=\"1.5\" points=\"%s\"/>",
+                          Escape(name), xy.size(), colour, absl::StrJoin(xy, " "));
+    if (xy.size() == 1) {  // one sample: a dot, a line of one point draws nothing
+      const auto& [x, y] = points.front();
+      absl::StrAppendFormat(&out, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>", px(x),
+                            py(y), colour);
+    }
+    absl::StrAppendFormat(&out,
+                          "<text x=\"%.0f\" y=\"%.0f\" font-size=\"11\" fill=\"%s\">%s</text>",
+                          kLeft + 8 + 120 * i, kTop + 14, colour, Escape(name));
+    ++i;
+  }
+  return out + "</svg>";
+}
+
+std::string TimelineSvg(const v1::JobTrace& trace, int steps, int64_t max_us) {
+  const auto stages = LatestAttempts(trace);
+  constexpr double kW = 900, kLeft = 70, kRow = 22;
+  const double height = 30 + kRow * std::max<size_t>(stages.size(), 1);
+  std::string out = absl::StrFormat(
+      "<svg class=\"timeline\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
+      "xmlns=\"http://www.w3.org/2000/svg\">",
+      kW, height, kW, height);
+  const auto [begin, end] = Window(stages, steps, max_us);
+  if (stages.empty() || end <= begin) {
+    return out +
+           "<text x=\"10\" y=\"20\" fill=\"#777\">no spans recorded (the job's trace: "
+           "section turns tracing on)</text></svg>";
+  }
+  const double scale = (kW - kLeft - 10) / static_cast<double>(end - begin);
+  int row = 0;
+  for (const auto& [stage, st] : stages) {
+    const double y = 8 + kRow * row++;
+    absl::StrAppendFormat(&out,
+                          "<g class=\"track\" data-stage=\"%d\"><text x=\"4\" y=\"%.0f\" "
+                          "font-size=\"12\">stage %d</text>",
+                          stage, y + 14, stage);
+    for (const v1::Span& s : st->spans()) {
+      const int64_t a = std::max(s.start_us(), begin);
+      const int64_t b = std::min(s.start_us() + s.duration_us(), end);
+      if (b <= a) continue;
+      absl::StrAppendFormat(&out,
+                            "<rect x=\"%.1f\" y=\"%.0f\" width=\"%.2f\" height=\"18\" fill=\"%s\">"
+                            "<title>%s step %d mb %d: %.2f ms</title></rect>",
+                            kLeft + (a - begin) * scale, y, std::max(0.5, (b - a) * scale),
+                            KindColour(s.kind()), v1::SpanKind_Name(s.kind()), s.step(),
+                            s.micro_batch(), s.duration_us() / 1000.0);
+    }
+    absl::StrAppend(&out, "</g>");
+  }
+  absl::StrAppendFormat(&out,
+                        "<text x=\"%.0f\" y=\"%.0f\" font-size=\"11\">the last %d traced "
+                        "steps: %.1f ms (forward blue, backward orange, weight gradients red, "
+                        "optimizer step green, waits grey)</text></svg>",
+                        kLeft, height - 6, steps, (end - begin) / 1000.0);
+  return out;
+}
+
+std::vector<StageLoad> StageLoads(const v1::JobTrace& trace, int steps, int64_t max_us) {
+  const auto stages = LatestAttempts(trace);
+  const auto [begin, end] = Window(stages, steps, max_us);
+  std::vector<StageLoad> out;
+  if (end <= begin) return out;
+  for (const auto& [stage, st] : stages) {
+    StageLoad load;
+    load.stage = stage;
+    for (const v1::Span& s : st->spans()) {
+      const int64_t a = std::max(s.start_us(), begin);
+      const int64_t b = std::min(s.start_us() + s.duration_us(), end);
+      if (b <= a) continue;
+      (IsWait(s.kind()) ? load.wait : load.busy) += static_cast<double>(b - a);
+    }
+    load.busy = std::min(1.0, load.busy / static_cast<double>(end - begin));
+    load.wait = std::min(1.0, load.wait / static_cast<double>(end - begin));
+    out.push_back(load);
+  }
+  return out;
+}
+
+std::string JobPage(const JobPageData& d, const PageOptions& options) {
+  const v1::JobStatus& j = d.job;
+  const std::string state = StateName(j.state());
+  std::string out = Head(absl::StrCat("Job ", j.job_id()), options);
+  absl::StrAppend(&out, "<h1>Job ", Escape(j.job_id()), " · ", Escape(j.name()), "</h1>",
+                  "<table id=\"summary\"><tr><th>state</th><td class=\"", state, "\">", state,
+                  j.reason().empty() ? "" : absl::StrCat(": ", Escape(j.reason())), "</td></tr>",
+                  "<tr><th>algorithm</th><td>", Escape(j.algorithm()), "</td></tr>",
+                  "<tr><th>stages</th><td>", j.num_stages(),
+                  j.num_replicas() > 1 ? absl::StrCat(" × ", j.num_replicas(), " replicas") : "",
+                  "</td></tr><tr><th>progress</th><td>", Progress(j), "</td></tr>",
+                  "<tr><th>throughput</th><td>", Throughput(j), "</td></tr>",
+                  "<tr><th>accuracy</th><td>", Accuracy(j), "</td></tr>",
+                  "<tr><th>train loss</th><td>", Number(j.train_loss()), "</td></tr>",
+                  "<tr><th>attempt</th><td>", j.attempt(), "</td></tr>", "<tr><th>owner</th><td>",
+                  Escape(j.owner()), "</td></tr></table>");
+
+  absl::StrAppend(&out, "<h2>Curves</h2>");
+  if (!d.metrics_error.empty()) {
+    absl::StrAppend(&out, "<p class=\"err\">", Escape(d.metrics_error), "</p>");
+  } else {
+    std::map<std::string, std::vector<std::pair<double, double>>> by_name;
+    for (const v1::MetricSample& s : d.metrics.samples()) {
+      by_name[s.name()].emplace_back(static_cast<double>(s.step()), s.value());
+    }
+    auto pick = [&](std::initializer_list<const char*> names) {
+      std::map<std::string, std::vector<std::pair<double, double>>> out;
+      for (const char* n : names) {
+        if (auto it = by_name.find(n); it != by_name.end()) out[n] = it->second;
+      }
+      return out;
+    };
+    absl::StrAppend(&out, "<div id=\"curves\">",
+                    CurveSvg("loss", pick({"train_loss", "eval_loss"}), "nats"), " ",
+                    CurveSvg("accuracy", pick({"eval_accuracy"}), "fraction"), " ",
+                    CurveSvg("throughput", pick({"samples_per_second"}), "samples/s"), "</div>");
+  }
+
+  constexpr int kWindowSteps = 3;
+  constexpr int64_t kMaxWindowUs = 60'000'000;
+  absl::StrAppend(&out, "<h2>Timeline</h2>");
+  if (!d.trace_error.empty()) {
+    absl::StrAppend(&out, "<p class=\"err\">", Escape(d.trace_error), "</p>");
+  } else {
+    absl::StrAppend(&out, TimelineSvg(d.trace, kWindowSteps, kMaxWindowUs));
+    const std::vector<StageLoad> loads = StageLoads(d.trace, kWindowSteps, kMaxWindowUs);
+    if (!loads.empty()) {
+      absl::StrAppend(&out, "<h2>Busy and idle per stage</h2><table id=\"load\"><tr>",
+                      "<th>stage</th><th>busy</th><th></th><th>waiting</th></tr>");
+      for (const StageLoad& l : loads) {
+        absl::StrAppendFormat(&out,
+                              "<tr><td class=\"n\">%d</td><td class=\"n\">%.0f%%</td><td><div "
+                              "class=\"bar\"><span style=\"width:%.0f%%\"></span></div></td>"
+                              "<td class=\"n\">%.0f%%</td></tr>",
+                              l.stage, 100 * l.busy, 100 * l.busy, 100 * l.wait);
+      }
+      absl::StrAppend(&out, "</table>");
+    }
+  }
+
+  absl::StrAppend(&out, "<h2>Events</h2>");
+  if (!d.events_error.empty()) {
+    absl::StrAppend(&out, "<p class=\"err\">", Escape(d.events_error), "</p>");
+  } else {
+    constexpr int kMaxEvents = 100;
+    const int n = d.events.events_size();
+    if (n > kMaxEvents) {
+      absl::StrAppend(&out, "<p>The last ", kMaxEvents, " of ", n,
+                      " events (<code>stagewise events ", Escape(j.job_id()),
+                      "</code> lists them all).</p>");
+    }
+    absl::StrAppend(&out, "<table id=\"events\"><tr><th>time (UTC)</th><th>from</th><th>to</th>",
+                    "<th>reason</th></tr>");
+    for (int i = std::max(0, n - kMaxEvents); i < n; ++i) {
+      const v1::JobLogEvent& e = d.events.events(i);
+      absl::StrAppend(&out, "<tr><td>", When(e.unix_ms()), "</td><td>",
+                      e.from_state() == v1::JOB_STATE_UNSPECIFIED ? "" : StateName(e.from_state()),
+                      "</td><td>", StateName(e.to_state()), "</td><td>", Escape(e.reason()),
+                      "</td></tr>");
+    }
+    absl::StrAppend(&out, "</table>");
+  }
+
+  absl::StrAppend(&out, "<h2>Checkpoints</h2>");
+  if (!d.checkpoints_error.empty()) {
+    absl::StrAppend(&out, "<p class=\"err\">", Escape(d.checkpoints_error), "</p>");
+  } else if (d.checkpoints.checkpoints().empty()) {
+    absl::StrAppend(&out, "<p>None", d.checkpoints.dir().empty() ? " (no checkpoint.dir)" : "",
+                    ".</p>");
+  } else {
+    absl::StrAppend(&out, "<p>In ", Escape(d.checkpoints.dir()), "</p>",
+                    "<table id=\"checkpoints\"><tr><th>step</th><th>written (UTC)</th>",
+                    "<th>shards</th><th>bytes</th></tr>");
+    for (const v1::CheckpointInfo& c : d.checkpoints.checkpoints()) {
+      absl::StrAppend(&out, "<tr><td class=\"n\">", c.step(), "</td><td>",
+                      When(c.created_unix_ms()), "</td><td class=\"n\">", c.num_shards(),
+                      "</td><td class=\"n\">", c.bytes(), "</td></tr>");
+    }
+    absl::StrAppend(&out, "</table>");
+  }
+  return out + kTail;
+}
+
+std::string ErrorPage(int http_status, const std::string& message) {
+  PageOptions options;
+  options.refresh_seconds = 0;
+  return absl::StrCat(Head("Error", options), "<h1>", http_status, "</h1><p class=\"err\">",
+                      Escape(message), "</p>", kTail);
+}
+
+std::string LoginPage(const std::string& message) {
+  PageOptions options;
+  options.refresh_seconds = 0;
+  return absl::StrCat(
+      Head("Sign in", options), "<h1>Sign in</h1>",
+      message.empty() ? "" : absl::StrCat("<p class=\"err\">", Escape(message), "</p>"),
+      "<p>This coordinator asks for a token (a read token is enough).</p>",
+      "<form method=\"post\" action=\"/login\"><input type=\"password\" name=\"token\" "
+      "size=\"70\" autofocus> <button type=\"submit\">Sign in</button></form>",
+      kTail);
+}
+
+}  // namespace stagewise::coordinator::status_page

@@ -1,0 +1,306 @@
+#include "coordinator/web_server.h"
+
+#include <httplib.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "coordinator/status_page.h"
+#include "services/common/log.h"
+
+namespace stagewise::coordinator {
+namespace {
+
+constexpr char kCookie[] = "stagewise_token";
+constexpr size_t kMaxBody = 4096;  // the sign-in form is the only body
+
+// Every page: nothing cached, nothing embedded elsewhere, no script allowed
+// (the pages have none).
+void SecurityHeaders(httplib::Response& res) {
+  res.set_header("Cache-Control", "no-store");
+  res.set_header("X-Content-Type-Options", "nosniff");
+  res.set_header("X-Frame-Options", "DENY");
+  res.set_header("Referrer-Policy", "no-referrer");
+  res.set_header("Content-Security-Policy",
+                 "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+                 "frame-ancestors 'none'");
+}
+
+void Html(httplib::Response& res, int status, const std::string& html) {
+  res.status = status;
+  res.set_content(html, "text/html; charset=utf-8");
+}
+
+int HttpStatusOf(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kInvalidArgument:
+      return 400;
+    default:
+      return 500;
+  }
+}
+
+int Hex(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// application/x-www-form-urlencoded (and cookie values we encoded that way).
+std::string FormDecode(absl::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '+') {
+      out += ' ';
+    } else if (s[i] == '%' && i + 2 < s.size() && Hex(s[i + 1]) >= 0 && Hex(s[i + 2]) >= 0) {
+      out += static_cast<char>(Hex(s[i + 1]) * 16 + Hex(s[i + 2]));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+std::string FormEncode(absl::string_view s) {
+  static constexpr char kDigits[] = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kDigits[c >> 4];
+      out += kDigits[c & 15];
+    }
+  }
+  return out;
+}
+
+// The value of `name` in "a=1&name=2" (decoded), or "".
+std::string FormValue(absl::string_view body, absl::string_view name) {
+  for (absl::string_view pair : absl::StrSplit(body, '&')) {
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(pair, absl::MaxSplits('=', 1));
+    if (kv.first == name) return FormDecode(kv.second);
+  }
+  return "";
+}
+
+// The value of cookie `name` in a Cookie header, or "".
+std::string CookieValue(absl::string_view header, absl::string_view name) {
+  for (absl::string_view part : absl::StrSplit(header, ';')) {
+    part = absl::StripAsciiWhitespace(part);
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(part, absl::MaxSplits('=', 1));
+    if (kv.first == name) return FormDecode(kv.second);
+  }
+  return "";
+}
+
+// "host:port", "[v6]:port" -> host, port.
+absl::Status SplitListen(const std::string& listen, std::string* host, int* port) {
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), port) ||
+      *port < 0 || *port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--web-listen: '", listen, "' is not host:port (e.g. 127.0.0.1:8080)"));
+  }
+  *host = listen.substr(0, colon);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  if (host->empty()) *host = "0.0.0.0";
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WebServer>> WebServer::Start(const JobManager* manager,
+                                                            WebOptions options) {
+  if (absl::Status s = rpc::CheckListenPolicy(options.listen, options.tls); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("--web-listen: ", s.message()));
+  }
+  std::string host;
+  int port = 0;
+  if (absl::Status s = SplitListen(options.listen, &host, &port); !s.ok()) return s;
+  std::unique_ptr<WebServer> web(new WebServer(manager, std::move(options)));
+  const WebOptions& o = web->options_;
+  if (o.tls.enabled()) {
+    if (absl::Status s = rpc::ValidateTlsConfig(o.tls); !s.ok()) return s;
+    const rpc::TlsConfig tls = o.tls;
+    web->server_ = std::make_unique<httplib::SSLServer>([tls](SSL_CTX& ctx) {
+      const bool ok =
+          SSL_CTX_use_certificate_chain_file(&ctx, tls.cert_file.c_str()) == 1 &&
+          SSL_CTX_use_PrivateKey_file(&ctx, tls.key_file.c_str(), SSL_FILETYPE_PEM) == 1 &&
+          SSL_CTX_check_private_key(&ctx) == 1 &&
+          SSL_CTX_set_min_proto_version(&ctx, TLS1_2_VERSION) == 1;
+      ERR_clear_error();
+      return ok;
+    });
+  } else {
+    web->server_ = std::make_unique<httplib::Server>();
+  }
+  if (!web->server_->is_valid()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls-cert: the status page cannot serve HTTPS with ", o.tls.cert_file,
+                     " and ", o.tls.key_file));
+  }
+  const int threads = std::max(1, o.threads);
+  web->server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  web->server_->set_payload_max_length(kMaxBody);
+  web->server_->set_read_timeout(10, 0);
+  web->server_->set_write_timeout(10, 0);
+  WebServer* self = web.get();
+  auto handler = [self](const httplib::Request& req, httplib::Response& res) {
+    self->Serve(req, res);
+  };
+  web->server_->Get(".*", handler);
+  web->server_->Post(".*", handler);
+  web->port_ = port == 0 ? web->server_->bind_to_any_port(host)
+                         : (web->server_->bind_to_port(host, port) ? port : -1);
+  if (web->port_ <= 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--web-listen: cannot listen on ", o.listen, " (in use?)"));
+  }
+  httplib::Server* server = web->server_.get();
+  web->thread_ = std::thread([server] { server->listen_after_bind(); });
+  return web;
+}
+
+WebServer::WebServer(const JobManager* manager, WebOptions options)
+    : manager_(manager), options_(std::move(options)) {}
+
+WebServer::~WebServer() {
+  if (server_) server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+void WebServer::Serve(const httplib::Request& req, httplib::Response& res) const {
+  SecurityHeaders(res);
+  const std::string& path = req.path;
+  const bool https = options_.tls.enabled();
+  std::shared_ptr<const rpc::TokenTable> tokens;
+  if (options_.tokens != nullptr) tokens = options_.tokens->table();
+
+  if (path == "/login") {
+    if (tokens == nullptr) {
+      res.set_redirect("/", 303);
+      return;
+    }
+    if (req.method != "POST") return Html(res, 200, status_page::LoginPage(""));
+    const std::string secret = FormValue(req.body, "token");
+    if (!tokens->Authenticate("Bearer " + secret).ok()) {
+      return Html(res, 401, status_page::LoginPage("unknown token"));
+    }
+    res.set_header("Set-Cookie",
+                   absl::StrCat(kCookie, "=", FormEncode(secret),
+                                "; Path=/; HttpOnly; SameSite=Strict", https ? "; Secure" : ""));
+    res.set_redirect("/", 303);
+    return;
+  }
+  if (req.method != "GET" && req.method != "HEAD") {
+    res.set_header("Allow", "GET");
+    return Html(res, 405, status_page::ErrorPage(405, "these pages only read"));
+  }
+
+  if (tokens != nullptr) {
+    std::string header = req.get_header_value("Authorization");
+    if (header.empty()) {
+      const std::string secret = CookieValue(req.get_header_value("Cookie"), kCookie);
+      if (!secret.empty()) header = "Bearer " + secret;
+    }
+    if (!tokens->Authenticate(header).ok()) {
+      return Html(res, 401, status_page::LoginPage(header.empty() ? "" : "unknown token"));
+    }
+  }
+
+  status_page::PageOptions page;
+  page.refresh_seconds = options_.refresh_seconds;
+  page.now = absl::Now();
+  if (path == "/") {
+    auto jobs = manager_->ListJobsPage(100, req.get_param_value("page"), size_t{8} << 20);
+    if (!jobs.ok()) {
+      const int status = HttpStatusOf(jobs.status());
+      return Html(res, status,
+                  status_page::ErrorPage(status, std::string(jobs.status().message())));
+    }
+    return Html(res, 200, status_page::JobsPage(jobs->jobs, jobs->next_page_token, page));
+  }
+  if (path == "/workers") {
+    std::vector<status_page::WorkerRow> rows;
+    const std::map<std::string, absl::Time> seen = manager_->WorkersLastSeen();
+    std::map<std::string, v1::JobStatus> jobs;  // of busy workers, for their stage's pace
+    for (v1::WorkerInfo& info : manager_->ListWorkers()) {
+      status_page::WorkerRow row;
+      if (auto it = seen.find(info.worker_id()); it != seen.end()) row.last_seen = it->second;
+      const auto& labels = info.labels();
+      auto job = labels.find("job");
+      auto stage = labels.find("stage");
+      if (job != labels.end() && stage != labels.end()) {
+        auto it = jobs.find(job->second);
+        if (it == jobs.end()) {
+          auto status = manager_->GetJob(job->second);
+          it = jobs.emplace(job->second, status.ok() ? *status : v1::JobStatus()).first;
+        }
+        const auto& summary = it->second.summary();
+        auto pace = summary.find(absl::StrCat("stage", stage->second, ".pace_over_plan"));
+        if (pace != summary.end()) row.pace_over_plan = pace->second;
+      }
+      row.info = std::move(info);
+      rows.push_back(std::move(row));
+    }
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return a.info.worker_id() < b.info.worker_id(); });
+    return Html(res, 200, status_page::WorkersPage(rows, page));
+  }
+  if (absl::StartsWith(path, "/jobs/")) {
+    const std::string id = path.substr(6);
+    auto job = manager_->GetJob(id);
+    if (!job.ok()) {
+      const int status = HttpStatusOf(job.status());
+      return Html(res, status, status_page::ErrorPage(status, std::string(job.status().message())));
+    }
+    status_page::JobPageData data;
+    data.job = *job;
+    auto error = [](const absl::Status& s) { return std::string(s.message()); };
+    if (auto m = manager_->JobMetrics(id, {}, 400); m.ok()) {
+      data.metrics = *std::move(m);
+    } else {
+      data.metrics_error = error(m.status());
+    }
+    if (auto t = manager_->JobTrace(id); t.ok()) {
+      data.trace = *std::move(t);
+    } else {
+      data.trace_error = error(t.status());
+    }
+    if (auto e = manager_->JobEvents(id); e.ok()) {
+      data.events = *std::move(e);
+    } else {
+      data.events_error = error(e.status());
+    }
+    if (auto c = manager_->ListCheckpoints(id); c.ok()) {
+      data.checkpoints = *std::move(c);
+    } else {
+      data.checkpoints_error = error(c.status());
+    }
+    return Html(res, 200, status_page::JobPage(data, page));
+  }
+  Html(res, 404, status_page::ErrorPage(404, absl::StrCat("no page ", path)));
+}
+
+}  // namespace stagewise::coordinator

@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""ctest -L browser: the coordinator's status pages in a real browser.
+
+  status_page_test.py SOURCE_DIR BINARY_DIR [SCREENSHOT_DIR]
+
+1. `stagewise local` trains a 2-stage MLP on Fashion-MNIST (evaluation
+   every 25 steps, a trace, checkpoints) with `--web` (HTTPS, throw-away
+   certificate).
+2. Once the job has evaluated a few times, headless Chromium (Debian's
+   `chromium`) loads the jobs, workers and job pages; the DOM it built must
+   show the job's row, both workers, curves with points (train loss and
+   accuracy), one timeline track per stage, the busy/idle table, the events
+   and the checkpoints. Screenshots of the three pages go to SCREENSHOT_DIR
+   (default: a temporary directory; docs/images holds the committed ones,
+   `STAGEWISE_UPDATE_SCREENSHOTS=1` writes there).
+3. A coordinator with --tokens: no token is 401 with the sign-in form, a
+   read token (header or sign-in cookie) opens the pages, a wrong one does not.
+Stops everything (SIGINT to `stagewise local`, as Ctrl-C). Exit 77: no chromium.
+"""
+import html.parser
+import os
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+SOURCE, BINARY = sys.argv[1], sys.argv[2]
+BIN = os.path.join(BINARY, "bin")
+JOB = """name: fmnist-status-page
+seed: 1
+model: {name: mlp, hidden: [128, 64]}
+data: {dataset: fashion_mnist, limit_test: 1000}
+optimizer: {name: sgd, lr: 0.02, momentum: 0.9}
+batch_size: 64
+stages: 2
+steps: 100000
+eval: {every_steps: 25}
+trace: {steps: [0, 40]}
+checkpoint: {dir: CKPT, every_steps: 100, keep: 2}
+"""
+
+
+# Evaluations before the pages are checked (STAGEWISE_SCREENSHOT_EVALS: more
+# for the committed screenshots' curves).
+MIN_EVALS = int(os.environ.get("STAGEWISE_SCREENSHOT_EVALS", "4"))
+
+
+def chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+INSECURE = ssl.create_default_context()
+INSECURE.check_hostname = False
+INSECURE.verify_mode = ssl.CERT_NONE
+
+
+def fetch(url, headers=None, data=None):
+    """(status, body, headers) without following redirects."""
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=INSECURE), NoRedirect)
+    req = urllib.request.Request(url, headers=headers or {}, data=data)
+    try:
+        with opener.open(req, timeout=10) as r:
+            return r.status, r.read().decode(), r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), e.headers
+
+
+class Dom(html.parser.HTMLParser):
+    """The elements of a page: (tag, attrs) in document order, plus the
+    element stack so that tracks can be counted inside the timeline."""
+
+    def __init__(self, text):
+        super().__init__()
+        self.elements = []
+        self.stack = []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.elements.append((tag, a, [t for t, _ in self.stack]))
+        if tag not in ("meta", "rect", "circle", "polyline", "input", "br", "path", "line"):
+            self.stack.append((tag, a))
+
+    def handle_endtag(self, tag):
+        for i in range(len(self.stack) - 1, -1, -1):
+            if self.stack[i][0] == tag:
+                del self.stack[i:]
+                break
+
+    def find(self, tag, **attrs):
+        return [a for t, a, _ in self.elements
+                if t == tag and all(a.get(k.replace("_", "-")) == v for k, v in attrs.items())]
+
+
+def browser_dom(browser, url, profile):
+    out = subprocess.run(
+        [browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--ignore-certificate-errors",
+         f"--user-data-dir={profile}", "--virtual-time-budget=3000", "--dump-dom", url],
+        capture_output=True, text=True, timeout=120)
+    if out.returncode != 0 or "<html" not in out.stdout:
+        raise AssertionError(f"chromium --dump-dom {url}: rc {out.returncode}\n{out.stderr[-2000:]}")
+    return out.stdout
+
+
+def screenshot(browser, url, path, profile, height=1000):
+    out = subprocess.run(
+        [browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--ignore-certificate-errors",
+         f"--user-data-dir={profile}", "--hide-scrollbars", f"--window-size=1280,{height}",
+         f"--screenshot={path}", url],
+        capture_output=True, text=True, timeout=120)
+    if out.returncode != 0 or not os.path.exists(path) or os.path.getsize(path) < 5000:
+        raise AssertionError(f"chromium --screenshot {url}: rc {out.returncode}\n{out.stderr[-2000:]}")
+
+
+def check(cond, message, failures):
+    print(("ok   " if cond else "FAIL ") + message)
+    if not cond:
+        failures.append(message)
+
+
+def tokens_part(tmp, failures):
+    """A coordinator with --tokens: the pages need a read token."""
+    secret = "reader-0123456789abcdef"
+    tokens = os.path.join(tmp, "tokens")
+    with open(tokens, "w") as f:
+        f.write(f"{secret} read viewer\n")
+    os.chmod(tokens, 0o600)
+    port = free_port()
+    log = open(os.path.join(tmp, "tokens-coordinator.log"), "w")
+    proc = subprocess.Popen(
+        [os.path.join(BIN, "stagewise-coordinator"), "--listen", "127.0.0.1:0", "--metrics-listen", "",
+         "--db", os.path.join(tmp, "tokens.db"), "--tokens", tokens, "--web-listen", f"127.0.0.1:{port}"],
+        stdout=log, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                fetch(base + "/login")
+                break
+            except OSError:
+                time.sleep(0.1)
+        status, body, _ = fetch(base + "/")
+        check(status == 401 and 'name="token"' in body, "no token: 401 and the sign-in form", failures)
+        status, _, _ = fetch(base + "/workers", {"Authorization": "Bearer " + secret})
+        check(status == 200, "a read token in the Authorization header opens /workers", failures)
+        status, _, _ = fetch(base + "/", {"Authorization": "Bearer wrong-0123456789abcdef"})
+        check(status == 401, "an unknown token is 401", failures)
+        status, _, headers = fetch(base + "/login", data=urllib.parse.urlencode({"token": secret}).encode())
+        cookie = (headers.get("Set-Cookie") or "").split(";")[0]
+        check(status == 303 and cookie.startswith("stagewise_token=") and
+              "HttpOnly" in (headers.get("Set-Cookie") or ""),
+              "signing in sets an HttpOnly cookie and redirects", failures)
+        status, _, _ = fetch(base + "/", {"Cookie": cookie})
+        check(status == 200, "the cookie opens the jobs page", failures)
+        status, _, _ = fetch(base + "/login", data=b"token=wrong-0123456789abcdef")
+        check(status == 401, "signing in with an unknown token is refused", failures)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def main():
+    browser = chromium()
+    if browser is None:
+        print("skipped: no chromium (apt-get install chromium)")
+        return 77
+    failures = []
+    tmp = tempfile.mkdtemp(prefix="stagewise-browser-")
+    shots = (os.path.join(SOURCE, "docs", "images") if os.environ.get("STAGEWISE_UPDATE_SCREENSHOTS")
+             else (sys.argv[3] if len(sys.argv) > 3 else os.path.join(tmp, "screenshots")))
+    os.makedirs(shots, exist_ok=True)
+    local = None
+    try:
+        tokens_part(tmp, failures)
+
+        job = os.path.join(tmp, "job.yaml")
+        with open(job, "w") as f:
+            f.write(JOB.replace("CKPT", os.path.join(tmp, "ckpt")))
+        port = free_port()
+        log = open(os.path.join(tmp, "local.log"), "w")
+        local = subprocess.Popen([os.path.join(BIN, "stagewise"), "local", job, "--web", f"127.0.0.1:{port}"],
+                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        base = f"https://127.0.0.1:{port}"
+        # Wait for the job to have evaluated a few times and checkpointed.
+        job_id, deadline = None, time.time() + 240
+        while time.time() < deadline:
+            if local.poll() is not None:
+                raise AssertionError("stagewise local ended:\n" + open(log.name).read()[-3000:])
+            try:
+                status, body, _ = fetch(base + "/")
+            except OSError:
+                time.sleep(0.5)
+                continue
+            m = re.search(r'id="job-([^"]+)"', body)
+            if m:
+                job_id = m.group(1)
+                _, page, _ = fetch(f"{base}/jobs/{job_id}")
+                acc = re.search(r'data-series="eval_accuracy" data-points="(\d+)"', page)
+                if acc and int(acc.group(1)) >= MIN_EVALS and 'id="checkpoints"' in page:
+                    break
+            time.sleep(1)
+        check(job_id is not None, "the job appears on the jobs page", failures)
+        if job_id is None:
+            return 1
+        profile = os.path.join(tmp, "chromium-profile")
+
+        jobs = Dom(browser_dom(browser, base + "/", profile))
+        check(bool(jobs.find("tr", id=f"job-{job_id}")), "jobs page (browser DOM): the job's row", failures)
+        check(any(a.get("value") for a in jobs.find("progress")), "jobs page: a progress bar", failures)
+
+        workers = Dom(browser_dom(browser, base + "/workers", profile))
+        rows = [a for a in workers.find("tr") if a.get("class") == "worker"]
+        check(len(rows) == 2, f"workers page: 2 worker rows (got {len(rows)})", failures)
+
+        page = Dom(browser_dom(browser, f"{base}/jobs/{job_id}", profile))
+        series = {a.get("data-series"): int(a.get("data-points", "0")) for a in page.find("polyline")}
+        check(series.get("train_loss", 0) >= 2, f"job page: the train loss curve has points ({series})", failures)
+        check(series.get("eval_accuracy", 0) >= 4,
+              "job page: the accuracy curve has a point per evaluation", failures)
+        polylines = page.find("polyline", data_series="train_loss")
+        check(bool(polylines) and len(polylines[0].get("points", "").split()) >= 2,
+              "job page: the loss polyline's points are drawn", failures)
+        tracks = [a for t, a, parents in page.elements
+                  if t == "g" and a.get("class") == "track" and "svg" in parents]
+        check(len(tracks) == 2 and {a.get("data-stage") for a in tracks} == {"0", "1"},
+              f"job page: one timeline track per stage (got {len(tracks)})", failures)
+        rects = [a for t, a, parents in page.elements if t == "rect" and "g" in parents]
+        check(len(rects) >= 4, f"job page: the tracks hold spans ({len(rects)})", failures)
+        check(bool(page.find("table", id="load")), "job page: busy/idle per stage", failures)
+        check(bool(page.find("table", id="events")), "job page: the event log", failures)
+        check(bool(page.find("table", id="checkpoints")), "job page: the checkpoints", failures)
+
+        screenshot(browser, base + "/", os.path.join(shots, "status-jobs.png"), profile, 420)
+        screenshot(browser, base + "/workers", os.path.join(shots, "status-workers.png"), profile, 320)
+        screenshot(browser, f"{base}/jobs/{job_id}", os.path.join(shots, "status-job.png"), profile, 1400)
+        check(True, f"screenshots in {shots}", failures)
+    finally:
+        if local is not None and local.poll() is None:
+            os.killpg(local.pid, signal.SIGINT)
+            try:
+                local.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(local.pid, signal.SIGKILL)
+                local.wait()
+        if failures and os.path.exists(os.path.join(tmp, "local.log")):
+            print(open(os.path.join(tmp, "local.log")).read()[-3000:])
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("PASS" if not failures else f"FAILED: {len(failures)} check(s)")
+    return 0 if not failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
