@@ -3,11 +3,12 @@
 
   check_k8s.py SOURCE_DIR BINARY_DIR
 
-1. `kubectl kustomize` renders the base, both overlays and the three
-   examples, offline.
-2. Every rendered object, the Secrets deploy/k8s/make-secrets writes and the
-   ServiceMonitor of deploy/prometheus validate against the Kubernetes API
-   schema (kubernetes-models, tests/deploy/k8s/validate.js).
+1. `kubectl kustomize` renders the base, the cpu, gpu and monitoring
+   overlays and the examples, offline.
+2. Every rendered object (the monitoring overlay's ServiceMonitor and
+   PrometheusRule included) and the Secrets deploy/k8s/make-secrets writes
+   validate against the Kubernetes API schema (kubernetes-models and its
+   Prometheus Operator models, tests/deploy/k8s/validate.js).
 3. Structural checks against the real binaries (BINARY_DIR/bin): every flag
    and STAGEWISE_* variable a container is given appears in that binary's
    --help; probes point at the --health-listen port; container and Service
@@ -24,11 +25,18 @@
    replicated example sizes the worker StatefulSet stages.count x
    stages.replicas of the job it submits; the workers' NetworkPolicy lets
    workers (and only them) reach the gRPC port and gloo's ephemeral ports,
-   and leaves metrics and health open.
+   and leaves metrics and health open. The monitoring overlay
+   (monitoring_checks.py): the ServiceMonitor has the `release` label,
+   honours no labels and maps exported_job to job_id (prometheus.yml too);
+   the PrometheusRule holds the rules file's groups, StagewiseCoordinatorDown
+   and a runbook_url into a section of deploy/README.md on every alert; every
+   dashboard is a ConfigMap with the sidecar label holding the very file.
 4. The checks can fail: known breakages of the rendered cpu overlay (a probe
    on the wrong port, an unknown flag, another advertised name, a missing
-   Secret mount, a wrong image, a Service port without a container port)
-   must each be reported.
+   Secret mount, a wrong image, a Service port without a container port) and
+   of the monitoring overlay (no `release` label, labels honoured, no
+   job_id relabelling, an alert without runbook, a dashboard without the
+   sidecar label or unlike its file) must each be reported.
 
 Exit 77 (skipped) without kubectl, node or the validator's node_modules
 (scripts/setup installs them).
@@ -44,13 +52,16 @@ import tempfile
 
 import yaml
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import monitoring_checks  # noqa: E402
+
 SRC = os.path.abspath(sys.argv[1])
 BIN = os.path.join(os.path.abspath(sys.argv[2]), "bin")
 K8S = os.path.join(SRC, "deploy", "k8s")
 VALIDATOR_DIR = os.path.join(SRC, "tests", "deploy", "k8s")
 BINARIES = ("stagewise", "stagewise-coordinator", "stagewise-worker")
-TARGETS = ("base", "overlays/cpu", "overlays/gpu", "examples/submit",
-           "examples/replicated")
+TARGETS = ("base", "overlays/cpu", "overlays/gpu", "overlays/monitoring",
+           "examples/submit", "examples/replicated")
 # Where gloo's connections between replicas land: Linux's default
 # net.ipv4.ip_local_port_range (gloo binds port 0).
 EPHEMERAL = (32768, 60999)
@@ -75,11 +86,14 @@ def kubectl_minor():
 def legacy_copy(tmp):
     """kubectl <= 1.20 embeds kustomize 2.0.3, which takes directories in
     `bases` and strategic-merge patches in `patchesStrategicMerge`. The
-    manifests use today's spelling (`resources`, `patches: - path:`); for an
-    old kubectl, render a copy with the old spelling."""
-    dst = os.path.join(tmp, "k8s")
-    shutil.copytree(K8S, dst)
-    for root, _, files in os.walk(dst):
+    manifests use today's spelling (`resources`, `patches: - path:`,
+    `replicas:`); for an
+    old kubectl, render a copy with the old spelling. The copy is of deploy/
+    (the monitoring overlay builds on deploy/prometheus and deploy/grafana)."""
+    deploy = os.path.join(tmp, "deploy")
+    shutil.copytree(os.path.dirname(K8S), deploy)
+    dst = os.path.join(deploy, "k8s")
+    for root, _, files in os.walk(deploy):
         if "kustomization.yaml" not in files:
             continue
         path = os.path.join(root, "kustomization.yaml")
@@ -90,6 +104,14 @@ def legacy_copy(tmp):
             k["bases"] = dirs
         if "patches" in k:
             k["patchesStrategicMerge"] = [p["path"] for p in k.pop("patches")]
+        # `replicas:` (kustomize 2.1) as a strategic-merge patch of each
+        # StatefulSet named (the only kind the manifests scale).
+        for n, r in enumerate(k.pop("replicas", [])):
+            patch = f"legacy-replicas-{n}.yaml"
+            yaml.safe_dump({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                            "metadata": {"name": r["name"]}, "spec": {"replicas": r["count"]}},
+                           open(os.path.join(root, patch), "w"))
+            k.setdefault("patchesStrategicMerge", []).append(patch)
         yaml.safe_dump(k, open(path, "w"))
     return dst
 
@@ -661,10 +683,14 @@ def main():
         rendered = render_all(tmp)
         secrets_dir, secret_docs = make_secrets(tmp)
         secrets = {d["metadata"]["name"]: set(d.get("data", {})) for d in secret_docs}
-        servicemonitor = [d for d in yaml.safe_load_all(
-            open(os.path.join(SRC, "deploy/prometheus/servicemonitor.yaml"))) if d]
+        monitoring = rendered["overlays/monitoring"]
+        servicemonitor = [o for o in monitoring if o["kind"] == "ServiceMonitor"]
+        kinds = sorted({o["kind"] for o in monitoring})
+        if kinds != ["ConfigMap", "PrometheusRule", "ServiceMonitor"]:
+            errors.append(f"overlays/monitoring: renders {kinds}, expected ConfigMap, "
+                          f"PrometheusRule and ServiceMonitor")
 
-        everything = [o for t in TARGETS for o in rendered[t]] + secret_docs + servicemonitor
+        everything = [o for t in TARGETS for o in rendered[t]] + secret_docs
         v = subprocess.run(["node", os.path.join(VALIDATOR_DIR, "validate.js")],
                            input=json.dumps(everything), capture_output=True, text=True,
                            cwd=VALIDATOR_DIR)
@@ -686,6 +712,10 @@ def main():
             "data"]["STAGEWISE_TLS_SERVER_NAME"]
         errors += check_certificates(secrets_dir, server_name)
         errors += check_monitoring(rendered["overlays/cpu"], servicemonitor)
+        monitoring_checks.init(SRC)
+        found = monitoring_checks.check(monitoring)
+        errors += [f"overlays/monitoring: {e}" for e in found]
+        print(f"overlays/monitoring: {len(monitoring)} objects, {len(found)} problems")
         errors += check_examples(rendered, tmp)
 
         caught = 0
@@ -698,7 +728,19 @@ def main():
                 print(f"breakage '{what}' is caught: {found[0]}")
             else:
                 errors.append(f"self-test: the breakage '{what}' went unnoticed")
-        print(f"{caught} of {len(breakages())} breakages caught")
+        before = set(monitoring_checks.check(monitoring))
+        for what, (breakage, says) in monitoring_checks.breakages().items():
+            objs = copy.deepcopy(monitoring)
+            breakage(objs)
+            found = [e for e in monitoring_checks.check(objs) if e not in before and says in e]
+            if found:
+                caught += 1
+                print(f"breakage '{what}' is caught: {found[0]}")
+            else:
+                errors.append(f"self-test: the breakage '{what}' went unnoticed "
+                              f"(no new report saying '{says}')")
+        total = len(breakages()) + len(monitoring_checks.breakages())
+        print(f"{caught} of {total} breakages caught")
 
     for e in errors:
         print("FAIL:", e)

@@ -3,6 +3,8 @@
 #   promtool check config  prometheus.yml (see below for the service discovery)
 #   promtool check rules   rules/*.yml
 #   promtool test rules    tests/*.test.yml (every recording rule and alert)
+#   make-prometheusrule --check: the Operator's PrometheusRule holds exactly
+#                          rules/stagewise.rules.yml
 # Exit 77 (skipped) without promtool (scripts/setup installs `prometheus`).
 set -euo pipefail
 dir="$1/deploy/prometheus"
@@ -27,5 +29,6 @@ open(sys.argv[2], "w").write(text.replace(k8s, "    file_sd_configs:\n      - fi
 PY
 echo '[]' > "$work/targets.json"
 promtool check config "$work/prometheus.yml"
+python3 "$dir/make-prometheusrule" --check
 promtool check rules "$dir"/rules/*.yml
 cd "$dir" && promtool test rules tests/*.test.yml

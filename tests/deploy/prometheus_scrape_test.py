@@ -3,11 +3,21 @@
 
 Starts `stagewise local` with a long 2-stage job, points a Prometheus server
 on loopback (Debian's `prometheus`) at the coordinator's and the workers'
-/metrics with the rules of deploy/prometheus/rules, and checks, while the job
+/metrics with the rules of deploy/prometheus/rules and the scrape job of
+deploy/prometheus/prometheus.yml (its honor_labels and metric_relabel_configs
+as written; static targets with the labels Kubernetes discovery would add:
+namespace, pod, app_kubernetes_io_component), and checks, while the job
 trains:
   - `promtool check metrics` is clean on every /metrics endpoint;
+  - the job id stagewise exposes as `job` arrives as `job_id`, Prometheus'
+    `job` is the scrape job, no series keeps exported_job, and the
+    coordinator-wide series (no job id) arrive without job_id;
   - every recording rule produces series for the job (and its stages);
-  - the scrape keeps stagewise's own `job` label (honor_labels).
+  - StagewiseCoordinatorDown's expression is empty while the coordinator is
+    up (and not for a component that has no target);
+  - every dashboard variable (label_values) offers the namespace, the job and
+    its stages, and every panel's query, with $datasource, $namespace, $job
+    and $stage substituted, returns data.
 Then stops the job (SIGINT, as Ctrl-C) and cleans up.
 Usage: prometheus_scrape_test.py SOURCE_DIR BINARY_DIR. Exit 77: no prometheus.
 """
@@ -25,8 +35,12 @@ import time
 import urllib.parse
 import urllib.request
 
+import yaml
+
 SOURCE, BINARY = sys.argv[1], sys.argv[2]
 RULES = os.path.join(SOURCE, "deploy", "prometheus", "rules", "stagewise.rules.yml")
+PROMETHEUS_YML = os.path.join(SOURCE, "deploy", "prometheus", "prometheus.yml")
+NAMESPACE = "stagewise-scrape-test"
 DASHBOARDS = os.path.join(SOURCE, "deploy", "grafana", "dashboards")
 JOB = """name: scrape-test
 model: {name: mlp, hidden: [64, 32]}
@@ -82,6 +96,25 @@ def check_dashboard(path, d):
                     fail("%s: panel '%s' uses an undefined variable $%s" % (name, panel["title"], used))
 
 
+def substitute(text, values):
+    """Grafana's variable syntax: $name and ${name}."""
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)\b",
+                  lambda m: values.get(m.group(1) or m.group(2), m.group(0)), text)
+
+
+def scrape_job():
+    """The stagewise scrape job of prometheus.yml, without its Kubernetes
+    discovery (targets and their labels come from this test)."""
+    conf = yaml.safe_load(open(PROMETHEUS_YML))
+    jobs = [s for s in conf["scrape_configs"] if s["job_name"] == "stagewise"]
+    if len(jobs) != 1:
+        fail("prometheus.yml: expected one scrape job named stagewise")
+    job = jobs[0]
+    if job.get("honor_labels") is True:
+        fail("prometheus.yml: honor_labels is true (the job id belongs in job_id)")
+    return {k: v for k, v in job.items() if k in ("job_name", "honor_labels", "metric_relabel_configs")}
+
+
 def wait_for(what, predicate, timeout):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -132,12 +165,13 @@ def main():
         for name, p in targets.items():
             component = "coordinator" if name == "coordinator" else "worker"
             static.append({"targets": ["127.0.0.1:%d" % p],
-                           "labels": {"app_kubernetes_io_component": component, "pod": name}})
+                           "labels": {"app_kubernetes_io_component": component, "pod": name,
+                                      "namespace": NAMESPACE}})
+        job_config = dict(scrape_job(), static_configs=static)
         with open(config, "w") as f:
             json.dump({"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                        "rule_files": [RULES],
-                       "scrape_configs": [{"job_name": "stagewise", "honor_labels": True,
-                                           "static_configs": static}]}, f)
+                       "scrape_configs": [job_config]}, f)
         prom = subprocess.Popen(
             ["prometheus", "--config.file=" + config, "--storage.tsdb.path=" + os.path.join(work, "tsdb"),
              "--web.listen-address=127.0.0.1:%d" % port, "--log.level=warn"],
@@ -152,9 +186,27 @@ def main():
             return body["data"]["result"] if body.get("status") == "success" else []
 
         # The job trains: its stages export their series.
-        job_id = wait_for("the job's step metric",
-                          lambda: [r["metric"]["job"] for r in query("stagewise_job_step > 5")], 120)[0]
+        step = wait_for("the job's step metric", lambda: query("stagewise_job_step > 5"), 120)[0]
+        job_id = step["metric"].get("job_id")
         print("job", job_id, "is training; Prometheus on port", port, flush=True)
+
+        # The labels: job_id is the job id, job the scrape job.
+        scrape_name = job_config["job_name"]
+        if not job_id or step["metric"].get("job") != scrape_name:
+            fail("stagewise_job_step arrives as %s: expected job_id=<the job id> and job=%s"
+                 % (step["metric"], scrape_name))
+        stage_series = wait_for("the stages' series", lambda: query(
+            'stagewise_stage_steps_total{job_id="%s"}' % job_id), 60)
+        for r in stage_series:
+            if r["metric"].get("job") != scrape_name or r["metric"].get("namespace") != NAMESPACE:
+                fail("a stage series arrives as %s" % r["metric"])
+        if query('{exported_job=~".+"}'):
+            fail("series keep exported_job: %s" % query('{exported_job=~".+"}')[0]["metric"])
+        wide = wait_for("the coordinator-wide series", lambda: query("stagewise_coordinator_workers"), 60)
+        if any("job_id" in r["metric"] or r["metric"].get("job") != scrape_name for r in wide):
+            fail("coordinator-wide series arrive as %s" % [r["metric"] for r in wide])
+        print("labels: job_id=%s, job=%s, no exported_job; %d coordinator-wide series without job_id"
+              % (job_id, scrape_name, len(wide)), flush=True)
 
         for name, p in targets.items():
             text = get("http://127.0.0.1:%d/metrics" % p)
@@ -169,22 +221,49 @@ def main():
             fail("expected the recording rules in " + RULES)
         for rule in rules:
             result = wait_for("recording rule " + rule,
-                              lambda rule=rule: query('%s{job="%s"}' % (rule, job_id)), 60)
+                              lambda rule=rule: query('%s{job_id="%s"}' % (rule, job_id)), 60)
             print("rule", rule, "->", len(result), "series", flush=True)
-        per_stage = query('stagewise:stage_compute_utilisation:rate1m{job="%s"}' % job_id)
+        per_stage = query('stagewise:stage_compute_utilisation:rate1m{job_id="%s"}' % job_id)
         stages = sorted(r["metric"].get("stage") for r in per_stage)
         if stages != ["0", "1"]:
             fail("compute utilisation per stage: got stages %s" % stages)
         if not query('up{app_kubernetes_io_component="worker"} == 1'):
             fail("no worker target is up")
+        alerts = {r["alert"]: r for g in yaml.safe_load(open(RULES))["groups"]
+                  for r in g["rules"] if "alert" in r}
+        down = alerts["StagewiseCoordinatorDown"]["expr"]
+        if not query('up{app_kubernetes_io_component="coordinator"} == 1') or query(down):
+            fail("the coordinator is up, yet StagewiseCoordinatorDown's expression is %s" % query(down))
+        if not query(down.replace('"coordinator"', '"nothing-scraped"')):
+            fail("StagewiseCoordinatorDown's expression stays empty for a component without targets")
+        print("StagewiseCoordinatorDown: quiet while the coordinator is up", flush=True)
 
-        # Every panel of every dashboard returns data for this job.
+        # Every variable of every dashboard offers this job, and every panel
+        # returns data for it.
+        values = {"datasource": "prometheus", "namespace": NAMESPACE, "job": job_id, "stage": "0|1"}
+        offered = {"namespace": [NAMESPACE], "job": [job_id], "stage": ["0", "1"]}
         for path in sorted(glob.glob(os.path.join(DASHBOARDS, "*.json"))):
             dashboard = json.load(open(path))
             check_dashboard(path, dashboard)
+            for var in dashboard["templating"]["list"]:
+                if var["type"] != "query":
+                    continue
+                q = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
+                m = re.match(r"^label_values\((.*),\s*(\w+)\)$", substitute(q, values))
+                if not m or var["name"] not in offered:
+                    fail("%s: variable %s: expected label_values(QUERY, LABEL) of namespace, job or "
+                         "stage, got %s" % (os.path.basename(path), var["name"], q))
+                want = offered[var["name"]]
+                got = wait_for("%s variable %s: %s" % (os.path.basename(path), var["name"], q),
+                               lambda m=m, want=want: (lambda vs: vs if set(want) <= vs else None)(
+                                   {r["metric"].get(m.group(2)) for r in query(m.group(1))}), 90)
+                print("variable %s / %s offers %s" % (dashboard["title"], var["name"], sorted(got)),
+                      flush=True)
             for panel in dashboard["panels"]:
                 for target in panel["targets"]:
-                    expr = (target["expr"].replace("$job", job_id).replace("$stage", "0|1"))
+                    expr = substitute(target["expr"], values)
+                    if "$" in expr:
+                        fail("%s: a variable left in %s" % (os.path.basename(path), expr))
                     result = wait_for("%s panel '%s': %s" % (os.path.basename(path), panel["title"], expr),
                                       lambda expr=expr: query(expr), 90)
                     print("panel %s / %s -> %d series" % (dashboard["title"], panel["title"], len(result)),
