@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 #include <openssl/err.h>
+#include <openssl/pem.h>
 #include <openssl/ssl.h>
 
 #include <algorithm>
@@ -15,9 +16,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "coordinator/status_page.h"
 #include "services/common/log.h"
+#include "services/rpc/openssl_ptr.h"
 
 namespace stagewise::coordinator {
 namespace {
@@ -130,6 +133,64 @@ absl::Status SplitListen(const std::string& listen, std::string* host, int* port
 
 }  // namespace
 
+// The certificate chain and key the pages serve, replaced when the files
+// change: every handshake takes the pair in force (SSL_CTX_set_cert_cb), so a
+// rotation needs no restart and a half-written one is never served.
+class ServedCertificate {
+ public:
+  // Parses validated material (rpc::LoadTlsMaterial); the pair in force stays
+  // when it does not parse.
+  absl::Status Set(const rpc::TlsMaterial& material) ABSL_LOCKS_EXCLUDED(mu_) {
+    rpc::openssl::BioPtr certs(BIO_new_mem_buf(material.cert_chain_pem.data(),
+                                               static_cast<int>(material.cert_chain_pem.size())));
+    rpc::openssl::BioPtr key_bio(BIO_new_mem_buf(
+        material.private_key_pem.data(), static_cast<int>(material.private_key_pem.size())));
+    rpc::openssl::X509Ptr leaf(PEM_read_bio_X509(certs.get(), nullptr, nullptr, nullptr));
+    rpc::openssl::PkeyPtr key(PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr));
+    if (!leaf || !key) {
+      ERR_clear_error();
+      return absl::InvalidArgumentError("--tls-cert/--tls-key: no certificate or key in the files");
+    }
+    std::shared_ptr<STACK_OF(X509)> chain(
+        sk_X509_new_null(), [](STACK_OF(X509) * s) { sk_X509_pop_free(s, X509_free); });
+    while (X509* next = PEM_read_bio_X509(certs.get(), nullptr, nullptr, nullptr)) {
+      sk_X509_push(chain.get(), next);
+    }
+    ERR_clear_error();  // the end of the chain reads as an error
+    absl::MutexLock lock(&mu_);
+    leaf_ = std::move(leaf);
+    key_ = std::move(key);
+    chain_ = std::move(chain);
+    cert_pem_ = material.cert_chain_pem;
+    key_pem_ = material.private_key_pem;
+    return absl::OkStatus();
+  }
+
+  bool Same(const rpc::TlsMaterial& material) const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return material.cert_chain_pem == cert_pem_ && material.private_key_pem == key_pem_;
+  }
+
+  // SSL_CTX_set_cert_cb: the pair in force for this handshake (1: done).
+  static int Apply(SSL* ssl, void* self) {
+    auto* served = static_cast<ServedCertificate*>(self);
+    absl::MutexLock lock(&served->mu_);
+    if (!served->leaf_) return 1;  // the context's own
+    const int ok = SSL_use_cert_and_key(ssl, served->leaf_.get(), served->key_.get(),
+                                        served->chain_.get(), /*override=*/1);
+    ERR_clear_error();
+    return ok == 1 ? 1 : 0;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  rpc::openssl::X509Ptr leaf_ ABSL_GUARDED_BY(mu_);
+  rpc::openssl::PkeyPtr key_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<STACK_OF(X509)> chain_ ABSL_GUARDED_BY(mu_);
+  std::string cert_pem_ ABSL_GUARDED_BY(mu_);
+  std::string key_pem_ ABSL_GUARDED_BY(mu_);
+};
+
 absl::StatusOr<std::unique_ptr<WebServer>> WebServer::Start(const JobManager* manager,
                                                             WebOptions options) {
   if (absl::Status s = rpc::CheckListenPolicy(options.listen, options.tls); !s.ok()) {
@@ -141,15 +202,20 @@ absl::StatusOr<std::unique_ptr<WebServer>> WebServer::Start(const JobManager* ma
   std::unique_ptr<WebServer> web(new WebServer(manager, std::move(options)));
   const WebOptions& o = web->options_;
   if (o.tls.enabled()) {
-    if (absl::Status s = rpc::ValidateTlsConfig(o.tls); !s.ok()) return s;
+    absl::StatusOr<rpc::TlsMaterial> material = rpc::LoadTlsMaterial(o.tls);
+    if (!material.ok()) return material.status();
+    web->cert_ = std::make_unique<ServedCertificate>();
+    if (absl::Status s = web->cert_->Set(*material); !s.ok()) return s;
     const rpc::TlsConfig tls = o.tls;
-    web->server_ = std::make_unique<httplib::SSLServer>([tls](SSL_CTX& ctx) {
+    ServedCertificate* served = web->cert_.get();
+    web->server_ = std::make_unique<httplib::SSLServer>([tls, served](SSL_CTX& ctx) {
       const bool ok =
           SSL_CTX_use_certificate_chain_file(&ctx, tls.cert_file.c_str()) == 1 &&
           SSL_CTX_use_PrivateKey_file(&ctx, tls.key_file.c_str(), SSL_FILETYPE_PEM) == 1 &&
           SSL_CTX_check_private_key(&ctx) == 1 &&
           SSL_CTX_set_min_proto_version(&ctx, TLS1_2_VERSION) == 1;
       ERR_clear_error();
+      SSL_CTX_set_cert_cb(&ctx, &ServedCertificate::Apply, served);
       return ok;
     });
   } else {
@@ -179,6 +245,9 @@ absl::StatusOr<std::unique_ptr<WebServer>> WebServer::Start(const JobManager* ma
   }
   httplib::Server* server = web->server_.get();
   web->thread_ = std::thread([server] { server->listen_after_bind(); });
+  if (o.tls.enabled() && o.tls.reload_seconds > 0) {
+    web->watcher_ = std::thread([self] { self->WatchCertificate(); });
+  }
   return web;
 }
 
@@ -186,8 +255,31 @@ WebServer::WebServer(const JobManager* manager, WebOptions options)
     : manager_(manager), options_(std::move(options)) {}
 
 WebServer::~WebServer() {
+  stop_watching_.Notify();
+  if (watcher_.joinable()) watcher_.join();
   if (server_) server_->stop();
   if (thread_.joinable()) thread_.join();
+}
+
+void WebServer::WatchCertificate() {
+  std::string last_error;
+  while (
+      !stop_watching_.WaitForNotificationWithTimeout(absl::Seconds(options_.tls.reload_seconds))) {
+    absl::StatusOr<rpc::TlsMaterial> material = rpc::LoadTlsMaterial(options_.tls);
+    absl::Status s = material.status();
+    if (s.ok() && !cert_->Same(*material)) {
+      s = cert_->Set(*material);
+      if (s.ok()) {
+        STAGEWISE_LOG(INFO) << "status pages: serving the certificate now in "
+                            << options_.tls.cert_file;
+      }
+    }
+    if (!s.ok() && std::string(s.message()) != last_error) {
+      STAGEWISE_LOG(ERROR) << "status pages: certificate not reloaded, the one in force stays: "
+                           << s.message();
+    }
+    last_error = s.ok() ? "" : std::string(s.message());
+  }
 }
 
 void WebServer::Serve(const httplib::Request& req, httplib::Response& res) const {

@@ -6,7 +6,8 @@
 //
 // Transport: HTTPS with the coordinator's own certificate and key when TLS is
 // on (--tls-cert/--tls-key; browsers present no client certificate, so none
-// is asked for), plaintext otherwise, under the same listen rule as gRPC
+// is asked for; re-read every --tls-reload-seconds like the gRPC port's, each
+// handshake taking the newest valid pair), plaintext otherwise, under the same listen rule as gRPC
 // (plaintext only on loopback unless --insecure). Access: with --tokens, a
 // read token is needed, sent as "Authorization: Bearer <secret>" or through
 // the sign-in form, which keeps it in an HttpOnly, SameSite=Strict cookie
@@ -21,6 +22,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "coordinator/job_manager.h"
 #include "services/rpc/tls.h"
 #include "services/rpc/tokens.h"
@@ -42,6 +44,8 @@ struct WebOptions {
   int threads = 4;          // threads answering requests
 };
 
+class ServedCertificate;  // web_server.cc
+
 class WebServer {
  public:
   // Checks the listen rule and TLS files, then serves. Errors name the flag
@@ -59,10 +63,16 @@ class WebServer {
   WebServer(const JobManager* manager, WebOptions options);
   void Serve(const httplib::Request& request, httplib::Response& response) const;
 
+  // Every tls.reload_seconds: the certificate files again, into cert_.
+  void WatchCertificate();
+
   const JobManager* const manager_;
   const WebOptions options_;
+  std::unique_ptr<ServedCertificate> cert_;  // HTTPS only
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
+  absl::Notification stop_watching_;
+  std::thread watcher_;
   int port_ = 0;
 };
 

@@ -15,6 +15,9 @@
    `STAGEWISE_UPDATE_SCREENSHOTS=1` writes there).
 3. A coordinator with --tokens: no token is 401 with the sign-in form, a
    read token (header or sign-in cookie) opens the pages, a wrong one does not.
+4. A coordinator with HTTPS pages and --tls-reload-seconds 1 whose CA bundle,
+   certificate and key are replaced by ones of a new CA (deploy/k8s/make-secrets
+   twice): the pages serve the new certificate without a restart.
 Stops everything (SIGINT to `stagewise local`, as Ctrl-C). Exit 77: no chromium.
 """
 import html.parser
@@ -181,6 +184,69 @@ def tokens_part(tmp, failures):
         log.close()
 
 
+def rotation_part(tmp, failures):
+    """HTTPS pages of a coordinator whose certificate rotates to a new CA
+    (--tls-reload-seconds 1): served without a restart."""
+    make = os.path.join(SOURCE, "deploy", "k8s", "make-secrets")
+    pki_a, pki_b, live = (os.path.join(tmp, n) for n in ("pki-a", "pki-b", "live"))
+    for d in (pki_a, pki_b):
+        subprocess.run(["bash", make, d], check=True, capture_output=True)
+    os.makedirs(live)
+    for f in ("ca.pem", "coordinator.pem", "coordinator.key"):
+        shutil.copy(os.path.join(pki_a, f), os.path.join(live, f))
+
+    def replace(name, text):  # a temporary file, then rename
+        with open(os.path.join(live, name + ".new"), "w") as f:
+            f.write(text)
+        os.chmod(os.path.join(live, name + ".new"), 0o600)
+        os.rename(os.path.join(live, name + ".new"), os.path.join(live, name))
+
+    def handshake(ca):
+        context = ssl.create_default_context(cafile=ca)
+        context.check_hostname = False  # the certificates name stagewise.cluster
+        try:
+            with urllib.request.urlopen(base + "/", context=context, timeout=10) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ssl.SSLError, ConnectionError):
+            return False
+
+    port = free_port()
+    base = f"https://127.0.0.1:{port}"
+    log = open(os.path.join(tmp, "rotation-coordinator.log"), "w")
+    proc = subprocess.Popen(
+        [os.path.join(BIN, "stagewise-coordinator"), "--listen", "127.0.0.1:0", "--metrics-listen", "",
+         "--db", os.path.join(tmp, "rotation.db"), "--web-listen", f"127.0.0.1:{port}",
+         "--tls-cert", os.path.join(live, "coordinator.pem"), "--tls-key",
+         os.path.join(live, "coordinator.key"), "--tls-ca", os.path.join(live, "ca.pem"),
+         "--tls-reload-seconds", "1"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(100):
+            if handshake(os.path.join(pki_a, "ca.pem")):
+                break
+            time.sleep(0.1)
+        check(handshake(os.path.join(pki_a, "ca.pem")), "HTTPS with the first CA's certificate", failures)
+        check(not handshake(os.path.join(pki_b, "ca.pem")),
+              "a client that trusts only the second CA is refused before the rotation", failures)
+        read = lambda d, f: open(os.path.join(d, f)).read()
+        replace("ca.pem", read(pki_a, "ca.pem") + read(pki_b, "ca.pem"))
+        replace("coordinator.key", read(pki_b, "coordinator.key"))
+        replace("coordinator.pem", read(pki_b, "coordinator.pem"))
+        ok = False
+        for _ in range(50):
+            ok = handshake(os.path.join(pki_b, "ca.pem"))
+            if ok:
+                break
+            time.sleep(0.2)
+        check(ok, "after the rotation the pages serve the second CA's certificate (no restart)", failures)
+        check(not handshake(os.path.join(pki_a, "ca.pem")),
+              "and no longer the first one's", failures)
+        check(proc.poll() is None, "the coordinator kept running", failures)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
 def main():
     browser = chromium()
     if browser is None:
@@ -194,6 +260,7 @@ def main():
     local = None
     try:
         tokens_part(tmp, failures)
+        rotation_part(tmp, failures)
 
         job = os.path.join(tmp, "job.yaml")
         with open(job, "w") as f:
