@@ -101,6 +101,14 @@ Admission CheckRanges(const v1::WorkerEvent& event, const LiveJob& job) {
         return out_of_range(absl::StrCat("phase ", event.phase_done().phase(),
                                          " is not the job's current phase ", job.status.phase()));
       }
+      // Once per (stage, replica) and phase: a repeat moves nothing (and
+      // must not pass for progress with the stall watchdog).
+      if (const auto done = job.phase_done.find(event.phase_done().phase());
+          done != job.phase_done.end() &&
+          done->second.count(SlotOf(job, event.stage(), event.replica())) > 0) {
+        return Refuse("repeated", absl::StrCat("stage ", event.stage(), " already finished phase ",
+                                               event.phase_done().phase()));
+      }
       return Take();
     case v1::WorkerEvent::kCheckpointSaved: {
       const v1::CheckpointSaved& c = event.checkpoint_saved();

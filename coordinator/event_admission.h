@@ -31,7 +31,8 @@ struct Admission {
   Verdict verdict = Verdict::kTake;
   // The refusal's metric label (stagewise_coordinator_refused_total{reason}):
   // unknown_job, stale_attempt, not_assigned, wrong_stage (a number only the
-  // last stage reports, from another) or out_of_range.
+  // last stage reports, from another), out_of_range or repeated (a stage's
+  // second PhaseDone for one phase).
   std::string label;
   std::string why;
   // Late traffic of ended jobs and attempts is normal: not worth a log line.

@@ -403,6 +403,7 @@ void JobManager::OnAck(const v1::Ack& ack, const std::string& sender) {
     running.started = absl::Now();
     running.progressed = running.started;
     running.progressed_step = running.resume ? running.resume->manifest.step() : 0;
+    running.evaluated_step = -1;
     running.configure_deadline = absl::InfiniteFuture();
     const int phase = running.resume ? running.resume->manifest.phase() : 0;
     const int64_t from = running.resume ? running.resume->manifest.step() : 0;
@@ -488,8 +489,10 @@ void JobManager::OnPhaseDone(const std::string& job_id, int slot, const v1::Phas
   Job& job = jobs_.at(job_id);
   std::set<int>& done = job.phase_done[d.phase()];
   done.insert(slot);
-  NoteProgress(job, -1, absl::Now());
+  // Only the phase's end is progress for the stall watchdog: one stage's
+  // PhaseDone moves nothing (AdmitEvent refuses repeats and other phases).
   if (done.size() < job.workers.size()) return;
+  NoteProgress(job, -1, absl::Now());
   const std::vector<PhaseSpec> phases = Phases(job.spec);
   const int next = d.phase() + 1;
   if (next >= static_cast<int>(phases.size())) {

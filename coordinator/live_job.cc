@@ -213,7 +213,11 @@ std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::Metrics
     points.push_back({m.step(), "samples_per_second", st.samples_per_second(), now_ms});
   }
   if (last_stage && m.values().count("eval_accuracy")) {
-    NoteProgress(job, -1, now);
+    // One evaluation per step is progress: a repeated report is not.
+    if (m.step() > job.evaluated_step) {
+      NoteProgress(job, -1, now);
+      job.evaluated_step = m.step();
+    }
     st.set_eval_loss(m.values().count("eval_loss") ? m.values().at("eval_loss") : 0.0);
     st.set_eval_accuracy(m.values().at("eval_accuracy"));
     points.push_back({m.step(), "eval_loss", st.eval_loss(), now_ms});

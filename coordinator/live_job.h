@@ -66,6 +66,7 @@ struct LiveJob {
   static constexpr size_t kStepSamples = 256;
   absl::Time progressed = absl::InfiniteFuture();  // InfiniteFuture: not running
   int64_t progressed_step = 0;
+  int64_t evaluated_step = -1;  // the step of the last evaluation counted as progress
   std::deque<double> step_seconds;
   double median_step_seconds = 0;  // of step_seconds, updated with it
   // recovery.min_stages: the recovery deadline passed short of workers for

@@ -12,6 +12,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/store.h"
@@ -151,6 +152,12 @@ int main(int argc, char** argv) {
                  "How often the status pages reload themselves (0: never)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  double web_header_timeout_s = absl::ToDoubleSeconds(web.limits.header_timeout);
+  app.add_option("--web-header-timeout-seconds", web_header_timeout_s,
+                 "Time a status-page request has for its TLS handshake, request line and "
+                 "headers before its connection is closed (slow clients)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   std::string health_listen;
   app.add_option("--health-listen", health_listen,
                  "Plaintext grpc.health.v1 address for probes that speak no TLS, e.g. "
@@ -263,6 +270,8 @@ int main(int argc, char** argv) {
   if (!web.listen.empty()) {
     web.tls = tls;
     web.tokens = tokens.get();
+    web.metrics = &coordinator_metrics;
+    web.limits.header_timeout = absl::Seconds(web_header_timeout_s);
     auto started = stagewise::coordinator::WebServer::Start(&manager, web);
     if (!started.ok()) {
       STAGEWISE_LOG(ERROR) << "stagewise-coordinator: " << started.status().message();

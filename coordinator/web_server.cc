@@ -18,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "coordinator/guarded_http.h"
 #include "coordinator/status_page.h"
 #include "services/common/log.h"
 #include "services/rpc/openssl_ptr.h"
@@ -26,7 +27,6 @@ namespace stagewise::coordinator {
 namespace {
 
 constexpr char kCookie[] = "stagewise_token";
-constexpr size_t kMaxBody = 4096;  // the sign-in form is the only body
 
 // Every page: nothing cached, nothing embedded elsewhere, no script allowed
 // (the pages have none).
@@ -206,31 +206,36 @@ absl::StatusOr<std::unique_ptr<WebServer>> WebServer::Start(const JobManager* ma
     if (!material.ok()) return material.status();
     web->cert_ = std::make_unique<ServedCertificate>();
     if (absl::Status s = web->cert_->Set(*material); !s.ok()) return s;
-    const rpc::TlsConfig tls = o.tls;
-    ServedCertificate* served = web->cert_.get();
-    web->server_ = std::make_unique<httplib::SSLServer>([tls, served](SSL_CTX& ctx) {
-      const bool ok =
-          SSL_CTX_use_certificate_chain_file(&ctx, tls.cert_file.c_str()) == 1 &&
-          SSL_CTX_use_PrivateKey_file(&ctx, tls.key_file.c_str(), SSL_FILETYPE_PEM) == 1 &&
-          SSL_CTX_check_private_key(&ctx) == 1 &&
-          SSL_CTX_set_min_proto_version(&ctx, TLS1_2_VERSION) == 1;
-      ERR_clear_error();
-      SSL_CTX_set_cert_cb(&ctx, &ServedCertificate::Apply, served);
-      return ok;
-    });
-  } else {
-    web->server_ = std::make_unique<httplib::Server>();
+    // The context is the server's own (GuardedServer accepts TLS itself):
+    // the files as they are now, then per handshake the pair in force.
+    SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
+    web->tls_ctx_.reset(ctx);
+    const bool ok =
+        ctx != nullptr && SSL_CTX_use_certificate_chain_file(ctx, o.tls.cert_file.c_str()) == 1 &&
+        SSL_CTX_use_PrivateKey_file(ctx, o.tls.key_file.c_str(), SSL_FILETYPE_PEM) == 1 &&
+        SSL_CTX_check_private_key(ctx) == 1 &&
+        SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION) == 1;
+    ERR_clear_error();
+    if (ctx != nullptr) {
+      SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION);
+    }
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tls-cert: the status page cannot serve HTTPS with ", o.tls.cert_file,
+                       " and ", o.tls.key_file));
+    }
+    SSL_CTX_set_cert_cb(ctx, &ServedCertificate::Apply, web->cert_.get());
   }
-  if (!web->server_->is_valid()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tls-cert: the status page cannot serve HTTPS with ", o.tls.cert_file,
-                     " and ", o.tls.key_file));
-  }
+  metrics::CoordinatorMetrics* counter = o.metrics;
+  web->server_ =
+      std::make_unique<GuardedServer>(web->tls_ctx_.get(), o.limits, [counter](const char* reason) {
+        if (counter != nullptr) {
+          counter->CountRefused(reason);
+        }
+      });
   const int threads = std::max(1, o.threads);
   web->server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  web->server_->set_payload_max_length(kMaxBody);
-  web->server_->set_read_timeout(10, 0);
-  web->server_->set_write_timeout(10, 0);
+  web->server_->set_payload_max_length(o.limits.max_body_bytes);
   WebServer* self = web.get();
   auto handler = [self](const httplib::Request& req, httplib::Response& res) {
     self->Serve(req, res);
@@ -250,6 +255,8 @@ absl::StatusOr<std::unique_ptr<WebServer>> WebServer::Start(const JobManager* ma
   }
   return web;
 }
+
+void WebServer::FreeSslCtx::operator()(SSL_CTX* ctx) const { SSL_CTX_free(ctx); }
 
 WebServer::WebServer(const JobManager* manager, WebOptions options)
     : manager_(manager), options_(std::move(options)) {}

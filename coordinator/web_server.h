@@ -12,10 +12,15 @@
 // read token is needed, sent as "Authorization: Bearer <secret>" or through
 // the sign-in form, which keeps it in an HttpOnly, SameSite=Strict cookie
 // (Secure over HTTPS); the tokens in force are the coordinator's, reloads
-// included. Pages are rendered by status_page.h from the JobManager's
+// included. Before a request is authenticated, what it may send is bounded
+// (WebLimits, coordinator/guarded_http.h): a request over a limit is cut
+// off and counted in stagewise_coordinator_refused_total{reason="web_..."}.
+// Pages are rendered by status_page.h from the JobManager's
 // queries; the server only reads.
 #ifndef STAGEWISE_COORDINATOR_WEB_SERVER_H_
 #define STAGEWISE_COORDINATOR_WEB_SERVER_H_
+
+#include <openssl/types.h>
 
 #include <memory>
 #include <string>
@@ -24,11 +29,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "coordinator/job_manager.h"
+#include "coordinator/web_limits.h"
+#include "services/metrics/metrics.h"
 #include "services/rpc/tls.h"
 #include "services/rpc/tokens.h"
 
 namespace httplib {
-class Server;
 struct Request;
 struct Response;
 }  // namespace httplib
@@ -41,10 +47,16 @@ struct WebOptions {
   // The tokens in force (null: no token asked for, as the gRPC API).
   const rpc::TokenFile* tokens = nullptr;
   int refresh_seconds = 5;  // the pages' own refresh
-  int threads = 4;          // threads answering requests
+  int threads = 8;          // threads answering requests
+  // What one request may send before it is answered (a request over a limit
+  // is cut off and its connection closed).
+  WebLimits limits;
+  // Counts the cut-off requests by reason (null: not counted).
+  metrics::CoordinatorMetrics* metrics = nullptr;
 };
 
 class ServedCertificate;  // web_server.cc
+class GuardedServer;      // guarded_http.h
 
 class WebServer {
  public:
@@ -68,8 +80,12 @@ class WebServer {
 
   const JobManager* const manager_;
   const WebOptions options_;
-  std::unique_ptr<ServedCertificate> cert_;  // HTTPS only
-  std::unique_ptr<httplib::Server> server_;
+  struct FreeSslCtx {
+    void operator()(SSL_CTX* ctx) const;
+  };
+  std::unique_ptr<ServedCertificate> cert_;       // HTTPS only
+  std::unique_ptr<SSL_CTX, FreeSslCtx> tls_ctx_;  // HTTPS only; outlives server_
+  std::unique_ptr<GuardedServer> server_;
   std::thread thread_;
   absl::Notification stop_watching_;
   std::thread watcher_;

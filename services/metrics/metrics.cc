@@ -520,7 +520,12 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   try {
     server->registry_ = std::make_shared<Registry>();
     if (bind_address.empty()) return server;
-    server->exposer_ = std::make_unique<prometheus::Exposer>(bind_address, /*num_threads=*/2);
+    // civetweb's own bounds on a request before it is answered: its head at
+    // most 16 KiB, the whole request within 10 s (a slow client cannot keep
+    // a thread), one request per connection (docs/security.md).
+    server->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", bind_address, "num_threads", "2", "max_request_size", "16384",
+        "request_timeout_ms", "10000", "enable_keep_alive", "no"});
     server->exposer_->RegisterCollectable(server->registry_);
     const std::vector<int> ports = server->exposer_->GetListeningPorts();
     if (ports.empty() || ports.front() <= 0) {

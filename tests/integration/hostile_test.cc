@@ -56,6 +56,8 @@ batch_size: 16
 recovery: {max_restarts: 0}
 )";
 
+std::string Scrape(int port);
+
 std::string LongJob(int stages) {
   return absl::StrCat(kJob, "stages: ", stages, "\nsteps: 100000000\n");
 }
@@ -580,6 +582,64 @@ recovery: {max_restarts: 1, stall_seconds: 2}
     EXPECT_EQ(a.end_cause(), "stalled") << a.DebugString();
     EXPECT_EQ(a.workers(0), "a-fake");
   }
+}
+
+// Finding: a stage holder that sent no data but a PhaseDone for phase 0
+// every second kept its job RUNNING at step 0 forever: every PhaseDone reset
+// the stall clock. A stage's PhaseDone counts once per phase (repeats are
+// refused as "repeated"), and only the end of a phase is progress.
+TEST(Hostile, RepeatedPhaseDonesDoNotKeepTheStallWatchdogQuiet) {
+  Options o = Options::OneWorker();
+  o.metrics = true;
+  ProcessCluster cluster(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  FakeWorker fake(cluster, "a-fake");  // sorts before w0: stage 0
+  ASSERT_TRUE(fake.Register().ok());
+  fake.Open("-", /*ack_configures=*/true);
+  fake.KeepAlive(absl::Milliseconds(200));
+  ASSERT_TRUE(cluster.WaitForWorkers(2).ok());
+  auto id = cluster.client().Submit(R"(name: chatty
+model: {name: mlp, hidden: [32, 32]}
+data: {dataset: synthetic, train_size: 256, test_size: 32, shape: [1, 8, 8], classes: 4}
+batch_size: 16
+stages: 2
+steps: 1000
+recovery: {max_restarts: 0, stall_seconds: 4}
+)");
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::atomic<bool> stop{false};
+  std::atomic<int> sent{0};
+  std::thread chatter([&] {
+    while (!stop) {
+      for (const v1::StageAssignment& a : fake.assignments()) {
+        if (a.job_id() != *id) continue;
+        v1::WorkerEvent e;
+        e.set_job_id(a.job_id());
+        e.set_stage(a.stage());
+        e.set_attempt(a.attempt());
+        e.mutable_phase_done()->set_phase(0);
+        if (fake.Send(e)) ++sent;
+      }
+      absl::SleepFor(absl::Seconds(1));
+    }
+  });
+  auto end = cluster.WaitForEnd(*id, absl::Seconds(60));
+  stop = true;
+  chatter.join();
+  ASSERT_TRUE(end.ok()) << end.status() << "\n" << cluster.CoordinatorLog();
+  EXPECT_EQ(end->state(), v1::FAILED);
+  EXPECT_TRUE(absl::StrContains(end->reason(), "stalled")) << end->reason();
+  ASSERT_EQ(end->attempts_size(), 1) << end->DebugString();
+  EXPECT_EQ(end->attempts(0).end_cause(), "stalled");
+  EXPECT_EQ(end->step(), 0);
+  // Caught while the fake kept chatting (it sent until the job ended).
+  EXPECT_GE(sent.load(), 3) << "the fake sent too few PhaseDones to test anything";
+  // The repeats were refused and counted.
+  const std::string text = Scrape(cluster.coordinator_metrics_port());
+  auto repeated =
+      metrics::FindSample(text, "stagewise_coordinator_refused_total", {{"reason", "repeated"}});
+  ASSERT_TRUE(repeated.ok()) << repeated.status() << "\n" << text;
+  EXPECT_GE(*repeated, 1);
 }
 
 // Finding: /metrics announced live job ids to anyone who could reach it.

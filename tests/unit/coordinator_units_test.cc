@@ -146,6 +146,21 @@ TEST(EventAdmission, RefusesWithTheMetricLabel) {
   EXPECT_TRUE(unknown.quiet());
 }
 
+// A stage's PhaseDone counts once per phase: a repeat is refused (it must
+// not pass for progress with the stall watchdog), another stage's is taken.
+TEST(EventAdmission, ARepeatedPhaseDoneIsRefused) {
+  LiveJob job = RunningJob();
+  const v1::WorkerEvent first = WithAttempt(testing::PhaseDoneEvent("w0", "job-1", 0, 0), 1);
+  EXPECT_EQ(AdmitEvent(first, &job).verdict, Verdict::kTake);
+  job.phase_done[0].insert(SlotOf(job, 0, 0));
+  const Admission again = AdmitEvent(first, &job);
+  EXPECT_EQ(again.verdict, Verdict::kRefuse);
+  EXPECT_EQ(again.label, "repeated") << again.why;
+  EXPECT_THAT(again.why, HasSubstr("already finished phase 0"));
+  EXPECT_EQ(AdmitEvent(WithAttempt(testing::PhaseDoneEvent("w1", "job-1", 1, 0), 1), &job).verdict,
+            Verdict::kTake);
+}
+
 TEST(EventAdmission, AnEndedAttemptsRootCauseFailsTheJob) {
   LiveJob job = RunningJob();
   job.status.set_state(v1::RECOVERING);
@@ -496,6 +511,17 @@ TEST(LiveJob, TheStallLimitFollowsTheMeasuredStepTime) {
   EXPECT_EQ(StallDeadline(job), t0 + absl::Seconds(3600));
   NoteProgress(job, -1, t0 + absl::Seconds(3500));  // an evaluation is progress
   EXPECT_EQ(StallDeadline(job), t0 + absl::Seconds(4100));
+  // Through the reports: an evaluation at a new step is progress, the same
+  // evaluation again is not.
+  v1::MetricsReport eval;
+  eval.set_step(100);
+  (*eval.mutable_values())["eval_accuracy"] = 0.5;
+  ApplyMetrics(job, 1, eval, t0 + absl::Seconds(3600));
+  EXPECT_EQ(StallDeadline(job), t0 + absl::Seconds(4200));
+  ApplyMetrics(job, 1, eval, t0 + absl::Seconds(3700));
+  EXPECT_EQ(StallDeadline(job), t0 + absl::Seconds(4200));
+  ApplyMetrics(job, 0, eval, t0 + absl::Seconds(3800));  // not the last stage: nothing
+  EXPECT_EQ(StallDeadline(job), t0 + absl::Seconds(4200));
   job.spec.recovery.stall_seconds = 5;
   EXPECT_EQ(StallLimit(job), absl::Seconds(5));
   job.status.set_state(v1::RECOVERING);
