@@ -83,9 +83,8 @@ absl::Status StageRuntime::WriteShard(int64_t phase_step, bool with_algorithm) {
     if (with_algorithm) STAGEWISE_RETURN_IF_ERROR(algorithm_->SaveState(*this, algorithm));
     archive.write("algorithm", algorithm);
   }
-  if (outer_ != nullptr && replicas_ != nullptr) {  // sync.every > 1: the anchors to resume from
-    torch::serialize::OutputArchive outer;
-    outer_->Save(outer);
+  // sync.every > 1: the anchors to resume from.
+  if (torch::serialize::OutputArchive outer; replicas_->SaveOuter(outer)) {
     archive.write("outer_sync", outer);
   }
   {
@@ -192,8 +191,7 @@ absl::Status StageRuntime::LoadResume(const v1::ResumePoint& resume) {
   // Replicated stages with sync.every > 1 are never resharded (job_spec.cc
   // refuses recovery.min_stages with replicas).
   if (torch::serialize::InputArchive outer; !resharded && archive.try_read("outer_sync", outer)) {
-    outer_ = std::make_unique<OuterSync>(spec_.sync);
-    STAGEWISE_RETURN_IF_ERROR(outer_->Load(outer));
+    STAGEWISE_RETURN_IF_ERROR(replicas_->LoadOuter(outer));
   }
   start_phase_ = static_cast<int>(phase);
   first_step_ = phase_step;

@@ -1,32 +1,28 @@
-// StageRuntime's part in replicated stages (docs/replicas.md): meeting the
-// other replicas of the stage, averaging gradients before every optimizer
-// step (sync.every = 1), or the outer synchronisation every H steps.
-#include "absl/strings/str_cat.h"
+#include "worker/stage_replicas.h"
+
+#include <utility>
+
 #include "services/common/status_macros.h"
-#include "worker/stage_runtime.h"
 
 namespace stagewise::worker {
 
-absl::Status StageRuntime::JoinReplicas() {
-  const std::string& host = assignment_.collective_host();
-  const auto bucket_bytes =
-      std::max<int64_t>(1, static_cast<int64_t>(spec_.sync.bucket_mb * (1 << 20)));
-  STAGEWISE_ASSIGN_OR_RETURN(replicas_,
-                             ReplicaGroup::Create(env_.collective_store(assignment_),
-                                                  {.rank = replica(),
-                                                   .size = num_replicas(),
-                                                   .host = host.empty() ? "127.0.0.1" : host,
-                                                   .timeout = env_.collective_timeout,
-                                                   .bucket_bytes = bucket_bytes,
-                                                   .name = absl::StrCat("stage ", stage())}));
-  if (spec_.sync.every > 1 && outer_ == nullptr) outer_ = std::make_unique<OuterSync>(spec_.sync);
+StageReplicas::StageReplicas(SyncSpec sync,
+                             std::function<void(const std::string&, double)> summarize)
+    : sync_(std::move(sync)), summarize_(std::move(summarize)) {}
+
+StageReplicas::~StageReplicas() { Close(); }
+
+absl::Status StageReplicas::Join(c10::intrusive_ptr<c10d::Store> store,
+                                 const ReplicaGroupOptions& options) {
+  STAGEWISE_ASSIGN_OR_RETURN(group_, ReplicaGroup::Create(std::move(store), options));
+  if (sync_.every > 1 && outer_ == nullptr) outer_ = std::make_unique<OuterSync>(sync_);
   return absl::OkStatus();
 }
 
-std::vector<torch::Tensor> StageRuntime::ReplicatedParameters(
-    torch::optim::Optimizer* extra) const {
+std::vector<torch::Tensor> StageReplicas::Parameters(torch::optim::Optimizer& stage,
+                                                     torch::optim::Optimizer* extra) {
   std::vector<torch::Tensor> params;
-  for (torch::optim::Optimizer* opt : {optimizer_.get(), extra}) {
+  for (torch::optim::Optimizer* opt : {&stage, extra}) {
     if (opt == nullptr) continue;
     for (const auto& group : opt->param_groups()) {
       for (const torch::Tensor& p : group.params()) params.push_back(p);
@@ -35,41 +31,25 @@ std::vector<torch::Tensor> StageRuntime::ReplicatedParameters(
   return params;
 }
 
-absl::Status StageRuntime::AverageReplicaGradients(torch::optim::Optimizer* extra) {
-  if (replicas_ == nullptr) return absl::OkStatus();
+absl::Status StageReplicas::AverageGradients(torch::optim::Optimizer& stage,
+                                             torch::optim::Optimizer* extra) {
+  if (group_ == nullptr) return absl::OkStatus();
   // sync.every > 1: each replica steps on its own gradients; the anchors are
   // the parameters before the first step.
-  if (outer_ != nullptr) return outer_->BeforeStep(ReplicatedParameters(extra));
+  if (outer_ != nullptr) return outer_->BeforeStep(Parameters(stage, extra));
   if (overlap_ != nullptr && overlap_->armed()) {
     // The stage optimizer's buckets started during the backward.
     STAGEWISE_RETURN_IF_ERROR(overlap_->Finish());
-    Summarize("overlapped_buckets", static_cast<double>(overlap_->started_early()));
-    return extra == nullptr ? absl::OkStatus() : AverageReplicaGradientsOf(*extra);
+    if (summarize_) {
+      summarize_("overlapped_buckets", static_cast<double>(overlap_->started_early()));
+    }
+    return extra == nullptr ? absl::OkStatus() : AverageGradientsOf(*extra);
   }
-  return replicas_->AverageGradients(ReplicatedParameters(extra));
+  return group_->AverageGradients(Parameters(stage, extra));
 }
 
-void StageRuntime::FinishReplicaOverlap() {
-  // A step that failed between arming and its optimizer step may have left
-  // buckets in flight that the other replicas' buckets match. Finishing them
-  // (the result no longer matters) starts the rest, as every replica that
-  // armed does, so that no replica's group, when destroyed, waits out the
-  // collective timeout for a bucket the others never start. A replica that
-  // did not arm destroys its group, which fails the others' buckets at once.
-  if (overlap_ != nullptr && overlap_->armed()) overlap_->Finish().IgnoreError();
-}
-
-void StageRuntime::ArmReplicaOverlap() {
-  if (replicas_ == nullptr || outer_ != nullptr || !spec_.sync.overlap) return;
-  if (overlap_ == nullptr) {
-    overlap_ = std::make_unique<OverlappedAverage>(replicas_.get(), ReplicatedParameters(nullptr),
-                                                   replicas_->bucket_bytes());
-  }
-  overlap_->Arm();
-}
-
-absl::Status StageRuntime::AverageReplicaGradientsOf(torch::optim::Optimizer& optimizer) {
-  if (replicas_ == nullptr) return absl::OkStatus();
+absl::Status StageReplicas::AverageGradientsOf(torch::optim::Optimizer& optimizer) {
+  if (group_ == nullptr) return absl::OkStatus();
   if (outer_ != nullptr) {
     // The spec refuses sync.every > 1 with auxnet; the anchors cover the
     // stage's optimizer alone.
@@ -81,14 +61,46 @@ absl::Status StageRuntime::AverageReplicaGradientsOf(torch::optim::Optimizer& op
   for (const auto& group : optimizer.param_groups()) {
     for (const torch::Tensor& p : group.params()) params.push_back(p);
   }
-  return replicas_->AverageGradients(params);
+  return group_->AverageGradients(params);
 }
 
-absl::Status StageRuntime::SyncReplicas(torch::optim::Optimizer* extra) {
-  if (replicas_ == nullptr || outer_ == nullptr) return absl::OkStatus();
-  return outer_->AfterStep(
-      ReplicatedParameters(extra),
-      [this](const std::vector<torch::Tensor>& deltas) { return replicas_->Average(deltas); });
+absl::Status StageReplicas::Sync(torch::optim::Optimizer& stage, torch::optim::Optimizer* extra) {
+  if (group_ == nullptr || outer_ == nullptr) return absl::OkStatus();
+  return outer_->AfterStep(Parameters(stage, extra), [this](const std::vector<torch::Tensor>& d) {
+    return group_->Average(d);
+  });
+}
+
+void StageReplicas::ArmOverlap(torch::optim::Optimizer& stage) {
+  if (group_ == nullptr || outer_ != nullptr || !sync_.overlap) return;
+  if (overlap_ == nullptr) {
+    overlap_ = std::make_unique<OverlappedAverage>(group_.get(), Parameters(stage, nullptr),
+                                                   group_->bucket_bytes());
+  }
+  overlap_->Arm();
+}
+
+void StageReplicas::Close() {
+  // A step that failed between arming and its optimizer step may have left
+  // buckets in flight that the other replicas' buckets match. Finishing them
+  // starts the rest, as every replica that armed does, so that no replica's
+  // group, when destroyed, waits out the collective timeout for a bucket the
+  // others never start. A replica that did not arm destroys its group, which
+  // fails the others' buckets at once.
+  if (overlap_ != nullptr && overlap_->armed()) overlap_->Finish().IgnoreError();
+  overlap_.reset();
+  group_.reset();
+}
+
+bool StageReplicas::SaveOuter(torch::serialize::OutputArchive& archive) const {
+  if (outer_ == nullptr || group_ == nullptr) return false;
+  outer_->Save(archive);
+  return true;
+}
+
+absl::Status StageReplicas::LoadOuter(torch::serialize::InputArchive& archive) {
+  outer_ = std::make_unique<OuterSync>(sync_);
+  return outer_->Load(archive);
 }
 
 }  // namespace stagewise::worker

@@ -109,6 +109,9 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
   if (assignment.stage() + 1 < assignment.num_stages() && assignment.next_address().empty()) {
     return absl::InvalidArgumentError("StageAssignment.next_address: empty for a non-last stage");
   }
+  rt->replicas_ = std::make_unique<StageReplicas>(
+      rt->spec_.sync,
+      [raw = rt.get()](const std::string& key, double value) { raw->Summarize(key, value); });
   rt->phases_ = Phases(rt->spec_);  // backprop's schedule: auto as the planner chose
   if (auto s = ResolveAutoSchedule(assignment.schedule(), rt->phases_); !s.ok()) return s;
   rt->metrics_ = std::make_unique<metrics::StageMetrics>(
@@ -213,6 +216,9 @@ absl::Status StageRuntime::Start() {
   {
     absl::MutexLock lock(&mu_);
     last_report_ = std::chrono::steady_clock::now();
+    // Stopped before it started: the thread starts and ends at once (it sees
+    // the error), so that outcome() and Join() behave as for any stage.
+    Transition(Lifecycle::kRunning);
   }
   compute_ = std::thread([this] { ComputeLoop(); });
   return absl::OkStatus();
@@ -255,11 +261,11 @@ absl::Status StageRuntime::BeginPhase(int phase) {
 absl::Status StageRuntime::AwaitPhase(int p) {
   absl::MutexLock lock(&mu_);
   auto ready = [this, p]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return released_phase_ >= p || stopping_ || !failure_.ok();
+    return released_phase_ >= p || lifecycle_ == Lifecycle::kStopping || !first_error_.ok();
   };
   mu_.Await(absl::Condition(&ready));
-  if (!failure_.ok()) return failure_;
-  if (stopping_) return absl::CancelledError("stopped");
+  if (!first_error_.ok()) return first_error_;
+  if (lifecycle_ == Lifecycle::kStopping) return absl::CancelledError("stopped");
   return absl::OkStatus();
 }
 
@@ -314,7 +320,6 @@ void StageRuntime::ComputeLoop() {
       status = absl::InternalError(absl::StrCat("stage ", stage(), ": ", e.what()));
     }
   }
-  FinishReplicaOverlap();
   Summarize("peak_memory_bytes", static_cast<double>(memory_->peak()));
   metrics_->SetMemory("tensors_peak", memory_->peak());
   if (status.ok()) {
@@ -338,18 +343,16 @@ void StageRuntime::ComputeLoop() {
   // destroyed (which may be much later), so that a replica still waiting in
   // a collective with this one fails at once instead of waiting out
   // --collective-timeout and missing the recovery's assignment.
-  overlap_.reset();
-  replicas_.reset();
+  replicas_->Close();
   bool report = false;
   {
     absl::MutexLock lock(&mu_);
-    if (!status.ok() && !failure_.ok()) status = failure_;  // the root cause, not the echo
-    finished_ = true;
+    if (!status.ok() && !first_error_.ok()) status = first_error_;  // the root cause, not the echo
+    report = lifecycle_ != Lifecycle::kStopping;
+    Transition(Lifecycle::kFinished);
     outcome_ = status;
-    report = !stopping_ && !reported_;
-    reported_ = true;
   }
-  if (!status.ok()) Abort(status, false);
+  if (!status.ok()) Abort(status);
   // Before the result: the job ends once every stage's result is in.
   if (report) EmitTrace();
   // The stage is over: its series leave /metrics now, not at the next job.
@@ -398,12 +401,11 @@ void StageRuntime::EmitTrace() {
   env_.emit(std::move(event));
 }
 
-void StageRuntime::Abort(const absl::Status& why, bool report) {
+void StageRuntime::Abort(const absl::Status& why) {
   std::shared_ptr<UpstreamStream> upstream;
   {
     absl::MutexLock lock(&mu_);
-    if (failure_.ok()) failure_ = why;
-    if (!report) reported_ = reported_ || stopping_;
+    RecordError(why);
     upstream = upstream_;
   }
   from_prev_.Close();
@@ -416,12 +418,36 @@ void StageRuntime::Abort(const absl::Status& why, bool report) {
 void StageRuntime::Stop(const absl::Status& why) {
   {
     absl::MutexLock lock(&mu_);
-    stopping_ = true;
+    Transition(Lifecycle::kStopping);
   }
-  Abort(why, false);
+  Abort(why);
 }
 
-void StageRuntime::Fail(const absl::Status& why) { Abort(why, true); }
+void StageRuntime::Fail(const absl::Status& why) { Abort(why); }
+
+bool StageRuntime::Transition(Lifecycle to) {
+  const Lifecycle from = lifecycle_;
+  bool allowed = false;
+  switch (to) {
+    case Lifecycle::kCreated:
+      break;
+    case Lifecycle::kRunning:
+      allowed = from == Lifecycle::kCreated;
+      break;
+    case Lifecycle::kStopping:
+      allowed = from == Lifecycle::kCreated || from == Lifecycle::kRunning;
+      break;
+    case Lifecycle::kFinished:
+      allowed = from == Lifecycle::kRunning || from == Lifecycle::kStopping;
+      break;
+  }
+  if (allowed) lifecycle_ = to;
+  return allowed;
+}
+
+void StageRuntime::RecordError(const absl::Status& why) {
+  if (first_error_.ok()) first_error_ = why;
+}
 
 void StageRuntime::Join() {
   absl::MutexLock lock(&join_mu_);
@@ -432,11 +458,12 @@ bool StageRuntime::started() const { return compute_.joinable(); }
 
 bool StageRuntime::running() const {
   absl::MutexLock lock(&mu_);
-  return compute_.joinable() && !finished_;
+  return compute_.joinable() && lifecycle_ != Lifecycle::kFinished;
 }
 
 std::optional<absl::Status> StageRuntime::outcome() const {
   absl::MutexLock lock(&mu_);
+  if (lifecycle_ != Lifecycle::kFinished) return std::nullopt;
   return outcome_;
 }
 
@@ -474,7 +501,7 @@ absl::Status StageRuntime::AttachUpstream(const v1::StageMessage& message,
                      stage() - 1, " of job ", job_id(), " (attempt ", assignment_.attempt(), ")"));
   }
   absl::MutexLock lock(&mu_);
-  if (!failure_.ok()) return absl::PermissionDeniedError("the job has stopped on this stage");
+  if (!first_error_.ok()) return absl::PermissionDeniedError("the job has stopped on this stage");
   if (upstream_) {
     return absl::PermissionDeniedError(
         absl::StrCat("stage ", stage(), " of job ", job_id(), " already has its upstream stream"));
@@ -496,7 +523,7 @@ absl::StatusOr<v1::StageMessage> StageRuntime::Receive(BoundedQueue<v1::StageMes
     return std::move(*m);
   }
   absl::MutexLock lock(&mu_);
-  return failure_.ok() ? absl::CancelledError("stopped") : failure_;
+  return first_error_.ok() ? absl::CancelledError("stopped") : first_error_;
 }
 
 absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFromPrev() {
@@ -542,7 +569,7 @@ absl::Status StageRuntime::SendToPrev(v1::StageMessage message) {
   {
     absl::MutexLock lock(&mu_);
     upstream = upstream_;
-    if (!failure_.ok()) return failure_;
+    if (!first_error_.ok()) return first_error_;
   }
   if (!upstream) return absl::FailedPreconditionError("no stream from the previous stage yet");
   return SendStamped(std::move(message),
@@ -587,8 +614,8 @@ void StageRuntime::Summarize(const std::string& key, double value) {
 
 absl::Status StageRuntime::Interrupted() const {
   absl::MutexLock lock(&mu_);
-  if (!failure_.ok()) return failure_;
-  return stopping_ ? absl::CancelledError("stopped") : absl::OkStatus();
+  if (!first_error_.ok()) return first_error_;
+  return lifecycle_ == Lifecycle::kStopping ? absl::CancelledError("stopped") : absl::OkStatus();
 }
 
 bool StageRuntime::CheckpointScheduled(int64_t step) const {
@@ -675,6 +702,33 @@ void StageRuntime::ReportStep(int64_t phase_steps_done, double train_loss, int64
   (*m->mutable_values())["compute_seconds"] = metrics_->compute_seconds();
   env_.emit(std::move(event));
 }
+
+absl::Status StageRuntime::JoinReplicas() {
+  const std::string& host = assignment_.collective_host();
+  const auto bucket_bytes =
+      std::max<int64_t>(1, static_cast<int64_t>(spec_.sync.bucket_mb * (1 << 20)));
+  return replicas_->Join(env_.collective_store(assignment_),
+                         {.rank = replica(),
+                          .size = num_replicas(),
+                          .host = host.empty() ? "127.0.0.1" : host,
+                          .timeout = env_.collective_timeout,
+                          .bucket_bytes = bucket_bytes,
+                          .name = absl::StrCat("stage ", stage())});
+}
+
+absl::Status StageRuntime::AverageReplicaGradients(torch::optim::Optimizer* extra) {
+  return replicas_->AverageGradients(*optimizer_, extra);
+}
+
+absl::Status StageRuntime::AverageReplicaGradientsOf(torch::optim::Optimizer& optimizer) {
+  return replicas_->AverageGradientsOf(optimizer);
+}
+
+absl::Status StageRuntime::SyncReplicas(torch::optim::Optimizer* extra) {
+  return replicas_->Sync(*optimizer_, extra);
+}
+
+void StageRuntime::ArmReplicaOverlap() { replicas_->ArmOverlap(*optimizer_); }
 
 void StageRuntime::ReportEval(int64_t phase_steps_done, double loss, double accuracy,
                               int64_t samples) {

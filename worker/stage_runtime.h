@@ -26,10 +26,9 @@
 #include "stagewise/v1/coordinator.pb.h"
 #include "worker/collective.h"
 #include "worker/device_turns.h"
-#include "worker/outer_sync.h"
-#include "worker/overlap.h"
 #include "worker/peer_stream.h"
 #include "worker/stage_context.h"
+#include "worker/stage_replicas.h"
 
 namespace stagewise::worker {
 
@@ -142,9 +141,9 @@ class StageRuntime final : public StageContext {
   Tracer* tracer() override { return tracer_.get(); }
   DeviceTurns* device_turns() override { return env_.turns.get(); }
   void Summarize(const std::string& key, double value) override;
-  // Replicated stages (worker/stage_replicas.cc): with sync.every = 1 the
-  // gradients are averaged before every step; with H > 1 the outer sync runs
-  // after every H-th.
+  // Replicated stages (StageReplicas): with sync.every = 1 the gradients are
+  // averaged before every step; with H > 1 the outer sync runs after every
+  // H-th.
   absl::Status AverageReplicaGradients(torch::optim::Optimizer* extra) override;
   absl::Status SyncReplicas(torch::optim::Optimizer* extra) override;
   absl::Status AverageReplicaGradientsOf(torch::optim::Optimizer& optimizer) override;
@@ -154,10 +153,6 @@ class StageRuntime final : public StageContext {
   // Replicated stages: meets the stage's other replicas (compute thread,
   // before the first step).
   absl::Status JoinReplicas();
-  // The parameters of the stage's optimizer, then of `extra`.
-  std::vector<torch::Tensor> ReplicatedParameters(torch::optim::Optimizer* extra) const;
-  // At the end of the compute thread: an armed overlap's buckets finished.
-  void FinishReplicaOverlap();
   class InboxSink;
   explicit StageRuntime(RuntimeEnv env);
   absl::StatusOr<v1::StageMessage> Receive(BoundedQueue<v1::StageMessage>& queue,
@@ -185,7 +180,8 @@ class StageRuntime final : public StageContext {
   absl::Status LoadResume(const v1::ResumePoint& resume);
   // An event about this stage: the envelope names the job, stage and attempt.
   v1::WorkerEvent NewEvent() const;
-  void Abort(const absl::Status& why, bool report);
+  // Records `why` (the first error stays) and closes the inboxes and streams.
+  void Abort(const absl::Status& why);
   // Counts a message sent: bytes, and for FORWARD/BACKWARD the message size
   // (metric) and largest size and total (summary).
   void CountSent(v1::StageMessage::Kind kind, int64_t size);
@@ -210,11 +206,7 @@ class StageRuntime final : public StageContext {
   std::shared_ptr<models::MemoryAccount> memory_ = std::make_shared<models::MemoryAccount>();
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<Algorithm> algorithm_;
-  std::unique_ptr<ReplicaGroup> replicas_;  // num_replicas() > 1, once joined
-  // The stage optimizer's gradients averaged during the backward (after
-  // replicas_: destroyed before it).
-  std::unique_ptr<OverlappedAverage> overlap_;
-  std::unique_ptr<OuterSync> outer_;  // sync.every > 1 (or a shard that had one)
+  std::unique_ptr<StageReplicas> replicas_;  // joins when num_replicas() > 1
   data::Datasets data_;
   std::unique_ptr<data::BatchSampler> train_, test_;
   int64_t steps_per_epoch_ = 0;
@@ -250,13 +242,24 @@ class StageRuntime final : public StageContext {
   std::unique_ptr<v1::StageService::Stub> next_stub_;
   std::shared_ptr<DownstreamStream> downstream_;
 
+  // The stage's lifecycle:
+  //   kCreated --Start--> kRunning --compute thread ends--> kFinished
+  //   kCreated, kRunning --Stop--> kStopping --compute thread ends--> kFinished
+  // A stopped stage reports nothing to the coordinator (it asked, or the
+  // worker is going away); a failed one reports its first error once.
+  enum class Lifecycle { kCreated, kRunning, kStopping, kFinished };
+  // The only writer of lifecycle_: false (and nothing changes) for a move
+  // the diagram above does not have.
+  bool Transition(Lifecycle to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps `why` when it is the stage's first error (sticky: later errors are
+  // echoes of it, a peer's broken stream after this stage failed, say).
+  void RecordError(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   mutable absl::Mutex mu_;
   std::shared_ptr<UpstreamStream> upstream_ ABSL_GUARDED_BY(mu_);
-  absl::Status failure_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  bool reported_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // compute thread done with the job
-  std::optional<absl::Status> outcome_ ABSL_GUARDED_BY(mu_);
+  Lifecycle lifecycle_ ABSL_GUARDED_BY(mu_) = Lifecycle::kCreated;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  absl::Status outcome_ ABSL_GUARDED_BY(mu_);  // the compute thread's, once kFinished
   std::chrono::steady_clock::time_point last_report_ ABSL_GUARDED_BY(mu_);
   // The last stage's losses since the last report: it reports their mean.
   double loss_sum_ ABSL_GUARDED_BY(mu_) = 0;

@@ -11,11 +11,22 @@
 
 namespace stagewise::training {
 
-// SGD (momentum, Nesterov, weight decay) or Adam over `module`'s parameters.
+// How an optimizer steps its parameters: multi-tensor (_foreach_*) kernels,
+// one launch per operation for all parameters of a group, or LibTorch's own
+// loop, one per parameter. Both give the same results and the same state.
+enum class OptimizerKernels { kMultiTensor, kPerParameter };
+
+// SGD (momentum, Nesterov, weight decay) or Adam over `module`'s parameters,
+// a torch::optim::SGD or torch::optim::Adam (multi-tensor by default).
 // With exclude_bn_and_bias, parameters of rank <= 1 (biases, BN scale/shift)
 // form a second group without weight decay (Goyal et al. 2017, PETRA Sec. 4.1).
-std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const OptimizerSpec& spec,
-                                                       torch::nn::Module& module);
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
+    const OptimizerSpec& spec, torch::nn::Module& module,
+    OptimizerKernels kernels = OptimizerKernels::kMultiTensor);
+
+// Whether `optimizer` steps with multi-tensor kernels (made by MakeOptimizer
+// with OptimizerKernels::kMultiTensor).
+bool IsMultiTensor(const torch::optim::Optimizer& optimizer);
 
 // Sets the learning rate of every parameter group.
 void SetLearningRate(torch::optim::Optimizer& optimizer, double lr);

@@ -7,3 +7,6 @@ stagewise_add_test(NAME device_turns_test SOURCES device_turns_test.cc
   LIBS stagewise_device_turns LABELS unit)
 stagewise_add_test(NAME reshard_test SOURCES reshard_test.cc
   LIBS stagewise_worker stagewise_training LABELS unit TORCH)
+# The stage runtime's lifecycle (start, stop, failure racing) without gRPC.
+stagewise_add_test(NAME stage_runtime_test SOURCES stage_runtime_test.cc
+  LIBS stagewise_worker LABELS unit TORCH)

@@ -1,0 +1,77 @@
+// The replicas of one stage (docs/replicas.md), as one object the stage
+// runtime owns: the group they meet in, the gradients averaged before every
+// optimizer step (sync.every = 1; started during the backward with
+// sync.overlap), or the outer synchronisation every H steps (sync.every > 1)
+// and its anchors in a checkpoint. Used from the stage's compute thread
+// only (Load and SaveOuter from its set-up and checkpoints). With one
+// replica nothing joins and every call is a no-op.
+#ifndef STAGEWISE_WORKER_STAGE_REPLICAS_H_
+#define STAGEWISE_WORKER_STAGE_REPLICAS_H_
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "services/spec/job_spec.h"
+#include "worker/collective.h"
+#include "worker/outer_sync.h"
+#include "worker/overlap.h"
+
+namespace stagewise::worker {
+
+class StageReplicas {
+ public:
+  // `summarize` records a value of the stage's result (overlapped_buckets).
+  StageReplicas(SyncSpec sync, std::function<void(const std::string&, double)> summarize);
+  ~StageReplicas();
+  StageReplicas(const StageReplicas&) = delete;
+  StageReplicas& operator=(const StageReplicas&) = delete;
+
+  // Meets the other replicas through `store` (before the first step).
+  absl::Status Join(c10::intrusive_ptr<c10d::Store> store, const ReplicaGroupOptions& options);
+  bool joined() const { return group_ != nullptr; }
+
+  // Before the stage optimizer's step: every replica ends with the mean
+  // gradient of the parameters of `stage` (and `extra`'s, if any). With
+  // sync.every > 1, each replica steps on its own gradients instead (the
+  // first call takes the anchors).
+  absl::Status AverageGradients(torch::optim::Optimizer& stage, torch::optim::Optimizer* extra);
+  // The same for another optimizer's parameters alone (auxiliary heads).
+  absl::Status AverageGradientsOf(torch::optim::Optimizer& optimizer);
+  // After the step: the outer synchronisation every sync.every steps.
+  absl::Status Sync(torch::optim::Optimizer& stage, torch::optim::Optimizer* extra);
+  // Before the last backward of a step (sync.overlap): the stage
+  // optimizer's buckets start as their gradients are ready.
+  void ArmOverlap(torch::optim::Optimizer& stage);
+
+  // The end of the run: finishes an armed overlap's buckets (the result no
+  // longer matters) and closes the group, so that a replica still waiting in
+  // a collective with this one fails at once.
+  void Close();
+
+  // Checkpoints (sync.every > 1): the outer sync's anchors into `archive`
+  // (false when there are none to save), and back.
+  bool SaveOuter(torch::serialize::OutputArchive& archive) const;
+  absl::Status LoadOuter(torch::serialize::InputArchive& archive);
+
+ private:
+  // The parameters of `stage`, then of `extra`.
+  static std::vector<torch::Tensor> Parameters(torch::optim::Optimizer& stage,
+                                               torch::optim::Optimizer* extra);
+
+  const SyncSpec sync_;
+  const std::function<void(const std::string&, double)> summarize_;
+  std::unique_ptr<ReplicaGroup> group_;  // once joined
+  // The stage optimizer's gradients averaged during the backward (declared
+  // after group_: destroyed before it).
+  std::unique_ptr<OverlappedAverage> overlap_;
+  std::unique_ptr<OuterSync> outer_;  // sync.every > 1 (or a shard that had one)
+};
+
+}  // namespace stagewise::worker
+
+#endif  // STAGEWISE_WORKER_STAGE_REPLICAS_H_
