@@ -17,6 +17,13 @@ namespace {
 // (AdamParamState, SGDParamState) under the same keys, so checkpoints,
 // resharding and the serialized state are unchanged; results equal the
 // per-parameter loop (tests/unit/training_test.cc).
+// The loss of an optimizer step's closure (with gradients on), if any.
+torch::Tensor Evaluate(const torch::optim::Optimizer::LossClosure& closure) {
+  if (closure == nullptr) return {};
+  at::AutoGradMode enable_grad(true);
+  return closure();
+}
+
 class ForeachAdam final : public torch::optim::Adam {
  public:
   using torch::optim::Adam::Adam;
@@ -27,12 +34,8 @@ class ForeachAdam final : public torch::optim::Adam {
         return torch::optim::Adam::step(std::move(closure));  // not multi-tensor
       }
     }
+    const torch::Tensor loss = Evaluate(closure);
     torch::NoGradGuard no_grad;
-    torch::Tensor loss;
-    if (closure != nullptr) {
-      at::AutoGradMode enable_grad(true);
-      loss = closure();
-    }
     for (auto& group : param_groups_) {
       const auto& o = static_cast<const torch::optim::AdamOptions&>(group.options());
       const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
@@ -79,12 +82,8 @@ class ForeachSgd final : public torch::optim::SGD {
   using torch::optim::SGD::SGD;
 
   torch::Tensor step(LossClosure closure = nullptr) override {
+    const torch::Tensor loss = Evaluate(closure);
     torch::NoGradGuard no_grad;
-    torch::Tensor loss;
-    if (closure != nullptr) {
-      at::AutoGradMode enable_grad(true);
-      loss = closure();
-    }
     for (auto& group : param_groups_) {
       const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
       std::vector<torch::Tensor> params, grads;

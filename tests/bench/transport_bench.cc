@@ -45,6 +45,7 @@
 #include "services/rpc/server.h"
 #include "services/tensor/codec.h"
 #include "tests/bench/bench_util.h"
+#include "tests/integration/free_port.h"
 #include "worker/peer_stream.h"
 
 namespace {
@@ -283,23 +284,9 @@ double Seconds(Clock::time_point t0) {
 }
 
 using stagewise::bench::Median;
+using stagewise::testing::FreePort;
 
 // ---- iperf3 -----------------------------------------------------------------
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
 
 // Single-stream loopback MB/s (received), or 0 when iperf3 cannot run.
 double Iperf3MBps(const std::string& iperf3) {

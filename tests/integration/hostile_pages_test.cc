@@ -22,11 +22,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "services/metrics/metrics.h"
+#include "tests/integration/free_port.h"
 #include "tests/oracle/process_cluster.h"
 
 namespace stagewise {
 namespace {
 
+using testing::FreePort;
 using testing::ProcessCluster;
 using Options = ProcessCluster::Options;
 
@@ -43,22 +45,6 @@ Options PagesOptions(int port) {
   o.coordinator_args = {"--web-listen", absl::StrCat("127.0.0.1:", port),
                         "--web-header-timeout-seconds", "3"};
   return o;
-}
-
-// A port nobody listens on now (the pages are started on it).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
 }
 
 // The process's peak resident memory (VmHWM), in KiB.

@@ -40,12 +40,14 @@
 #include "stagewise/v1/coordinator.grpc.pb.h"
 #include "stagewise/v1/stage.grpc.pb.h"
 #include "tests/integration/fake_worker.h"
+#include "tests/integration/free_port.h"
 #include "tests/oracle/process_cluster.h"
 
 namespace stagewise {
 namespace {
 
 using testing::FakeWorker;
+using testing::FreePort;
 using testing::ProcessCluster;
 using Options = ProcessCluster::Options;
 
@@ -552,6 +554,16 @@ TEST(Hostile, OneCertificateCannotHoldTwoStagesOfAJob) {
   (void)cluster.client().Cancel(*shared, "test");
 }
 
+// Registers `fake`, which acknowledges the stage it is given and heartbeats,
+// and sends nothing else unless the test does; waits until the cluster's
+// worker and the fake are both registered.
+void TakeStageAndKeepQuiet(ProcessCluster& cluster, FakeWorker& fake) {
+  ASSERT_TRUE(fake.Register().ok());
+  fake.Open("-", /*ack_configures=*/true);
+  fake.KeepAlive(absl::Milliseconds(200));
+  ASSERT_TRUE(cluster.WaitForWorkers(2).ok());
+}
+
 // Finding: a stage holder that sends nothing stalled its job forever. A
 // running job whose step does not advance for recovery.stall_seconds is
 // recovered as if a stage were lost (cause "stalled"), and fails when its
@@ -560,10 +572,7 @@ TEST(Hostile, ASilentStageIsCaughtByTheStallWatchdog) {
   ProcessCluster cluster(Options::OneWorker());
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   FakeWorker fake(cluster, "a-fake");  // sorts before w0: stage 0
-  ASSERT_TRUE(fake.Register().ok());
-  fake.Open("-", /*ack_configures=*/true);  // takes the stage, then says nothing
-  fake.KeepAlive(absl::Milliseconds(200));
-  ASSERT_TRUE(cluster.WaitForWorkers(2).ok());
+  ASSERT_NO_FATAL_FAILURE(TakeStageAndKeepQuiet(cluster, fake));
   auto id = cluster.client().Submit(R"(name: silent
 model: {name: mlp, hidden: [32, 32]}
 data: {dataset: synthetic, train_size: 256, test_size: 32, shape: [1, 8, 8], classes: 4}
@@ -594,10 +603,7 @@ TEST(Hostile, RepeatedPhaseDonesDoNotKeepTheStallWatchdogQuiet) {
   ProcessCluster cluster(o);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   FakeWorker fake(cluster, "a-fake");  // sorts before w0: stage 0
-  ASSERT_TRUE(fake.Register().ok());
-  fake.Open("-", /*ack_configures=*/true);
-  fake.KeepAlive(absl::Milliseconds(200));
-  ASSERT_TRUE(cluster.WaitForWorkers(2).ok());
+  ASSERT_NO_FATAL_FAILURE(TakeStageAndKeepQuiet(cluster, fake));
   auto id = cluster.client().Submit(R"(name: chatty
 model: {name: mlp, hidden: [32, 32]}
 data: {dataset: synthetic, train_size: 256, test_size: 32, shape: [1, 8, 8], classes: 4}
@@ -959,22 +965,6 @@ TEST(Tls, TokensDecideWhatAClientMayDo) {
   auto end = cluster.WaitForEnd(*id, absl::Seconds(60));
   ASSERT_TRUE(end.ok());
   EXPECT_EQ(end->state(), v1::CANCELLED);
-}
-
-// A port no process listens on yet (bound, then released).
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return port;
 }
 
 grpc::Status HealthCheck(const std::string& target, grpc::health::v1::HealthCheckResponse* out) {
