@@ -554,6 +554,15 @@ TEST(Hostile, OneCertificateCannotHoldTwoStagesOfAJob) {
   (void)cluster.client().Cancel(*shared, "test");
 }
 
+// A 2-stage job the stall watchdog watches closely.
+std::string StallJob(int max_restarts, int stall_seconds) {
+  return absl::StrCat(
+      "name: stalled\nmodel: {name: mlp, hidden: [32, 32]}\n"
+      "data: {dataset: synthetic, train_size: 256, test_size: 32, shape: [1, 8, 8], classes: 4}\n"
+      "batch_size: 16\nstages: 2\nsteps: 1000\nrecovery: {max_restarts: ",
+      max_restarts, ", stall_seconds: ", stall_seconds, "}\n");
+}
+
 // Registers `fake`, which acknowledges the stage it is given and heartbeats,
 // and sends nothing else unless the test does; waits until the cluster's
 // worker and the fake are both registered.
@@ -573,14 +582,7 @@ TEST(Hostile, ASilentStageIsCaughtByTheStallWatchdog) {
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   FakeWorker fake(cluster, "a-fake");  // sorts before w0: stage 0
   ASSERT_NO_FATAL_FAILURE(TakeStageAndKeepQuiet(cluster, fake));
-  auto id = cluster.client().Submit(R"(name: silent
-model: {name: mlp, hidden: [32, 32]}
-data: {dataset: synthetic, train_size: 256, test_size: 32, shape: [1, 8, 8], classes: 4}
-batch_size: 16
-stages: 2
-steps: 1000
-recovery: {max_restarts: 1, stall_seconds: 2}
-)");
+  auto id = cluster.client().Submit(StallJob(/*max_restarts=*/1, /*stall_seconds=*/2));
   ASSERT_TRUE(id.ok()) << id.status();
   auto end = cluster.WaitForEnd(*id, absl::Seconds(120));
   ASSERT_TRUE(end.ok()) << end.status();
@@ -604,14 +606,7 @@ TEST(Hostile, RepeatedPhaseDonesDoNotKeepTheStallWatchdogQuiet) {
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   FakeWorker fake(cluster, "a-fake");  // sorts before w0: stage 0
   ASSERT_NO_FATAL_FAILURE(TakeStageAndKeepQuiet(cluster, fake));
-  auto id = cluster.client().Submit(R"(name: chatty
-model: {name: mlp, hidden: [32, 32]}
-data: {dataset: synthetic, train_size: 256, test_size: 32, shape: [1, 8, 8], classes: 4}
-batch_size: 16
-stages: 2
-steps: 1000
-recovery: {max_restarts: 0, stall_seconds: 4}
-)");
+  auto id = cluster.client().Submit(StallJob(/*max_restarts=*/0, /*stall_seconds=*/4));
   ASSERT_TRUE(id.ok()) << id.status();
   std::atomic<bool> stop{false};
   std::atomic<int> sent{0};
