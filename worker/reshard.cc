@@ -47,17 +47,16 @@ absl::Status RegroupShards(const std::vector<ReshardSource>& sources, models::Mo
     }
     models::Model& from = **built;
     std::unique_ptr<torch::optim::Optimizer> from_optimizer;
-    try {
-      torch::serialize::InputArchive saved_model, saved_optimizer;
-      source.archive->read("model", saved_model);
-      from.load(saved_model);
-      from_optimizer = build_optimizer(from);
-      source.archive->read("optimizer", saved_optimizer);
-      from_optimizer->load(saved_optimizer);
-    } catch (const std::exception& e) {
+    if (absl::Status s = source.shard->LoadModel(from); !s.ok()) {
       return absl::DataLossError(absl::StrCat(source.path, ": does not hold blocks [",
                                               source.block_begin, ", ", source.block_end,
-                                              ") of this job's model: ", e.what()));
+                                              ") of this job's model: ", s.message()));
+    }
+    from_optimizer = build_optimizer(from);
+    if (absl::Status s = source.shard->LoadOptimizer(*from_optimizer); !s.ok()) {
+      return absl::DataLossError(absl::StrCat(source.path, ": does not hold blocks [",
+                                              source.block_begin, ", ", source.block_end,
+                                              ") of this job's model: ", s.message()));
     }
     const auto& states = from_optimizer->state();
     size_t known_states = 0;  // the shard's parameters with a state, any stage's

@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "services/checkpoint/shard_archive.h"
 #include "services/models/model.h"
 
 namespace stagewise::worker {
@@ -31,7 +32,7 @@ struct ReshardSource {
   std::string path;  // names it in errors
   int block_begin = 0;
   int block_end = 0;
-  torch::serialize::InputArchive* archive = nullptr;  // the whole shard
+  checkpoint::ShardReader* shard = nullptr;  // the whole shard
 };
 
 // Builds the stage model of the blocks [begin, end) (the job's model spec and

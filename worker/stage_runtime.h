@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "services/checkpoint/shard_archive.h"
 #include "services/common/bounded_queue.h"
 #include "services/common/path_policy.h"
 #include "services/metrics/metrics.h"
@@ -226,7 +227,7 @@ class StageRuntime final : public StageContext {
   std::unique_ptr<torch::serialize::InputArchive> resume_state_;
   // The shard resume_state_ was read from: a nested archive may rely on its
   // parent's compilation unit, so the parent lives as long.
-  std::unique_ptr<torch::serialize::InputArchive> resume_archive_;
+  std::unique_ptr<checkpoint::ShardReader> resume_archive_;
   int start_phase_ = 0;     // the phase the compute thread begins with
   bool resharded_ = false;  // resumed inside a phase on another cut (no algorithm state)
   // Planned checkpoints (CheckpointCommand): asked for (any thread), and the

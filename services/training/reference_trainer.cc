@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "services/checkpoint/checkpoint.h"
+#include "services/checkpoint/shard_archive.h"
 #include "services/common/status_macros.h"
 #include "services/models/loss.h"
 #include "services/training/optimizer.h"
@@ -22,14 +23,6 @@ namespace {
 
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-}
-
-torch::Tensor Scalar(int64_t v) { return torch::tensor(v, torch::kInt64); }
-
-int64_t ReadScalar(torch::serialize::InputArchive& archive, const std::string& key) {
-  torch::Tensor t;
-  archive.read(key, t);
-  return t.item<int64_t>();
 }
 
 int64_t NowUnixMs() {
@@ -120,29 +113,15 @@ EvalResult ReferenceTrainer::Evaluate() {
 absl::StatusOr<std::string> ReferenceTrainer::SaveCheckpoint(const std::string& spec_yaml) const {
   const CheckpointSpec& c = spec_.checkpoint;
   const std::string step_dir = checkpoint::StepDir(c.dir, spec_.name, step_);
-  std::string data;
-  try {
-    torch::serialize::OutputArchive archive;
-    torch::serialize::OutputArchive model;
-    model_->save(model);
-    archive.write("model", model);
-    torch::serialize::OutputArchive opt;
-    optimizer_->save(opt);
-    archive.write("optimizer", opt);
-    torch::serialize::OutputArchive algorithm;  // plain backprop keeps no state
-    archive.write("algorithm", algorithm);
-    archive.write("step", Scalar(step_));
-    archive.write("phase", Scalar(0));
-    archive.write("phase_step", Scalar(step_));
-    archive.write("stage", Scalar(0));
-    archive.write("block_begin", Scalar(0));
-    archive.write("block_end", Scalar(model_->size()));
-    std::ostringstream bytes;
-    archive.save_to(bytes);
-    data = std::move(bytes).str();
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("saving checkpoint ", step_dir, ": ", e.what()));
+  checkpoint::ShardPosition at;
+  at.step = step_;
+  at.phase_step = step_;
+  at.block_end = static_cast<int64_t>(model_->size());
+  absl::StatusOr<std::string> bytes = checkpoint::SerializeShard(at, *model_, *optimizer_);
+  if (!bytes.ok()) {
+    return absl::InternalError(absl::StrCat(step_dir, ": ", bytes.status().message()));
   }
+  const std::string& data = *bytes;
   const std::string file = checkpoint::ShardFileName(0);
   if (absl::Status s = checkpoint::WriteFileAtomically(step_dir + "/" + file, data); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("checkpoint.dir: ", s.message()));
@@ -182,19 +161,11 @@ absl::Status ReferenceTrainer::LoadCheckpoint(const checkpoint::Committed& commi
   absl::StatusOr<std::string> data = checkpoint::ReadFile(path);
   if (!data.ok()) return absl::DataLossError(data.status().message());
   STAGEWISE_RETURN_IF_ERROR(checkpoint::VerifyBytes(*data, shard.bytes(), shard.crc32(), path));
-  try {
-    torch::serialize::InputArchive archive;
-    archive.load_from(data->data(), data->size(), device_);
-    torch::serialize::InputArchive model;
-    archive.read("model", model);
-    model_->load(model);
-    torch::serialize::InputArchive opt;
-    archive.read("optimizer", opt);
-    optimizer_->load(opt);
-    step_ = ReadScalar(archive, "step");
-  } catch (const std::exception& e) {
-    return absl::DataLossError(absl::StrCat("loading checkpoint ", path, ": ", e.what()));
-  }
+  STAGEWISE_ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::ShardReader> reader,
+                             checkpoint::ShardReader::Parse(*data, device_, path));
+  STAGEWISE_RETURN_IF_ERROR(reader->LoadModel(*model_));
+  STAGEWISE_RETURN_IF_ERROR(reader->LoadOptimizer(*optimizer_));
+  step_ = reader->position().step;
   return absl::OkStatus();
 }
 

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "services/checkpoint/shard_archive.h"
 #include "services/common/status_macros.h"
 #include "services/data/sizes.h"
 #include "services/models/model.h"
@@ -35,17 +36,18 @@ absl::Status FakeStageContext::Checkpoint(int64_t steps_done) {
   if (algorithm_ == nullptr) {
     return absl::InternalError(absl::StrCat("stage ", stage_, ": checkpoint outside Run"));
   }
-  torch::serialize::OutputArchive archive, model, optimizer, algorithm;
-  model_->save(model);
-  optimizer_->save(optimizer);
-  STAGEWISE_RETURN_IF_ERROR(algorithm_->SaveState(*this, algorithm));
-  archive.write("model", model);
-  archive.write("optimizer", optimizer);
-  archive.write("algorithm", algorithm);
-  archive.write("steps_done", c10::IValue(steps_done));
-  std::ostringstream out;
-  archive.save_to(out);
-  return job_->AddShard(steps_done, stage_, out.str());
+  // The stage runtime's shard format (services/checkpoint/shard_archive.h).
+  checkpoint::ShardPosition at;
+  at.step = steps_done;
+  at.phase_step = steps_done;
+  at.stage = stage_;
+  checkpoint::ShardExtras extras;
+  extras.algorithm = [this](torch::serialize::OutputArchive& archive) {
+    return algorithm_->SaveState(*this, archive);
+  };
+  STAGEWISE_ASSIGN_OR_RETURN(const std::string shard,
+                             checkpoint::SerializeShard(at, *model_, *optimizer_, extras));
+  return job_->AddShard(steps_done, stage_, shard);
 }
 
 data::Batch FakeStageContext::TrainBatch(int64_t step) const {
@@ -271,24 +273,19 @@ absl::Status FakeJob::Resume(const FakeCheckpoint& checkpoint, int64_t step, Alg
       return absl::InvalidArgumentError(absl::StrCat("checkpoint has no shard for stage ", j));
     }
     try {
-      auto shard = std::make_unique<torch::serialize::InputArchive>();
-      std::istringstream in(checkpoint[j]);
-      shard->load_from(in);
-      c10::IValue saved_step;
-      shard->read("steps_done", saved_step);
-      if (saved_step.toInt() != step) {
+      STAGEWISE_ASSIGN_OR_RETURN(
+          std::unique_ptr<checkpoint::ShardReader> shard,
+          checkpoint::ShardReader::Parse(checkpoint[j], torch::kCPU,
+                                         absl::StrCat("stage ", j, "'s shard")));
+      if (shard->position().step != step) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "stage ", j, "'s shard was taken after step ", saved_step.toInt(), ", not ", step));
+            "stage ", j, "'s shard was taken after step ", shard->position().step, ", not ", step));
       }
-      torch::serialize::InputArchive model, optimizer;
-      shard->read("model", model);
-      s.model_->load(model);
-      shard->read("optimizer", optimizer);
-      s.optimizer_->load(optimizer);
+      STAGEWISE_RETURN_IF_ERROR(shard->LoadModel(*s.model_));
+      STAGEWISE_RETURN_IF_ERROR(shard->LoadOptimizer(*s.optimizer_));
       s.resume_state_.reset();
       if (state != AlgorithmState::kNone) {
-        auto algorithm = std::make_unique<torch::serialize::InputArchive>();
-        shard->read("algorithm", *algorithm);
+        std::unique_ptr<torch::serialize::InputArchive> algorithm = shard->Algorithm();
         if (state == AlgorithmState::kZeroed) {
           torch::serialize::OutputArchive zeroed;
           ZeroedCopy(*algorithm, zeroed);

@@ -26,6 +26,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "services/checkpoint/shard_archive.h"
 #include "services/common/bounded_queue.h"
 #include "services/data/dataset.h"
 #include "services/metrics/metrics.h"
@@ -135,7 +136,7 @@ class FakeStageContext : public worker::StageContext {
   int64_t first_step_ = 0;
   // After Resume: the loaded shard (kept alive for the nested archive) and
   // the algorithm's part of it.
-  std::unique_ptr<torch::serialize::InputArchive> resume_shard_;
+  std::unique_ptr<checkpoint::ShardReader> resume_shard_;
   std::unique_ptr<torch::serialize::InputArchive> resume_state_;
   mutable absl::Mutex mu_;
   std::map<std::string, double> summary_ ABSL_GUARDED_BY(mu_);

@@ -61,7 +61,7 @@ void Step(models::Model& model, torch::optim::Optimizer& optimizer, int round) {
 struct Stage {
   std::shared_ptr<models::Model> model;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
-  std::unique_ptr<torch::serialize::InputArchive> archive;  // its shard
+  std::unique_ptr<checkpoint::ShardReader> shard;  // its shard
   int begin = 0, end = 0;
 };
 
@@ -77,16 +77,14 @@ Stage Trained(int begin, int end) {
   for (auto& b : s.model->named_buffers()) {
     if (b.value().is_floating_point()) b.value().add_(GradFor(b.key(), b.value(), 9).abs());
   }
-  torch::serialize::OutputArchive shard, model, optimizer;
-  s.model->save(model);
-  s.optimizer->save(optimizer);
-  shard.write("model", model);
-  shard.write("optimizer", optimizer);
-  std::ostringstream bytes;
-  shard.save_to(bytes);
-  const std::string data = bytes.str();
-  s.archive = std::make_unique<torch::serialize::InputArchive>();
-  s.archive->load_from(data.data(), data.size());
+  checkpoint::ShardPosition at;
+  at.block_begin = begin;
+  at.block_end = end;
+  auto data = checkpoint::SerializeShard(at, *s.model, *s.optimizer);
+  EXPECT_TRUE(data.ok()) << data.status();
+  auto shard = checkpoint::ShardReader::Parse(*data, torch::kCPU, "stage shard");
+  EXPECT_TRUE(shard.ok()) << shard.status();
+  s.shard = std::move(*shard);
   return s;
 }
 
@@ -102,7 +100,7 @@ absl::Status Regroup(const std::vector<const Stage*>& from, models::Model& model
   std::vector<ReshardSource> sources;
   for (const Stage* s : from) {
     sources.push_back(
-        {"stage-" + std::to_string(s->begin) + ".pt", s->begin, s->end, s->archive.get()});
+        {"stage-" + std::to_string(s->begin) + ".pt", s->begin, s->end, s->shard.get()});
   }
   return RegroupShards(
       sources, model, optimizer,
