@@ -24,39 +24,76 @@
 
 namespace stagewise::worker {
 
+// Where a stage sits in its job; fixed for the stage's life.
+struct StagePlace {
+  std::string job_id;
+  int stage = 0;
+  int num_stages = 1;
+  int replica = 0;       // which pipeline of a replicated job (0..num_replicas-1)
+  int num_replicas = 1;  // stages.replicas (1 without)
+  // The samples of each mini-batch this stage's pipeline trains on:
+  // batch_size, or its share batch_size / R on replicated stages.
+  int64_t batch_size = 0;
+  torch::Device device{torch::kCPU};
+};
+
+// The current phase as the stage trains it (the same numbers on every
+// stage); steps count from 0 in each phase.
+struct PhaseWindow {
+  int64_t steps_per_epoch = 1;
+  int64_t total_steps = 0;  // of the phase
+  int64_t offset = 0;       // steps of the phases before it (the data position)
+  // The step of the phase this run starts from: 0, or the step of the
+  // checkpoint the job resumed from when it lies inside this phase.
+  int64_t first_step = 0;
+  // The phase resumes at first_step > 0 on another cut than the checkpoint's
+  // (ResumePoint.sources): parameters and optimizer state were regrouped, the
+  // algorithm's state was not; each algorithm restarts its pipeline at
+  // first_step as at a phase start (docs/fault_tolerance.md).
+  bool resharded = false;
+  double base_lr = 0;  // the phase's peak learning rate
+};
+
+class StageReplicas;  // worker/stage_replicas.h
+
 class StageContext {
  public:
   virtual ~StageContext() = default;
 
   virtual const JobSpec& spec() const = 0;
-  // The samples of each mini-batch this stage's pipeline trains on:
-  // batch_size, or its share batch_size / R on replicated stages.
-  virtual int64_t batch_size() const { return spec().batch_size; }
-  virtual const std::string& job_id() const = 0;
-  virtual int stage() const = 0;
-  virtual int num_stages() const = 0;
+  virtual const StagePlace& place() const = 0;
+  const std::string& job_id() const { return place().job_id; }
+  int stage() const { return place().stage; }
+  int num_stages() const { return place().num_stages; }
+  int replica() const { return place().replica; }
+  int num_replicas() const { return place().num_replicas; }
+  int64_t batch_size() const { return place().batch_size; }
+  torch::Device device() const { return place().device; }
   bool first() const { return stage() == 0; }
   bool last() const { return stage() == num_stages() - 1; }
 
   virtual models::Model& model() = 0;
   virtual torch::optim::Optimizer& optimizer() = 0;
-  virtual torch::Device device() const = 0;
   // Per block of the stage: store or rebuild (reversible blocks, as the
   // planner chose); empty when the job leaves it to the algorithm.
   virtual const std::vector<models::BlockMode>& block_modes() const = 0;
 
-  // Training length and schedule of the current phase (same numbers on every
-  // stage); steps count from 0 in each phase.
-  virtual int64_t steps_per_epoch() const = 0;
-  virtual int64_t total_steps() const = 0;
-  virtual double LearningRate(int64_t step) const = 0;
+  // Training length and schedule of the current phase.
+  virtual PhaseWindow window() const = 0;
+  int64_t steps_per_epoch() const { return window().steps_per_epoch; }
+  int64_t total_steps() const { return window().total_steps; }
+  int64_t first_step() const { return window().first_step; }
+  bool resharded() const { return window().resharded; }
+  // The learning rate of step `step` of the phase, per its schedule.
+  double LearningRate(int64_t step) const;
   // Whether an evaluation pass follows optimizer step `step` (1-based count of
   // steps done), per the spec's eval policy.
-  virtual bool EvalDue(int64_t steps_done) const = 0;
+  bool EvalDue(int64_t steps_done) const;
 
   // Stage 0 only: training mini-batch `step` of the current phase (phases
-  // continue through the data where the previous one stopped).
-  virtual data::Batch TrainBatch(int64_t step) const = 0;
+  // continue through the data where the previous one stopped); a replica's
+  // share of it on replicated stages.
+  data::Batch TrainBatch(int64_t step) const;
   // Stage 0 only: the batches.
   virtual const data::BatchSampler& train_batches() const = 0;
   virtual const data::BatchSampler& test_batches() const = 0;
@@ -69,10 +106,8 @@ class StageContext {
   virtual absl::Status SendToNext(v1::StageMessage message) = 0;
   virtual absl::Status SendToPrev(v1::StageMessage message) = 0;
 
-  // Checkpoints and resume (docs/fault_tolerance.md).
-  // The step of the current phase this run starts from: 0, or the step of the
-  // checkpoint the job resumed from when it lies inside this phase.
-  virtual int64_t first_step() const = 0;
+  // Checkpoints and resume (docs/fault_tolerance.md; first_step() and
+  // resharded() above).
   // Whether a checkpoint is taken after `steps_done` steps of the phase: only
   // inside the phase (0 < steps_done < total_steps()); the runtime itself
   // takes those at phase starts and at the end of the job.
@@ -86,45 +121,31 @@ class StageContext {
   // When this phase resumes inside it (first_step() > 0): the algorithm state
   // that Algorithm::SaveState wrote at that checkpoint; nullptr otherwise.
   virtual torch::serialize::InputArchive* resume_state() = 0;
-  // The phase resumes at first_step() > 0 on another cut than the
-  // checkpoint's (ResumePoint.sources): parameters and optimizer state were
-  // regrouped, the algorithm's state was not; each algorithm restarts its
-  // pipeline at first_step() as at a phase start (docs/fault_tolerance.md).
-  virtual bool resharded() const { return false; }
 
   // OK while the job runs; the reason once it was stopped or failed. Algorithms
   // check it at least once per step (a single stage never blocks on a peer).
   virtual absl::Status Interrupted() const = 0;
 
-  // Replicated stages (docs/replicas.md): averages the gradients of the
-  // stage's optimizer (and of `extra`, e.g. an aux head's) with the other
-  // replicas of this stage, just before the optimizer step. OK and nothing
-  // happens when the stage has one replica.
-  virtual absl::Status AverageReplicaGradients(torch::optim::Optimizer* extra) {
-    (void)extra;
-    return absl::OkStatus();
-  }
+  // Replicated stages (docs/replicas.md): the stage's replicas, or null
+  // when it has one (then the calls below do nothing and return OK).
+  virtual StageReplicas* replicas() { return nullptr; }
+  // Averages the gradients of the stage's optimizer (and of `extra`, e.g. an
+  // aux head's) with the other replicas of this stage, just before the
+  // optimizer step.
+  absl::Status AverageReplicaGradients(torch::optim::Optimizer* extra);
   // The same for `optimizer`'s parameters alone (auxnet steps its auxiliary
   // network apart from the stage's optimizer). sync.every > 1 is refused with
   // auxnet, so this always averages.
-  virtual absl::Status AverageReplicaGradientsOf(torch::optim::Optimizer& optimizer) {
-    (void)optimizer;
-    return absl::OkStatus();
-  }
-  // Before the last backward of a step (backprop): with replicas, sync.every
-  // = 1 and sync.overlap, the stage's gradients start their all-reduce as the
+  absl::Status AverageReplicaGradientsOf(torch::optim::Optimizer& optimizer);
+  // Before the last backward of a step (backprop): with sync.every = 1 and
+  // sync.overlap, the stage's gradients start their all-reduce as the
   // backward produces them, and the next AverageReplicaGradients waits for
-  // them (docs/replicas.md, "Overlap"). Nothing happens otherwise.
-  virtual void ArmReplicaOverlap() {}
-  // How many replicas this stage has (stages.replicas; 1 without).
-  virtual int num_replicas() const { return 1; }
+  // them (docs/replicas.md, "Overlap").
+  void ArmReplicaOverlap();
   // Just after the optimizer step (and `extra`'s): with sync.every = H > 1,
   // every H-th call averages the replicas' parameter moves and applies the
-  // outer step (docs/replicas.md). OK and nothing happens otherwise.
-  virtual absl::Status SyncReplicas(torch::optim::Optimizer* extra) {
-    (void)extra;
-    return absl::OkStatus();
-  }
+  // outer step (docs/replicas.md).
+  absl::Status SyncReplicas(torch::optim::Optimizer* extra);
 
   // Progress for the coordinator: last stage reports the loss of each step.
   virtual void ReportStep(int64_t steps_done, double train_loss, int64_t samples) = 0;

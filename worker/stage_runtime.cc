@@ -83,6 +83,14 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
   auto spec = ParseJobSpec(assignment.job_spec_yaml());
   if (!spec.ok()) return spec.status();
   rt->spec_ = *spec;
+  StagePlace& place = rt->place_;
+  place.job_id = assignment.job_id();
+  place.stage = assignment.stage();
+  place.num_stages = assignment.num_stages();
+  place.replica = assignment.replica();
+  place.num_replicas = std::max(1, assignment.num_replicas());
+  place.batch_size = rt->spec_.batch_size / place.num_replicas;
+  place.device = rt->env_.device;
   // The job spec is the submitter's: its paths stay inside the operator's roots.
   if (auto data = ConfinePath("data.path", rt->spec_.data.path, rt->env_.data_roots); !data.ok()) {
     return data.status();
@@ -640,27 +648,6 @@ absl::Status StageRuntime::Checkpoint(int64_t steps_done) {
   }
 }
 
-double StageRuntime::LearningRate(int64_t step) const {
-  return training::LearningRateAt(spec_.schedule, base_lr_, step, steps_per_epoch_, phase_steps_);
-}
-
-bool StageRuntime::EvalDue(int64_t steps_done) const {
-  return data::EvalDue(spec_.eval, phase_offset_, phase_steps_, steps_done, steps_per_epoch_);
-}
-
-data::Batch StageRuntime::TrainBatch(int64_t step) const {
-  const int64_t global = phase_offset_ + step;
-  data::Batch b = train_->Get(global / steps_per_epoch_, global % steps_per_epoch_);
-  if (num_replicas() > 1) {
-    // Replica r's share: rows [r B/R, (r+1) B/R) of the mini-batch all
-    // replicas draw alike (batch_size is a multiple of R, job_spec.cc).
-    const int64_t share = b.x.size(0) / num_replicas();
-    b.x = b.x.narrow(0, replica() * share, share);
-    b.y = b.y.narrow(0, replica() * share, share);
-  }
-  return b;
-}
-
 void StageRuntime::ReportStep(int64_t phase_steps_done, double train_loss, int64_t samples) {
   if (tracer_) tracer_->Advance(phase_steps_done);
   metrics_->SetMemory("tensors", memory_->current());
@@ -716,19 +703,16 @@ absl::Status StageRuntime::JoinReplicas() {
                           .name = absl::StrCat("stage ", stage())});
 }
 
-absl::Status StageRuntime::AverageReplicaGradients(torch::optim::Optimizer* extra) {
-  return replicas_->AverageGradients(*optimizer_, extra);
+PhaseWindow StageRuntime::window() const {
+  PhaseWindow w;
+  w.steps_per_epoch = steps_per_epoch_;
+  w.total_steps = phase_steps_;
+  w.offset = phase_offset_;
+  w.first_step = first_step_;
+  w.resharded = resharded_;
+  w.base_lr = base_lr_;
+  return w;
 }
-
-absl::Status StageRuntime::AverageReplicaGradientsOf(torch::optim::Optimizer& optimizer) {
-  return replicas_->AverageGradientsOf(optimizer);
-}
-
-absl::Status StageRuntime::SyncReplicas(torch::optim::Optimizer* extra) {
-  return replicas_->Sync(*optimizer_, extra);
-}
-
-void StageRuntime::ArmReplicaOverlap() { replicas_->ArmOverlap(*optimizer_); }
 
 void StageRuntime::ReportEval(int64_t phase_steps_done, double loss, double accuracy,
                               int64_t samples) {

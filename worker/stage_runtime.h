@@ -108,22 +108,12 @@ class StageRuntime final : public StageContext {
 
   // StageContext
   const JobSpec& spec() const override { return spec_; }
-  const std::string& job_id() const override { return assignment_.job_id(); }
-  int stage() const override { return assignment_.stage(); }
-  int num_stages() const override { return assignment_.num_stages(); }
+  const StagePlace& place() const override { return place_; }
   int attempt() const { return assignment_.attempt(); }
-  int replica() const { return assignment_.replica(); }
-  int num_replicas() const override { return std::max(1, assignment_.num_replicas()); }
-  int64_t batch_size() const override { return spec_.batch_size / num_replicas(); }
   models::Model& model() override { return *model_; }
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
-  torch::Device device() const override { return env_.device; }
   const std::vector<models::BlockMode>& block_modes() const override { return block_modes_; }
-  int64_t steps_per_epoch() const override { return steps_per_epoch_; }
-  int64_t total_steps() const override { return phase_steps_; }
-  data::Batch TrainBatch(int64_t step) const override;
-  double LearningRate(int64_t step) const override;
-  bool EvalDue(int64_t steps_done) const override;
+  PhaseWindow window() const override;
   const data::BatchSampler& train_batches() const override { return *train_; }
   const data::BatchSampler& test_batches() const override { return *test_; }
   absl::StatusOr<v1::StageMessage> ReceiveFromPrev() override;
@@ -131,24 +121,16 @@ class StageRuntime final : public StageContext {
   absl::Status SendToNext(v1::StageMessage message) override;
   absl::Status SendToPrev(v1::StageMessage message) override;
   absl::Status Interrupted() const override;
-  int64_t first_step() const override { return first_step_; }
   bool CheckpointDue(int64_t steps_done) const override;
   absl::Status Checkpoint(int64_t steps_done) override;
   torch::serialize::InputArchive* resume_state() override { return resume_state_.get(); }
-  bool resharded() const override { return resharded_; }
   void ReportStep(int64_t steps_done, double train_loss, int64_t samples) override;
   void ReportEval(int64_t steps_done, double loss, double accuracy, int64_t samples) override;
   metrics::StageMetrics& stage_metrics() override { return *metrics_; }
   Tracer* tracer() override { return tracer_.get(); }
   DeviceTurns* device_turns() override { return env_.turns.get(); }
   void Summarize(const std::string& key, double value) override;
-  // Replicated stages (StageReplicas): with sync.every = 1 the gradients are
-  // averaged before every step; with H > 1 the outer sync runs after every
-  // H-th.
-  absl::Status AverageReplicaGradients(torch::optim::Optimizer* extra) override;
-  absl::Status SyncReplicas(torch::optim::Optimizer* extra) override;
-  absl::Status AverageReplicaGradientsOf(torch::optim::Optimizer& optimizer) override;
-  void ArmReplicaOverlap() override;
+  StageReplicas* replicas() override { return replicas_.get(); }
 
  private:
   // Replicated stages: meets the stage's other replicas (compute thread,
@@ -199,6 +181,7 @@ class StageRuntime final : public StageContext {
 
   RuntimeEnv env_;
   v1::StageAssignment assignment_;
+  StagePlace place_;
   JobSpec spec_;
   std::shared_ptr<models::Model> model_;
   std::vector<models::BlockMode> block_modes_;

@@ -14,13 +14,14 @@
 
 namespace stagewise::testing {
 
-double FakeStageContext::LearningRate(int64_t step) const {
-  return training::LearningRateAt(spec_.schedule, base_lr_, step, steps_per_epoch_, total_steps_);
-}
-
-// As StageRuntime::EvalDue, for a single phase.
-bool FakeStageContext::EvalDue(int64_t steps_done) const {
-  return data::EvalDue(spec_.eval, 0, total_steps_, steps_done, steps_per_epoch_);
+// One phase, from its start or from a resumed checkpoint (first_step_).
+worker::PhaseWindow FakeStageContext::window() const {
+  worker::PhaseWindow w;
+  w.steps_per_epoch = steps_per_epoch_;
+  w.total_steps = total_steps_;
+  w.first_step = first_step_;
+  w.base_lr = base_lr_;
+  return w;
 }
 
 bool FakeStageContext::CheckpointDue(int64_t steps_done) const {
@@ -30,28 +31,24 @@ bool FakeStageContext::CheckpointDue(int64_t steps_done) const {
 
 absl::Status FakeStageContext::Checkpoint(int64_t steps_done) {
   if (!CheckpointDue(steps_done)) {
-    return absl::InternalError(
-        absl::StrCat("stage ", stage_, ": checkpoint after step ", steps_done, " is not due"));
+    return absl::InternalError(absl::StrCat("stage ", place_.stage, ": checkpoint after step ",
+                                            steps_done, " is not due"));
   }
   if (algorithm_ == nullptr) {
-    return absl::InternalError(absl::StrCat("stage ", stage_, ": checkpoint outside Run"));
+    return absl::InternalError(absl::StrCat("stage ", place_.stage, ": checkpoint outside Run"));
   }
   // The stage runtime's shard format (services/checkpoint/shard_archive.h).
   checkpoint::ShardPosition at;
   at.step = steps_done;
   at.phase_step = steps_done;
-  at.stage = stage_;
+  at.stage = place_.stage;
   checkpoint::ShardExtras extras;
   extras.algorithm = [this](torch::serialize::OutputArchive& archive) {
     return algorithm_->SaveState(*this, archive);
   };
   STAGEWISE_ASSIGN_OR_RETURN(const std::string shard,
                              checkpoint::SerializeShard(at, *model_, *optimizer_, extras));
-  return job_->AddShard(steps_done, stage_, shard);
-}
-
-data::Batch FakeStageContext::TrainBatch(int64_t step) const {
-  return train_->Get(step / steps_per_epoch_, step % steps_per_epoch_);
+  return job_->AddShard(steps_done, place_.stage, shard);
 }
 
 absl::StatusOr<v1::StageMessage> FakeStageContext::Receive(MessageQueue* queue) {
@@ -75,7 +72,7 @@ absl::StatusOr<v1::StageMessage> FakeStageContext::ReceiveFromNext() {
 
 absl::Status FakeStageContext::SendToNext(v1::StageMessage message) {
   if (to_next_ == nullptr) return absl::FailedPreconditionError("the last stage has no next stage");
-  message.set_job_id(job_id_);
+  message.set_job_id(place_.job_id);
   if (to_next_->Push(std::move(message))) return absl::OkStatus();
   absl::Status why = job_->failure();
   return why.ok() ? absl::CancelledError("stopped") : why;
@@ -83,7 +80,7 @@ absl::Status FakeStageContext::SendToNext(v1::StageMessage message) {
 
 absl::Status FakeStageContext::SendToPrev(v1::StageMessage message) {
   if (to_prev_ == nullptr) return absl::FailedPreconditionError("stage 0 has no previous stage");
-  message.set_job_id(job_id_);
+  message.set_job_id(place_.job_id);
   if (to_prev_->Push(std::move(message))) return absl::OkStatus();
   absl::Status why = job_->failure();
   return why.ok() ? absl::CancelledError("stopped") : why;
@@ -170,8 +167,10 @@ absl::StatusOr<std::unique_ptr<FakeJob>> FakeJob::Create(const JobSpec& job_spec
     if (!job->turns_.empty()) s->turns_ = job->turns_[j % W].get();
     s->job_ = job.get();
     s->spec_ = spec;
-    s->stage_ = j;
-    s->num_stages_ = J;
+    s->place_.job_id = "fake-job";
+    s->place_.stage = j;
+    s->place_.num_stages = J;
+    s->place_.batch_size = spec.batch_size;
     STAGEWISE_ASSIGN_OR_RETURN(
         s->model_, models::BuildModel(spec.model, static_cast<uint64_t>(spec.seed), ranges[j].first,
                                       ranges[j].second));
@@ -191,8 +190,8 @@ absl::StatusOr<std::unique_ptr<FakeJob>> FakeJob::Create(const JobSpec& job_spec
       s->to_next_ = job->forward_[j].get();
       s->from_next_ = job->backward_[j].get();
     }
-    s->metrics_ = std::make_unique<metrics::StageMetrics>(job->metrics_server_->registry(),
-                                                          s->job_id_, j, spec.algorithm.name());
+    s->metrics_ = std::make_unique<metrics::StageMetrics>(
+        job->metrics_server_->registry(), s->place_.job_id, j, spec.algorithm.name());
     if (spec.trace.enabled) {
       s->tracer_ =
           std::make_unique<worker::Tracer>(spec.trace.from, spec.trace.to, spec.trace.max_spans);

@@ -60,18 +60,11 @@ using FakeCheckpoint = std::vector<std::string>;
 class FakeStageContext : public worker::StageContext {
  public:
   const JobSpec& spec() const override { return spec_; }
-  const std::string& job_id() const override { return job_id_; }
-  int stage() const override { return stage_; }
-  int num_stages() const override { return num_stages_; }
+  const worker::StagePlace& place() const override { return place_; }
   models::Model& model() override { return *model_; }
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
-  torch::Device device() const override { return torch::kCPU; }
   const std::vector<models::BlockMode>& block_modes() const override { return block_modes_; }
-  int64_t steps_per_epoch() const override { return steps_per_epoch_; }
-  int64_t total_steps() const override { return total_steps_; }
-  double LearningRate(int64_t step) const override;
-  bool EvalDue(int64_t steps_done) const override;
-  data::Batch TrainBatch(int64_t step) const override;
+  worker::PhaseWindow window() const override;
   const data::BatchSampler& train_batches() const override { return *train_; }
   const data::BatchSampler& test_batches() const override { return *test_; }
   absl::StatusOr<v1::StageMessage> ReceiveFromPrev() override;
@@ -88,7 +81,6 @@ class FakeStageContext : public worker::StageContext {
   // Interleaved: the turns of the fake worker holding this stage.
   worker::DeviceTurns* device_turns() override { return turns_; }
   void Summarize(const std::string& key, double value) override;
-  int64_t first_step() const override { return first_step_; }
   bool CheckpointDue(int64_t steps_done) const override;
   // Writes this stage's shard of checkpoint `steps_done` into the job;
   // INTERNAL unless CheckpointDue(steps_done), or if it was taken already.
@@ -113,9 +105,7 @@ class FakeStageContext : public worker::StageContext {
 
   FakeJob* job_ = nullptr;
   JobSpec spec_;
-  std::string job_id_ = "fake-job";
-  int stage_ = 0;
-  int num_stages_ = 1;
+  worker::StagePlace place_;
   std::shared_ptr<models::Model> model_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<models::BlockMode> block_modes_;
