@@ -1,23 +1,18 @@
 #include "worker/stage_runtime.h"
 
-#include <ATen/CPUGeneratorImpl.h>
-
 #include <chrono>
 #include <cmath>
-#include <filesystem>
-#include <mutex>
 #include <optional>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "services/checkpoint/checkpoint.h"
+#include "services/checkpoint/shard_archive.h"
 #include "services/common/path_policy.h"
-#include "services/common/retry_policy.h"
 #include "services/common/status_macros.h"
-#include "services/tensor/codec.h"
 #include "services/tensor/stage_message.h"
 #include "services/training/optimizer.h"
 #include "worker/algorithms/common.h"
+#include "worker/reshard.h"
 
 namespace stagewise::worker {
 
@@ -125,6 +120,14 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
   rt->metrics_ = std::make_unique<metrics::StageMetrics>(
       *rt->env_.registry, rt->env_.job_labels.Of(assignment.job_id()), assignment.stage(),
       rt->spec_.algorithm.name(), assignment.num_replicas() > 1 ? assignment.replica() : -1);
+  v1::WorkerEvent envelope;
+  envelope.set_job_id(assignment.job_id());
+  envelope.set_stage(assignment.stage());
+  envelope.set_attempt(assignment.attempt());
+  envelope.set_replica(assignment.replica());
+  rt->reporter_ = std::make_unique<StageReporter>(rt->env_.emit, std::move(envelope),
+                                                  assignment.stage() == assignment.num_stages() - 1,
+                                                  rt->metrics_.get());
   if (rt->spec_.trace.enabled) {
     rt->tracer_ = std::make_unique<Tracer>(rt->spec_.trace.from, rt->spec_.trace.to,
                                            rt->spec_.trace.max_spans);
@@ -221,9 +224,9 @@ absl::Status StageRuntime::Start() {
     open.set_origin_stage(stage());
     STAGEWISE_RETURN_IF_ERROR(downstream_->Send(std::move(open)));
   }
+  reporter_->Start();
   {
     absl::MutexLock lock(&mu_);
-    last_report_ = std::chrono::steady_clock::now();
     // Stopped before it started: the thread starts and ends at once (it sees
     // the error), so that outcome() and Join() behave as for any stage.
     Transition(Lifecycle::kRunning);
@@ -286,10 +289,10 @@ absl::Status StageRuntime::RunPhases() {
       if (from_prev_.size() != 0 || from_next_.size() != 0) {
         return absl::InternalError(absl::StrCat("messages left over at the end of phase ", p - 1));
       }
-      if (env_.emit) {
-        v1::WorkerEvent event = NewEvent();
+      if (reporter_->connected()) {
+        v1::WorkerEvent event = reporter_->NewEvent();
         event.mutable_phase_done()->set_phase(p - 1);
-        env_.emit(std::move(event));
+        reporter_->Emit(std::move(event));
       } else {
         STAGEWISE_RETURN_IF_ERROR(BeginPhase(p));  // no coordinator: go on
       }
@@ -340,11 +343,7 @@ void StageRuntime::ComputeLoop() {
     // `stagewise export` writes): one layout for checkpoint.dir
     // (services/checkpoint/checkpoint.h). Not again when the job resumed from it.
     if (!spec_.checkpoint.dir.empty() && !resumed_at_end_) {
-      try {
-        status = WriteShard(phase_steps_, false);
-      } catch (const std::exception& e) {
-        status = absl::InternalError(absl::StrCat("stage ", stage(), ": checkpoint: ", e.what()));
-      }
+      status = WriteShard(phase_steps_, false);
     }
   }
   // The run is over: close the replica group now, not when the runtime is
@@ -365,38 +364,12 @@ void StageRuntime::ComputeLoop() {
   if (report) EmitTrace();
   // The stage is over: its series leave /metrics now, not at the next job.
   metrics_->Retire();
-  if (!report || !env_.emit) return;
-  v1::WorkerEvent event = NewEvent();
-  if (status.ok()) {
-    auto* r = event.mutable_result();
-    (*r->mutable_values())["steps"] = static_cast<double>(total_steps_);
-    (*r->mutable_values())["bytes_sent"] = static_cast<double>(metrics_->bytes(true));
-    (*r->mutable_values())["bytes_received"] = static_cast<double>(metrics_->bytes(false));
-    (*r->mutable_values())["idle_seconds"] = metrics_->idle_seconds();
-    absl::MutexLock lock(&mu_);
-    for (const auto& [key, value] : summary_) (*r->mutable_values())[key] = value;
-  } else {
-    auto* e = event.mutable_error();
-    e->set_code(static_cast<int>(status.code()));
-    // A peer or the network went away: another attempt may well succeed.
-    e->set_retryable(IsTransient(status));
-    e->set_message(absl::StrCat("stage ", stage(), ": ", status.message()));
-  }
-  env_.emit(std::move(event));
-}
-
-v1::WorkerEvent StageRuntime::NewEvent() const {
-  v1::WorkerEvent event;
-  event.set_job_id(job_id());
-  event.set_stage(stage());
-  event.set_attempt(assignment_.attempt());
-  event.set_replica(assignment_.replica());
-  return event;
+  if (report) reporter_->Finish(status, total_steps_, stage());
 }
 
 void StageRuntime::EmitTrace() {
-  if (!tracer_ || !env_.emit) return;
-  v1::WorkerEvent event = NewEvent();
+  if (!tracer_ || !reporter_->connected()) return;
+  v1::WorkerEvent event = reporter_->NewEvent();
   v1::TraceChunk* chunk = event.mutable_trace();
   *chunk = tracer_->TakeChunk();
   if (chunk->spans().empty() && chunk->dropped() == 0) return;
@@ -406,7 +379,7 @@ void StageRuntime::EmitTrace() {
     trace_clock_ = env_.clock ? env_.clock->Get() : ClockSync::Estimate{};
   chunk->set_clock_offset_us(trace_clock_->offset_us);
   chunk->set_clock_rtt_us(trace_clock_->rtt_us);
-  env_.emit(std::move(event));
+  reporter_->Emit(std::move(event));
 }
 
 void StageRuntime::Abort(const absl::Status& why) {
@@ -554,10 +527,9 @@ void StageRuntime::RequestCheckpoint() { checkpoint_requested_.store(true); }
 void StageRuntime::PlanExtraCut(int64_t step) {
   if (step <= phase_offset_ + first_step_ || step > total_steps_) return;
   extra_cuts_.insert(step);
-  if (!env_.emit) return;
-  v1::WorkerEvent event = NewEvent();
+  v1::WorkerEvent event = reporter_->NewEvent();
   event.mutable_checkpoint_planned()->set_step(step);
-  env_.emit(std::move(event));
+  reporter_->Emit(std::move(event));
 }
 
 absl::Status StageRuntime::SendToNext(v1::StageMessage message) {
@@ -592,7 +564,7 @@ absl::Status StageRuntime::SendStamped(v1::StageMessage message,
   const auto kind = message.kind();
   absl::Status s = send(std::move(message));
   if (s.ok()) {
-    CountSent(kind, size);
+    reporter_->CountSent(kind, size);
     return s;
   }
   // The stream refused the message: this stage is stopping, or the stream is
@@ -602,22 +574,6 @@ absl::Status StageRuntime::SendStamped(v1::StageMessage message,
   if (absl::Status stopped = Interrupted(); !stopped.ok()) return stopped;
   if (s.code() == absl::StatusCode::kFailedPrecondition) return absl::UnavailableError(s.message());
   return s;
-}
-
-void StageRuntime::CountSent(v1::StageMessage::Kind kind, int64_t size) {
-  metrics_->AddBytes(true, size);
-  if (kind != v1::StageMessage::FORWARD && kind != v1::StageMessage::BACKWARD) return;
-  const std::string name = kind == v1::StageMessage::FORWARD ? "forward" : "backward";
-  metrics_->SetMessageBytes(name, size);
-  absl::MutexLock lock(&mu_);
-  double& largest = summary_[name + "_message_bytes"];
-  largest = std::max(largest, static_cast<double>(size));
-  summary_[name + "_bytes_sent"] += static_cast<double>(size);
-}
-
-void StageRuntime::Summarize(const std::string& key, double value) {
-  absl::MutexLock lock(&mu_);
-  summary_[key] = value;
 }
 
 absl::Status StageRuntime::Interrupted() const {
@@ -641,11 +597,7 @@ absl::Status StageRuntime::Checkpoint(int64_t steps_done) {
     return absl::InternalError(
         absl::StrCat("no checkpoint is due after step ", steps_done, " of phase ", phase_));
   }
-  try {
-    return WriteShard(steps_done, true);
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("stage ", stage(), ": checkpoint: ", e.what()));
-  }
+  return WriteShard(steps_done, true);  // SerializeShard turns exceptions into errors
 }
 
 void StageRuntime::ReportStep(int64_t phase_steps_done, double train_loss, int64_t samples) {
@@ -662,32 +614,8 @@ void StageRuntime::ReportStep(int64_t phase_steps_done, double train_loss, int64
                                                     " (lower optimizer.lr?)")));
     return;
   }
-  if (!env_.emit) return;
   if (tracer_ && tracer_->ChunkReady()) EmitTrace();
-  // Every stage reports its step (the coordinator tracks the slowest); the last
-  // stage adds the mean loss of the steps since its previous report (one
-  // step's loss is noise). Reports are rate-limited to a few per second.
-  double seconds = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    loss_sum_ += train_loss;
-    ++loss_count_;
-    seconds = SecondsSince(last_report_);
-    if (seconds < 0.25 && steps_done != total_steps_) return;
-    last_report_ = std::chrono::steady_clock::now();
-    train_loss = loss_sum_ / static_cast<double>(loss_count_);
-    loss_sum_ = 0;
-    loss_count_ = 0;
-  }
-  v1::WorkerEvent event = NewEvent();
-  auto* m = event.mutable_metrics();
-  m->set_step(steps_done);
-  if (last()) (*m->mutable_values())["train_loss"] = train_loss;
-  (*m->mutable_values())["samples"] = static_cast<double>(samples);
-  (*m->mutable_values())["report_seconds"] = seconds;
-  // Cumulative: the coordinator compares the stage's pace with its plan.
-  (*m->mutable_values())["compute_seconds"] = metrics_->compute_seconds();
-  env_.emit(std::move(event));
+  reporter_->Step(steps_done, total_steps_, train_loss, samples);
 }
 
 absl::Status StageRuntime::JoinReplicas() {
@@ -716,15 +644,144 @@ PhaseWindow StageRuntime::window() const {
 
 void StageRuntime::ReportEval(int64_t phase_steps_done, double loss, double accuracy,
                               int64_t samples) {
-  if (!env_.emit) return;
-  const int64_t steps_done = phase_offset_ + phase_steps_done;
-  v1::WorkerEvent event = NewEvent();
-  auto* m = event.mutable_metrics();
-  m->set_step(steps_done);
-  (*m->mutable_values())["eval_loss"] = loss;
-  (*m->mutable_values())["eval_accuracy"] = accuracy;
-  (*m->mutable_values())["eval_samples"] = static_cast<double>(samples);
-  env_.emit(std::move(event));
+  reporter_->Eval(phase_offset_ + phase_steps_done, loss, accuracy, samples);
+}
+
+// --- checkpoints (services/checkpoint/shard_archive.h) --------------------
+
+absl::StatusOr<std::unique_ptr<checkpoint::ShardReader>> StageRuntime::ReadResumeShard(
+    const std::string& path, int64_t bytes, uint32_t crc32, const v1::ResumePoint& resume,
+    int block_begin, int block_end) const {
+  STAGEWISE_ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::ShardReader> shard,
+                             checkpoint::ReadShardFile(path, bytes, crc32, env_.device));
+  const checkpoint::ShardPosition& at = shard->position();
+  if (at.step != resume.step() || at.phase != resume.phase() ||
+      at.phase_step != resume.phase_step() || at.block_begin != block_begin ||
+      at.block_end != block_end) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": holds step ", at.step, " (phase ", at.phase, ", step ", at.phase_step,
+        ") of stage ", at.stage, ", blocks [", at.block_begin, ", ", at.block_end,
+        "); the resume point says step ", resume.step(), " (phase ", resume.phase(), ", step ",
+        resume.phase_step(), "), blocks [", block_begin, ", ", block_end, ")"));
+  }
+  return shard;
+}
+
+absl::Status StageRuntime::WriteShard(int64_t phase_step, bool with_algorithm) {
+  // Replicas of a stage are equal after every step: replica 0 writes the
+  // stage's one shard (docs/replicas.md).
+  if (replica() > 0) return absl::OkStatus();
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t step = phase_offset_ + phase_step;
+  checkpoint::ShardPosition at;
+  at.step = step;
+  at.phase = phase_;
+  at.phase_step = phase_step;
+  at.stage = stage();
+  at.block_begin = assignment_.block_begin();
+  at.block_end = assignment_.block_end();
+  checkpoint::ShardExtras extras;
+  if (with_algorithm) {
+    extras.algorithm = [this](torch::serialize::OutputArchive& archive) {
+      return algorithm_->SaveState(*this, archive);
+    };
+  }
+  // sync.every > 1: the anchors to resume from.
+  extras.outer_sync = [this](torch::serialize::OutputArchive& archive) {
+    return replicas_->SaveOuter(archive);
+  };
+  extras.rng = true;
+  STAGEWISE_ASSIGN_OR_RETURN(const std::string data,
+                             checkpoint::SerializeShard(at, *model_, *optimizer_, extras));
+  const std::string path = checkpoint::StepDir(spec_.checkpoint.dir, job_id(), step) + "/" +
+                           checkpoint::ShardFileName(stage());
+  if (absl::Status s = checkpoint::WriteFileAtomically(path, data); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("checkpoint.dir: ", s.message()));
+  }
+  metrics_->ObserveCompute("checkpoint", SecondsSince(t0));
+  if (tracer_)
+    tracer_->Record(v1::SPAN_CHECKPOINT, phase_step, 0, t0, std::chrono::steady_clock::now());
+  v1::WorkerEvent event = reporter_->NewEvent();
+  auto* saved = event.mutable_checkpoint_saved();
+  saved->set_step(step);
+  saved->set_phase(phase_);
+  saved->set_phase_step(phase_step);
+  saved->set_path(path);
+  saved->set_bytes(static_cast<int64_t>(data.size()));
+  saved->set_crc32(checkpoint::Crc32(data));
+  reporter_->Emit(std::move(event));
+  return absl::OkStatus();
+}
+
+absl::Status StageRuntime::LoadResume(const v1::ResumePoint& resume) {
+  // The stage's own shard, or (on another cut) every shard with its blocks.
+  const bool resharded = resume.sources_size() > 0;
+  std::vector<std::unique_ptr<checkpoint::ShardReader>> archives;
+  std::vector<ReshardSource> sources;
+  if (!resharded) {
+    STAGEWISE_ASSIGN_OR_RETURN(
+        archives.emplace_back(),
+        ReadResumeShard(resume.shard_path(), resume.shard_bytes(), resume.shard_crc32(), resume,
+                        assignment_.block_begin(), assignment_.block_end()));
+    if (const int64_t saved = archives[0]->position().stage; saved != stage()) {
+      return absl::DataLossError(absl::StrCat(resume.shard_path(), ": holds stage ", saved,
+                                              ", the resume point says stage ", stage()));
+    }
+  }
+  for (const v1::ResumeShard& source : resume.sources()) {
+    STAGEWISE_ASSIGN_OR_RETURN(archives.emplace_back(),
+                               ReadResumeShard(source.path(), source.bytes(), source.crc32(),
+                                               resume, source.block_begin(), source.block_end()));
+    sources.push_back(
+        {source.path(), source.block_begin(), source.block_end(), archives.back().get()});
+  }
+  const std::string& where = resharded ? resume.sources(0).path() : resume.shard_path();
+  const int64_t step = resume.step(), phase = resume.phase(), phase_step = resume.phase_step();
+  if (phase < 0 || phase >= static_cast<int64_t>(phases_.size())) {
+    return absl::DataLossError(
+        absl::StrCat(where, ": phase ", phase, " of a job with ", phases_.size(), " phase(s)"));
+  }
+  for (int p = 1; p <= phase; ++p) STAGEWISE_RETURN_IF_ERROR(EnterPhase(p));
+  if (phase_step < 0 || phase_step > phase_steps_ || phase_offset_ + phase_step != step) {
+    return absl::DataLossError(
+        absl::StrCat(where, ": step ", phase_step, " of phase ", phase, " does not fit this job"));
+  }
+  checkpoint::ShardReader& shard = *archives[0];
+  if (resharded) {
+    STAGEWISE_RETURN_IF_ERROR(RegroupShards(
+        sources, *model_, *optimizer_,
+        [this](int begin, int end) -> absl::StatusOr<std::shared_ptr<models::Model>> {
+          auto built =
+              models::BuildModel(spec_.model, static_cast<uint64_t>(spec_.seed), begin, end);
+          if (built.ok()) (*built)->to(env_.device);
+          return built;
+        },
+        [this](models::Model& m) { return training::MakeOptimizer(spec_.optimizer, m); }));
+  } else {
+    STAGEWISE_RETURN_IF_ERROR(shard.LoadModel(*model_));
+    STAGEWISE_RETURN_IF_ERROR(shard.LoadOptimizer(*optimizer_));
+  }
+  // On another cut: the random stream of the shard that held the stage's
+  // first block.
+  if (!shard.RestoreRng()) return absl::DataLossError(absl::StrCat(where, ": no random state"));
+  if (phase_step > 0 && !resharded) {
+    resume_state_ = shard.Algorithm();
+    resume_archive_ = std::move(archives[0]);  // resume_state_ may rely on it
+  }
+  resharded_ = resharded && phase_step > 0;
+  // Replicated stages with sync.every > 1 are never resharded (job_spec.cc
+  // refuses recovery.min_stages with replicas).
+  if (torch::serialize::InputArchive outer; !resharded && shard.OuterSync(outer)) {
+    STAGEWISE_RETURN_IF_ERROR(replicas_->LoadOuter(outer));
+  }
+  start_phase_ = static_cast<int>(phase);
+  first_step_ = phase_step;
+  resumed_at_end_ = step == total_steps_;
+  {
+    absl::MutexLock lock(&mu_);
+    released_phase_ = start_phase_;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace stagewise::worker

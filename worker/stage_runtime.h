@@ -30,6 +30,7 @@
 #include "worker/peer_stream.h"
 #include "worker/stage_context.h"
 #include "worker/stage_replicas.h"
+#include "worker/stage_reporter.h"
 
 namespace stagewise::worker {
 
@@ -129,7 +130,9 @@ class StageRuntime final : public StageContext {
   metrics::StageMetrics& stage_metrics() override { return *metrics_; }
   Tracer* tracer() override { return tracer_.get(); }
   DeviceTurns* device_turns() override { return env_.turns.get(); }
-  void Summarize(const std::string& key, double value) override;
+  void Summarize(const std::string& key, double value) override {
+    reporter_->Summarize(key, value);
+  }
   StageReplicas* replicas() override { return replicas_.get(); }
 
  private:
@@ -158,16 +161,15 @@ class StageRuntime final : public StageContext {
   // Loads the shard named by StageAssignment.resume (Create, after phase 0
   // is set up): enters the checkpoint's phase, restores everything; on
   // another cut (ResumePoint.sources) regroups what the stage holds from the
-  // sources (worker/reshard.h) and restarts the algorithm's state
-  // (worker/stage_checkpoint.cc).
+  // sources (worker/reshard.h) and restarts the algorithm's state.
   absl::Status LoadResume(const v1::ResumePoint& resume);
-  // An event about this stage: the envelope names the job, stage and attempt.
-  v1::WorkerEvent NewEvent() const;
+  // One shard named by the resume point, read, verified and checked against
+  // it (step, phase, blocks): DATA_LOSS otherwise.
+  absl::StatusOr<std::unique_ptr<checkpoint::ShardReader>> ReadResumeShard(
+      const std::string& path, int64_t bytes, uint32_t crc32, const v1::ResumePoint& resume,
+      int block_begin, int block_end) const;
   // Records `why` (the first error stays) and closes the inboxes and streams.
   void Abort(const absl::Status& why);
-  // Counts a message sent: bytes, and for FORWARD/BACKWARD the message size
-  // (metric) and largest size and total (summary).
-  void CountSent(v1::StageMessage::Kind kind, int64_t size);
   // Stamps `message` with the job and attempt, hands it to `send` (a stream's
   // Send) and counts it once sent.
   absl::Status SendStamped(v1::StageMessage message,
@@ -202,6 +204,7 @@ class StageRuntime final : public StageContext {
   int released_phase_ ABSL_GUARDED_BY(mu_) = 0;  // highest phase the coordinator let start
   double base_lr_ = 0;
   std::unique_ptr<metrics::StageMetrics> metrics_;
+  std::unique_ptr<StageReporter> reporter_;         // after metrics_: destroyed before it
   std::unique_ptr<Tracer> tracer_;                  // with the spec's trace: section
   std::optional<ClockSync::Estimate> trace_clock_;  // taken at the first chunk
   // Resume (StageAssignment.resume): the step of the current phase the run
@@ -244,11 +247,6 @@ class StageRuntime final : public StageContext {
   Lifecycle lifecycle_ ABSL_GUARDED_BY(mu_) = Lifecycle::kCreated;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   absl::Status outcome_ ABSL_GUARDED_BY(mu_);  // the compute thread's, once kFinished
-  std::chrono::steady_clock::time_point last_report_ ABSL_GUARDED_BY(mu_);
-  // The last stage's losses since the last report: it reports their mean.
-  double loss_sum_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t loss_count_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<std::string, double> summary_ ABSL_GUARDED_BY(mu_);
   std::thread compute_;
   absl::Mutex join_mu_;  // serialises Join (std::thread::join is not re-entrant)
 };

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "services/checkpoint/checkpoint.h"
 
 namespace stagewise::checkpoint {
 namespace {
@@ -124,6 +125,19 @@ bool ShardReader::RestoreRng() {
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(rng);
   return true;
+}
+
+absl::StatusOr<std::unique_ptr<ShardReader>> ReadShardFile(const std::string& path, int64_t bytes,
+                                                           uint32_t crc32,
+                                                           const torch::Device& device) {
+  absl::StatusOr<std::string> read = ReadFile(path);
+  if (!read.ok()) {
+    return absl::DataLossError(absl::StrCat("checkpoint shard: ", read.status().message()));
+  }
+  if (absl::Status s = VerifyBytes(*read, bytes, crc32, path); !s.ok()) {
+    return absl::DataLossError(s.message());
+  }
+  return ShardReader::Parse(*read, device, path);
 }
 
 }  // namespace stagewise::checkpoint

@@ -77,6 +77,13 @@ class ShardReader {
   std::string what_;
 };
 
+// The shard file at `path`, checked against its manifest entry (size and
+// CRC-32) and parsed; DATA_LOSS naming the file otherwise (that checkpoint
+// is unusable, an older one may not be).
+absl::StatusOr<std::unique_ptr<ShardReader>> ReadShardFile(const std::string& path, int64_t bytes,
+                                                           uint32_t crc32,
+                                                           const torch::Device& device);
+
 }  // namespace stagewise::checkpoint
 
 #endif  // STAGEWISE_SERVICES_CHECKPOINT_SHARD_ARCHIVE_H_
