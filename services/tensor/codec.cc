@@ -126,15 +126,17 @@ absl::Status EncodeImpl(const torch::Tensor& tensor, v1::TensorProto* out,
 
   // resolve_* materialise lazy neg/conj views, whose raw bytes would otherwise
   // be the un-negated storage even after contiguous().
-  torch::Tensor cpu = tensor.detach().to(torch::kCPU).resolve_conj().resolve_neg();
+  torch::Tensor wire = tensor.detach().resolve_conj().resolve_neg();
   v1::Compression compression = v1::COMPRESSION_NONE;
   if (info->wire == v1::DTYPE_FLOAT32 && options.compression != v1::COMPRESSION_NONE) {
     // Out-of-range values saturate to inf under fp16; bf16 keeps float32's
-    // exponent range. That trade-off is the caller's choice.
+    // exponent range. That trade-off is the caller's choice. Narrowed where
+    // the tensor is (on a GPU, before the copy: half the bytes cross the bus
+    // and the GPU converts), with the same rounding as on the CPU.
     compression = options.compression;
-    cpu = cpu.to(compression == v1::COMPRESSION_FP16 ? torch::kHalf : torch::kBFloat16);
+    wire = wire.to(compression == v1::COMPRESSION_FP16 ? torch::kHalf : torch::kBFloat16);
   }
-  cpu = cpu.contiguous();
+  const torch::Tensor cpu = wire.to(torch::kCPU).contiguous();
 
   out->Clear();
   out->set_dtype(info->wire);

@@ -333,8 +333,39 @@ TEST(TensorCodecTest, CudaInputIsCopiedToCpu) {
   EXPECT_TRUE(torch::equal(decoded, cpu.t()));
 }
 
+// Narrowing happens where the tensor is (on a GPU before the copy): the wire
+// holds the same bytes as narrowing the CPU copy would.
+TEST(TensorCodecTest, CudaInputIsNarrowedOnTheDeviceToTheSameBytes) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(5);
+  const torch::Tensor cpu = torch::randn({33, 17});
+  for (v1::Compression c : {v1::COMPRESSION_FP16, v1::COMPRESSION_BF16}) {
+    v1::TensorProto from_cpu, from_cuda;
+    ASSERT_TRUE(EncodeTensor(cpu.t(), &from_cpu, EncodeOptions{c}).ok());
+    ASSERT_TRUE(EncodeTensor(cpu.to(torch::kCUDA).t(), &from_cuda, EncodeOptions{c}).ok());
+    EXPECT_EQ(from_cpu.data(), from_cuda.data()) << v1::Compression_Name(c);
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Lossy compression.
+
+// A view (transposed, negated) is narrowed value by value: the wire holds
+// exactly the bytes of the contiguous narrowed tensor.
+TEST(TensorCodecTest, CompressedViewsCarryTheNarrowedValuesInOrder) {
+  torch::manual_seed(4);
+  const torch::Tensor x = torch::randn({9, 5});
+  const torch::Tensor view = x.t()._neg_view();
+  for (v1::Compression c : {v1::COMPRESSION_FP16, v1::COMPRESSION_BF16}) {
+    v1::TensorProto proto;
+    ASSERT_TRUE(EncodeTensor(view, &proto, EncodeOptions{c}).ok());
+    const torch::Tensor expected =
+        (-x.t()).contiguous().to(c == v1::COMPRESSION_FP16 ? torch::kHalf : torch::kBFloat16);
+    ASSERT_EQ(proto.data().size(), static_cast<size_t>(expected.numel() * 2));
+    EXPECT_EQ(std::memcmp(proto.data().data(), expected.data_ptr(), proto.data().size()), 0)
+        << v1::Compression_Name(c);
+  }
+}
 
 TEST(TensorCodecTest, Fp16CompressionHalvesBytesWithinTolerance) {
   torch::manual_seed(3);
