@@ -58,6 +58,17 @@ int main(int argc, char** argv) {
                  "A file holding the emulated device's speed, read every 250 ms: writing 0.5 to it "
                  "makes the worker half as fast from then on, running stages included (a host "
                  "that slows down; rebalancing, docs/fault_tolerance.md)");
+  app.add_option("--shared-memory-dir", options.shared_memory_dir,
+                 "tmpfs directory for same-host payloads: a neighbouring stage on this host "
+                 "(same memory, checked with a token) gets large tensors through a shared ring "
+                 "here instead of the socket; the stream still carries every message and check. "
+                 "Empty: off (docs/performance.md, \"Neighbours on one host\")")
+      ->capture_default_str();
+  app.add_option("--shared-memory-mib", options.shared_memory_mib,
+                 "Size of each shared ring (one per neighbour and direction), reserved up front; "
+                 "a payload that does not fit goes inline")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   double termination_grace_s = 50;
   app.add_option("--termination-grace", termination_grace_s,
                  "Seconds a SIGTERM (Kubernetes eviction, a spot notice) leaves a worker that "

@@ -38,6 +38,8 @@ class PeerStream : public std::enable_shared_from_this<PeerStream> {
 
   // Blocks while the outbox is full. Fails once the stream is closed or broken.
   absl::Status Send(v1::StageMessage message) { return outbox_.Send(std::move(message)); }
+  // Never blocks (from inside a reaction): RESOURCE_EXHAUSTED when full.
+  absl::Status TrySend(v1::StageMessage message) { return outbox_.TrySend(std::move(message)); }
   // No more sends; ends the stream once queued writes are out. An error status
   // drops the queued writes and is reported to the peer (server side) or
   // cancels the call at once (client side).

@@ -17,6 +17,24 @@ bool StageContext::EvalDue(int64_t steps_done) const {
   return data::EvalDue(spec().eval, w.offset, w.total_steps, steps_done, w.steps_per_epoch);
 }
 
+v1::Compression WireCompression(const JobSpec& spec) {
+  switch (spec.transport.compression) {
+    case Compression::kFp16:
+      return v1::COMPRESSION_FP16;
+    case Compression::kBf16:
+      return v1::COMPRESSION_BF16;
+    case Compression::kNone:
+      break;
+  }
+  return v1::COMPRESSION_NONE;
+}
+
+EncodeOptions StageContext::Wire(bool /*to_next*/) const {
+  EncodeOptions options;
+  options.compression = WireCompression(spec());
+  return options;
+}
+
 data::Batch StageContext::TrainBatch(int64_t step) const {
   const PhaseWindow w = window();
   const int64_t global = w.offset + step;

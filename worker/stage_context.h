@@ -18,6 +18,7 @@
 #include "services/models/modal_pass.h"
 #include "services/models/model.h"
 #include "services/spec/job_spec.h"
+#include "services/tensor/codec.h"
 #include "stagewise/v1/stage.pb.h"
 #include "worker/device_turns.h"
 #include "worker/trace.h"
@@ -55,6 +56,9 @@ struct PhaseWindow {
 };
 
 class StageReplicas;  // worker/stage_replicas.h
+
+// The wire format of a job's float32 activations and gradients.
+v1::Compression WireCompression(const JobSpec& spec);
 
 class StageContext {
  public:
@@ -105,6 +109,10 @@ class StageContext {
   // Blocking (bounded outbox) send; job_id is filled in.
   virtual absl::Status SendToNext(v1::StageMessage message) = 0;
   virtual absl::Status SendToPrev(v1::StageMessage message) = 0;
+  // How a float tensor goes to stage j+1 (`to_next`) or j-1: the job's
+  // transport.compression, and the shared-memory ring when that neighbour is
+  // on this host and opened it (docs/performance.md, "Neighbours on one host").
+  virtual EncodeOptions Wire(bool to_next) const;
 
   // Checkpoints and resume (docs/fault_tolerance.md; first_step() and
   // resharded() above).

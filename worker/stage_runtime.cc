@@ -13,6 +13,7 @@
 #include "services/training/optimizer.h"
 #include "worker/algorithms/common.h"
 #include "worker/reshard.h"
+#include "worker/stage_assignment.h"
 
 namespace stagewise::worker {
 
@@ -23,13 +24,19 @@ class StageRuntime::InboxSink : public MessageSink {
       : runtime_(runtime), queue_(queue), from_prev_(from_prev) {}
 
   absl::StatusOr<bool> Deliver(v1::StageMessage message, std::function<void()> resume) override {
-    absl::Status s = runtime_->ValidateIncoming(message, from_prev_);
+    // Payloads in the peer's shared ring are copied out before any check.
+    absl::Status s = (from_prev_ ? runtime_->prev_link_ : runtime_->next_link_).Resolve(&message);
+    if (s.ok()) s = runtime_->ValidateIncoming(message, from_prev_);
     if (s.ok() && message.kind() == v1::StageMessage::OPEN) {
       s = absl::InvalidArgumentError("StageMessage.kind: OPEN on a stream that is already open");
     }
     if (!s.ok()) {
       runtime_->Fail(s);
       return s;
+    }
+    if (message.kind() == v1::StageMessage::RING) {
+      runtime_->OnRing(message, from_prev_);
+      return true;
     }
     runtime_->metrics_->AddBytes(false, static_cast<int64_t>(message.ByteSizeLong()));
     if (!queue_->ForcePush(std::move(message))) {
@@ -56,7 +63,11 @@ class StageRuntime::InboxSink : public MessageSink {
 };
 
 StageRuntime::StageRuntime(RuntimeEnv env)
-    : env_(std::move(env)), from_prev_(env_.inbox_capacity), from_next_(env_.inbox_capacity) {}
+    : env_(std::move(env)),
+      from_prev_(env_.inbox_capacity),
+      from_next_(env_.inbox_capacity),
+      prev_link_(env_.shared_memory_dir, env_.shared_ring_bytes),
+      next_link_(env_.shared_memory_dir, env_.shared_ring_bytes) {}
 
 StageRuntime::~StageRuntime() {
   Stop(absl::CancelledError("runtime destroyed"));
@@ -95,22 +106,8 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
     return dir.status();
   }
   if (absl::Status s = ConfineModelFile(&rt->spec_.model, rt->env_.model_roots); !s.ok()) return s;
-  if (assignment.stage() < 0 || assignment.stage() >= assignment.num_stages()) {
-    return absl::InvalidArgumentError(absl::StrCat("StageAssignment.stage: ", assignment.stage(),
-                                                   " not in [0, ", assignment.num_stages(), ")"));
-  }
-  if (assignment.num_replicas() > 1 &&
-      (assignment.replica() < 0 || assignment.replica() >= assignment.num_replicas())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("StageAssignment.replica: ", assignment.replica(), " not in [0, ",
-                     assignment.num_replicas(), ")"));
-  }
-  if (assignment.num_replicas() > 1 && !rt->env_.collective_store) {
-    return absl::FailedPreconditionError(
-        "StageAssignment.num_replicas: this worker has no collective store for replicated stages");
-  }
-  if (assignment.stage() + 1 < assignment.num_stages() && assignment.next_address().empty()) {
-    return absl::InvalidArgumentError("StageAssignment.next_address: empty for a non-last stage");
+  if (absl::Status s = CheckAssignment(assignment, rt->env_.collective_store != nullptr); !s.ok()) {
+    return s;
   }
   rt->replicas_ = std::make_unique<StageReplicas>(
       rt->spec_.sync,
@@ -152,21 +149,7 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
         rt->data_.test, data::TestSamplerOptions(rt->spec_, rt->data_));
   }
 
-  const int num_blocks = assignment.block_end() - assignment.block_begin();
-  if (assignment.block_modes_size() > 0 && assignment.block_modes_size() != num_blocks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("StageAssignment.block_modes: ", assignment.block_modes_size(),
-                     " modes for the stage's ", num_blocks, " blocks"));
-  }
-  for (int i = 0; i < assignment.block_modes_size(); ++i) {
-    const std::optional<BlockMode> mode = EnumFromName<BlockMode>(assignment.block_modes(i));
-    if (!mode) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("StageAssignment.block_modes[", i, "]: unknown block mode '",
-                       assignment.block_modes(i), "' (expected store or rebuild)"));
-    }
-    rt->block_modes_.push_back(*mode);
-  }
+  STAGEWISE_ASSIGN_OR_RETURN(rt->block_modes_, BlockModesOf(assignment));
   // Parameters and optimizer state count towards the stage's memory.
   models::ScopedMemoryAccount charge(rt->memory_);
   auto model = models::BuildModel(rt->spec_.model, static_cast<uint64_t>(rt->spec_.seed),
@@ -222,6 +205,7 @@ absl::Status StageRuntime::Start() {
     open.set_kind(v1::StageMessage::OPEN);
     open.set_attempt(assignment_.attempt());
     open.set_origin_stage(stage());
+    *open.mutable_ring() = next_link_.Offer(false);
     STAGEWISE_RETURN_IF_ERROR(downstream_->Send(std::move(open)));
   }
   reporter_->Start();
@@ -487,9 +471,36 @@ absl::Status StageRuntime::AttachUpstream(const v1::StageMessage& message,
     return absl::PermissionDeniedError(
         absl::StrCat("stage ", stage(), " of job ", job_id(), " already has its upstream stream"));
   }
-  upstream_ = std::move(stream);
+  upstream_ = stream;
   *sink = prev_sink_.get();
+  // Same-host payloads: open stage j-1's ring, offer ours (inside the read
+  // reaction: never blocks; a full outbox just leaves them off).
+  if (message.has_ring()) {
+    (void)stream->TrySend(RingAnswer(prev_link_, prev_link_.Accept(message.ring())));
+  }
   return absl::OkStatus();
+}
+
+v1::StageMessage StageRuntime::RingAnswer(SameHostLink& link, bool opened_peer) const {
+  v1::StageMessage answer;
+  answer.set_job_id(job_id());
+  answer.set_kind(v1::StageMessage::RING);
+  answer.set_attempt(assignment_.attempt());
+  *answer.mutable_ring() = link.Offer(opened_peer);
+  return answer;
+}
+
+void StageRuntime::OnRing(const v1::StageMessage& m, bool from_prev) {
+  SameHostLink& link = from_prev ? prev_link_ : next_link_;
+  if (m.ring().opened_peer()) link.PeerOpened();
+  // Stage j+1's answer to our OPEN: open its ring and say whether we could.
+  if (!from_prev) (void)downstream_->TrySend(RingAnswer(link, link.Accept(m.ring())));
+}
+
+EncodeOptions StageRuntime::Wire(bool to_next) const {
+  EncodeOptions options = StageContext::Wire(to_next);
+  options.ring = (to_next ? next_link_ : prev_link_).ring();
+  return options;
 }
 
 absl::StatusOr<v1::StageMessage> StageRuntime::Receive(BoundedQueue<v1::StageMessage>& queue,
@@ -560,7 +571,8 @@ absl::Status StageRuntime::SendStamped(v1::StageMessage message,
                                        const std::function<absl::Status(v1::StageMessage)>& send) {
   message.set_job_id(job_id());
   message.set_attempt(assignment_.attempt());
-  const auto size = static_cast<int64_t>(message.ByteSizeLong());
+  auto size = static_cast<int64_t>(message.ByteSizeLong());
+  for (const auto& [name, t] : message.tensors()) size += static_cast<int64_t>(t.shared().length());
   const auto kind = message.kind();
   absl::Status s = send(std::move(message));
   if (s.ok()) {

@@ -28,6 +28,7 @@
 #include "worker/collective.h"
 #include "worker/device_turns.h"
 #include "worker/peer_stream.h"
+#include "worker/same_host.h"
 #include "worker/stage_context.h"
 #include "worker/stage_replicas.h"
 #include "worker/stage_reporter.h"
@@ -41,6 +42,11 @@ struct RuntimeEnv {
   rpc::RpcOptions rpc;
   size_t inbox_capacity = 64;  // messages per direction
   size_t outbox_capacity = 16;
+  // Same-host payloads (docs/performance.md, "Neighbours on one host"): the
+  // tmpfs directory of this stage's shared-memory rings, empty for off
+  // (--shared-memory-dir), and each ring's size (--shared-memory-mib).
+  std::string shared_memory_dir;
+  uint64_t shared_ring_bytes = uint64_t{128} << 20;
   // Where data.path and checkpoint.dir may point (--data-root,
   // --checkpoint-root); a job naming a path elsewhere fails to configure.
   PathRoots data_roots;
@@ -121,6 +127,7 @@ class StageRuntime final : public StageContext {
   absl::StatusOr<v1::StageMessage> ReceiveFromNext() override;
   absl::Status SendToNext(v1::StageMessage message) override;
   absl::Status SendToPrev(v1::StageMessage message) override;
+  EncodeOptions Wire(bool to_next) const override;
   absl::Status Interrupted() const override;
   bool CheckpointDue(int64_t steps_done) const override;
   absl::Status Checkpoint(int64_t steps_done) override;
@@ -147,6 +154,11 @@ class StageRuntime final : public StageContext {
   // thread; a final one before the stage's result).
   void EmitTrace();
   absl::Status ValidateIncoming(const v1::StageMessage& m, bool from_prev) const;
+  // A RING from a neighbour (its stream's reader): notes what it says and,
+  // from stage j+1, opens its ring and answers.
+  void OnRing(const v1::StageMessage& m, bool from_prev);
+  // Stamps a handshake answer with the job and attempt.
+  v1::StageMessage RingAnswer(SameHostLink& link, bool opened_peer) const;
   void ComputeLoop();
   // A checkpoint after global step `step` besides checkpoint.every_*, picked
   // here (stage 0): noted and reported (WorkerEvent.checkpoint_planned).
@@ -228,6 +240,8 @@ class StageRuntime final : public StageContext {
   std::shared_ptr<grpc::Channel> next_channel_;
   std::unique_ptr<v1::StageService::Stub> next_stub_;
   std::shared_ptr<DownstreamStream> downstream_;
+  // Same-host payloads with stage j-1 and with stage j+1.
+  SameHostLink prev_link_, next_link_;
 
   // The stage's lifecycle:
   //   kCreated --Start--> kRunning --compute thread ends--> kFinished

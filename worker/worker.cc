@@ -589,6 +589,8 @@ void Worker::RunStageCommand(const v1::Command& command) {
       env.clock = clock_;
       env.collective_timeout = options_.collective_timeout;
       env.emulated_speed = options_.emulated_speed;
+      env.shared_memory_dir = options_.shared_memory_dir;
+      env.shared_ring_bytes = static_cast<uint64_t>(options_.shared_memory_mib) << 20;
       env.emulated_speed_source = &emulated_speed_;
       env.collective_store = [this](const v1::StageAssignment& assignment) {
         CoordinatorStore::Scope scope;

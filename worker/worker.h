@@ -55,6 +55,11 @@ struct WorkerOptions {
   // makes the worker's emulated device half as fast from then on, stages
   // running included (a host slowing down, for rebalancing tests).
   std::string emulated_speed_file;
+  // Same-host payloads (docs/performance.md, "Neighbours on one host"): the
+  // tmpfs directory of the stages' shared-memory rings (--shared-memory-dir;
+  // empty: off, every payload inline on the stream) and each ring's size.
+  std::string shared_memory_dir = "/dev/shm";
+  int64_t shared_memory_mib = 128;
   // Registered with the worker (--label KEY=VALUE): placement.labels match them.
   std::map<std::string, std::string> labels;
   std::string profile_cache;  // "" = planner::DefaultProfileCacheDir()

@@ -106,6 +106,11 @@ struct SamplerOptions {
   // mini-batch may draw (each draws its own in [min, sequence_length]).
   int64_t sequence_length = 0;
   int64_t min_sequence_length = 0;
+  // Get(e, i) starts assembling the batch after it (i + 1, or the next
+  // epoch's first) on a background thread, and a Get of that batch takes it:
+  // the next input is ready while the current one is computed on. The batches
+  // are the same either way.
+  bool prefetch = false;
 };
 
 // The samplers a job asks for (the one home of that mapping: every stage,
@@ -127,6 +132,7 @@ class BatchSampler {
   const SamplerOptions& options() const { return options_; }
 
  private:
+  Batch Make(int64_t epoch, int64_t index) const;
   std::vector<int64_t> Permutation(int64_t epoch) const;
   Batch GetText(int64_t epoch, int64_t index) const;
   // Shuffling 60k indices costs more than assembling a batch, so the
@@ -137,6 +143,9 @@ class BatchSampler {
   ImageSet set_;
   SamplerOptions options_;
   std::shared_ptr<PermutationCache> cache_;
+  // The batch being assembled ahead (options.prefetch).
+  struct Ahead;
+  std::shared_ptr<Ahead> ahead_;
 };
 
 // Augmentation primitives, exposed for tests. `images` is float [B, C, H, W].

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <deque>
+#include <future>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -112,7 +113,10 @@ struct BatchSampler::PermutationCache {
 };
 
 BatchSampler::BatchSampler(const ImageSet& set, SamplerOptions options)
-    : set_(set), options_(std::move(options)), cache_(std::make_shared<PermutationCache>()) {
+    : set_(set),
+      options_(std::move(options)),
+      cache_(std::make_shared<PermutationCache>()),
+      ahead_(std::make_shared<Ahead>()) {
   // Raw-pointer augmentation wants contiguous images; labels are returned as int64.
   if (set_.images.defined()) set_.images = set_.images.contiguous();
   if (set_.text.defined()) set_.text = set_.text.contiguous();
@@ -207,7 +211,46 @@ Batch BatchSampler::GetText(int64_t epoch, int64_t index) const {
   return batch;
 }
 
+struct BatchSampler::Ahead {
+  absl::Mutex mu;
+  int64_t epoch ABSL_GUARDED_BY(mu) = -1;
+  int64_t index ABSL_GUARDED_BY(mu) = -1;
+  std::future<Batch> batch ABSL_GUARDED_BY(mu);
+};
+
 Batch BatchSampler::Get(int64_t epoch, int64_t index) const {
+  if (!options_.prefetch) return Make(epoch, index);
+  std::future<Batch> ready;
+  std::future<Batch> stale;  // asked out of order: waited for below, unused
+  {
+    absl::MutexLock lock(&ahead_->mu);
+    if (ahead_->batch.valid() && ahead_->epoch == epoch && ahead_->index == index) {
+      ready = std::move(ahead_->batch);
+    } else {
+      stale = std::move(ahead_->batch);
+    }
+  }
+  Batch batch = ready.valid() ? ready.get() : Make(epoch, index);
+  int64_t next_epoch = epoch;
+  int64_t next_index = index + 1;
+  if (next_index >= batches_per_epoch()) {
+    ++next_epoch;
+    next_index = 0;
+  }
+  BatchSampler plain = *this;  // shares the set and the permutations, not `ahead_`
+  plain.options_.prefetch = false;
+  plain.ahead_.reset();
+  absl::MutexLock lock(&ahead_->mu);
+  ahead_->epoch = next_epoch;
+  ahead_->index = next_index;
+  ahead_->batch =
+      std::async(std::launch::async, [plain = std::move(plain), next_epoch, next_index] {
+        return plain.Make(next_epoch, next_index);
+      });
+  return batch;
+}
+
+Batch BatchSampler::Make(int64_t epoch, int64_t index) const {
   if (set_.is_text()) return GetText(epoch, index);
   Batch batch;
   batch.epoch = epoch;
@@ -257,6 +300,7 @@ SamplerOptions TrainSamplerOptions(const JobSpec& spec, const Datasets& data) {
   train.batch_size = spec.batch_size;
   train.shuffle = true;
   train.drop_last = true;
+  train.prefetch = true;
   train.seed = static_cast<uint64_t>(spec.seed);
   train.augment = spec.data.augment;
   train.crop_padding = spec.data.crop_padding;

@@ -136,6 +136,21 @@ absl::Status EncodeImpl(const torch::Tensor& tensor, v1::TensorProto* out,
     compression = options.compression;
     wire = wire.to(compression == v1::COMPRESSION_FP16 ? torch::kHalf : torch::kBFloat16);
   }
+  const int64_t wire_bytes = wire.numel() * static_cast<int64_t>(wire.element_size());
+  if (options.ring != nullptr && wire_bytes >= options.min_shared_bytes) {
+    if (auto region = options.ring->Allocate(static_cast<uint64_t>(wire_bytes))) {
+      // One pass straight into the shared pages (from the device, too).
+      torch::from_blob(region->data, wire.sizes(), torch::TensorOptions().dtype(wire.scalar_type()))
+          .copy_(wire);
+      out->Clear();
+      out->set_dtype(info->wire);
+      out->set_compression(compression);
+      for (int64_t dim : wire.sizes()) out->add_shape(dim);
+      out->mutable_shared()->set_offset(region->offset);
+      out->mutable_shared()->set_length(region->length);
+      return absl::OkStatus();
+    }
+  }
   const torch::Tensor cpu = wire.to(torch::kCPU).contiguous();
 
   out->Clear();
@@ -225,6 +240,10 @@ absl::Status ValidateTensorProto(const v1::TensorProto& proto, int64_t max_bytes
   if (!v1::Compression_IsValid(proto.compression())) {
     return absl::InvalidArgumentError(absl::StrCat("tensor.compression: unknown compression ",
                                                    static_cast<int>(proto.compression())));
+  }
+  if (proto.has_shared()) {
+    return absl::InvalidArgumentError(
+        "tensor.shared: a shared-memory payload on a stream that did not agree on a ring");
   }
   if (proto.compression() != v1::COMPRESSION_NONE && info->wire != v1::DTYPE_FLOAT32) {
     return absl::InvalidArgumentError(

@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "absl/status/statusor.h"
+#include "services/tensor/shared_ring.h"
 #include "stagewise/v1/tensor.pb.h"
 
 namespace stagewise {
@@ -18,6 +19,11 @@ inline constexpr int64_t kDefaultMaxTensorBytes = int64_t{1} << 30;
 struct EncodeOptions {
   // Lossy wire compression of float32 tensors; other dtypes are sent as they are.
   v1::Compression compression = v1::COMPRESSION_NONE;
+  // The sender's shared-memory ring towards a neighbour on this host that
+  // opened it (null: none): a payload of at least min_shared_bytes goes there
+  // (TensorProto.shared) when the ring has room, else inline.
+  SharedRing* ring = nullptr;
+  int64_t min_shared_bytes = 64 << 10;
 };
 
 // Encodes a tensor (any device; copied to CPU, made contiguous) into `out`.

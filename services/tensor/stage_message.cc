@@ -39,8 +39,10 @@ absl::Status ValidateStageMessage(const v1::StageMessage& m, const StageMessageE
   const auto kind = m.kind();
   const bool ok_kind = expect.from_prev
                            ? (kind == v1::StageMessage::FORWARD || kind == v1::StageMessage::EVAL ||
-                              kind == v1::StageMessage::AUX || kind == v1::StageMessage::OPEN)
-                           : (kind == v1::StageMessage::BACKWARD || kind == v1::StageMessage::AUX);
+                              kind == v1::StageMessage::AUX || kind == v1::StageMessage::OPEN ||
+                              kind == v1::StageMessage::RING)
+                           : (kind == v1::StageMessage::BACKWARD || kind == v1::StageMessage::AUX ||
+                              kind == v1::StageMessage::RING);
   if (!ok_kind) {
     const std::string name = v1::StageMessage::Kind_IsValid(kind)
                                  ? v1::StageMessage::Kind_Name(kind)
@@ -58,9 +60,19 @@ absl::Status ValidateStageMessage(const v1::StageMessage& m, const StageMessageE
     return absl::InvalidArgumentError(
         "StageMessage.checkpoint_step: only a positive step on FORWARD or AUX from stage j-1");
   }
-  if (kind == v1::StageMessage::OPEN && (m.tensors_size() > 0 || m.scalars_size() > 0)) {
+  const bool handshake = kind == v1::StageMessage::OPEN || kind == v1::StageMessage::RING;
+  if (handshake && (m.tensors_size() > 0 || m.scalars_size() > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("StageMessage: an ",
+                                                   v1::StageMessage::Kind_Name(kind),
+                                                   " message carries no tensors or scalars"));
+  }
+  if (m.has_ring() && !handshake) {
+    return absl::InvalidArgumentError("StageMessage.ring: only on OPEN and RING messages");
+  }
+  if (m.has_ring() && (m.ring().name().size() > 64 ||
+                       (!m.ring().name().empty() && m.ring().token().size() != 16))) {
     return absl::InvalidArgumentError(
-        "StageMessage: an OPEN message carries no tensors or scalars");
+        "StageMessage.ring: a name of at most 64 bytes and a token of 16 bytes");
   }
   if (m.tensors_size() > limits.max_tensors) {
     return absl::InvalidArgumentError(absl::StrCat("StageMessage.tensors: ", m.tensors_size(),
@@ -79,6 +91,31 @@ absl::Status ValidateStageMessage(const v1::StageMessage& m, const StageMessageE
       return absl::InvalidArgumentError(
           absl::StrCat("StageMessage.tensors['", name, "']: ", s.message()));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ResolveSharedPayloads(v1::StageMessage* message, SharedRingView* ring,
+                                   int64_t max_tensor_bytes) {
+  for (auto& [name, tensor] : *message->mutable_tensors()) {
+    if (!tensor.has_shared()) continue;
+    const auto where = [&name = name](absl::string_view why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StageMessage.tensors['", name.substr(0, 64), "']: ", why));
+    };
+    if (ring == nullptr) {
+      return where(
+          "tensor.shared: a shared-memory payload on a stream that did not agree on a ring");
+    }
+    if (!tensor.data().empty()) return where("tensor.shared: set together with data");
+    if (tensor.shared().length() > static_cast<uint64_t>(max_tensor_bytes)) {
+      return where(absl::StrCat("tensor.shared: ", tensor.shared().length(),
+                                " bytes exceed the limit of ", max_tensor_bytes));
+    }
+    absl::Status taken =
+        ring->Take(tensor.shared().offset(), tensor.shared().length(), tensor.mutable_data());
+    if (!taken.ok()) return where(taken.message());
+    tensor.clear_shared();
   }
   return absl::OkStatus();
 }

@@ -34,6 +34,15 @@ absl::Status ValidateStageMessage(const v1::StageMessage& message,
                                   const StageMessageExpectation& expect,
                                   const StageMessageLimits& limits = {});
 
+// Copies every payload a message carries in the sender's shared-memory ring
+// (TensorProto.shared) into the tensor's `data`, freeing its region, before
+// anything else reads the message: INVALID_ARGUMENT naming the tensor when a
+// payload has no ring to come from (`ring` null), is over max_tensor_bytes, or
+// is not a live region of the ring. Then ValidateStageMessage checks the
+// copies as it checks any payload.
+absl::Status ResolveSharedPayloads(v1::StageMessage* message, SharedRingView* ring,
+                                   int64_t max_tensor_bytes = kDefaultMaxTensorBytes);
+
 }  // namespace stagewise
 
 #endif  // STAGEWISE_SERVICES_TENSOR_STAGE_MESSAGE_H_

@@ -35,6 +35,10 @@
 //     --shape 2,16,16        per-sample activation [C, H, W] (C even)
 //     --steps 40             steady-state steps measured per run, after a
 //                            warm-up of 2J + 2 steps (pipeline fill)
+//     --no-shared-memory     every payload inline on the gRPC stream (the workers'
+//                            --shared-memory-dir ''; by default neighbours, all
+//                            on this host, pass large tensors through shared
+//                            rings: docs/performance.md, "Neighbours on one host")
 //     --verbose              per run, each stage's idle time (waiting for a
 //                            message) per mini-batch
 //     --peer                 also run tests/bench/gloo_pipeline_peer.py (a plain
@@ -107,8 +111,9 @@ struct Options {
   int batch = 32;
   std::vector<int64_t> shape = {2, 16, 16};
   int steps = 40;
-  bool verbose = false;  // per-stage idle time of every run
-  bool peer = false;     // the gloo pipeline peer at every J (R = 1)
+  bool verbose = false;       // per-stage idle time of every run
+  bool peer = false;          // the gloo pipeline peer at every J (R = 1)
+  bool shared_memory = true;  // same-host payloads through shared rings
 };
 
 // One configuration: an algorithm at J stages, with its ideal.
@@ -155,6 +160,10 @@ Options ParseOptions(int argc, char** argv) {
     }
     if (flag == "--peer") {
       o.peer = true;
+      continue;
+    }
+    if (flag == "--no-shared-memory") {
+      o.shared_memory = false;
       continue;
     }
     if (i + 1 >= argc) Usage(absl::StrCat(flag, " needs a value"));
@@ -440,6 +449,7 @@ int main(int argc, char** argv) {
   stagewise::testing::Cluster::Options co;
   co.workers = max_j * max_r;
   co.emulated_speeds = o.speeds;
+  if (!o.shared_memory) co.shared_memory_dir.clear();
   stagewise::testing::Cluster cluster(co);
   if (!cluster.WaitForWorkers(co.workers, absl::Seconds(60))) {
     std::cerr << "workers did not come up\n";

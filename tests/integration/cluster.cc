@@ -72,6 +72,7 @@ void Cluster::AddWorker() {
   wo.name = "w" + std::to_string(workers_.size());
   wo.reconnect = absl::Milliseconds(200);
   wo.before_stage_build = options_.before_stage_build;
+  wo.shared_memory_dir = options_.shared_memory_dir;
   if (workers_.size() < options_.labels.size()) wo.labels = options_.labels[workers_.size()];
   if (workers_.size() < options_.emulated_speeds.size()) {
     wo.emulated_speed = options_.emulated_speeds[workers_.size()];

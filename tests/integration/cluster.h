@@ -40,6 +40,9 @@ class Cluster {
     std::vector<std::string> emulated_speed_files = {};
     // Worker i's WorkerOptions::labels (none where not given).
     std::vector<std::map<std::string, std::string>> labels = {};
+    // Every worker's WorkerOptions::shared_memory_dir (empty: same-host
+    // payloads off, every payload inline on the stream).
+    std::string shared_memory_dir = "/dev/shm";
   };
   explicit Cluster(Options options);
   ~Cluster();

@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "clients/client/coordinator_client.h"
 #include "services/rpc/server.h"
+#include "services/tensor/shared_ring.h"
 #include "tests/integration/cluster.h"
 
 namespace stagewise {
@@ -101,6 +102,52 @@ TEST(Distributed, MalformedFirstMessageIsRefusedAndTheJobTrainsOn) {
 }
 
 // The metric history `stagewise plot` draws, through the coordinator's RPC.
+// Neighbours on one host pass large payloads through shared rings (the
+// default) or inline on the stream: the same numbers either way, also with
+// activations and gradients narrowed to bf16 straight into the ring.
+TEST(Distributed, SameHostPayloadsThroughSharedMemoryTrainExactlyAsInline) {
+  const std::string job = R"(name: same-host
+seed: 5
+model: {name: emulated, depth: 4, forward_ms: 0, backward_ms: 0, reversible: false}
+data: {dataset: synthetic, train_size: 256, test_size: 64, shape: [16, 32, 32], classes: 4}
+stages: 3
+algorithm: {name: backprop, micro_batches: 2}
+optimizer: {lr: 0.01}
+batch_size: 32
+steps: 12
+transport: {compression: bf16}
+eval: {at_end: true}
+)";
+  std::vector<v1::JobStatus> results;
+  for (const bool shared : {true, false}) {
+    SCOPED_TRACE(shared ? "shared memory" : "inline");
+    testing::Cluster::Options options{.workers = 3};
+    if (!shared) options.shared_memory_dir.clear();
+    testing::Cluster cluster(options);
+    ASSERT_TRUE(cluster.WaitForWorkers(3));
+    const int64_t before = SharedRing::TotalPayloads();
+    auto id = cluster.manager().Submit(job);
+    ASSERT_TRUE(id.ok()) << id.status();
+    auto done = cluster.WaitForJob(*id);
+    ASSERT_TRUE(done.ok());
+    ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+    // 12 steps x 2 micro-batches x 2 boundaries, forward and backward, 512 KiB
+    // each (bf16), and the evaluation's activations.
+    if (shared) {
+      EXPECT_GE(SharedRing::TotalPayloads() - before, 12 * 2 * 2 * 2);
+    } else {
+      EXPECT_EQ(SharedRing::TotalPayloads(), before);
+    }
+    results.push_back(*done);
+  }
+  ASSERT_EQ(results.size(), 2u);
+  // The evaluation at the end sees the final parameters (train_loss is a
+  // mean over whichever steps a paced report covered).
+  EXPECT_GT(results[0].eval_loss(), 0);
+  EXPECT_EQ(results[0].eval_loss(), results[1].eval_loss());
+  EXPECT_EQ(results[0].eval_accuracy(), results[1].eval_accuracy());
+}
+
 TEST(Distributed, AFinishedJobsMetricHistoryComesBackInOrderAndThinned) {
   testing::Cluster cluster({.workers = 2});
   ASSERT_TRUE(cluster.WaitForWorkers(2));

@@ -156,7 +156,7 @@ class AuxNetAlgorithm : public Algorithm {
   absl::Status SendAux(StageContext& ctx, bool up, int64_t t, int kind, const torch::Tensor& v,
                        const v1::TensorProto* labels) {
     v1::StageMessage m = NewMessage(v1::StageMessage::AUX, t, kind);
-    STAGEWISE_RETURN_IF_ERROR(PutTensor(&m, "lambda", v, WireCompression(ctx.spec())));
+    STAGEWISE_RETURN_IF_ERROR(PutTensor(&m, "lambda", v, ctx.Wire(up)));
     if (labels != nullptr) (*m.mutable_tensors())["labels"] = *labels;
     return up ? ctx.SendToNext(std::move(m)) : ctx.SendToPrev(std::move(m));
   }

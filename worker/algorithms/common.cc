@@ -21,22 +21,15 @@ v1::StageMessage NewMessage(v1::StageMessage::Kind kind, int64_t step, int micro
 }
 
 absl::Status PutTensor(v1::StageMessage* message, const std::string& name,
-                       const torch::Tensor& tensor, v1::Compression compression) {
-  EncodeOptions options;
-  options.compression = compression;
+                       const torch::Tensor& tensor, const EncodeOptions& options) {
   return EncodeTensor(tensor.detach(), &(*message->mutable_tensors())[name], options);
 }
 
-v1::Compression WireCompression(const JobSpec& spec) {
-  switch (spec.transport.compression) {
-    case Compression::kFp16:
-      return v1::COMPRESSION_FP16;
-    case Compression::kBf16:
-      return v1::COMPRESSION_BF16;
-    case Compression::kNone:
-      break;
-  }
-  return v1::COMPRESSION_NONE;
+absl::Status PutTensor(v1::StageMessage* message, const std::string& name,
+                       const torch::Tensor& tensor, v1::Compression compression) {
+  EncodeOptions options;
+  options.compression = compression;
+  return PutTensor(message, name, tensor, options);
 }
 
 absl::StatusOr<torch::Tensor> GetTensor(v1::StageMessage& message, const std::string& name,
@@ -76,8 +69,8 @@ absl::Status SendGrad(StageContext& ctx, int64_t step, int micro_batch, const to
   const auto t0 = std::chrono::steady_clock::now();
   v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, step, micro_batch);
   if (origin >= 0) back.set_origin_stage(static_cast<int32_t>(origin));
-  if (x.defined()) STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "x", x, WireCompression(ctx.spec())));
-  STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", grad, WireCompression(ctx.spec())));
+  if (x.defined()) STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "x", x, ctx.Wire(false)));
+  STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", grad, ctx.Wire(false)));
   absl::Status sent = ctx.SendToPrev(std::move(back));
   TraceSpan(ctx, v1::SPAN_SEND, step, micro_batch, t0);
   return sent;
@@ -247,7 +240,7 @@ absl::Status SendForward(StageContext& ctx, int64_t step, int micro_batch, const
                          const torch::Tensor& labels, v1::TensorProto labels_proto) {
   const auto t0 = std::chrono::steady_clock::now();
   v1::StageMessage fwd = NewMessage(v1::StageMessage::FORWARD, step, micro_batch);
-  STAGEWISE_RETURN_IF_ERROR(PutTensor(&fwd, "x", out, WireCompression(ctx.spec())));
+  STAGEWISE_RETURN_IF_ERROR(PutTensor(&fwd, "x", out, ctx.Wire(true)));
   if (ctx.first()) {
     STAGEWISE_RETURN_IF_ERROR(PutTensor(&fwd, "labels", labels));
   } else {
@@ -379,7 +372,7 @@ absl::Status RunEvaluation(StageContext& ctx, int64_t steps_done) {
         continue;
       }
       v1::StageMessage m = NewMessage(v1::StageMessage::EVAL, steps_done, static_cast<int>(i));
-      status.Update(PutTensor(&m, "x", out, WireCompression(ctx.spec())));
+      status.Update(PutTensor(&m, "x", out, ctx.Wire(true)));
       status.Update(PutTensor(&m, "labels", b.y));
       (*m.mutable_scalars())["last"] = i == n - 1 ? 1.0 : 0.0;
       if (status.ok()) status = ctx.SendToNext(std::move(m));
@@ -419,7 +412,7 @@ absl::Status RunEvaluation(StageContext& ctx, int64_t steps_done) {
         continue;
       }
       v1::StageMessage fwd = NewMessage(v1::StageMessage::EVAL, steps_done, m->micro_batch());
-      status.Update(PutTensor(&fwd, "x", out, WireCompression(ctx.spec())));
+      status.Update(PutTensor(&fwd, "x", out, ctx.Wire(true)));
       (*fwd.mutable_tensors())["labels"] = std::move(labels->second);
       (*fwd.mutable_scalars())["last"] = done ? 1.0 : 0.0;
       if (status.ok()) status = ctx.SendToNext(std::move(fwd));

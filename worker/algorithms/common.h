@@ -106,12 +106,14 @@ absl::Status SendForward(StageContext& ctx, int64_t step, int micro_batch, const
 
 v1::StageMessage NewMessage(v1::StageMessage::Kind kind, int64_t step, int micro_batch);
 // Encodes `tensor` as tensors[name]; float32 goes on the wire as
-// `compression` says (the job's transport.compression: WireCompression).
+// `compression` says (the job's transport.compression: StageContext::Wire).
 absl::Status PutTensor(v1::StageMessage* message, const std::string& name,
                        const torch::Tensor& tensor,
                        v1::Compression compression = v1::COMPRESSION_NONE);
-// The wire format of the job's float32 activations and gradients.
-v1::Compression WireCompression(const JobSpec& spec);
+// As above, with everything EncodeOptions says (StageContext::Wire: the
+// compression and, towards a neighbour on this host, the shared ring).
+absl::Status PutTensor(v1::StageMessage* message, const std::string& name,
+                       const torch::Tensor& tensor, const EncodeOptions& options);
 // Decodes tensors[name] onto `device`; INVALID_ARGUMENT naming the tensor if
 // it is missing or malformed. The tensor takes the payload over without a copy
 // (DecodeTensor(TensorProto*)): tensors[name] is left without data.

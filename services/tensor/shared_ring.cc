@@ -1,0 +1,240 @@
+#include "services/tensor/shared_ring.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+
+namespace stagewise {
+namespace {
+
+constexpr uint64_t kHeaderBytes = 4096;  // the file's first page
+constexpr char kFileMagic[8] = {'S', 'W', 'R', 'I', 'N', 'G', '0', '1'};
+constexpr uint64_t kRegionMagic = 0x5357524547494f4eULL;  // "SWREGION"
+
+// At the start of the file.
+struct FileHeader {
+  char magic[8];
+  uint64_t size;  // payload area
+  char token[16];
+};
+
+// Before every region's payload, kAlign bytes.
+enum RegionState : uint32_t { kBusy = 1, kFree = 2 };
+struct RegionHeader {
+  uint64_t magic;   // kRegionMagic ^ offset
+  uint64_t length;  // payload bytes
+  std::atomic<uint32_t> state;
+};
+static_assert(sizeof(RegionHeader) <= SharedRing::kAlign);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+std::atomic<int64_t> total_payloads{0};
+
+uint64_t RegionBytes(uint64_t length) {
+  return SharedRing::kAlign +
+         (length + SharedRing::kAlign - 1) / SharedRing::kAlign * SharedRing::kAlign;
+}
+
+RegionHeader* At(uint8_t* area, uint64_t offset) {
+  return reinterpret_cast<RegionHeader*>(area + offset);
+}
+
+bool ValidName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string Errno(const std::string& what) {
+  return absl::StrCat(what, ": ", std::strerror(errno));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SharedRing>> SharedRing::Create(const std::string& dir,
+                                                               uint64_t bytes) {
+  if (bytes < kAlign * 4 || bytes > (uint64_t{1} << 40)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared ring size ", bytes, " bytes is out of range"));
+  }
+  std::unique_ptr<SharedRing> ring(new SharedRing());
+  char random[24];
+  if (getrandom(random, sizeof(random), 0) != static_cast<ssize_t>(sizeof(random))) {
+    return absl::InternalError(Errno("getrandom"));
+  }
+  ring->token_.assign(random, 16);
+  ring->name_ =
+      absl::StrCat("stagewise-ring-", absl::BytesToHexString(std::string(random + 16, 8)));
+  ring->path_ = absl::StrCat(dir, "/", ring->name_);
+  ring->size_ = (bytes + kHeaderBytes - 1) / kHeaderBytes * kHeaderBytes;
+  ring->mapped_ = kHeaderBytes + ring->size_;
+  const int fd = open(ring->path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(Errno(absl::StrCat("creating the shared ring in ", dir)));
+  }
+  void* base = MAP_FAILED;
+  // Reserved now (posix_fallocate, not a sparse ftruncate): a tmpfs too small
+  // for the ring (a container's 64 MiB /dev/shm) fails here, not with SIGBUS
+  // at the first write past its end.
+  errno = posix_fallocate(fd, 0, static_cast<off_t>(ring->mapped_));
+  if (errno == 0) {
+    base = mmap(nullptr, ring->mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  const int saved = errno;
+  close(fd);
+  if (base == MAP_FAILED) {
+    unlink(ring->path_.c_str());
+    errno = saved;
+    return absl::FailedPreconditionError(Errno(absl::StrCat("sizing the shared ring in ", dir)));
+  }
+  ring->base_ = static_cast<uint8_t*>(base);
+  ring->area_ = ring->base_ + kHeaderBytes;
+  auto* header = reinterpret_cast<FileHeader*>(ring->base_);
+  std::memcpy(header->magic, kFileMagic, sizeof(kFileMagic));
+  header->size = ring->size_;
+  std::memcpy(header->token, ring->token_.data(), 16);
+  return ring;
+}
+
+SharedRing::~SharedRing() {
+  if (base_ != nullptr) munmap(base_, mapped_);
+  if (!path_.empty()) unlink(path_.c_str());
+}
+
+void SharedRing::ReclaimLocked() {
+  // Only the state word is read from the shared pages: offsets and sizes come
+  // from this side's own list, whatever the reader writes there.
+  while (!regions_.empty()) {
+    const Outstanding& r = regions_.front();
+    if (!r.skip && At(area_, r.offset)->state.load(std::memory_order_acquire) != kFree) return;
+    used_ -= r.bytes;
+    tail_ = (r.offset + r.bytes) % size_;
+    regions_.pop_front();
+  }
+  head_ = tail_ = 0;  // empty: start over at the beginning (fewest wraps)
+}
+
+std::optional<SharedRing::Region> SharedRing::Allocate(uint64_t length) {
+  const uint64_t need = RegionBytes(length);
+  absl::MutexLock lock(&mu_);
+  if (need > size_) return std::nullopt;
+  ReclaimLocked();
+  uint64_t at = 0;  // empty: from the beginning
+  if (used_ > 0 && head_ > tail_) {
+    // Free: [head_, size_) and [0, tail_).
+    if (size_ - head_ >= need) {
+      at = head_;
+    } else if (tail_ >= need) {
+      // Skip the end; the skipped bytes come back with the regions before them.
+      regions_.push_back({head_, size_ - head_, true});
+      used_ += size_ - head_;
+    } else {
+      return std::nullopt;
+    }
+  } else if (used_ > 0) {
+    // Free: [head_, tail_) (nothing when head_ == tail_: full).
+    if (tail_ - head_ < need) return std::nullopt;
+    at = head_;
+  }
+  RegionHeader* h = At(area_, at);
+  h->magic = kRegionMagic ^ at;
+  h->length = length;
+  h->state.store(kBusy, std::memory_order_release);
+  regions_.push_back({at, need, false});
+  total_payloads.fetch_add(1, std::memory_order_relaxed);
+  used_ += need;
+  head_ = (at + need) % size_;
+  return Region{at, area_ + at + kAlign, length};
+}
+
+int64_t SharedRing::TotalPayloads() { return total_payloads.load(std::memory_order_relaxed); }
+
+uint64_t SharedRing::used() {
+  absl::MutexLock lock(&mu_);
+  ReclaimLocked();
+  return used_;
+}
+
+absl::StatusOr<std::shared_ptr<SharedRingView>> SharedRingView::Open(const std::string& dir,
+                                                                     const std::string& name,
+                                                                     uint64_t size,
+                                                                     const std::string& token) {
+  if (size > (uint64_t{4} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared ring size: ", size, " bytes, at most 4 GiB"));
+  }
+  if (!ValidName(name)) {
+    return absl::InvalidArgumentError(
+        "shared ring name: not a bare name of letters, digits and '-'");
+  }
+  if (token.size() != 16) return absl::InvalidArgumentError("shared ring token: not 16 bytes");
+  const std::string path = absl::StrCat(dir, "/", name);
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0)
+    return absl::NotFoundError(Errno(absl::StrCat("opening the peer's shared ring ", path)));
+  struct stat st {};
+  const uint64_t mapped = kHeaderBytes + size;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != mapped ||
+      size % kHeaderBytes != 0 || size == 0) {
+    close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("the shared ring ", path, " is not of the size its writer announced"));
+  }
+  void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED)
+    return absl::FailedPreconditionError(Errno(absl::StrCat("mapping ", path)));
+  std::shared_ptr<SharedRingView> view(new SharedRingView());
+  view->base_ = static_cast<uint8_t*>(base);
+  view->area_ = view->base_ + kHeaderBytes;
+  view->mapped_ = mapped;
+  view->size_ = size;
+  const auto* header = reinterpret_cast<const FileHeader*>(view->base_);
+  if (std::memcmp(header->magic, kFileMagic, sizeof(kFileMagic)) != 0 || header->size != size ||
+      std::memcmp(header->token, token.data(), 16) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the shared ring ", path, " is not the peer's (another host's memory?)"));
+  }
+  // Both sides have it mapped now: the name is no longer needed, and nothing
+  // is left behind in the directory if either process dies.
+  unlink(path.c_str());
+  return view;
+}
+
+SharedRingView::~SharedRingView() {
+  if (base_ != nullptr) munmap(base_, mapped_);
+}
+
+absl::Status SharedRingView::Take(uint64_t offset, uint64_t length, std::string* out) {
+  if (offset % SharedRing::kAlign != 0 || offset >= size_ || length > size_ ||
+      RegionBytes(length) > size_ - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor.shared: offset ", offset, " and length ",
+                                                   length, " lie outside the ring of ", size_,
+                                                   " bytes"));
+  }
+  RegionHeader* h = At(area_, offset);
+  if (h->magic != (kRegionMagic ^ offset) || h->length != length ||
+      h->state.load(std::memory_order_acquire) != kBusy) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor.shared: no payload of ", length,
+                                                   " bytes at offset ", offset,
+                                                   " (stale or taken twice)"));
+  }
+  out->assign(reinterpret_cast<const char*>(area_ + offset + SharedRing::kAlign), length);
+  h->state.store(kFree, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+}  // namespace stagewise

@@ -1,0 +1,108 @@
+// Same-host payloads between two neighbouring stages (docs/transport.md,
+// "Neighbours on one host"): the sending stage writes a large tensor's bytes
+// into a ring of shared memory it owns, and the gRPC stream carries only
+// where they are (TensorProto.shared). The receiving stage maps the ring once,
+// copies each payload out as its message arrives (so everything it checks is
+// its own copy, which the writer can no longer change) and marks the region
+// free; the writer reuses freed regions in order. No syscall, no socket copy,
+// no HTTP/2 framing and no protobuf parse of the payload, and the ring's pages
+// stay mapped, so a payload costs two memory copies of warm pages.
+//
+// The ring is a file in a tmpfs directory (/dev/shm), created 0600 with a
+// random name and a random token in its header; a peer that can open it and
+// read the same token shares this host's memory (not just a hostname). The
+// writer unlinks it when it goes; a reader's mapping stays valid until the
+// reader drops it.
+#ifndef STAGEWISE_SERVICES_TENSOR_SHARED_RING_H_
+#define STAGEWISE_SERVICES_TENSOR_SHARED_RING_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace stagewise {
+
+// The writer's side. Allocate is thread-safe; regions are freed by the
+// reader (SharedRingView::Take), in any order, and reused oldest first.
+class SharedRing {
+ public:
+  static constexpr uint64_t kAlign = 64;  // region and payload alignment
+  // A ring of `bytes` (rounded up to a page) in `dir`; FAILED_PRECONDITION
+  // naming the directory when it cannot be created there.
+  static absl::StatusOr<std::unique_ptr<SharedRing>> Create(const std::string& dir, uint64_t bytes);
+  ~SharedRing();  // unmaps and unlinks the file
+  SharedRing(const SharedRing&) = delete;
+  SharedRing& operator=(const SharedRing&) = delete;
+
+  struct Region {
+    uint64_t offset = 0;      // what TensorProto.shared.offset carries
+    uint8_t* data = nullptr;  // `length` writable bytes, kAlign-aligned
+    uint64_t length = 0;
+  };
+  // Room for `length` payload bytes now, or nullopt (the caller then sends
+  // the bytes inline: a full ring never blocks a stage).
+  std::optional<Region> Allocate(uint64_t length);
+
+  const std::string& name() const { return name_; }    // file name within dir
+  const std::string& token() const { return token_; }  // 16 random bytes
+  uint64_t size() const { return size_; }              // payload area
+  // Bytes allocated and not yet reclaimed (after reclaiming what was freed).
+  uint64_t used();
+  // Payloads placed in any ring of this process so far (tests, diagnostics).
+  static int64_t TotalPayloads();
+
+ private:
+  SharedRing() = default;
+  void ReclaimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string path_, name_, token_;
+  uint8_t* base_ = nullptr;  // the whole mapping (header page + area)
+  uint8_t* area_ = nullptr;
+  uint64_t mapped_ = 0, size_ = 0;
+  absl::Mutex mu_;
+  uint64_t head_ ABSL_GUARDED_BY(mu_) = 0;  // next region starts here
+  uint64_t tail_ ABSL_GUARDED_BY(mu_) = 0;  // oldest region not reclaimed
+  uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
+  // Regions (and skipped ends) not yet reclaimed, oldest first.
+  struct Outstanding {
+    uint64_t offset, bytes;
+    bool skip;
+  };
+  std::deque<Outstanding> regions_ ABSL_GUARDED_BY(mu_);
+};
+
+// The reader's side: the peer's ring, mapped once. Thread-safe.
+class SharedRingView {
+ public:
+  // Opens `name` in `dir` (a bare file name of letters, digits and '-'),
+  // checks its size and token: NOT_FOUND / FAILED_PRECONDITION when it is
+  // not the ring the peer described (e.g. another host's).
+  static absl::StatusOr<std::shared_ptr<SharedRingView>> Open(const std::string& dir,
+                                                              const std::string& name,
+                                                              uint64_t size,
+                                                              const std::string& token);
+  ~SharedRingView();
+  SharedRingView(const SharedRingView&) = delete;
+  SharedRingView& operator=(const SharedRingView&) = delete;
+
+  // Copies the payload at `offset` of `length` bytes into `out` and frees its
+  // region. INVALID_ARGUMENT naming the field when the descriptor does not
+  // point at a live region of that length (out of bounds, misaligned, taken
+  // twice).
+  absl::Status Take(uint64_t offset, uint64_t length, std::string* out);
+
+ private:
+  SharedRingView() = default;
+  uint8_t* base_ = nullptr;
+  uint8_t* area_ = nullptr;
+  uint64_t mapped_ = 0, size_ = 0;
+};
+
+}  // namespace stagewise
+
+#endif  // STAGEWISE_SERVICES_TENSOR_SHARED_RING_H_

@@ -1,0 +1,62 @@
+#include "worker/same_host.h"
+
+#include "services/common/log.h"
+#include "services/tensor/stage_message.h"
+
+namespace stagewise::worker {
+
+v1::SharedRingOffer SameHostLink::Offer(bool opened_peer) {
+  v1::SharedRingOffer offer;
+  offer.set_opened_peer(opened_peer);
+  absl::MutexLock lock(&mu_);
+  if (!tried_ && !dir_.empty()) {
+    tried_ = true;
+    auto ring = SharedRing::Create(dir_, ring_bytes_);
+    if (ring.ok()) {
+      ring_ = std::move(*ring);
+    } else {
+      STAGEWISE_LOG(WARNING) << "same-host payloads off for this stream: "
+                             << ring.status().message();
+    }
+  }
+  if (ring_ != nullptr) {
+    offer.set_name(ring_->name());
+    offer.set_size(ring_->size());
+    offer.set_token(ring_->token());
+  }
+  return offer;
+}
+
+void SameHostLink::PeerOpened() {
+  absl::MutexLock lock(&mu_);
+  peer_opened_.store(ring_ != nullptr, std::memory_order_release);
+}
+
+bool SameHostLink::Accept(const v1::SharedRingOffer& peer) {
+  absl::MutexLock lock(&mu_);
+  if (accepted_) return view_ != nullptr;
+  accepted_ = true;
+  if (dir_.empty() || peer.name().empty()) return false;
+  auto view = SharedRingView::Open(dir_, peer.name(), peer.size(), peer.token());
+  if (!view.ok()) {
+    // Expected across hosts: the peer's ring is not in this host's memory.
+    STAGEWISE_LOG(DEBUG) << "the peer's shared ring is not reachable: " << view.status().message();
+    return false;
+  }
+  view_ = std::move(*view);
+  return true;
+}
+
+absl::Status SameHostLink::Resolve(v1::StageMessage* message) {
+  bool shared = false;
+  for (const auto& [name, tensor] : message->tensors()) shared = shared || tensor.has_shared();
+  if (!shared) return absl::OkStatus();
+  std::shared_ptr<SharedRingView> view;
+  {
+    absl::MutexLock lock(&mu_);
+    view = view_;
+  }
+  return ResolveSharedPayloads(message, view.get());
+}
+
+}  // namespace stagewise::worker

@@ -1,0 +1,52 @@
+#include "worker/stage_assignment.h"
+
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "services/spec/enums.h"
+
+namespace stagewise::worker {
+
+absl::Status CheckAssignment(const v1::StageAssignment& assignment, bool has_collective_store) {
+  if (assignment.stage() < 0 || assignment.stage() >= assignment.num_stages()) {
+    return absl::InvalidArgumentError(absl::StrCat("StageAssignment.stage: ", assignment.stage(),
+                                                   " not in [0, ", assignment.num_stages(), ")"));
+  }
+  if (assignment.num_replicas() > 1 &&
+      (assignment.replica() < 0 || assignment.replica() >= assignment.num_replicas())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StageAssignment.replica: ", assignment.replica(), " not in [0, ",
+                     assignment.num_replicas(), ")"));
+  }
+  if (assignment.num_replicas() > 1 && !has_collective_store) {
+    return absl::FailedPreconditionError(
+        "StageAssignment.num_replicas: this worker has no collective store for replicated stages");
+  }
+  if (assignment.stage() + 1 < assignment.num_stages() && assignment.next_address().empty()) {
+    return absl::InvalidArgumentError("StageAssignment.next_address: empty for a non-last stage");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<models::BlockMode>> BlockModesOf(const v1::StageAssignment& assignment) {
+  const int num_blocks = assignment.block_end() - assignment.block_begin();
+  if (assignment.block_modes_size() > 0 && assignment.block_modes_size() != num_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StageAssignment.block_modes: ", assignment.block_modes_size(),
+                     " modes for the stage's ", num_blocks, " blocks"));
+  }
+  std::vector<models::BlockMode> modes;
+  for (int i = 0; i < assignment.block_modes_size(); ++i) {
+    const std::optional<models::BlockMode> mode =
+        EnumFromName<models::BlockMode>(assignment.block_modes(i));
+    if (!mode) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StageAssignment.block_modes[", i, "]: unknown block mode '",
+                       assignment.block_modes(i), "' (expected store or rebuild)"));
+    }
+    modes.push_back(*mode);
+  }
+  return modes;
+}
+
+}  // namespace stagewise::worker
