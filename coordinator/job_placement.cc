@@ -5,11 +5,24 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/job_manager.h"
 #include "services/common/log.h"
 
 namespace stagewise::coordinator {
+namespace {
+
+// placement.labels, plus kNeedsCudaLabel for a job on a GPU.
+std::vector<std::string> PlacementLabels(const JobSpec& spec) {
+  std::vector<std::string> labels = spec.placement.labels;
+  if (spec.device == "cuda" || absl::StartsWith(spec.device, "cuda:")) {
+    labels.push_back(kNeedsCudaLabel);
+  }
+  return labels;
+}
+
+}  // namespace
 
 // --- Loop thread: lifecycle -------------------------------------------------
 
@@ -84,7 +97,7 @@ void JobManager::MaybeGrow() {
     }
     const int have = NumStages(job);
     const int to =
-        std::min(job.spec.stages.count, have + registry_.IdleWith(job.spec.placement.labels));
+        std::min(job.spec.stages.count, have + registry_.IdleWith(PlacementLabels(job.spec)));
     if (to <= have) {
       job.grow_possible_since = absl::InfiniteFuture();
       continue;
@@ -182,7 +195,7 @@ void JobManager::Requeue(const std::string& job_id, bool recovering) {
                              job.needs_plan && !job.planned};
   request.stages = NumWorkerStages(job);
   request.distinct_identities = job.spec.placement.distinct_identities;
-  request.labels = job.spec.placement.labels;
+  request.labels = PlacementLabels(job.spec);
   if (recovering) {
     request.fewer_replicas = ElasticReplicaCounts(job);
     request.fewer_stages = FewerStageCounts(job);

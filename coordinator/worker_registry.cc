@@ -5,6 +5,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
 #include "services/common/version.h"
@@ -201,11 +202,16 @@ WorkerRegistry::Counts WorkerRegistry::GetCounts() const {
 
 namespace {
 
-// Whether `info` was registered with every "key=value" of `labels`.
+// Whether `info` was registered with every "key=value" of `labels`;
+// device=cuda (a job's `device: cuda`) matches a worker on any CUDA device.
 bool HasLabels(const v1::WorkerInfo& info, const std::vector<std::string>& labels) {
   for (const std::string& label : labels) {
     const size_t eq = label.find('=');
     if (eq == std::string::npos) return false;
+    if (label == kNeedsCudaLabel) {
+      if (info.device() != "cuda" && !absl::StartsWith(info.device(), "cuda:")) return false;
+      continue;
+    }
     auto it = info.labels().find(label.substr(0, eq));
     if (it == info.labels().end() || it->second != label.substr(eq + 1)) return false;
   }

@@ -30,6 +30,10 @@
 
 namespace stagewise::coordinator {
 
+// The placement label of a job whose `device` is cuda or cuda:N: only
+// workers on a CUDA device (WorkerInfo.device cuda or cuda:N) match it.
+inline constexpr char kNeedsCudaLabel[] = "device=cuda";
+
 // How the coordinator reaches one connected worker (its control stream).
 class CommandSink {
  public:
@@ -105,7 +109,8 @@ class WorkerRegistry {
   // empty identity, plaintext, is never shared).
   // `stages` (J, 0: n) tells how the n slots map onto stages: slot s runs
   // stage s % J of replica s / J (docs/replicas.md), which List() shows.
-  // `labels` (placement.labels, "key=value"): only workers registered with
+  // `labels` (placement.labels, "key=value", and kNeedsCudaLabel for a job
+  // on `device: cuda`): only workers registered with
   // every one of them (stagewise-worker --label).
   std::vector<std::string> Claim(const std::string& job_id, int n, bool distinct_identities = false,
                                  int stages = 0, const std::vector<std::string>& labels = {});

@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+namespace CLI {
+class App;
+}  // namespace CLI
+
 namespace stagewise::cli {
 
 // Exit codes shared by every command.
@@ -127,6 +131,9 @@ struct LocalArgs {
   // without a trace section.
   std::string trace;
   std::string timeline;
+  // Each worker's device (--devices, cycled over the workers); empty: from
+  // the job's `device` (clients/cli/devices.h).
+  std::vector<std::string> devices;
 };
 
 // `trace`: a job's pipeline timeline (a job id on a coordinator, or a trace
@@ -181,6 +188,8 @@ int AdminBackup(const BackupArgs& args, std::ostream& out, std::ostream& err);
 int Events(const JobArgs& args, std::ostream& out, std::ostream& err);
 int Export(const ExportArgs& args, std::ostream& out, std::ostream& err);
 int Local(const LocalArgs& args, std::ostream& out, std::ostream& err);
+// Adds the `local` command and its flags to `app`, filling `args`.
+CLI::App* AddLocalCommand(CLI::App& app, LocalArgs& args);
 int Plot(const PlotArgs& args, std::ostream& out, std::ostream& err);
 int Trace(const TraceArgs& args, std::ostream& out, std::ostream& err);
 // `doctor SOURCE`: the trace read for its bottleneck (clients/cli/doctor.h).

@@ -5,6 +5,7 @@
 // children on purpose while the job runs (chaos.h decides when and which).
 #include <stdlib.h>
 #include <string.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <atomic>
@@ -26,12 +27,15 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "clients/cli/chaos.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/curves.h"
+#include "clients/cli/devices.h"
+#include "clients/cli/flags.h"
 #include "clients/cli/job_format.h"
 #include "clients/cli/job_watch.h"
 #include "clients/cli/process.h"
@@ -406,6 +410,14 @@ int LocalRun::Run() {
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const int threads = args_.threads > 0 ? args_.threads : std::max(1, cores / num_workers);
   if (const int code = SetUpChaos(*spec, num_workers); code >= 0) return code;
+  const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  absl::StatusOr<std::vector<std::string>> devices =
+      LocalWorkerDevices(spec->device, args_.devices, num_workers, gpus);
+  if (!devices.ok()) {
+    err_ << "error: " << (args_.devices.empty() ? args_.job_path + ": " : std::string())
+         << devices.status().message() << "\n";
+    return kExitInvalid;
+  }
 
   // The binaries: next to this executable (a build or install tree), then PATH.
   const std::string self_dir = SelfExecutableDir();
@@ -430,7 +442,7 @@ int LocalRun::Run() {
       std::make_unique<SignalWatcher>([this](int signo) { OnSignal(signo); }, [this] { OnTick(); });
   if (!args_.quiet) {
     err_ << "local: starting a coordinator and " << num_workers << " worker(s) (" << threads
-         << " thread(s) each); logs in " << dir_ << "\n";
+         << " thread(s) each, on " << absl::StrJoin(*devices, ",") << "); logs in " << dir_ << "\n";
     if (chaos_ != nullptr) {
       err_ << "local: chaos: " << args_.chaos << " worker and " << args_.chaos_coordinator
            << " coordinator kill(s) planned (--chaos-seed " << chaos_seed_ << ")\n";
@@ -516,7 +528,7 @@ int LocalRun::Run() {
               with({binaries[1], "--coordinator", address, "--listen", "127.0.0.1:0", "--advertise",
                     "127.0.0.1", "--metrics-listen", "127.0.0.1:0", "--port-file",
                     Path(absl::StrCat("worker-", n, ".port")), "--name", absl::StrCat("local-", n),
-                    "--threads", absl::StrCat(threads)},
+                    "--threads", absl::StrCat(threads), "--device", (*devices)[n]},
                    with(with(tls_flags(absl::StrCat("worker-", n)), checkpoint_root), data_root)),
               absl::StrCat("worker-", n, ".log"), Path(absl::StrCat("worker-", n, ".port")));
     if (!worker.ok()) return Fail(worker.status(), nullptr);
@@ -623,6 +635,67 @@ int LocalRun::Run() {
 }
 
 }  // namespace
+
+CLI::App* AddLocalCommand(CLI::App& app, LocalArgs& args) {
+  CLI::App* local_cmd = app.add_subcommand(
+      "local",
+      "Run a job on a coordinator and workers started here as child processes on loopback");
+  local_cmd->add_option("job", args.job_path, "Job spec (YAML)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  AddSetOption(local_cmd, args.sets);
+  local_cmd
+      ->add_option("-j,--workers", args.workers, "Worker processes (default: the job's stages)")
+      ->check(CLI::PositiveNumber);
+  local_cmd
+      ->add_option("--threads", args.threads,
+                   "LibTorch threads per worker (default: max(1, cores / workers))")
+      ->check(CLI::PositiveNumber);
+  local_cmd
+      ->add_option("--steps", args.steps,
+                   "Run this many steps instead of the spec's length (each phase this many, "
+                   "for jobs with phases); handy for smoke runs")
+      ->check(CLI::PositiveNumber);
+  local_cmd
+      ->add_option("--chaos", args.chaos,
+                   "Fault injection: kill -9 a random worker this many times while the job "
+                   "runs, each time after it made progress, and restart it (same flags, port "
+                   "and name). Needs checkpoint.dir in the job")
+      ->check(CLI::NonNegativeNumber);
+  local_cmd
+      ->add_option("--chaos-coordinator", args.chaos_coordinator,
+                   "Likewise kill -9 and restart the coordinator (same port and database) this "
+                   "many times")
+      ->check(CLI::NonNegativeNumber);
+  local_cmd->add_option("--chaos-seed", args.chaos_seed,
+                        "Seed of the kills' moments and victims (default: a random one, printed)");
+  local_cmd->add_option("--web", args.web,
+                        "Serve the coordinator's status pages (jobs, workers, the job's curves "
+                        "and timeline) on this loopback address, e.g. 127.0.0.1:8080: HTTPS "
+                        "with the throw-away certificate (plain HTTP with --insecure)");
+  local_cmd->add_flag("--keep-logs", args.keep_logs,
+                      "Keep the processes' logs and database and print where they are");
+  local_cmd->add_flag("-q,--quiet", args.quiet, "No progress, only the result");
+  local_cmd->add_option("--history", args.history,
+                        "At the end, write the job's metric history (loss, evaluations, "
+                        "throughput per step) to this file, for `stagewise plot FILE`");
+  local_cmd->add_option("--trace", args.trace,
+                        "At the end, write the job's pipeline timeline as Chrome trace JSON "
+                        "(for `stagewise trace FILE`, ui.perfetto.dev); adds `trace: {}` "
+                        "(mini-batches 0-9) to a job without a trace section");
+  local_cmd->add_option("--timeline", args.timeline,
+                        "At the end, draw the job's pipeline diagram to this FILE.svg (adds "
+                        "`trace: {}` like --trace)");
+  AddOutputOption(local_cmd, args.output, "Result format");
+  local_cmd
+      ->add_option("--devices", args.devices,
+                   "Each worker's device, cycled over the workers: cpu or cuda:N, comma-"
+                   "separated (e.g. cuda:0,cuda:1). Default: the job's `device`: cpu, cuda:N, "
+                   "or cuda = worker n on cuda:(n mod GPUs); a GPU this machine lacks is an "
+                   "error (exit 2) naming the key")
+      ->delimiter(',');
+  return local_cmd;
+}
 
 int Local(const LocalArgs& args, std::ostream& out, std::ostream& err) {
   LocalRun run(args, out, err);

@@ -9,6 +9,7 @@
 #include "clients/cli/commands.h"
 #include "clients/cli/config_file.h"
 #include "clients/cli/conventions.h"
+#include "clients/cli/flags.h"
 #include "clients/client/coordinator_client.h"
 #include "services/metrics/metrics.h"
 #include "services/rpc/tls.h"
@@ -43,20 +44,11 @@ int main(int argc, char** argv) {
                  "The config file's context to talk to (env STAGEWISE_CONTEXT; default: its "
                  "current-context). Flags and environment variables win over it")
       ->envname("STAGEWISE_CONTEXT");
-  // --set on every command that reads a job file (docs/cli.md, "Overriding keys").
   const auto set_option = [](CLI::App* cmd, std::vector<std::string>& sets) {
-    cmd->add_option("--set", sets,
-                    "Override a key of the job file: KEY.PATH=VALUE, the value read as YAML "
-                    "(repeatable; e.g. --set data.limit_test=256 --set optimizer.lr=0.05)")
-        ->type_name("KEY=VALUE")
-        ->expected(1)
-        ->allow_extra_args(false)
-        ->take_all();
+    AddSetOption(cmd, sets);
   };
   const auto output_option = [](CLI::App* cmd, std::string& output, const char* what) {
-    cmd->add_option("-o,--output", output, what)
-        ->check(CLI::IsMember({"text", "json", "yaml"}))
-        ->capture_default_str();
+    AddOutputOption(cmd, output, what);
   };
 
   // An old spelling that keeps working, hidden from --help; Deprecated()
@@ -226,56 +218,7 @@ int main(int argc, char** argv) {
   doctor_cmd->add_option("source", doctor_args.source, "Job id or trace JSON file")->required();
 
   LocalArgs local;
-  auto* local_cmd = app.add_subcommand(
-      "local",
-      "Run a job on a coordinator and workers started here as child processes on loopback");
-  local_cmd->add_option("job", local.job_path, "Job spec (YAML)")
-      ->required()
-      ->check(CLI::ExistingFile);
-  set_option(local_cmd, local.sets);
-  local_cmd
-      ->add_option("-j,--workers", local.workers, "Worker processes (default: the job's stages)")
-      ->check(CLI::PositiveNumber);
-  local_cmd
-      ->add_option("--threads", local.threads,
-                   "LibTorch threads per worker (default: max(1, cores / workers))")
-      ->check(CLI::PositiveNumber);
-  local_cmd
-      ->add_option("--steps", local.steps,
-                   "Run this many steps instead of the spec's length (each phase this many, "
-                   "for jobs with phases); handy for smoke runs")
-      ->check(CLI::PositiveNumber);
-  local_cmd
-      ->add_option("--chaos", local.chaos,
-                   "Fault injection: kill -9 a random worker this many times while the job "
-                   "runs, each time after it made progress, and restart it (same flags, port "
-                   "and name). Needs checkpoint.dir in the job")
-      ->check(CLI::NonNegativeNumber);
-  local_cmd
-      ->add_option("--chaos-coordinator", local.chaos_coordinator,
-                   "Likewise kill -9 and restart the coordinator (same port and database) this "
-                   "many times")
-      ->check(CLI::NonNegativeNumber);
-  local_cmd->add_option("--chaos-seed", local.chaos_seed,
-                        "Seed of the kills' moments and victims (default: a random one, printed)");
-  local_cmd->add_option("--web", local.web,
-                        "Serve the coordinator's status pages (jobs, workers, the job's curves "
-                        "and timeline) on this loopback address, e.g. 127.0.0.1:8080: HTTPS "
-                        "with the throw-away certificate (plain HTTP with --insecure)");
-  local_cmd->add_flag("--keep-logs", local.keep_logs,
-                      "Keep the processes' logs and database and print where they are");
-  local_cmd->add_flag("-q,--quiet", local.quiet, "No progress, only the result");
-  local_cmd->add_option("--history", local.history,
-                        "At the end, write the job's metric history (loss, evaluations, "
-                        "throughput per step) to this file, for `stagewise plot FILE`");
-  local_cmd->add_option("--trace", local.trace,
-                        "At the end, write the job's pipeline timeline as Chrome trace JSON "
-                        "(for `stagewise trace FILE`, ui.perfetto.dev); adds `trace: {}` "
-                        "(mini-batches 0-9) to a job without a trace section");
-  local_cmd->add_option("--timeline", local.timeline,
-                        "At the end, draw the job's pipeline diagram to this FILE.svg (adds "
-                        "`trace: {}` like --trace)");
-  output_option(local_cmd, local.output, "Result format");
+  CLI::App* local_cmd = AddLocalCommand(app, local);
 
   PlanArgs plan;
   auto* plan_cmd = app.add_subcommand(

@@ -1,7 +1,10 @@
 // Deterministic batches: the order of an epoch and the augmentation of a batch
 // are pure functions of (seed, epoch, batch index), drawn with our own RNG code
 // so that every worker, platform and LibTorch version sees the same batches.
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -245,6 +248,8 @@ Batch BatchSampler::Get(int64_t epoch, int64_t index) const {
   ahead_->index = next_index;
   ahead_->batch =
       std::async(std::launch::async, [plain = std::move(plain), next_epoch, next_index] {
+        // Behind the compute threads when cores are short: it has a whole step.
+        (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
         return plain.Make(next_epoch, next_index);
       });
   return batch;

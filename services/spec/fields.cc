@@ -31,7 +31,9 @@ const std::vector<Field<JobSpec>>& TopLevelFields() {
   static const auto* const kFields = new std::vector<Field<S>>{
       Key("name", &S::name, "**required**; `[A-Za-z0-9_.-]+`", kRequired),
       Key("seed", &S::seed, "`>= 0`; seeds data order, augmentation and parameter init"),
-      Key("device", &S::device, "`cpu`, `cuda`, `cuda:N`"),
+      Key("device", &S::device,
+          "`cpu`, `cuda`, `cuda:N`: a `cuda` job's stages go only to workers on a CUDA device "
+          "(they wait for them); `local` puts worker n on `cuda:(n mod GPUs)`"),
       Custom<S>("model", "map", kRequired, "see [model](#model); `model.name` is required"),
       Custom<S>("data", "map", kRequired, "see [data](#data); `data.dataset` is required"),
       Custom<S>("algorithm", "name or map", "`backprop`", "see [algorithm](#algorithm)"),

@@ -21,6 +21,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "services/checkpoint/checkpoint.h"
 #include "services/models/model.h"
 #include "services/spec/job_spec.h"
@@ -279,6 +280,29 @@ TEST_F(Cli, AutoPartitionJobRunsOnLocalWorkers) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("\"state\":\"SUCCEEDED\""), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("plan.stage0.block_end"), std::string::npos) << r.out;
+}
+
+// `local` honours the job's device or --devices: on CPU devices here; a job
+// that asks for a GPU this machine lacks is refused before anything starts.
+TEST_F(Cli, LocalPutsWorkersOnTheDevicesAskedForAndRefusesMissingGpus) {
+  const std::string job = WriteJob(std::string(kTinyJob) + "stages: 2\n");
+  Result r = Stagewise("local -o json --threads 1 --steps 3 --devices cpu,cpu " + job);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("on cpu,cpu)"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("\"state\":\"SUCCEEDED\""), std::string::npos) << r.out;
+
+  Result flag = Stagewise("local -q --devices cpu,gpu " + job);
+  EXPECT_EQ(flag.code, 2) << flag.err;
+  EXPECT_NE(flag.err.find("--devices: 'gpu'"), std::string::npos) << flag.err;
+
+  if (fs::exists("/dev/nvidia0")) GTEST_SKIP() << "this machine has a GPU";
+  for (const char* device : {"cuda", "cuda:0"}) {
+    Result gpu = Stagewise(absl::StrCat("local -q --set device=", device, " ", job));
+    EXPECT_EQ(gpu.code, 2) << gpu.err;
+    EXPECT_NE(gpu.err.find(absl::StrCat("device: ", device, " asks for a GPU")), std::string::npos)
+        << gpu.err;
+    EXPECT_EQ(gpu.out, "");
+  }
 }
 
 TEST_F(Cli, EveryExampleRunsTwoStepsOnLocalWorkers) {

@@ -408,6 +408,34 @@ steps: 2
   ASSERT_TRUE(cluster.manager().Cancel(*waiting, "test over").ok());
 }
 
+// A job on `device: cuda` goes only to workers on a CUDA device: on CPU
+// workers it waits, and says so.
+TEST(Distributed, AGpuJobWaitsForWorkersWithAGpu) {
+  testing::Cluster cluster({.workers = 2});
+  ASSERT_TRUE(cluster.WaitForWorkers(2));
+  auto id = cluster.manager().Submit(R"(name: on-gpu
+device: cuda
+model: {name: mlp, hidden: [8]}
+data: {dataset: synthetic, train_size: 64, test_size: 16, shape: [1, 2, 2], classes: 2}
+stages: 2
+batch_size: 16
+steps: 2
+)");
+  ASSERT_TRUE(id.ok()) << id.status();
+  bool said = false;
+  for (int i = 0; i < 100 && !said; ++i) {
+    auto job = cluster.manager().GetJob(*id);
+    said = job.ok() && job->state() == v1::PENDING &&
+           absl::StrContains(job->reason(), "labelled device=cuda") &&
+           absl::StrContains(job->reason(), "0 of them idle, 2 idle");
+    if (!said) absl::SleepFor(absl::Milliseconds(50));
+  }
+  auto job = cluster.manager().GetJob(*id);
+  EXPECT_TRUE(said) << (job.ok() ? job->reason() : job.status().ToString());
+  for (auto& w : cluster.workers()) EXPECT_EQ(w->runtime(), nullptr);
+  ASSERT_TRUE(cluster.manager().Cancel(*id, "test over").ok());
+}
+
 TEST(Distributed, JobWaitsForWorkersThenCanBeCancelled) {
   testing::Cluster cluster({.workers = 2});
   ASSERT_TRUE(cluster.WaitForWorkers(2));

@@ -12,8 +12,10 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "clients/cli/config_file.h"
 #include "clients/cli/conventions.h"
+#include "clients/cli/devices.h"
 
 namespace stagewise::cli {
 namespace {
@@ -222,6 +224,44 @@ TEST_F(ConfigFileTest, TokenFilesAreTrimmedAndMustHoldAToken) {
   std::ofstream(dir_ / "empty") << "\n";
   EXPECT_FALSE(ReadTokenFile((dir_ / "empty").string()).ok());
   EXPECT_FALSE(ReadTokenFile((dir_ / "missing").string()).ok());
+}
+
+}  // namespace
+}  // namespace stagewise::cli
+
+namespace stagewise::cli {
+namespace {
+
+TEST(LocalWorkerDevices, FollowTheJobOrTheFlagAndRefuseGpusThatAreNotThere) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(*LocalWorkerDevices("cpu", {}, 3, 0), (V{"cpu", "cpu", "cpu"}));
+  EXPECT_EQ(*LocalWorkerDevices("cpu", {}, 2, 4), (V{"cpu", "cpu"}));
+  // `cuda` spreads the workers over the GPUs; cuda:K puts them all there.
+  EXPECT_EQ(*LocalWorkerDevices("cuda", {}, 5, 2),
+            (V{"cuda:0", "cuda:1", "cuda:0", "cuda:1", "cuda:0"}));
+  EXPECT_EQ(*LocalWorkerDevices("cuda:1", {}, 2, 2), (V{"cuda:1", "cuda:1"}));
+  // --devices wins over the job and is cycled.
+  EXPECT_EQ(*LocalWorkerDevices("cuda", {"cpu", "cpu"}, 3, 0), (V{"cpu", "cpu", "cpu"}));
+  EXPECT_EQ(*LocalWorkerDevices("cpu", {"cuda:1", "cpu"}, 3, 2), (V{"cuda:1", "cpu", "cuda:1"}));
+
+  // No GPU here: the error names the key (or the flag).
+  for (const char* device : {"cuda", "cuda:0"}) {
+    absl::StatusOr<V> none = LocalWorkerDevices(device, {}, 2, 0);
+    ASSERT_FALSE(none.ok());
+    EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StartsWith(none.status().message(), "device: ")) << none.status();
+    EXPECT_NE(none.status().message().find("no CUDA device"), std::string::npos);
+  }
+  absl::StatusOr<V> missing = LocalWorkerDevices("cuda:2", {}, 1, 2);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("cuda:0 to cuda:1"), std::string::npos)
+      << missing.status();
+  for (const V& flag : {V{"cuda:0"}, V{"gpu"}, V{"cuda"}, V{"cuda:-1"}}) {
+    absl::StatusOr<V> bad = LocalWorkerDevices("cpu", flag, 2, 0);
+    ASSERT_FALSE(bad.ok()) << flag[0];
+    EXPECT_TRUE(absl::StartsWith(bad.status().message(), "--devices: ")) << bad.status();
+  }
+  EXPECT_FALSE(LocalWorkerDevices("tpu", {}, 1, 0).ok());
 }
 
 }  // namespace
