@@ -38,6 +38,7 @@ static_assert(sizeof(RegionHeader) <= SharedRing::kAlign);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 std::atomic<int64_t> total_payloads{0};
+std::atomic<int64_t> total_full{0};
 
 uint64_t RegionBytes(uint64_t length) {
   return SharedRing::kAlign +
@@ -130,7 +131,11 @@ void SharedRing::ReclaimLocked() {
 std::optional<SharedRing::Region> SharedRing::Allocate(uint64_t length) {
   const uint64_t need = RegionBytes(length);
   absl::MutexLock lock(&mu_);
-  if (need > size_) return std::nullopt;
+  const auto full = [] {
+    total_full.fetch_add(1, std::memory_order_relaxed);
+    return std::nullopt;
+  };
+  if (need > size_) return full();
   ReclaimLocked();
   uint64_t at = 0;  // empty: from the beginning
   if (used_ > 0 && head_ > tail_) {
@@ -142,11 +147,11 @@ std::optional<SharedRing::Region> SharedRing::Allocate(uint64_t length) {
       regions_.push_back({head_, size_ - head_, true});
       used_ += size_ - head_;
     } else {
-      return std::nullopt;
+      return full();
     }
   } else if (used_ > 0) {
     // Free: [head_, tail_) (nothing when head_ == tail_: full).
-    if (tail_ - head_ < need) return std::nullopt;
+    if (tail_ - head_ < need) return full();
     at = head_;
   }
   RegionHeader* h = At(area_, at);
@@ -161,6 +166,7 @@ std::optional<SharedRing::Region> SharedRing::Allocate(uint64_t length) {
 }
 
 int64_t SharedRing::TotalPayloads() { return total_payloads.load(std::memory_order_relaxed); }
+int64_t SharedRing::TotalFull() { return total_full.load(std::memory_order_relaxed); }
 
 uint64_t SharedRing::used() {
   absl::MutexLock lock(&mu_);

@@ -56,6 +56,8 @@ class SharedRing {
   uint64_t used();
   // Payloads placed in any ring of this process so far (tests, diagnostics).
   static int64_t TotalPayloads();
+  // Payloads that found their ring full (and went inline) so far.
+  static int64_t TotalFull();
 
  private:
   SharedRing() = default;

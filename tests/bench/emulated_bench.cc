@@ -35,12 +35,16 @@
 //     --shape 2,16,16        per-sample activation [C, H, W] (C even)
 //     --steps 40             steady-state steps measured per run, after a
 //                            warm-up of 2J + 2 steps (pipeline fill)
+//     --compression none     the wire format of activations and gradients
+//                            (transport.compression), a row per entry of the
+//                            list: none, fp16, bf16 (e.g. none,bf16)
 //     --no-shared-memory     every payload inline on the gRPC stream (the workers'
 //                            --shared-memory-dir ''; by default neighbours, all
 //                            on this host, pass large tensors through shared
 //                            rings: docs/performance.md, "Neighbours on one host")
 //     --verbose              per run, each stage's idle time (waiting for a
-//                            message) per mini-batch
+//                            message) per mini-batch, and how many payloads went
+//                            through shared rings or inline because one was full
 //     --peer                 also run tests/bench/gloo_pipeline_peer.py (a plain
 //                            PyTorch pipeline over gloo, one process per stage,
 //                            the same emulated blocks, 1F1B, M = 2J; needs
@@ -89,6 +93,7 @@
 #include "services/planner/pipeline_schedule.h"
 #include "services/planner/timing_model.h"
 #include "services/spec/job_spec.h"
+#include "services/tensor/shared_ring.h"
 #include "tests/bench/bench_util.h"
 #include "tests/integration/cluster.h"
 
@@ -111,16 +116,18 @@ struct Options {
   int batch = 32;
   std::vector<int64_t> shape = {2, 16, 16};
   int steps = 40;
-  bool verbose = false;       // per-stage idle time of every run
-  bool peer = false;          // the gloo pipeline peer at every J (R = 1)
-  bool shared_memory = true;  // same-host payloads through shared rings
+  bool verbose = false;                              // per-stage idle time of every run
+  bool peer = false;                                 // the gloo pipeline peer at every J (R = 1)
+  bool shared_memory = true;                         // same-host payloads through shared rings
+  std::vector<std::string> compressions = {"none"};  // transport.compression per config
 };
 
 // One configuration: an algorithm at J stages, with its ideal.
 struct Config {
-  std::string algorithm;  // the --algorithms name
-  std::string label;      // as printed
-  std::string yaml;       // the algorithm: line
+  std::string algorithm;             // the --algorithms name
+  std::string label;                 // as printed
+  std::string yaml;                  // the algorithm: line
+  std::string compression = "none";  // transport.compression
   int J = 1;
   int R = 1;           // replicas of every stage
   double ideal_s = 0;  // per mini-batch
@@ -188,6 +195,14 @@ Options ParseOptions(int argc, char** argv) {
       o.replicas = ParseList<int>(flag, value);
     } else if (flag == "--algorithms") {
       o.algorithms = absl::StrSplit(value, ',', absl::SkipEmpty());
+    } else if (flag == "--compression") {
+      o.compressions = absl::StrSplit(value, ',', absl::SkipEmpty());
+      for (const std::string& w : o.compressions) {
+        if (w != "none" && w != "fp16" && w != "bf16") {
+          Usage(absl::StrCat("--compression: '", w, "' is not none, fp16 or bf16"));
+        }
+      }
+      if (o.compressions.empty()) Usage("--compression: empty list");
     } else if (flag == "--rounds") {
       integer(&o.rounds);
     } else if (flag == "--forward-ms") {
@@ -365,11 +380,13 @@ std::string JobYaml(const Options& o, const Config& c, int total_steps) {
       c.planned ? absl::StrCat("placement: {per_worker_profiles: ",
                                c.per_worker_profiles ? "true" : "false", "}\n")
                 : "",
-      "algorithm: ", c.yaml, "\n");
+      "algorithm: ", c.yaml, "\n", "transport: {compression: ", c.compression, "}\n");
 }
 
 // Seconds per mini-batch in steady state, or a negative number on failure.
 double Measure(stagewise::testing::Cluster& cluster, const Options& o, Config& c) {
+  const int64_t payloads_before = stagewise::SharedRing::TotalPayloads();
+  const int64_t full_before = stagewise::SharedRing::TotalFull();
   const int warm = 2 * c.J + 2;
   const int total = warm + o.steps;
   std::mutex mu;
@@ -417,6 +434,10 @@ double Measure(stagewise::testing::Cluster& cluster, const Options& o, Config& c
         absl::StrAppendFormat(&line, " %.1f", 1e3 * it->second / total);
       }
     }
+    absl::StrAppend(
+        &line, "; payloads through shared rings: ",
+        stagewise::SharedRing::TotalPayloads() - payloads_before,
+        ", inline because a ring was full: ", stagewise::SharedRing::TotalFull() - full_before);
     std::cerr << line << "\n";
   }
   std::lock_guard<std::mutex> lock(mu);
@@ -458,7 +479,17 @@ int main(int argc, char** argv) {
   std::vector<Config> configs;
   for (int R : o.replicas) {
     for (int J : o.stages) {
-      for (const Config& c : Configs(o, J, R)) configs.push_back(c);
+      for (const Config& c : Configs(o, J, R)) {
+        // The wire format of the activations and gradients, per row (the
+        // peer has one).
+        for (const std::string& w :
+             c.algorithm == "peer" ? std::vector<std::string>{"none"} : o.compressions) {
+          Config with = c;
+          with.compression = w;
+          if (w != "none") absl::StrAppend(&with.label, " ", w);
+          configs.push_back(with);
+        }
+      }
     }
   }
   std::map<size_t, std::vector<double>> measured;  // config index -> seconds per mini-batch
