@@ -27,9 +27,15 @@ v1::SharedRingOffer SameHostLink::Offer(bool opened_peer) {
   return offer;
 }
 
-void SameHostLink::PeerOpened() {
+void SameHostLink::PeerAnswered(bool opened) {
   absl::MutexLock lock(&mu_);
-  peer_opened_.store(ring_ != nullptr, std::memory_order_release);
+  if (answered_) return;  // a second answer could free a ring in use
+  answered_ = true;
+  if (opened) {
+    peer_opened_.store(ring_ != nullptr, std::memory_order_release);
+  } else {
+    ring_.reset();  // never used: peer_opened_ stays false
+  }
 }
 
 bool SameHostLink::Accept(const v1::SharedRingOffer& peer) {

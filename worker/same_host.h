@@ -34,8 +34,10 @@ class SameHostLink {
   // The peer's offer arrived: opens its ring (once). Whether this side can
   // now read the peer's payloads.
   bool Accept(const v1::SharedRingOffer& peer);
-  // The peer said it opened this side's ring: payloads may go there.
-  void PeerOpened();
+  // The peer's answer to this side's offer (only the first counts): it
+  // opened the ring, so payloads may go there; or it could not (another
+  // host), and the ring's memory is given back at once.
+  void PeerAnswered(bool opened);
 
   // The ring payloads to the peer go to (EncodeOptions::ring), or null.
   SharedRing* ring() const {
@@ -50,7 +52,8 @@ class SameHostLink {
   const uint64_t ring_bytes_;
   absl::Mutex mu_;
   bool tried_ ABSL_GUARDED_BY(mu_) = false;  // Offer made the ring (or failed to)
-  std::unique_ptr<SharedRing> ring_;         // set once, under mu_, before PeerOpened
+  std::unique_ptr<SharedRing> ring_;         // set under mu_ before PeerAnswered
+  bool answered_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> peer_opened_{false};
   std::shared_ptr<SharedRingView> view_ ABSL_GUARDED_BY(mu_);
   bool accepted_ ABSL_GUARDED_BY(mu_) = false;

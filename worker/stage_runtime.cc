@@ -492,7 +492,7 @@ v1::StageMessage StageRuntime::RingAnswer(SameHostLink& link, bool opened_peer) 
 
 void StageRuntime::OnRing(const v1::StageMessage& m, bool from_prev) {
   SameHostLink& link = from_prev ? prev_link_ : next_link_;
-  if (m.ring().opened_peer()) link.PeerOpened();
+  link.PeerAnswered(m.ring().opened_peer());
   // Stage j+1's answer to our OPEN: open its ring and say whether we could.
   if (!from_prev) (void)downstream_->TrySend(RingAnswer(link, link.Accept(m.ring())));
 }
