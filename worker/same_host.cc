@@ -65,4 +65,13 @@ absl::Status SameHostLink::Resolve(v1::StageMessage* message) {
   return ResolveSharedPayloads(message, view.get());
 }
 
+v1::StageMessage RingMessage(const std::string& job_id, int attempt, v1::SharedRingOffer offer) {
+  v1::StageMessage m;
+  m.set_job_id(job_id);
+  m.set_kind(v1::StageMessage::RING);
+  m.set_attempt(attempt);
+  *m.mutable_ring() = std::move(offer);
+  return m;
+}
+
 }  // namespace stagewise::worker

@@ -59,6 +59,9 @@ class SameHostLink {
   bool accepted_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// The RING message of `job_id`'s `attempt` that carries `offer`.
+v1::StageMessage RingMessage(const std::string& job_id, int attempt, v1::SharedRingOffer offer);
+
 }  // namespace stagewise::worker
 
 #endif  // STAGEWISE_WORKER_SAME_HOST_H_

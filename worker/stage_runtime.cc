@@ -191,6 +191,7 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
   rt->metrics_->SetMemory("parameters", param_bytes);
   rt->prev_sink_ = std::make_unique<InboxSink>(rt.get(), &rt->from_prev_, true);
   rt->next_sink_ = std::make_unique<InboxSink>(rt.get(), &rt->from_next_, false);
+  if (!rt->first()) rt->prev_link_.Offer(false);  // the ring made here, not in a reaction
   return rt;
 }
 
@@ -465,36 +466,32 @@ absl::Status StageRuntime::AttachUpstream(const v1::StageMessage& message,
         absl::StrCat("certificate '", peer_identity.substr(0, 128), "' is not the one of stage ",
                      stage() - 1, " of job ", job_id(), " (attempt ", assignment_.attempt(), ")"));
   }
-  absl::MutexLock lock(&mu_);
-  if (!first_error_.ok()) return absl::PermissionDeniedError("the job has stopped on this stage");
-  if (upstream_) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("stage ", stage(), " of job ", job_id(), " already has its upstream stream"));
+  {
+    absl::MutexLock lock(&mu_);
+    if (!first_error_.ok()) return absl::PermissionDeniedError("the job has stopped on this stage");
+    if (upstream_) {
+      return absl::PermissionDeniedError(absl::StrCat("stage ", stage(), " of job ", job_id(),
+                                                      " already has its upstream stream"));
+    }
+    upstream_ = stream;
+    *sink = prev_sink_.get();
   }
-  upstream_ = stream;
-  *sink = prev_sink_.get();
-  // Same-host payloads: open stage j-1's ring, offer ours (inside the read
-  // reaction: never blocks; a full outbox just leaves them off).
+  // Same-host payloads: open stage j-1's ring, offer ours (made in Create),
+  // outside the lock; a full outbox (never waited for here) leaves them off.
   if (message.has_ring()) {
-    (void)stream->TrySend(RingAnswer(prev_link_, prev_link_.Accept(message.ring())));
+    (void)stream->TrySend(
+        RingMessage(job_id(), attempt(), prev_link_.Offer(prev_link_.Accept(message.ring()))));
   }
   return absl::OkStatus();
-}
-
-v1::StageMessage StageRuntime::RingAnswer(SameHostLink& link, bool opened_peer) const {
-  v1::StageMessage answer;
-  answer.set_job_id(job_id());
-  answer.set_kind(v1::StageMessage::RING);
-  answer.set_attempt(assignment_.attempt());
-  *answer.mutable_ring() = link.Offer(opened_peer);
-  return answer;
 }
 
 void StageRuntime::OnRing(const v1::StageMessage& m, bool from_prev) {
   SameHostLink& link = from_prev ? prev_link_ : next_link_;
   link.PeerAnswered(m.ring().opened_peer());
   // Stage j+1's answer to our OPEN: open its ring and say whether we could.
-  if (!from_prev) (void)downstream_->TrySend(RingAnswer(link, link.Accept(m.ring())));
+  if (!from_prev) {
+    (void)downstream_->TrySend(RingMessage(job_id(), attempt(), link.Offer(link.Accept(m.ring()))));
+  }
 }
 
 EncodeOptions StageRuntime::Wire(bool to_next) const {

@@ -157,8 +157,6 @@ class StageRuntime final : public StageContext {
   // A RING from a neighbour (its stream's reader): notes what it says and,
   // from stage j+1, opens its ring and answers.
   void OnRing(const v1::StageMessage& m, bool from_prev);
-  // Stamps a handshake answer with the job and attempt.
-  v1::StageMessage RingAnswer(SameHostLink& link, bool opened_peer) const;
   void ComputeLoop();
   // A checkpoint after global step `step` besides checkpoint.every_*, picked
   // here (stage 0): noted and reported (WorkerEvent.checkpoint_planned).
