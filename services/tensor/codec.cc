@@ -136,27 +136,22 @@ absl::Status EncodeImpl(const torch::Tensor& tensor, v1::TensorProto* out,
     compression = options.compression;
     wire = wire.to(compression == v1::COMPRESSION_FP16 ? torch::kHalf : torch::kBFloat16);
   }
+  out->Clear();
+  out->set_dtype(info->wire);
+  out->set_compression(compression);
+  for (int64_t dim : wire.sizes()) out->add_shape(dim);
   const int64_t wire_bytes = wire.numel() * static_cast<int64_t>(wire.element_size());
   if (options.ring != nullptr && wire_bytes >= options.min_shared_bytes) {
     if (auto region = options.ring->Allocate(static_cast<uint64_t>(wire_bytes))) {
       // One pass straight into the shared pages (from the device, too).
       torch::from_blob(region->data, wire.sizes(), torch::TensorOptions().dtype(wire.scalar_type()))
           .copy_(wire);
-      out->Clear();
-      out->set_dtype(info->wire);
-      out->set_compression(compression);
-      for (int64_t dim : wire.sizes()) out->add_shape(dim);
       out->mutable_shared()->set_offset(region->offset);
       out->mutable_shared()->set_length(region->length);
       return absl::OkStatus();
     }
   }
   const torch::Tensor cpu = wire.to(torch::kCPU).contiguous();
-
-  out->Clear();
-  out->set_dtype(info->wire);
-  out->set_compression(compression);
-  for (int64_t dim : cpu.sizes()) out->add_shape(dim);
   const size_t nbytes = static_cast<size_t>(cpu.numel()) * cpu.element_size();
   if (nbytes > 0) {
     out->mutable_data()->assign(static_cast<const char*>(cpu.data_ptr()), nbytes);
