@@ -29,6 +29,40 @@ void WaitUntil(Clock::time_point start, double seconds) {
       start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
 }
 
+// While a DeferredWaits is alive on a thread, the emulated waits there add up
+// in it instead of sleeping, and it waits their sum from its own start when it
+// ends: a reversible block's rebuild and inverse then count their coupling's
+// arithmetic (a split, a subtraction, a concatenation) inside the block's time,
+// as an accelerator's block time would, not on top of it.
+thread_local double* deferred_seconds = nullptr;
+
+class DeferredWaits {
+ public:
+  DeferredWaits() : start_(Clock::now()), previous_(deferred_seconds) {
+    deferred_seconds = &seconds_;
+  }
+  ~DeferredWaits() {
+    deferred_seconds = previous_;
+    WaitUntil(start_, seconds_);
+  }
+  DeferredWaits(const DeferredWaits&) = delete;
+  DeferredWaits& operator=(const DeferredWaits&) = delete;
+
+ private:
+  const Clock::time_point start_;
+  double* const previous_;
+  double seconds_ = 0;
+};
+
+// WaitUntil, or the wait added to the thread's DeferredWaits.
+void Wait(Clock::time_point start, double seconds) {
+  if (deferred_seconds != nullptr) {
+    *deferred_seconds += seconds;
+    return;
+  }
+  WaitUntil(start, seconds);
+}
+
 // y = residual * x + scale * x + shift (scale and shift per value of a
 // sample), with the waits of an accelerator: n samples take n * forward_s to
 // go forward and n * backward_s to go back, of which the weight gradients are
@@ -51,7 +85,7 @@ struct EmulatedAffine : public torch::autograd::Function<EmulatedAffine> {
     ctx->saved_data["x_requires_grad"] = x.requires_grad();
     ctx->saved_data["input_s"] = backward_s * (1 - share);
     ctx->saved_data["weight_s"] = backward_s * share;
-    WaitUntil(start, info->forward_seconds_per_sample * n);
+    Wait(start, info->forward_seconds_per_sample * n);
     return y;
   }
 
@@ -68,9 +102,71 @@ struct EmulatedAffine : public torch::autograd::Function<EmulatedAffine> {
     torch::Tensor gshift = g.sum(0);
     const bool weights = ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
     const bool input = ctx->needs_input_grad(0) || !ctx->saved_data["x_requires_grad"].toBool();
-    WaitUntil(start, (weights ? ctx->saved_data["weight_s"].toDouble() : 0) +
-                         (input || !weights ? ctx->saved_data["input_s"].toDouble() : 0));
+    Wait(start, (weights ? ctx->saved_data["weight_s"].toDouble() : 0) +
+                    (input || !weights ? ctx->saved_data["input_s"].toDouble() : 0));
     return {gx, gscale, gshift, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// The reversible coupling (x, x~) -> (x~ + F(x), x), F(x) = scale * x + shift,
+// as one step whose waits (EmulatedAffine's) start before the split and end
+// after the concatenation, forward and backward: on an accelerator those are
+// part of the block's time, while on the few cores of a test machine they
+// would add a real pass over the activations on top of it. The same numbers as
+// the coupling written with chunk, add and cat over EmulatedAffine.
+struct EmulatedCoupling : public torch::autograd::Function<EmulatedCoupling> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& scale, const torch::Tensor& shift,
+                               const BlockInfo* info) {
+    const Clock::time_point start = Clock::now();
+    const int64_t c = x.size(1) / 2;
+    torch::Tensor in = x.contiguous();
+    torch::Tensor x1 = in.narrow(1, 0, c);
+    torch::Tensor y = torch::empty_like(in);
+    torch::Tensor y1 = y.narrow(1, 0, c);
+    torch::addcmul_out(y1, shift, x1, scale);
+    y1.add_(in.narrow(1, c, c));
+    y.narrow(1, c, c).copy_(x1);
+    ctx->save_for_backward({in, scale});
+    const auto n = static_cast<double>(x.size(0));
+    const double backward_s = info->backward_seconds_per_sample * n;
+    const double share = info->backward_weight_share;
+    ctx->saved_data["x_requires_grad"] = x.requires_grad();
+    ctx->saved_data["input_s"] = backward_s * (1 - share);
+    ctx->saved_data["weight_s"] = backward_s * share;
+    Wait(start, info->forward_seconds_per_sample * n);
+    return y;
+  }
+
+  // dx = (dy~ + scale * dy, dy), dscale = sum_n dy * x, dshift = sum_n dy;
+  // a backward asked for the input only (B) or the weights only (W) computes
+  // and waits that part, as EmulatedAffine does.
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const Clock::time_point start = Clock::now();
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& scale = saved[1];
+    const torch::Tensor g = grads[0].contiguous();
+    const int64_t c = g.size(1) / 2;
+    const torch::Tensor g1 = g.narrow(1, 0, c);
+    const bool weights = ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
+    const bool input = ctx->needs_input_grad(0) || !ctx->saved_data["x_requires_grad"].toBool();
+    torch::Tensor gx, gscale, gshift;
+    if (ctx->needs_input_grad(0)) {
+      gx = torch::empty_like(g);
+      torch::Tensor gx1 = gx.narrow(1, 0, c);
+      torch::mul_out(gx1, g1, scale);
+      gx1.add_(g.narrow(1, c, c));
+      gx.narrow(1, c, c).copy_(g1);
+    }
+    if (weights) {
+      gscale = (g1 * x.narrow(1, 0, c)).sum(0);
+      gshift = g1.sum(0);
+    }
+    Wait(start, (weights ? ctx->saved_data["weight_s"].toDouble() : 0) +
+                    (input || !weights ? ctx->saved_data["input_s"].toDouble() : 0));
+    return {gx, gscale, gshift, torch::Tensor()};
   }
 };
 
@@ -240,6 +336,21 @@ EmulatedReversibleBlock::EmulatedReversibleBlock(const BlockInfo& info)
 
 torch::Tensor EmulatedReversibleBlock::F(const torch::Tensor& stream) {
   return EmulatedAffine::apply(stream, scale_, shift_, /*residual=*/false, &info());
+}
+
+torch::Tensor EmulatedReversibleBlock::forward(const torch::Tensor& x) {
+  return EmulatedCoupling::apply(x, scale_, shift_, &info());
+}
+
+torch::Tensor EmulatedReversibleBlock::inverse(const torch::Tensor& y) {
+  DeferredWaits waits;
+  return ReversibleBlock::inverse(y);
+}
+
+std::pair<torch::Tensor, torch::Tensor> EmulatedReversibleBlock::RebuildBackward(
+    const torch::Tensor& y, const torch::Tensor& dy, bool input_grad) {
+  DeferredWaits waits;
+  return ReversibleBlock::RebuildBackward(y, dy, input_grad);
 }
 
 PairDownsampleBlock::PairDownsampleBlock(const BlockInfo& info) : Block(info) {

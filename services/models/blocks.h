@@ -140,12 +140,20 @@ class ScopedEmulatedSpeed {
 };
 
 // The reversible variant: the coupling (x, x~) -> (x~ + F(x), x) with
-// F(x) = scale * x + shift, waiting like EmulatedBlock inside F. Its rebuild
-// therefore costs one more forward, as a real reversible block's does.
+// F(x) = scale * x + shift, waiting like EmulatedBlock. Its rebuild therefore
+// costs one more forward, as a real reversible block's does. The coupling's own
+// split, sum and concatenation run inside the waits (forward, backward,
+// inverse and rebuild): the configured times are the whole block's, as on an
+// accelerator.
 class EmulatedReversibleBlock : public ReversibleBlock {
  public:
   explicit EmulatedReversibleBlock(const BlockInfo& info);
   torch::Tensor F(const torch::Tensor& stream) override;
+  torch::Tensor forward(const torch::Tensor& x) override;
+  torch::Tensor inverse(const torch::Tensor& y) override;
+  std::pair<torch::Tensor, torch::Tensor> RebuildBackward(const torch::Tensor& y,
+                                                          const torch::Tensor& dy,
+                                                          bool input_grad) override;
 
  private:
   torch::Tensor scale_, shift_;
