@@ -9,6 +9,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "services/render/svg.h"
+#include "services/render/timeline.h"
 
 namespace stagewise::coordinator::status_page {
 namespace {
@@ -22,6 +24,7 @@ th{background:#eceff1}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .RUNNING{color:#1565c0}.SUCCEEDED{color:#2e7d32}.FAILED{color:#c62828}.CANCELLED{color:#757575}
 .PENDING,.RECOVERING{color:#ef6c00}.err{color:#c62828}.bar{background:#eceff1;width:120px;height:10px}
 .bar span{display:block;height:10px;background:#1565c0}svg{background:#fff;border:1px solid #ddd}
+svg.timeline{max-width:100%;height:auto}
 )";
 
 std::string Head(const std::string& title, const PageOptions& options) {
@@ -86,97 +89,9 @@ std::string Progress(const v1::JobStatus& j) {
                       "\"></progress> ", j.step(), " / ", j.total_steps());
 }
 
-const char* KindColour(v1::SpanKind kind) {
-  switch (kind) {
-    case v1::SPAN_FORWARD:
-      return "#4e79a7";
-    case v1::SPAN_BACKWARD:
-      return "#f28e2b";
-    case v1::SPAN_BACKWARD_WEIGHT:
-      return "#e15759";
-    case v1::SPAN_RECOMPUTE:
-      return "#76b7b2";
-    case v1::SPAN_STEP:
-      return "#59a14f";
-    case v1::SPAN_WAIT_PREV:
-    case v1::SPAN_WAIT_NEXT:
-      return "#d9d9d9";
-    case v1::SPAN_SEND:
-      return "#edc948";
-    case v1::SPAN_EVAL:
-      return "#b07aa1";
-    case v1::SPAN_AUX:
-      return "#ff9da7";
-    case v1::SPAN_CHECKPOINT:
-      return "#9c755f";
-    default:
-      return "#bab0ac";
-  }
-}
-
-bool IsWait(v1::SpanKind kind) { return kind == v1::SPAN_WAIT_PREV || kind == v1::SPAN_WAIT_NEXT; }
-
-// The spans of each stage's latest attempt, by stage.
-std::map<int, const v1::StageTrace*> LatestAttempts(const v1::JobTrace& trace) {
-  std::map<int, const v1::StageTrace*> latest;
-  for (const v1::StageTrace& st : trace.stages()) {
-    auto [it, fresh] = latest.emplace(st.stage(), &st);
-    if (!fresh && st.attempt() >= it->second->attempt()) it->second = &st;
-  }
-  return latest;
-}
-
-// [begin, end) of the window: the last `steps` recorded steps (from the
-// first span of the earliest of them to the last span's end), at most
-// `max_us` long.
-std::pair<int64_t, int64_t> Window(const std::map<int, const v1::StageTrace*>& stages, int steps,
-                                   int64_t max_us) {
-  int64_t end = std::numeric_limits<int64_t>::min();
-  int64_t last_step = std::numeric_limits<int64_t>::min();
-  for (const auto& [stage, st] : stages) {
-    for (const v1::Span& s : st->spans()) {
-      end = std::max(end, s.start_us() + s.duration_us());
-      last_step = std::max(last_step, s.step());
-    }
-  }
-  if (end == std::numeric_limits<int64_t>::min()) return {0, 0};
-  int64_t begin = end;
-  for (const auto& [stage, st] : stages) {
-    for (const v1::Span& s : st->spans()) {
-      if (s.step() > last_step - steps) begin = std::min(begin, s.start_us());
-    }
-  }
-  return {std::max(begin, end - max_us), end};
-}
-
 }  // namespace
 
-std::string Escape(const std::string& s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
+std::string Escape(const std::string& s) { return render::XmlEscape(s); }
 
 std::string JobsPage(const std::vector<v1::JobStatus>& jobs, const std::string& next_page,
                      const PageOptions& options) {
@@ -234,124 +149,31 @@ std::string WorkersPage(const std::vector<WorkerRow>& workers, const PageOptions
 std::string CurveSvg(const std::string& title,
                      const std::map<std::string, std::vector<std::pair<double, double>>>& series,
                      const std::string& y_label) {
-  constexpr double kW = 420, kH = 220, kLeft = 56, kRight = 10, kTop = 22, kBottom = 30;
-  double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
-  for (const auto& [name, points] : series) {
-    for (const auto& [x, y] : points) {
-      if (!std::isfinite(y)) continue;
-      x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
-    }
-  }
-  std::string out = absl::StrFormat(
-      "<svg class=\"curve\" data-title=\"%s\" width=\"%.0f\" height=\"%.0f\" "
-      "viewBox=\"0 0 %.0f %.0f\" xmlns=\"http://www.w3.org/2000/svg\"><text x=\"%.0f\" y=\"15\" "
-      "font-size=\"13\">%s</text>",
-      Escape(title), kW, kH, kW, kH, kLeft, Escape(title));
-  if (!std::isfinite(x0)) {
-    absl::StrAppend(&out, "<text x=\"", kLeft, "\" y=\"110\" fill=\"#777\">no samples yet</text>",
-                    "</svg>");
-    return out;
-  }
-  if (x1 <= x0) x1 = x0 + 1;
-  if (y1 <= y0) y1 = y0 + (y0 == 0 ? 1 : std::abs(y0) * 0.1);
-  auto px = [&](double x) { return kLeft + (x - x0) / (x1 - x0) * (kW - kLeft - kRight); };
-  auto py = [&](double y) { return kH - kBottom - (y - y0) / (y1 - y0) * (kH - kTop - kBottom); };
-  absl::StrAppendFormat(&out,
-                        "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" "
-                        "stroke=\"#ccc\"/>",
-                        kLeft, kTop, kW - kLeft - kRight, kH - kTop - kBottom);
-  absl::StrAppendFormat(&out,
-                        "<text x=\"4\" y=\"%.0f\" font-size=\"11\">%s</text><text x=\"4\" "
-                        "y=\"%.0f\" font-size=\"11\">%s</text>",
-                        kTop + 10, Number(y1), kH - kBottom, Number(y0));
-  absl::StrAppendFormat(&out,
-                        "<text x=\"%.0f\" y=\"%.0f\" font-size=\"11\">step %s</text><text "
-                        "x=\"%.0f\" y=\"%.0f\" font-size=\"11\" text-anchor=\"end\">%s</text>",
-                        kLeft, kH - 10, Number(x0, 6), kW - kRight, kH - 10, Number(x1, 6));
-  absl::StrAppendFormat(
-      &out, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"11\" text-anchor=\"end\">%s</text>",
-      kW - kRight, kTop - 8, Escape(y_label));
-  static constexpr const char* kColours[] = {"#1565c0", "#ef6c00", "#2e7d32", "#6a1b9a"};
-  int i = 0;
-  for (const auto& [name, points] : series) {
-    const char* colour = kColours[i % 4];
-    std::vector<std::string> xy;
-    for (const auto& [x, y] : points) {
-      if (std::isfinite(y)) xy.push_back(absl::StrFormat("%.1f,%.1f", px(x), py(y)));
-    }
-    absl::StrAppendFormat(&out,
-                          "<polyline data-series=\"%s\" data-points=\"%d\" fill=\"none\" "
-                          "stroke=\"%s\" stroke-width=\"1.5\" points=\"%s\"/>",
-                          Escape(name), xy.size(), colour, absl::StrJoin(xy, " "));
-    if (xy.size() == 1) {  // one sample: a dot, a line of one point draws nothing
-      const auto& [x, y] = points.front();
-      absl::StrAppendFormat(&out, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>", px(x),
-                            py(y), colour);
-    }
-    absl::StrAppendFormat(&out,
-                          "<text x=\"%.0f\" y=\"%.0f\" font-size=\"11\" fill=\"%s\">%s</text>",
-                          kLeft + 8 + 120 * i, kTop + 14, colour, Escape(name));
-    ++i;
-  }
-  return out + "</svg>";
+  render::ChartOptions options;
+  options.y_label = y_label;
+  return render::LineChartSvg(title, series, options);
 }
 
 std::string TimelineSvg(const v1::JobTrace& trace, int steps, int64_t max_us) {
-  const auto stages = LatestAttempts(trace);
-  constexpr double kW = 900, kLeft = 70, kRow = 22;
-  const double height = 30 + kRow * std::max<size_t>(stages.size(), 1);
-  std::string out = absl::StrFormat(
-      "<svg class=\"timeline\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
-      "xmlns=\"http://www.w3.org/2000/svg\">",
-      kW, height, kW, height);
-  const auto [begin, end] = Window(stages, steps, max_us);
-  if (stages.empty() || end <= begin) {
-    return out +
-           "<text x=\"10\" y=\"20\" fill=\"#777\">no spans recorded (the job's trace: "
-           "section turns tracing on)</text></svg>";
-  }
-  const double scale = (kW - kLeft - 10) / static_cast<double>(end - begin);
-  int row = 0;
-  for (const auto& [stage, st] : stages) {
-    const double y = 8 + kRow * row++;
-    absl::StrAppendFormat(&out,
-                          "<g class=\"track\" data-stage=\"%d\"><text x=\"4\" y=\"%.0f\" "
-                          "font-size=\"12\">stage %d</text>",
-                          stage, y + 14, stage);
-    for (const v1::Span& s : st->spans()) {
-      const int64_t a = std::max(s.start_us(), begin);
-      const int64_t b = std::min(s.start_us() + s.duration_us(), end);
-      if (b <= a) continue;
-      absl::StrAppendFormat(&out,
-                            "<rect x=\"%.1f\" y=\"%.0f\" width=\"%.2f\" height=\"18\" fill=\"%s\">"
-                            "<title>%s step %d mb %d: %.2f ms</title></rect>",
-                            kLeft + (a - begin) * scale, y, std::max(0.5, (b - a) * scale),
-                            KindColour(s.kind()), v1::SpanKind_Name(s.kind()), s.step(),
-                            s.micro_batch(), s.duration_us() / 1000.0);
-    }
-    absl::StrAppend(&out, "</g>");
-  }
-  absl::StrAppendFormat(&out,
-                        "<text x=\"%.0f\" y=\"%.0f\" font-size=\"11\">the last %d traced "
-                        "steps: %.1f ms (forward blue, backward orange, weight gradients red, "
-                        "optimizer step green, waits grey)</text></svg>",
-                        kLeft, height - 6, steps, (end - begin) / 1000.0);
-  return out;
+  return render::TimelineSvg(render::LastSteps(trace, steps, max_us));
 }
 
 std::vector<StageLoad> StageLoads(const v1::JobTrace& trace, int steps, int64_t max_us) {
-  const auto stages = LatestAttempts(trace);
-  const auto [begin, end] = Window(stages, steps, max_us);
+  const v1::JobTrace window = render::LastSteps(trace, steps, max_us);
+  int64_t begin = std::numeric_limits<int64_t>::max(), end = std::numeric_limits<int64_t>::min();
+  for (const v1::StageTrace& st : window.stages()) {
+    for (const v1::Span& s : st.spans()) {
+      begin = std::min(begin, s.start_us());
+      end = std::max(end, s.start_us() + s.duration_us());
+    }
+  }
   std::vector<StageLoad> out;
   if (end <= begin) return out;
-  for (const auto& [stage, st] : stages) {
+  for (const v1::StageTrace& st : window.stages()) {
     StageLoad load;
-    load.stage = stage;
-    for (const v1::Span& s : st->spans()) {
-      const int64_t a = std::max(s.start_us(), begin);
-      const int64_t b = std::min(s.start_us() + s.duration_us(), end);
-      if (b <= a) continue;
-      (IsWait(s.kind()) ? load.wait : load.busy) += static_cast<double>(b - a);
+    load.stage = st.stage();
+    for (const v1::Span& s : st.spans()) {
+      (render::IsWait(s.kind()) ? load.wait : load.busy) += static_cast<double>(s.duration_us());
     }
     load.busy = std::min(1.0, load.busy / static_cast<double>(end - begin));
     load.wait = std::min(1.0, load.wait / static_cast<double>(end - begin));

@@ -13,6 +13,9 @@
 
 namespace stagewise::cli {
 
+// `s` escaped as the inside of a JSON string literal.
+std::string JsonEscape(const std::string& s);
+
 // The edit distance (insertions, deletions, substitutions) between a and b.
 int EditDistance(const std::string& a, const std::string& b);
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "clients/cli/conventions.h"  // JsonEscape
 #include "services/spec/job_spec.h"
 #include "services/training/reference_trainer.h"
 
@@ -15,7 +16,6 @@ namespace stagewise::cli {
 std::string HumanCount(int64_t n);                         // 1234567 -> "1.23M"
 std::string ShapeText(const std::vector<int64_t>& shape);  // {3, 32, 32} -> "[3,32,32]"
 std::string HumanDuration(double seconds);                 // 75 -> "1m15s"
-std::string JsonEscape(const std::string& s);
 // Text from the coordinator (job names, reasons, worker ids) made harmless
 // for a terminal: control characters (C0, DEL, C1) become visible escapes
 // (\x1b, \u009b), so a job cannot move the cursor or retitle the window.

@@ -14,3 +14,6 @@ stagewise_add_test(NAME collective_store_test SOURCES collective_store_test.cc
 # tests/browser.
 stagewise_add_test(NAME status_page_test SOURCES status_page_test.cc
   LIBS stagewise_status_page LABELS unit)
+# services/render: the drawing the CLI's files and the status pages share.
+stagewise_add_test(NAME render_test SOURCES render_test.cc
+  LIBS stagewise_status_page stagewise_cli_trace LABELS unit)

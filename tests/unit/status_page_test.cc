@@ -143,9 +143,10 @@ TEST(StatusPage, TimelineHasATrackPerStageOfTheLatestAttemptAndLoadsAddUp) {
     EXPECT_TRUE(absl::StrContains(svg, absl::StrCat("data-stage=\"", stage, "\"")));
   }
   // The last 3 steps of attempt 1 on 3 stages: 9 spans each of 3 kinds.
-  EXPECT_EQ(Count(svg, "<rect"), 27) << svg;
-  EXPECT_TRUE(absl::StrContains(svg, "SPAN_BACKWARD step 9"));
-  EXPECT_FALSE(absl::StrContains(svg, "step 6 "));
+  EXPECT_EQ(Count(svg, "class=\"span\""), 27) << svg;
+  EXPECT_TRUE(absl::StrContains(svg, "backward, mini-batch 9:"));
+  EXPECT_FALSE(absl::StrContains(svg, "mini-batch 6:"));
+  EXPECT_TRUE(absl::StrContains(svg, "mini-batches 7-9"));
 
   const std::vector<StageLoad> loads = StageLoads(trace, 3, 60'000'000);
   ASSERT_EQ(loads.size(), 3u);
