@@ -19,6 +19,7 @@
 #include "coordinator/web_server.h"
 #include "services/common/log.h"
 #include "services/common/log_flags.h"
+#include "services/common/version.h"
 #include "services/metrics/flags.h"
 #include "services/metrics/metrics.h"
 #include "services/rpc/health.h"
@@ -101,6 +102,7 @@ int main(int argc, char** argv) {
   CLI::App app{
       "stagewise-coordinator: accepts jobs, assigns stages to workers, tracks progress.\n"
       "State lives in an SQLite file and survives restarts."};
+  app.set_version_flag("--version", std::string("stagewise-coordinator ") + stagewise::Version());
   app.add_option("--listen", listen, "gRPC address (port 0: any free port)")->capture_default_str();
   app.add_option("--metrics-listen", metrics_listen, "Prometheus /metrics address (empty: off)")
       ->capture_default_str();

@@ -1,6 +1,7 @@
 // stagewise-worker: flags and wiring only; see worker/worker.h.
 #include <grpc/grpc.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <CLI/CLI.hpp>
 #include <csignal>
@@ -12,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "services/common/log.h"
 #include "services/common/log_flags.h"
+#include "services/common/version.h"
 #include "services/metrics/flags.h"
 #include "services/rpc/health.h"
 #include "services/rpc/server.h"
@@ -34,6 +36,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "stagewise-worker: hosts one stage of a stagewise job at a time.\n"
       "Registers with the coordinator and stays up between jobs."};
+  app.set_version_flag("--version", std::string("stagewise-worker ") + stagewise::Version() +
+                                        " (LibTorch " + TORCH_VERSION + ")");
   app.add_option("--coordinator", options.coordinator,
                  "Coordinator address (env STAGEWISE_COORDINATOR)")
       ->capture_default_str();

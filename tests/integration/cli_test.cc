@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -102,6 +103,26 @@ TEST_F(Cli, VersionNamesTheProjectAndLibTorch) {
   EXPECT_EQ(r.code, 0);
   EXPECT_EQ(r.out.rfind("stagewise ", 0), 0u) << r.out;
   EXPECT_NE(r.out.find("LibTorch"), std::string::npos);
+}
+
+// Every binary answers --version with its name and the same version (what
+// an operator checks first on a host).
+TEST_F(Cli, EveryBinaryPrintsItsVersion) {
+  std::string versions;
+  for (const char* binary : {"stagewise", "stagewise-worker", "stagewise-coordinator"}) {
+    const fs::path out = dir_ / "version.out";
+    const std::string cmd = std::string(STAGEWISE_BINARY_DIR) + "/bin/" + binary + " --version >" +
+                            out.string() + " 2>&1 </dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << binary;
+    const std::string text = Slurp(out);
+    ASSERT_EQ(text.rfind(std::string(binary) + " ", 0), 0u) << text;
+    const std::string version =
+        text.substr(std::strlen(binary) + 1,
+                    text.find_first_of(" \n", std::strlen(binary) + 1) - std::strlen(binary) - 1);
+    EXPECT_FALSE(version.empty()) << text;
+    if (!versions.empty()) EXPECT_EQ(version, versions) << binary;
+    versions = version;
+  }
 }
 
 TEST_F(Cli, NoCommandIsAUsageError) {
