@@ -346,6 +346,11 @@ void JobManager::HandleEvent(const v1::WorkerEvent& event) {
       }
       return;
     case Admission::Verdict::kDropStale:
+      if (event.has_error()) {
+        if (LiveJob* job = FindJob(event.job_id())) {
+          recovery_.NoteLateError(*job, event.attempt(), event.error());
+        }
+      }
       return;
     case Admission::Verdict::kFailJob:
       EndJob(event.job_id(), v1::FAILED, admission.why);

@@ -284,10 +284,31 @@ void JobRecovery::OnStageError(const std::string& job_id, LiveJob& job, int stag
     return;
   }
   if (stage >= 0 && IsRetryable(e)) {
+    const int ended = job.attempt;
     Recover(job_id, e.message(), "stage_error");
+    // This error ended the attempt (not one that had ended already).
+    if (e.neighbour_stream() && job.attempt == ended + 1 && job.status.attempts_size() > 0) {
+      v1::JobAttempt* a = job.status.mutable_attempts(job.status.attempts_size() - 1);
+      if (a->attempt() == ended) a->set_end_reason_secondary(true);
+    }
     return;
   }
   host_->EndJob(job_id, v1::FAILED, e.message());
+}
+
+void JobRecovery::NoteLateError(LiveJob& job, int attempt, const v1::StageError& e) {
+  if (e.neighbour_stream()) return;
+  for (int i = job.status.attempts_size() - 1; i >= 0; --i) {
+    v1::JobAttempt* a = job.status.mutable_attempts(i);
+    if (a->attempt() != attempt) continue;
+    if (!a->end_reason_secondary() || a->ended_unix_ms() == 0) return;
+    STAGEWISE_LOG(INFO) << "job " << job.status.job_id() << " attempt " << attempt
+                        << " ended on: " << e.message();
+    a->set_end_reason(absl::StrCat(e.message(), " (first reported: ", a->end_reason(), ")"));
+    a->set_end_reason_secondary(false);
+    host_->UpdateProgress(job, e.message(), {});
+    return;
+  }
 }
 
 void JobRecovery::BeginAttempt(LiveJob& job, std::vector<v1::Command>* commands) {

@@ -47,6 +47,10 @@ class JobRecovery {
   // the job.
   void OnStageError(const std::string& job_id, LiveJob& job, int stage,
                     const v1::StageError& error);
+  // A stage's error from an attempt that has ended (`attempt`): when that
+  // attempt's reason is a neighbour's broken stream (end_reason_secondary)
+  // and this error is not one, this one is the cause and names the end.
+  void NoteLateError(LiveJob& job, int attempt, const v1::StageError& error);
   // A new attempt is being configured: records it in the job's status and
   // fills the resume point of each StageAssignment in `commands` (one per
   // stage, in stage order).

@@ -93,6 +93,7 @@ void StageReporter::Finish(const absl::Status& status, int64_t total_steps, int 
     e->set_code(static_cast<int>(status.code()));
     // A peer or the network went away: another attempt may well succeed.
     e->set_retryable(IsTransient(status));
+    e->set_neighbour_stream(IsNeighbourStreamError(status));
     e->set_message(absl::StrCat("stage ", stage, ": ", status.message()));
   }
   Emit(std::move(event));

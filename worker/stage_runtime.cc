@@ -8,6 +8,7 @@
 #include "services/checkpoint/checkpoint.h"
 #include "services/checkpoint/shard_archive.h"
 #include "services/common/path_policy.h"
+#include "services/common/retry_policy.h"
 #include "services/common/status_macros.h"
 #include "services/tensor/stage_message.h"
 #include "services/training/optimizer.h"
@@ -50,7 +51,7 @@ class StageRuntime::InboxSink : public MessageSink {
 
   void StreamClosed(const absl::Status& status) override {
     if (!status.ok()) {
-      runtime_->Fail(absl::UnavailableError(
+      runtime_->Fail(NeighbourStreamError(
           absl::StrCat(from_prev_ ? "the stream from stage " : "the stream to stage ",
                        runtime_->stage() + (from_prev_ ? -1 : 1), " broke: ", status.message())));
     }

@@ -9,6 +9,8 @@
 #define STAGEWISE_SERVICES_COMMON_RETRY_POLICY_H_
 
 #include "absl/status/status.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/string_view.h"
 
 namespace stagewise {
 
@@ -18,6 +20,21 @@ inline bool IsTransient(absl::StatusCode code) {
 }
 
 inline bool IsTransient(const absl::Status& status) { return IsTransient(status.code()); }
+
+// A stage that failed because a neighbour's stream ended (the neighbour
+// cancelled it, or its process or link went away) reports an error that is
+// most likely the echo of that neighbour's own: the coordinator lets the
+// neighbour's report, when it comes, name the attempt's end instead
+// (StageError.neighbour_stream). UNAVAILABLE, marked with a payload.
+inline constexpr char kNeighbourStreamPayload[] = "type.stagewise.dev/neighbour-stream";
+inline absl::Status NeighbourStreamError(absl::string_view message) {
+  absl::Status status = absl::UnavailableError(message);
+  status.SetPayload(kNeighbourStreamPayload, absl::Cord("1"));
+  return status;
+}
+inline bool IsNeighbourStreamError(const absl::Status& status) {
+  return status.GetPayload(kNeighbourStreamPayload).has_value();
+}
 
 }  // namespace stagewise
 

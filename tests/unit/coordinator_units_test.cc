@@ -273,6 +273,46 @@ TEST_F(JobRecoveryTest, ALostWorkerEndsTheAttemptAndQueuesTheNext) {
   EXPECT_EQ(host_.jobs.at("job-1").status.attempts(1).end_reason(), "lost worker w0");
 }
 
+// A stage whose neighbour's stream broke reports first; the neighbour's own
+// error, arriving once the attempt has ended, names the end; another echo or
+// an error of another attempt changes nothing.
+TEST_F(JobRecoveryTest, TheCauseReplacesABrokenStreamThatWasReportedFirst) {
+  host_.jobs["job-1"] = RunningJob("recovery: {max_restarts: 3}\n");
+  LiveJob& job = host_.jobs.at("job-1");
+  v1::StageError echo;
+  echo.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+  echo.set_retryable(true);
+  echo.set_neighbour_stream(true);
+  echo.set_message("stage 1: the stream from stage 0 broke: cancelled");
+  recovery_.OnStageError("job-1", job, 1, echo);
+  ASSERT_EQ(job.attempt, 2);
+  EXPECT_TRUE(job.status.attempts(1).end_reason_secondary());
+  recovery_.NoteLateError(job, 1, echo);  // another echo: still the first
+  EXPECT_EQ(job.status.attempts(1).end_reason(), echo.message());
+  v1::StageError cause;
+  cause.set_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  cause.set_retryable(true);
+  cause.set_message("stage 0: an all-reduce among 2 replicas failed (timeout 3 s)");
+  recovery_.NoteLateError(job, 0, cause);  // not that attempt
+  EXPECT_EQ(job.status.attempts(1).end_reason(), echo.message());
+  recovery_.NoteLateError(job, 1, cause);
+  EXPECT_EQ(job.status.attempts(1).end_reason(),
+            absl::StrCat(cause.message(), " (first reported: ", echo.message(), ")"));
+  EXPECT_FALSE(job.status.attempts(1).end_reason_secondary());
+  EXPECT_EQ(job.status.attempts(1).end_cause(), "stage_error");
+  v1::StageError later = cause;
+  later.set_message("stage 1: something else");
+  recovery_.NoteLateError(job, 1, later);  // the cause is named once
+  EXPECT_THAT(job.status.attempts(1).end_reason(), HasSubstr("timeout 3 s"));
+  // A first report that is not an echo is never replaced.
+  host_.jobs["job-2"] = RunningJob("recovery: {max_restarts: 3}\n");
+  LiveJob& other = host_.jobs.at("job-2");
+  recovery_.OnStageError("job-2", other, 0, cause);
+  EXPECT_FALSE(other.status.attempts(1).end_reason_secondary());
+  recovery_.NoteLateError(other, 1, later);
+  EXPECT_EQ(other.status.attempts(1).end_reason(), cause.message());
+}
+
 TEST_F(JobRecoveryTest, GivesUpAfterMaxRestarts) {
   host_.jobs["job-1"] = RunningJob("recovery: {max_restarts: 1}\n");
   recovery_.Recover("job-1", "the stream broke", "stage_error");
