@@ -3,25 +3,32 @@
 
   k8s_processes_test.py SOURCE_DIR BINARY_DIR
 
-Renders deploy/k8s/overlays/cpu and the submit example, makes the Secrets with
-deploy/k8s/make-secrets, and runs each container as Kubernetes would (its
-command, its args with $(VAR) expanded, the ConfigMap's environment, the
-downward API's pod name and limits, every Secret written where the pod mounts
-it) on this machine: the coordinator, stagewise-worker-0 and -1, then the
-submit Job's `stagewise submit`. What this machine has no stand-in for is
-rewritten, and only that: paths under a volume's mountPath go to a folder of
-the test, listen addresses 0.0.0.0:PORT become 127.0.0.1:0 (the three pods
-would share ports here), the coordinator's Service name becomes its address,
-and a worker's advertised host (its name in the headless Service, which
-needs cluster DNS) becomes 127.0.0.1.
+Renders deploy/k8s/overlays/cpu with the submit example (the walkthrough of
+deploy/README.md), and examples/checkpointed (the cpu overlay with the
+checkpoints component and its own submit Job), makes the Secrets with
+deploy/k8s/make-secrets (one certificate per worker pod), and runs each
+container as Kubernetes would (its command, its args with $(VAR) expanded,
+the ConfigMap's environment, the downward API's pod name and limits, every
+Secret written where the pod mounts it) on this machine: the coordinator,
+stagewise-worker-0 and -1, then the submit Job's `stagewise submit`. What
+this machine has no stand-in for is rewritten, and only that: paths under a
+volume's mountPath go to a folder of the test, listen addresses
+0.0.0.0:PORT become 127.0.0.1:0 (the three pods would share ports here), the
+coordinator's Service name becomes its address, and a worker's advertised
+host (its name in the headless Service, which needs cluster DNS) becomes
+127.0.0.1.
 
 So the manifests' own flags, settings, certificates (verified for
 STAGEWISE_TLS_SERVER_NAME on every channel, worker to worker included) and
-tokens must make a cluster that trains a 2-stage job to SUCCEEDED; a client
-without the token is refused; each process ends cleanly on SIGTERM.
+tokens must make a cluster that trains a 2-stage job to SUCCEEDED, with
+placement.distinct_identities at its default (each worker pod presents its
+own certificate, picked by its pod name); with the component, checkpoints
+are committed on the shared claim; a client without the token is refused;
+each process ends cleanly on SIGTERM.
 Exit 77 (skipped) without kubectl.
 """
 import base64
+import json
 import math
 import os
 import re
@@ -46,8 +53,7 @@ algorithm: backprop
 stages: 2
 batch_size: 32
 steps: 8
-placement: {distinct_identities: false}  # the StatefulSet shares one worker certificate
-"""
+"""  # placement.distinct_identities: the default (true), as in the examples
 
 
 def fail(msg):
@@ -169,10 +175,6 @@ class Pod:
     def tail(self):
         return "".join(open(os.path.join(self.dir, "log")).readlines()[-30:])
 
-    def run(self, timeout):
-        return subprocess.run(self.argv, env=self.environ(), capture_output=True, text=True,
-                              cwd=self.dir, timeout=timeout)
-
     def stop(self):
         if self.proc is None or self.proc.poll() is not None:
             return None
@@ -187,12 +189,33 @@ class Pod:
         return rc, time.time() - start
 
 
+def submit(client, timeout=120):
+    """Runs the submit Job's `stagewise submit`; fails at once when the
+    coordinator says the job waits for workers it cannot have (a shared
+    certificate identity), or after `timeout` seconds."""
+    proc = subprocess.Popen(client.argv, env=client.environ(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=client.dir)
+    deadline = time.time() + timeout
+    while proc.poll() is None:
+        r = subprocess.run([client.argv[0], "list", "-o", "json"], env=client.environ(),
+                           capture_output=True, text=True, timeout=30)
+        waiting = [j for j in (json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip()
+                               else []) if "waiting for" in j.get("reason", "")]
+        if any("identit" in j["reason"] for j in waiting) or time.time() > deadline:
+            proc.kill()
+            proc.communicate()
+            fail(f"the job was not placed: {r.stdout.strip()}")
+        time.sleep(0.5)
+    out, err = proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def main():
     if shutil.which("kubectl") is None:
         k8s.skip("kubectl not found (scripts/setup installs it)")
     with tempfile.TemporaryDirectory(prefix="stagewise_k8s_processes_") as tmp:
         rendered = k8s.render_all(tmp)
-        for target in ("overlays/cpu",):
+        for target in ("overlays/cpu", "examples/checkpointed"):
             print(f"=== {target}")
             run_target(rendered, target, os.path.join(tmp, target.replace("/", "_")))
 
@@ -202,17 +225,18 @@ def run_target(rendered, target, tmp):
     os.makedirs(tmp)
     try:
         objs = rendered[target]
-        _, docs = k8s.make_secrets(tmp)
+        sets = {o["metadata"]["name"]: o for o in objs if o["kind"] == "StatefulSet"}
+        workers = sets["stagewise-worker"]
+        # One certificate per worker pod, as deploy/README.md makes them.
+        _, docs = k8s.make_secrets(tmp, {"WORKERS": str(workers["spec"]["replicas"])})
         secrets = {d["metadata"]["name"]: {k: base64.b64decode(v) for k, v in d["data"].items()}
                    for d in docs}
-        sets = {o["metadata"]["name"]: o for o in objs if o["kind"] == "StatefulSet"}
         coord = Pod(tmp, "stagewise-coordinator-0", sets["stagewise-coordinator"]["spec"]["template"],
                     objs, secrets)
         pods.append(coord)
         coord.start()
         address = f"127.0.0.1:{coord.port()}"
         print(f"coordinator: {' '.join(coord.argv[1:])}\n  serving on {address}")
-        workers = sets["stagewise-worker"]
         for i in range(workers["spec"]["replicas"]):
             w = Pod(tmp, f"stagewise-worker-{i}", workers["spec"]["template"], objs, secrets,
                     coordinator=address)
@@ -221,16 +245,23 @@ def run_target(rendered, target, tmp):
             print(f"{w.name}: port {w.port()}")
         print(f"workers: {' '.join(pods[1].argv[1:])}")
 
-        submit_objs = rendered["examples/submit"] + objs
+        # The target's own submit Job (examples/checkpointed), else the
+        # submit example's (deploy/README.md applies it after the overlay).
+        submit_objs = objs if any(o["kind"] == "Job" for o in objs) else \
+            rendered["examples/submit"] + objs
         job = [o for o in submit_objs if o["kind"] == "Job"][0]
+        _, sent = k8s.job_file(submit_objs, job)
         job_text = TINY_JOB
         ckpt_root = coord.env.get("STAGEWISE_CHECKPOINT_ROOT")
+        ckpt = (yaml.safe_load(sent).get("checkpoint") or {}).get("dir")
         if ckpt_root:
             # The checkpointed job file's checkpoint.dir, on the shared claim.
-            spec = yaml.safe_load(open(os.path.join(
-                k8s.K8S, "examples/submit/jobs/quickstart-checkpointed.yaml")))
-            job_text += (f"checkpoint: {{dir: {coord.local(spec['checkpoint']['dir'])}, "
-                         f"every_steps: 4, keep: 2}}\n")
+            if not ckpt:
+                fail(f"{target} sets a checkpoint root, but its Job sends a job without checkpoints")
+            job_text += f"checkpoint: {{dir: {coord.local(ckpt)}, every_steps: 4, keep: 2}}\n"
+        elif ckpt:
+            fail(f"{target}'s Job sends a job with checkpoint.dir {ckpt}, but no process has a "
+                 f"checkpoint root")
         for o in submit_objs:  # the job file, made tiny
             if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("stagewise-jobs"):
                 for key in o["data"]:
@@ -250,7 +281,7 @@ def run_target(rendered, target, tmp):
             time.sleep(0.5)
         print(r.stdout.strip())
         print(f"submit: {' '.join(client.argv[1:])}")
-        result = client.run(timeout=180)
+        result = submit(client)
         print(result.stdout[-1500:])
         if result.returncode != 0:
             fail(f"stagewise submit exited {result.returncode}: {result.stderr[-2000:]}\n"

@@ -9,9 +9,11 @@ problems:
     stage series and on a coordinator-wide series without a job id); the
     same for prometheus.yml's metric_relabel_configs;
   - the PrometheusRule's groups are those of
-    deploy/prometheus/rules/stagewise.rules.yml; StagewiseCoordinatorDown is
-    one of them; every alert has a runbook_url whose anchor is a heading of
-    deploy/README.md;
+    deploy/prometheus/rules/stagewise.rules.yml (with the overlay's
+    runbook_base in front of each runbook_url); StagewiseCoordinatorDown is
+    one of them; every alert has a runbook_url that is a URL, the overlay's
+    parameter runbook_base followed by deploy/README.md#<a heading of
+    deploy/README.md>;
   - every dashboard of deploy/grafana/dashboards is a ConfigMap labelled
     grafana_dashboard: "1" whose JSON equals the file; each has a datasource
     variable (type datasource, prometheus) used by every panel, a namespace
@@ -170,7 +172,7 @@ def check_rules(objs):
     for pr in (o for o in objs if o["kind"] == "PrometheusRule"):
         where = f"PrometheusRule/{pr['metadata']['name']}"
         groups = pr.get("spec", {}).get("groups")
-        if groups != want:
+        if without_runbook_base(groups) != want:
             errors.append(f"{where}: its groups are not those of deploy/prometheus/rules/"
                           f"stagewise.rules.yml (run deploy/prometheus/make-prometheusrule)")
         anchors = readme_anchors()
@@ -183,15 +185,20 @@ def check_rules(objs):
                                   f"the job id (it is job_id)")
                 if "alert" in r:
                     alerts[r["alert"]] = r
+        base = runbook_base()
         for name, r in alerts.items():
             url = r.get("annotations", {}).get("runbook_url", "")
-            m = re.match(r"^(?:\S*/)?deploy/README\.md#([\w-]+)$", url)
+            m = re.match(r"^(\S*?)deploy/README\.md#([\w-]+)$", url)
             if not m:
                 errors.append(f"{where}: alert {name} has no runbook_url into deploy/README.md "
                               f"(got {url!r})")
-            elif m.group(1) not in anchors:
-                errors.append(f"{where}: alert {name}: runbook anchor #{m.group(1)} is no "
+                continue
+            if m.group(2) not in anchors:
+                errors.append(f"{where}: alert {name}: runbook anchor #{m.group(2)} is no "
                               f"section of deploy/README.md")
+            if not re.match(r"^https?://[^/\s]+/(\S*/)?$", m.group(1)) or m.group(1) != base:
+                errors.append(f"{where}: alert {name}: runbook_url {url!r} is not a URL with the "
+                              f"overlay's runbook_base {base!r} in front of deploy/README.md")
         down = alerts.get("StagewiseCoordinatorDown")
         if down is None:
             errors.append(f"{where}: no StagewiseCoordinatorDown alert")
@@ -200,6 +207,31 @@ def check_rules(objs):
             errors.append(f"{where}: StagewiseCoordinatorDown must watch the coordinator's up "
                           f"series, and fire when it is absent")
     return errors
+
+
+def runbook_base():
+    """The monitoring overlay's parameter runbook_base: a literal of its
+    local-config ConfigMap stagewise-monitoring-parameters."""
+    k = yaml.safe_load(open(path("deploy", "k8s", "overlays", "monitoring", "kustomization.yaml")))
+    for g in k.get("configMapGenerator", []):
+        if g.get("name") == "stagewise-monitoring-parameters":
+            for kv in g.get("literals", []):
+                key, _, value = kv.partition("=")
+                if key == "runbook_base":
+                    return value
+    return None
+
+
+def without_runbook_base(groups):
+    """The rule groups with each runbook_url back to its repository path
+    (what rules/stagewise.rules.yml says)."""
+    groups = json.loads(json.dumps(groups))
+    for g in groups or []:
+        for r in g.get("rules", []):
+            a = r.get("annotations", {})
+            if "runbook_url" in a:
+                a["runbook_url"] = re.sub(r"^\S*?(deploy/README\.md#)", r"\1", a["runbook_url"])
+    return groups
 
 
 def check_dashboard_model(name, d):
@@ -294,7 +326,12 @@ def breakages():
         first_alert(objs)["annotations"].pop("runbook_url")
 
     def bad_anchor(objs):
-        first_alert(objs)["annotations"]["runbook_url"] = "deploy/README.md#nowhere"
+        a = first_alert(objs)["annotations"]
+        a["runbook_url"] = a["runbook_url"].rsplit("#", 1)[0] + "#nowhere"
+
+    def no_base(objs):
+        a = first_alert(objs)["annotations"]
+        a["runbook_url"] = re.sub(r"^.*?(deploy/README\.md#)", r"\1", a["runbook_url"])
 
     def no_down(objs):
         for g in one(objs, "PrometheusRule")["spec"]["groups"]:
@@ -317,6 +354,7 @@ def breakages():
             "exported_job kept": (keep_exported, "no exported_job"),
             "alert without runbook_url": (no_runbook, "has no runbook_url"),
             "runbook anchor missing from deploy/README.md": (bad_anchor, "#nowhere is no section"),
+            "runbook_url without runbook_base (a repository path)": (no_base, "is not a URL"),
             "no StagewiseCoordinatorDown": (no_down, "no StagewiseCoordinatorDown"),
             "dashboard ConfigMap without the sidecar label": (no_sidecar_label,
                                                               "without the label grafana_dashboard"),
