@@ -25,19 +25,6 @@ namespace {
 // A JSON string literal.
 std::string JsonString(const std::string& s) { return "\"" + JsonEscape(s) + "\""; }
 
-// The first span's start and the last span's end over every stage.
-std::pair<int64_t, int64_t> Extent(const v1::JobTrace& trace) {
-  int64_t begin = INT64_MAX, end = INT64_MIN;
-  for (const v1::StageTrace& st : trace.stages()) {
-    for (const v1::Span& s : st.spans()) {
-      begin = std::min(begin, s.start_us());
-      end = std::max(end, s.start_us() + s.duration_us());
-    }
-  }
-  if (begin > end) return {0, 0};
-  return {begin, end};
-}
-
 }  // namespace
 
 const char* SpanName(v1::SpanKind kind) {
@@ -46,7 +33,7 @@ const char* SpanName(v1::SpanKind kind) {
 }
 
 std::string ChromeTraceJson(const v1::JobTrace& trace) {
-  const auto [origin, end] = Extent(trace);
+  const auto [origin, end] = render::TraceExtent(trace);
   int64_t rtt = -1;
   for (const v1::StageTrace& st : trace.stages()) rtt = std::max(rtt, st.clock_rtt_us());
   std::string out = "{\"displayTimeUnit\":\"ms\",\n\"otherData\":{";
@@ -201,7 +188,7 @@ absl::StatusOr<v1::JobTrace> ParseChromeTrace(const std::string& json, const std
 std::string TimelineSvg(const v1::JobTrace& trace) { return render::TimelineSvg(trace); }
 
 std::string TraceSummary(const v1::JobTrace& trace) {
-  const auto [origin, end] = Extent(trace);
+  const auto [origin, end] = render::TraceExtent(trace);
   size_t spans = 0;
   for (const v1::StageTrace& st : trace.stages()) spans += st.spans_size();
   std::string out = absl::StrFormat(

@@ -63,6 +63,29 @@ void Wait(Clock::time_point start, double seconds) {
   WaitUntil(start, seconds);
 }
 
+// An emulated op's forward on x (inputs x, scale, shift): keeps what its
+// backward waits (n samples take n * backward_s, of which `weight_share` is
+// the weight gradients) and waits n * forward_s from `start`.
+void WaitForward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                 const BlockInfo& info, Clock::time_point start) {
+  const auto n = static_cast<double>(x.size(0));
+  const double backward_s = info.backward_seconds_per_sample * n;
+  ctx->saved_data["x_requires_grad"] = x.requires_grad();
+  ctx->saved_data["input_s"] = backward_s * (1 - info.backward_weight_share);
+  ctx->saved_data["weight_s"] = backward_s * info.backward_weight_share;
+  Wait(start, info.forward_seconds_per_sample * n);
+}
+
+// Its backward's wait from `start`: the weight share when the pass wants the
+// weights' gradients, the rest when it wants the input's (or x needs none:
+// a stage's first block), both for a fused backward.
+void WaitBackward(torch::autograd::AutogradContext* ctx, Clock::time_point start) {
+  const bool weights = ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
+  const bool input = ctx->needs_input_grad(0) || !ctx->saved_data["x_requires_grad"].toBool();
+  Wait(start, (weights ? ctx->saved_data["weight_s"].toDouble() : 0) +
+                  (input || !weights ? ctx->saved_data["input_s"].toDouble() : 0));
+}
+
 // y = residual * x + scale * x + shift (scale and shift per value of a
 // sample), with the waits of an accelerator: n samples take n * forward_s to
 // go forward and n * backward_s to go back, of which the weight gradients are
@@ -78,14 +101,8 @@ struct EmulatedAffine : public torch::autograd::Function<EmulatedAffine> {
     torch::Tensor y = torch::addcmul(shift, x, scale);
     if (residual) y.add_(x);
     ctx->save_for_backward({x, scale});
-    const auto n = static_cast<double>(x.size(0));
-    const double backward_s = info->backward_seconds_per_sample * n;
-    const double share = info->backward_weight_share;
     ctx->saved_data["residual"] = residual;
-    ctx->saved_data["x_requires_grad"] = x.requires_grad();
-    ctx->saved_data["input_s"] = backward_s * (1 - share);
-    ctx->saved_data["weight_s"] = backward_s * share;
-    Wait(start, info->forward_seconds_per_sample * n);
+    WaitForward(ctx, x, *info, start);
     return y;
   }
 
@@ -100,10 +117,7 @@ struct EmulatedAffine : public torch::autograd::Function<EmulatedAffine> {
     if (ctx->saved_data["residual"].toBool()) gx.add_(g);
     torch::Tensor gscale = (g * x).sum(0);
     torch::Tensor gshift = g.sum(0);
-    const bool weights = ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
-    const bool input = ctx->needs_input_grad(0) || !ctx->saved_data["x_requires_grad"].toBool();
-    Wait(start, (weights ? ctx->saved_data["weight_s"].toDouble() : 0) +
-                    (input || !weights ? ctx->saved_data["input_s"].toDouble() : 0));
+    WaitBackward(ctx, start);
     return {gx, gscale, gshift, torch::Tensor(), torch::Tensor()};
   }
 };
@@ -128,13 +142,7 @@ struct EmulatedCoupling : public torch::autograd::Function<EmulatedCoupling> {
     y1.add_(in.narrow(1, c, c));
     y.narrow(1, c, c).copy_(x1);
     ctx->save_for_backward({in, scale});
-    const auto n = static_cast<double>(x.size(0));
-    const double backward_s = info->backward_seconds_per_sample * n;
-    const double share = info->backward_weight_share;
-    ctx->saved_data["x_requires_grad"] = x.requires_grad();
-    ctx->saved_data["input_s"] = backward_s * (1 - share);
-    ctx->saved_data["weight_s"] = backward_s * share;
-    Wait(start, info->forward_seconds_per_sample * n);
+    WaitForward(ctx, x, *info, start);
     return y;
   }
 
@@ -151,7 +159,6 @@ struct EmulatedCoupling : public torch::autograd::Function<EmulatedCoupling> {
     const int64_t c = g.size(1) / 2;
     const torch::Tensor g1 = g.narrow(1, 0, c);
     const bool weights = ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
-    const bool input = ctx->needs_input_grad(0) || !ctx->saved_data["x_requires_grad"].toBool();
     torch::Tensor gx, gscale, gshift;
     if (ctx->needs_input_grad(0)) {
       gx = torch::empty_like(g);
@@ -164,8 +171,7 @@ struct EmulatedCoupling : public torch::autograd::Function<EmulatedCoupling> {
       gscale = (g1 * x.narrow(1, 0, c)).sum(0);
       gshift = g1.sum(0);
     }
-    Wait(start, (weights ? ctx->saved_data["weight_s"].toDouble() : 0) +
-                    (input || !weights ? ctx->saved_data["input_s"].toDouble() : 0));
+    WaitBackward(ctx, start);
     return {gx, gscale, gshift, torch::Tensor()};
   }
 };

@@ -13,19 +13,6 @@
 namespace stagewise::render {
 namespace {
 
-// The first span's start and the last span's end over every stage.
-std::pair<int64_t, int64_t> Extent(const v1::JobTrace& trace) {
-  int64_t begin = INT64_MAX, end = INT64_MIN;
-  for (const v1::StageTrace& st : trace.stages()) {
-    for (const v1::Span& s : st.spans()) {
-      begin = std::min(begin, s.start_us());
-      end = std::max(end, s.start_us() + s.duration_us());
-    }
-  }
-  if (begin > end) return {0, 0};
-  return {begin, end};
-}
-
 // The mini-batches the training spans cover; {0, -1} for none.
 std::pair<int64_t, int64_t> StepRange(const v1::JobTrace& trace) {
   int64_t lo = INT64_MAX, hi = INT64_MIN;
@@ -53,7 +40,7 @@ struct Layout {
   double rows_bottom = 0, legend_top = 0, legend_lines = 0, width = 0, height = 0;
 
   explicit Layout(const v1::JobTrace& trace) {
-    const auto [begin, end] = Extent(trace);
+    const auto [begin, end] = TraceExtent(trace);
     origin = begin;
     span_ms = std::max<double>(static_cast<double>(end - begin) / 1000.0, 1e-3);
     int stages = trace.num_stages();
@@ -174,6 +161,18 @@ void DrawLegend(const Layout& l, std::string* svg) {
 }
 
 }  // namespace
+
+std::pair<int64_t, int64_t> TraceExtent(const v1::JobTrace& trace) {
+  int64_t begin = INT64_MAX, end = INT64_MIN;
+  for (const v1::StageTrace& st : trace.stages()) {
+    for (const v1::Span& s : st.spans()) {
+      begin = std::min(begin, s.start_us());
+      end = std::max(end, s.start_us() + s.duration_us());
+    }
+  }
+  if (begin > end) return {0, 0};
+  return {begin, end};
+}
 
 std::string TraceTitle(const v1::JobTrace& trace) {
   std::string title = trace.name().empty() ? trace.job_id() : trace.name();

@@ -6,10 +6,15 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "stagewise/v1/coordinator.pb.h"
 
 namespace stagewise::render {
+
+// The first span's start and the last span's end over every stage ({0, 0}
+// without spans), in the trace's microseconds.
+std::pair<int64_t, int64_t> TraceExtent(const v1::JobTrace& trace);
 
 // The title: the job's name (or id), its algorithm, and the mini-batches the
 // spans cover ("tiny (petra), mini-batches 4-9").
