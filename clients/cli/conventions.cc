@@ -3,7 +3,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <sstream>
+#include <system_error>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -52,21 +54,60 @@ std::vector<std::string> CommandNames(const CLI::App& app) {
   return names;
 }
 
-std::string CommandWord(const CLI::App& app, const std::vector<std::string>& args) {
-  for (size_t i = 0; i < args.size(); ++i) {
+namespace {
+
+// The index in args[from...] of the first word that is neither an option nor
+// the value of one of `app`'s options (or `root`'s: global options may come
+// after a command); args.size() when there is none.
+size_t CommandWordAt(const CLI::App& app, const CLI::App& root,
+                     const std::vector<std::string>& args, size_t from) {
+  for (size_t i = from; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--") return i + 1 < args.size() ? args[i + 1] : "";
+    if (a == "--") return i + 1;
     if (a.size() > 1 && a[0] == '-') {
-      // A global option with its value in the next word (not --name=value).
+      // An option with its value in the next word (not --name=value).
       if (a.find('=') == std::string::npos) {
         const CLI::Option* opt = app.get_option_no_throw(a);
+        if (opt == nullptr) opt = root.get_option_no_throw(a);
         if (opt != nullptr && opt->get_items_expected_max() > 0) ++i;
       }
       continue;
     }
-    return a;
+    return i;
   }
-  return "";
+  return args.size();
+}
+
+}  // namespace
+
+std::string CommandWord(const CLI::App& app, const std::vector<std::string>& args) {
+  const size_t i = CommandWordAt(app, app, args, 0);
+  return i < args.size() ? args[i] : "";
+}
+
+bool IsFileSource(const std::string& source) {
+  std::error_code ec;
+  return std::filesystem::exists(source, ec) || source.find_first_of("/.") != std::string::npos;
+}
+
+std::optional<UnknownCommand> FindUnknownCommand(const CLI::App& app,
+                                                 const std::vector<std::string>& args) {
+  const CLI::App* current = &app;
+  std::string parent;
+  size_t from = 0;
+  while (true) {
+    const size_t i = CommandWordAt(*current, app, args, from);
+    if (i >= args.size()) return std::nullopt;
+    const std::vector<std::string> names = CommandNames(*current);
+    if (std::find(names.begin(), names.end(), args[i]) == names.end()) {
+      return UnknownCommand{parent, args[i], ClosestName(args[i], names)};
+    }
+    const CLI::App* sub = current->get_subcommand(args[i]);  // named: it exists
+    if (CommandNames(*sub).empty()) return std::nullopt;     // what follows are its arguments
+    parent = parent.empty() ? args[i] : absl::StrCat(parent, " ", args[i]);
+    current = sub;
+    from = i + 1;
+  }
 }
 
 namespace {

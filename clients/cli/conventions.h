@@ -6,6 +6,7 @@
 #define STAGEWISE_CLIENTS_CLI_CONVENTIONS_H_
 
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,24 @@ std::string ClosestName(const std::string& word, const std::vector<std::string>&
 // that is neither an option nor the value of one of `app`'s own options;
 // "" when there is none. `stagewise --coordinator HOST:7070 nosuch` -> "nosuch".
 std::string CommandWord(const CLI::App& app, const std::vector<std::string>& args);
+
+// A word where a command is expected that names none: at the top level, and
+// inside commands that have commands of their own (`config use-contex`,
+// `admin nosuch --help`). `parent` is the command path it was given under
+// ("" at the top, "config"), `closest` the suggestion ("" for none).
+struct UnknownCommand {
+  std::string parent;
+  std::string word;
+  std::string closest;
+};
+std::optional<UnknownCommand> FindUnknownCommand(const CLI::App& app,
+                                                 const std::vector<std::string>& args);
+
+// A command's SOURCE (a job id or a file) names a file when it exists as
+// one, or looks like a path: it has a '/' or a '.', which job ids
+// ("job-1a2b3c4d") never have. `plot ./nonexist.tsv` is then a missing file,
+// not a job the coordinator is asked about.
+bool IsFileSource(const std::string& source);
 
 // Every subcommand's name, in the order they were added.
 std::vector<std::string> CommandNames(const CLI::App& app);

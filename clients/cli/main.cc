@@ -336,13 +336,13 @@ int main(int argc, char** argv) {
   // print the top-level help and succeed).
   {
     const std::vector<std::string> args(argv + 1, argv + argc);
-    const std::string word = CommandWord(app, args);
-    const std::vector<std::string> names = CommandNames(app);
-    if (!word.empty() && std::find(names.begin(), names.end(), word) == names.end()) {
-      const std::string closest = ClosestName(word, names);
-      std::cerr << "error: unknown command '" << word << "'"
-                << (closest.empty() ? "" : "; did you mean '" + closest + "'?") << "\n"
-                << "Run 'stagewise --help' for the commands.\n";
+    if (const auto unknown = FindUnknownCommand(app, args)) {
+      const std::string at = unknown->parent.empty() ? "" : unknown->parent + " ";
+      std::cerr << "error: unknown command '" << at << unknown->word << "'"
+                << (unknown->closest.empty() ? ""
+                                             : "; did you mean '" + at + unknown->closest + "'?")
+                << "\n"
+                << "Run 'stagewise " << at << "--help' for the commands.\n";
       return kExitInvalid;
     }
   }

@@ -17,8 +17,7 @@ int Plot(const PlotArgs& args, std::ostream& out, std::ostream& err) {
   std::vector<Curves> jobs;
   std::unique_ptr<client::CoordinatorClient> client;
   for (const std::string& source : args.sources) {
-    std::error_code ec;
-    if (std::filesystem::is_regular_file(source, ec)) {
+    if (IsFileSource(source)) {
       absl::StatusOr<Curves> curves = ReadHistoryFile(source);
       if (!curves.ok()) {
         err << "error: " << curves.status().message() << "\n";

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "clients/cli/commands.h"
+#include "clients/cli/conventions.h"
 #include "clients/cli/doctor.h"
 #include "clients/cli/job_watch.h"
 #include "clients/cli/timeline.h"
@@ -21,12 +22,15 @@ namespace {
 
 // A trace file `trace -o` or `local --trace` wrote, or a job on the coordinator.
 absl::StatusOr<v1::JobTrace> LoadTrace(const std::string& source, const std::string& coordinator) {
-  std::error_code ec;
-  if (std::filesystem::is_regular_file(source, ec)) {
+  if (IsFileSource(source)) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(source, ec)) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": no such file"));
+    }
     std::ifstream in(source, std::ios::binary);
     std::stringstream text;
     text << in.rdbuf();
-    if (!in) return absl::NotFoundError(absl::StrCat(source, ": cannot read it"));
+    if (!in) return absl::InvalidArgumentError(absl::StrCat(source, ": cannot read it"));
     return ParseChromeTrace(text.str(), source);
   }
   client::CoordinatorClient client(client::ResolveCoordinatorAddress(coordinator));
@@ -92,8 +96,7 @@ int Doctor(const TraceArgs& args, std::ostream& out, std::ostream& err) {
   // latest attempt, by slot (replica 0's stage j at slot j).
   std::map<std::string, double> summary;
   std::vector<std::string> workers;
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(args.source, ec)) {
+  if (!IsFileSource(args.source)) {
     client::CoordinatorClient client(client::ResolveCoordinatorAddress(args.coordinator));
     if (absl::StatusOr<v1::JobStatus> st = client.GetJob(trace->job_id()); st.ok()) {
       summary = {st->summary().begin(), st->summary().end()};

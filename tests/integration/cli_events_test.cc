@@ -237,6 +237,18 @@ TEST_F(CliEventsTest, AnUnknownCommandIsAnErrorNamingTheClosestOne) {
   EXPECT_EQ(far.code, 2);
   EXPECT_NE(far.err.find("unknown command 'xyzzy'"), std::string::npos) << far.err;
   EXPECT_EQ(far.err.find("did you mean"), std::string::npos) << far.err;
+  // Inside commands that have commands too, --help or not.
+  Result deep = Stagewise("config use-contex prod");
+  EXPECT_EQ(deep.code, 2);
+  EXPECT_NE(deep.err.find("unknown command 'config use-contex'; did you mean 'config "
+                          "use-context'?"),
+            std::string::npos)
+      << deep.err;
+  Result help = Stagewise("admin nosuch --help");
+  EXPECT_EQ(help.code, 2);
+  EXPECT_NE(help.err.find("unknown command 'admin nosuch'"), std::string::npos) << help.err;
+  EXPECT_NE(help.err.find("stagewise admin --help"), std::string::npos) << help.err;
+  EXPECT_TRUE(help.out.empty()) << help.out;
 }
 
 TEST_F(CliEventsTest, CompletionScriptLoadsInBash) {

@@ -125,6 +125,21 @@ TEST_F(Cli, EveryBinaryPrintsItsVersion) {
   }
 }
 
+// A SOURCE that looks like a path is a file: a missing one is said so, not
+// sent to the coordinator as a job id (none listens here: that would be exit
+// 3, "cannot reach the coordinator").
+TEST_F(Cli, ASourceThatLooksLikeAFileIsAFile) {
+  for (const std::string cmd :
+       {"plot ./nonexist.tsv --output-file o.svg", "doctor x.json", "trace no/such.json"}) {
+    Result r = Stagewise(cmd, "STAGEWISE_COORDINATOR=127.0.0.1:1");
+    EXPECT_EQ(r.code, 2) << cmd << ": " << r.err;
+    EXPECT_EQ(r.err.find("reach"), std::string::npos) << cmd << ": " << r.err;
+    const std::string file =
+        cmd.substr(cmd.find(' ') + 1, cmd.find(' ', cmd.find(' ') + 1) - cmd.find(' ') - 1);
+    EXPECT_NE(r.err.find(file + ": "), std::string::npos) << r.err;
+  }
+}
+
 TEST_F(Cli, NoCommandIsAUsageError) {
   Result r = Stagewise("");
   EXPECT_EQ(r.code, 2);

@@ -62,6 +62,43 @@ TEST(CommandWord, SkipsGlobalOptionsAndTheirValues) {
   EXPECT_EQ(CommandNames(*app), (std::vector<std::string>{"status", "list"}));
 }
 
+TEST(IsFileSource, PathsAndExistingFilesAreFilesJobIdsAreNot) {
+  EXPECT_TRUE(IsFileSource("./nonexist.tsv"));
+  EXPECT_TRUE(IsFileSource("x.json"));
+  EXPECT_TRUE(IsFileSource("runs/a"));
+  EXPECT_TRUE(IsFileSource("/"));
+  EXPECT_FALSE(IsFileSource("job-1a2b3c4d"));
+  EXPECT_FALSE(IsFileSource("nosuchjob"));
+}
+
+// Unknown commands at every depth: the top, and inside a command that has
+// commands; a command's positional arguments are not commands.
+TEST(FindUnknownCommand, LooksAtEveryLevelThatHasCommands) {
+  auto app = SmallApp();
+  static std::string name;
+  auto* config = app->add_subcommand("config", "contexts");
+  config->add_subcommand("use-context", "use one")->add_option("name", name, "Context");
+  config->add_subcommand("get-contexts", "list");
+  EXPECT_FALSE(FindUnknownCommand(*app, {"status", "j1"}).has_value());
+  EXPECT_FALSE(FindUnknownCommand(*app, {"config", "use-context", "prod"}).has_value());
+  EXPECT_FALSE(FindUnknownCommand(*app, {"--coordinator", "h:1", "config", "get-contexts"}));
+  EXPECT_FALSE(FindUnknownCommand(*app, {"config", "--help"}).has_value());
+  auto top = FindUnknownCommand(*app, {"--coordinator", "h:1", "stats", "--help"});
+  ASSERT_TRUE(top.has_value());
+  EXPECT_EQ(top->parent, "");
+  EXPECT_EQ(top->word, "stats");
+  EXPECT_EQ(top->closest, "status");
+  auto deep = FindUnknownCommand(*app, {"config", "use-contex", "prod"});
+  ASSERT_TRUE(deep.has_value());
+  EXPECT_EQ(deep->parent, "config");
+  EXPECT_EQ(deep->word, "use-contex");
+  EXPECT_EQ(deep->closest, "use-context");
+  auto none = FindUnknownCommand(*app, {"--insecure", "config", "nosuch", "--help"});
+  ASSERT_TRUE(none.has_value());
+  EXPECT_EQ(none->word, "nosuch");
+  EXPECT_EQ(none->closest, "");
+}
+
 TEST(JsonToYaml, KeepsTypesAndStrings) {
   auto y = JsonToYaml(R"({"job":"123","steps":40,"ok":true,"acc":0.5,"name":"true",)"
                       R"("tags":["a","b"],"none":null,"empty":""})");
