@@ -25,6 +25,7 @@ th{background:#eceff1}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .PENDING,.RECOVERING{color:#ef6c00}.err{color:#c62828}.bar{background:#eceff1;width:120px;height:10px}
 .bar span{display:block;height:10px;background:#1565c0}svg{background:#fff;border:1px solid #ddd}
 svg.timeline{max-width:100%;height:auto}
+.reason{font-size:12px;color:#555;max-width:360px;white-space:normal}
 )";
 
 std::string Head(const std::string& title, const PageOptions& options) {
@@ -83,6 +84,15 @@ std::string Accuracy(const v1::JobStatus& j) {
   return absl::StrFormat("%.1f%%", 100 * j.eval_accuracy());
 }
 
+// Under the state of a job that waits, recovers or ended badly, why (in the
+// cell, not only as a tooltip: "waiting for 2 idle workers ...").
+std::string StateReason(const v1::JobStatus& j) {
+  const bool says_why = j.state() == v1::PENDING || j.state() == v1::RECOVERING ||
+                        j.state() == v1::FAILED || j.state() == v1::CANCELLED;
+  if (!says_why || j.reason().empty()) return "";
+  return absl::StrCat("<div class=\"reason\">", Escape(j.reason()), "</div>");
+}
+
 std::string Progress(const v1::JobStatus& j) {
   const int64_t total = std::max<int64_t>(j.total_steps(), 1);
   return absl::StrCat("<progress max=\"", total, "\" value=\"", std::min(j.step(), total),
@@ -104,7 +114,7 @@ std::string JobsPage(const std::vector<v1::JobStatus>& jobs, const std::string& 
     const std::string state = StateName(j.state());
     absl::StrAppend(&out, "<tr class=\"job\" id=\"job-", Escape(j.job_id()), "\"><td>",
                     JobLink(j.job_id()), "</td><td>", Escape(j.name()), "</td><td class=\"", state,
-                    "\" title=\"", Escape(j.reason()), "\">", state, "</td><td>",
+                    "\" title=\"", Escape(j.reason()), "\">", state, StateReason(j), "</td><td>",
                     Escape(j.algorithm()), "</td><td class=\"n\">", j.num_stages(),
                     j.num_replicas() > 1 ? absl::StrCat(" × ", j.num_replicas()) : "", "</td><td>",
                     Progress(j), "</td><td class=\"n\">", Throughput(j), "</td><td class=\"n\">",

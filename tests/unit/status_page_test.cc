@@ -58,6 +58,9 @@ TEST(StatusPage, JobsPageHasARowPerJobWithProgressThroughputAndAccuracy) {
   EXPECT_TRUE(absl::StrContains(page, "1235 samples/s"));
   EXPECT_TRUE(absl::StrContains(page, "87.5%"));
   EXPECT_TRUE(absl::StrContains(page, "title=\"stage 1 failed\">FAILED"));
+  // Why a job waits or failed is in the table itself, not only a tooltip.
+  EXPECT_TRUE(absl::StrContains(page, "FAILED<div class=\"reason\">stage 1 failed</div>"));
+  EXPECT_EQ(Count(page, "class=\"reason\""), 1);  // running jobs say nothing more
   EXPECT_TRUE(absl::StrContains(page, "content=\"7\""));  // the refresh
   EXPECT_TRUE(absl::StrContains(page, "href=\"/?page=tok en\""));
   EXPECT_FALSE(absl::StrContains(page, "<script"));
