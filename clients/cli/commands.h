@@ -122,8 +122,12 @@ struct LocalArgs {
   uint64_t chaos_seed = 0;  // 0 = pick one (printed)
   // Plaintext on loopback instead of mutual TLS with throw-away certificates.
   bool insecure = false;
-  // The coordinator's status pages on this loopback address ("" = off).
+  // The coordinator's status pages on this loopback address ("" = off); a
+  // job without a trace section then gets `trace: {}` (the page's timeline).
   std::string web;
+  // With `web`, how long the pages stay up after the job ends: < 0 until
+  // Ctrl-C (the default), 0 not at all, else this many seconds.
+  double web_linger = -1;
   // Where to write the job's metric history at the end (for `plot`); "" = nowhere.
   std::string history;
   // Where to write the job's pipeline timeline at the end: Chrome trace JSON

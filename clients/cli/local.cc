@@ -106,6 +106,9 @@ class LocalRun {
   int Fail(const absl::Status& status, const Proc* related);
   void ReportDeath(const Proc& proc);
   void PrintLogTail(const Proc& proc);
+  // --web: the job has ended; the pages stay up for --web-linger (until
+  // Ctrl-C by default, or a child dies).
+  void KeepServingThePages(const std::string& job_id);
   // A child that is not running, waiting up to `grace` for one to die: a
   // broken stream often arrives a moment before the exit can be reaped.
   const Proc* FindDeadChild(absl::Duration grace);
@@ -398,7 +401,8 @@ int LocalRun::Run() {
     err_ << "error: --timeline " << args_.timeline << ": the file must end in .svg\n";
     return kExitInvalid;
   }
-  if ((!args_.trace.empty() || !args_.timeline.empty()) && !spec->trace.enabled) {
+  if ((!args_.trace.empty() || !args_.timeline.empty() || !args_.web.empty()) &&
+      !spec->trace.enabled) {
     // The default window (docs/trace.md), as if the job had asked for it.
     yaml += "\ntrace: {}\n";
   }
@@ -631,7 +635,23 @@ int LocalRun::Run() {
   if (code != kExitOk && !args_.keep_logs) {
     err_ << "(rerun with --keep-logs to keep the coordinator's and workers' logs)\n";
   }
+  if (!args_.web.empty() && args_.web_linger != 0) KeepServingThePages(*job_id);
   return code;
+}
+
+void LocalRun::KeepServingThePages(const std::string& job_id) {
+  const bool forever = args_.web_linger < 0;
+  if (!args_.quiet) {
+    err_ << "local: the job has ended; its status pages stay up at "
+         << (args_.insecure ? "http" : "https") << "://" << args_.web << "/jobs/" << job_id
+         << (forever ? " until Ctrl-C"
+                     : absl::StrCat(" for ", args_.web_linger, " s (--web-linger)"))
+         << "\n";
+  }
+  const absl::Time end =
+      forever ? absl::InfiniteFuture() : absl::Now() + absl::Seconds(args_.web_linger);
+  // A signal (OnSignal) or a child's death (OnTick) sets abort_.
+  while (!abort_ && absl::Now() < end) absl::SleepFor(absl::Milliseconds(50));
 }
 
 }  // namespace
@@ -672,7 +692,13 @@ CLI::App* AddLocalCommand(CLI::App& app, LocalArgs& args) {
   local_cmd->add_option("--web", args.web,
                         "Serve the coordinator's status pages (jobs, workers, the job's curves "
                         "and timeline) on this loopback address, e.g. 127.0.0.1:8080: HTTPS "
-                        "with the throw-away certificate (plain HTTP with --insecure)");
+                        "with the throw-away certificate (plain HTTP with --insecure). Adds "
+                        "`trace: {}` to a job without a trace section; the pages stay up after "
+                        "the job ends until Ctrl-C (--web-linger)");
+  local_cmd->add_option("--web-linger", args.web_linger,
+                        "With --web: after the job ends, keep the pages up this many seconds "
+                        "(default: until Ctrl-C; 0: stop with the job). The exit code stays "
+                        "the job's");
   local_cmd->add_flag("--keep-logs", args.keep_logs,
                       "Keep the processes' logs and database and print where they are");
   local_cmd->add_flag("-q,--quiet", args.quiet, "No progress, only the result");

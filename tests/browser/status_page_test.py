@@ -142,6 +142,64 @@ def check(cond, message, failures):
         failures.append(message)
 
 
+SHORT_JOB = """name: short-no-trace
+seed: 2
+model: {name: mlp, hidden: [32]}
+data: {dataset: synthetic, train_size: 512, test_size: 128, shape: [1, 8, 8], classes: 4}
+optimizer: {name: sgd, lr: 0.05, momentum: 0.9}
+batch_size: 32
+steps: 60
+stages: 2
+eval: {every_steps: 20}
+"""
+
+
+def after_the_end_part(browser, tmp, failures):
+    """`local --web` keeps the pages up after its job ended (until Ctrl-C),
+    and a job without a trace section still gets a timeline: the browser
+    finds the final curves and both tracks; Ctrl-C then ends it with the
+    job's exit code."""
+    job = os.path.join(tmp, "short.yaml")
+    with open(job, "w") as f:
+        f.write(SHORT_JOB)
+    port = free_port()
+    log_path = os.path.join(tmp, "short.log")
+    log = open(log_path, "w")
+    local = subprocess.Popen([os.path.join(BIN, "stagewise"), "local", job, "--web", f"127.0.0.1:{port}"],
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and "stay up" not in open(log_path).read():
+            if local.poll() is not None:
+                break
+            time.sleep(0.5)
+        text = open(log_path).read()
+        m = re.search(r"/jobs/(job-[0-9a-f]+)", text)
+        check(m is not None and local.poll() is None,
+              "local --web: the job ended and the pages stay up", failures)
+        if m is None:
+            print(text[-3000:])
+            return
+        page = Dom(browser_dom(browser, f"https://127.0.0.1:{port}/jobs/{m.group(1)}",
+                               os.path.join(tmp, "chromium-profile-2")))
+        summary = "".join(a.get("class", "") for a in page.find("td"))
+        check("SUCCEEDED" in summary, "after the end: the job page says SUCCEEDED", failures)
+        series = {a.get("data-series"): int(a.get("data-points", "0")) for a in page.find("polyline")}
+        check(series.get("eval_accuracy", 0) >= 3,
+              f"after the end: the final accuracy curve (every evaluation: {series})", failures)
+        tracks = [a for t, a, parents in page.elements
+                  if t == "g" and a.get("class") == "track" and "svg" in parents]
+        check(len(tracks) == 2, f"after the end: a timeline without a trace section ({len(tracks)} tracks)",
+              failures)
+        os.killpg(local.pid, signal.SIGINT)
+        rc = local.wait(timeout=60)
+        check(rc == 0, f"Ctrl-C after the end: the job's exit code 0 (got {rc})", failures)
+    finally:
+        if local.poll() is None:
+            os.killpg(local.pid, signal.SIGKILL)
+            local.wait()
+
+
 def tokens_part(tmp, failures):
     """A coordinator with --tokens: the pages need a read token."""
     secret = "reader-0123456789abcdef"
@@ -261,6 +319,7 @@ def main():
     try:
         tokens_part(tmp, failures)
         rotation_part(tmp, failures)
+        after_the_end_part(browser, tmp, failures)
 
         job = os.path.join(tmp, "job.yaml")
         with open(job, "w") as f:
