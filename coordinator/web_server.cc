@@ -1,5 +1,7 @@
 #include "coordinator/web_server.h"
 
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
 #include <httplib.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
@@ -43,6 +45,33 @@ void SecurityHeaders(httplib::Response& res) {
 void Html(httplib::Response& res, int status, const std::string& html) {
   res.status = status;
   res.set_content(html, "text/html; charset=utf-8");
+}
+
+// A message as JSON with the proto's field names (what `stagewise ... -o
+// json` names them too), defaults included, so that absent means unknown.
+void Json(httplib::Response& res, int status, const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok()) {
+    res.status = 500;
+    res.set_content("{\"error\":{\"code\":500,\"message\":\"cannot encode\"}}\n",
+                    "application/json");
+    return;
+  }
+  res.status = status;
+  res.set_header("Cache-Control", "no-store");
+  res.set_content(json + "\n", "application/json");
+}
+
+// {"error": {"code": HTTP status, "message": ...}}.
+void JsonError(httplib::Response& res, int status, const std::string& message) {
+  google::protobuf::Struct body;
+  google::protobuf::Struct* error = (*body.mutable_fields())["error"].mutable_struct_value();
+  (*error->mutable_fields())["code"].set_number_value(status);
+  (*error->mutable_fields())["message"].set_string_value(message);
+  Json(res, status, body);
 }
 
 int HttpStatusOf(const absl::Status& s) {
@@ -324,9 +353,13 @@ void WebServer::Serve(const httplib::Request& req, httplib::Response& res) const
       if (!secret.empty()) header = "Bearer " + secret;
     }
     if (!tokens->Authenticate(header).ok()) {
+      if (absl::StartsWith(path, "/api/")) {
+        return JsonError(res, 401, header.empty() ? "a token is required" : "unknown token");
+      }
       return Html(res, 401, status_page::LoginPage(header.empty() ? "" : "unknown token"));
     }
   }
+  if (absl::StartsWith(path, "/api/")) return ServeApi(req, res);
 
   status_page::PageOptions page;
   page.refresh_seconds = options_.refresh_seconds;
@@ -400,6 +433,37 @@ void WebServer::Serve(const httplib::Request& req, httplib::Response& res) const
     return Html(res, 200, status_page::JobPage(data, page));
   }
   Html(res, 404, status_page::ErrorPage(404, absl::StrCat("no page ", path)));
+}
+
+void WebServer::ServeApi(const httplib::Request& req, httplib::Response& res) const {
+  const std::string& path = req.path;
+  if (path == "/api/v1/jobs") {
+    auto jobs = manager_->ListJobsPage(100, req.get_param_value("page"), size_t{8} << 20);
+    if (!jobs.ok()) {
+      return JsonError(res, HttpStatusOf(jobs.status()), std::string(jobs.status().message()));
+    }
+    v1::ListJobsResponse out;
+    for (v1::JobStatus& j : jobs->jobs) *out.add_jobs() = std::move(j);
+    out.set_next_page_token(jobs->next_page_token);
+    return Json(res, 200, out);
+  }
+  if (absl::StartsWith(path, "/api/v1/jobs/")) {
+    auto job = manager_->GetJob(path.substr(std::string("/api/v1/jobs/").size()));
+    if (!job.ok()) {
+      return JsonError(res, HttpStatusOf(job.status()), std::string(job.status().message()));
+    }
+    return Json(res, 200, *job);
+  }
+  if (path == "/api/v1/workers") {
+    v1::ListWorkersResponse out;
+    for (v1::WorkerInfo& info : manager_->ListWorkers()) *out.add_workers() = std::move(info);
+    std::sort(out.mutable_workers()->begin(), out.mutable_workers()->end(),
+              [](const auto& a, const auto& b) { return a.worker_id() < b.worker_id(); });
+    return Json(res, 200, out);
+  }
+  JsonError(res, 404,
+            absl::StrCat("no such resource ", path,
+                         " (there are /api/v1/jobs, /api/v1/jobs/ID, /api/v1/workers)"));
 }
 
 }  // namespace stagewise::coordinator

@@ -74,6 +74,8 @@ class WebServer {
  private:
   WebServer(const JobManager* manager, WebOptions options);
   void Serve(const httplib::Request& request, httplib::Response& response) const;
+  // /api/v1/...: the same reads as JSON (docs/status_page.md, "JSON API").
+  void ServeApi(const httplib::Request& request, httplib::Response& response) const;
 
   // Every tls.reload_seconds: the certificate files again, into cert_.
   void WatchCertificate();

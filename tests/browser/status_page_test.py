@@ -21,6 +21,7 @@
 Stops everything (SIGINT to `stagewise local`, as Ctrl-C). Exit 77: no chromium.
 """
 import html.parser
+import json
 import os
 import re
 import shutil
@@ -191,6 +192,17 @@ def after_the_end_part(browser, tmp, failures):
                   if t == "g" and a.get("class") == "track" and "svg" in parents]
         check(len(tracks) == 2, f"after the end: a timeline without a trace section ({len(tracks)} tracks)",
               failures)
+        base = f"https://127.0.0.1:{port}"
+        status, body, _ = fetch(f"{base}/api/v1/jobs/{m.group(1)}")
+        job = json.loads(body) if status == 200 else {}
+        check(job.get("job_id") == m.group(1) and job.get("state") == "SUCCEEDED" and
+              job.get("step") == "60",
+              f"API: /api/v1/jobs/ID is the ended job ({status} {body[:300]})", failures)
+        status, body, _ = fetch(f"{base}/api/v1/jobs")
+        check(status == 200 and [j["job_id"] for j in json.loads(body)["jobs"]] == [m.group(1)],
+              "API: /api/v1/jobs lists it", failures)
+        status, body, _ = fetch(f"{base}/api/v1/workers")
+        check(status == 200 and len(json.loads(body)["workers"]) == 2, "API: /api/v1/workers", failures)
         os.killpg(local.pid, signal.SIGINT)
         rc = local.wait(timeout=60)
         check(rc == 0, f"Ctrl-C after the end: the job's exit code 0 (got {rc})", failures)
@@ -236,6 +248,24 @@ def tokens_part(tmp, failures):
         check(status == 200, "the cookie opens the jobs page", failures)
         status, _, _ = fetch(base + "/login", data=b"token=wrong-0123456789abcdef")
         check(status == 401, "signing in with an unknown token is refused", failures)
+        # The JSON API behind the same tokens.
+        status, body, headers = fetch(base + "/api/v1/jobs")
+        check(status == 401 and json.loads(body)["error"]["code"] == 401 and
+              "json" in (headers.get("Content-Type") or ""),
+              "API without a token: 401 as JSON", failures)
+        auth = {"Authorization": "Bearer " + secret}
+        status, body, _ = fetch(base + "/api/v1/jobs", auth)
+        check(status == 200 and json.loads(body) == {"jobs": [], "next_page_token": ""},
+              f"API with a read token: /api/v1/jobs ({status} {body[:200]})", failures)
+        status, body, _ = fetch(base + "/api/v1/workers", auth)
+        check(status == 200 and json.loads(body) == {"workers": []},
+              f"API: /api/v1/workers ({status} {body[:200]})", failures)
+        status, body, _ = fetch(base + "/api/v1/jobs/job-00000000", auth)
+        check(status == 404 and "job-00000000" in json.loads(body)["error"]["message"],
+              f"API: an unknown job is 404 naming it ({status} {body[:200]})", failures)
+        status, body, _ = fetch(base + "/api/v1/nosuch", auth)
+        check(status == 404 and "/api/v1/workers" in json.loads(body)["error"]["message"],
+              "API: an unknown resource is 404 listing the resources", failures)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
