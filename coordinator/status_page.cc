@@ -93,6 +93,23 @@ std::string StateReason(const v1::JobStatus& j) {
   return absl::StrCat("<div class=\"reason\">", Escape(j.reason()), "</div>");
 }
 
+std::string Memory(int64_t bytes) {
+  if (bytes <= 0) return "—";
+  return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (1 << 30));
+}
+
+// A worker's labels besides the ones with their own column (state, job,
+// stage, replica): key=value, sorted.
+std::string OtherLabels(const google::protobuf::Map<std::string, std::string>& labels) {
+  std::map<std::string, std::string> sorted(labels.begin(), labels.end());
+  std::vector<std::string> parts;
+  for (const auto& [key, value] : sorted) {
+    if (key == "state" || key == "job" || key == "stage" || key == "replica") continue;
+    parts.push_back(Escape(absl::StrCat(key, "=", value)));
+  }
+  return parts.empty() ? "—" : absl::StrJoin(parts, " ");
+}
+
 std::string Progress(const v1::JobStatus& j) {
   const int64_t total = std::max<int64_t>(j.total_steps(), 1);
   return absl::StrCat("<progress max=\"", total, "\" value=\"", std::min(j.step(), total),
@@ -133,6 +150,7 @@ std::string WorkersPage(const std::vector<WorkerRow>& workers, const PageOptions
   std::string out = Head("Workers", options);
   absl::StrAppend(&out, "<h1>Workers (", workers.size(), ")</h1><table id=\"workers\"><tr>",
                   "<th>worker</th><th>state</th><th>job</th><th>stage</th><th>device</th>",
+                  "<th>memory</th><th>version</th><th>labels</th>",
                   "<th>address</th><th>last heartbeat</th><th>pace / plan</th></tr>");
   for (const WorkerRow& w : workers) {
     const auto& labels = w.info.labels();
@@ -147,7 +165,9 @@ std::string WorkersPage(const std::vector<WorkerRow>& workers, const PageOptions
                     "\"><td>", Escape(w.info.worker_id()), "</td><td>", Escape(label("state")),
                     "</td><td>", job.empty() ? "—" : JobLink(job), "</td><td class=\"n\">",
                     stage.empty() ? "—" : Escape(stage), "</td><td>", Escape(w.info.device()),
-                    "</td><td>", Escape(w.info.address()), "</td><td>",
+                    "</td><td class=\"n\">", Memory(w.info.memory_bytes()), "</td><td>",
+                    w.info.version().empty() ? "—" : Escape(w.info.version()), "</td><td>",
+                    OtherLabels(labels), "</td><td>", Escape(w.info.address()), "</td><td>",
                     Age(w.last_seen, options.now), "</td><td class=\"n\">",
                     w.pace_over_plan > 0 ? absl::StrFormat("%.2fx", w.pace_over_plan) : "—",
                     "</td></tr>");

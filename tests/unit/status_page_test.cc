@@ -60,7 +60,7 @@ TEST(StatusPage, JobsPageHasARowPerJobWithProgressThroughputAndAccuracy) {
   EXPECT_TRUE(absl::StrContains(page, "title=\"stage 1 failed\">FAILED"));
   // Why a job waits or failed is in the table itself, not only a tooltip.
   EXPECT_TRUE(absl::StrContains(page, "FAILED<div class=\"reason\">stage 1 failed</div>"));
-  EXPECT_EQ(Count(page, "class=\"reason\""), 1);  // running jobs say nothing more
+  EXPECT_EQ(Count(page, "class=\"reason\""), 1);          // running jobs say nothing more
   EXPECT_TRUE(absl::StrContains(page, "content=\"7\""));  // the refresh
   EXPECT_TRUE(absl::StrContains(page, "href=\"/?page=tok en\""));
   EXPECT_FALSE(absl::StrContains(page, "<script"));
@@ -90,6 +90,10 @@ TEST(StatusPage, WorkersPageShowsStateJobStageHeartbeatAndPace) {
   (*rows[1].info.mutable_labels())["replica"] = "0";
   rows[1].pace_over_plan = 1.25;
   rows[5].last_seen = absl::InfinitePast();
+  rows[2].info.set_memory_bytes(int64_t{3} << 30);
+  rows[2].info.set_version("0.1.0");
+  (*rows[2].info.mutable_labels())["zone"] = "b<1>";
+  (*rows[2].info.mutable_labels())["gpu"] = "h200";
   PageOptions o;
   o.now = now;
   const std::string page = WorkersPage(rows, o);
@@ -100,6 +104,10 @@ TEST(StatusPage, WorkersPageShowsStateJobStageHeartbeatAndPace) {
   EXPECT_TRUE(absl::StrContains(page, "1.25x"));
   EXPECT_TRUE(absl::StrContains(page, "3 s ago"));
   EXPECT_TRUE(absl::StrContains(page, "never"));
+  // Memory, version and the labels placement matches (escaped, sorted).
+  EXPECT_TRUE(
+      absl::StrContains(page, "3.0 GiB</td><td>0.1.0</td><td>gpu=h200 zone=b&lt;1&gt;</td>"))
+      << page;
 }
 
 TEST(StatusPage, CurvesHaveAPointPerSampleAndSayWhenThereAreNone) {
