@@ -7,11 +7,9 @@
 #include <string>
 #include <vector>
 
-namespace CLI {
-class App;
-}  // namespace CLI
-
 namespace stagewise::cli {
+
+class CommandSet;  // command.h
 
 // Exit codes shared by every command.
 inline constexpr int kExitOk = 0;
@@ -192,13 +190,28 @@ int AdminBackup(const BackupArgs& args, std::ostream& out, std::ostream& err);
 int Events(const JobArgs& args, std::ostream& out, std::ostream& err);
 int Export(const ExportArgs& args, std::ostream& out, std::ostream& err);
 int Local(const LocalArgs& args, std::ostream& out, std::ostream& err);
-// Adds the `local` command and its flags to `app`, filling `args`.
-CLI::App* AddLocalCommand(CLI::App& app, LocalArgs& args);
 int Plot(const PlotArgs& args, std::ostream& out, std::ostream& err);
 int Trace(const TraceArgs& args, std::ostream& out, std::ostream& err);
 // `doctor SOURCE`: the trace read for its bottleneck (clients/cli/doctor.h).
 int Doctor(const TraceArgs& args, std::ostream& out, std::ostream& err);
 int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err);
+
+// Each adds its command(s), flags bound to its options struct, to `set`; in
+// the order `stagewise --help` lists them (AddAllCommands).
+void AddVersionCommand(CommandSet& set);       // version.cc
+void AddTrainLocalCommand(CommandSet& set);    // train_local.cc
+void AddValidateCommand(CommandSet& set);      // validate.cc
+void AddRemoteCommands(CommandSet& set);       // remote.cc: submit, status, list, watch,
+                                               // cancel, workers, checkpoints, events, admin
+void AddExportCommand(CommandSet& set);        // export.cc
+void AddPlotCommand(CommandSet& set);          // plot.cc
+void AddTraceCommands(CommandSet& set);        // trace.cc: trace, doctor
+void AddLocalCommand(CommandSet& set);         // local.cc
+void AddPlanCommand(CommandSet& set);          // plan.cc
+void AddConfigCommand(CommandSet& set);        // config_command.cc
+void AddCompletionCommand(CommandSet& set);    // completion.cc
+void AddMetricsLabelCommand(CommandSet& set);  // version.cc
+void AddAllCommands(CommandSet& set);          // command.cc
 
 }  // namespace stagewise::cli
 

@@ -27,7 +27,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "clients/cli/command.h"
 #include "clients/cli/commands.h"
+#include "clients/cli/flags.h"
 #include "clients/cli/format.h"
 #include "clients/cli/job_format.h"
 #include "clients/cli/job_watch.h"
@@ -422,6 +424,38 @@ int Export(const ExportArgs& args, std::ostream& out, std::ostream& err) {
     out << "  " << path << "  " << HumanBytes(bytes) << "\n";
   }
   return kExitOk;
+}
+
+void AddExportCommand(CommandSet& set) {
+  auto args = std::make_shared<ExportArgs>();
+  auto old_dir = std::make_shared<std::unique_ptr<DeprecatedSpelling>>();
+  CLI::App* cmd = set.Add(
+      "export",
+      "Write a committed checkpoint's weights as one whole-model file DIR/model.pt (plus\n"
+      "job.yaml and README.txt), checking every shard. With JOB_ID the coordinator names the\n"
+      "checkpoint, whose files are then read HERE: run it where checkpoint.dir is mounted at\n"
+      "the coordinator's path. --checkpoint reads a checkpoint directory offline.",
+      [args, old_dir](Invocation& run) {
+        if (!(*old_dir)->Apply(args->out_dir, run.err()) ||
+            !RequireFlag(args->out_dir, "--output-dir", run.err())) {
+          return kExitInvalid;
+        }
+        return run.WithCoordinator([&](const std::string& coordinator) {
+          args->coordinator = coordinator;
+          return Export(*args, run.out(), run.err());
+        });
+      });
+  cmd->add_option("job_id", args->job_id, "Job id (asks the coordinator; not with --checkpoint)");
+  cmd->add_option("--checkpoint", args->checkpoint,
+                  "A checkpoint's step directory (<checkpoint.dir>/<job id>/step-...), or "
+                  "a job's checkpoint directory (then its newest checkpoint, or --step)");
+  cmd->add_option("--step", args->step,
+                  "The checkpoint taken after this step (default: the newest committed one)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--output-dir", args->out_dir,
+                  "Directory to write model.pt, job.yaml and README.txt to (created; required)");
+  *old_dir = std::make_unique<DeprecatedSpelling>(cmd, "-o", "stagewise export -o DIR",
+                                                  "--output-dir DIR");
 }
 
 }  // namespace stagewise::cli

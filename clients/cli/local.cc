@@ -32,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "clients/cli/chaos.h"
+#include "clients/cli/command.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/curves.h"
 #include "clients/cli/devices.h"
@@ -82,7 +83,15 @@ class LocalRun {
   int Run();
 
  private:
-  // Steps of Run().
+  // Steps of Run(); those returning int give an exit code, or -1 to go on.
+  int PrepareJob();  // the job's text, spec, workers, threads and devices
+  int FindBinaries();
+  int StartCoordinator();  // and client_
+  int StartWorkers(client::CoordinatorClient& client);
+  // --history, --trace, --timeline after the job ended with `code`.
+  int WriteOutputs(client::CoordinatorClient& client, const std::string& job_id,
+                   const v1::JobStatus& result, int code);
+  std::vector<std::string> TlsFlags(const std::string& name) const;
   absl::Status MakeDir();
   absl::StatusOr<Proc*> Start(const std::string& label, std::vector<std::string> argv,
                               const std::string& log_name, const std::string& port_file);
@@ -115,6 +124,16 @@ class LocalRun {
   void Shutdown();
 
   std::string Path(const std::string& name) const { return absl::StrCat(dir_, "/", name); }
+
+  // What PrepareJob, FindBinaries and StartCoordinator found.
+  JobSpec spec_;
+  std::string yaml_;  // the job as submitted
+  int num_workers_ = 0;
+  int threads_ = 0;
+  std::vector<std::string> devices_;
+  std::string binaries_[2];  // coordinator, worker
+  std::vector<std::string> checkpoint_root_, data_root_;
+  std::string address_;  // the coordinator's
 
   std::unique_ptr<ChaosSchedule> chaos_;
   uint64_t chaos_seed_ = 0;
@@ -372,7 +391,7 @@ std::vector<std::string> LocalRun::AfterEvent(const v1::JobEvent& event) {
   return {line};
 }
 
-int LocalRun::Run() {
+int LocalRun::PrepareJob() {
   // The job: parsed here only for its stage count (the coordinator validates
   // it again and is the authority), and sent as written.
   absl::StatusOr<std::string> text = ReadJobText(args_.job_path, args_.sets);
@@ -384,16 +403,17 @@ int LocalRun::Run() {
                ? kExitInvalid
                : kExitFailed;
   }
-  std::string yaml = *std::move(text);
+  spec_ = *std::move(spec);
+  yaml_ = *std::move(text);
   if (args_.steps > 0) {
-    auto shortened = OverrideSteps(yaml, args_.steps);
+    auto shortened = OverrideSteps(yaml_, args_.steps);
     if (!shortened.ok()) {
       err_ << "error: " << args_.job_path << ": " << shortened.status().message() << "\n";
       return kExitInvalid;
     }
-    yaml = *std::move(shortened);
+    yaml_ = *std::move(shortened);
   }
-  if (absl::Status s = PrepareScriptModel(args_.job_path, &*spec, &yaml); !s.ok()) {
+  if (absl::Status s = PrepareScriptModel(args_.job_path, &spec_, &yaml_); !s.ok()) {
     err_ << "error: " << args_.job_path << ": " << s.message() << "\n";
     return kExitInvalid;
   }
@@ -401,31 +421,39 @@ int LocalRun::Run() {
     err_ << "error: --timeline " << args_.timeline << ": the file must end in .svg\n";
     return kExitInvalid;
   }
+  if (!args_.web.empty() && !rpc::IsLoopbackAddress(args_.web)) {
+    err_ << "error: --web: " << args_.web
+         << " is not a loopback address (local serves on 127.0.0.1 only)\n";
+    return kExitInvalid;
+  }
   if ((!args_.trace.empty() || !args_.timeline.empty() || !args_.web.empty()) &&
-      !spec->trace.enabled) {
+      !spec_.trace.enabled) {
     // The default window (docs/trace.md), as if the job had asked for it.
-    yaml += "\ntrace: {}\n";
+    yaml_ += "\ntrace: {}\n";
   }
   // Workers per pipeline (interleaved: each holds chunks_per_worker stages).
-  const int stages = spec->stages.count;
+  const int stages = spec_.stages.count;
   // Replicated stages (docs/replicas.md): J x R workers.
-  const int num_workers =
-      args_.workers > 0 ? args_.workers : std::max(1, stages * std::max(1, spec->stages.replicas));
+  num_workers_ =
+      args_.workers > 0 ? args_.workers : std::max(1, stages * std::max(1, spec_.stages.replicas));
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  const int threads = args_.threads > 0 ? args_.threads : std::max(1, cores / num_workers);
-  if (const int code = SetUpChaos(*spec, num_workers); code >= 0) return code;
+  threads_ = args_.threads > 0 ? args_.threads : std::max(1, cores / num_workers_);
+  if (const int code = SetUpChaos(spec_, num_workers_); code >= 0) return code;
   const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
   absl::StatusOr<std::vector<std::string>> devices =
-      LocalWorkerDevices(spec->device, args_.devices, num_workers, gpus);
+      LocalWorkerDevices(spec_.device, args_.devices, num_workers_, gpus);
   if (!devices.ok()) {
     err_ << "error: " << (args_.devices.empty() ? args_.job_path + ": " : std::string())
          << devices.status().message() << "\n";
     return kExitInvalid;
   }
+  devices_ = *std::move(devices);
+  return -1;
+}
 
+int LocalRun::FindBinaries() {
   // The binaries: next to this executable (a build or install tree), then PATH.
   const std::string self_dir = SelfExecutableDir();
-  std::string binaries[2];
   const char* names[2] = {kCoordinatorBinary, kWorkerBinary};
   for (int i = 0; i < 2; ++i) {
     absl::StatusOr<std::string> found = FindExecutable(names[i], self_dir);
@@ -435,32 +463,27 @@ int LocalRun::Run() {
            << " or on PATH\n";
       return kExitFailed;
     }
-    binaries[i] = *found;
+    binaries_[i] = *found;
   }
+  return -1;
+}
 
-  if (absl::Status s = MakeDir(); !s.ok()) {
-    err_ << "error: " << s.message() << "\n";
-    return kExitFailed;
-  }
-  signals_ =
-      std::make_unique<SignalWatcher>([this](int signo) { OnSignal(signo); }, [this] { OnTick(); });
-  if (!args_.quiet) {
-    err_ << "local: starting a coordinator and " << num_workers << " worker(s) (" << threads
-         << " thread(s) each, on " << absl::StrJoin(*devices, ",") << "); logs in " << dir_ << "\n";
-    if (chaos_ != nullptr) {
-      err_ << "local: chaos: " << args_.chaos << " worker and " << args_.chaos_coordinator
-           << " coordinator kill(s) planned (--chaos-seed " << chaos_seed_ << ")\n";
-    }
-  }
+std::vector<std::string> LocalRun::TlsFlags(const std::string& name) const {
+  if (args_.insecure) return {"--insecure"};
+  const rpc::TlsConfig c = rpc::TlsConfigFor(Path("tls"), name);
+  return {"--tls-cert", c.cert_file, "--tls-key", c.key_file, "--tls-ca", c.ca_file};
+}
 
+// `argv` followed by `more`.
+std::vector<std::string> With(std::vector<std::string> argv, const std::vector<std::string>& more) {
+  argv.insert(argv.end(), more.begin(), more.end());
+  return argv;
+}
+
+int LocalRun::StartCoordinator() {
   // Mutual TLS on loopback with throw-away certificates (unless --insecure):
   // the same setup as a cluster, so nothing differs but the addresses.
   const std::string pki = Path("tls");
-  auto tls_flags = [&](const std::string& name) -> std::vector<std::string> {
-    if (args_.insecure) return {"--insecure"};
-    const rpc::TlsConfig c = rpc::TlsConfigFor(pki, name);
-    return {"--tls-cert", c.cert_file, "--tls-key", c.key_file, "--tls-ca", c.ca_file};
-  };
   rpc::RpcOptions client_options;
   if (!args_.insecure) {
     if (absl::Status s = rpc::CreateLocalPki(pki); !s.ok()) return Fail(s, nullptr);
@@ -475,33 +498,21 @@ int LocalRun::Run() {
                  : absl::StrCat("local: mutual TLS on 127.0.0.1; throw-away certificates in ", pki,
                                 (args_.keep_logs ? "" : " (removed at exit)"), "\n"));
   }
-  auto with = [](std::vector<std::string> argv, const std::vector<std::string>& more) {
-    argv.insert(argv.end(), more.begin(), more.end());
-    return argv;
-  };
   // The job's own paths are the only ones its processes may use (you are
   // the operator here; a cluster's operator chooses the roots).
-  std::vector<std::string> checkpoint_root, data_root;
-  if (!spec->checkpoint.dir.empty()) checkpoint_root = {"--checkpoint-root", spec->checkpoint.dir};
-  if (!spec->data.path.empty()) data_root = {"--data-root", spec->data.path};
+  if (!spec_.checkpoint.dir.empty()) checkpoint_root_ = {"--checkpoint-root", spec_.checkpoint.dir};
+  if (!spec_.data.path.empty()) data_root_ = {"--data-root", spec_.data.path};
   // A torchscript model: exactly the file the CLI inspected.
-  if (!spec->model.script_file.empty()) {
-    data_root.insert(data_root.end(), {"--model-root", spec->model.script_file});
-  }
-
-  // Coordinator.
-  if (!args_.web.empty() && !rpc::IsLoopbackAddress(args_.web)) {
-    err_ << "error: --web: " << args_.web
-         << " is not a loopback address (local serves on 127.0.0.1 only)\n";
-    return kExitInvalid;
+  if (!spec_.model.script_file.empty()) {
+    data_root_.insert(data_root_.end(), {"--model-root", spec_.model.script_file});
   }
   std::vector<std::string> web;
   if (!args_.web.empty()) web = {"--web-listen", args_.web};
   absl::StatusOr<Proc*> coordinator =
       Start("coordinator",
-            with({binaries[0], "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--db",
-                  Path("coordinator.db"), "--port-file", Path("coordinator.port")},
-                 with(with(tls_flags("coordinator"), checkpoint_root), web)),
+            With({binaries_[0], "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                  "--db", Path("coordinator.db"), "--port-file", Path("coordinator.port")},
+                 With(With(TlsFlags("coordinator"), checkpoint_root_), web)),
             "coordinator.log", Path("coordinator.port"));
   if (!coordinator.ok()) return Fail(coordinator.status(), nullptr);
   coordinator_ = *coordinator;
@@ -509,62 +520,128 @@ int LocalRun::Run() {
       WaitForPortFile(Path("coordinator.port"), kStartTimeout, *(*coordinator)->child, &abort_);
   if (!coordinator_ports.ok()) return Fail(coordinator_ports.status(), *coordinator);
   coordinator_->port = coordinator_ports->grpc;
-  const std::string address = absl::StrCat("127.0.0.1:", coordinator_ports->grpc);
-  client::CoordinatorClient* client;
-  {
-    absl::MutexLock lock(&mu_);
-    client_ =
-        std::make_unique<client::CoordinatorClient>(address, absl::Seconds(10), client_options);
-    client = client_.get();
-  }
+  address_ = absl::StrCat("127.0.0.1:", coordinator_ports->grpc);
+  absl::MutexLock lock(&mu_);
+  client_ =
+      std::make_unique<client::CoordinatorClient>(address_, absl::Seconds(10), client_options);
+  return -1;
+}
 
+int LocalRun::StartWorkers(client::CoordinatorClient& client) {
   // Workers: start them all, then wait for each.
   std::vector<Proc*> workers;
-  for (int n = 0; n < num_workers; ++n) {
+  for (int n = 0; n < num_workers_; ++n) {
     // One certificate per worker: a job's stages go to distinct identities.
     if (!args_.insecure) {
-      if (absl::Status s = rpc::IssueLocalIdentity(pki, absl::StrCat("worker-", n)); !s.ok()) {
+      if (absl::Status s = rpc::IssueLocalIdentity(Path("tls"), absl::StrCat("worker-", n));
+          !s.ok()) {
         return Fail(s, nullptr);
       }
     }
     absl::StatusOr<Proc*> worker =
         Start(absl::StrCat("worker local-", n),
-              with({binaries[1], "--coordinator", address, "--listen", "127.0.0.1:0", "--advertise",
-                    "127.0.0.1", "--metrics-listen", "127.0.0.1:0", "--port-file",
+              With({binaries_[1], "--coordinator", address_, "--listen", "127.0.0.1:0",
+                    "--advertise", "127.0.0.1", "--metrics-listen", "127.0.0.1:0", "--port-file",
                     Path(absl::StrCat("worker-", n, ".port")), "--name", absl::StrCat("local-", n),
-                    "--threads", absl::StrCat(threads), "--device", (*devices)[n]},
-                   with(with(tls_flags(absl::StrCat("worker-", n)), checkpoint_root), data_root)),
+                    "--threads", absl::StrCat(threads_), "--device", devices_[n]},
+                   With(With(TlsFlags(absl::StrCat("worker-", n)), checkpoint_root_), data_root_)),
               absl::StrCat("worker-", n, ".log"), Path(absl::StrCat("worker-", n, ".port")));
     if (!worker.ok()) return Fail(worker.status(), nullptr);
     workers.push_back(*worker);
   }
-  for (int n = 0; n < num_workers; ++n) {
+  for (int n = 0; n < num_workers_; ++n) {
     absl::StatusOr<Ports> ports = WaitForPortFile(Path(absl::StrCat("worker-", n, ".port")),
                                                   kStartTimeout, *workers[n]->child, &abort_);
     if (!ports.ok()) return Fail(ports.status(), workers[n]);
     workers[n]->port = ports->grpc;
   }
   workers_ = workers;
-  absl::Status registered = client->WaitForWorkers(num_workers, kStartTimeout, [this] {
+  absl::Status registered = client.WaitForWorkers(num_workers_, kStartTimeout, [this] {
     return abort_ ? absl::CancelledError("stopped waiting for workers") : absl::OkStatus();
   });
-  if (!registered.ok()) return Fail(registered, *coordinator);
+  if (!registered.ok()) return Fail(registered, coordinator_);
   if (!args_.quiet) {
-    err_ << "local: coordinator at " << address << ", " << num_workers << " worker(s) registered\n";
+    err_ << "local: coordinator at " << address_ << ", " << num_workers_
+         << " worker(s) registered\n";
     if (!args_.web.empty()) {
       err_ << "local: status pages at " << (args_.insecure ? "http" : "https") << "://" << args_.web
            << "/" << (args_.insecure ? "" : " (a throw-away certificate)") << "\n";
     }
   }
+  return -1;
+}
 
+int LocalRun::WriteOutputs(client::CoordinatorClient& client, const std::string& job_id,
+                           const v1::JobStatus& result, int code) {
+  if (!args_.history.empty()) {
+    absl::Status written = [&]() -> absl::Status {
+      absl::StatusOr<v1::JobMetrics> metrics = client.GetJobMetrics(job_id);
+      if (!metrics.ok()) return metrics.status();
+      return checkpoint::WriteFileAtomically(args_.history,
+                                             HistoryText(CurvesFromMetrics(result, *metrics)));
+    }();
+    if (!written.ok()) {
+      err_ << "error: --history " << args_.history << ": " << written.message() << "\n";
+      if (code == kExitOk) code = kExitFailed;
+    } else if (!args_.quiet) {
+      err_ << "local: metric history in " << args_.history << " (stagewise plot " << args_.history
+           << " -o curves.svg)\n";
+    }
+  }
+  if (!args_.trace.empty() || !args_.timeline.empty()) {
+    absl::Status written = [&]() -> absl::Status {
+      absl::StatusOr<v1::JobTrace> trace = client.GetJobTrace(job_id);
+      if (!trace.ok()) return trace.status();
+      if (!args_.quiet) err_ << TraceSummary(*trace);
+      return WriteTraceFiles(*trace, args_.trace, args_.timeline);
+    }();
+    if (!written.ok()) {
+      err_ << "error: --trace/--timeline: " << written.message() << "\n";
+      if (code == kExitOk) code = kExitFailed;
+    } else if (!args_.quiet) {
+      if (!args_.trace.empty()) {
+        err_ << "local: pipeline trace in " << args_.trace << " (stagewise trace " << args_.trace
+             << " --svg timeline.svg; or open it in ui.perfetto.dev)\n";
+      }
+      if (!args_.timeline.empty()) err_ << "local: pipeline diagram in " << args_.timeline << "\n";
+    }
+  }
+  return code;
+}
+
+int LocalRun::Run() {
+  if (const int code = PrepareJob(); code >= 0) return code;
+  if (const int code = FindBinaries(); code >= 0) return code;
+  if (absl::Status s = MakeDir(); !s.ok()) {
+    err_ << "error: " << s.message() << "\n";
+    return kExitFailed;
+  }
+  signals_ =
+      std::make_unique<SignalWatcher>([this](int signo) { OnSignal(signo); }, [this] { OnTick(); });
+  if (!args_.quiet) {
+    err_ << "local: starting a coordinator and " << num_workers_ << " worker(s) (" << threads_
+         << " thread(s) each, on " << absl::StrJoin(devices_, ",") << "); logs in " << dir_ << "\n";
+    if (chaos_ != nullptr) {
+      err_ << "local: chaos: " << args_.chaos << " worker and " << args_.chaos_coordinator
+           << " coordinator kill(s) planned (--chaos-seed " << chaos_seed_ << ")\n";
+    }
+  }
+  if (const int code = StartCoordinator(); code >= 0) return code;
+  client::CoordinatorClient* client;
+  {
+    absl::MutexLock lock(&mu_);
+    client = client_.get();
+  }
+  if (const int code = StartWorkers(*client); code >= 0) return code;
+  Proc* const coordinator = coordinator_;
   // The job.
-  absl::StatusOr<std::string> job_id = client->Submit(yaml);
+  absl::StatusOr<std::string> job_id = client->Submit(yaml_);
   if (!job_id.ok()) {
     if (job_id.status().code() == absl::StatusCode::kInvalidArgument) {
       err_ << "error: " << args_.job_path << ": " << job_id.status().message() << "\n";
       return kExitInvalid;
     }
-    return Fail(job_id.status(), *coordinator);
+    return Fail(job_id.status(), coordinator);
   }
   {
     absl::MutexLock lock(&mu_);
@@ -593,45 +670,13 @@ int LocalRun::Run() {
   }
   if (signals_->first_signal() != 0 || dead != nullptr || !result.ok()) {
     const int code =
-        Fail(result.ok() ? absl::AbortedError("job stopped") : result.status(), *coordinator);
+        Fail(result.ok() ? absl::AbortedError("job stopped") : result.status(), coordinator);
     // The job's last state (CANCELLED by us, usually) for scripts reading stdout.
     if (result.ok()) out_ << (args_.output == "json" ? JobJson(*result) + "\n" : JobTable(*result));
     return code;
   }
   int code = ReportResult(*result, args_.output, out_, err_);
-  if (!args_.history.empty()) {
-    absl::Status written = [&]() -> absl::Status {
-      absl::StatusOr<v1::JobMetrics> metrics = client->GetJobMetrics(*job_id);
-      if (!metrics.ok()) return metrics.status();
-      return checkpoint::WriteFileAtomically(args_.history,
-                                             HistoryText(CurvesFromMetrics(*result, *metrics)));
-    }();
-    if (!written.ok()) {
-      err_ << "error: --history " << args_.history << ": " << written.message() << "\n";
-      if (code == kExitOk) code = kExitFailed;
-    } else if (!args_.quiet) {
-      err_ << "local: metric history in " << args_.history << " (stagewise plot " << args_.history
-           << " -o curves.svg)\n";
-    }
-  }
-  if (!args_.trace.empty() || !args_.timeline.empty()) {
-    absl::Status written = [&]() -> absl::Status {
-      absl::StatusOr<v1::JobTrace> trace = client->GetJobTrace(*job_id);
-      if (!trace.ok()) return trace.status();
-      if (!args_.quiet) err_ << TraceSummary(*trace);
-      return WriteTraceFiles(*trace, args_.trace, args_.timeline);
-    }();
-    if (!written.ok()) {
-      err_ << "error: --trace/--timeline: " << written.message() << "\n";
-      if (code == kExitOk) code = kExitFailed;
-    } else if (!args_.quiet) {
-      if (!args_.trace.empty()) {
-        err_ << "local: pipeline trace in " << args_.trace << " (stagewise trace " << args_.trace
-             << " --svg timeline.svg; or open it in ui.perfetto.dev)\n";
-      }
-      if (!args_.timeline.empty()) err_ << "local: pipeline diagram in " << args_.timeline << "\n";
-    }
-  }
+  code = WriteOutputs(*client, *job_id, *result, code);
   if (code != kExitOk && !args_.keep_logs) {
     err_ << "(rerun with --keep-logs to keep the coordinator's and workers' logs)\n";
   }
@@ -656,10 +701,17 @@ void LocalRun::KeepServingThePages(const std::string& job_id) {
 
 }  // namespace
 
-CLI::App* AddLocalCommand(CLI::App& app, LocalArgs& args) {
-  CLI::App* local_cmd = app.add_subcommand(
-      "local",
-      "Run a job on a coordinator and workers started here as child processes on loopback");
+void AddLocalCommand(CommandSet& set) {
+  auto shared = std::make_shared<LocalArgs>();
+  LocalArgs& args = *shared;
+  CLI::App* local_cmd = set.Add(
+      "local", "Run a job on a coordinator and workers started here as child processes on loopback",
+      [shared](Invocation& run) {
+        // `local` makes its own throw-away certificates unless --insecure.
+        shared->insecure = run.globals().tls.insecure;
+        return run.Formatted(shared->output,
+                             [&](std::ostream& o) { return Local(*shared, o, run.err()); });
+      });
   local_cmd->add_option("job", args.job_path, "Job spec (YAML)")
       ->required()
       ->check(CLI::ExistingFile);
@@ -720,7 +772,6 @@ CLI::App* AddLocalCommand(CLI::App& app, LocalArgs& args) {
                    "or cuda = worker n on cuda:(n mod GPUs); a GPU this machine lacks is an "
                    "error (exit 2) naming the key")
       ->delimiter(',');
-  return local_cmd;
 }
 
 int Local(const LocalArgs& args, std::ostream& out, std::ostream& err) {

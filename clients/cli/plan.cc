@@ -10,12 +10,15 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "clients/cli/command.h"
 #include "clients/cli/commands.h"
+#include "clients/cli/flags.h"
 #include "clients/cli/format.h"
 #include "clients/cli/script_job.h"
 #include "services/models/model.h"
 #include "services/planner/planner.h"
 #include "services/profiler/profiler.h"
+#include "services/spec/enums.h"
 #include "services/spec/job_spec.h"
 
 namespace stagewise::cli {
@@ -28,6 +31,69 @@ const planner::Prediction* PredictionOf(const planner::Plan& plan) {
     }
   }
   return nullptr;
+}
+
+struct Candidate {
+  int64_t batch;
+  planner::ModelProfile profile;
+  absl::StatusOr<planner::Plan> plan;
+  bool cached;
+  std::string schedule_note = {};  // backprop's schedule: auto, as chosen
+};
+
+void PrintPlanJson(const std::vector<Candidate>& candidates, const Candidate& chosen,
+                   std::ostream& out) {
+  out << "{\"profile_key\": \"" << JsonEscape(chosen.profile.key)
+      << "\", \"profile_cached\": " << (chosen.cached ? "true" : "false") << ", \"sweep\": [";
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const auto& c = candidates[i];
+    out << (i ? ", " : "") << "{\"batch_size\": " << c.batch
+        << ", \"feasible\": " << (c.plan.ok() ? "true" : "false");
+    if (c.plan.ok()) {
+      if (const planner::Prediction* p = PredictionOf(*c.plan)) {
+        out << ", \"seconds_per_batch\": " << p->seconds_per_batch
+            << ", \"seconds_per_sample\": " << p->seconds_per_batch / c.batch;
+      }
+    } else {
+      out << ", \"error\": \"" << JsonEscape(std::string(c.plan.status().message())) << "\"";
+    }
+    out << "}";
+  }
+  out << "], \"plan\": " << planner::PlanJson(chosen.profile, *chosen.plan) << "}\n";
+}
+
+// `blocks`: the per-block profile and shapes to print first (null: none).
+void PrintPlanText(const std::vector<Candidate>& candidates, const Candidate& chosen,
+                   const std::vector<models::BlockInfo>* blocks, std::ostream& out) {
+  if (blocks != nullptr) {
+    out << planner::ProfileText(chosen.profile) << "\n";
+    // What the blocks take and give, per sample (text: [T] bytes, then [T, width]).
+    out << "shapes per sample (input > output):";
+    for (const auto& b : *blocks) {
+      out << (b.index % 4 == 0 ? "\n  " : "   ") << b.index << " " << ShapeText(b.in_shape) << " > "
+          << ShapeText(b.out_shape);
+    }
+    out << "\n\n";
+  }
+  if (candidates.size() > 1) {
+    out << "batch-size sweep (" << NameOf(chosen.plan->algorithm) << "):\n";
+    out << absl::StrFormat("  %-6s %12s %12s %12s\n", "batch", "time/batch", "time/sample", "peak");
+    for (const auto& c : candidates) {
+      if (!c.plan.ok()) {
+        out << absl::StrFormat("  %-6d %s\n", c.batch, c.plan.status().message());
+        continue;
+      }
+      int64_t peak = 0;
+      for (const auto& s : c.plan->stages) peak = std::max(peak, s.estimate.peak_bytes);
+      const planner::Prediction* p = PredictionOf(*c.plan);
+      out << absl::StrFormat("  %-6d %10.2fms %10.3fms %12s%s\n", c.batch,
+                             p ? p->seconds_per_batch * 1e3 : 0.0,
+                             p ? p->seconds_per_batch * 1e3 / c.batch : 0.0,
+                             planner::HumanBytes(peak), &c == &chosen ? "  <- best" : "");
+    }
+    out << "\n";
+  }
+  out << chosen.schedule_note << planner::PlanText(chosen.profile, *chosen.plan);
 }
 
 }  // namespace
@@ -71,13 +137,6 @@ int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
 
   std::vector<int64_t> batches = args.batch_sizes;
   if (batches.empty()) batches.push_back(spec->batch_size);
-  struct Candidate {
-    int64_t batch;
-    planner::ModelProfile profile;
-    absl::StatusOr<planner::Plan> plan;
-    bool cached;
-    std::string schedule_note = {};  // backprop's schedule: auto, as chosen
-  };
   // backprop's schedule: auto is the planner's choice, as the coordinator makes it.
   auto plan_of = [&](const planner::ModelProfile& p, std::string* note) {
     if (options.algorithm != AlgorithmKind::kBackprop ||
@@ -136,55 +195,62 @@ int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
   }
   const Candidate& chosen = candidates[best];
   if (args.output == "json") {
-    out << "{\"profile_key\": \"" << JsonEscape(chosen.profile.key)
-        << "\", \"profile_cached\": " << (chosen.cached ? "true" : "false") << ", \"sweep\": [";
-    for (size_t i = 0; i < candidates.size(); ++i) {
-      const auto& c = candidates[i];
-      out << (i ? ", " : "") << "{\"batch_size\": " << c.batch
-          << ", \"feasible\": " << (c.plan.ok() ? "true" : "false");
-      if (c.plan.ok()) {
-        if (const planner::Prediction* p = PredictionOf(*c.plan)) {
-          out << ", \"seconds_per_batch\": " << p->seconds_per_batch
-              << ", \"seconds_per_sample\": " << p->seconds_per_batch / c.batch;
-        }
-      } else {
-        out << ", \"error\": \"" << JsonEscape(std::string(c.plan.status().message())) << "\"";
-      }
-      out << "}";
-    }
-    out << "], \"plan\": " << planner::PlanJson(chosen.profile, *chosen.plan) << "}\n";
-    return kExitOk;
+    PrintPlanJson(candidates, chosen, out);
+  } else {
+    PrintPlanText(candidates, chosen, args.show_profile ? &job->blocks : nullptr, out);
   }
-  if (args.show_profile) {
-    out << planner::ProfileText(chosen.profile) << "\n";
-    // What the blocks take and give, per sample (text: [T] bytes, then [T, width]).
-    out << "shapes per sample (input > output):";
-    for (const auto& b : job->blocks) {
-      out << (b.index % 4 == 0 ? "\n  " : "   ") << b.index << " " << ShapeText(b.in_shape) << " > "
-          << ShapeText(b.out_shape);
-    }
-    out << "\n\n";
-  }
-  if (candidates.size() > 1) {
-    out << "batch-size sweep (" << NameOf(chosen.plan->algorithm) << "):\n";
-    out << absl::StrFormat("  %-6s %12s %12s %12s\n", "batch", "time/batch", "time/sample", "peak");
-    for (const auto& c : candidates) {
-      if (!c.plan.ok()) {
-        out << absl::StrFormat("  %-6d %s\n", c.batch, c.plan.status().message());
-        continue;
-      }
-      int64_t peak = 0;
-      for (const auto& s : c.plan->stages) peak = std::max(peak, s.estimate.peak_bytes);
-      const planner::Prediction* p = PredictionOf(*c.plan);
-      out << absl::StrFormat("  %-6d %10.2fms %10.3fms %12s%s\n", c.batch,
-                             p ? p->seconds_per_batch * 1e3 : 0.0,
-                             p ? p->seconds_per_batch * 1e3 / c.batch : 0.0,
-                             planner::HumanBytes(peak), &c == &chosen ? "  <- best" : "");
-    }
-    out << "\n";
-  }
-  out << chosen.schedule_note << planner::PlanText(chosen.profile, *chosen.plan);
   return kExitOk;
+}
+
+void AddPlanCommand(CommandSet& set) {
+  auto args = std::make_shared<PlanArgs>();
+  CLI::App* cmd = set.Add(
+      "plan",
+      "Profile the job's model here (cached per model, batch size, device and threads) and\n"
+      "print the partition, per-stage time and memory, the store/rebuild mode of every\n"
+      "reversible block and each algorithm's predicted time per mini-batch",
+      [args](Invocation& run) {
+        return run.Formatted(args->output,
+                             [&](std::ostream& o) { return Plan(*args, o, run.err()); });
+      });
+  cmd->add_option("job", args->job_path, "Job spec (YAML)")->required()->check(CLI::ExistingFile);
+  AddSetOption(cmd, args->sets);
+  cmd->add_option("--memory-budget", args->memory_budget,
+                  "Memory cap per worker, e.g. 2GiB or 512MiB (default: the job's "
+                  "stages.memory_budget; none: no cap)");
+  cmd->add_option("--modes", args->modes,
+                  "Reversible blocks: auto (knapsack under the cap), store or rebuild "
+                  "(default: the job's stages.modes)")
+      ->check(CLI::IsMember(EnumNames<BlockModes>()));
+  cmd->add_option("--partition", args->partition,
+                  "job: the job's partition (auto ones are planned); auto: plan it anyway")
+      ->check(CLI::IsMember({"job", "auto"}))
+      ->capture_default_str();
+  cmd->add_option("--batch-sizes", args->batch_sizes,
+                  "Sweep these batch sizes and pick the best time per sample")
+      ->delimiter(',');
+  cmd->add_option("--threads", args->threads,
+                  "LibTorch threads while profiling (default: max(1, cores / stages), as "
+                  "`local` gives each worker)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--device", args->device, "Device to profile on (cpu, cuda:0)")
+      ->capture_default_str();
+  cmd->add_option(
+         "--repeats", args->repeats,
+         "Timed rounds per figure (every figure once per round; the lower quartile is kept)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--warmup", args->warmup,
+                  "Untimed rounds before the timed ones (0 for a quick, rougher profile)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--cache-dir", args->cache_dir,
+                  "Profile cache (default: $STAGEWISE_PROFILE_CACHE, else "
+                  "~/.cache/stagewise/profiles)");
+  cmd->add_flag("--refresh", args->refresh, "Profile again even when a cached profile exists");
+  cmd->add_flag("!--no-profile", args->show_profile, "Do not print the per-block profile");
+  cmd->add_flag("-q,--quiet", args->quiet, "No progress on stderr");
+  AddOutputOption(cmd, args->output, "Output format");
 }
 
 }  // namespace stagewise::cli

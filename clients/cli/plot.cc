@@ -5,8 +5,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "clients/cli/command.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/curves.h"
+#include "clients/cli/flags.h"
 #include "clients/cli/format.h"
 #include "clients/cli/job_watch.h"
 #include "clients/client/coordinator_client.h"
@@ -49,6 +51,32 @@ int Plot(const PlotArgs& args, std::ostream& out, std::ostream& err) {
   out << "wrote " << args.output << " (" << jobs.size() << " job" << (jobs.size() == 1 ? "" : "s")
       << ")\n";
   return kExitOk;
+}
+
+void AddPlotCommand(CommandSet& set) {
+  auto args = std::make_shared<PlotArgs>();
+  auto old_file = std::make_shared<std::unique_ptr<DeprecatedSpelling>>();
+  CLI::App* cmd = set.Add(
+      "plot",
+      "Draw training curves with gnuplot: loss and test accuracy against steps and wall time,\n"
+      "every job on shared axes (compare backprop and petra on one picture). A SOURCE is a job\n"
+      "id (its history comes from the coordinator) or a file `stagewise local --history`\n"
+      "wrote.",
+      [args, old_file](Invocation& run) {
+        if (!(*old_file)->Apply(args->output, run.err()) ||
+            !RequireFlag(args->output, "--output-file", run.err())) {
+          return kExitInvalid;
+        }
+        return run.WithCoordinator([&](const std::string& coordinator) {
+          args->coordinator = coordinator;
+          return Plot(*args, run.out(), run.err());
+        });
+      });
+  cmd->add_option("sources", args->sources, "Job ids or history files")->required();
+  cmd->add_option("--output-file", args->output, "The picture: FILE.svg or FILE.png (required)");
+  *old_file = std::make_unique<DeprecatedSpelling>(cmd, "-o,--output", "stagewise plot -o FILE",
+                                                   "--output-file FILE");
+  cmd->add_option("--title", args->title, "Title above the panels")->capture_default_str();
 }
 
 }  // namespace stagewise::cli

@@ -8,7 +8,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "clients/cli/command.h"
 #include "clients/cli/commands.h"
+#include "clients/cli/flags.h"
 #include "clients/cli/format.h"
 #include "clients/cli/job_format.h"
 #include "clients/cli/job_watch.h"
@@ -176,6 +178,126 @@ int Checkpoints(const CheckpointsArgs& args, std::ostream& out, std::ostream& er
   }
   out << CheckpointsTable(*listing, absl::LocalTimeZone());
   return kExitOk;
+}
+
+namespace {
+
+void AddReconnectOption(CLI::App* cmd, std::string& value) {
+  cmd->add_option("--reconnect-timeout", value,
+                  "When the coordinator goes away while following the job (a restart), "
+                  "reconnect for up to this long (e.g. 10m, 90s; 0 = give up at once)")
+      ->capture_default_str();
+}
+
+// A read command about one job: JOB_ID and -o.
+using JobCommand = int (*)(const JobArgs&, std::ostream&, std::ostream&);
+CLI::App* AddJobCommand(CommandSet& set, const std::string& name, const std::string& description,
+                        JobCommand command, std::shared_ptr<JobArgs> args) {
+  CLI::App* cmd = set.Add(name, description, [args, command](Invocation& run) {
+    return run.WithCoordinator([&](const std::string& coordinator) {
+      args->coordinator = coordinator;
+      return run.Formatted(args->output,
+                           [&](std::ostream& o) { return command(*args, o, run.err()); });
+    });
+  });
+  cmd->add_option("job_id", args->job_id, "Job id")->required();
+  AddOutputOption(cmd, args->output, name == "watch" ? "Result format" : "Output format");
+  return cmd;
+}
+
+// A command whose run function takes the coordinator's address in its
+// options struct and prints in args->output.
+template <typename Args>
+RunCommand Remote(std::shared_ptr<Args> args,
+                  int (*command)(const Args&, std::ostream&, std::ostream&)) {
+  return [args, command](Invocation& run) {
+    return run.WithCoordinator([&](const std::string& coordinator) {
+      args->coordinator = coordinator;
+      return run.Formatted(args->output,
+                           [&](std::ostream& o) { return command(*args, o, run.err()); });
+    });
+  };
+}
+
+void AddSubmitCommand(CommandSet& set) {
+  auto args = std::make_shared<SubmitArgs>();
+  CLI::App* cmd = set.Add("submit", "Submit a job to the coordinator and follow it to its end",
+                          Remote(args, &Submit));
+  cmd->add_option("job", args->job_path, "Job spec (YAML)")->required()->check(CLI::ExistingFile);
+  cmd->add_flag("!--no-wait", args->wait, "Print the job id and return at once");
+  cmd->add_flag("-q,--quiet", args->quiet, "No progress, only the result");
+  AddOutputOption(cmd, args->output, "Result format");
+  AddSetOption(cmd, args->sets);
+  AddReconnectOption(cmd, args->reconnect_timeout);
+}
+
+void AddBackupCommand(CommandSet& set) {
+  CLI::App* admin =
+      set.Add(nullptr, "admin", "The coordinator's upkeep (admin token): `admin backup FILE`");
+  auto args = std::make_shared<BackupArgs>();
+  CLI::App* cmd =
+      set.Add(admin, "backup",
+              "Copy the coordinator's database while it runs (SQLite's online backup) to FILE on\n"
+              "this machine; restore it by starting a stopped coordinator on it (--db FILE).\n"
+              "See deploy/README.md, \"Backing up the database\"",
+              [args](Invocation& run) {
+                return run.WithCoordinator([&](const std::string& coordinator) {
+                  args->coordinator = coordinator;
+                  return AdminBackup(*args, run.out(), run.err());
+                });
+              });
+  cmd->add_option("file", args->file, "Where the copy goes (must not exist)")->required();
+  cmd->add_flag("-q,--quiet", args->quiet, "No progress lines");
+}
+
+}  // namespace
+
+void AddRemoteCommands(CommandSet& set) {
+  AddSubmitCommand(set);
+  AddJobCommand(set, "status", "Show one job's state and metrics", &JobStatusCommand,
+                std::make_shared<JobArgs>());
+
+  auto list = std::make_shared<ListArgs>();
+  CLI::App* list_cmd = set.Add("list", "List jobs, newest first", Remote(list, &List));
+  list_cmd
+      ->add_option("--limit", list->limit,
+                   "At most this many jobs, newest first (0 = every job; fetched 1000 at a time)")
+      ->check(CLI::NonNegativeNumber);
+  AddOutputOption(list_cmd, list->output, "Output format");
+
+  auto watch = std::make_shared<JobArgs>();
+  CLI::App* watch_cmd =
+      AddJobCommand(set, "watch", "Follow a job's progress until it ends", &Watch, watch);
+  watch_cmd->add_flag("-q,--quiet", watch->quiet, "No progress, only the result");
+  AddReconnectOption(watch_cmd, watch->reconnect_timeout);
+
+  auto cancel = std::make_shared<CancelArgs>();
+  CLI::App* cancel_cmd = set.Add("cancel", "Cancel a job", Remote(cancel, &Cancel));
+  cancel_cmd->add_option("job_id", cancel->job_id, "Job id")->required();
+  cancel_cmd->add_option("--reason", cancel->reason, "Why (recorded with the job)");
+  AddOutputOption(cancel_cmd, cancel->output, "Output format");
+
+  auto workers = std::make_shared<WorkersArgs>();
+  CLI::App* workers_cmd = set.Add("workers", "List the workers registered with the coordinator",
+                                  Remote(workers, &Workers));
+  AddOutputOption(workers_cmd, workers->output, "Output format");
+
+  auto checkpoints = std::make_shared<CheckpointsArgs>();
+  CLI::App* checkpoints_cmd =
+      set.Add("checkpoints",
+              "List a job's committed checkpoints (step, phase, time, size, path) and the step\n"
+              "directories that were skipped, with the reason",
+              Remote(checkpoints, &Checkpoints));
+  checkpoints_cmd->add_option("job_id", checkpoints->job_id, "Job id")->required();
+  AddOutputOption(checkpoints_cmd, checkpoints->output, "Output format");
+
+  AddJobCommand(
+      set, "events",
+      "A job's event log, oldest first: its submission, every state change with its reason\n"
+      "(placement, recoveries and their causes, planned stops, the end) and the notes within\n"
+      "a state (planned, checkpoints committed, refusals such as \"not rebalancing: ...\")",
+      &Events, std::make_shared<JobArgs>());
+  AddBackupCommand(set);
 }
 
 }  // namespace stagewise::cli

@@ -9,9 +9,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "clients/cli/command.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/conventions.h"
 #include "clients/cli/doctor.h"
+#include "clients/cli/flags.h"
 #include "clients/cli/job_watch.h"
 #include "clients/cli/timeline.h"
 #include "clients/client/coordinator_client.h"
@@ -110,6 +112,47 @@ int Doctor(const TraceArgs& args, std::ostream& out, std::ostream& err) {
   }
   out << DiagnosisText(*trace, Diagnose(*trace, summary), workers);
   return kExitOk;
+}
+
+void AddTraceCommands(CommandSet& set) {
+  auto trace = std::make_shared<TraceArgs>();
+  auto old_file = std::make_shared<std::unique_ptr<DeprecatedSpelling>>();
+  CLI::App* trace_cmd = set.Add(
+      "trace",
+      "A job's pipeline timeline: what every stage's compute thread did, step by step\n"
+      "(forward, backward, rebuild, optimizer step, waiting, sending, evaluation). Needs a\n"
+      "`trace:` section in the job (`local --trace` adds one). Prints a summary per stage;\n"
+      "--output-file writes Chrome trace JSON (ui.perfetto.dev, chrome://tracing), --svg the\n"
+      "pipeline diagram. SOURCE is a job id on the coordinator or a JSON file this command or\n"
+      "`stagewise local --trace` wrote.",
+      [trace, old_file](Invocation& run) {
+        if (!(*old_file)->Apply(trace->output, run.err())) return kExitInvalid;
+        return run.WithCoordinator([&](const std::string& coordinator) {
+          trace->coordinator = coordinator;
+          return Trace(*trace, run.out(), run.err());
+        });
+      });
+  trace_cmd->add_option("source", trace->source, "Job id or trace JSON file")->required();
+  trace_cmd->add_option("--output-file", trace->output, "Write Chrome trace JSON here");
+  *old_file = std::make_unique<DeprecatedSpelling>(trace_cmd, "-o,--output",
+                                                   "stagewise trace -o FILE", "--output-file FILE");
+  trace_cmd->add_option("--svg", trace->svg, "Draw the pipeline diagram here (FILE.svg)");
+
+  auto doctor = std::make_shared<TraceArgs>();
+  CLI::App* doctor_cmd = set.Add(
+      "doctor",
+      "Where a pipeline loses its time, from its trace: per stage how busy it is, how long it\n"
+      "waits for its neighbours and its longest wait; the stage the others wait on when one\n"
+      "stands out (busy 1.15x the median stage or more); a stage that computes 1.25x its\n"
+      "plan's prediction or more (planned jobs). SOURCE as for `trace`; a job id also names\n"
+      "each stage's worker.",
+      [doctor](Invocation& run) {
+        return run.WithCoordinator([&](const std::string& coordinator) {
+          doctor->coordinator = coordinator;
+          return Doctor(*doctor, run.out(), run.err());
+        });
+      });
+  doctor_cmd->add_option("source", doctor->source, "Job id or trace JSON file")->required();
 }
 
 }  // namespace stagewise::cli

@@ -6,7 +6,9 @@
 #include <thread>
 
 #include "absl/strings/str_format.h"
+#include "clients/cli/command.h"
 #include "clients/cli/commands.h"
+#include "clients/cli/flags.h"
 #include "clients/cli/format.h"
 #include "clients/cli/script_job.h"
 #include "services/spec/job_spec.h"
@@ -81,6 +83,29 @@ int TrainLocal(const TrainLocalArgs& args, std::ostream& out, std::ostream& err)
     out << ResultTable(*spec, *result);
   }
   return kExitOk;
+}
+
+void AddTrainLocalCommand(CommandSet& set) {
+  auto args = std::make_shared<TrainLocalArgs>();
+  CLI::App* cmd =
+      set.Add("train-local",
+              "Train a job in this process with plain backpropagation (the reference trainer)",
+              [args](Invocation& run) {
+                return run.Formatted(
+                    args->output, [&](std::ostream& o) { return TrainLocal(*args, o, run.err()); });
+              });
+  cmd->add_option("job", args->job_path, "Job spec (YAML)")->required()->check(CLI::ExistingFile);
+  AddOutputOption(cmd, args->output, "Result format");
+  cmd->add_option("--threads", args->threads, "CPU threads for LibTorch (0 = all cores)")
+      ->capture_default_str();
+  cmd->add_option("--steps", args->steps, "Train this many steps instead of the spec's budget");
+  cmd->add_option("--epochs", args->epochs, "Train this many epochs instead of the spec's budget");
+  cmd->add_option("--log-every", args->log_every, "Steps between progress lines")
+      ->capture_default_str();
+  cmd->add_flag("!--no-resume", args->resume,
+                "Start fresh even when checkpoint.dir holds a checkpoint");
+  cmd->add_flag("-q,--quiet", args->quiet, "Print only the result");
+  AddSetOption(cmd, args->sets);
 }
 
 }  // namespace stagewise::cli

@@ -3,7 +3,9 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "clients/cli/command.h"
 #include "clients/cli/commands.h"
+#include "clients/cli/flags.h"
 #include "clients/cli/format.h"
 #include "clients/cli/job_format.h"
 #include "clients/cli/script_job.h"
@@ -97,6 +99,19 @@ int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err) {
     out << "\n";
   }
   return kExitOk;
+}
+
+void AddValidateCommand(CommandSet& set) {
+  auto args = std::make_shared<ValidateArgs>();
+  CLI::App* cmd =
+      set.Add("validate", "Check a job spec and print its model's blocks and stage partition",
+              [args](Invocation& run) {
+                return run.Formatted(
+                    args->output, [&](std::ostream& o) { return Validate(*args, o, run.err()); });
+              });
+  cmd->add_option("job", args->job_path, "Job spec (YAML)")->required()->check(CLI::ExistingFile);
+  AddOutputOption(cmd, args->output, "Output format");
+  AddSetOption(cmd, args->sets);
 }
 
 }  // namespace stagewise::cli
