@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "clients/cli/output.h"
 
 namespace stagewise::cli {
 
@@ -112,50 +113,6 @@ std::optional<UnknownCommand> FindUnknownCommand(const CLI::App& app,
 
 namespace {
 
-// A scalar that was quoted in the JSON and would read back as something else
-// (a number, a boolean, null, empty) when written plain.
-bool NeedsQuotes(const YAML::Node& scalar) {
-  const std::string& v = scalar.Scalar();
-  if (scalar.Tag() != "!") return false;  // a JSON number, true, false or null
-  if (v.empty()) return true;
-  const std::string lower = absl::AsciiStrToLower(v);
-  if (lower == "true" || lower == "false" || lower == "null" || lower == "~" || lower == "yes" ||
-      lower == "no" || lower == "on" || lower == "off") {
-    return true;
-  }
-  double d;
-  std::istringstream in(v);
-  in >> d;
-  return !in.fail() || v.find_first_of(":#{}[],&*!|>'\"%@`") != std::string::npos ||
-         absl::ascii_isspace(v.front()) || absl::ascii_isspace(v.back()) || v[0] == '-';
-}
-
-void Emit(YAML::Emitter& out, const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Map:
-      out << YAML::BeginMap;
-      for (const auto& kv : node) {
-        out << YAML::Key;
-        Emit(out, kv.first);
-        out << YAML::Value;
-        Emit(out, kv.second);
-      }
-      out << YAML::EndMap;
-      break;
-    case YAML::NodeType::Sequence:
-      out << YAML::BeginSeq;
-      for (const auto& item : node) Emit(out, item);
-      out << YAML::EndSeq;
-      break;
-    case YAML::NodeType::Scalar:
-      if (NeedsQuotes(node)) out << YAML::DoubleQuoted;
-      out << node.Scalar();
-      break;
-    default:
-      out << YAML::Null;
-  }
-}
-
 // The top-level JSON values of `json` (objects or arrays), in order: one
 // document, or several (one per line, or any layout). Strings may hold
 // brackets; a value that never closes is an error.
@@ -205,20 +162,11 @@ absl::StatusOr<std::vector<std::string>> SplitJson(const std::string& json) {
 absl::StatusOr<std::string> JsonToYaml(const std::string& json) {
   absl::StatusOr<std::vector<std::string>> texts = SplitJson(json);
   if (!texts.ok()) return texts.status();
-  std::vector<YAML::Node> docs;
-  for (const std::string& text : *texts) {
-    try {
-      docs.push_back(YAML::Load(text));
-    } catch (const YAML::Exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat("not JSON: ", e.what()));
-    }
-  }
   std::string out;
-  for (size_t i = 0; i < docs.size(); ++i) {
-    if (docs[i].IsNull()) continue;
-    YAML::Emitter e;
-    Emit(e, docs[i]);
-    absl::StrAppend(&out, out.empty() ? "" : "---\n", e.c_str(), "\n");
+  for (const std::string& text : *texts) {
+    const Json doc = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (doc.is_discarded()) return absl::InvalidArgumentError("not JSON output");
+    absl::StrAppend(&out, out.empty() ? "" : "---\n", YamlOf(doc), "\n");
   }
   return out;
 }

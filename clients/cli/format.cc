@@ -5,6 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "clients/cli/job_format.h"
+#include "clients/cli/output.h"
 
 namespace stagewise::cli {
 
@@ -81,21 +83,41 @@ std::string ResultTable(const JobSpec& spec, const training::TrainResult& r) {
 }
 
 std::string ResultJson(const JobSpec& spec, const training::TrainResult& r) {
-  std::string evals;
+  // The job schema a coordinator's job has (job_format.h), filled from one
+  // process: no job id, one stage, no attempts.
+  Json j = JobSkeleton();
+  j["name"] = spec.name;
+  j["state"] = "SUCCEEDED";
+  j["algorithm"] = "backprop";
+  j["model"] = std::string(NameOf(spec.model.name));
+  j["parameters"] = r.num_parameters;
+  j["stages"] = 1;
+  j["replicas"] = 1;
+  j["chunks_per_worker"] = 1;
+  j["replica_samples_per_second"] = Json::array();
+  j["phase"] = 0;
+  j["num_phases"] = 1;
+  j["step"] = r.steps;
+  j["total_steps"] = r.steps;
+  j["epoch"] = Number(r.epochs);
+  if (r.steps > 0) j["train_loss"] = Number(r.train_loss);
+  j["eval_loss"] = Number(r.test.loss);
+  j["eval_accuracy"] = Number(r.test.accuracy);
+  if (IsText(spec.data.dataset)) j["eval_bits_per_byte"] = Number(r.test.loss / std::log(2.0));
+  if (r.samples_per_second > 0) j["samples_per_second"] = Number(r.samples_per_second);
+  if (r.tokens_per_second > 0) j["tokens_per_second"] = Number(r.tokens_per_second);
+  j["seconds"] = Number(r.seconds);
+  j["attempt"] = 0;
+  j["steps_redone"] = 0;
+  j["attempts"] = Json::array();
+  j["summary"] = Json::object();
+  Json evals = Json::array();
   for (const auto& e : r.evals) {
-    if (!evals.empty()) evals += ",";
-    absl::StrAppend(&evals, absl::StrFormat(R"({"step":%d,"loss":%.6f,"accuracy":%.6f})", e.step,
-                                            e.loss, e.accuracy));
+    evals.push_back({{"step", e.step}, {"loss", Number(e.loss)}, {"accuracy", Number(e.accuracy)}});
   }
-  return absl::StrFormat(
-      R"({"job":"%s","model":"%s","parameters":%d,"steps":%d,"epochs":%.4f,"train_loss":%.6f,)"
-      R"("test_loss":%.6f,"test_accuracy":%.6f,"train_seconds":%.3f,"samples_per_second":%.2f,)"
-      R"("tokens_per_second":%.2f,"test_bits_per_byte":%s,"checkpoint":"%s","evals":[%s]})",
-      JsonEscape(spec.name), JsonEscape(std::string(NameOf(spec.model.name))), r.num_parameters,
-      r.steps, r.epochs, r.train_loss, r.test.loss, r.test.accuracy, r.seconds,
-      r.samples_per_second, r.tokens_per_second,
-      IsText(spec.data.dataset) ? absl::StrFormat("%.6f", r.test.loss / std::log(2.0)) : "null",
-      JsonEscape(r.last_checkpoint), evals);
+  j["evals"] = evals;
+  j["checkpoint"] = NonEmpty(r.last_checkpoint);
+  return JsonLine(j);
 }
 
 }  // namespace stagewise::cli

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "clients/cli/format.h"
+#include "clients/cli/output.h"
 #include "clients/client/coordinator_client.h"
 
 namespace stagewise::cli {
@@ -41,18 +42,11 @@ std::string LocalTime(int64_t unix_ms, absl::TimeZone tz) {
   return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(unix_ms), tz);
 }
 
-std::string JsonString(const std::string& s) { return absl::StrCat("\"", JsonEscape(s), "\""); }
-
 std::map<std::string, std::string> SortedLabels(const v1::WorkerInfo& w) {
   return {w.labels().begin(), w.labels().end()};
 }
 
 }  // namespace
-
-std::string JsonNumber(double v) {
-  if (!std::isfinite(v)) return "null";
-  return absl::StrFormat("%.10g", v);
-}
 
 std::string HumanBytes(int64_t bytes) {
   if (bytes <= 0) return "-";
@@ -239,52 +233,107 @@ std::string JobTable(const v1::JobStatus& s, absl::TimeZone tz) {
   return out;
 }
 
-std::string JobJson(const v1::JobStatus& s) {
-  const std::optional<double> seconds = JobSeconds(s);
-  return absl::StrCat(
-      "{\"job_id\":\"", JsonEscape(s.job_id()), "\",\"name\":\"", JsonEscape(s.name()),
-      "\",\"state\":\"", client::JobStateName(s.state()), "\",\"reason\":\"",
-      JsonEscape(s.reason()), "\",\"algorithm\":\"", JsonEscape(s.algorithm()),
-      "\",\"stages\":", s.num_stages(), ",\"replicas\":", std::max(1, s.num_replicas()),
-      ",\"chunks_per_worker\":", std::max(1, s.chunks_per_worker()),
-      ",\"replica_samples_per_second\":[",
-      absl::StrJoin(s.replica_samples_per_second(), ",",
-                    [](std::string* out, double v) { out->append(JsonNumber(v)); }),
-      "],\"phase\":", s.phase(), ",\"num_phases\":", std::max(1, s.num_phases()),
-      ",\"phase_name\":\"", JsonEscape(s.phase_name()), "\",\"step\":", s.step(),
-      ",\"total_steps\":", s.total_steps(), ",\"epoch\":", s.epoch(),
-      ",\"train_loss\":", JsonNumber(s.train_loss()),
-      ",\"eval_loss\":", HasEval(s) ? JsonNumber(s.eval_loss()) : "null",
-      ",\"eval_accuracy\":", HasEval(s) ? JsonNumber(s.eval_accuracy()) : "null",
-      ",\"samples_per_second\":", JsonNumber(s.samples_per_second()), ",\"tokens_per_second\":",
-      s.tokens_per_sample() > 0 ? JsonNumber(s.samples_per_second() * s.tokens_per_sample())
-                                : "null",
-      ",\"eval_bits_per_byte\":",
-      s.tokens_per_sample() > 0 && HasEval(s) ? JsonNumber(s.eval_loss() / std::log(2.0)) : "null",
-      ",\"seconds\":", seconds.has_value() ? JsonNumber(*seconds) : "null",
-      ",\"created_unix_ms\":", s.created_unix_ms(), ",\"updated_unix_ms\":", s.updated_unix_ms(),
-      ",\"attempt\":", s.attempt(), ",\"last_checkpoint_step\":",
-      s.last_checkpoint_step() >= 0 ? absl::StrCat(s.last_checkpoint_step()) : "null",
-      ",\"steps_redone\":", s.steps_redone(), ",\"attempts\":[",
-      absl::StrJoin(s.attempts(), ",",
-                    [](std::string* o, const v1::JobAttempt& a) {
-                      std::vector<std::string> workers;
-                      for (const std::string& w : a.workers()) workers.push_back(JsonString(w));
-                      absl::StrAppend(o, "{\"attempt\":", a.attempt(),
-                                      ",\"from_step\":", a.from_step(),
-                                      ",\"reached_step\":", a.reached_step(),
-                                      ",\"started_unix_ms\":", a.started_unix_ms(),
-                                      ",\"ended_unix_ms\":", a.ended_unix_ms(),
-                                      ",\"end_reason\":", JsonString(a.end_reason()),
-                                      ",\"workers\":[", absl::StrJoin(workers, ","), "]}");
-                    }),
-      "],\"summary\":{",
-      absl::StrJoin(std::map<std::string, double>(s.summary().begin(), s.summary().end()), ",",
-                    [](std::string* o, const std::pair<const std::string, double>& kv) {
-                      absl::StrAppend(o, "\"", JsonEscape(kv.first), "\":", JsonNumber(kv.second));
-                    }),
-      "}}");
+Json JobSkeleton() {
+  Json j;
+  j["schema_version"] = kSchemaVersion;
+  for (const char* key : {"job_id",
+                          "name",
+                          "state",
+                          "reason",
+                          "algorithm",
+                          "model",
+                          "parameters",
+                          "stages",
+                          "replicas",
+                          "chunks_per_worker",
+                          "replica_samples_per_second",
+                          "phase",
+                          "num_phases",
+                          "phase_name",
+                          "step",
+                          "total_steps",
+                          "epoch",
+                          "train_loss",
+                          "eval_loss",
+                          "eval_accuracy",
+                          "eval_bits_per_byte",
+                          "samples_per_second",
+                          "tokens_per_second",
+                          "seconds",
+                          "created_unix_ms",
+                          "updated_unix_ms",
+                          "attempt",
+                          "last_checkpoint_step",
+                          "steps_redone",
+                          "attempts",
+                          "summary",
+                          "evals",
+                          "checkpoint"}) {
+    j[key] = nullptr;
+  }
+  return j;
 }
+
+Json JobValue(const v1::JobStatus& s) {
+  Json j = JobSkeleton();
+  j["job_id"] = s.job_id();
+  j["name"] = s.name();
+  j["state"] = client::JobStateName(s.state());
+  j["reason"] = NonEmpty(s.reason());
+  j["algorithm"] = NonEmpty(s.algorithm());
+  j["stages"] = s.num_stages();
+  j["replicas"] = std::max(1, s.num_replicas());
+  j["chunks_per_worker"] = std::max(1, s.chunks_per_worker());
+  Json replica_rates = Json::array();
+  for (double v : s.replica_samples_per_second()) replica_rates.push_back(Number(v));
+  j["replica_samples_per_second"] = replica_rates;
+  j["phase"] = s.phase();
+  j["num_phases"] = std::max(1, s.num_phases());
+  j["phase_name"] = NonEmpty(s.phase_name());
+  j["step"] = s.step();
+  if (s.total_steps() > 0) j["total_steps"] = s.total_steps();
+  j["epoch"] = s.epoch();
+  if (s.step() > 0) j["train_loss"] = Number(s.train_loss());
+  if (HasEval(s)) {
+    j["eval_loss"] = Number(s.eval_loss());
+    j["eval_accuracy"] = Number(s.eval_accuracy());
+    if (s.tokens_per_sample() > 0) j["eval_bits_per_byte"] = Number(s.eval_loss() / std::log(2.0));
+  }
+  if (s.samples_per_second() > 0) {
+    j["samples_per_second"] = Number(s.samples_per_second());
+    if (s.tokens_per_sample() > 0) {
+      j["tokens_per_second"] = Number(s.samples_per_second() * s.tokens_per_sample());
+    }
+  }
+  j["seconds"] = Optional(JobSeconds(s));
+  if (s.created_unix_ms() > 0) j["created_unix_ms"] = s.created_unix_ms();
+  if (s.updated_unix_ms() > 0) j["updated_unix_ms"] = s.updated_unix_ms();
+  j["attempt"] = s.attempt();
+  if (s.last_checkpoint_step() >= 0) j["last_checkpoint_step"] = s.last_checkpoint_step();
+  j["steps_redone"] = s.steps_redone();
+  Json attempts = Json::array();
+  for (const v1::JobAttempt& a : s.attempts()) {
+    Json workers = Json::array();
+    for (const std::string& w : a.workers()) workers.push_back(w);
+    attempts.push_back({{"attempt", a.attempt()},
+                        {"from_step", a.from_step()},
+                        {"reached_step", a.reached_step()},
+                        {"started_unix_ms", a.started_unix_ms()},
+                        {"ended_unix_ms", a.ended_unix_ms() > 0 ? Json(a.ended_unix_ms()) : Json()},
+                        {"end_reason", NonEmpty(a.end_reason())},
+                        {"workers", workers}});
+  }
+  j["attempts"] = attempts;
+  Json summary = Json::object();
+  for (const auto& [key, value] :
+       std::map<std::string, double>(s.summary().begin(), s.summary().end())) {
+    summary[key] = Number(value);
+  }
+  j["summary"] = summary;
+  return j;
+}
+
+std::string JobJson(const v1::JobStatus& s) { return JsonLine(JobValue(s)); }
 
 std::string CheckpointDir(const v1::CheckpointInfo& c) {
   const std::string& m = c.manifest_path();
@@ -312,19 +361,22 @@ std::string CheckpointsTable(const v1::ListCheckpointsResponse& r, absl::TimeZon
 }
 
 std::string CheckpointsJson(const std::string& job_id, const v1::ListCheckpointsResponse& r) {
-  std::vector<std::string> items;
+  Json checkpoints = Json::array();
   for (const v1::CheckpointInfo& c : r.checkpoints()) {
-    items.push_back(absl::StrCat("{\"step\":", c.step(), ",\"phase\":", c.phase(),
-                                 ",\"created_unix_ms\":", c.created_unix_ms(),
-                                 ",\"bytes\":", c.bytes(), ",\"num_shards\":", c.num_shards(),
-                                 ",\"path\":", JsonString(CheckpointDir(c)),
-                                 ",\"manifest_path\":", JsonString(c.manifest_path()), "}"));
+    checkpoints.push_back({{"step", c.step()},
+                           {"phase", c.phase()},
+                           {"created_unix_ms", c.created_unix_ms()},
+                           {"bytes", c.bytes()},
+                           {"num_shards", c.num_shards()},
+                           {"path", CheckpointDir(c)},
+                           {"manifest_path", c.manifest_path()}});
   }
-  std::vector<std::string> skipped;
-  for (const std::string& why : r.skipped()) skipped.push_back(JsonString(why));
-  return absl::StrCat("{\"job_id\":", JsonString(job_id), ",\"dir\":", JsonString(r.dir()),
-                      ",\"checkpoints\":[", absl::StrJoin(items, ","), "],\"skipped\":[",
-                      absl::StrJoin(skipped, ","), "]}");
+  Json skipped = Json::array();
+  for (const std::string& why : r.skipped()) skipped.push_back(why);
+  return JsonLine(Json{{"job_id", job_id},
+                       {"dir", NonEmpty(r.dir())},
+                       {"checkpoints", checkpoints},
+                       {"skipped", skipped}});
 }
 
 std::string EventsTable(const v1::ListJobEventsResponse& r, absl::TimeZone tz) {
@@ -345,18 +397,17 @@ std::string EventsTable(const v1::ListJobEventsResponse& r, absl::TimeZone tz) {
 }
 
 std::string EventsJson(const std::string& job_id, const v1::ListJobEventsResponse& r) {
-  std::vector<std::string> items;
+  Json events = Json::array();
   for (const v1::JobLogEvent& e : r.events()) {
-    items.push_back(absl::StrCat("{\"unix_ms\":", e.unix_ms(), ",\"from\":",
-                                 e.from_state() == v1::JOB_STATE_UNSPECIFIED
-                                     ? "null"
-                                     : JsonString(client::JobStateName(e.from_state())),
-                                 ",\"to\":", JsonString(client::JobStateName(e.to_state())),
-                                 ",\"note\":", e.from_state() == e.to_state() ? "true" : "false",
-                                 ",\"reason\":", JsonString(e.reason()), "}"));
+    events.push_back({{"unix_ms", e.unix_ms()},
+                      {"from", e.from_state() == v1::JOB_STATE_UNSPECIFIED
+                                   ? Json()
+                                   : Json(client::JobStateName(e.from_state()))},
+                      {"to", client::JobStateName(e.to_state())},
+                      {"note", e.from_state() == e.to_state()},
+                      {"reason", e.reason()}});
   }
-  return absl::StrCat("{\"job_id\":", JsonString(job_id), ",\"events\":[",
-                      absl::StrJoin(items, ","), "]}");
+  return JsonLine(Json{{"job_id", job_id}, {"events", events}});
 }
 
 std::string JobListTable(const std::vector<v1::JobStatus>& jobs, absl::Time now) {
@@ -375,9 +426,9 @@ std::string JobListTable(const std::vector<v1::JobStatus>& jobs, absl::Time now)
 }
 
 std::string JobListJson(const std::vector<v1::JobStatus>& jobs) {
-  std::vector<std::string> items;
-  for (const auto& s : jobs) items.push_back(JobJson(s));
-  return absl::StrCat("[", absl::StrJoin(items, ","), "]");
+  Json list = Json::array();
+  for (const auto& s : jobs) list.push_back(JobValue(s));
+  return JsonLine(list);
 }
 
 std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers) {
@@ -393,19 +444,18 @@ std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers) {
 }
 
 std::string WorkersJson(const std::vector<v1::WorkerInfo>& workers) {
-  std::vector<std::string> items;
+  Json list = Json::array();
   for (const auto& w : workers) {
-    std::vector<std::string> labels;
-    for (const auto& [k, v] : SortedLabels(w)) {
-      labels.push_back(absl::StrCat("\"", JsonEscape(k), "\":\"", JsonEscape(v), "\""));
-    }
-    items.push_back(absl::StrCat("{\"worker_id\":\"", JsonEscape(w.worker_id()),
-                                 "\",\"address\":\"", JsonEscape(w.address()), "\",\"device\":\"",
-                                 JsonEscape(w.device()), "\",\"memory_bytes\":", w.memory_bytes(),
-                                 ",\"version\":\"", JsonEscape(w.version()), "\",\"labels\":{",
-                                 absl::StrJoin(labels, ","), "}}"));
+    Json labels = Json::object();
+    for (const auto& [k, v] : SortedLabels(w)) labels[k] = v;
+    list.push_back({{"worker_id", w.worker_id()},
+                    {"address", w.address()},
+                    {"device", w.device()},
+                    {"memory_bytes", w.memory_bytes() > 0 ? Json(w.memory_bytes()) : Json()},
+                    {"version", NonEmpty(w.version())},
+                    {"labels", labels}});
   }
-  return absl::StrCat("[", absl::StrJoin(items, ","), "]");
+  return JsonLine(list);
 }
 
 }  // namespace stagewise::cli

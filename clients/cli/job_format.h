@@ -8,12 +8,11 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "clients/cli/output.h"
 #include "stagewise/v1/coordinator.pb.h"
 
 namespace stagewise::cli {
 
-// A JSON number, or null for NaN/inf (JSON has neither).
-std::string JsonNumber(double v);
 std::string HumanBytes(int64_t bytes);   // 8589934592 -> "8.0GiB"
 std::string HumanAge(absl::Duration d);  // kubectl style: "45s", "12m", "5h", "3d"
 
@@ -30,7 +29,13 @@ std::string JobProgressLine(const v1::JobStatus& s, std::optional<double> eta_se
 // that was recovered or has a checkpoint also gets its last checkpoint, the
 // steps redone and a table of its attempts (times in `tz`).
 std::string JobTable(const v1::JobStatus& s, absl::TimeZone tz = absl::LocalTimeZone());
+// The job in the output schema (output.h, docs/cli.md "Output schema"), and
+// as one line of JSON.
+Json JobValue(const v1::JobStatus& s);
 std::string JobJson(const v1::JobStatus& s);
+// Every key of the job schema, each null, `schema_version` set: commands fill
+// what they know (train-local as much as a coordinator's status).
+Json JobSkeleton();
 // The attempts table alone (ATTEMPT FROM REACHED STARTED DURATION END WORKERS).
 std::string AttemptsTable(const v1::JobStatus& s, absl::TimeZone tz);
 

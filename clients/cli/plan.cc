@@ -14,6 +14,7 @@
 #include "clients/cli/commands.h"
 #include "clients/cli/flags.h"
 #include "clients/cli/format.h"
+#include "clients/cli/output.h"
 #include "clients/cli/script_job.h"
 #include "services/models/model.h"
 #include "services/planner/planner.h"
@@ -43,23 +44,26 @@ struct Candidate {
 
 void PrintPlanJson(const std::vector<Candidate>& candidates, const Candidate& chosen,
                    std::ostream& out) {
-  out << "{\"profile_key\": \"" << JsonEscape(chosen.profile.key)
-      << "\", \"profile_cached\": " << (chosen.cached ? "true" : "false") << ", \"sweep\": [";
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    const auto& c = candidates[i];
-    out << (i ? ", " : "") << "{\"batch_size\": " << c.batch
-        << ", \"feasible\": " << (c.plan.ok() ? "true" : "false");
+  Json sweep = Json::array();
+  for (const Candidate& c : candidates) {
+    Json row = {{"batch_size", c.batch}, {"feasible", c.plan.ok()}};
     if (c.plan.ok()) {
       if (const planner::Prediction* p = PredictionOf(*c.plan)) {
-        out << ", \"seconds_per_batch\": " << p->seconds_per_batch
-            << ", \"seconds_per_sample\": " << p->seconds_per_batch / c.batch;
+        row["seconds_per_batch"] = Number(p->seconds_per_batch);
+        row["seconds_per_sample"] = Number(p->seconds_per_batch / static_cast<double>(c.batch));
       }
     } else {
-      out << ", \"error\": \"" << JsonEscape(std::string(c.plan.status().message())) << "\"";
+      row["error"] = std::string(c.plan.status().message());
     }
-    out << "}";
+    sweep.push_back(row);
   }
-  out << "], \"plan\": " << planner::PlanJson(chosen.profile, *chosen.plan) << "}\n";
+  out << JsonLine(
+             Json{{"profile_key", chosen.profile.key},
+                  {"profile_cached", chosen.cached},
+                  {"sweep", sweep},
+                  {"plan", Json::parse(planner::PlanJson(chosen.profile, *chosen.plan), nullptr,
+                                       /*allow_exceptions=*/false)}})
+      << "\n";
 }
 
 // `blocks`: the per-block profile and shapes to print first (null: none).

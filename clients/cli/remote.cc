@@ -14,6 +14,7 @@
 #include "clients/cli/format.h"
 #include "clients/cli/job_format.h"
 #include "clients/cli/job_watch.h"
+#include "clients/cli/output.h"
 #include "clients/cli/script_job.h"
 #include "clients/cli/signal_watcher.h"
 #include "clients/client/coordinator_client.h"
@@ -67,7 +68,7 @@ int Submit(const SubmitArgs& args, std::ostream& out, std::ostream& err) {
   }
   if (!args.wait) {
     if (args.output == "json") {
-      out << "{\"job_id\":\"" << JsonEscape(*job_id) << "\"}\n";
+      out << JsonLine(Json{{"job_id", *job_id}}) << "\n";
     } else {
       out << *job_id << "\n";
     }

@@ -8,6 +8,7 @@
 #include "clients/cli/flags.h"
 #include "clients/cli/format.h"
 #include "clients/cli/job_format.h"
+#include "clients/cli/output.h"
 #include "clients/cli/script_job.h"
 #include "services/models/model.h"
 #include "services/models/plan.h"
@@ -30,17 +31,19 @@ int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err) {
     return -1;
   };
   if (args.output == "json") {
-    std::string blocks;
+    Json blocks = Json::array();
     for (const auto& b : *plan) {
-      if (!blocks.empty()) blocks += ",";
-      absl::StrAppend(
-          &blocks,
-          absl::StrFormat(R"({"index":%d,"kind":"%s","reversible":%s,"in":%s,"out":%s,"stage":%d})",
-                          b.index, b.kind, b.reversible ? "true" : "false", ShapeText(b.in_shape),
-                          ShapeText(b.out_shape), stage_of(b.index)));
+      blocks.push_back({{"index", b.index},
+                        {"kind", b.kind},
+                        {"reversible", b.reversible},
+                        {"in", b.in_shape},
+                        {"out", b.out_shape},
+                        {"stage", stage_of(b.index)}});
     }
-    out << absl::StrFormat(R"({"job":"%s","algorithm":"%s","stages":%d,"blocks":[%s]})",
-                           JsonEscape(spec->name), spec->algorithm.name(), ranges->size(), blocks)
+    out << JsonLine(Json{{"job", spec->name},
+                         {"algorithm", spec->algorithm.name()},
+                         {"stages", ranges->size()},
+                         {"blocks", blocks}})
         << "\n";
     return kExitOk;
   }

@@ -76,13 +76,13 @@ import sys, json
 out, label, start, end = sys.argv[1:]
 text = open(out).read()
 r = json.loads(text[text.index("{"):])
-acc = r.get("test_accuracy", r.get("eval_accuracy"))  # train-local, local
+acc = r.get("eval_accuracy")  # train-local and local: one schema (docs/cli.md)
 if acc is None:
     sys.exit(f"accuracy.sh: no accuracy in the result: {text[:400]}")
 keep = ("relative_violation_end", "serial_gap_end", "serial_train_loss", "local_loss")
 extra = [f"{k}={v:.4g}" for k, v in sorted((r.get("summary") or {}).items())
          if k.split(".")[-1] in keep]
-bpb = r.get("test_bits_per_byte", r.get("eval_bits_per_byte"))  # text jobs (docs/text.md)
+bpb = r.get("eval_bits_per_byte")  # text jobs (docs/text.md)
 if bpb is not None:
     extra.insert(0, f"bits_per_byte={bpb:.4f}")
 if "train_loss" in r:  # train-local: the mean of the last logging window; local: the last reported loss

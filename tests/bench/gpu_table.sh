@@ -37,7 +37,7 @@ tokens() {
   "$PY" -c '
 import json, sys
 r = json.load(open(sys.argv[1]))
-sps = r.get("samples_per_second", r.get("samplesPerSecond", 0))
+sps = r.get("samples_per_second") or r.get("samplesPerSecond") or 0
 tps = r.get("tokens_per_sample", r.get("tokensPerSample", 0)) or float(sys.argv[2])
 print(r.get("tokens_per_second") or sps * tps)' "$1" "$T"
 }

@@ -243,7 +243,7 @@ EOF
           tail -n 5 "$TMP"/worker*.log >&2
           exit 1
         fi
-        sps=$(python3 -c "import json,sys; print(json.loads(sys.argv[1]).get('samples_per_second', 0))" "$out")
+        sps=$(python3 -c "import json,sys; print(json.loads(sys.argv[1]).get('samples_per_second') or 0)" "$out")
         echo "$round $alg $wire $rate $sps" >>"$RESULTS"
         printf '  round %s  %-8s %-8s %-8s %8.1f samples/s\n' "$round" "$alg" "$wire" "$rate" "$sps"
        done

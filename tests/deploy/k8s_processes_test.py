@@ -200,7 +200,7 @@ def submit(client, timeout=120):
         r = subprocess.run([client.argv[0], "list", "-o", "json"], env=client.environ(),
                            capture_output=True, text=True, timeout=30)
         waiting = [j for j in (json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip()
-                               else []) if "waiting for" in j.get("reason", "")]
+                               else []) if "waiting for" in (j.get("reason") or "")]
         if any("identit" in j["reason"] for j in waiting) or time.time() > deadline:
             proc.kill()
             proc.communicate()

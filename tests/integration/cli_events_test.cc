@@ -11,10 +11,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "clients/client/coordinator_client.h"
 #include "services/common/version.h"
@@ -145,6 +149,153 @@ checkpoint: {dir: )",
   Result trace = Stagewise("trace " + *id + at + "-o old.json");
   EXPECT_NE(trace.err.find("deprecated"), std::string::npos) << trace.err;
   EXPECT_NE(trace.err.find("--output-file"), std::string::npos) << trace.err;
+}
+
+using Json = nlohmann::ordered_json;
+
+// What the CLI's YAML means as JSON: a quoted scalar is a string, a plain
+// one a boolean, null or number (the CLI quotes every string).
+Json FromYaml(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map: {
+      Json o = Json::object();
+      for (const auto& kv : n) o[kv.first.Scalar()] = FromYaml(kv.second);
+      return o;
+    }
+    case YAML::NodeType::Sequence: {
+      Json a = Json::array();
+      for (const auto& item : n) a.push_back(FromYaml(item));
+      return a;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string& v = n.Scalar();
+      if (n.Tag() == "!") return v;
+      if (v == "true" || v == "false") return v == "true";
+      int64_t i;
+      if (absl::SimpleAtoi(v, &i)) return i;
+      double d;
+      if (absl::SimpleAtod(v, &d)) return d;
+      return Json("PLAIN STRING " + v);  // never equal to the JSON's value
+    }
+    default:
+      return nullptr;
+  }
+}
+
+// The job keys docs/cli.md's "Output schema" table lists, in order.
+std::vector<std::string> DocumentedJobKeys() {
+  std::ifstream in(std::string(STAGEWISE_SOURCE_DIR) + "/docs/cli.md");
+  std::vector<std::string> keys;
+  std::string line;
+  bool in_schema = false;
+  const std::regex row(R"(^\| `([a-z_]+)` \|)");
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, "### Output schema"))
+      in_schema = true;
+    else if (in_schema && absl::StartsWith(line, "#"))
+      break;
+    std::smatch m;
+    if (in_schema && std::regex_search(line, m, row)) keys.push_back(m[1]);
+  }
+  return keys;
+}
+
+std::vector<std::string> KeysOf(const Json& object) {
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : object.items()) keys.push_back(key);
+  return keys;
+}
+
+TEST_F(CliEventsTest, EveryReadCommandPrintsTheSameValuesAsJsonAndYaml) {
+  const std::vector<std::string> documented = DocumentedJobKeys();
+  ASSERT_GE(documented.size(), 30u) << "docs/cli.md: no Output schema table";
+  EXPECT_EQ(documented.front(), "schema_version");
+  testing::Cluster cluster({.workers = 2});
+  ASSERT_TRUE(cluster.WaitForWorkers(2));
+  const std::string ckpt = (dir_ / "checkpoints").string();
+  const std::string job = R"(seed: 1
+model: {name: mlp, hidden: [16]}
+data: {dataset: synthetic, train_size: 256, test_size: 32, shape: [1, 4, 4], classes: 4}
+optimizer: {name: sgd, lr: 0.05}
+batch_size: 32
+steps: 6
+)";
+  // A name YAML would read as a float, a job that ends, and one that cannot
+  // be placed (no worker has its label): PENDING, with no loss yet.
+  auto done = cluster.manager().Submit(absl::StrCat("name: \".inf\"\n", job,
+                                                    "stages: {count: 2}\ncheckpoint: {dir: ", ckpt,
+                                                    ", every_steps: 3}\n"));
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_TRUE(cluster.WaitForState(*done, v1::SUCCEEDED, absl::Seconds(120)));
+  auto pending = cluster.manager().Submit(absl::StrCat(
+      "name: waiting\n", job, "stages: {count: 2}\n", "placement: {labels: [gpu=none]}\n"));
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  const std::string at = " --coordinator " + cluster.coordinator_address() + " ";
+  const std::string job_file = (dir_ / "job.yaml").string();
+  std::ofstream(job_file) << "name: \".inf\"\n" << job << "stages: {count: 2}\n";
+
+  // `timed`: two runs of a command that measures time differ in these keys.
+  const auto both = [&](const std::string& command, bool timed = false) {
+    Result json = Stagewise(command + " -o json");
+    Result yaml = Stagewise(command + " -o yaml");
+    EXPECT_EQ(json.code, 0) << command << ": " << json.err;
+    EXPECT_EQ(yaml.code, 0) << command << ": " << yaml.err;
+    const Json from_json = Json::parse(json.out, nullptr, false);
+    EXPECT_FALSE(from_json.is_discarded()) << command << ": " << json.out;
+    Json from_yaml;
+    try {
+      from_yaml = FromYaml(YAML::Load(yaml.out));
+    } catch (const YAML::Exception& e) {
+      ADD_FAILURE() << command << ": " << e.what() << "\n" << yaml.out;
+    }
+    Json compared = from_json;
+    if (timed) {
+      for (Json* j : {&compared, &from_yaml}) {
+        for (const char* key : {"seconds", "samples_per_second", "tokens_per_second"}) {
+          if (j->is_object()) j->erase(key);
+        }
+      }
+    }
+    EXPECT_EQ(compared, from_yaml) << command << "\nJSON: " << json.out << "\nYAML: " << yaml.out;
+    return from_json;
+  };
+
+  const Json status = both("status " + *done + at);
+  EXPECT_EQ(KeysOf(status), documented);
+  EXPECT_EQ(status["schema_version"], 1);
+  EXPECT_EQ(status["name"], ".inf");  // a string, in YAML too (compared above)
+  EXPECT_EQ(status["state"], "SUCCEEDED");
+  EXPECT_TRUE(status["train_loss"].is_number()) << status.dump();
+  EXPECT_EQ(status["last_checkpoint_step"], 6);
+
+  const Json waiting = both("status " + *pending + at);
+  EXPECT_EQ(KeysOf(waiting), documented);
+  EXPECT_EQ(waiting["state"], "PENDING");
+  EXPECT_EQ(waiting["step"], 0);
+  EXPECT_TRUE(waiting["train_loss"].is_null()) << waiting.dump();
+  EXPECT_TRUE(waiting["samples_per_second"].is_null()) << waiting.dump();
+  EXPECT_TRUE(waiting["eval_accuracy"].is_null()) << waiting.dump();
+  EXPECT_TRUE(waiting["reason"].is_string()) << waiting.dump();  // why it waits
+
+  const Json list = both("list" + at);
+  ASSERT_EQ(list.size(), 2u) << list.dump();
+  for (const Json& j : list) EXPECT_EQ(KeysOf(j), documented);
+  EXPECT_EQ(both("watch " + *done + at)["job_id"], *done);
+  const Json workers = both("workers" + at);
+  ASSERT_EQ(workers.size(), 2u) << workers.dump();
+  EXPECT_TRUE(workers[0]["labels"].is_object());
+  const Json checkpoints = both("checkpoints " + *done + at);
+  EXPECT_EQ(checkpoints["checkpoints"].size(), 2u) << checkpoints.dump();
+  EXPECT_GE(both("events " + *done + at)["events"].size(), 3u);
+  EXPECT_EQ(both("validate " + job_file)["job"], ".inf");
+
+  // train-local prints the same schema (what one process knows).
+  const Json local = both("train-local -q --threads 1 " + job_file, /*timed=*/true);
+  EXPECT_EQ(KeysOf(local), documented);
+  EXPECT_TRUE(local["job_id"].is_null());
+  EXPECT_EQ(local["name"], ".inf");
+  EXPECT_EQ(local["step"], 6);
+  EXPECT_TRUE(local["eval_accuracy"].is_number()) << local.dump();
 }
 
 TEST_F(CliEventsTest, AClientOfAnotherVersionLineIsRefusedNamingBoth) {

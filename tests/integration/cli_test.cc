@@ -148,9 +148,9 @@ TEST_F(Cli, NoCommandIsAUsageError) {
 TEST_F(Cli, TrainLocalTrainsAndReportsJson) {
   Result r = Stagewise("train-local -o json --threads 1 " + WriteJob(kTinyJob));
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("\"job\":\"tiny\""), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("\"steps\":40"), std::string::npos) << r.out;
-  const size_t at = r.out.find("\"test_accuracy\":");
+  EXPECT_NE(r.out.find("\"name\":\"tiny\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"step\":40,"), std::string::npos) << r.out;
+  const size_t at = r.out.find("\"eval_accuracy\":");
   ASSERT_NE(at, std::string::npos);
   EXPECT_GT(std::stod(r.out.substr(at + 16)), 0.8) << r.out;
   EXPECT_NE(r.err.find("step 40/40"), std::string::npos) << r.err;  // progress lines
@@ -159,7 +159,7 @@ TEST_F(Cli, TrainLocalTrainsAndReportsJson) {
 TEST_F(Cli, StepsFlagOverridesTheSpec) {
   Result r = Stagewise("train-local -q -o json --steps 5 " + WriteJob(kTinyJob));
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("\"steps\":5"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"step\":5,"), std::string::npos) << r.out;
   EXPECT_TRUE(r.err.empty()) << r.err;
 }
 
@@ -197,7 +197,7 @@ TEST_F(Cli, CheckpointsAreWrittenAndResumed) {
   EXPECT_TRUE(fs::exists(ckpt + "/tiny/step-0000000020/stage-0.pt"));
   Result second = Stagewise("train-local -o json " + path);  // resumes at 20, runs to 40
   ASSERT_EQ(second.code, 0) << second.err;
-  EXPECT_NE(second.out.find("\"steps\":40"), std::string::npos) << second.out;
+  EXPECT_NE(second.out.find("\"step\":40,"), std::string::npos) << second.out;
   EXPECT_TRUE(fs::exists(ckpt + "/tiny/step-0000000040/MANIFEST"));
   // So `export` reads it as it reads a distributed job's.
   const std::string exported = (dir_ / "exported").string();
@@ -214,7 +214,7 @@ TEST_F(Cli, SetOverridesKeysOfTheJobFile) {
       "--set data.limit_test=16 " +
       path);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("\"steps\":3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"step\":3,"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("(16 samples)"), std::string::npos) << r.err;
   // Errors name the key as the spec does, or the bad assignment.
   r = Stagewise("validate --set optimizer.momentum=1.5 " + path);
@@ -258,7 +258,7 @@ TEST_F(Cli, EveryExampleTrainsTwoSteps) {
     Result r = Stagewise("train-local -q -o json --no-resume --steps 2 --set data.limit_test=256 " +
                          e.path().string());
     EXPECT_EQ(r.code, 0) << e.path() << ": " << r.err;
-    EXPECT_NE(r.out.find("\"steps\":2"), std::string::npos) << e.path() << ": " << r.out;
+    EXPECT_NE(r.out.find("\"step\":2,"), std::string::npos) << e.path() << ": " << r.out;
     ++n;
   }
   EXPECT_GE(n, 3);
@@ -291,8 +291,8 @@ TEST_F(Cli, PlanPrintsPartitionModesAndPredictionsAndCachesTheProfile) {
   r = Stagewise("plan --repeats 1 -o json " + job);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("(cached)"), std::string::npos) << r.err;
-  EXPECT_NE(r.out.find("\"profile_cached\": true"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("\"modes\": [\"fixed\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"profile_cached\":true"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"modes\":[\"fixed\""), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\"predictions\""), std::string::npos) << r.out;
   // Every reversible block rebuilding when the budget is tight; nothing fits
   // under a tiny one (exit 1, naming the cap); a bad size is exit 2.

@@ -101,7 +101,8 @@ TEST(FindUnknownCommand, LooksAtEveryLevelThatHasCommands) {
 
 TEST(JsonToYaml, KeepsTypesAndStrings) {
   auto y = JsonToYaml(R"({"job":"123","steps":40,"ok":true,"acc":0.5,"name":"true",)"
-                      R"("tags":["a","b"],"none":null,"empty":""})");
+                      R"("tags":["a","b"],"none":null,"empty":"","inf":".inf","nan":".NaN",)"
+                      R"("sci":"1e3","neg":"-1","odd key":1,"no":"no"})");
   ASSERT_TRUE(y.ok()) << y.status();
   const YAML::Node n = YAML::Load(*y);
   EXPECT_EQ(n["job"].as<std::string>(), "123");
@@ -113,6 +114,12 @@ TEST(JsonToYaml, KeepsTypesAndStrings) {
   EXPECT_EQ(n["tags"].size(), 2u);
   EXPECT_TRUE(n["none"].IsNull());
   EXPECT_EQ(n["empty"].as<std::string>(), "");
+  // Strings a YAML reader would take for numbers or booleans stay strings.
+  for (const char* key : {"inf", "nan", "sci", "neg", "no"}) {
+    EXPECT_EQ(n[key].Tag(), "!") << key << "\n" << *y;
+  }
+  EXPECT_EQ(n["inf"].as<std::string>(), ".inf");
+  EXPECT_EQ(n["odd key"].as<int>(), 1);
 }
 
 TEST(JsonToYaml, OneDocumentPerLine) {
