@@ -101,6 +101,11 @@ CLI::App* CommandSet::Add(CLI::App* parent, const std::string& name, const std::
 }
 
 int CommandSet::Run(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  for (const auto& [name, run] : raw_) {
+    if (args.empty() || args[0] != name) continue;
+    Invocation invocation(root_, globals_, out, err);
+    return run(std::vector<std::string>(args.begin() + 1, args.end()), invocation);
+  }
   // An unknown command is an error, even with --help after it (CLI11 would
   // print the top-level help and succeed).
   if (const auto unknown = FindUnknownCommand(root_, args)) {

@@ -80,6 +80,13 @@ class CommandSet {
     return Add(nullptr, name, description, std::move(run));
   }
 
+  // A hidden command that gets its words unparsed (`__complete`): when the
+  // first argument is `name`, Run passes it the rest.
+  void AddRaw(const std::string& name,
+              std::function<int(const std::vector<std::string>&, Invocation&)> run) {
+    raw_.emplace_back(name, std::move(run));
+  }
+
   // Parses `args` (without the program name) and runs the command: 2 for an
   // unknown command (with a suggestion) or bad flags, --help's 0, else the
   // command's exit code.
@@ -93,6 +100,9 @@ class CommandSet {
   CLI::App& root_;
   GlobalFlags& globals_;
   std::vector<Entry> entries_;
+  std::vector<
+      std::pair<std::string, std::function<int(const std::vector<std::string>&, Invocation&)>>>
+      raw_;
 };
 
 // An old spelling of a flag, kept working and hidden from --help.

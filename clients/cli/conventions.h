@@ -6,6 +6,7 @@
 #define STAGEWISE_CLIENTS_CLI_CONVENTIONS_H_
 
 #include <CLI/CLI.hpp>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,10 +58,30 @@ std::vector<std::string> CommandNames(const CLI::App& app);
 // JSON.
 absl::StatusOr<std::string> JsonToYaml(const std::string& json);
 
-// A completion script for `shell` ("bash" or "zsh", which loads the bash one
-// through bashcompinit): commands, each command's options, files for
-// positional arguments. INVALID_ARGUMENT for another shell.
-absl::StatusOr<std::string> CompletionScript(const CLI::App& app, const std::string& shell);
+// Dynamic completion (complete.cc): what `stagewise __complete WORDS...`
+// offers for the last of WORDS (the word being typed, maybe empty), the words
+// before it being the command line so far: subcommands, options (the
+// command's and the global ones), an option's values (-o formats, --context
+// names, file names), or a positional argument's (job ids from the
+// coordinator, contexts, file names). Only words starting with the typed one.
+struct CompletionSources {
+  std::function<std::vector<std::string>()> job_ids;   // null: none
+  std::function<std::vector<std::string>()> contexts;  // null: none
+};
+struct CompletionReply {
+  std::vector<std::string> words;
+  bool files = false;  // the shell should offer file names too
+};
+CompletionReply Complete(const CLI::App& app, const std::vector<std::string>& words,
+                         const CompletionSources& sources);
+// The reply as `__complete` prints it: "files" or "words", then one
+// candidate per line.
+std::string CompletionText(const CompletionReply& reply);
+
+// The completion script for `shell` (bash; zsh, through bashcompinit; fish),
+// which asks `stagewise __complete` at every TAB. INVALID_ARGUMENT for
+// another shell.
+absl::StatusOr<std::string> CompletionScript(const std::string& shell);
 
 }  // namespace stagewise::cli
 

@@ -402,14 +402,39 @@ TEST_F(CliEventsTest, AnUnknownCommandIsAnErrorNamingTheClosestOne) {
   EXPECT_TRUE(help.out.empty()) << help.out;
 }
 
-TEST_F(CliEventsTest, CompletionScriptLoadsInBash) {
-  Result r = Stagewise("completion bash > completion.sh && bash -n completion.sh && echo ok");
-  EXPECT_EQ(r.code, 0) << r.err;
-  Result zsh = Stagewise("completion zsh");
-  EXPECT_EQ(zsh.code, 0) << zsh.err;
-  EXPECT_NE(zsh.out.find("bashcompinit"), std::string::npos);
-  Result fish = Stagewise("completion fish");
-  EXPECT_EQ(fish.code, 2);
+TEST_F(CliEventsTest, CompletionOffersTheCoordinatorsJobIdsInBash) {
+  for (const char* shell : {"bash", "zsh", "fish"}) {
+    Result r = Stagewise(absl::StrCat("completion ", shell));
+    EXPECT_EQ(r.code, 0) << shell << ": " << r.err;
+    EXPECT_NE(r.out.find("__complete"), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(Stagewise("completion tcsh").code, 2);
+  Result syntax = Stagewise("completion bash > completion.sh && bash -n completion.sh");
+  EXPECT_EQ(syntax.code, 0) << syntax.err;
+
+  testing::Cluster cluster({.workers = 0});
+  auto id = cluster.manager().Submit(R"(name: waits
+model: {name: mlp, hidden: [16]}
+data: {dataset: synthetic, train_size: 64, test_size: 32, shape: [1, 4, 4], classes: 4}
+batch_size: 16
+steps: 2
+)");
+  ASSERT_TRUE(id.ok()) << id.status();
+  // The binary itself, then bash through the script (the binary on PATH).
+  Result direct =
+      Stagewise("__complete --coordinator " + cluster.coordinator_address() + " status job-");
+  EXPECT_EQ(direct.code, 0) << direct.err;
+  EXPECT_EQ(direct.out, absl::StrCat("words\n", *id, "\n"));
+  std::ofstream(dir_ / "tab.sh") << "source completion.sh\n"
+                                 << "COMP_WORDS=(stagewise status '')\nCOMP_CWORD=2\n"
+                                 << "_stagewise\necho \"${COMPREPLY[*]}\"\n";
+  Result tab = Stagewise("completion bash > completion.sh && PATH=" STAGEWISE_BINARY_DIR
+                         "/bin:$PATH STAGEWISE_CONFIG=none.yaml STAGEWISE_COORDINATOR=" +
+                         cluster.coordinator_address() + " bash tab.sh");
+  EXPECT_EQ(tab.code, 0) << tab.err;
+  EXPECT_EQ(tab.out, *id + "\n") << tab.err;
+  Result formats = Stagewise("__complete list -o ''");
+  EXPECT_EQ(formats.out, "words\ntext\njson\nyaml\n");
 }
 
 }  // namespace

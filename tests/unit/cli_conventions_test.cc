@@ -48,6 +48,9 @@ std::unique_ptr<CLI::App> SmallApp() {
   status->add_option("job_id", job, "Job id");
   status->add_option("-o,--output", out, "format");
   app->add_subcommand("list", "jobs");
+  static std::string context, job_file;
+  app->add_option("--context", context, "context");
+  app->add_subcommand("run", "a job file")->add_option("job", job_file, "Job spec");
   return app;
 }
 
@@ -59,7 +62,7 @@ TEST(CommandWord, SkipsGlobalOptionsAndTheirValues) {
   EXPECT_EQ(CommandWord(*app, {"--insecure", "list"}), "list");
   EXPECT_EQ(CommandWord(*app, {"--help"}), "");
   EXPECT_EQ(CommandWord(*app, {}), "");
-  EXPECT_EQ(CommandNames(*app), (std::vector<std::string>{"status", "list"}));
+  EXPECT_EQ(CommandNames(*app), (std::vector<std::string>{"status", "list", "run"}));
 }
 
 TEST(IsFileSource, PathsAndExistingFilesAreFilesJobIdsAreNot) {
@@ -149,19 +152,53 @@ std::string Complete(const std::string& script, const std::string& words, int cw
   return out;
 }
 
-TEST(CompletionScript, BashCompletesCommandsAndTheirOptions) {
+TEST(Complete, OffersCommandsOptionsValuesAndJobIds) {
   auto app = SmallApp();
-  auto script = CompletionScript(*app, "bash");
+  CompletionSources sources;
+  sources.job_ids = [] { return std::vector<std::string>{"job-0000002a", "job-0000002b"}; };
+  sources.contexts = [] { return std::vector<std::string>{"prod", "staging"}; };
+  const auto words = [&](std::vector<std::string> line) {
+    return Complete(*app, line, sources).words;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(words({"st"}), V{"status"});
+  EXPECT_EQ(words({"--coordinator", "h:1", "l"}), V{"list"});
+  EXPECT_EQ(words({"status", "--o"}), V{"--output"});
+  EXPECT_EQ(words({"status", "-o", ""}), (V{"text", "json", "yaml"}));
+  EXPECT_EQ(words({"status", "--output", "j"}), V{"json"});
+  EXPECT_EQ(words({"status", ""}), (V{"job-0000002a", "job-0000002b"}));
+  EXPECT_EQ(words({"status", "job-0000002b", ""}), (V{"job-0000002a", "job-0000002b"}));
+  EXPECT_EQ(words({"--coordinator", ""}), V{});  // an address: nothing to offer
+  EXPECT_EQ(words({"--context", "s"}), V{"staging"});
+  const std::vector<std::string> options = words({"status", "--"});
+  EXPECT_NE(std::find(options.begin(), options.end(), "--coordinator"), options.end());  // global
+  EXPECT_TRUE(Complete(*app, {"run", ""}, sources).files);  // a job file
+  EXPECT_FALSE(Complete(*app, {"status", ""}, sources).files);
+  EXPECT_EQ(CompletionText(Complete(*app, {"status", "-o", "y"}, sources)), "words\nyaml\n");
+}
+
+TEST(CompletionScript, BashAsksTheBinaryAndOffersFilesWhenItSaysSo) {
+  auto script = CompletionScript("bash");
   ASSERT_TRUE(script.ok()) << script.status();
-  EXPECT_EQ(Complete(*script, "stagewise st", 1), "status\n");
-  EXPECT_EQ(Complete(*script, "stagewise --coordinator h:1 l", 3), "list\n");
-  const std::string options = Complete(*script, "stagewise status --o", 2);
-  EXPECT_NE(options.find("--output"), std::string::npos) << options;
-  EXPECT_EQ(Complete(*script, "stagewise list --o", 2), "\n");  // list has no --output
-  auto zsh = CompletionScript(*app, "zsh");
-  ASSERT_TRUE(zsh.ok());
-  EXPECT_NE(zsh->find("bashcompinit"), std::string::npos);
-  EXPECT_FALSE(CompletionScript(*app, "fish").ok());
+  // A stand-in binary: the reply of `__complete` for the words it is given.
+  const std::string fake =
+      "stagewise() { [[ $1 == __complete ]] || return 1; shift;\n"
+      "  if [[ $1 == status ]]; then printf 'words\\njob-0000002a\\njob-0000002b\\n';\n"
+      "  else printf 'files\\n'; fi; }\n";
+  EXPECT_EQ(Complete(fake + *script, "stagewise status job-0000002", 2),
+            "job-0000002a job-0000002b\n");
+  const std::string dir = ::testing::TempDir() + "/stagewise-complete-files";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/job.yaml") << "name: x\n";
+  EXPECT_EQ(Complete(fake + *script, "stagewise run " + dir + "/jo", 2), dir + "/job.yaml\n");
+  std::filesystem::remove_all(dir);
+  for (const char* shell : {"zsh", "fish"}) {
+    auto other = CompletionScript(shell);
+    ASSERT_TRUE(other.ok()) << shell;
+    EXPECT_NE(other->find("__complete"), std::string::npos) << shell;
+  }
+  EXPECT_NE(CompletionScript("zsh")->find("bashcompinit"), std::string::npos);
+  EXPECT_FALSE(CompletionScript("tcsh").ok());
 }
 
 // The config file in a temporary $STAGEWISE_CONFIG, restored afterwards.
