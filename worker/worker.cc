@@ -9,6 +9,7 @@
 #include <iostream>
 #include <map>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "services/common/log.h"
@@ -377,14 +378,17 @@ void Worker::ControlLoop() {
   // Exponential backoff while the coordinator stays away (restarting,
   // rescheduled); back to the shortest delay once a session was established.
   absl::Duration delay = options_.reconnect;
+  absl::BitGen gen;
   while (!shutdown_) {
     bool established = false;
     absl::Status s = ControlSession(&established);
     if (shutdown_) break;
     if (established) delay = options_.reconnect;
+    // Jittered: every worker of a restarted coordinator redials, not at once.
+    const absl::Duration wait = Jittered(delay, gen);
     STAGEWISE_LOG(WARNING) << "control session ended: " << s << "; reconnecting in "
-                           << absl::FormatDuration(delay);
-    if (shutdown_requested_.WaitForNotificationWithTimeout(delay)) break;
+                           << absl::FormatDuration(wait);
+    if (shutdown_requested_.WaitForNotificationWithTimeout(wait)) break;
     delay = std::min(delay * 2, std::max(options_.max_reconnect, options_.reconnect));
   }
 }

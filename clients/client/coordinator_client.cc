@@ -1,5 +1,8 @@
 #include "clients/client/coordinator_client.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -11,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "services/common/retry_policy.h"
 #include "services/common/version.h"
 #include "services/rpc/server.h"
 #include "services/rpc/status.h"
@@ -30,7 +34,7 @@ bool IsTerminal(v1::JobState state) {
 
 absl::Duration Backoff::Next() {
   next_ = next_ <= absl::ZeroDuration() ? initial_ : std::min(next_ * 2, max_);
-  return next_;
+  return Jittered(next_, gen_);
 }
 
 bool IsReconnectable(const absl::Status& status) {
@@ -227,6 +231,14 @@ absl::StatusOr<int64_t> CoordinatorClient::BackupDatabase(
     return absl::AlreadyExistsError(absl::StrCat(path, " exists; not overwriting it"));
   }
   const std::string part = path + ".part";
+  // The copy holds every job and token owner: readable by its owner only,
+  // from its first byte (created 0600, not chmod-ed afterwards).
+  if (const int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600); fd >= 0) {
+    ::close(fd);
+  }
+  std::error_code mode_ec;
+  fs::permissions(part, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace,
+                  mode_ec);
   std::ofstream out(part, std::ios::binary | std::ios::trunc);
   if (!out) return absl::InvalidArgumentError(absl::StrCat("cannot write ", part));
   auto discard = [&](absl::Status s) {

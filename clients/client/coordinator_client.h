@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -39,7 +40,8 @@ struct ReconnectPolicy {
   absl::Duration give_up_after = absl::Minutes(10);
 };
 
-// Delays between reconnection attempts: `initial`, doubling, at most `max`.
+// Delays between reconnection attempts: `initial`, doubling, at most `max`,
+// each jittered (between half and all of it: Jittered, retry_policy.h).
 class Backoff {
  public:
   Backoff(absl::Duration initial, absl::Duration max) : initial_(initial), max_(max) {}
@@ -50,6 +52,7 @@ class Backoff {
   absl::Duration initial_;
   absl::Duration max_;
   absl::Duration next_ = absl::ZeroDuration();
+  absl::BitGen gen_;
 };
 
 // Whether a watch that broke is worth reconnecting: the coordinator could not

@@ -8,9 +8,11 @@
 #ifndef STAGEWISE_SERVICES_COMMON_RETRY_POLICY_H_
 #define STAGEWISE_SERVICES_COMMON_RETRY_POLICY_H_
 
+#include "absl/random/distributions.h"
 #include "absl/status/status.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace stagewise {
 
@@ -20,6 +22,15 @@ inline bool IsTransient(absl::StatusCode code) {
 }
 
 inline bool IsTransient(const absl::Status& status) { return IsTransient(status.code()); }
+
+// A reconnect delay with jitter: uniform between half of `delay` and all of
+// it, so that clients and workers that lost the same coordinator do not all
+// redial in lockstep when it comes back.
+// `gen`: an absl::BitGen (or any URBG).
+template <typename Gen>
+absl::Duration Jittered(absl::Duration delay, Gen& gen) {
+  return delay * absl::Uniform(absl::IntervalClosed, gen, 0.5, 1.0);
+}
 
 // A stage that failed because a neighbour's stream ended (the neighbour
 // cancelled it, or its process or link went away) reports an error that is

@@ -359,6 +359,9 @@ stages: {count: 2}
     EXPECT_NE(backup.out.find("backed up the coordinator's database to backup.db"),
               std::string::npos)
         << backup.out;
+    // Every job and owner is in it: the owner's to read, no one else's.
+    EXPECT_EQ(fs::status(dir_ / "backup.db").permissions() & fs::perms::all,
+              fs::perms::owner_read | fs::perms::owner_write);
     Result again = Stagewise("admin backup backup.db" + at);
     EXPECT_NE(again.code, 0);
     EXPECT_NE(again.err.find("exists"), std::string::npos) << again.err;

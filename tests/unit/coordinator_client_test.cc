@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -38,6 +39,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "services/common/retry_policy.h"
 #include "services/rpc/server.h"
 
 extern char** environ;
@@ -684,16 +686,35 @@ TEST_F(ClientTest, ListCheckpoints) {
 // ---------------------------------------------------------------------------
 // Watching through a coordinator restart.
 
-TEST(Reconnect, BackoffDoublesUpToItsCapAndResets) {
-  client::Backoff backoff(absl::Milliseconds(200), absl::Seconds(5));
-  std::vector<absl::Duration> delays;
-  for (int i = 0; i < 7; ++i) delays.push_back(backoff.Next());
-  EXPECT_EQ(delays, (std::vector<absl::Duration>{absl::Milliseconds(200), absl::Milliseconds(400),
-                                                 absl::Milliseconds(800), absl::Milliseconds(1600),
-                                                 absl::Milliseconds(3200), absl::Seconds(5),
-                                                 absl::Seconds(5)}));
-  backoff.Reset();
-  EXPECT_EQ(backoff.Next(), absl::Milliseconds(200));
+TEST(Reconnect, BackoffDoublesUpToItsCapWithJitterAndResets) {
+  // Each delay lies between half and all of 200 ms doubling up to 5 s, and
+  // the delays are not all the same fraction of it (jitter, not a constant).
+  const std::vector<absl::Duration> ceilings = {absl::Milliseconds(200),  absl::Milliseconds(400),
+                                                absl::Milliseconds(800),  absl::Milliseconds(1600),
+                                                absl::Milliseconds(3200), absl::Seconds(5),
+                                                absl::Seconds(5)};
+  std::set<int64_t> fractions;
+  for (int round = 0; round < 20; ++round) {
+    client::Backoff backoff(absl::Milliseconds(200), absl::Seconds(5));
+    for (const absl::Duration ceiling : ceilings) {
+      const absl::Duration d = backoff.Next();
+      EXPECT_GE(d, ceiling / 2);
+      EXPECT_LE(d, ceiling);
+      fractions.insert(absl::ToInt64Microseconds(d) * 1000 / absl::ToInt64Microseconds(ceiling));
+    }
+    backoff.Reset();
+    EXPECT_LE(backoff.Next(), absl::Milliseconds(200));
+  }
+  EXPECT_GT(fractions.size(), 10u);  // 140 draws in [500, 1000] per mille
+}
+
+TEST(Reconnect, JitteredStaysBetweenHalfAndAll) {
+  absl::BitGen gen;
+  for (int i = 0; i < 1000; ++i) {
+    const absl::Duration d = Jittered(absl::Seconds(8), gen);
+    ASSERT_GE(d, absl::Seconds(4));
+    ASSERT_LE(d, absl::Seconds(8));
+  }
 }
 
 TEST(Reconnect, OnlyOutagesAreReconnectable) {
