@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "clients/cli/job_format.h"
 #include "clients/cli/output.h"
 
@@ -27,6 +28,12 @@ std::string HumanDuration(double seconds) {
   if (s >= 3600) return absl::StrFormat("%dh%02dm", s / 3600, (s / 60) % 60);
   if (s >= 60) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
   return absl::StrFormat("%ds", s);
+}
+
+std::string TerminalSafeLines(absl::string_view s) {
+  std::vector<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(s, '\n')) lines.push_back(TerminalSafe(line));
+  return absl::StrJoin(lines, "\n");
 }
 
 std::string TerminalSafe(absl::string_view s) {

@@ -20,6 +20,8 @@ std::string HumanDuration(double seconds);                 // 75 -> "1m15s"
 // for a terminal: control characters (C0, DEL, C1) become visible escapes
 // (\x1b, \u009b), so a job cannot move the cursor or retitle the window.
 std::string TerminalSafe(absl::string_view s);
+// The same line by line: newlines kept (a multi-line error).
+std::string TerminalSafeLines(absl::string_view s);
 std::string ProgressLine(const training::Progress& p);
 std::string ResultTable(const JobSpec& spec, const training::TrainResult& r);
 std::string ResultJson(const JobSpec& spec, const training::TrainResult& r);

@@ -395,7 +395,8 @@ int LocalRun::PrepareJob() {
   // The job: parsed here only for its stage count (the coordinator validates
   // it again and is the authority), and sent as written.
   absl::StatusOr<std::string> text = ReadJobText(args_.job_path, args_.sets);
-  absl::StatusOr<JobSpec> spec = text.ok() ? ParseJobSpec(*text) : text.status();
+  absl::StatusOr<JobSpec> spec =
+      text.ok() ? ParseJobFile(args_.job_path, args_.sets) : text.status();
   if (!spec.ok()) {
     err_ << "error: " << args_.job_path << ": " << spec.status().message() << "\n";
     return spec.status().code() == absl::StatusCode::kInvalidArgument ||

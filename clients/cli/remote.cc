@@ -49,9 +49,16 @@ int Submit(const SubmitArgs& args, std::ostream& out, std::ostream& err) {
   if (!reconnect.ok()) return ReportError(reconnect.status(), err);
   absl::StatusOr<std::string> yaml = ReadJobText(args.job_path, args.sets);
   if (!yaml.ok()) return ReportError(yaml.status(), err);
-  // A torchscript model is dry-run here, where its file is (the coordinator
-  // reports every other problem with the job, so a parse error waits for it).
-  if (absl::StatusOr<JobSpec> spec = ParseJobSpec(*yaml); spec.ok()) {
+  // Parsed here first, so that its errors name the file's lines and columns
+  // (or the --set that wrote them; the coordinator would see the job with
+  // the assignments applied), and a torchscript model is dry-run here, where
+  // its file is.
+  absl::StatusOr<JobSpec> spec = ParseJobFile(args.job_path, args.sets);
+  if (!spec.ok() && spec.status().code() == absl::StatusCode::kInvalidArgument) {
+    err << "error: " << args.job_path << ": " << TerminalSafeLines(spec.status().message()) << "\n";
+    return kExitInvalid;
+  }
+  if (spec.ok()) {
     if (absl::Status s = PrepareScriptModel(args.job_path, &*spec, &*yaml); !s.ok()) {
       err << "error: " << args.job_path << ": " << TerminalSafe(s.message()) << "\n";
       return kExitInvalid;
@@ -61,7 +68,8 @@ int Submit(const SubmitArgs& args, std::ostream& out, std::ostream& err) {
   absl::StatusOr<std::string> job_id = client.Submit(*yaml);
   if (!job_id.ok()) {
     if (job_id.status().code() == absl::StatusCode::kInvalidArgument) {
-      err << "error: " << args.job_path << ": " << TerminalSafe(job_id.status().message()) << "\n";
+      err << "error: " << args.job_path << ": " << TerminalSafeLines(job_id.status().message())
+          << "\n";
       return kExitInvalid;
     }
     return ReportError(job_id.status(), err);

@@ -38,11 +38,18 @@ absl::StatusOr<std::string> ReadJobText(const std::string& job_path,
   return OverrideKeys(text, sets);
 }
 
+absl::StatusOr<JobSpec> ParseJobFile(const std::string& job_path,
+                                     const std::vector<std::string>& sets) {
+  STAGEWISE_ASSIGN_OR_RETURN(std::string text, ReadJobFile(job_path));
+  return ParseJobSpec(text, sets);
+}
+
 absl::StatusOr<JobFile> OpenJobFile(const std::string& job_path, bool plan,
                                     const std::vector<std::string>& sets) {
   JobFile file;
-  STAGEWISE_ASSIGN_OR_RETURN(file.yaml, ReadJobText(job_path, sets));
-  STAGEWISE_ASSIGN_OR_RETURN(file.spec, ParseJobSpec(file.yaml));
+  STAGEWISE_ASSIGN_OR_RETURN(std::string text, ReadJobFile(job_path));
+  STAGEWISE_ASSIGN_OR_RETURN(file.spec, ParseJobSpec(text, sets));
+  STAGEWISE_ASSIGN_OR_RETURN(file.yaml, OverrideKeys(text, sets));
   STAGEWISE_RETURN_IF_ERROR(PrepareScriptModel(job_path, &file.spec, &file.yaml));
   if (!plan) return file;
   STAGEWISE_ASSIGN_OR_RETURN(file.blocks, models::PlanModel(file.spec.model));

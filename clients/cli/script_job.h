@@ -26,6 +26,10 @@ absl::Status PrepareScriptModel(const std::string& job_path, JobSpec* spec,
 // A job file's text with the --set assignments applied (OverrideKeys).
 absl::StatusOr<std::string> ReadJobText(const std::string& job_path,
                                         const std::vector<std::string>& sets);
+// A job file parsed with the --set assignments applied: errors carry the
+// file's lines and columns, or "(--set KEY)" for what an assignment wrote.
+absl::StatusOr<JobSpec> ParseJobFile(const std::string& job_path,
+                                     const std::vector<std::string>& sets);
 
 // A job file as the CLI's offline commands (validate, plan, train-local) open
 // it: read, --set applied, parsed, its torchscript model dry-run, and with

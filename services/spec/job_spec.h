@@ -430,9 +430,17 @@ std::vector<PhaseSpec> Phases(const JobSpec& spec);
 // another `chosen`.
 absl::Status ResolveAutoSchedule(const std::string& chosen, std::vector<PhaseSpec>& phases);
 
-// Parses and validates a job. Errors are INVALID_ARGUMENT naming the key path,
-// e.g. "optimizer.momentum: must be in [0, 1), got 1.5".
+// Parses and validates a job. Errors are INVALID_ARGUMENT naming the key path
+// and where it is, e.g. "optimizer.momentum: must be in [0, 1), got 1.5
+// (line 7, column 3)". All of a document's errors are reported (at most 20),
+// one per line after "N errors in the job spec:"; one error keeps the
+// single-line form.
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text);
+// The same with the CLI's --set assignments applied to the document first
+// (as OverrideKeys): errors in the file keep its lines and columns, errors in
+// what an assignment wrote say "(--set KEY)".
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text,
+                                     const std::vector<std::string>& assignments);
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
 // A job file's text, unparsed: NOT_FOUND, or INVALID_ARGUMENT for a
 // directory or a file over the size cap, naming the path.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "services/spec/errors.h"
 #include "services/spec/fields.h"
 #include "services/spec/job_spec.h"
 #include "services/spec/text.h"
@@ -356,7 +357,33 @@ absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root, spec::MissingKeys*
 
 }  // namespace
 
+namespace {
+
+// One parse of a document: its keys, then the rules between them.
+absl::StatusOr<JobSpec> ParseTree(const YAML::Node& root) {
+  spec::MissingKeys missing;
+  absl::StatusOr<JobSpec> spec = ParseDocument(root, &missing);
+  if (!spec.ok()) return spec.status();
+  absl::Status status = spec::ValidateParsed(*spec, missing);
+  if (status.ok()) status = FillDataShape(spec->data, &spec->model);
+  if (!status.ok()) return status;
+  spec->model.batch_size = spec->batch_size;
+  return spec;
+}
+
+// The --set assignments applied to `root` in place (OverrideKeys); the key
+// paths they wrote go to `set_paths`.
+absl::Status ApplyOverrides(YAML::Node root, const std::vector<std::string>& assignments,
+                            std::vector<std::string>* set_paths);
+
+}  // namespace
+
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text) {
+  return ParseJobSpec(yaml_text, {});
+}
+
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text,
+                                     const std::vector<std::string>& assignments) {
   if (yaml_text.size() > kMaxJobSpecBytes) {
     return absl::InvalidArgumentError(absl::StrCat("the job spec is ", yaml_text.size(),
                                                    " bytes; at most ", kMaxJobSpecBytes,
@@ -365,15 +392,13 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text) {
   // yaml-cpp reports everything by exception; none may escape (a bad spec
   // must never take down the coordinator).
   try {
-    const YAML::Node root = YAML::Load(yaml_text);
-    spec::MissingKeys missing;
-    absl::StatusOr<JobSpec> spec = ParseDocument(root, &missing);
-    if (!spec.ok()) return spec.status();
-    absl::Status status = spec::ValidateParsed(*spec, missing);
-    if (status.ok()) status = FillDataShape(spec->data, &spec->model);
-    if (!status.ok()) return status;
-    spec->model.batch_size = spec->batch_size;
-    return spec;
+    YAML::Node root = YAML::Load(yaml_text);
+    std::vector<std::string> set_paths;
+    if (!assignments.empty()) {
+      if (!root.IsMap()) return absl::InvalidArgumentError("job spec: expected a map of keys");
+      if (absl::Status s = ApplyOverrides(root, assignments, &set_paths); !s.ok()) return s;
+    }
+    return spec::ParseReportingAll(root, set_paths, ParseTree);
   } catch (const YAML::Exception& e) {
     return spec::YamlError(e);
   } catch (const std::exception& e) {
@@ -494,53 +519,63 @@ absl::StatusOr<std::string> OverrideSteps(const std::string& yaml_text, int64_t 
   }
 }
 
+namespace {
+
+absl::Status ApplyOverrides(YAML::Node root, const std::vector<std::string>& assignments,
+                            std::vector<std::string>* set_paths) {
+  for (const std::string& assignment : assignments) {
+    const size_t eq = assignment.find('=');
+    const std::string path = assignment.substr(0, eq);
+    const std::string where = absl::StrCat("--set ", spec::Clip(assignment));
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": expected KEY=VALUE, e.g. data.limit_test=256"));
+    }
+    const std::vector<std::string> keys = absl::StrSplit(path, '.');
+    YAML::Node value;
+    try {
+      value = YAML::Load(assignment.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": the value is not YAML: ", e.msg));
+    }
+    // yaml-cpp nodes are handles: walk down, making maps where needed.
+    YAML::Node node = root;
+    for (size_t i = 0; i + 1 < keys.size(); ++i) {
+      const std::string& key = keys[i];
+      if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(where, ": empty key"));
+      YAML::Node child = node[key];
+      if (child.IsScalar() && (key == "algorithm" || key == "stages") && node.IsMap() && i == 0) {
+        // The short forms `algorithm: petra` and `stages: 4` as maps.
+        YAML::Node full(YAML::NodeType::Map);
+        full[key == "algorithm" ? "name" : "count"] = child.Scalar();
+        node[key] = full;
+        child = node[key];
+      } else if (!child.IsDefined() || child.IsNull()) {
+        node[key] = YAML::Node(YAML::NodeType::Map);
+        child = node[key];
+      } else if (!child.IsMap()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": ", absl::StrJoin(keys.begin(), keys.begin() + i + 1, "."),
+                         " is ", spec::Describe(child), ", not a map"));
+      }
+      node.reset(child);
+    }
+    if (keys.back().empty()) return absl::InvalidArgumentError(absl::StrCat(where, ": empty key"));
+    node[keys.back()] = value;
+    if (set_paths != nullptr) set_paths->push_back(path);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> OverrideKeys(const std::string& yaml_text,
                                          const std::vector<std::string>& assignments) {
   if (assignments.empty()) return yaml_text;
   try {
     YAML::Node root = YAML::Load(yaml_text);
     if (!root.IsMap()) return absl::InvalidArgumentError("job spec: expected a map of keys");
-    for (const std::string& assignment : assignments) {
-      const size_t eq = assignment.find('=');
-      const std::string path = assignment.substr(0, eq);
-      const std::string where = absl::StrCat("--set ", spec::Clip(assignment));
-      if (eq == std::string::npos || eq == 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": expected KEY=VALUE, e.g. data.limit_test=256"));
-      }
-      const std::vector<std::string> keys = absl::StrSplit(path, '.');
-      YAML::Node value;
-      try {
-        value = YAML::Load(assignment.substr(eq + 1));
-      } catch (const YAML::Exception& e) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": the value is not YAML: ", e.msg));
-      }
-      // yaml-cpp nodes are handles: walk down, making maps where needed.
-      YAML::Node node = root;
-      for (size_t i = 0; i + 1 < keys.size(); ++i) {
-        const std::string& key = keys[i];
-        if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(where, ": empty key"));
-        YAML::Node child = node[key];
-        if (child.IsScalar() && (key == "algorithm" || key == "stages") && node.IsMap() && i == 0) {
-          // The short forms `algorithm: petra` and `stages: 4` as maps.
-          YAML::Node full(YAML::NodeType::Map);
-          full[key == "algorithm" ? "name" : "count"] = child.Scalar();
-          node[key] = full;
-          child = node[key];
-        } else if (!child.IsDefined() || child.IsNull()) {
-          node[key] = YAML::Node(YAML::NodeType::Map);
-          child = node[key];
-        } else if (!child.IsMap()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where, ": ", absl::StrJoin(keys.begin(), keys.begin() + i + 1, "."),
-                           " is ", spec::Describe(child), ", not a map"));
-        }
-        node.reset(child);
-      }
-      if (keys.back().empty())
-        return absl::InvalidArgumentError(absl::StrCat(where, ": empty key"));
-      node[keys.back()] = value;
-    }
+    if (absl::Status s = ApplyOverrides(root, assignments, nullptr); !s.ok()) return s;
     YAML::Emitter out;
     out << root;
     return std::string(out.c_str());
