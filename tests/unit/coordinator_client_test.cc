@@ -1030,9 +1030,15 @@ TEST_F(CliTest, FailedJobExitsOneWithTheReason) {
 }
 
 TEST_F(CliTest, InvalidSpecExitsTwoNamingTheKey) {
-  CliResult r = RunAtFake({"submit", WriteJob("optimizer: {momentum: 1.5}\n")});
+  // Checked here before it is sent: the error names the key and its place.
+  CliResult r =
+      RunAtFake({"submit", WriteJob(std::string(kJob) + "optimizer: {momentum: 1.5}\n")});
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("optimizer.momentum: must be in [0, 1), got 1.5"));
+  EXPECT_THAT(r.err,
+              HasSubstr("optimizer.momentum: must be in [0, 1), got 1.5 (line 7, column 13)"));
+  r = RunAtFake({"submit", WriteJob("optimizer: {momentum: 1.5}\n")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("name: required"));
 }
 
 TEST_F(CliTest, UnreachableCoordinatorExitsThree) {
