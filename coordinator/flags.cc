@@ -4,6 +4,7 @@
 #include <ostream>
 
 #include "services/common/log_flags.h"
+#include "services/common/parse_flags.h"
 #include "services/common/version.h"
 #include "services/metrics/flags.h"
 
@@ -148,21 +149,8 @@ ParsedCoordinatorFlags ParseCoordinatorFlags(const std::vector<std::string>& arg
   AddJobFlags(app, raw);
   AddAccessFlags(app, raw);
   log::AddLogLevelFlag(&app, &raw.parsed.log_level);
-  ParsedCoordinatorFlags result;
-  try {
-    std::vector<std::string> reversed(args.rbegin(), args.rend());
-    app.parse(reversed);
-  } catch (const CLI::ParseError& e) {
-    result.exit_code = app.exit(e, out, err) == 0 ? 0 : 2;
-    return result;
-  }
-  if (const int code = Finish(raw, err); code != 0) {
-    result.exit_code = code;
-    return result;
-  }
-  result.run = true;
-  result.flags = std::move(raw.parsed);
-  return result;
+  return ParseBinaryFlags<CoordinatorFlags>(
+      app, args, out, err, [&] { return Finish(raw, err); }, [&] { return std::move(raw.parsed); });
 }
 
 }  // namespace stagewise::coordinator

@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/web_server.h"
+#include "services/common/parse_flags.h"
 #include "services/metrics/metrics.h"
 #include "services/rpc/server.h"
 #include "services/rpc/tls.h"
@@ -37,11 +38,7 @@ struct CoordinatorFlags {
 // What parsing gave: the flags to run with, or the exit code of a process
 // that must not run (0 after --help or --version, printed to `out`; 2 for a
 // bad flag, named on `err`).
-struct ParsedCoordinatorFlags {
-  bool run = false;
-  int exit_code = 0;
-  CoordinatorFlags flags;
-};
+using ParsedCoordinatorFlags = ParsedFlags<CoordinatorFlags>;
 
 // Parses `args` (without the program name); the variables the flags name
 // are read here.

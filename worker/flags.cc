@@ -7,6 +7,7 @@
 #include <ostream>
 
 #include "services/common/log_flags.h"
+#include "services/common/parse_flags.h"
 #include "services/common/version.h"
 #include "services/metrics/flags.h"
 #include "services/rpc/server.h"
@@ -200,21 +201,8 @@ ParsedWorkerFlags ParseWorkerFlags(const std::vector<std::string>& args, std::os
   metrics::AddJobLabelFlags(&app, &raw.metrics_job_ids, &raw.metrics_job_key_file);
   rpc::AddTlsFlags(&app, &raw.tls);
   log::AddLogLevelFlag(&app, &raw.parsed.log_level);
-  ParsedWorkerFlags result;
-  try {
-    std::vector<std::string> reversed(args.rbegin(), args.rend());
-    app.parse(reversed);
-  } catch (const CLI::ParseError& e) {
-    result.exit_code = app.exit(e, out, err) == 0 ? 0 : 2;
-    return result;
-  }
-  if (const int code = Finish(raw, err); code != 0) {
-    result.exit_code = code;
-    return result;
-  }
-  result.run = true;
-  result.flags = std::move(raw.parsed);
-  return result;
+  return ParseBinaryFlags<WorkerFlags>(
+      app, args, out, err, [&] { return Finish(raw, err); }, [&] { return std::move(raw.parsed); });
 }
 
 }  // namespace stagewise::worker

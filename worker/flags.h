@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "services/common/parse_flags.h"
 #include "worker/worker.h"
 
 namespace stagewise::worker {
@@ -26,11 +27,7 @@ struct WorkerFlags {
 // What parsing gave: the flags to run with, or the exit code of a process
 // that must not run (0 after --help or --version, printed to `out`; 2 for a
 // bad flag, named on `err`).
-struct ParsedWorkerFlags {
-  bool run = false;
-  int exit_code = 0;
-  WorkerFlags flags;
-};
+using ParsedWorkerFlags = ParsedFlags<WorkerFlags>;
 
 // Parses `args` (without the program name). $STAGEWISE_COORDINATOR and the
 // other variables the flags name are read here.

@@ -11,6 +11,7 @@
 #include "clients/cli/config_file.h"
 #include "clients/cli/conventions.h"
 #include "clients/client/coordinator_client.h"
+#include "services/common/parse_flags.h"
 
 namespace stagewise::cli {
 
@@ -116,13 +117,7 @@ int CommandSet::Run(const std::vector<std::string>& args, std::ostream& out, std
         << "Run '" << root_.get_name() << " " << at << "--help' for the commands.\n";
     return kExitInvalid;
   }
-  try {
-    std::vector<std::string> reversed(args.rbegin(), args.rend());
-    root_.parse(reversed);
-  } catch (const CLI::ParseError& e) {
-    const int rc = root_.exit(e, out, err);
-    return rc == 0 ? kExitOk : kExitInvalid;
-  }
+  if (std::optional<int> code = ParseFlags(root_, args, out, err)) return *code;
   // The deepest parsed command runs (`admin backup`, not `admin`).
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
     if (!it->command->parsed()) continue;
