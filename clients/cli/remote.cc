@@ -49,15 +49,12 @@ int Submit(const SubmitArgs& args, std::ostream& out, std::ostream& err) {
   if (!reconnect.ok()) return ReportError(reconnect.status(), err);
   absl::StatusOr<std::string> yaml = ReadJobText(args.job_path, args.sets);
   if (!yaml.ok()) return ReportError(yaml.status(), err);
-  // Parsed here first, so that its errors name the file's lines and columns
-  // (or the --set that wrote them; the coordinator would see the job with
-  // the assignments applied), and a torchscript model is dry-run here, where
-  // its file is.
+  // Parsed here too: a torchscript model is dry-run here, where its file is,
+  // and should the coordinator (the authority on what it accepts) refuse the
+  // job, this parse's errors name the file's lines and columns (or the --set
+  // that wrote them), which the coordinator, seeing the job with the
+  // assignments applied, cannot.
   absl::StatusOr<JobSpec> spec = ParseJobFile(args.job_path, args.sets);
-  if (!spec.ok() && spec.status().code() == absl::StatusCode::kInvalidArgument) {
-    err << "error: " << args.job_path << ": " << TerminalSafeLines(spec.status().message()) << "\n";
-    return kExitInvalid;
-  }
   if (spec.ok()) {
     if (absl::Status s = PrepareScriptModel(args.job_path, &*spec, &*yaml); !s.ok()) {
       err << "error: " << args.job_path << ": " << TerminalSafe(s.message()) << "\n";
@@ -68,8 +65,11 @@ int Submit(const SubmitArgs& args, std::ostream& out, std::ostream& err) {
   absl::StatusOr<std::string> job_id = client.Submit(*yaml);
   if (!job_id.ok()) {
     if (job_id.status().code() == absl::StatusCode::kInvalidArgument) {
-      err << "error: " << args.job_path << ": " << TerminalSafeLines(job_id.status().message())
-          << "\n";
+      const absl::Status& why =
+          !spec.ok() && spec.status().code() == absl::StatusCode::kInvalidArgument
+              ? spec.status()
+              : job_id.status();
+      err << "error: " << args.job_path << ": " << TerminalSafeLines(why.message()) << "\n";
       return kExitInvalid;
     }
     return ReportError(job_id.status(), err);

@@ -1030,7 +1030,7 @@ TEST_F(CliTest, FailedJobExitsOneWithTheReason) {
 }
 
 TEST_F(CliTest, InvalidSpecExitsTwoNamingTheKey) {
-  // Checked here before it is sent: the error names the key and its place.
+  // Refused by the coordinator; reported with the key's place in the file.
   CliResult r =
       RunAtFake({"submit", WriteJob(std::string(kJob) + "optimizer: {momentum: 1.5}\n")});
   EXPECT_EQ(r.code, 2);
