@@ -1031,8 +1031,7 @@ TEST_F(CliTest, FailedJobExitsOneWithTheReason) {
 
 TEST_F(CliTest, InvalidSpecExitsTwoNamingTheKey) {
   // Refused by the coordinator; reported with the key's place in the file.
-  CliResult r =
-      RunAtFake({"submit", WriteJob(std::string(kJob) + "optimizer: {momentum: 1.5}\n")});
+  CliResult r = RunAtFake({"submit", WriteJob(std::string(kJob) + "optimizer: {momentum: 1.5}\n")});
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err,
               HasSubstr("optimizer.momentum: must be in [0, 1), got 1.5 (line 7, column 13)"));
