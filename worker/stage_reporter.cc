@@ -1,6 +1,7 @@
 #include "worker/stage_reporter.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,9 +11,7 @@ namespace stagewise::worker {
 
 StageReporter::StageReporter(std::function<void(v1::WorkerEvent)> emit, v1::WorkerEvent envelope,
                              bool last, metrics::StageMetrics* metrics)
-    : emit_(std::move(emit)), envelope_(std::move(envelope)), last_(last), metrics_(metrics) {
-  last_report_ = std::chrono::steady_clock::now();
-}
+    : emit_(std::move(emit)), envelope_(std::move(envelope)), last_(last), metrics_(metrics) {}
 
 void StageReporter::Emit(v1::WorkerEvent event) const {
   if (emit_) emit_(std::move(event));
@@ -20,7 +19,7 @@ void StageReporter::Emit(v1::WorkerEvent event) const {
 
 void StageReporter::Start() {
   absl::MutexLock lock(&mu_);
-  last_report_ = std::chrono::steady_clock::now();
+  loss_window_.Restart(training::LossWindow::Clock::now());
 }
 
 void StageReporter::Step(int64_t steps_done, int64_t total_steps, double train_loss,
@@ -29,15 +28,11 @@ void StageReporter::Step(int64_t steps_done, int64_t total_steps, double train_l
   double seconds = 0;
   {
     absl::MutexLock lock(&mu_);
-    loss_sum_ += train_loss;
-    ++loss_count_;
-    const auto now = std::chrono::steady_clock::now();
-    seconds = std::chrono::duration<double>(now - last_report_).count();
-    if (seconds < 0.25 && steps_done != total_steps) return;
-    last_report_ = now;
-    train_loss = loss_sum_ / static_cast<double>(loss_count_);
-    loss_sum_ = 0;
-    loss_count_ = 0;
+    const std::optional<training::LossWindow::Report> report =
+        loss_window_.Add(train_loss, steps_done == total_steps, training::LossWindow::Clock::now());
+    if (!report.has_value()) return;
+    train_loss = report->mean_loss;
+    seconds = report->seconds;
   }
   v1::WorkerEvent event = NewEvent();
   auto* m = event.mutable_metrics();

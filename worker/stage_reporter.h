@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "services/metrics/metrics.h"
+#include "services/training/loss_window.h"
 #include "stagewise/v1/coordinator.pb.h"
 #include "stagewise/v1/stage.pb.h"
 
@@ -41,7 +42,7 @@ class StageReporter {
   // After global step `steps_done` of `total_steps`: every stage reports its
   // step (the coordinator tracks the slowest) at most every 0.25 s and at
   // the last step; the last stage adds the mean loss of the steps since its
-  // previous report (one step's loss is noise).
+  // previous report (training::LossWindow, as train-local's train_loss).
   void Step(int64_t steps_done, int64_t total_steps, double train_loss, int64_t samples)
       ABSL_LOCKS_EXCLUDED(mu_);
   void Eval(int64_t steps_done, double loss, double accuracy, int64_t samples) const;
@@ -63,9 +64,7 @@ class StageReporter {
   const bool last_;
   metrics::StageMetrics* const metrics_;
   mutable absl::Mutex mu_;
-  std::chrono::steady_clock::time_point last_report_ ABSL_GUARDED_BY(mu_);
-  double loss_sum_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t loss_count_ ABSL_GUARDED_BY(mu_) = 0;
+  training::LossWindow loss_window_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, double> summary_ ABSL_GUARDED_BY(mu_);
 };
 

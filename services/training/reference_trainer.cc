@@ -14,6 +14,7 @@
 #include "services/checkpoint/shard_archive.h"
 #include "services/common/status_macros.h"
 #include "services/models/loss.h"
+#include "services/training/loss_window.h"
 #include "services/training/optimizer.h"
 
 namespace stagewise::training {
@@ -194,9 +195,10 @@ absl::StatusOr<TrainResult> ReferenceTrainer::Run(const TrainOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   double eval_seconds = 0;
   auto window_start = start;
-  double window_loss = 0;
+  double window_loss = 0;  // the progress lines': every log_every_steps
   int64_t window_steps = 0;
-  int64_t tokens = 0;  // text: targets trained on
+  LossWindow loss_window(start);  // the result's train_loss: as a distributed job's
+  int64_t tokens = 0;             // text: targets trained on
   const int64_t first_step = step_;
   try {
     auto evaluate = [&]() {
@@ -219,14 +221,16 @@ absl::StatusOr<TrainResult> ReferenceTrainer::Run(const TrainOptions& options) {
       window_loss += loss;
       ++window_steps;
       const bool last = step_ == total_steps_;
+      if (const auto report = loss_window.Add(loss, last, LossWindow::Clock::now())) {
+        result.train_loss = report->mean_loss;
+      }
       if (step_ % options.log_every_steps == 0 || last) {
-        result.train_loss = window_loss / static_cast<double>(window_steps);
         if (options.on_progress) {
           Progress p;
           p.step = step_;
           p.total_steps = total_steps_;
           p.epoch = static_cast<double>(step_) / static_cast<double>(per_epoch);
-          p.loss = result.train_loss;
+          p.loss = window_loss / static_cast<double>(window_steps);
           p.lr = lr;
           p.elapsed_seconds = Seconds(start) - eval_seconds;
           const double window = Seconds(window_start);

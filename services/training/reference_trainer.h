@@ -23,7 +23,7 @@ struct Progress {
   int64_t step = 0;  // optimizer steps done
   int64_t total_steps = 0;
   double epoch = 0;  // fractional epochs done
-  double loss = 0;   // mean training loss since the last report
+  double loss = 0;   // mean training loss since the previous progress call
   double lr = 0;
   double samples_per_second = 0;
   double elapsed_seconds = 0;
@@ -40,8 +40,10 @@ struct EvalResult {
 struct TrainResult {
   int64_t steps = 0;
   double epochs = 0;
-  double train_loss = 0;  // mean over the last reporting window
-  EvalResult test;        // final evaluation
+  // Mean over the steps since the last report (LossWindow: the window a
+  // distributed job's train_loss has).
+  double train_loss = 0;
+  EvalResult test;  // final evaluation
   std::vector<EvalResult> evals;
   double seconds = 0;  // training time, evaluation excluded
   double samples_per_second = 0;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
+#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -54,6 +55,37 @@ TEST_F(StageReporterTest, StepsArePacedAndCarryTheMeanLossSinceTheLastReport) {
     }
   }
   EXPECT_DOUBLE_EQ(e.metrics().values().at("train_loss"), sum / count);
+}
+
+// The window itself (services/training/loss_window.h), which train-local's
+// train_loss shares, on a clock the test controls.
+TEST(LossWindowTest, ReportsTheMeanSinceThePreviousReportEveryPeriodAndAtTheLastStep) {
+  using training::LossWindow;
+  const LossWindow::Clock::time_point t0{};
+  auto at = [&](double seconds) {
+    return t0 + std::chrono::duration_cast<LossWindow::Clock::duration>(
+                    std::chrono::duration<double>(seconds));
+  };
+  LossWindow w(t0);
+  EXPECT_FALSE(w.Add(1.0, /*last=*/false, at(0.1)).has_value());
+  EXPECT_FALSE(w.Add(3.0, false, at(0.2)).has_value());
+  auto r = w.Add(5.0, false, at(0.3));  // the period has passed
+  ASSERT_TRUE(r.has_value());
+  EXPECT_DOUBLE_EQ(r->mean_loss, 3.0);
+  EXPECT_EQ(r->steps, 3);
+  EXPECT_NEAR(r->seconds, 0.3, 1e-9);
+  // A new window opens at the report: 0.2 s later is not due yet.
+  EXPECT_FALSE(w.Add(2.0, false, at(0.5)).has_value());
+  r = w.Add(4.0, /*last=*/true, at(0.51));  // the last step always reports
+  ASSERT_TRUE(r.has_value());
+  EXPECT_DOUBLE_EQ(r->mean_loss, 3.0);
+  EXPECT_EQ(r->steps, 2);
+  // Restart moves the pacing, not the steps.
+  w.Restart(at(1.0));
+  EXPECT_FALSE(w.Add(7.0, false, at(1.2)).has_value());
+  r = w.Add(9.0, false, at(1.25));
+  ASSERT_TRUE(r.has_value());
+  EXPECT_DOUBLE_EQ(r->mean_loss, 8.0);
 }
 
 TEST_F(StageReporterTest, OnlyTheLastStageReportsTheLoss) {
