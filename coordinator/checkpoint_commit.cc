@@ -50,7 +50,7 @@ void CheckpointCommitter::Commit(const std::string& job_id, LiveJob& job, int64_
     shard->set_block_begin(job.ranges.at(stage).first);
     shard->set_block_end(job.ranges.at(stage).second);
     if (static_cast<size_t>(stage) < job.modes.size()) {
-      for (BlockMode mode : job.modes[stage]) shard->add_block_modes(std::string(NameOf(mode)));
+      checkpoint::SetShardModes(job.modes[stage], shard);
     }
     if (saved.phase() != m.phase() || saved.phase_step() != m.phase_step()) {
       problem = absl::InternalError(absl::StrCat("stage ", stage, " saved phase ", saved.phase(),

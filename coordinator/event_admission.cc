@@ -68,10 +68,23 @@ Admission CheckMetricValues(const v1::MetricsReport& m, int stage, const LiveJob
   return Take();
 }
 
-// An event of an ended attempt, from the worker that ran its stage then.
+// Whether attempt `attempt` ended on a neighbour's broken stream (a
+// secondary report: the stage that broke it may not have told its cause yet).
+bool EndedOnABrokenStream(const LiveJob& job, int attempt) {
+  for (const v1::JobAttempt& a : job.status.attempts()) {
+    if (a.attempt() == attempt) return a.end_reason_secondary();
+  }
+  return false;
+}
+
+// An event of an ended attempt, from the worker that ran its stage then. The
+// cause of the previous attempt's end, when it is not retryable, fails the
+// job: while it recovers, or later when the attempt ended only on a broken
+// stream (the cause came after the report of its consequence).
 Admission Stale(const v1::WorkerEvent& event, const LiveJob& job) {
   if (event.has_error() && event.attempt() == job.attempt - 1 &&
-      job.status.state() == v1::RECOVERING && !IsRetryable(event.error()) &&
+      (job.status.state() == v1::RECOVERING || EndedOnABrokenStream(job, event.attempt())) &&
+      !IsRetryable(event.error()) &&
       event.error().code() != static_cast<int>(absl::StatusCode::kCancelled) &&
       event.error().code() != static_cast<int>(absl::StatusCode::kDataLoss)) {
     return {Admission::Verdict::kFailJob, "", event.error().message()};

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/job_manager.h"
 #include "services/common/log.h"
+#include "services/planner/plan_proto.h"
 
 namespace stagewise::coordinator {
 namespace {
@@ -124,7 +125,8 @@ void JobManager::Configure(const std::string& job_id, Job& job) {
   STAGEWISE_BUG(OnLoop());
   std::vector<v1::Command> commands = scheduler_.StageAssignments(
       job_id, job.yaml, job.workers, job.ranges, job.modes, NumReplicas(job));
-  for (v1::Command& c : commands) c.mutable_configure()->set_schedule(job.schedule);
+  for (v1::Command& c : commands)
+    c.mutable_configure()->set_schedule(planner::ToProto(job.schedule));
   job.recovery_deadline = absl::InfiniteFuture();
   job.configure_deadline = absl::Now() + options_.configure_timeout;
   recovery_.BeginAttempt(job, &commands);
@@ -173,14 +175,18 @@ void JobManager::OnProfile(const std::string& job_id, const v1::ProfileResult& r
   job.planned = true;
   job.ranges = std::move(planned->ranges);
   job.modes = std::move(planned->modes);
-  job.schedule = std::move(planned->schedule);
+  job.schedule = planned->schedule;
   auto& summary = *job.status.mutable_summary();
   for (const auto& [key, value] : planned->summary) summary[key] = value;
   summary["plan.profile_cached"] = result.cached() ? 1 : 0;
   if (job.spec.placement.per_worker_profiles) {
     summary["plan.worker_profiles"] = static_cast<double>(job.profiles.size());
   }
-  UpdateProgress(job, job.schedule.empty() ? "planned" : "planned: schedule " + job.schedule, {});
+  UpdateProgress(job,
+                 job.schedule.has_value()
+                     ? absl::StrCat("planned: schedule ", NameOf(*job.schedule))
+                     : "planned",
+                 {});
   // Transition writes the plan first, then the state.
   if (!Transition(job_id, v1::CONFIGURING, "").ok()) return;
   Configure(job_id, jobs_.at(job_id));

@@ -120,9 +120,9 @@ bool JobRecovery::QueueRecovery(const std::string& job_id, LiveJob& job, const s
     for (const v1::CheckpointShard& shard : job.resume->manifest.shards()) {
       job.ranges.emplace_back(shard.block_begin(), shard.block_end());
       std::vector<BlockMode>& modes = job.modes.emplace_back();
-      // ReadManifest checked every spelling.
-      for (const std::string& m : shard.block_modes()) modes.push_back(*EnumFromName<BlockMode>(m));
-      any_modes = any_modes || shard.block_modes_size() > 0;
+      // ReadManifest checked every shard's modes.
+      modes = checkpoint::ShardModes(shard).value_or(std::vector<BlockMode>{});
+      any_modes = any_modes || !modes.empty();
     }
     if (!any_modes) job.modes.clear();
     job.status.set_num_stages(NumStages(job));

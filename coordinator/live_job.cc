@@ -79,7 +79,7 @@ LiveJob MakeLiveJob(const v1::JobStatus& status, const JobSpec& spec, const std:
   job.needs_plan =
       spec.stages.partition == Partition::kAuto ||
       (reversible && spec.stages.modes == BlockModes::kAuto && spec.stages.memory_budget > 0) ||
-      (backprop != nullptr && backprop->schedule == PipelineSchedule::kAuto);
+      (backprop != nullptr && !backprop->schedule.has_value());
   if (!job.needs_plan && reversible && spec.stages.modes != BlockModes::kAuto) {
     for (const auto& [b, e] : ranges) {
       std::vector<BlockMode> modes;

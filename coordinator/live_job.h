@@ -38,7 +38,9 @@ struct LiveJob {
   bool needs_plan = false;
   bool planned = false;
   std::vector<std::vector<BlockMode>> modes;  // per stage, per block; empty = default
-  std::string schedule;  // backprop's schedule: auto as planned (StageAssignment.schedule)
+  // backprop's schedule: auto as planned (StageAssignment.schedule); empty
+  // when nothing was chosen.
+  std::optional<PipelineSchedule> schedule;
   std::vector<std::string> workers;  // by slot, once placed
   // placement.per_worker_profiles, while PROFILING: each worker's profile
   // so far (worker id -> ProfileResult); the plan waits for all of them.

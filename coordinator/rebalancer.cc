@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "services/common/log.h"
+#include "services/planner/plan_proto.h"
 #include "services/planner/profile.h"
 
 namespace stagewise::coordinator {
@@ -88,7 +89,7 @@ void Rebalancer::Replan(const std::string& job_id, LiveJob& job,
     const std::string& worker = job.workers[j];
     const auto it = job.profiles.find(worker);
     if (it == job.profiles.end()) return give_up(absl::StrCat("no profile of worker ", worker));
-    absl::StatusOr<planner::ModelProfile> p = planner::ParseProfile(it->second.profile());
+    absl::StatusOr<planner::ModelProfile> p = planner::ProfileFromProto(it->second.profile());
     if (!p.ok()) return give_up(std::string(p.status().message()));
     for (planner::BlockProfile& b : p->blocks) {
       for (double* t : {&b.forward_s, &b.forward_nograd_s, &b.backward_s, &b.rebuild_backward_s,
@@ -97,7 +98,7 @@ void Rebalancer::Replan(const std::string& job_id, LiveJob& job,
       }
     }
     v1::ProfileResult result = it->second;
-    result.set_profile(planner::SerializeProfile(*p));
+    *result.mutable_profile() = planner::ToProto(*p);
     scaled[worker] = std::move(result);
   }
   if (scaled.empty()) return give_up("the job has no workers");

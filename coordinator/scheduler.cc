@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "services/planner/plan_proto.h"
 #include "services/planner/planner.h"
 #include "services/planner/profile.h"
 
@@ -115,7 +116,7 @@ absl::StatusOr<Scheduler::PlannedStages> Scheduler::PlanFromProfile(
     const JobSpec& spec, const std::vector<std::pair<int, int>>& ranges,
     const v1::ProfileResult& result, const std::vector<std::string>& workers,
     const std::map<std::string, v1::ProfileResult>* per_worker) const {
-  auto profile = planner::ParseProfile(result.profile());
+  auto profile = planner::ProfileFromProto(result.profile());
   if (!profile.ok()) {
     return absl::Status(profile.status().code(),
                         absl::StrCat("profile from the worker: ", profile.status().message()));
@@ -129,7 +130,7 @@ absl::StatusOr<Scheduler::PlannedStages> Scheduler::PlanFromProfile(
         return absl::FailedPreconditionError(
             absl::StrCat("no profile from worker ", workers[j], " (stage ", j, ")"));
       }
-      auto own = planner::ParseProfile(it->second.profile());
+      auto own = planner::ProfileFromProto(it->second.profile());
       if (!own.ok()) {
         return absl::Status(own.status().code(), absl::StrCat("profile from worker ", workers[j],
                                                               ": ", own.status().message()));
@@ -158,11 +159,10 @@ absl::StatusOr<Scheduler::PlannedStages> Scheduler::PlanFromProfile(
   }
   PlannedStages out;
   absl::StatusOr<planner::Plan> plan;
-  if (options.algorithm == AlgorithmKind::kBackprop &&
-      options.schedule == PipelineSchedule::kAuto) {
+  if (options.algorithm == AlgorithmKind::kBackprop && !options.schedule.has_value()) {
     auto choice = planner::ChooseSchedule(*profile, options);
     if (choice.ok()) {
-      out.schedule = std::string(NameOf(choice->schedule));
+      out.schedule = choice->schedule;
       for (const auto& [s, seconds] : choice->tried) {
         // plan.schedule.zb_h1 = its predicted seconds per mini-batch (-1: did not fit)
         out.summary.emplace_back(
@@ -223,7 +223,7 @@ std::vector<v1::Command> Scheduler::StageAssignments(
     if (j > 0) a->set_prev_identity(registry_->Identity(workers[slot - 1]));
     a->set_job_spec_yaml(job_spec_yaml);
     if (j < modes.size()) {
-      for (BlockMode m : modes[j]) a->add_block_modes(std::string(NameOf(m)));
+      for (BlockMode m : modes[j]) a->add_block_modes(planner::ToProto(m));
     }
     out.push_back(std::move(c));
   }

@@ -93,8 +93,8 @@ class Scheduler {
     std::vector<std::pair<int, int>> ranges;
     std::vector<std::vector<BlockMode>> modes;  // per stage, per block
     std::vector<std::pair<std::string, double>> summary;
-    // backprop's schedule: auto: the planner's pick ("zb-h1"), else empty.
-    std::string schedule = {};
+    // backprop's schedule: auto: the planner's pick, else empty.
+    std::optional<PipelineSchedule> schedule = {};
   };
   // Caps: stages.memory_budget, else every worker's --memory-bytes when all
   // of them report one. `ranges`: the job's resolved partition, kept unless

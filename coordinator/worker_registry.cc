@@ -48,11 +48,12 @@ absl::Status CheckText(const std::string& field, const std::string& value, size_
 absl::Status CheckInfo(const v1::WorkerInfo& info) {
   // Another protocol's events would be misread (a v1 worker names its job
   // inside each event, v2 on the envelope), and a v2 worker's stage streams
-  // do not open the way a v3 worker expects.
-  if (info.protocol() != v1::CONTROL_PROTOCOL_V3) {
+  // do not open the way a v3 worker expects; a v3 worker reads schedules
+  // and block modes as text.
+  if (info.protocol() != v1::CONTROL_PROTOCOL_V4) {
     return absl::FailedPreconditionError(
         absl::StrCat("WorkerInfo.protocol: the worker speaks control protocol ", info.protocol(),
-                     ", this coordinator ", v1::CONTROL_PROTOCOL_V3,
+                     ", this coordinator ", v1::CONTROL_PROTOCOL_V4,
                      ": run the same stagewise version on the coordinator and the workers"));
   }
   if (info.address().empty()) return absl::InvalidArgumentError("WorkerInfo.address: empty");

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "services/planner/plan_proto.h"
 #include "services/spec/enums.h"
 
 namespace stagewise::worker {
@@ -35,18 +36,7 @@ absl::StatusOr<std::vector<models::BlockMode>> BlockModesOf(const v1::StageAssig
         absl::StrCat("StageAssignment.block_modes: ", assignment.block_modes_size(),
                      " modes for the stage's ", num_blocks, " blocks"));
   }
-  std::vector<models::BlockMode> modes;
-  for (int i = 0; i < assignment.block_modes_size(); ++i) {
-    const std::optional<models::BlockMode> mode =
-        EnumFromName<models::BlockMode>(assignment.block_modes(i));
-    if (!mode) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("StageAssignment.block_modes[", i, "]: unknown block mode '",
-                       assignment.block_modes(i), "' (expected store or rebuild)"));
-    }
-    modes.push_back(*mode);
-  }
-  return modes;
+  return planner::ModesFromProto(assignment.block_modes(), "StageAssignment.block_modes");
 }
 
 }  // namespace stagewise::worker

@@ -15,6 +15,7 @@
 #include "services/common/log.h"
 #include "services/common/retry_policy.h"
 #include "services/common/version.h"
+#include "services/planner/plan_proto.h"
 #include "services/profiler/profiler.h"
 #include "services/rpc/outbox.h"
 #include "services/rpc/status.h"
@@ -402,7 +403,7 @@ absl::Status Worker::ControlSession(bool* established) {
   info->set_memory_bytes(options_.memory_bytes);
   for (const auto& [key, value] : options_.labels) (*info->mutable_labels())[key] = value;
   info->set_version(Version());
-  info->set_protocol(v1::CONTROL_PROTOCOL_V3);
+  info->set_protocol(v1::CONTROL_PROTOCOL_V4);
   v1::RegisterWorkerResponse resp;
   {
     grpc::ClientContext ctx;
@@ -709,7 +710,7 @@ void Worker::Profile(const v1::ProfileCommand& command) {
   e.set_job_id(command.job_id());
   e.set_stage(-1);
   auto* r = e.mutable_profile();
-  r->set_profile(planner::SerializeProfile(*profile));
+  *r->mutable_profile() = planner::ToProto(*profile);
   r->set_cached(cached);
   Emit(e);
 }

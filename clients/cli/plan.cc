@@ -27,7 +27,7 @@ namespace {
 
 const planner::Prediction* PredictionOf(const planner::Plan& plan) {
   for (const auto& p : plan.predictions) {
-    if (p.kind == plan.algorithm) {
+    if (p.key.algorithm == plan.algorithm) {
       return &p;
     }
   }
@@ -143,8 +143,7 @@ int Plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
   if (batches.empty()) batches.push_back(spec->batch_size);
   // backprop's schedule: auto is the planner's choice, as the coordinator makes it.
   auto plan_of = [&](const planner::ModelProfile& p, std::string* note) {
-    if (options.algorithm != AlgorithmKind::kBackprop ||
-        options.schedule != PipelineSchedule::kAuto) {
+    if (options.algorithm != AlgorithmKind::kBackprop || options.schedule.has_value()) {
       return planner::MakePlan(p, options);
     }
     auto choice = planner::ChooseSchedule(p, options);

@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "services/planner/plan_proto.h"
 #include "services/spec/enums.h"
 
 namespace stagewise::checkpoint {
@@ -233,20 +234,40 @@ absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir)
     if (shard.bytes() <= 0) {
       return absl::DataLossError(absl::StrCat(path, ": shards[", j, "].bytes is ", shard.bytes()));
     }
-    const int blocks = shard.block_end() - shard.block_begin();
-    if (shard.block_modes_size() > 0 && shard.block_modes_size() != blocks) {
-      return absl::DataLossError(absl::StrCat(path, ": shards[", j, "] has ",
-                                              shard.block_modes_size(), " block modes for ", blocks,
-                                              " blocks"));
-    }
-    for (const std::string& mode : shard.block_modes()) {
-      if (!EnumFromName<BlockMode>(mode)) {
-        return absl::DataLossError(
-            absl::StrCat(path, ": shards[", j, "] has block mode '", mode, "'"));
-      }
+    if (absl::StatusOr<std::vector<BlockMode>> modes = ShardModes(shard); !modes.ok()) {
+      return absl::DataLossError(absl::StrCat(path, ": shards[", j, "]", modes.status().message()));
     }
   }
   return manifest;
+}
+
+absl::StatusOr<std::vector<BlockMode>> ShardModes(const v1::CheckpointShard& shard) {
+  const int blocks = shard.block_end() - shard.block_begin();
+  std::vector<BlockMode> modes;
+  if (shard.modes_size() > 0) {
+    absl::StatusOr<std::vector<BlockMode>> typed = planner::ModesFromProto(shard.modes(), ".modes");
+    if (!typed.ok()) return absl::DataLossError(typed.status().message());
+    modes = *std::move(typed);
+  } else {
+    for (const std::string& name : shard.block_modes()) {
+      const std::optional<BlockMode> mode = EnumFromName<BlockMode>(name);
+      if (!mode.has_value()) {
+        return absl::DataLossError(absl::StrCat(" has block mode '", name, "'"));
+      }
+      modes.push_back(*mode);
+    }
+  }
+  if (!modes.empty() && static_cast<int>(modes.size()) != blocks) {
+    return absl::DataLossError(
+        absl::StrCat(" has ", modes.size(), " block modes for ", blocks, " blocks"));
+  }
+  return modes;
+}
+
+void SetShardModes(const std::vector<BlockMode>& modes, v1::CheckpointShard* shard) {
+  shard->clear_modes();
+  shard->clear_block_modes();
+  for (BlockMode mode : modes) shard->add_modes(planner::ToProto(mode));
 }
 
 std::vector<Committed> ListCommitted(const std::string& root, const std::string& job_id,

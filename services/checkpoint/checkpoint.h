@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "services/spec/enums.h"
 #include "stagewise/v1/checkpoint.pb.h"
 
 namespace stagewise::checkpoint {
@@ -57,6 +58,13 @@ absl::Status WriteManifest(const std::string& step_dir, const v1::CheckpointMani
 // committed), DATA_LOSS if it does not parse, has another format, or its
 // shards are not stages 0..n-1 once each.
 absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir);
+
+// A shard's block modes (`modes`, or a manifest's older `block_modes`
+// spellings): none, or one per block of the shard. DATA_LOSS otherwise
+// (ReadManifest checks every shard with it).
+absl::StatusOr<std::vector<BlockMode>> ShardModes(const v1::CheckpointShard& shard);
+// Sets a shard's block modes (the typed field).
+void SetShardModes(const std::vector<BlockMode>& modes, v1::CheckpointShard* shard);
 
 struct Committed {
   std::string dir;  // the step directory

@@ -128,50 +128,50 @@ std::vector<Op> InterleavedOrder(int J, int j, int M, int v) {
 
 }  // namespace
 
-int MaxInFlight(Schedule schedule, const ScheduleOptions& o, int stage) {
+int MaxInFlight(PipelineSchedule schedule, const ScheduleOptions& o, int stage) {
   const int J = o.stages, M = o.micro_batches;
   const bool last = stage == J - 1;
   int cap = 1;
   switch (schedule) {
-    case Schedule::kGpipe:
+    case PipelineSchedule::kGpipe:
       cap = last ? 1 : M;
       break;
-    case Schedule::kOneFOneB:
+    case PipelineSchedule::kOneFOneB:
       cap = last ? 1 : J - stage + o.lookahead;
       break;
-    case Schedule::kZbH1:
+    case PipelineSchedule::kZbH1:
       cap = J == 1 ? 1 : last ? J : J + o.lookahead;
       break;
-    case Schedule::kInterleaved:
+    case PipelineSchedule::kInterleaved:
       return std::max(1, std::min(2 * (J - 1 - stage) + (o.chunks - 1) * J + 1, M * o.chunks));
   }
   return std::max(1, std::min(cap, M));
 }
 
-absl::StatusOr<std::vector<std::vector<Op>>> StageOrders(Schedule schedule,
+absl::StatusOr<std::vector<std::vector<Op>>> StageOrders(PipelineSchedule schedule,
                                                          const ScheduleOptions& options) {
   if (absl::Status s = CheckOptions(options); !s.ok()) return s;
   const int J = options.stages, M = options.micro_batches;
-  if (schedule != Schedule::kInterleaved && options.chunks != 1) {
+  if (schedule != PipelineSchedule::kInterleaved && options.chunks != 1) {
     return absl::InvalidArgumentError("chunks: more than one chunk per worker needs interleaved");
   }
-  if (schedule == Schedule::kInterleaved && M % J != 0) {
+  if (schedule == PipelineSchedule::kInterleaved && M % J != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "micro_batches: interleaved needs a multiple of the stage count ", J, ", got ", M));
   }
   std::vector<std::vector<Op>> orders;
   for (int j = 0; j < J; ++j) {
     switch (schedule) {
-      case Schedule::kGpipe:
+      case PipelineSchedule::kGpipe:
         orders.push_back(GpipeOrder(J, j, M));
         break;
-      case Schedule::kOneFOneB:
+      case PipelineSchedule::kOneFOneB:
         orders.push_back(OneFOneBOrder(J, j, M, options.lookahead));
         break;
-      case Schedule::kZbH1:
+      case PipelineSchedule::kZbH1:
         orders.push_back(ZbH1Order(J, j, M, options.lookahead));
         break;
-      case Schedule::kInterleaved:
+      case PipelineSchedule::kInterleaved:
         orders.push_back(InterleavedOrder(J, j, M, options.chunks));
         break;
     }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "services/spec/enums.h"
 
 namespace stagewise::pipeline {
 
@@ -31,15 +32,7 @@ struct Op {
   }
 };
 
-enum class Schedule {
-  kGpipe,     // all forwards, then all backwards
-  kOneFOneB,  // J-1-j forwards (+ lookahead), then one forward one backward
-  kZbH1,      // B and W split, stage j's W j micro-batches behind its B
-  // Interleaved 1F1B (Narayanan et al. 2021): worker j holds `chunks` v
-  // non-adjacent chunks, virtual stages j, j + J, ..., j + (v-1)J of a
-  // J*v-stage pipeline; messages go around the ring of workers.
-  kInterleaved,
-};
+// The schedules: PipelineSchedule (services/spec/enums.h).
 
 // Seconds per micro-batch of one stage's operations. A fused backward
 // (kBackward) costs backward_input + backward_weight.
@@ -66,7 +59,7 @@ struct ScheduleOptions {
 // 1 on the last stage of GPipe and 1F1B; never more than M. Interleaved:
 // chunk-micro-batches (each 1/v of a stage's activations), min(2(J-1-j) +
 // (v-1)J + 1, vM).
-int MaxInFlight(Schedule schedule, const ScheduleOptions& options, int stage);
+int MaxInFlight(PipelineSchedule schedule, const ScheduleOptions& options, int stage);
 
 // The order of every stage's operations for one mini-batch, orders[j] for
 // stage j; each micro-batch appears once as kForward and once as kBackward,
@@ -83,7 +76,7 @@ int MaxInFlight(Schedule schedule, const ScheduleOptions& options, int stage);
 // (k / Jv) J + k mod J, backwards likewise from the last chunk; worker j warms
 // up with 2(J-1-j) + (v-1)J forwards, then alternates; M must be a multiple
 // of J. INVALID_ARGUMENT names a bad option.
-absl::StatusOr<std::vector<std::vector<Op>>> StageOrders(Schedule schedule,
+absl::StatusOr<std::vector<std::vector<Op>>> StageOrders(PipelineSchedule schedule,
                                                          const ScheduleOptions& options);
 
 // One mini-batch of `orders` played out with options.costs and link_seconds:

@@ -112,20 +112,11 @@ std::vector<bool> DefaultStore(const ModelProfile& p, AlgorithmKind algorithm, i
   return store;
 }
 
-pipeline::Schedule PipelineOf(PipelineSchedule s) {
-  switch (s) {
-    case PipelineSchedule::kGpipe:
-      return pipeline::Schedule::kGpipe;
-    case PipelineSchedule::kOneFOneB:
-      return pipeline::Schedule::kOneFOneB;
-    case PipelineSchedule::kZbH1:
-      return pipeline::Schedule::kZbH1;
-    case PipelineSchedule::kAuto:  // until ChooseSchedule picks: 1F1B's memory
-      return pipeline::Schedule::kOneFOneB;
-    case PipelineSchedule::kInterleaved:  // per virtual stage: 1F1B's memory
-      return pipeline::Schedule::kOneFOneB;
-  }
-  return pipeline::Schedule::kGpipe;
+// The schedule whose in-flight memory a stage plans for: auto (until
+// ChooseSchedule picks) and interleaved (per virtual stage) as 1F1B.
+PipelineSchedule MemoryScheduleOf(std::optional<PipelineSchedule> s) {
+  if (!s.has_value() || *s == PipelineSchedule::kInterleaved) return PipelineSchedule::kOneFOneB;
+  return *s;
 }
 
 StageRole RoleOf(const PlanOptions& o, int j) {
@@ -137,7 +128,7 @@ StageRole RoleOf(const PlanOptions& o, int j) {
   if (a == A::kBackprop) {
     pipeline::ScheduleOptions so{
         .stages = J, .micro_batches = std::max(1, o.micro_batches), .lookahead = o.lookahead};
-    r.inflight = pipeline::MaxInFlight(PipelineOf(o.schedule), so, j);
+    r.inflight = pipeline::MaxInFlight(MemoryScheduleOf(o.schedule), so, j);
   } else if (a == A::kNwise) {
     r.inflight = r.last ? 1 : std::max(1, o.micro_batches);
   } else if (a == A::kPetra || a == A::kDelayed) {
@@ -410,14 +401,15 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelProfile& p, PlanOptions
       best.tried.emplace_back(s, -1.0);
       continue;
     }
-    // Its own prediction: "backprop <schedule> M=<M>", or plain backprop for M = 1.
-    const std::string name = o.micro_batches > 1
-                                 ? absl::StrCat("backprop ", NameOf(s), " M=", o.micro_batches)
-                                 : std::string("backprop");
-    double seconds = -1;
-    for (const Prediction& pr : plan->predictions) {
-      if (pr.algorithm == name) seconds = pr.seconds_per_batch;
+    // Its own prediction: the schedule's at M micro-batches, or plain
+    // backprop for M = 1.
+    PredictionKey key;
+    if (o.micro_batches > 1) {
+      key.schedule = s;
+      key.micro_batches = o.micro_batches;
     }
+    const Prediction* own = plan->Find(key);
+    const double seconds = own != nullptr ? own->seconds_per_batch : -1;
     int64_t peak = 0;
     for (const StagePlan& st : plan->stages) peak = std::max(peak, st.estimate.peak_bytes);
     best.tried.emplace_back(s, seconds);
@@ -468,8 +460,8 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
   const auto bp = estimates(A::kBackprop);
   double t_bp = bp[0].step_s;
   for (const auto& s : bp) t_bp += s.forward_s + s.backward_s + s.message_s;
-  out.push_back({"backprop", t_bp, 1.0, "sum of stage forward+backward+messages, + stage 0's step",
-                 A::kBackprop});
+  out.push_back(
+      {PredictionKey{}, t_bp, 1.0, "sum of stage forward+backward+messages, + stage 0's step"});
   if (o.micro_batches > 1) {
     // Each schedule's own orders played out with the stages' estimated
     // costs per micro-batch (messages with the forward; the backward split
@@ -485,15 +477,14 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
          {PipelineSchedule::kGpipe, PipelineSchedule::kOneFOneB, PipelineSchedule::kZbH1}) {
       if (sched == PipelineSchedule::kZbH1 && o.modes == BlockModes::kRebuild) continue;
       if (o.chunks > 1) break;  // the stages share workers: only interleaved applies
-      auto orders = pipeline::StageOrders(PipelineOf(sched), so);
+      auto orders = pipeline::StageOrders(sched, so);
       if (!orders.ok()) continue;
       auto sim = pipeline::Simulate(*orders, so);
       if (!sim.ok()) continue;
-      out.push_back({absl::StrCat("backprop ", NameOf(sched), " M=", M),
+      out.push_back({PredictionKey{.schedule = sched, .micro_batches = M},
                      sim->seconds + bp[0].step_s, 0,
                      absl::StrFormat("the schedule simulated on the stages' costs (bubble %.0f%%)",
-                                     100 * sim->bubble),
-                     A::kBackprop});
+                                     100 * sim->bubble)});
     }
     if (o.chunks > 1 && J % o.chunks == 0) {
       // Interleaved: worker w holds virtual stages w, w + W, ...; its costs
@@ -510,24 +501,26 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
         c.backward_weight += bp[s].backward_s / (2.0 * M);
         if (s % W == 0) step += bp[s].step_s;
       }
-      auto orders = pipeline::StageOrders(pipeline::Schedule::kInterleaved, io);
+      auto orders = pipeline::StageOrders(PipelineSchedule::kInterleaved, io);
       auto sim = orders.ok() ? pipeline::Simulate(*orders, io) : orders.status();
       if (sim.ok()) {
         out.push_back(
-            {absl::StrCat("backprop interleaved v=", o.chunks, " M=", M), sim->seconds + step, 0,
+            {PredictionKey{.schedule = PipelineSchedule::kInterleaved,
+                           .micro_batches = M,
+                           .chunks = o.chunks},
+             sim->seconds + step, 0,
              absl::StrFormat("the schedule simulated on the chunks' costs (bubble %.0f%%)",
-                             100 * sim->bubble),
-             A::kBackprop});
+                             100 * sim->bubble)});
       }
     }
   }
-  out.push_back({"delayed", slowest(estimates(A::kDelayed), false), 0,
-                 "slowest stage: graph-free forward + recompute + backward + step", A::kDelayed});
-  out.push_back({"petra", slowest(estimates(A::kPetra), false), 0,
-                 "slowest stage: graph-free forward + rebuild/recompute backward + step",
-                 A::kPetra});
-  out.push_back({"features_replay", slowest(estimates(A::kFeaturesReplay), false), 0,
-                 "slowest stage: forward + replay forward + backward + step", A::kFeaturesReplay});
+  out.push_back({PredictionKey{.algorithm = A::kDelayed}, slowest(estimates(A::kDelayed), false), 0,
+                 "slowest stage: graph-free forward + recompute + backward + step"});
+  out.push_back({PredictionKey{.algorithm = A::kPetra}, slowest(estimates(A::kPetra), false), 0,
+                 "slowest stage: graph-free forward + rebuild/recompute backward + step"});
+  out.push_back({PredictionKey{.algorithm = A::kFeaturesReplay},
+                 slowest(estimates(A::kFeaturesReplay), false), 0,
+                 "slowest stage: forward + replay forward + backward + step"});
   const auto nw = estimates(A::kNwise);
   std::vector<int> ns;
   if (o.nwise_n > 0) {
@@ -550,10 +543,21 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
                   "not profiled)"
                 : "T(A,M,N) slots x half the slowest stage (forward+backward+aux head+step)";
     }
-    out.push_back({absl::StrCat("nwise n=", k), t, 0, how, A::kNwise});
+    out.push_back({PredictionKey{.algorithm = A::kNwise, .nwise_n = k}, t, 0, how});
   }
   for (auto& pr : out) pr.speedup = pr.seconds_per_batch > 0 ? t_bp / pr.seconds_per_batch : 0;
   return out;
+}
+
+std::string LabelOf(const PredictionKey& key) {
+  std::string label(NameOf(key.algorithm));
+  if (key.schedule.has_value()) {
+    absl::StrAppend(&label, " ", NameOf(*key.schedule));
+    if (*key.schedule == PipelineSchedule::kInterleaved) absl::StrAppend(&label, " v=", key.chunks);
+    absl::StrAppend(&label, " M=", key.micro_batches);
+  }
+  if (key.algorithm == AlgorithmKind::kNwise) absl::StrAppend(&label, " n=", key.nwise_n);
+  return label;
 }
 
 PlanOptions PlanOptionsForJob(const JobSpec& spec, const std::vector<std::pair<int, int>>& ranges) {
@@ -625,7 +629,7 @@ std::vector<std::pair<std::string, double>> PlanSummary(const Plan& plan) {
   for (const Prediction& p : plan.predictions) {
     out.emplace_back(
         absl::StrCat("plan.predicted.",
-                     absl::StrReplaceAll(p.algorithm, {{" ", "_"}, {"=", ""}, {"-", "_"}})),
+                     absl::StrReplaceAll(p.label(), {{" ", "_"}, {"=", ""}, {"-", "_"}})),
         p.seconds_per_batch);
   }
   return out;
@@ -676,7 +680,7 @@ std::string PlanText(const ModelProfile& p, const Plan& plan) {
   absl::StrAppend(
       &out, absl::StrFormat("  %-16s %10s %9s  %s\n", "algorithm", "time", "speed-up", "model"));
   for (const auto& pr : plan.predictions) {
-    absl::StrAppend(&out, absl::StrFormat("  %-16s %10s %8.2fx  %s\n", pr.algorithm,
+    absl::StrAppend(&out, absl::StrFormat("  %-16s %10s %8.2fx  %s\n", pr.label(),
                                           Ms(pr.seconds_per_batch), pr.speedup, pr.model));
   }
   return out;
@@ -715,7 +719,7 @@ std::string PlanJson(const ModelProfile& p, const Plan& plan) {
     absl::StrAppend(&out, i ? ", " : "",
                     absl::StrFormat("{\"algorithm\": \"%s\", \"seconds_per_batch\": %.6g, "
                                     "\"speedup\": %.4f}",
-                                    pr.algorithm, pr.seconds_per_batch, pr.speedup));
+                                    pr.label(), pr.seconds_per_batch, pr.speedup));
   }
   absl::StrAppend(&out, "]}\n");
   return out;

@@ -14,6 +14,7 @@
 #define STAGEWISE_SERVICES_PLANNER_PLANNER_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,8 +65,9 @@ struct PlanOptions {
   std::vector<std::pair<int, int>> ranges;
   // auto: the knapsack under the cap; store / rebuild: every reversible block.
   BlockModes modes = BlockModes::kAuto;
-  int micro_batches = 1;                                 // backprop / nwise
-  PipelineSchedule schedule = PipelineSchedule::kGpipe;  // backprop
+  int micro_batches = 1;  // backprop / nwise
+  // backprop; empty: `schedule: auto` (ChooseSchedule picks one).
+  std::optional<PipelineSchedule> schedule = PipelineSchedule::kGpipe;
   int lookahead = 0;  // backprop 1F1B and ZB-H1: extra micro-batches in flight per stage
   int nwise_n = 0;    // 0: predicted for n = 1 and n = 2
   // Knapsack units: at most this many per stage budget.
@@ -98,12 +100,31 @@ struct StagePlan {
   StageEstimate estimate;
 };
 
+// What a prediction is of: an algorithm and the choices that change its time
+// (keyed by these, never by its display text).
+struct PredictionKey {
+  AlgorithmKind algorithm = AlgorithmKind::kBackprop;
+  // backprop with micro-batches: the schedule simulated (empty: plain
+  // backprop, one micro-batch at a time).
+  std::optional<PipelineSchedule> schedule;
+  int micro_batches = 1;  // backprop with a schedule
+  int chunks = 1;         // backprop interleaved: chunks per worker
+  int nwise_n = 0;        // nwise: n
+  bool operator==(const PredictionKey& o) const {
+    return algorithm == o.algorithm && schedule == o.schedule && micro_batches == o.micro_batches &&
+           chunks == o.chunks && nwise_n == o.nwise_n;
+  }
+};
+// How a key is shown: "petra", "backprop 1f1b M=4", "backprop interleaved
+// v=2 M=4", "nwise n=2".
+std::string LabelOf(const PredictionKey& key);
+
 struct Prediction {
-  std::string algorithm;  // e.g. "petra", "nwise n=2"
+  PredictionKey key;
   double seconds_per_batch = 0;
   double speedup = 0;  // backprop's time / this one
   std::string model;   // how it was computed
-  AlgorithmKind kind = AlgorithmKind::kBackprop;
+  std::string label() const { return LabelOf(key); }
 };
 
 struct Plan {
@@ -111,6 +132,13 @@ struct Plan {
   std::vector<StagePlan> stages;
   double bottleneck_s = 0;
   std::vector<Prediction> predictions;
+  // The prediction of `key`, or null.
+  const Prediction* Find(const PredictionKey& key) const {
+    for (const Prediction& p : predictions) {
+      if (p.key == key) return &p;
+    }
+    return nullptr;
+  }
 };
 
 // Modes for one stage under `cap_bytes` (0: every block stores unless

@@ -20,11 +20,22 @@ namespace stagewise {
 // (job_spec.h) and of the schema table (docs/job_spec.md).
 enum class AlgorithmKind { kBackprop, kDelayed, kFeaturesReplay, kPetra, kNwise, kAuxNet };
 
-// backprop's `schedule`: the order of micro-batches in a pipelined step.
-// auto: the planner picks the fastest of gpipe, 1f1b and zb-h1 that fits the
-// memory caps (first phase only; docs/algorithms.md). interleaved: 1F1B over
-// stages.chunks_per_worker chunks per worker (Narayanan et al. 2021).
-enum class PipelineSchedule { kGpipe, kOneFOneB, kZbH1, kAuto, kInterleaved };
+// backprop's `schedule`: the order of micro-batches in a pipelined step, the
+// one schedule type of the spec, the planner, the simulator and the worker
+// (services/planner/pipeline_schedule.h). `schedule: auto` is no schedule
+// (an empty std::optional in BackpropOptions): the planner picks the fastest
+// of gpipe, 1f1b and zb-h1 that fits the memory caps (first phase only;
+// docs/algorithms.md).
+//   kGpipe:       all forwards, then all backwards;
+//   kOneFOneB:    J-1-j forwards (+ lookahead), then one forward one backward;
+//   kZbH1:        B and W split, stage j's W j micro-batches behind its B
+//                 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023);
+//   kInterleaved: 1F1B over stages.chunks_per_worker non-adjacent chunks per
+//                 worker, virtual stages j, j + J, ..., j + (v-1)J of a
+//                 J*v-stage pipeline (Narayanan et al. 2021).
+enum class PipelineSchedule { kGpipe, kOneFOneB, kZbH1, kInterleaved };
+// How `schedule: auto` is spelt.
+inline constexpr absl::string_view kAutoScheduleName = "auto";
 
 // delayed's `weights`: which parameters a late backward uses.
 enum class DelayedWeights { kStash, kCurrent };
@@ -75,7 +86,7 @@ struct EnumSpellings<AlgorithmKind> {
 };
 template <>
 struct EnumSpellings<PipelineSchedule> {
-  static constexpr std::array<absl::string_view, 5> kNames = {"gpipe", "1f1b", "zb-h1", "auto",
+  static constexpr std::array<absl::string_view, 4> kNames = {"gpipe", "1f1b", "zb-h1",
                                                               "interleaved"};
 };
 template <>

@@ -388,6 +388,26 @@ ParamField EnumParam(std::string key, E O::*member, std::string doc) {
   return p;
 }
 
+// An enum key whose `none` spelling is the empty optional (schedule: auto).
+template <typename O, typename E>
+ParamField OptionalEnumParam(std::string key, std::optional<E> O::*member, absl::string_view none,
+                             std::string doc) {
+  ParamField p;
+  p.key = std::move(key);
+  p.type = ParamType::kEnum;
+  p.choices = EnumNames<E>();
+  p.choices.emplace_back(none);
+  p.doc = std::move(doc);
+  p.set = [member, none = std::string(none)](AlgorithmOptions* o, absl::string_view text) {
+    Of<O>(o).*member = text == none ? std::nullopt : EnumFromName<E>(text);
+  };
+  p.get = [member, none = std::string(none)](const AlgorithmOptions& o) {
+    const std::optional<E>& value = std::get<O>(o).*member;
+    return value.has_value() ? std::string(NameOf(*value)) : none;
+  };
+  return p;
+}
+
 template <typename O>
 AlgorithmSchema Schema(AlgorithmKind kind, std::vector<ParamField> params) {
   AlgorithmSchema schema{kind, std::move(params), O{}};
@@ -413,7 +433,7 @@ const std::vector<AlgorithmSchema>& AlgorithmSchemas() {
       Schema<B>(
           AlgorithmKind::kBackprop,
           {IntParam("micro_batches", &B::micro_batches, 1, "`<= batch_size`"),
-           EnumParam("schedule", &B::schedule, ""),
+           OptionalEnumParam("schedule", &B::schedule, kAutoScheduleName, ""),
            BoolParam("recompute", &B::recompute, "keep only stage inputs, recompute in backward"),
            IntParam("lookahead", &B::lookahead, 0,
                     "1f1b and zb-h1: extra micro-batches in flight per stage (to hide message "

@@ -107,7 +107,8 @@ inline bool IsTextModel(ModelKind m) { return m == ModelKind::kGpt || m == Model
 // each does; fields.cc declares each key's name, range and doc line once).
 struct BackpropOptions {
   int micro_batches = 1;
-  PipelineSchedule schedule = PipelineSchedule::kGpipe;
+  // Empty: `schedule: auto` (the planner picks; ResolveAutoSchedule).
+  std::optional<PipelineSchedule> schedule = PipelineSchedule::kGpipe;
   bool recompute = false;  // keep only stage inputs, recompute in backward
   int lookahead = 0;       // 1F1B: extra micro-batches in flight per stage
 };
@@ -425,10 +426,11 @@ absl::StatusOr<std::string> OverrideKeys(const std::string& yaml_text,
 std::vector<PhaseSpec> Phases(const JobSpec& spec);
 
 // backprop's `schedule: auto` in `phases` becomes `chosen` (the planner's
-// pick, StageAssignment.schedule: "gpipe", "1f1b" or "zb-h1"), or 1f1b when
-// `chosen` is empty (an assignment without a plan). INVALID_ARGUMENT for
-// another `chosen`.
-absl::Status ResolveAutoSchedule(const std::string& chosen, std::vector<PhaseSpec>& phases);
+// pick, StageAssignment.schedule: gpipe, 1f1b or zb-h1), or 1f1b when
+// nothing was chosen (an assignment without a plan). INVALID_ARGUMENT for
+// interleaved, which auto never picks.
+absl::Status ResolveAutoSchedule(std::optional<PipelineSchedule> chosen,
+                                 std::vector<PhaseSpec>& phases);
 
 // Parses and validates a job. Errors are INVALID_ARGUMENT naming the key path
 // and where it is, e.g. "optimizer.momentum: must be in [0, 1), got 1.5

@@ -465,20 +465,16 @@ absl::StatusOr<AuxHeadSpec> ParseAuxHeadSpec(const std::string& text) {
                                                  "' (known: conv, conv:C1,C2,..., linear)"));
 }
 
-absl::Status ResolveAutoSchedule(const std::string& chosen, std::vector<PhaseSpec>& phases) {
-  PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
-  if (!chosen.empty()) {
-    auto parsed = EnumFromName<PipelineSchedule>(chosen);
-    if (!parsed.has_value() || *parsed == PipelineSchedule::kAuto) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("StageAssignment.schedule: not a pipeline schedule: '", chosen, "'"));
-    }
-    schedule = *parsed;
+absl::Status ResolveAutoSchedule(std::optional<PipelineSchedule> chosen,
+                                 std::vector<PhaseSpec>& phases) {
+  if (chosen == PipelineSchedule::kInterleaved) {
+    return absl::InvalidArgumentError(
+        "StageAssignment.schedule: interleaved is not a schedule auto chooses");
   }
   for (PhaseSpec& phase : phases) {
     auto* backprop = std::get_if<BackpropOptions>(&phase.algorithm.options);
-    if (backprop != nullptr && backprop->schedule == PipelineSchedule::kAuto) {
-      backprop->schedule = schedule;
+    if (backprop != nullptr && !backprop->schedule.has_value()) {
+      backprop->schedule = chosen.value_or(PipelineSchedule::kOneFOneB);
     }
   }
   return absl::OkStatus();

@@ -508,7 +508,7 @@ absl::Status ValidatePhases(const JobSpec& spec) {
     by_steps |= phase.steps > 0;
     if (absl::Status s = ValidateAlgorithm(phase.algorithm, spec); !s.ok()) return InPhase(i, s);
     const auto* backprop = phase.algorithm.get_if<BackpropOptions>();
-    if (i > 0 && backprop != nullptr && backprop->schedule == PipelineSchedule::kAuto) {
+    if (i > 0 && backprop != nullptr && !backprop->schedule.has_value()) {
       return InPhase(i, KeyError("algorithm.schedule",
                                  "auto is chosen by the planner for the first phase only; name "
                                  "gpipe, 1f1b or zb-h1"));

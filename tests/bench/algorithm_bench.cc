@@ -290,7 +290,7 @@ int Planner(const std::string& base, int J) {
   for (size_t i = 0; i < rows.size(); ++i) {
     double predicted = 0;
     for (const auto& p : plan->predictions) {
-      if (p.algorithm == rows[i].first) predicted = p.seconds_per_batch;
+      if (p.label() == rows[i].first) predicted = p.seconds_per_batch;
     }
     const double m = median(measured[i]);
     std::cout << absl::StrFormat("%-16s %12.1f %12.1f %8.2f\n", rows[i].first, 1e3 * predicted,

@@ -251,7 +251,7 @@ std::vector<Config> Configs(const Options& o, int J, int R) {
       const double per = 1.0 / M;  // a micro-batch's share of the stage's work
       so.costs.assign(
           J, pl::StageCosts{F * per, B * per * (1 - o.weight_share), B * per * o.weight_share});
-      auto orders = pl::StageOrders(pl::Schedule::kZbH1, so);
+      auto orders = pl::StageOrders(stagewise::PipelineSchedule::kZbH1, so);
       if (!orders.ok()) Usage(orders.status().ToString());
       auto sim = pl::Simulate(*orders, so);
       if (!sim.ok()) Usage(sim.status().ToString());
@@ -269,7 +269,7 @@ std::vector<Config> Configs(const Options& o, int J, int R) {
       const double per = 1.0 / M;  // a micro-batch's share of the worker's work (all chunks)
       so.costs.assign(
           J, pl::StageCosts{F * per, B * per * (1 - o.weight_share), B * per * o.weight_share});
-      auto orders = pl::StageOrders(pl::Schedule::kInterleaved, so);
+      auto orders = pl::StageOrders(stagewise::PipelineSchedule::kInterleaved, so);
       if (!orders.ok()) Usage(orders.status().ToString());
       auto sim = pl::Simulate(*orders, so);
       if (!sim.ok()) Usage(sim.status().ToString());

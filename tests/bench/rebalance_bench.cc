@@ -175,7 +175,7 @@ double SlowedPrediction(const Options& o, const v1::JobStatus& st) {
     so.costs.push_back({t * forward_share / M, t * (1 - forward_share) / (2.0 * M),
                         t * (1 - forward_share) / (2.0 * M)});
   }
-  auto orders = pl::StageOrders(pl::Schedule::kOneFOneB, so);
+  auto orders = pl::StageOrders(stagewise::PipelineSchedule::kOneFOneB, so);
   if (!orders.ok()) return -1;
   auto sim = pl::Simulate(*orders, so);
   return sim.ok() ? sim->seconds : -1;

@@ -1081,7 +1081,9 @@ v1::WorkerEvent RandomEvent(std::mt19937& rng, const std::string& job) {
     }
     case 5:
       e.set_job_id(j);
-      e.mutable_profile()->set_profile(RandomText(rng));
+      e.mutable_profile()->mutable_profile()->set_model(RandomText(rng));
+      e.mutable_profile()->mutable_profile()->set_batch_size(RandomNumber(rng));
+      e.mutable_profile()->mutable_profile()->add_blocks()->set_forward_s(-1.0 * i32());
       break;
     case 6:
       e.mutable_ack()->set_command_id(RandomNumber(rng));

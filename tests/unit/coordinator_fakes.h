@@ -58,7 +58,7 @@ inline v1::WorkerInfo Info(const std::string& id, int64_t memory_bytes = 0) {
   info.set_worker_id(id);
   info.set_address(id + ".example:7000");
   info.set_memory_bytes(memory_bytes);
-  info.set_protocol(v1::CONTROL_PROTOCOL_V3);
+  info.set_protocol(v1::CONTROL_PROTOCOL_V4);
   return info;
 }
 
@@ -133,12 +133,12 @@ inline v1::WorkerEvent ErrorEvent(const std::string& worker, const std::string& 
 }
 
 inline v1::WorkerEvent ProfileEvent(const std::string& worker, const std::string& job,
-                                    const std::string& profile) {
+                                    const v1::ModelProfile& profile = {}) {
   v1::WorkerEvent e;
   e.set_worker_id(worker);
   e.set_job_id(job);
   e.set_stage(-1);
-  e.mutable_profile()->set_profile(profile);
+  *e.mutable_profile()->mutable_profile() = profile;
   return e;
 }
 

@@ -121,7 +121,7 @@ TEST(EventAdmission, RefusesWithTheMetricLabel) {
        "not_assigned"},
       {"stage out of range", WithAttempt(MetricsEvent("w0", "job-1", 9, 5, 0.5), 1),
        "not_assigned"},
-      {"profile while running", testing::ProfileEvent("w0", "job-1", "x"), "not_assigned"},
+      {"profile while running", testing::ProfileEvent("w0", "job-1"), "not_assigned"},
       {"step past the end", far_step, "out_of_range"},
       {"too many values", too_many, "out_of_range"},
       {"not the current phase", phase, "out_of_range"},
@@ -177,11 +177,18 @@ TEST(EventAdmission, AnEndedAttemptsRootCauseFailsTheJob) {
   // Not from the worker that ran that stage: refused.
   error.set_worker_id("w2");
   EXPECT_EQ(AdmitEvent(error, &job).label, "stale_attempt");
-  // While the job runs again, the old error no longer fails it.
+  // While the job runs again, the old error no longer fails it...
   job.status.set_state(v1::RUNNING);
   error.set_worker_id("w3");
   error.mutable_error()->set_code(static_cast<int>(absl::StatusCode::kInternal));
+  v1::JobAttempt* ended = job.status.mutable_attempts(0);
+  ASSERT_EQ(ended->attempt(), 0);
   EXPECT_EQ(AdmitEvent(error, &job).verdict, Verdict::kDropStale);
+  // ...unless attempt 0 ended only on a neighbour's broken stream: this is
+  // the cause that came after its consequence (a diverged loss is not retried
+  // however late its report).
+  ended->set_end_reason_secondary(true);
+  EXPECT_EQ(AdmitEvent(error, &job).verdict, Verdict::kFailJob);
 }
 
 TEST(EventAdmission, ErrorsOfNoStageComeFromAnyMember) {

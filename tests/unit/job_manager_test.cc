@@ -19,6 +19,7 @@
 #include "services/checkpoint/checkpoint.h"
 #include "services/metrics/metrics.h"
 #include "services/models/plan.h"
+#include "services/planner/plan_proto.h"
 #include "services/planner/profile.h"
 #include "tests/unit/coordinator_fakes.h"
 
@@ -633,7 +634,7 @@ TEST_F(JobManagerTest, ProfilingPlansThenConfiguresTheStages) {
     b.input_bytes = b.output_bytes = 1024;
     p.blocks.push_back(b);
   }
-  manager_->OnEvent(ProfileEvent("w0", id, planner::SerializeProfile(p)));
+  manager_->OnEvent(ProfileEvent("w0", id, planner::ToProto(p)));
   Sync();
   const v1::JobStatus st = Status(id);
   ASSERT_EQ(st.state(), v1::CONFIGURING) << st.reason();
@@ -658,7 +659,7 @@ TEST_F(JobManagerTest, BadProfileFailsTheJob) {
                                                      "stages: {count: 1, partition: auto}");
   const std::string id = Submit(yaml);
   ASSERT_EQ(Status(id).state(), v1::PROFILING);
-  manager_->OnEvent(ProfileEvent("w0", id, "garbage"));
+  manager_->OnEvent(ProfileEvent("w0", id));  // no blocks, batch size 0
   Sync();
   EXPECT_EQ(Status(id).state(), v1::FAILED);
   EXPECT_THAT(Status(id).reason(), HasSubstr("profile from the worker"));

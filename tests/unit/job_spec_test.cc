@@ -1084,17 +1084,17 @@ TEST(JobSpecTest, AutoScheduleResolvesInTheFirstPhaseOnly) {
   JobSpec spec =
       ParseOk(SpecYaml({{"algorithm", "{name: backprop, micro_batches: 4, schedule: auto}"}}));
   std::vector<PhaseSpec> phases = Phases(spec);
-  ASSERT_TRUE(ResolveAutoSchedule("zb-h1", phases).ok());
+  EXPECT_EQ(std::get<BackpropOptions>(phases[0].algorithm.options).schedule, std::nullopt);
+  ASSERT_TRUE(ResolveAutoSchedule(PipelineSchedule::kZbH1, phases).ok());
   EXPECT_EQ(std::get<BackpropOptions>(phases[0].algorithm.options).schedule,
             PipelineSchedule::kZbH1);
   phases = Phases(spec);
-  ASSERT_TRUE(ResolveAutoSchedule("", phases).ok());
+  ASSERT_TRUE(ResolveAutoSchedule(std::nullopt, phases).ok());
   EXPECT_EQ(std::get<BackpropOptions>(phases[0].algorithm.options).schedule,
             PipelineSchedule::kOneFOneB);
   phases = Phases(spec);
-  EXPECT_THAT(std::string(ResolveAutoSchedule("auto", phases).message()),
+  EXPECT_THAT(std::string(ResolveAutoSchedule(PipelineSchedule::kInterleaved, phases).message()),
               HasSubstr("StageAssignment.schedule"));
-  EXPECT_FALSE(ResolveAutoSchedule("sideways", phases).ok());
   const std::string later = ParseError(SpecYaml({{"epochs", ""}, {"phases", R"(
   - {name: local, epochs: 1, algorithm: {name: nwise, n: 1}}
   - {name: tune, epochs: 1, algorithm: {name: backprop, schedule: auto}})"}}));

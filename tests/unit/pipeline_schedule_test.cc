@@ -17,7 +17,7 @@ std::string Joined(const std::vector<Op>& ops) {
   return s;
 }
 
-Simulation Played(Schedule schedule, const ScheduleOptions& o) {
+Simulation Played(PipelineSchedule schedule, const ScheduleOptions& o) {
   auto orders = StageOrders(schedule, o);
   EXPECT_TRUE(orders.ok()) << orders.status();
   if (!orders.ok()) return {};
@@ -27,7 +27,7 @@ Simulation Played(Schedule schedule, const ScheduleOptions& o) {
 }
 
 TEST(StageOrders, OneFOneBWarmsUpWithJMinusOneMinusJForwards) {
-  auto orders = StageOrders(Schedule::kOneFOneB, {.stages = 3, .micro_batches = 4});
+  auto orders = StageOrders(PipelineSchedule::kOneFOneB, {.stages = 3, .micro_batches = 4});
   ASSERT_TRUE(orders.ok()) << orders.status();
   EXPECT_EQ(Joined((*orders)[0]), "F0 F1 F2 B0 F3 B1 B2 B3");
   EXPECT_EQ(Joined((*orders)[1]), "F0 F1 B0 F2 B1 F3 B2 B3");
@@ -35,7 +35,7 @@ TEST(StageOrders, OneFOneBWarmsUpWithJMinusOneMinusJForwards) {
 }
 
 TEST(StageOrders, ZbH1DefersStageJsWeightGradientsByJMicroBatches) {
-  auto orders = StageOrders(Schedule::kZbH1, {.stages = 3, .micro_batches = 4});
+  auto orders = StageOrders(PipelineSchedule::kZbH1, {.stages = 3, .micro_batches = 4});
   ASSERT_TRUE(orders.ok()) << orders.status();
   EXPECT_EQ(Joined((*orders)[0]), "F0 F1 F2 B0 F3 B1 B2 B3");  // fused: no input gradient to send
   EXPECT_EQ(Joined((*orders)[1]), "F0 F1 Bi0 F2 Bi1 W0 F3 Bi2 W1 Bi3 W2 W3");
@@ -45,31 +45,34 @@ TEST(StageOrders, ZbH1DefersStageJsWeightGradientsByJMicroBatches) {
 // Megatron's order: groups of J micro-batches per chunk, 2(J-1-j) + (v-1)J
 // forwards of warm-up.
 TEST(StageOrders, InterleavedGoesRoundTheChunksInGroupsOfJ) {
-  auto orders = StageOrders(Schedule::kInterleaved, {.stages = 2, .micro_batches = 2, .chunks = 2});
+  auto orders =
+      StageOrders(PipelineSchedule::kInterleaved, {.stages = 2, .micro_batches = 2, .chunks = 2});
   ASSERT_TRUE(orders.ok()) << orders.status();
   EXPECT_EQ(Joined((*orders)[0]), "F0 F1 F0c1 F1c1 B0c1 B1c1 B0 B1");
   EXPECT_EQ(Joined((*orders)[1]), "F0 F1 F0c1 B0c1 F1c1 B1c1 B0 B1");
-  EXPECT_EQ(StageOrders(Schedule::kInterleaved, {.stages = 2, .micro_batches = 3, .chunks = 2})
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(StageOrders(Schedule::kOneFOneB, {.stages = 2, .micro_batches = 2, .chunks = 2})
+  EXPECT_EQ(
+      StageOrders(PipelineSchedule::kInterleaved, {.stages = 2, .micro_batches = 3, .chunks = 2})
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(StageOrders(PipelineSchedule::kOneFOneB, {.stages = 2, .micro_batches = 2, .chunks = 2})
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
 }
 
 TEST(StageOrders, RefusesBadOptionsNamingTheField) {
-  EXPECT_NE(StageOrders(Schedule::kGpipe, {.stages = 0}).status().message().find("stages"),
+  EXPECT_NE(StageOrders(PipelineSchedule::kGpipe, {.stages = 0}).status().message().find("stages"),
             std::string::npos);
-  EXPECT_NE(StageOrders(Schedule::kGpipe, {.stages = 2, .micro_batches = 0})
+  EXPECT_NE(StageOrders(PipelineSchedule::kGpipe, {.stages = 2, .micro_batches = 0})
                 .status()
                 .message()
                 .find("micro_batches"),
             std::string::npos);
   ScheduleOptions o{.stages = 2, .micro_batches = 2};
   o.costs.resize(3);
-  EXPECT_NE(StageOrders(Schedule::kZbH1, o).status().message().find("costs"), std::string::npos);
+  EXPECT_NE(StageOrders(PipelineSchedule::kZbH1, o).status().message().find("costs"),
+            std::string::npos);
 }
 
 TEST(Simulate, FindsDeadlocksAndMissingOperations) {
@@ -94,9 +97,9 @@ TEST(Simulate, TimesFollowTheBubbleFormulas) {
     for (int M : {1, 2, 4, 8, 16, 32}) {
       SCOPED_TRACE(testing::Message() << "J=" << J << " M=" << M);
       const ScheduleOptions o{.stages = J, .micro_batches = M};
-      const Simulation gpipe = Played(Schedule::kGpipe, o);
-      const Simulation one = Played(Schedule::kOneFOneB, o);
-      const Simulation zb = Played(Schedule::kZbH1, o);
+      const Simulation gpipe = Played(PipelineSchedule::kGpipe, o);
+      const Simulation one = Played(PipelineSchedule::kOneFOneB, o);
+      const Simulation zb = Played(PipelineSchedule::kZbH1, o);
       EXPECT_DOUBLE_EQ(gpipe.seconds, 3 * M + 3 * (J - 1));
       EXPECT_DOUBLE_EQ(one.seconds, 3 * M + 3 * (J - 1));
       if (M >= J) {
@@ -106,9 +109,9 @@ TEST(Simulate, TimesFollowTheBubbleFormulas) {
       }
       EXPECT_NEAR(one.bubble, 3.0 * (J - 1) / (3 * M + 3 * (J - 1)), 1e-12);
       for (int j = 0; j < J; ++j) {
-        EXPECT_EQ(gpipe.peak_in_flight[j], MaxInFlight(Schedule::kGpipe, o, j)) << j;
-        EXPECT_EQ(one.peak_in_flight[j], MaxInFlight(Schedule::kOneFOneB, o, j)) << j;
-        EXPECT_EQ(zb.peak_in_flight[j], MaxInFlight(Schedule::kZbH1, o, j)) << j;
+        EXPECT_EQ(gpipe.peak_in_flight[j], MaxInFlight(PipelineSchedule::kGpipe, o, j)) << j;
+        EXPECT_EQ(one.peak_in_flight[j], MaxInFlight(PipelineSchedule::kOneFOneB, o, j)) << j;
+        EXPECT_EQ(zb.peak_in_flight[j], MaxInFlight(PipelineSchedule::kZbH1, o, j)) << j;
         EXPECT_LE(zb.peak_in_flight[j], one.peak_in_flight[0]) << j;  // 1F1B's peak
       }
     }
@@ -123,10 +126,10 @@ TEST(Simulate, InterleavedCutsTheBubbleByTheChunkCount) {
         const int M = groups * J;
         SCOPED_TRACE(testing::Message() << "J=" << J << " v=" << v << " M=" << M);
         const ScheduleOptions o{.stages = J, .micro_batches = M, .chunks = v};
-        const Simulation sim = Played(Schedule::kInterleaved, o);
+        const Simulation sim = Played(PipelineSchedule::kInterleaved, o);
         EXPECT_NEAR(sim.seconds, 3 * M + 3.0 * (J - 1) / v, 1e-9);
         for (int j = 0; j < J; ++j) {
-          EXPECT_EQ(sim.peak_in_flight[j], MaxInFlight(Schedule::kInterleaved, o, j)) << j;
+          EXPECT_EQ(sim.peak_in_flight[j], MaxInFlight(PipelineSchedule::kInterleaved, o, j)) << j;
         }
       }
     }
@@ -142,8 +145,8 @@ TEST(Simulate, ZbH1IsNeverSlowerThanOneFOneB) {
         ScheduleOptions o{.stages = J, .micro_batches = M, .lookahead = lookahead};
         for (int j = 0; j < J; ++j) o.costs.push_back({1.0 + 0.3 * j, 0.7 + 0.1 * j, 1.4});
         o.link_seconds = 0.25;
-        const Simulation one = Played(Schedule::kOneFOneB, o);
-        const Simulation zb = Played(Schedule::kZbH1, o);
+        const Simulation one = Played(PipelineSchedule::kOneFOneB, o);
+        const Simulation zb = Played(PipelineSchedule::kZbH1, o);
         EXPECT_LE(zb.seconds, one.seconds + 1e-9) << "J=" << J << " M=" << M;
       }
     }

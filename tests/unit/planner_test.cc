@@ -325,7 +325,8 @@ TEST(Planner, AutoPartitionBalancesTheSlowestStage) {
   EXPECT_LE(plan->bottleneck_s, even->bottleneck_s + 1e-12);
   // Predictions: backprop is the reference.
   ASSERT_FALSE(plan->predictions.empty());
-  EXPECT_EQ(plan->predictions[0].algorithm, "backprop");
+  EXPECT_EQ(plan->predictions[0].label(), "backprop");
+  EXPECT_EQ(plan->predictions[0].key, PredictionKey{});
   EXPECT_DOUBLE_EQ(plan->predictions[0].speedup, 1.0);
   EXPECT_FALSE(PlanText(p, *plan).empty());
   EXPECT_NE(PlanJson(p, *plan).find("\"predictions\""), std::string::npos);
@@ -417,7 +418,7 @@ TEST(Planner, AutoScheduleIsTheFastestThatFits) {
   PlanOptions o;
   o.num_stages = 4;
   o.micro_batches = 8;
-  o.schedule = PipelineSchedule::kAuto;
+  o.schedule = std::nullopt;  // auto
   o.modes = BlockModes::kStore;
   o.ranges = {{0, 2}, {2, 4}, {4, 6}, {6, 8}};
   auto free = ChooseSchedule(p, o);
@@ -511,7 +512,8 @@ TEST(Planner, PlanSummaryNamesEveryStageAndPrediction) {
   b.store = {true, true};
   b.estimate.forward_s = 4;
   plan.stages = {a, b};
-  plan.predictions = {{"petra", 1.5, 2, ""}, {"nwise n=2", 0.75, 4, ""}};
+  plan.predictions = {{{.algorithm = AlgorithmKind::kPetra}, 1.5, 2, ""},
+                      {{.algorithm = AlgorithmKind::kNwise, .nwise_n = 2}, 0.75, 4, ""}};
 
   const std::vector<std::pair<std::string, double>> summary = PlanSummary(plan);
   const std::vector<std::pair<std::string, double>> expected = {

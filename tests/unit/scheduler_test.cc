@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "services/planner/plan_proto.h"
 #include "services/planner/profile.h"
 #include "tests/unit/coordinator_fakes.h"
 
@@ -103,7 +104,8 @@ TEST_F(SchedulerTest, StageAssignmentsChainTheStages) {
   EXPECT_EQ(a0.block_end(), 3);
   EXPECT_EQ(a0.next_address(), "w0.example:7000");
   EXPECT_EQ(a0.job_spec_yaml(), "yaml");
-  EXPECT_THAT(a0.block_modes(), ElementsAre("store", "rebuild", "store"));
+  EXPECT_THAT(a0.block_modes(),
+              ElementsAre(v1::BLOCK_MODE_STORE, v1::BLOCK_MODE_REBUILD, v1::BLOCK_MODE_STORE));
   EXPECT_EQ(a1.stage(), 1);
   EXPECT_EQ(a1.block_begin(), 3);
   EXPECT_EQ(a1.block_end(), 5);
@@ -280,7 +282,7 @@ TEST_F(SchedulerTest, PlanFromProfilePartitionsAndSummarises) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   spec->stages.partition = Partition::kAuto;
   v1::ProfileResult result;
-  result.set_profile(planner::SerializeProfile(FourBlocks()));
+  *result.mutable_profile() = planner::ToProto(FourBlocks());
   auto planned = scheduler_.PlanFromProfile(*spec, {}, result, {"w0", "w1"});
   ASSERT_TRUE(planned.ok()) << planned.status();
   ASSERT_EQ(planned->ranges.size(), 2u);
@@ -296,7 +298,7 @@ TEST_F(SchedulerTest, PlanFromProfilePartitionsAndSummarises) {
   }
   EXPECT_TRUE(has_cut);
 
-  result.set_profile("not a profile");
+  result.mutable_profile()->mutable_blocks(1)->set_index(7);  // out of order
   auto bad = scheduler_.PlanFromProfile(*spec, {}, result, {"w0", "w1"});
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("profile from the worker"));

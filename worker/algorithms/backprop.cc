@@ -38,7 +38,8 @@ class Backprop : public Algorithm {
  public:
   explicit Backprop(const BackpropOptions& options)
       : micro_batches_(options.micro_batches),
-        schedule_(options.schedule),
+        // auto was resolved to the planner's pick before (ResolveAutoSchedule).
+        schedule_(options.schedule.value_or(PipelineSchedule::kOneFOneB)),
         recompute_(options.recompute),
         lookahead_(options.lookahead) {}
 
@@ -70,11 +71,7 @@ class Backprop : public Algorithm {
     }
     pipeline::ScheduleOptions options{
         .stages = J, .micro_batches = M, .lookahead = lookahead_, .chunks = v};
-    pipeline::Schedule schedule = pipeline::Schedule::kGpipe;
-    if (schedule_ == PipelineSchedule::kOneFOneB) schedule = pipeline::Schedule::kOneFOneB;
-    if (schedule_ == PipelineSchedule::kZbH1) schedule = pipeline::Schedule::kZbH1;
-    if (schedule_ == PipelineSchedule::kInterleaved) schedule = pipeline::Schedule::kInterleaved;
-    auto orders = pipeline::StageOrders(schedule, options);
+    auto orders = pipeline::StageOrders(schedule_, options);
     if (!orders.ok()) return orders.status();
     const std::vector<pipeline::Op>& worker_order = (*orders)[ctx.stage() % J];
     const int chunk = ctx.stage() / J;
