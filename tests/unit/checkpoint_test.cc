@@ -220,3 +220,44 @@ TEST_F(CheckpointTest, ProbeWritableNamesTheField) {
 
 }  // namespace
 }  // namespace stagewise::checkpoint
+
+namespace stagewise::checkpoint {
+namespace {
+
+// A shard's block modes: written typed, read back typed; a manifest written
+// before the typed field (modes spelt "store" / "rebuild") still reads; a
+// wrong count or spelling is DATA_LOSS naming the shard.
+TEST(ShardModesTest, TypedAndOlderManifestsReadTheSame) {
+  v1::CheckpointShard shard;
+  shard.set_block_begin(4);
+  shard.set_block_end(7);
+  const std::vector<BlockMode> modes = {BlockMode::kStore, BlockMode::kRebuild, BlockMode::kStore};
+  SetShardModes(modes, &shard);
+  EXPECT_EQ(shard.block_modes_size(), 0);
+  ASSERT_EQ(shard.modes_size(), 3);
+  EXPECT_EQ(shard.modes(1), v1::BLOCK_MODE_REBUILD);
+  auto typed = ShardModes(shard);
+  ASSERT_TRUE(typed.ok()) << typed.status();
+  EXPECT_EQ(*typed, modes);
+
+  v1::CheckpointShard old;
+  old.set_block_begin(4);
+  old.set_block_end(7);
+  for (const char* m : {"store", "rebuild", "store"}) old.add_block_modes(m);
+  auto read = ShardModes(old);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, modes);
+
+  old.set_block_modes(1, "sideways");
+  EXPECT_EQ(ShardModes(old).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(ShardModes(old).status().message().find("sideways"), std::string::npos);
+  shard.set_block_end(9);  // 5 blocks, 3 modes
+  EXPECT_NE(ShardModes(shard).status().message().find("3 block modes for 5 blocks"),
+            std::string::npos);
+  shard.set_block_end(7);
+  shard.set_modes(0, v1::BLOCK_MODE_UNSPECIFIED);
+  EXPECT_EQ(ShardModes(shard).status().code(), absl::StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace stagewise::checkpoint

@@ -13,6 +13,7 @@
 
 #include "services/planner/knapsack.h"
 #include "services/planner/partition.h"
+#include "services/planner/plan_proto.h"
 #include "services/planner/profile.h"
 
 namespace stagewise::planner {
@@ -526,6 +527,81 @@ TEST(Planner, PlanSummaryNamesEveryStageAndPrediction) {
   };
   EXPECT_EQ(summary, expected);
   EXPECT_TRUE(PlanSummary(Plan{}).empty());
+}
+
+// The planner's values on the wire (plan_proto.h): a profile survives its
+// proto exactly; what the planner would trip on is refused naming the field;
+// schedules and modes map one to one, "none" to UNSPECIFIED.
+TEST(PlanProto, ProfilesSchedulesAndModesRoundTrip) {
+  std::mt19937 rng(5);
+  ModelProfile p = SyntheticProfile(3, rng);
+  p.key = "k";
+  p.device = "cuda:0";
+  p.aux_head = "conv";
+  const v1::ModelProfile proto = ToProto(p);
+  auto back = ProfileFromProto(proto);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(SerializeProfile(*back), SerializeProfile(p));
+
+  v1::ModelProfile bad = proto;
+  bad.mutable_blocks(2)->set_backward_s(-1);
+  EXPECT_NE(ProfileFromProto(bad).status().message().find("blocks[2].backward_s"),
+            std::string::npos);
+  bad = proto;
+  bad.mutable_blocks(1)->set_index(3);
+  EXPECT_NE(ProfileFromProto(bad).status().message().find("blocks[1].index"), std::string::npos);
+  bad = proto;
+  bad.mutable_blocks(0)->set_graph_bytes(-5);
+  EXPECT_FALSE(ProfileFromProto(bad).ok());
+  bad = proto;
+  bad.set_batch_size(0);
+  EXPECT_NE(ProfileFromProto(bad).status().message().find("batch_size"), std::string::npos);
+  EXPECT_FALSE(ProfileFromProto(v1::ModelProfile{}).ok());
+
+  EXPECT_EQ(ToProto(std::optional<PipelineSchedule>{}), v1::PIPELINE_SCHEDULE_UNSPECIFIED);
+  for (PipelineSchedule s : {PipelineSchedule::kGpipe, PipelineSchedule::kOneFOneB,
+                             PipelineSchedule::kZbH1, PipelineSchedule::kInterleaved}) {
+    auto r = ScheduleFromProto(ToProto(s), "f");
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(*r, s);
+  }
+  EXPECT_EQ(ToProto(PipelineSchedule::kOneFOneB), v1::PIPELINE_SCHEDULE_1F1B);
+  EXPECT_EQ(*ScheduleFromProto(v1::PIPELINE_SCHEDULE_UNSPECIFIED, "f"), std::nullopt);
+  EXPECT_NE(ScheduleFromProto(static_cast<v1::PipelineSchedule>(42), "StageAssignment.schedule")
+                .status()
+                .message()
+                .find("StageAssignment.schedule"),
+            std::string::npos);
+  google::protobuf::RepeatedField<int> modes;
+  modes.Add(ToProto(BlockMode::kRebuild));
+  modes.Add(ToProto(BlockMode::kStore));
+  auto m = ModesFromProto(modes, "block_modes");
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(*m, (std::vector<BlockMode>{BlockMode::kRebuild, BlockMode::kStore}));
+  modes.Add(0);
+  EXPECT_NE(ModesFromProto(modes, "block_modes").status().message().find("block_modes[2]"),
+            std::string::npos);
+}
+
+// Predictions are found by what they are of; labels are derived.
+TEST(PlanProto, PredictionsAreKeyedByKind) {
+  EXPECT_EQ(LabelOf({}), "backprop");
+  EXPECT_EQ(LabelOf({.schedule = PipelineSchedule::kZbH1, .micro_batches = 8}),
+            "backprop zb-h1 M=8");
+  EXPECT_EQ(LabelOf({.schedule = PipelineSchedule::kInterleaved, .micro_batches = 4, .chunks = 2}),
+            "backprop interleaved v=2 M=4");
+  EXPECT_EQ(LabelOf({.algorithm = AlgorithmKind::kNwise, .nwise_n = 2}), "nwise n=2");
+  std::mt19937 rng(9);
+  PlanOptions o;
+  o.num_stages = 2;
+  o.micro_batches = 4;
+  auto plan = MakePlan(SyntheticProfile(4, rng), o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const Prediction* one = plan->Find({.schedule = PipelineSchedule::kOneFOneB, .micro_batches = 4});
+  ASSERT_NE(one, nullptr);
+  EXPECT_GT(one->seconds_per_batch, 0);
+  EXPECT_EQ(plan->Find({.schedule = PipelineSchedule::kOneFOneB, .micro_batches = 5}), nullptr);
+  EXPECT_NE(plan->Find({.algorithm = AlgorithmKind::kPetra}), nullptr);
 }
 
 }  // namespace
