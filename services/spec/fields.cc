@@ -1,5 +1,7 @@
 #include "services/spec/fields.h"
 
+#include <cmath>
+#include <cstdint>
 #include <limits>
 #include <map>
 #include <utility>
@@ -20,7 +22,31 @@ std::string Choices() {
 
 constexpr const char* kRequired = "—";
 
+// A bound as the docs and errors show it: whole numbers in full (1000000,
+// not 1e+06).
+std::string BoundText(double v) {
+  if (std::abs(v) < 1e15 && v == std::floor(v)) return absl::StrCat(static_cast<int64_t>(v));
+  return FormatDouble(v);
+}
+
 }  // namespace
+
+std::string Range::Text() const {
+  if (min.has_value() && max.has_value()) {
+    return absl::StrCat(min_open ? "(" : "[", BoundText(*min), ", ", BoundText(*max),
+                        max_open ? ")" : "]");
+  }
+  if (min.has_value()) return absl::StrCat(min_open ? "> " : ">= ", BoundText(*min));
+  if (max.has_value()) return absl::StrCat(max_open ? "< " : "<= ", BoundText(*max));
+  return "any number";
+}
+
+absl::Status Range::Check(absl::string_view path, double value) const {
+  if (Contains(value)) return absl::OkStatus();
+  const bool both = min.has_value() && max.has_value();
+  return KeyError(path, absl::StrCat("must be ", both ? "in " : "", Text(), ", got ",
+                                     std::isnan(value) ? "nan" : BoundText(value)));
+}
 
 // ---------------------------------------------------------------------------
 // Plain sections. The "allowed" texts are docs/job_spec.md's; the ranges they
@@ -30,7 +56,7 @@ const std::vector<Field<JobSpec>>& TopLevelFields() {
   using S = JobSpec;
   static const auto* const kFields = new std::vector<Field<S>>{
       Key("name", &S::name, "**required**; `[A-Za-z0-9_.-]+`", kRequired),
-      Key("seed", &S::seed, "`>= 0`; seeds data order, augmentation and parameter init"),
+      Key("seed", &S::seed, AtLeast(0), "seeds data order, augmentation and parameter init"),
       Key("device", &S::device,
           "`cpu`, `cuda`, `cuda:N`: a `cuda` job's stages go only to workers on a CUDA device "
           "(they wait for them); `local` puts worker n on `cuda:(n mod GPUs)`"),
@@ -40,10 +66,10 @@ const std::vector<Field<JobSpec>>& TopLevelFields() {
       Custom<S>("stages", "int or map", "`1`", "see [stages](#stages)"),
       Custom<S>("optimizer", "map", "SGD", "see [optimizer](#optimizer)"),
       Custom<S>("schedule", "map", "constant", "see [schedule](#schedule)"),
-      Key("batch_size", &S::batch_size, "`>= 1` (per mini-batch, whole pipeline)"),
-      Key("eval_batch_size", &S::eval_batch_size, "`>= 0`; `0` = `batch_size`"),
-      Key("epochs", &S::epochs, "`>= 0`, fractions allowed"),
-      Key("steps", &S::steps, "`>= 0`"),
+      Key("batch_size", &S::batch_size, AtLeast(1), "per mini-batch, whole pipeline"),
+      Key("eval_batch_size", &S::eval_batch_size, AtLeast(0), "`0` = `batch_size`"),
+      Key("epochs", &S::epochs, Between(0, 1e6), "fractions allowed"),
+      Key("steps", &S::steps, Between(0, 1e12), ""),
       Custom<S>("eval", "map", "", "see [eval](#eval)"),
       Custom<S>("checkpoint", "map", "", "see [checkpoint](#checkpoint)"),
       Custom<S>("recovery", "map", "", "see [recovery](#recovery)"),
@@ -75,11 +101,11 @@ const std::vector<Field<ModelSpec>>& ModelFields() {
       Key("style", &S::style, Choices<ResNetStyle>() + " (resnet only; ignored otherwise)"),
       Key("small_input", &S::small_input,
           "imagenet-style resnet and revnet: 3x3 stem, no max-pool"),
-      Key("width", &S::width, "`>= 0`; base channels, `0` = the paper's default"),
-      Key("blocks", &S::blocks,
-          "each `>= 1`; blocks per group, **overrides `depth`**. resnet cifar: 3 entries; resnet "
+      Key("width", &S::width, AtLeast(0), "base channels, `0` = the paper's default"),
+      Key("blocks", &S::blocks, AtLeast(1),
+          "blocks per group, **overrides `depth`**. resnet cifar: 3 entries; resnet "
           "imagenet and revnet: 4 entries"),
-      Key("hidden", &S::hidden, "each `>= 1`; mlp hidden layer sizes (`[]` = linear classifier)"),
+      Key("hidden", &S::hidden, AtLeast(1), "mlp hidden layer sizes (`[]` = linear classifier)"),
       Key("heads", &S::heads,
           "gpt/reformer: attention heads, `[1, 256]`, must divide `width` (see "
           "[text.md](text.md))"),
@@ -115,7 +141,7 @@ const std::vector<Field<DataSpec>>& DataFields() {
           "directory; `\"\"` = the dataset's default. **Required** for `cifar10`/`cifar100` (the "
           "binary batches) and `text_file` (a UTF-8 file, under the worker's `--data-root`)"),
       Key("augment", &S::augment, "random crop with padding + horizontal flip"),
-      Key("crop_padding", &S::crop_padding, "`>= 0`"),
+      Key("crop_padding", &S::crop_padding, AtLeast(0), ""),
       Key("horizontal_flip", &S::horizontal_flip, "used when `augment`"),
       Key("normalize", &S::normalize, "per-channel mean/std of the training set"),
       Key("train_size", &S::train_size,
@@ -125,9 +151,9 @@ const std::vector<Field<DataSpec>>& DataFields() {
       Key("test_size", &S::test_size, "synthetic only, `>= 1`; the same cap"),
       Key("shape", &S::shape, "synthetic only: `[C, H, W]`, each in `[1, 4096]`"),
       Key("classes", &S::classes, "synthetic only, `[2, 1000000]`"),
-      Key("limit_train", &S::limit_train,
-          "`>= 0`; use only the first N training samples (`0` = all)"),
-      Key("limit_test", &S::limit_test, "`>= 0`; same for the test set"),
+      Key("limit_train", &S::limit_train, AtLeast(0),
+          "use only the first N training samples (`0` = all)"),
+      Key("limit_test", &S::limit_test, AtLeast(0), "same for the test set"),
       Key("sequence_length", &S::sequence_length,
           "text: bytes per sequence, `[2, 4096]`, at most the evaluated split's size"),
       Key("min_sequence_length", &S::min_sequence_length,
@@ -144,15 +170,16 @@ const std::vector<Field<OptimizerSpec>>& OptimizerFields() {
   using S = OptimizerSpec;
   static const auto* const kFields = new std::vector<Field<S>>{
       Key("name", &S::name, Choices<OptimizerKind>()),
-      Key("lr", &S::lr, "`>= 0` (base learning rate; 0 freezes the parameters, as the oracles do)"),
-      Key("momentum", &S::momentum, "`[0, 1)` (sgd)"),
+      Key("lr", &S::lr, AtLeast(0),
+          "base learning rate; 0 freezes the parameters, as the oracles do"),
+      Key("momentum", &S::momentum, Between(0, 1, false, true), "sgd"),
       Key("nesterov", &S::nesterov, "sgd: requires `momentum > 0`"),
-      Key("weight_decay", &S::weight_decay, "`>= 0`"),
+      Key("weight_decay", &S::weight_decay, AtLeast(0), ""),
       Key("exclude_bn_and_bias", &S::exclude_bn_and_bias,
           "no weight decay on BatchNorm parameters and biases"),
-      Key("beta1", &S::beta1, "`[0, 1)` (adam)"),
-      Key("beta2", &S::beta2, "`[0, 1)` (adam)"),
-      Key("eps", &S::eps, "`> 0` (adam)"),
+      Key("beta1", &S::beta1, Between(0, 1, false, true), "adam"),
+      Key("beta2", &S::beta2, Between(0, 1, false, true), "adam"),
+      Key("eps", &S::eps, Above(0), "adam"),
       Key("scale_lr_by_batch", &S::scale_lr_by_batch,
           "Goyal et al. rule: lr x batch_size x k / 256"),
   };
@@ -163,12 +190,13 @@ const std::vector<Field<ScheduleSpec>>& ScheduleFields() {
   using S = ScheduleSpec;
   static const auto* const kFields = new std::vector<Field<S>>{
       Key("name", &S::name, Choices<LrScheduleKind>()),
-      Key("warmup_epochs", &S::warmup_epochs, "`>= 0`; linear warm-up from 0, fractions allowed"),
+      Key("warmup_epochs", &S::warmup_epochs, AtLeast(0),
+          "linear warm-up from 0, fractions allowed"),
       Key("milestones", &S::milestones,
           "multistep: epochs where lr *= gamma; `> 0`, strictly increasing; at least one for "
           "`multistep`"),
-      Key("gamma", &S::gamma, "`(0, 1]`"),
-      Key("min_lr", &S::min_lr, "`>= 0`; cosine: the final lr"),
+      Key("gamma", &S::gamma, Between(0, 1, true, false), ""),
+      Key("min_lr", &S::min_lr, AtLeast(0), "cosine: the final lr"),
   };
   return *kFields;
 }
@@ -176,8 +204,8 @@ const std::vector<Field<ScheduleSpec>>& ScheduleFields() {
 const std::vector<Field<EvalSpec>>& EvalFields() {
   using S = EvalSpec;
   static const auto* const kFields = new std::vector<Field<S>>{
-      Key("every_epochs", &S::every_epochs, "`>= 0`; `0` = only at the end"),
-      Key("every_steps", &S::every_steps, "`>= 0`; `0` = off"),
+      Key("every_epochs", &S::every_epochs, AtLeast(0), "`0` = only at the end"),
+      Key("every_steps", &S::every_steps, AtLeast(0), "`0` = off"),
       Key("at_end", &S::at_end, ""),
   };
   return *kFields;
@@ -187,9 +215,9 @@ const std::vector<Field<CheckpointSpec>>& CheckpointFields() {
   using S = CheckpointSpec;
   static const auto* const kFields = new std::vector<Field<S>>{
       Key("dir", &S::dir, "`\"\"` = no checkpoints"),
-      Key("every_epochs", &S::every_epochs, "`>= 0`; `> 0` requires `dir`"),
-      Key("every_steps", &S::every_steps, "`>= 0`; `> 0` requires `dir`"),
-      Key("keep", &S::keep, "`>= 1`; newest committed checkpoints kept"),
+      Key("every_epochs", &S::every_epochs, AtLeast(0), "`> 0` requires `dir`"),
+      Key("every_steps", &S::every_steps, AtLeast(0), "`> 0` requires `dir`"),
+      Key("keep", &S::keep, AtLeast(1), "newest committed checkpoints kept"),
   };
   return *kFields;
 }
@@ -197,15 +225,15 @@ const std::vector<Field<CheckpointSpec>>& CheckpointFields() {
 const std::vector<Field<RecoverySpec>>& RecoveryFields() {
   using S = RecoverySpec;
   static const auto* const kFields = new std::vector<Field<S>>{
-      Key("max_restarts", &S::max_restarts,
-          "`>= 0`; attempts that may end early (lost worker, coordinator restart, retryable "
+      Key("max_restarts", &S::max_restarts, AtLeast(0),
+          "attempts that may end early (lost worker, coordinator restart, retryable "
           "error) before the job fails"),
-      Key("wait_seconds", &S::wait_seconds,
-          "`> 0`; how long a recovering job waits for enough idle workers"),
+      Key("wait_seconds", &S::wait_seconds, Above(0),
+          "how long a recovering job waits for enough idle workers"),
       Key("from_scratch", &S::from_scratch,
           "without a committed checkpoint, restart from step 0 (`false`: fail)"),
-      Key("stall_seconds", &S::stall_seconds,
-          "`>= 0`; a running job whose step does not advance for this long is recovered as if "
+      Key("stall_seconds", &S::stall_seconds, Between(0, 1e9),
+          "a running job whose step does not advance for this long is recovered as if "
           "a stage were lost (cause `stalled`); `0` = 20x the median step time so far, at least "
           "300"),
       Key("elastic", &S::elastic,
@@ -225,8 +253,8 @@ const std::vector<Field<RecoverySpec>>& RecoveryFields() {
 const std::vector<Field<SyncSpec>>& SyncFields() {
   using S = SyncSpec;
   static const auto* const kFields = new std::vector<Field<S>>{
-      Key("every", &S::every,
-          "`1..1000000`; `1`: the replicas of a stage average their gradients before every "
+      Key("every", &S::every, Between(1, 1e6),
+          "`1`: the replicas of a stage average their gradients before every "
           "optimizer step; `H > 1` (needs `stages.replicas > 1`): each replica takes H optimizer "
           "steps on its own, then the replicas average their parameter moves and `outer` "
           "applies them"),
@@ -234,16 +262,17 @@ const std::vector<Field<SyncSpec>>& SyncFields() {
           absl::StrCat(Choices<OuterOptimizer>(),
                        ": the outer optimizer of `every > 1` (SGD on the averaged move, with "
                        "Nesterov momentum or plain momentum)")),
-      Key("lr", &S::lr,
-          "`(0, 1000]`; the outer learning rate (`1` with `momentum: 0` and `outer: "
+      Key("lr", &S::lr, Between(0, 1000, true, false),
+          "the outer learning rate (`1` with `momentum: 0` and `outer: "
           "sgd` is plain parameter averaging)"),
-      Key("momentum", &S::momentum, "`[0, 1)`; the outer momentum (`nesterov` needs `> 0`)"),
+      Key("momentum", &S::momentum, Between(0, 1, false, true),
+          "the outer momentum (`nesterov` needs `> 0`)"),
       Key("overlap", &S::overlap,
           "with `every: 1` and backprop: a bucket of gradients starts its all-reduce as soon as "
           "the step's last backward has produced it, while the backward goes on (opt-in for now, "
           "see replicas.md); `false` averages after the backward"),
-      Key("bucket_mb", &S::bucket_mb,
-          "`(0, 1024]`; gradients travel in flat buckets of at most this many MiB (a larger "
+      Key("bucket_mb", &S::bucket_mb, Between(0, 1024, true, false),
+          "gradients travel in flat buckets of at most this many MiB (a larger "
           "tensor alone); smaller buckets start earlier during an overlapped backward, larger "
           "ones make fewer all-reduces"),
   };
@@ -264,13 +293,13 @@ const std::vector<Field<PlacementSpec>>& PlacementFields() {
           "`key=value` entries, e.g. `[gpu=a100]`: only workers started with every one of "
           "these (`stagewise-worker --label gpu=a100`) take the job's stages; it waits for "
           "enough of them"),
-      Key("link_gbps", &S::link_gbps,
-          "`>= 0`; the bandwidth between neighbouring workers in Gbit/s, for the planner "
+      Key("link_gbps", &S::link_gbps, Between(0, 1e9),
+          "the bandwidth between neighbouring workers in Gbit/s, for the planner "
           "(`stages.partition: auto`): a stage's time includes sending its output forward and "
           "its input's gradient back, so cuts avoid large activations on slow links; `0` = not "
           "modelled (see [planner.md](planner.md#links))"),
-      Key("link_rtt_ms", &S::link_rtt_ms,
-          "`>= 0`; the round trip between neighbouring workers in ms (half of it per message), "
+      Key("link_rtt_ms", &S::link_rtt_ms, Between(0, 1e9),
+          "the round trip between neighbouring workers in ms (half of it per message), "
           "with `link_gbps`"),
   };
   return *kFields;
@@ -279,12 +308,13 @@ const std::vector<Field<PlacementSpec>>& PlacementFields() {
 const std::vector<Field<RebalanceSpec>>& RebalanceFields() {
   using S = RebalanceSpec;
   static const auto* const kFields = new std::vector<Field<S>>{
-      Key("threshold", &S::threshold,
-          "`0` (off) or `(0, 10]`: rebalance when the slowest stage's time per mini-batch, over "
+      Key("threshold", &S::threshold, Between(0, 10),
+          "`0` is off; else rebalance when the slowest stage's time per mini-batch, over "
           "its plan, exceeds the median stage's by this fraction (0.15: 15%)"),
-      Key("window_steps", &S::window_steps,
-          "`>= 1`; ... for this many steps in a row (measured since the attempt started)"),
-      Key("max_per_hour", &S::max_per_hour, "`> 0`; at most this many rebalances per hour"),
+      Key("window_steps", &S::window_steps, AtLeast(1),
+          "... for this many steps in a row (measured since the attempt started)"),
+      Key("max_per_hour", &S::max_per_hour, Between(0, 3600, true, false),
+          "at most this many rebalances per hour"),
   };
   return *kFields;
 }
@@ -312,11 +342,11 @@ O& Of(AlgorithmOptions* options) {
 }
 
 template <typename O>
-ParamField IntParam(std::string key, int O::*member, int64_t min, std::string doc) {
+ParamField IntParam(std::string key, int O::*member, Range range, std::string doc) {
   ParamField p;
   p.key = std::move(key);
   p.type = ParamType::kInt;
-  p.min = static_cast<double>(min);
+  p.range = range;
   p.doc = std::move(doc);
   p.set = [member](AlgorithmOptions* o, absl::string_view text) {
     int64_t value = 0;
@@ -328,13 +358,11 @@ ParamField IntParam(std::string key, int O::*member, int64_t min, std::string do
 }
 
 template <typename O>
-ParamField DoubleParam(std::string key, double O::*member, double min, bool min_exclusive,
-                       std::string doc) {
+ParamField DoubleParam(std::string key, double O::*member, Range range, std::string doc) {
   ParamField p;
   p.key = std::move(key);
   p.type = ParamType::kDouble;
-  p.min = min;
-  p.min_exclusive = min_exclusive;
+  p.range = range;
   p.doc = std::move(doc);
   p.set = [member](AlgorithmOptions* o, absl::string_view text) {
     ParseDoubleText(text, &(Of<O>(o).*member));
@@ -432,48 +460,49 @@ const std::vector<AlgorithmSchema>& AlgorithmSchemas() {
   static const auto* const kSchemas = new std::vector<AlgorithmSchema>{
       Schema<B>(
           AlgorithmKind::kBackprop,
-          {IntParam("micro_batches", &B::micro_batches, 1, "`<= batch_size`"),
+          {IntParam("micro_batches", &B::micro_batches, AtLeast(1), "`<= batch_size`"),
            OptionalEnumParam("schedule", &B::schedule, kAutoScheduleName, ""),
            BoolParam("recompute", &B::recompute, "keep only stage inputs, recompute in backward"),
-           IntParam("lookahead", &B::lookahead, 0,
+           IntParam("lookahead", &B::lookahead, AtLeast(0),
                     "1f1b and zb-h1: extra micro-batches in flight per stage (to hide message "
                     "latency)")}),
       Schema<D>(AlgorithmKind::kDelayed,
                 {EnumParam("weights", &D::weights, ""),
-                 IntParam("max_in_flight", &D::max_in_flight, 0,
+                 IntParam("max_in_flight", &D::max_in_flight, AtLeast(0),
                           "cap on mini-batches in flight per stage; `0` = the natural depth "
                           "2(J-1-j)+1 at stage j")}),
       Schema<FeaturesReplayOptions>(AlgorithmKind::kFeaturesReplay, {}),
       Schema<P>(AlgorithmKind::kPetra,
-                {IntParam("accumulation", &P::accumulation, 1, "k: step every k backward passes"),
+                {IntParam("accumulation", &P::accumulation, AtLeast(1),
+                          "k: step every k backward passes"),
                  BoolParam("verify_rebuild", &P::verify_rebuild,
                            "diagnostic: also keep every reversible block's forward input and "
                            "report how far the rebuilt one is from it (`rebuild_error.block<i>` "
                            "in the job summary); costs the memory PETRA saves")}),
-      Schema<N>(
-          AlgorithmKind::kNwise,
-          {IntParam("n", &N::n, 1, "`<= stages.count`"), BoolParam("mix_local", &N::mix_local, ""),
-           IntParam("micro_batches", &N::micro_batches, 1, "`<= batch_size`"),
-           StringParam("aux_head", &N::aux_head,
-                       "the auxiliary heads: `conv` (the paper's), `conv:C1,C2,...` or "
-                       "`linear`")}),
+      Schema<N>(AlgorithmKind::kNwise,
+                {IntParam("n", &N::n, AtLeast(1), "`<= stages.count`"),
+                 BoolParam("mix_local", &N::mix_local, ""),
+                 IntParam("micro_batches", &N::micro_batches, AtLeast(1), "`<= batch_size`"),
+                 StringParam("aux_head", &N::aux_head,
+                             "the auxiliary heads: `conv` (the paper's), `conv:C1,C2,...` or "
+                             "`linear`")}),
       Schema<A>(
           AlgorithmKind::kAuxNet,
-          {DoubleParam("beta", &A::beta, 0.0, /*min_exclusive=*/true,
+          {DoubleParam("beta", &A::beta, Above(0),
                        "penalty weight; the paper's default, for ψ an element-wise mean"),
-           DoubleParam("beta_factor", &A::beta_factor, 1.0, false, "beta is multiplied by it ..."),
-           IntParam("beta_every_epochs", &A::beta_every_epochs, 0,
+           DoubleParam("beta_factor", &A::beta_factor, AtLeast(1), "beta is multiplied by it ..."),
+           IntParam("beta_every_epochs", &A::beta_every_epochs, AtLeast(0),
                     "... every this many epochs (`0` = never)"),
-           DoubleParam("aux_lr", &A::aux_lr, 0.0, false, "step size for the auxiliary variables"),
+           DoubleParam("aux_lr", &A::aux_lr, AtLeast(0), "step size for the auxiliary variables"),
            EnumParam("auxnet", &A::auxnet,
                      "`resnet`: strided conv3x3-BN-ReLU, then basic residual blocks; `conv`: the "
                      "strided conv3x3-BN-ReLU alone; vector boundaries use a linear layer"),
-           IntParam("auxnet_blocks", &A::auxnet_blocks, 1,
+           IntParam("auxnet_blocks", &A::auxnet_blocks, AtLeast(1),
                     "residual blocks of a `resnet` AuxNet (its capacity)"),
-           IntParam("serial_loss_every", &A::serial_loss_every, 0,
+           IntParam("serial_loss_every", &A::serial_loss_every, AtLeast(0),
                     "every this many steps the last stage reports the training loss of the true "
                     "serial forward (`0` = never)"),
-           DoubleParam("noise_std", &A::noise_std, 0.0, false,
+           DoubleParam("noise_std", &A::noise_std, AtLeast(0),
                        "Gaussian noise added to every auxiliary variable fed forward"),
            EnumParam("bn_statistics", &A::bn_statistics,
                      "BatchNorm running statistics move in the local forward from λ, or only in "
@@ -547,16 +576,9 @@ const char* ExpectedText(ParamType type) {
 
 absl::StatusOr<std::string> CanonicalParam(const ParamField& param, absl::string_view text) {
   const std::string path = JoinPath("algorithm", param.key);
-  auto below_min = [&](double value) {
-    return param.min_exclusive ? value <= param.min : value < param.min;
-  };
   auto type_error = [&] {
     return KeyError(
         path, absl::StrCat("expected ", ExpectedText(param.type), ", got '", Clip(text), "'"));
-  };
-  auto bound_text = [&](absl::string_view value) {
-    return absl::StrCat("must be ", param.min_exclusive ? "> " : ">= ", FormatDouble(param.min),
-                        ", got ", value);
   };
   switch (param.type) {
     case ParamType::kInt: {
@@ -566,15 +588,13 @@ absl::StatusOr<std::string> CanonicalParam(const ParamField& param, absl::string
         return KeyError(
             path, absl::StrCat("expected an integer that fits in 32 bits, got '", Clip(text), "'"));
       }
-      if (below_min(static_cast<double>(value))) {
-        return KeyError(path, bound_text(absl::StrCat(value)));
-      }
+      if (absl::Status s = param.range.Check(path, static_cast<double>(value)); !s.ok()) return s;
       return absl::StrCat(value);
     }
     case ParamType::kDouble: {
       double value = 0;
       if (!ParseDoubleText(text, &value)) return type_error();
-      if (below_min(value)) return KeyError(path, bound_text(FormatDouble(value)));
+      if (absl::Status s = param.range.Check(path, value); !s.ok()) return s;
       return FormatDouble(value);
     }
     case ParamType::kBool: {
@@ -607,9 +627,7 @@ std::string AlgorithmTable() {
       static constexpr const char* kTypes[] = {"int", "number", "bool", "string", "string"};
       std::string allowed;
       if (p.type == ParamType::kInt || p.type == ParamType::kDouble) {
-        allowed = absl::StrCat(
-            "`", p.min_exclusive ? "> " : ">= ",
-            p.type == ParamType::kInt ? absl::StrCat(p.min) : FormatDouble(p.min), "`");
+        allowed = absl::StrCat("`", p.range.Text(), "`");
       } else if (p.type == ParamType::kEnum) {
         std::vector<std::string> quoted;
         for (const std::string& c : p.choices) quoted.push_back(absl::StrCat("`", c, "`"));

@@ -7,7 +7,9 @@
 #ifndef STAGEWISE_SERVICES_SPEC_FIELDS_H_
 #define STAGEWISE_SERVICES_SPEC_FIELDS_H_
 
+#include <cmath>
 #include <functional>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -22,6 +24,35 @@
 namespace stagewise::spec {
 
 // ---------------------------------------------------------------------------
+// A numeric key's allowed values: a lower and/or an upper bound, each closed
+// or open. The docs' "allowed" column and the check come from the same Range.
+
+struct Range {
+  std::optional<double> min;
+  std::optional<double> max;
+  bool min_open = false;
+  bool max_open = false;
+
+  // NaN is in no range.
+  bool Contains(double value) const {
+    if (std::isnan(value)) return false;
+    if (min.has_value() && (min_open ? value <= *min : value < *min)) return false;
+    if (max.has_value() && (max_open ? value >= *max : value > *max)) return false;
+    return true;
+  }
+  // ">= 1", "> 0", "[0, 1)", "(0, 1000]".
+  std::string Text() const;
+  // OK, or INVALID_ARGUMENT "<path>: must be <Text>, got <value>".
+  absl::Status Check(absl::string_view path, double value) const;
+};
+inline Range AtLeast(double min) { return Range{min, std::nullopt, false, false}; }
+inline Range Above(double min) { return Range{min, std::nullopt, true, false}; }
+// [min, max], with either end open on request.
+inline Range Between(double min, double max, bool min_open = false, bool max_open = false) {
+  return Range{min, max, min_open, max_open};
+}
+
+// ---------------------------------------------------------------------------
 // Keys of a plain section (a map of scalars and lists into struct S).
 
 template <typename S>
@@ -33,6 +64,9 @@ struct Field {
   // Reads the key into *out when present; null for keys with a parser of
   // their own (algorithm, stages, trace, phases and the sub-sections).
   std::function<void(Section&, S*)> read;
+  // Checks the value against the key's Range (a list: each entry), naming
+  // "<section>.<key>[i]"; null for keys without one.
+  std::function<absl::Status(const S&, absl::string_view section)> check = nullptr;
 };
 
 // How a default is shown in the docs.
@@ -78,6 +112,46 @@ Field<S> Key(std::string key, T S::*member, std::string allowed, std::string def
   field.allowed = std::move(allowed);
   field.read = [key, member](Section& section, S* out) { section.Read(key, &(out->*member)); };
   return field;
+}
+
+// A numeric key (or a list of numbers) with its range: the "allowed" column is
+// the range ("each" for a list) followed by `note`, and the check is the
+// range's.
+template <typename S, typename T>
+Field<S> Key(std::string key, T S::*member, Range range, absl::string_view note,
+             std::string default_text = "") {
+  constexpr bool kList = !std::is_arithmetic_v<T>;
+  Field<S> field = Key(
+      key, member,
+      absl::StrCat(kList ? "each " : "", "`", range.Text(), "`", note.empty() ? "" : "; ", note),
+      std::move(default_text));
+  field.check = [key, member, range](const S& s, absl::string_view section) -> absl::Status {
+    const std::string path = section.empty() ? key : absl::StrCat(section, ".", key);
+    if constexpr (kList) {
+      const T& values = s.*member;
+      for (size_t i = 0; i < values.size(); ++i) {
+        absl::Status status =
+            range.Check(absl::StrCat(path, "[", i, "]"), static_cast<double>(values[i]));
+        if (!status.ok()) return status;
+      }
+      return absl::OkStatus();
+    } else {
+      return range.Check(path, static_cast<double>(s.*member));
+    }
+  };
+  return field;
+}
+
+// The first key of `fields` whose value is out of its range.
+template <typename S>
+absl::Status CheckRanges(const std::vector<Field<S>>& fields, absl::string_view section,
+                         const S& s) {
+  for (const Field<S>& f : fields) {
+    if (!f.check) continue;
+    absl::Status status = f.check(s, section);
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
 }
 
 // A key with a parser of its own: only its docs row and its name.
@@ -138,8 +212,7 @@ enum class ParamType { kInt, kDouble, kBool, kString, kEnum };
 struct ParamField {
   std::string key;
   ParamType type = ParamType::kInt;
-  double min = 0;  // lower bound for kInt and kDouble
-  bool min_exclusive = false;
+  Range range;                       // kInt and kDouble: the allowed values (docs and check)
   std::vector<std::string> choices;  // kEnum
   std::string doc;                   // after the range or the choices in the docs
   // Stores an already checked canonical value.

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "services/spec/fields.h"
 #include "services/spec/job_spec.h"
 #include "services/spec/text.h"
 
@@ -22,8 +23,6 @@ using spec::FormatDouble;
 using spec::InPhase;
 using spec::KeyError;
 
-constexpr int64_t kMaxSteps = 1'000'000'000'000;
-constexpr double kMaxEpochs = 1'000'000;
 // Job and phase names are stored and listed with every job.
 constexpr size_t kMaxNameLength = 128;
 // Synthetic data (docs/job_spec.md, data): at most ten million samples and
@@ -40,12 +39,6 @@ constexpr int kMaxClasses = 1'000'000;
 absl::Status AtLeast(absl::string_view path, int64_t value, int64_t min) {
   if (value >= min) return absl::OkStatus();
   return KeyError(path, absl::StrCat("must be >= ", min, ", got ", value));
-}
-
-absl::Status AtLeast(absl::string_view path, double value, double min) {
-  if (value >= min) return absl::OkStatus();
-  return KeyError(path,
-                  absl::StrCat("must be >= ", FormatDouble(min), ", got ", FormatDouble(value)));
 }
 
 absl::Status Positive(absl::string_view path, double value) {
@@ -144,13 +137,6 @@ absl::Status ValidateModel(const ModelSpec& model) {
     return check.status();
   }
   Checker check;
-  check(AtLeast("model.width", int64_t{model.width}, int64_t{0}));
-  for (size_t i = 0; i < model.hidden.size(); ++i) {
-    check(AtLeast(absl::StrCat("model.hidden[", i, "]"), int64_t{model.hidden[i]}, int64_t{1}));
-  }
-  for (size_t i = 0; i < model.blocks.size(); ++i) {
-    check(AtLeast(absl::StrCat("model.blocks[", i, "]"), int64_t{model.blocks[i]}, int64_t{1}));
-  }
   if (!check.status().ok() || model.name == ModelKind::kMlp) return check.status();
 
   const bool cifar_resnet = model.name == ModelKind::kResNet && model.style == ResNetStyle::kCifar;
@@ -195,9 +181,6 @@ absl::Status ValidateData(const DataSpec& data) {
                                               " (the directory with the binary batches)"));
   }
   Checker check;
-  check(AtLeast("data.crop_padding", int64_t{data.crop_padding}, int64_t{0}));
-  check(AtLeast("data.limit_train", data.limit_train, int64_t{0}));
-  check(AtLeast("data.limit_test", data.limit_test, int64_t{0}));
   if (data.dataset == DatasetKind::kSynthetic) {
     check(AtLeast("data.train_size", data.train_size, int64_t{1}));
     check(AtLeast("data.test_size", data.test_size, int64_t{1}));
@@ -334,22 +317,18 @@ absl::Status ValidateAlgorithm(const AlgorithmSpec& algorithm, const JobSpec& sp
 }
 
 absl::Status ValidateOptimizer(const OptimizerSpec& opt) {
-  Checker check;
-  check(AtLeast("optimizer.lr", opt.lr, 0.0));  // 0 freezes parameters (oracles)
-  check(InUnitInterval("optimizer.momentum", opt.momentum));
-  check(AtLeast("optimizer.weight_decay", opt.weight_decay, 0.0));
-  if (opt.name == OptimizerKind::kSgd && opt.nesterov && opt.momentum <= 0 && check.status().ok()) {
-    check(KeyError("optimizer.nesterov", "requires optimizer.momentum > 0, got momentum 0"));
+  if (absl::Status s = spec::CheckRanges(spec::OptimizerFields(), "optimizer", opt); !s.ok()) {
+    return s;
   }
-  check(InUnitInterval("optimizer.beta1", opt.beta1));
-  check(InUnitInterval("optimizer.beta2", opt.beta2));
-  check(Positive("optimizer.eps", opt.eps));
-  return check.status();
+  if (opt.name == OptimizerKind::kSgd && opt.nesterov && opt.momentum <= 0) {
+    return KeyError("optimizer.nesterov", "requires optimizer.momentum > 0, got momentum 0");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateSchedule(const ScheduleSpec& schedule) {
   Checker check;
-  check(AtLeast("schedule.warmup_epochs", schedule.warmup_epochs, 0.0));
+  check(spec::CheckRanges(spec::ScheduleFields(), "schedule", schedule));
   for (size_t i = 0; i < schedule.milestones.size(); ++i) {
     const std::string path = absl::StrCat("schedule.milestones[", i, "]");
     const double value = schedule.milestones[i];
@@ -363,27 +342,12 @@ absl::Status ValidateSchedule(const ScheduleSpec& schedule) {
   if (schedule.name == LrScheduleKind::kMultistep && schedule.milestones.empty()) {
     check(KeyError("schedule.milestones", "multistep needs at least one milestone"));
   }
-  if (!(schedule.gamma > 0 && schedule.gamma <= 1)) {
-    check(KeyError("schedule.gamma",
-                   absl::StrCat("must be in (0, 1], got ", FormatDouble(schedule.gamma))));
-  }
-  check(AtLeast("schedule.min_lr", schedule.min_lr, 0.0));
   return check.status();
 }
 
 absl::Status ValidateLength(const JobSpec& spec) {
-  Checker check;
-  check(AtLeast("epochs", spec.epochs, 0.0));
-  check(AtLeast("steps", spec.steps, int64_t{0}));
-  // Bounds far past any real run, so step arithmetic never overflows.
-  if (spec.epochs > kMaxEpochs) {
-    check(KeyError("epochs",
-                   absl::StrCat("must be <= ", kMaxEpochs, ", got ", FormatDouble(spec.epochs))));
-  }
-  if (spec.steps > kMaxSteps) {
-    check(KeyError("steps", absl::StrCat("must be <= ", kMaxSteps, ", got ", spec.steps)));
-  }
-  if (!check.status().ok()) return check.status();
+  // Their ranges (fields.cc, checked with the top level's) are far past any
+  // real run, so step arithmetic never overflows.
   if (spec.epochs > 0 && spec.steps > 0) {
     return KeyError("epochs", absl::StrCat("set exactly one of epochs and steps, got epochs ",
                                            FormatDouble(spec.epochs), " and steps ", spec.steps));
@@ -396,9 +360,7 @@ absl::Status ValidateLength(const JobSpec& spec) {
 
 absl::Status ValidateCheckpoint(const CheckpointSpec& checkpoint) {
   Checker check;
-  check(AtLeast("checkpoint.every_epochs", int64_t{checkpoint.every_epochs}, int64_t{0}));
-  check(AtLeast("checkpoint.every_steps", checkpoint.every_steps, int64_t{0}));
-  check(AtLeast("checkpoint.keep", int64_t{checkpoint.keep}, int64_t{1}));
+  check(spec::CheckRanges(spec::CheckpointFields(), "checkpoint", checkpoint));
   if (checkpoint.dir.empty()) {
     if (checkpoint.every_epochs > 0) {
       check(KeyError("checkpoint.every_epochs", "requires checkpoint.dir"));
@@ -411,38 +373,21 @@ absl::Status ValidateCheckpoint(const CheckpointSpec& checkpoint) {
 }
 
 absl::Status ValidateSync(const SyncSpec& sync, int replicas) {
+  if (absl::Status s = spec::CheckRanges(spec::SyncFields(), "sync", sync); !s.ok()) return s;
   Checker check;
-  if (sync.every < 1 || sync.every > 1000000) {
-    check(KeyError("sync.every", absl::StrCat("must be in [1, 1000000], got ", sync.every)));
-  } else if (sync.every > 1 && replicas < 2) {
+  if (sync.every > 1 && replicas < 2) {
     check(KeyError("sync.every", absl::StrCat("is ", sync.every,
                                               ": needs stages.replicas > 1 (there is no other "
                                               "replica to synchronise with)")));
   }
-  if (!(sync.lr > 0 && sync.lr <= 1e3)) {
-    check(KeyError("sync.lr", absl::StrCat("must be in (0, 1000], got ", sync.lr)));
-  }
-  if (!(sync.bucket_mb > 0 && sync.bucket_mb <= 1024)) {
-    check(KeyError("sync.bucket_mb", absl::StrCat("must be in (0, 1024], got ", sync.bucket_mb)));
-  }
-  if (!(sync.momentum >= 0 && sync.momentum < 1)) {
-    check(KeyError("sync.momentum", absl::StrCat("must be in [0, 1), got ", sync.momentum)));
-  } else if (sync.outer == OuterOptimizer::kNesterov && sync.momentum == 0) {
+  if (sync.outer == OuterOptimizer::kNesterov && sync.momentum == 0) {
     check(KeyError("sync.momentum", "outer: nesterov needs momentum > 0 (or outer: sgd)"));
   }
   return check.status();
 }
 
 absl::Status ValidateRecovery(const RecoverySpec& recovery) {
-  Checker check;
-  check(AtLeast("recovery.max_restarts", int64_t{recovery.max_restarts}, int64_t{0}));
-  if (!(recovery.wait_seconds > 0)) {
-    check(KeyError("recovery.wait_seconds", "must be > 0"));
-  }
-  if (!(recovery.stall_seconds >= 0 && recovery.stall_seconds <= 1e9)) {
-    check(KeyError("recovery.stall_seconds", "must be >= 0 (0: automatic) and at most 1e9"));
-  }
-  return check.status();
+  return spec::CheckRanges(spec::RecoveryFields(), "recovery", recovery);
 }
 
 }  // namespace
@@ -555,12 +500,8 @@ absl::Status ValidateMinStages(const JobSpec& spec) {
 // planned on per-worker profiles and keep checkpoints to move through.
 absl::Status ValidateRebalance(const JobSpec& spec) {
   const RebalanceSpec& r = spec.rebalance;
-  if (!(r.threshold >= 0 && r.threshold <= 10)) {
-    return KeyError("rebalance.threshold", "must be 0 (off) or in (0, 10]");
-  }
-  if (r.window_steps < 1) return KeyError("rebalance.window_steps", "must be >= 1");
-  if (!(r.max_per_hour > 0 && r.max_per_hour <= 3600)) {
-    return KeyError("rebalance.max_per_hour", "must be > 0 and at most 3600");
+  if (absl::Status s = spec::CheckRanges(spec::RebalanceFields(), "rebalance", r); !s.ok()) {
+    return s;
   }
   if (r.threshold == 0) return absl::OkStatus();
   if (!spec.placement.per_worker_profiles) {
@@ -642,17 +583,17 @@ absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
     return KeyError("name", NameProblem(spec.name));
   }
   Checker check;
-  check(AtLeast("seed", spec.seed, int64_t{0}));
+  check(CheckRanges(TopLevelFields(), "", spec));
   if (!ValidDevice(spec.device)) {
     check(KeyError("device", absl::StrCat("must be cpu, cuda or cuda:N, got '", spec.device, "'")));
   }
   check(missing.model_name ? Required<ModelKind>("model.name") : ValidateModel(spec.model));
+  check(CheckRanges(ModelFields(), "model", spec.model));
   check(missing.data_dataset ? Required<DatasetKind>("data.dataset") : ValidateData(spec.data));
+  check(CheckRanges(DataFields(), "data", spec.data));
   if (check.status().ok()) check(ValidateModelFitsData(spec));
   check(ValidateStages(spec.stages));
   if (check.status().ok()) check(ValidateReplicas(spec));
-  check(AtLeast("batch_size", spec.batch_size, int64_t{1}));
-  check(AtLeast("eval_batch_size", spec.eval_batch_size, int64_t{0}));
   if (check.status().ok()) check(ValidateAlgorithm(spec.algorithm, spec));
   if (check.status().ok()) check(ValidatePhases(spec));
   if (check.status().ok() && spec.stages.modes != BlockModes::kAuto) {
@@ -678,8 +619,7 @@ absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
   check(ValidateOptimizer(spec.optimizer));
   check(ValidateSchedule(spec.schedule));
   check(ValidateLength(spec));
-  check(AtLeast("eval.every_epochs", int64_t{spec.eval.every_epochs}, int64_t{0}));
-  check(AtLeast("eval.every_steps", spec.eval.every_steps, int64_t{0}));
+  check(CheckRanges(EvalFields(), "eval", spec.eval));
   check(ValidateCheckpoint(spec.checkpoint));
   check(ValidateRecovery(spec.recovery));
   check(ValidateSync(spec.sync, spec.stages.replicas));
@@ -698,11 +638,7 @@ absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
           absl::StrCat("must be key=value with a non-empty key, got '", label.substr(0, 64), "'")));
     }
   }
-  for (const auto& [key, value] :
-       {std::pair<const char*, double>{"placement.link_gbps", spec.placement.link_gbps},
-        {"placement.link_rtt_ms", spec.placement.link_rtt_ms}}) {
-    if (!(value >= 0 && value <= 1e9)) check(KeyError(key, "must be >= 0 and at most 1e9"));
-  }
+  check(CheckRanges(PlacementFields(), "placement", spec.placement));
   if (spec.placement.per_worker_profiles && spec.stages.partition != Partition::kAuto) {
     check(KeyError("placement.per_worker_profiles",
                    "plans the partition on every worker's profile: needs stages.partition: auto"));

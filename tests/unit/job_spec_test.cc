@@ -1002,7 +1002,7 @@ TEST(JobSpecTest, PlacementAndTheStallWatchdog) {
   EXPECT_FALSE(set.placement.distinct_identities);
   EXPECT_EQ(set.recovery.stall_seconds, 90.5);
   EXPECT_THAT(ParseError(SpecYaml({{"recovery", "{stall_seconds: -1}"}})),
-              StartsWith("recovery.stall_seconds: must be >= 0"));
+              StartsWith("recovery.stall_seconds: must be in [0, 1000000000], got -1"));
   EXPECT_THAT(ParseError(SpecYaml({{"placement", "{distinct: false}"}})),
               HasSubstr("placement.distinct"));
   EXPECT_THAT(ParseError(SpecYaml({{"placement", "{distinct_identities: maybe}"}})),

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -14,7 +15,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "services/spec/fields.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::spec {
 namespace {
@@ -115,6 +118,72 @@ TEST(SpecDocs, EnumSpellingsRoundTrip) {
   for (size_t i = 0; i < AlgorithmSchemas().size(); ++i) {
     EXPECT_EQ(static_cast<size_t>(AlgorithmSchemas()[i].kind), i);
     EXPECT_EQ(AlgorithmSchemas()[i].defaults.index(), i);
+  }
+}
+
+// A Range is both the docs' "allowed" text and the check: each kind of bound
+// shown and enforced the same way, NaN in no range.
+TEST(SpecRanges, TextAndCheckComeFromOneRange) {
+  EXPECT_EQ(AtLeast(1).Text(), ">= 1");
+  EXPECT_EQ(Above(0).Text(), "> 0");
+  EXPECT_EQ(Between(0, 1, false, true).Text(), "[0, 1)");
+  EXPECT_EQ(Between(0, 1000, true, false).Text(), "(0, 1000]");
+  EXPECT_EQ(Between(0, 1e12).Text(), "[0, 1000000000000]");
+  EXPECT_TRUE(Between(0, 1, false, true).Contains(0));
+  EXPECT_FALSE(Between(0, 1, false, true).Contains(1));
+  EXPECT_FALSE(Above(0).Contains(0));
+  EXPECT_FALSE(AtLeast(0).Contains(std::nan("")));
+  EXPECT_EQ(AtLeast(1).Check("batch_size", 0).message(), "batch_size: must be >= 1, got 0");
+  EXPECT_EQ(Between(0, 1, false, true).Check("optimizer.beta2", 1.5).message(),
+            "optimizer.beta2: must be in [0, 1), got 1.5");
+  EXPECT_TRUE(Above(0).Check("x", 1e-9).ok());
+}
+
+// Every ranged key of every plain section: its docs cell starts with its
+// range, and a spec with the value just outside it is refused naming
+// <section>.<key> and the range.
+TEST(SpecRanges, EveryRangedKeyRefusesAValueOutsideItsRange) {
+  int ranged = 0;
+  auto check_section = [&](const auto& fields) {
+    for (const auto& f : fields) {
+      if (!f.check) continue;
+      ++ranged;
+      EXPECT_EQ(f.allowed.find("`"), f.allowed.find("each ") == 0 ? 5u : 0u) << f.key;
+    }
+  };
+  check_section(TopLevelFields());
+  check_section(ModelFields());
+  check_section(DataFields());
+  check_section(OptimizerFields());
+  check_section(ScheduleFields());
+  check_section(EvalFields());
+  check_section(CheckpointFields());
+  check_section(RecoveryFields());
+  check_section(SyncFields());
+  check_section(PlacementFields());
+  check_section(RebalanceFields());
+  EXPECT_GE(ranged, 35);
+  // Through the parser, a key of each kind of range and section.
+  const std::string base = "name: t\ndata: {dataset: synthetic}\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"epochs: 1\nbatch_size: 0\n", "batch_size: must be >= 1, got 0"},
+      {"steps: 2000000000000\n", "steps: must be in [0, 1000000000000], got 2000000000000"},
+      {"epochs: 1\noptimizer: {beta2: 1}\n", "optimizer.beta2: must be in [0, 1), got 1"},
+      {"epochs: 1\nsync: {lr: 0}\n", "sync.lr: must be in (0, 1000], got 0"},
+      {"epochs: 1\nrebalance: {max_per_hour: 4000}\n",
+       "rebalance.max_per_hour: must be in (0, 3600], got 4000"},
+      {"epochs: 1\nplacement: {link_gbps: -1}\n", "placement.link_gbps: must be in [0, "},
+      {"epochs: 1\nmodel: {name: mlp, hidden: [4, 0]}\n", "model.hidden[1]: must be >= 1, got 0"},
+      {"epochs: 1\nrecovery: {wait_seconds: 0}\n", "recovery.wait_seconds: must be > 0, got 0"},
+      {"epochs: 1\neval: {every_steps: -2}\n", "eval.every_steps: must be >= 0, got -2"},
+  };
+  for (const auto& [extra, expected] : cases) {
+    const std::string text =
+        base + (extra.find("model:") == std::string::npos ? "model: {name: mlp}\n" : "") + extra;
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(text);
+    ASSERT_FALSE(spec.ok()) << text;
+    EXPECT_NE(std::string(spec.status().message()).find(expected), std::string::npos)
+        << spec.status() << "\n--- expected: " << expected;
   }
 }
 
