@@ -71,9 +71,12 @@ int Validate(const ValidateArgs& args, std::ostream& out, std::ostream& err) {
   // Per stage: parameters, and the memory they take with their gradients and
   // optimizer state; the block inputs one mini-batch brings (what backprop
   // keeps at the least; `stagewise plan` profiles the graphs on top).
-  const double per_parameter = 4.0 * (2 + (spec->optimizer.name == OptimizerKind::kAdam ? 2
-                                           : spec->optimizer.momentum > 0               ? 1
-                                                                                        : 0));
+  // Muon: one momentum buffer for its weights (Adam's two for the small rest).
+  const double per_parameter =
+      4.0 *
+      (2 + (spec->optimizer.name == OptimizerKind::kAdam                                   ? 2
+            : spec->optimizer.name == OptimizerKind::kMuon || spec->optimizer.momentum > 0 ? 1
+                                                                                           : 0));
   out << absl::StrFormat("%-6s %-12s %-24s %-18s\n", "stage", "parameters",
                          "weights+grads+optimizer", "inputs per batch");
   for (size_t j = 0; j < ranges->size(); ++j) {

@@ -69,8 +69,9 @@ enum class BlockMode { kStore, kRebuild };
 // transport.compression: float32 activations and gradients on the wire.
 enum class Compression { kNone, kFp16, kBf16 };
 
-// optimizer.name and schedule.name.
-enum class OptimizerKind { kSgd, kAdam };
+// optimizer.name and schedule.name. muon: momentum orthogonalised by
+// Newton-Schulz iterations for the weights of rank >= 2, Adam for the rest.
+enum class OptimizerKind { kSgd, kAdam, kMuon };
 // sync.outer: the outer optimizer of replicas that synchronise every H steps.
 enum class OuterOptimizer { kSgd, kNesterov };
 enum class LrScheduleKind { kConstant, kMultistep, kCosine };
@@ -146,7 +147,7 @@ struct EnumSpellings<Compression> {
 };
 template <>
 struct EnumSpellings<OptimizerKind> {
-  static constexpr std::array<absl::string_view, 2> kNames = {"sgd", "adam"};
+  static constexpr std::array<absl::string_view, 3> kNames = {"sgd", "adam", "muon"};
 };
 template <>
 struct EnumSpellings<OuterOptimizer> {

@@ -246,7 +246,11 @@ struct OptimizerSpec {
   double beta1 = 0.9;               // adam
   double beta2 = 0.999;             // adam
   double eps = 1e-8;                // adam
-  bool scale_lr_by_batch = false;   // Goyal rule: lr * batch_size * k / 256
+  // muon: the learning rate of the parameters Adam steps (rank < 2: biases,
+  // norms); 0 = lr. The schedule scales both alike.
+  double adam_lr = 0;
+  int newton_schulz_steps = 5;     // muon
+  bool scale_lr_by_batch = false;  // Goyal rule: lr * batch_size * k / 256
 };
 
 struct ScheduleSpec {

@@ -320,7 +320,7 @@ absl::Status ValidateOptimizer(const OptimizerSpec& opt) {
   if (absl::Status s = spec::CheckRanges(spec::OptimizerFields(), "optimizer", opt); !s.ok()) {
     return s;
   }
-  if (opt.name == OptimizerKind::kSgd && opt.nesterov && opt.momentum <= 0) {
+  if (opt.name != OptimizerKind::kAdam && opt.nesterov && opt.momentum <= 0) {
     return KeyError("optimizer.nesterov", "requires optimizer.momentum > 0, got momentum 0");
   }
   return absl::OkStatus();

@@ -16,8 +16,10 @@ namespace stagewise::training {
 // loop, one per parameter. Both give the same results and the same state.
 enum class OptimizerKernels { kMultiTensor, kPerParameter };
 
-// SGD (momentum, Nesterov, weight decay) or Adam over `module`'s parameters,
-// a torch::optim::SGD or torch::optim::Adam (multi-tensor by default).
+// SGD (momentum, Nesterov, weight decay), Adam or Muon over `module`'s
+// parameters, a torch::optim::SGD or torch::optim::Adam (multi-tensor by
+// default; Muon is an Adam whose weights of rank >= 2 step orthogonalised,
+// docs/job_spec.md#optimizer; `kernels` does not apply to it).
 // With exclude_bn_and_bias, parameters of rank <= 1 (biases, BN scale/shift)
 // form a second group without weight decay (Goyal et al. 2017, PETRA Sec. 4.1).
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
@@ -28,8 +30,14 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
 // with OptimizerKernels::kMultiTensor).
 bool IsMultiTensor(const torch::optim::Optimizer& optimizer);
 
-// Sets the learning rate of every parameter group.
+// Sets the learning rate of every parameter group (Muon's Adam part: at
+// optimizer.adam_lr in the same proportion).
 void SetLearningRate(torch::optim::Optimizer& optimizer, double lr);
+
+// Muon's orthogonalisation: `steps` Newton-Schulz iterations on the matrix
+// normalised to unit Frobenius norm (float32; a tall matrix through its
+// transpose). Exposed for tests.
+torch::Tensor OrthogonalizeNewtonSchulz(const torch::Tensor& matrix, int steps);
 
 // The peak learning rate: spec.lr, times batch_size * accumulation / 256 under
 // the Goyal rule (scale_lr_by_batch).

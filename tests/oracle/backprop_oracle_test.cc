@@ -31,12 +31,14 @@ struct Case {
   // Interleaved: chunks per worker (stages = workers, stages x chunks
   // virtual stages).
   int chunks = 1;
+  // Muon (orthogonalised momentum, Adam for biases and norms) instead of SGD.
+  bool muon = false;
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << (c.gpt ? "gpt_" : "") << "J" << c.stages << "_M" << c.micro_batches << "_" << c.schedule
       << (c.chunks > 1 ? "_v" + std::to_string(c.chunks) : "") << (c.recompute ? "_recompute" : "")
-      << (c.varying ? "_varying_length" : "");
+      << (c.varying ? "_varying_length" : "") << (c.muon ? "_muon" : "");
 }
 
 std::string ModelAndData(const Case& c) {
@@ -63,7 +65,11 @@ stages: )",
       c.chunks > 1 ? absl::StrCat("{count: ", c.stages, ", chunks_per_worker: ", c.chunks, "}")
                    : std::to_string(c.stages),
       R"(
-optimizer: {name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 1.0e-4}
+optimizer: )",
+      c.muon ? "{name: muon, lr: 0.02, adam_lr: 0.003, momentum: 0.95, nesterov: true, "
+               "weight_decay: 0.01}"
+             : "{name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 1.0e-4}",
+      R"(
 schedule: {name: cosine, warmup_epochs: 0.25}
 batch_size: 16
 steps: 6
@@ -207,7 +213,10 @@ INSTANTIATE_TEST_SUITE_P(Stages, BackpropOracle,
                                            Case{4, 8, "interleaved", false, false, false, 2},
                                            Case{2, 4, "interleaved", false, false, false, 3},
                                            Case{3, 6, "interleaved", true, false, false, 2},
-                                           Case{2, 4, "interleaved", false, true, true, 2}),
+                                           Case{2, 4, "interleaved", false, true, true, 2},
+                                           // Muon steps every stage as in one process
+                                           Case{3, 4, "1f1b", false, false, false, 1, true},
+                                           Case{2, 4, "zb-h1", false, true, false, 1, true}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            std::ostringstream os;
                            PrintTo(info.param, &os);

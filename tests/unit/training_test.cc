@@ -2,10 +2,15 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <fstream>
+#include <map>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/models/optimizer_state_key.h"
 #include "services/training/optimizer.h"
 
 namespace stagewise::training {
@@ -227,6 +232,120 @@ TEST(SetLearningRate, ChangesEveryGroup) {
   auto opt = MakeOptimizer(o, m);
   SetLearningRate(*opt, 0.0125);
   for (auto& g : opt->param_groups()) EXPECT_DOUBLE_EQ(g.options().get_lr(), 0.0125);
+}
+
+// Muon against the reference numbers of tests/fixtures/muon/make_reference.py
+// (torch.optim.Muon's documented algorithm in float64, torch.optim.Adam for
+// the bias): the same formula-made weights and gradients, three steps, the
+// last at half the learning rate; weights and momentum buffers agree to
+// float32 precision.
+struct MuonFixture : torch::nn::Module {
+  static constexpr int kParams = 4;
+  MuonFixture() {
+    const std::vector<std::vector<int64_t>> shapes = {{4, 3}, {2, 5}, {3, 2, 2, 2}, {4}};
+    const char* names[] = {"w_tall", "w_wide", "conv", "bias"};
+    for (int k = 0; k < kParams; ++k) {
+      const int64_t n = torch::ones(shapes[k]).numel();
+      std::vector<float> values;
+      for (int64_t i = 0; i < n; ++i) values.push_back(0.5f * std::cos(0.21 * (i + 1) + 0.5 * k));
+      params.push_back(register_parameter(names[k], torch::tensor(values).reshape(shapes[k])));
+    }
+  }
+  void SetGradients(int t) {
+    for (int k = 0; k < kParams; ++k) {
+      std::vector<float> values;
+      for (int64_t i = 0; i < params[k].numel(); ++i) {
+        values.push_back(static_cast<float>(std::sin(0.37 * (i + 1) + 1.3 * t + 0.11 * k)));
+      }
+      params[k].mutable_grad() = torch::tensor(values).reshape(params[k].sizes());
+    }
+  }
+  std::vector<torch::Tensor> params;
+};
+
+std::map<std::string, std::vector<double>> ReadReference() {
+  std::ifstream in(std::string(STAGEWISE_SOURCE_DIR) + "/tests/fixtures/muon/reference.txt");
+  std::map<std::string, std::vector<double>> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string name;
+    fields >> name;
+    double v = 0;
+    while (fields >> v) out[name].push_back(v);
+  }
+  return out;
+}
+
+void ExpectClose(const torch::Tensor& t, const std::vector<double>& expected,
+                 const std::string& what) {
+  const torch::Tensor flat = t.detach().reshape({-1}).to(torch::kFloat64);
+  ASSERT_EQ(flat.numel(), static_cast<int64_t>(expected.size())) << what;
+  for (int64_t i = 0; i < flat.numel(); ++i) {
+    EXPECT_NEAR(flat[i].item<double>(), expected[i], 2e-5) << what << "[" << i << "]";
+  }
+}
+
+TEST(Muon, MatchesTheReferenceImplementationsNumbers) {
+  const auto reference = ReadReference();
+  ASSERT_EQ(reference.size(), 7u) << "tests/fixtures/muon/reference.txt";
+  MuonFixture m;
+  OptimizerSpec o;
+  o.name = OptimizerKind::kMuon;
+  o.lr = 0.02;
+  o.adam_lr = 0.003;
+  o.momentum = 0.95;
+  o.nesterov = true;
+  o.weight_decay = 0.01;
+  auto opt = MakeOptimizer(o, m);
+  ASSERT_EQ(opt->param_groups().size(), 2u);  // the weights, then Adam's bias
+  const double scales[] = {1.0, 1.0, 0.5};
+  for (int t = 0; t < 3; ++t) {
+    SetLearningRate(*opt, o.lr * scales[t]);
+    m.SetGradients(t);
+    opt->step();
+  }
+  const char* names[] = {"w_tall", "w_wide", "conv", "bias"};
+  for (int k = 0; k < MuonFixture::kParams; ++k) {
+    ExpectClose(m.params[k], reference.at(names[k]), names[k]);
+  }
+  // The weights' momentum buffers are Adam's exp_avg, saved as Adam's are.
+  for (int k = 0; k < 3; ++k) {
+    const auto& state = static_cast<const torch::optim::AdamParamState&>(
+        *opt->state().at(models::OptimizerStateKey(m.params[k])));
+    ExpectClose(state.exp_avg(), reference.at(std::string("buffer_") + names[k]), names[k]);
+    EXPECT_EQ(state.exp_avg_sq().numel(), 0);
+  }
+}
+
+// The iteration makes a matrix's singular values nearly equal (the update's
+// direction without its scale), tall or wide.
+TEST(Muon, NewtonSchulzOrthogonalizes) {
+  torch::manual_seed(3);
+  for (const auto& shape : {std::vector<int64_t>{16, 4}, std::vector<int64_t>{4, 16}}) {
+    const torch::Tensor g = torch::randn(shape);
+    const torch::Tensor o = OrthogonalizeNewtonSchulz(g, 5);
+    ASSERT_EQ(o.sizes(), g.sizes());
+    const torch::Tensor s = std::get<1>(torch::svd(o));
+    EXPECT_GT(s.min().item<double>(), 0.5) << s;
+    EXPECT_LT(s.max().item<double>(), 1.3) << s;
+    // Same singular vectors: the update still points the gradient's way.
+    EXPECT_GT((o * g).sum().item<double>(), 0);
+  }
+}
+
+// Muon's learning rate moves its Adam part in proportion (adam_lr / lr).
+TEST(Muon, TheScheduleScalesBothParts) {
+  MuonFixture m;
+  OptimizerSpec o;
+  o.name = OptimizerKind::kMuon;
+  o.lr = 0.02;
+  o.adam_lr = 0.004;
+  auto opt = MakeOptimizer(o, m);
+  SetLearningRate(*opt, 0.01);
+  ASSERT_EQ(opt->param_groups().size(), 2u);
+  EXPECT_DOUBLE_EQ(opt->param_groups()[0].options().get_lr(), 0.01);
+  EXPECT_DOUBLE_EQ(opt->param_groups()[1].options().get_lr(), 0.002);
 }
 
 }  // namespace
