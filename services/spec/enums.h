@@ -39,6 +39,9 @@ inline constexpr absl::string_view kAutoScheduleName = "auto";
 
 // delayed's `weights`: which parameters a late backward uses.
 enum class DelayedWeights { kStash, kCurrent };
+// delayed's `lr_by_delay`: stage j's learning rate scaled by its staleness
+// s_j (constant: not; inverse: 1/(1+s_j); inverse_sqrt: 1/sqrt(1+s_j)).
+enum class DelayLr { kConstant, kInverse, kInverseSqrt };
 
 // auxnet's `auxnet`, `bn_statistics`, `aux_update` and `penalty`.
 enum class AuxNetArch { kResnet, kConv };
@@ -93,6 +96,11 @@ struct EnumSpellings<PipelineSchedule> {
 template <>
 struct EnumSpellings<DelayedWeights> {
   static constexpr std::array<absl::string_view, 2> kNames = {"stash", "current"};
+};
+template <>
+struct EnumSpellings<DelayLr> {
+  static constexpr std::array<absl::string_view, 3> kNames = {"constant", "inverse",
+                                                              "inverse_sqrt"};
 };
 template <>
 struct EnumSpellings<AuxNetArch> {

@@ -474,6 +474,14 @@ const std::vector<AlgorithmSchema>& AlgorithmSchemas() {
                     "latency)")}),
       Schema<D>(AlgorithmKind::kDelayed,
                 {EnumParam("weights", &D::weights, ""),
+                 BoolParam("predict_weights", &D::predict_weights,
+                           "`weights: stash` only: each forward (and its stash) uses the weights "
+                           "extrapolated along the last update by the stage's staleness s, "
+                           "w + s (w - w_prev), which predicts the weights its gradient will be "
+                           "applied to"),
+                 EnumParam("lr_by_delay", &D::lr_by_delay,
+                           "stage j's learning rate x 1, 1/(1+s_j) or 1/sqrt(1+s_j), s_j its "
+                           "staleness in steps"),
                  IntParam("max_in_flight", &D::max_in_flight, AtLeast(0),
                           "cap on mini-batches in flight per stage; `0` = the natural depth "
                           "2(J-1-j)+1 at stage j")}),

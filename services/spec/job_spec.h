@@ -115,6 +115,11 @@ struct BackpropOptions {
 
 struct DelayedOptions {
   DelayedWeights weights = DelayedWeights::kStash;
+  // Staleness corrections (docs/algorithms.md, delayed): the forward at the
+  // weights extrapolated along the last update by the stage's delay (stash
+  // only), and a learning rate scaled by the delay.
+  bool predict_weights = false;
+  DelayLr lr_by_delay = DelayLr::kConstant;
   // 0 stands for the pipeline's natural depth at stage j, 2(J-1-j)+1
   // mini-batches (worker/algorithms/delayed.cc).
   int max_in_flight = 0;

@@ -306,6 +306,13 @@ absl::Status ValidateAlgorithm(const AlgorithmSpec& algorithm, const JobSpec& sp
   if (const auto* backprop = algorithm.get_if<BackpropOptions>()) {
     return CheckMicroBatches(backprop->micro_batches, spec);
   }
+  if (const auto* delayed = algorithm.get_if<DelayedOptions>()) {
+    if (delayed->predict_weights && delayed->weights != DelayedWeights::kStash) {
+      return KeyError("algorithm.predict_weights",
+                      "needs algorithm.weights: stash (the gradient is taken at the predicted "
+                      "weights the forward used)");
+    }
+  }
   if (const auto* auxnet = algorithm.get_if<AuxNetOptions>()) {
     // auxnet's running statistics from the serial forward need one.
     if (auxnet->bn_statistics == BnStatistics::kSerial && auxnet->serial_loss_every == 0) {

@@ -6,7 +6,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
+#include <string>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "services/models/batch_norm.h"
@@ -18,13 +22,15 @@
 namespace stagewise {
 namespace {
 
-std::string JobYaml(int stages, const std::string& weights, int64_t steps) {
+// `corrections`: more keys of the algorithm map, e.g. ", predict_weights: true".
+std::string JobYaml(int stages, const std::string& weights, int64_t steps,
+                    const std::string& corrections = "") {
   return absl::StrCat(R"(name: delayed-oracle
 seed: 3
 model: {name: revnet, depth: 18, width: 4, blocks: [1, 1, 1, 1]}
 data: {dataset: synthetic, train_size: 128, test_size: 32, shape: [3, 8, 8], classes: 4}
 algorithm: {name: delayed, weights: )",
-                      weights, "}\nstages: ", stages, R"(
+                      weights, corrections, "}\nstages: ", stages, R"(
 optimizer: {name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 1.0e-4}
 schedule: {name: cosine, warmup_epochs: 0.25}
 batch_size: 16
@@ -45,8 +51,11 @@ std::map<std::string, torch::Tensor> RunJob(const std::string& yaml, int stages)
 
 using testing::ExpectClose;
 
-// The single-process simulation: a discrete-event loop over J stage models.
-std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, bool stash) {
+// The single-process simulation: a discrete-event loop over J stage models,
+// with the staleness corrections of `o` (predicted weights: the forward and
+// its stash at w + s (w - w_prev); the learning rate scaled by the delay).
+std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, const DelayedOptions& o) {
+  const bool stash = o.weights == DelayedWeights::kStash;
   const testing::Simulation sim = testing::StartSimulation(spec);
   const int64_t per_epoch = sim.per_epoch;
   const int64_t S = spec.steps;
@@ -61,6 +70,8 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, bool stash) {
     std::map<int64_t, std::pair<torch::Tensor, std::vector<torch::Tensor>>> stored;
     std::map<int64_t, std::pair<torch::Tensor, torch::Tensor>> fwd_in;  // x, labels
     std::map<int64_t, torch::Tensor> bwd_in;
+    std::vector<torch::Tensor> previous;  // predict_weights: before the last step
+    double s = 0, lr_scale = 1;
   };
   std::vector<Sim> st(J);
   for (int j = 0; j < J; ++j) {
@@ -68,10 +79,18 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, bool stash) {
     st[j].opt = training::MakeOptimizer(spec.optimizer, *st[j].model);
     st[j].params = st[j].model->parameters();
     st[j].depth = 2 * (J - 1 - j) + 1;
+    st[j].s = j == J - 1 ? 0 : st[j].depth - 1;
+    if (o.lr_by_delay == DelayLr::kInverse) st[j].lr_scale = 1 / (1 + st[j].s);
+    if (o.lr_by_delay == DelayLr::kInverseSqrt) st[j].lr_scale = 1 / std::sqrt(1 + st[j].s);
   }
   auto step = [&](Sim& s) {
-    training::SetLearningRate(*s.opt,
-                              training::LearningRateAt(spec.schedule, base, s.steps, per_epoch, S));
+    if (o.predict_weights && s.s > 0) {
+      torch::NoGradGuard ng;
+      s.previous.clear();
+      for (auto& p : s.params) s.previous.push_back(p.detach().clone());
+    }
+    training::SetLearningRate(
+        *s.opt, training::LearningRateAt(spec.schedule, base, s.steps, per_epoch, S) * s.lr_scale);
     s.opt->step();
     ++s.steps;
   };
@@ -92,6 +111,14 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, bool stash) {
           if (j > 0) st[j - 1].bwd_in[t] = x.grad();
           ++s.next_b;
         } else {
+          std::vector<torch::Tensor> now;
+          if (!s.previous.empty()) {
+            torch::NoGradGuard ng;
+            for (size_t i = 0; i < s.params.size(); ++i) {
+              now.push_back(s.params[i].detach().clone());
+              s.params[i].add_(s.s * (s.params[i] - s.previous[i]));
+            }
+          }
           torch::Tensor out;
           {
             torch::NoGradGuard g;
@@ -100,6 +127,10 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, bool stash) {
           std::vector<torch::Tensor> copy;
           if (stash) {
             for (auto& p : s.params) copy.push_back(p.detach().clone());
+          }
+          if (!now.empty()) {
+            torch::NoGradGuard ng;
+            for (size_t i = 0; i < s.params.size(); ++i) s.params[i].copy_(now[i]);
           }
           s.stored[t] = {x, copy};
           st[j + 1].fwd_in[t] = {out, y};
@@ -198,25 +229,56 @@ TEST(DelayedOracle, ZeroLearningRateGivesBackpropGradients) {
   ExpectClose(run.got, run.want);
 }
 
-class DelayedTrajectory : public ::testing::TestWithParam<std::string> {};
+struct TrajectoryCase {
+  std::string weights;
+  std::string corrections;  // more keys of the algorithm map
+  std::string name;
+};
 
-TEST_P(DelayedTrajectory, EqualsTheSingleProcessSimulation) {
-  const std::string yaml = JobYaml(3, GetParam(), 10);
-  auto spec = ParseJobSpec(yaml);
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  const bool stash = GetParam() == "stash";
-  auto want = Simulate(*spec, stash);
-  ExpectClose(RunJob(yaml, 3), want);
-  // The test tells the two weight policies apart: their trajectories differ.
-  auto other = Simulate(*spec, !stash);
+class DelayedTrajectory : public ::testing::TestWithParam<TrajectoryCase> {};
+
+double MaxDifference(const std::map<std::string, torch::Tensor>& a,
+                     const std::map<std::string, torch::Tensor>& b) {
   double max_diff = 0;
-  for (const auto& [name, w] : want) {
-    max_diff = std::max(max_diff, (other.at(name) - w).abs().max().item<double>());
+  for (const auto& [name, w] : a) {
+    max_diff = std::max(max_diff, (b.at(name) - w).abs().max().item<double>());
   }
-  EXPECT_GT(max_diff, 1e-4);
+  return max_diff;
 }
 
-INSTANTIATE_TEST_SUITE_P(Weights, DelayedTrajectory, ::testing::Values("stash", "current"));
+TEST_P(DelayedTrajectory, EqualsTheSingleProcessSimulation) {
+  const TrajectoryCase& c = GetParam();
+  const std::string yaml = JobYaml(3, c.weights, 10, c.corrections);
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const DelayedOptions options = std::get<DelayedOptions>(spec->algorithm.options);
+  auto want = Simulate(*spec, options);
+  ExpectClose(RunJob(yaml, 3), want);
+  // The test tells the variants apart: the other weight policy's trajectory
+  // differs, and so does the plain rule's where a correction is on.
+  DelayedOptions other = options;
+  other.weights =
+      other.weights == DelayedWeights::kStash ? DelayedWeights::kCurrent : DelayedWeights::kStash;
+  other.predict_weights = false;
+  EXPECT_GT(MaxDifference(want, Simulate(*spec, other)), 1e-4);
+  if (!c.corrections.empty()) {
+    DelayedOptions plain = options;
+    plain.predict_weights = false;
+    plain.lr_by_delay = DelayLr::kConstant;
+    EXPECT_GT(MaxDifference(want, Simulate(*spec, plain)), 1e-4);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Weights, DelayedTrajectory,
+    ::testing::Values(TrajectoryCase{"stash", "", "stash"},
+                      TrajectoryCase{"current", "", "current"},
+                      // the staleness corrections, alone and together
+                      TrajectoryCase{"stash", ", predict_weights: true", "predicted"},
+                      TrajectoryCase{"current", ", lr_by_delay: inverse", "current_lr_inverse"},
+                      TrajectoryCase{"stash", ", predict_weights: true, lr_by_delay: inverse_sqrt",
+                                     "predicted_lr_inverse_sqrt"}),
+    [](const ::testing::TestParamInfo<TrajectoryCase>& info) { return info.param.name; });
 
 // The same on the byte-level GPT: with lr = 0 the delayed pipeline computes
 // backprop's gradients for sequences of bytes too.

@@ -13,13 +13,23 @@
 // the recomputation leaves them alone. The pipeline drains where an
 // evaluation or a checkpoint is due, so evaluation sees settled parameters.
 //
+// Staleness corrections (options): with predict_weights (stash only), a
+// forward runs at w + s (w - w_prev), the weights extrapolated along the last
+// update by the stage's staleness s = d_j - 1, and stashes them, so the
+// gradient is taken near the weights it will be applied to (SpecTrain-style
+// weight prediction); w_prev is a copy of the parameters before the last
+// step (one more parameter copy). lr_by_delay scales the stage's learning
+// rate by 1/(1+s) or 1/sqrt(1+s) (staleness-aware rates).
+//
 // Checkpoints: the cut is a drain, so nothing is in flight there; the only
 // state besides the model and optimizer is the step count (= the cut's step
 // on every stage), which a resumed run takes from ctx.first_step(). SaveState
-// records it to check the resume against. A resume on another cut
+// records it to check the resume against. w_prev is not saved: the first
+// forward after a resume predicts nothing (as the first of a job). A resume on another cut
 // (StageContext::resharded) is therefore exact up to the new cut's delays:
 // nothing is dropped, stage j's staleness is the new J's from step s on.
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <vector>
 
@@ -33,7 +43,10 @@ namespace {
 class Delayed : public Algorithm {
  public:
   explicit Delayed(const DelayedOptions& options)
-      : stash_(options.weights == DelayedWeights::kStash), max_in_flight_(options.max_in_flight) {}
+      : stash_(options.weights == DelayedWeights::kStash),
+        max_in_flight_(options.max_in_flight),
+        predict_(options.predict_weights),
+        lr_by_delay_(options.lr_by_delay) {}
 
   // The cut is a drain: nothing in flight, the step count is the cut's step.
   absl::Status SaveState(StageContext&, torch::serialize::OutputArchive& archive) override {
@@ -51,6 +64,12 @@ class Delayed : public Algorithm {
     if (max_in_flight_ > 0) depth_ = std::min(depth_, max_in_flight_);
     params_ = ctx.model().parameters();
     steps_ = ctx.first_step();
+    previous_.clear();
+    const double s = ctx.last() ? 0.0 : static_cast<double>(depth_ - 1);
+    staleness_ = s;
+    lr_scale_ = lr_by_delay_ == DelayLr::kInverse       ? 1.0 / (1.0 + s)
+                : lr_by_delay_ == DelayLr::kInverseSqrt ? 1.0 / std::sqrt(1.0 + s)
+                                                        : 1.0;
     STAGEWISE_ASSIGN_OR_RETURN(torch::serialize::InputArchive* const state,
                                ResumeState(ctx, "delayed"));
     if (state != nullptr) {
@@ -74,7 +93,15 @@ class Delayed : public Algorithm {
 
   // The optimizer step after mini-batch t's backward.
   absl::Status Step(StageContext& ctx, int64_t t, double loss, int64_t samples) {
-    STAGEWISE_RETURN_IF_ERROR(StepOptimizer(ctx, t, ctx.LearningRate(steps_)));
+    if (predict_ && !ctx.last()) {
+      torch::NoGradGuard no_grad;
+      if (previous_.empty()) {
+        for (const auto& p : params_) previous_.push_back(p.detach().clone());
+      } else {
+        for (size_t i = 0; i < params_.size(); ++i) previous_[i].copy_(params_[i]);
+      }
+    }
+    STAGEWISE_RETURN_IF_ERROR(StepOptimizer(ctx, t, ctx.LearningRate(steps_) * lr_scale_));
     ++steps_;
     ctx.ReportStep(steps_, loss, samples);
     return absl::OkStatus();
@@ -105,6 +132,15 @@ class Delayed : public Algorithm {
       return SendGrad(ctx, t, 0, in.x.grad());
     }
     const auto t0 = std::chrono::steady_clock::now();
+    std::vector<torch::Tensor> current;
+    if (predict_ && !previous_.empty()) {
+      // w + s (w - w_prev) for this forward and its stash; w comes back after.
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < params_.size(); ++i) {
+        current.push_back(params_[i].detach().clone());
+        params_[i].add_(params_[i] - previous_[i], staleness_);
+      }
+    }
     torch::Tensor out;
     {
       torch::NoGradGuard no_grad;
@@ -116,6 +152,10 @@ class Delayed : public Algorithm {
     f.forward_step = steps_;
     if (stash_) {
       for (const auto& p : params_) f.stash.push_back(p.detach().clone());
+    }
+    if (!current.empty()) {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(current[i]);
     }
     ReportBuffers(ctx);
     return SendForward(ctx, t, 0, out, in.labels, std::move(in.labels_proto));
@@ -154,6 +194,11 @@ class Delayed : public Algorithm {
 
   const bool stash_;
   const int64_t max_in_flight_;
+  const bool predict_;
+  const DelayLr lr_by_delay_;
+  double staleness_ = 0;  // s = d_j - 1 (0 on the last stage)
+  double lr_scale_ = 1;
+  std::vector<torch::Tensor> previous_;  // predict_weights: w before the last step
   int64_t depth_ = 1;
   int64_t steps_ = 0;
   int64_t peak_inputs_ = 0;
