@@ -42,6 +42,9 @@ enum class DelayedWeights { kStash, kCurrent };
 // delayed's `lr_by_delay`: stage j's learning rate scaled by its staleness
 // s_j (constant: not; inverse: 1/(1+s_j); inverse_sqrt: 1/sqrt(1+s_j)).
 enum class DelayLr { kConstant, kInverse, kInverseSqrt };
+// delayed's `momentum_by_delay`: constant, or compensate (SGD's momentum
+// lowered by the momentum the delay itself implies, s_j / (1 + s_j)).
+enum class DelayMomentum { kConstant, kCompensate };
 
 // auxnet's `auxnet`, `bn_statistics`, `aux_update` and `penalty`.
 enum class AuxNetArch { kResnet, kConv };
@@ -101,6 +104,10 @@ template <>
 struct EnumSpellings<DelayLr> {
   static constexpr std::array<absl::string_view, 3> kNames = {"constant", "inverse",
                                                               "inverse_sqrt"};
+};
+template <>
+struct EnumSpellings<DelayMomentum> {
+  static constexpr std::array<absl::string_view, 2> kNames = {"constant", "compensate"};
 };
 template <>
 struct EnumSpellings<AuxNetArch> {

@@ -482,6 +482,10 @@ const std::vector<AlgorithmSchema>& AlgorithmSchemas() {
                  EnumParam("lr_by_delay", &D::lr_by_delay,
                            "stage j's learning rate x 1, 1/(1+s_j) or 1/sqrt(1+s_j), s_j its "
                            "staleness in steps"),
+                 EnumParam("momentum_by_delay", &D::momentum_by_delay,
+                           "`optimizer.name: sgd` only: `compensate` runs stage j at momentum "
+                           "max(0, momentum - s_j / (1 + s_j)), the delay acting as momentum of "
+                           "its own"),
                  IntParam("max_in_flight", &D::max_in_flight, AtLeast(0),
                           "cap on mini-batches in flight per stage; `0` = the natural depth "
                           "2(J-1-j)+1 at stage j")}),

@@ -120,6 +120,7 @@ struct DelayedOptions {
   // only), and a learning rate scaled by the delay.
   bool predict_weights = false;
   DelayLr lr_by_delay = DelayLr::kConstant;
+  DelayMomentum momentum_by_delay = DelayMomentum::kConstant;
   // 0 stands for the pipeline's natural depth at stage j, 2(J-1-j)+1
   // mini-batches (worker/algorithms/delayed.cc).
   int max_in_flight = 0;

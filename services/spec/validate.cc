@@ -312,6 +312,12 @@ absl::Status ValidateAlgorithm(const AlgorithmSpec& algorithm, const JobSpec& sp
                       "needs algorithm.weights: stash (the gradient is taken at the predicted "
                       "weights the forward used)");
     }
+    if (delayed->momentum_by_delay == DelayMomentum::kCompensate &&
+        spec.optimizer.name != OptimizerKind::kSgd) {
+      return KeyError("algorithm.momentum_by_delay",
+                      absl::StrCat("compensate applies to optimizer.name sgd, not ",
+                                   NameOf(spec.optimizer.name)));
+    }
   }
   if (const auto* auxnet = algorithm.get_if<AuxNetOptions>()) {
     // auxnet's running statistics from the serial forward need one.

@@ -91,6 +91,12 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, const Delayed
     }
     training::SetLearningRate(
         *s.opt, training::LearningRateAt(spec.schedule, base, s.steps, per_epoch, S) * s.lr_scale);
+    const double m = spec.optimizer.momentum;
+    const bool compensate = o.momentum_by_delay == DelayMomentum::kCompensate && s.s > 0;
+    for (auto& group : s.opt->param_groups()) {
+      static_cast<torch::optim::SGDOptions&>(group.options())
+          .momentum(compensate ? std::max(0.0, m - s.s / (1 + s.s)) : m);
+    }
     s.opt->step();
     ++s.steps;
   };
@@ -265,6 +271,7 @@ TEST_P(DelayedTrajectory, EqualsTheSingleProcessSimulation) {
     DelayedOptions plain = options;
     plain.predict_weights = false;
     plain.lr_by_delay = DelayLr::kConstant;
+    plain.momentum_by_delay = DelayMomentum::kConstant;
     EXPECT_GT(MaxDifference(want, Simulate(*spec, plain)), 1e-4);
   }
 }
@@ -276,6 +283,7 @@ INSTANTIATE_TEST_SUITE_P(
                       // the staleness corrections, alone and together
                       TrajectoryCase{"stash", ", predict_weights: true", "predicted"},
                       TrajectoryCase{"current", ", lr_by_delay: inverse", "current_lr_inverse"},
+                      TrajectoryCase{"stash", ", momentum_by_delay: compensate", "compensated"},
                       TrajectoryCase{"stash", ", predict_weights: true, lr_by_delay: inverse_sqrt",
                                      "predicted_lr_inverse_sqrt"}),
     [](const ::testing::TestParamInfo<TrajectoryCase>& info) { return info.param.name; });

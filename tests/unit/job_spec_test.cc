@@ -236,6 +236,7 @@ TEST(JobSpecTest, EveryAlgorithmGetsItsDefaults) {
        {{"weights", "stash"},
         {"predict_weights", "false"},
         {"lr_by_delay", "constant"},
+        {"momentum_by_delay", "constant"},
         {"max_in_flight", "0"}}},
       {"features_replay", {}},
       {"petra", {{"accumulation", "1"}, {"verify_rebuild", "false"}}},

@@ -20,6 +20,9 @@
 // weight prediction); w_prev is a copy of the parameters before the last
 // step (one more parameter copy). lr_by_delay scales the stage's learning
 // rate by 1/(1+s) or 1/sqrt(1+s) (staleness-aware rates).
+// momentum_by_delay: compensate (SGD) steps at momentum max(0, m - s/(1+s)),
+// set for the step and put back after it, so the optimizer's saved options
+// keep the job's m.
 //
 // Checkpoints: the cut is a drain, so nothing is in flight there; the only
 // state besides the model and optimizer is the step count (= the cut's step
@@ -28,6 +31,7 @@
 // forward after a resume predicts nothing (as the first of a job). A resume on another cut
 // (StageContext::resharded) is therefore exact up to the new cut's delays:
 // nothing is dropped, stage j's staleness is the new J's from step s on.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -46,7 +50,8 @@ class Delayed : public Algorithm {
       : stash_(options.weights == DelayedWeights::kStash),
         max_in_flight_(options.max_in_flight),
         predict_(options.predict_weights),
-        lr_by_delay_(options.lr_by_delay) {}
+        lr_by_delay_(options.lr_by_delay),
+        compensate_(options.momentum_by_delay == DelayMomentum::kCompensate) {}
 
   // The cut is a drain: nothing in flight, the step count is the cut's step.
   absl::Status SaveState(StageContext&, torch::serialize::OutputArchive& archive) override {
@@ -101,7 +106,24 @@ class Delayed : public Algorithm {
         for (size_t i = 0; i < params_.size(); ++i) previous_[i].copy_(params_[i]);
       }
     }
-    STAGEWISE_RETURN_IF_ERROR(StepOptimizer(ctx, t, ctx.LearningRate(steps_) * lr_scale_));
+    std::vector<double> momenta;  // compensate: the groups' own, put back after the step
+    if (compensate_ && staleness_ > 0) {
+      for (auto& group : ctx.optimizer().param_groups()) {
+        auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&group.options());
+        if (sgd == nullptr) continue;
+        momenta.push_back(sgd->momentum());
+        sgd->momentum(std::max(0.0, sgd->momentum() - staleness_ / (1 + staleness_)));
+      }
+    }
+    absl::Status stepped = StepOptimizer(ctx, t, ctx.LearningRate(steps_) * lr_scale_);
+    if (!momenta.empty()) {
+      size_t i = 0;
+      for (auto& group : ctx.optimizer().param_groups()) {
+        auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&group.options());
+        if (sgd != nullptr) sgd->momentum(momenta[i++]);
+      }
+    }
+    STAGEWISE_RETURN_IF_ERROR(stepped);
     ++steps_;
     ctx.ReportStep(steps_, loss, samples);
     return absl::OkStatus();
@@ -196,6 +218,7 @@ class Delayed : public Algorithm {
   const int64_t max_in_flight_;
   const bool predict_;
   const DelayLr lr_by_delay_;
+  const bool compensate_;
   double staleness_ = 0;  // s = d_j - 1 (0 on the last stage)
   double lr_scale_ = 1;
   std::vector<torch::Tensor> previous_;  // predict_weights: w before the last step
