@@ -39,4 +39,8 @@ absl::StatusOr<std::vector<models::BlockMode>> BlockModesOf(const v1::StageAssig
   return planner::ModesFromProto(assignment.block_modes(), "StageAssignment.block_modes");
 }
 
+absl::StatusOr<std::optional<PipelineSchedule>> ScheduleOf(const v1::StageAssignment& assignment) {
+  return planner::ScheduleFromProto(assignment.schedule(), "StageAssignment.schedule");
+}
+
 }  // namespace stagewise::worker

@@ -3,11 +3,13 @@
 #ifndef STAGEWISE_WORKER_STAGE_ASSIGNMENT_H_
 #define STAGEWISE_WORKER_STAGE_ASSIGNMENT_H_
 
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "services/models/modal_pass.h"
+#include "services/spec/enums.h"
 #include "stagewise/v1/coordinator.pb.h"
 
 namespace stagewise::worker {
@@ -18,6 +20,10 @@ absl::Status CheckAssignment(const v1::StageAssignment& assignment, bool has_col
 
 // StageAssignment.block_modes as modes: none, or one known mode per block.
 absl::StatusOr<std::vector<models::BlockMode>> BlockModesOf(const v1::StageAssignment& assignment);
+
+// StageAssignment.schedule: the schedule the planner chose for `schedule:
+// auto`, or none; INVALID_ARGUMENT for a value this version does not know.
+absl::StatusOr<std::optional<PipelineSchedule>> ScheduleOf(const v1::StageAssignment& assignment);
 
 }  // namespace stagewise::worker
 

@@ -10,7 +10,6 @@
 #include "services/common/path_policy.h"
 #include "services/common/retry_policy.h"
 #include "services/common/status_macros.h"
-#include "services/planner/plan_proto.h"
 #include "services/tensor/stage_message.h"
 #include "services/training/optimizer.h"
 #include "worker/algorithms/common.h"
@@ -115,10 +114,8 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
       rt->spec_.sync,
       [raw = rt.get()](const std::string& key, double value) { raw->Summarize(key, value); });
   rt->phases_ = Phases(rt->spec_);  // backprop's schedule: auto as the planner chose
-  absl::StatusOr<std::optional<PipelineSchedule>> chosen =
-      planner::ScheduleFromProto(assignment.schedule(), "StageAssignment.schedule");
-  if (!chosen.ok()) return chosen.status();
-  if (auto s = ResolveAutoSchedule(*chosen, rt->phases_); !s.ok()) return s;
+  STAGEWISE_ASSIGN_OR_RETURN(const std::optional<PipelineSchedule> chosen, ScheduleOf(assignment));
+  if (auto s = ResolveAutoSchedule(chosen, rt->phases_); !s.ok()) return s;
   rt->metrics_ = std::make_unique<metrics::StageMetrics>(
       *rt->env_.registry, rt->env_.job_labels.Of(assignment.job_id()), assignment.stage(),
       rt->spec_.algorithm.name(), assignment.num_replicas() > 1 ? assignment.replica() : -1);

@@ -112,8 +112,9 @@ TEST(SpecErrors, SeveralErrorsAreAllReportedEachWithItsPlace) {
   ASSERT_EQ(lines.size(), 4u) << spec.status();
   EXPECT_EQ(lines[0], "3 errors in the job spec:");
   const std::string all(spec.status().message());
-  EXPECT_THAT(all, ::testing::HasSubstr("optimizer.name: must be one of sgd, adam, muon; got 'sgdd' "
-                                        "(did you mean sgd?) (line 10, column 3)"));
+  EXPECT_THAT(all,
+              ::testing::HasSubstr("optimizer.name: must be one of sgd, adam, muon; got 'sgdd' "
+                                   "(did you mean sgd?) (line 10, column 3)"));
   EXPECT_THAT(
       all, ::testing::HasSubstr("batch_size: expected an integer, got 'abc' (line 12, column 13)"));
   EXPECT_THAT(all, ::testing::HasSubstr("colour: unknown key"));
