@@ -488,7 +488,12 @@ const std::vector<AlgorithmSchema>& AlgorithmSchemas() {
                            "its own"),
                  IntParam("max_in_flight", &D::max_in_flight, AtLeast(0),
                           "cap on mini-batches in flight per stage; `0` = the natural depth "
-                          "2(J-1-j)+1 at stage j")}),
+                          "2(J-1-j)+1 at stage j"),
+                 IntParam("accumulation", &D::accumulation, AtLeast(1),
+                          "k: every stage steps once per k backward passes with their mean "
+                          "gradient (bounded accumulation, as PACI), so a mini-batch's forward "
+                          "and backward are at most ceil(s_j / k) updates apart; the corrections "
+                          "above take s_j / k; `scale_lr_by_batch` counts k x `batch_size`")}),
       Schema<FeaturesReplayOptions>(AlgorithmKind::kFeaturesReplay, {}),
       Schema<P>(AlgorithmKind::kPetra,
                 {IntParam("accumulation", &P::accumulation, AtLeast(1),
@@ -704,8 +709,9 @@ std::map<std::string, std::string> AlgorithmParams(const AlgorithmSpec& spec) {
 std::vector<std::string> KnownAlgorithms() { return EnumNames<AlgorithmKind>(); }
 
 int64_t AccumulationFactor(const AlgorithmSpec& spec) {
-  const PetraOptions* petra = spec.get_if<PetraOptions>();
-  return petra != nullptr ? petra->accumulation : 1;
+  if (const PetraOptions* petra = spec.get_if<PetraOptions>()) return petra->accumulation;
+  if (const DelayedOptions* delayed = spec.get_if<DelayedOptions>()) return delayed->accumulation;
+  return 1;
 }
 
 }  // namespace stagewise

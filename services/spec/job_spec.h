@@ -124,6 +124,9 @@ struct DelayedOptions {
   // 0 stands for the pipeline's natural depth at stage j, 2(J-1-j)+1
   // mini-batches (worker/algorithms/delayed.cc).
   int max_in_flight = 0;
+  // k: every stage steps once per k backward passes with their mean gradient
+  // (bounded accumulation, as PACI).
+  int accumulation = 1;
 };
 
 struct FeaturesReplayOptions {};
@@ -196,7 +199,7 @@ absl::StatusOr<AuxHeadSpec> ParseAuxHeadSpec(const std::string& text);
 std::vector<std::string> KnownAlgorithms();
 
 // k, the number of backward passes a stage accumulates before it steps
-// (petra's `accumulation`; 1 for every other algorithm).
+// (petra's and delayed's `accumulation`; 1 for every other algorithm).
 int64_t AccumulationFactor(const AlgorithmSpec& spec);
 
 // stages: how many stages and which global blocks each holds.

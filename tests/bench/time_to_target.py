@@ -50,11 +50,26 @@ def parse_args(argv):
     p.add_argument("--stages", type=int, nargs="+", default=[4, 8], help="stage counts J")
     p.add_argument("--check-stages", type=int, default=2,
                    help="J at which real processes' time per step is measured (0: none)")
+    p.add_argument("--check-steps", type=int, default=0,
+                   help="steps of each check run, without evaluations (0: the budget's run)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--steps", type=int, required=True, help="the budget, in optimizer steps")
+    p.add_argument("--steps", type=int, required=True,
+                   help="the budget, in steps (mini-batches; PETRA with accumulation k updates every k)")
+    p.add_argument("--budget", action="append", default=[], metavar="NAME=STEPS",
+                   help="a configuration's own budget (e.g. a decoupled one given longer to reach an "
+                        "exact schedule's final quality); the learning-rate schedule spans it")
+    p.add_argument("--same", action="append", default=[], metavar="NAME=OTHER@J",
+                   help="NAME computes the same updates as OTHER at J stages (the exact schedules: "
+                        "the oracle tests hold each to one trainer): take that run's evaluations "
+                        "instead of training NAME; only its time per step is its own")
+    p.add_argument("--plot", action="store_true",
+                   help="also draw quality against modelled time per J (gnuplot, SVG)")
     p.add_argument("--eval-every", type=int, required=True, help="steps between evaluations")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="more overrides for every run (as stagewise's --set)")
+    p.add_argument("--config-set", action="append", default=[], metavar="NAME:KEY=VALUE",
+                   help="an override for one configuration's runs, e.g. "
+                        "'interleaved:stages.chunks_per_worker=2' (repeatable)")
     p.add_argument("--stagewise", default=os.path.join("build", "bin", "stagewise"))
     p.add_argument("--out", default="time_to_target", help="directory for runs and the table")
     p.add_argument("--reuse", action="store_true", help="take runs already under --out")
@@ -66,6 +81,26 @@ def parse_args(argv):
             p.error(f"--config {c!r}: expected NAME=ALGORITHM")
         configs.append((name, algorithm))
     args.configs = configs
+    names = {n for n, _ in configs}
+    args.budgets = {}
+    for b in args.budget:
+        name, sep, steps = b.partition("=")
+        if not sep or name not in names or not steps.isdigit() or int(steps) < 1:
+            p.error(f"--budget {b!r}: expected NAME=STEPS with NAME a --config and STEPS >= 1")
+        args.budgets[name] = int(steps)
+    args.config_sets = {}
+    for c in args.config_set:
+        name, sep, kv = c.partition(":")
+        if not sep or name not in names or "=" not in kv:
+            p.error(f"--config-set {c!r}: expected NAME:KEY=VALUE with NAME a --config")
+        args.config_sets.setdefault(name, []).append(kv)
+    args.same_as = {}
+    for s in args.same:
+        name, sep, rest = s.partition("=")
+        other, at, stages = rest.partition("@")
+        if not sep or not at or name not in names or other not in names or not stages.isdigit():
+            p.error(f"--same {s!r}: expected NAME=OTHER@J with NAME and OTHER --configs")
+        args.same_as[name] = (other, int(stages))
     if args.target_accuracy is not None and not 0 <= args.target_accuracy <= 1:
         p.error("--target-accuracy: must be in [0, 1]")
     if args.steps < 1 or args.eval_every < 1:
@@ -73,21 +108,25 @@ def parse_args(argv):
     return args
 
 
-def overrides(args, algorithm, stages, seed):
+def overrides(args, name, algorithm, stages, seed):
     sets = [f"algorithm={{name: {algorithm}}}", f"stages.count={stages}", f"seed={seed}",
-            "epochs=0", f"steps={args.steps}",
+            "epochs=0", f"steps={args.budgets.get(name, args.steps)}",
             f"eval={{every_epochs: 0, every_steps: {args.eval_every}, at_end: true}}"]
-    sets += args.set
+    sets += args.set + args.config_sets.get(name, [])
     return [x for s in sets for x in ("--set", s)]
 
 
-def run_json(cmd, path, reuse):
-    """Runs cmd (its stdout is one JSON document) unless path holds its result."""
+def run_json(cmd, path, reuse, may_fail=False):
+    """Runs cmd (its stdout is one JSON document) unless path holds its result.
+    With may_fail, a failure returns {"error": its last line of stderr}."""
     if reuse and os.path.exists(path):
         with open(path) as f:
             return json.load(f)
     print("$ " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sys.stderr.write(out.stderr)
+    if out.returncode != 0 and may_fail:
+        return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1]}
     if out.returncode != 0:
         raise SystemExit(f"failed ({out.returncode}): {' '.join(cmd)}")
     lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
@@ -117,12 +156,31 @@ def read_history(path):
     return [by_step[k] for k in sorted(by_step) if len(by_step[k]) == 3]
 
 
-def train(args, name, algorithm, stages, seed):
+def steady_seconds(path):
+    """Seconds per step between the first and the last tenth of a run's training
+    reports (start-up and the last drain left out)."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            fields = line.rstrip("\n").split("\t")
+            if len(fields) == 4 and fields[2] == "train_loss":
+                rows.append((int(fields[0]), float(fields[1])))
+    if len(rows) < 3:
+        return None
+    a, b = rows[len(rows) // 10], rows[-1 - len(rows) // 10]
+    return (b[1] - a[1]) / (b[0] - a[0]) if b[0] > a[0] else None
+
+
+def train(args, name, algorithm, stages, seed, check=False):
     """One `stagewise local` run: its JSON result and its evaluations."""
-    base = os.path.join(args.out, f"run_{name}_J{stages}_s{seed}")
+    base = os.path.join(args.out, f"{'check' if check else 'run'}_{name}_J{stages}_s{seed}")
     history = base + ".tsv"
+    sets = overrides(args, name, algorithm, stages, seed)
+    if check and args.check_steps:
+        sets += ["--set", f"steps={args.check_steps}", "--set", "eval.every_steps=0",
+                 "--set", "eval.at_end=false"]
     r = run_json([args.stagewise, "local", args.job, "-q", "-o", "json", "--history", history]
-                 + overrides(args, algorithm, stages, seed), base + ".json", args.reuse)
+                 + sets, base + ".json", args.reuse)
     return r, read_history(history)
 
 
@@ -143,8 +201,10 @@ def predicted_seconds(plan, algorithm):
         m = [x for x in algorithm.replace(" ", "").split(",") if x.startswith("micro_batches:")]
         s = [x for x in algorithm.replace(" ", "").split(",") if x.startswith("schedule:")]
         if m and int(m[0].split(":")[1]) > 1:
-            label = f"backprop {s[0].split(':')[1] if s else 'gpipe'} M={m[0].split(':')[1]}"
-            want = [r for r in rows if r["algorithm"] == label] or want
+            # "backprop 1f1b M=8", "backprop interleaved v=2 M=8"
+            schedule, micro = s[0].split(":")[1] if s else "gpipe", m[0].split(":")[1]
+            want = [r for r in rows if r["algorithm"].startswith(f"backprop {schedule} ")
+                    and r["algorithm"].endswith(f" M={micro}")]
         else:
             want = [r for r in rows if r["algorithm"] == "backprop"]
     if name == "nwise":
@@ -164,33 +224,75 @@ def spread(values):
     return f"{med:.4g} [{min(values):.4g}, {max(values):.4g}]"
 
 
+def plot(args, stages, by_name):
+    """Quality against modelled time at J stages, the mean of the seeds per configuration."""
+    data = os.path.join(args.out, f"curves_J{stages}.tsv")
+    with open(data, "w") as f:
+        for name, runs in by_name.items():
+            f.write(f"# {name}\n")
+            for i in range(min(len(r) for r in runs)):
+                t = statistics.mean(r[i][0] for r in runs)
+                f.write(f"{t:.6g}\t{statistics.mean(r[i][1] for r in runs):.6g}\n")
+            f.write("\n\n")
+    svg = os.path.join(args.out, f"curves_J{stages}.svg")
+    ylabel = "test accuracy" if args.target_accuracy is not None else "validation bits per byte"
+    target = args.target_accuracy if args.target_accuracy is not None else args.target_bpb
+    script = "\n".join([
+        "set terminal svg size 720,420 dynamic font 'sans,12'", f"set output '{svg}'",
+        f"set title 'J = {stages}: {ylabel} against modelled time (mean of seeds "
+        f"{' '.join(map(str, args.seeds))})'",
+        "set xlabel 'modelled wall-clock time (s): steps x predicted seconds per step'",
+        f"set ylabel '{ylabel}'", "set key outside right", "set grid",
+        f"plot {target} with lines dashtype 2 lc rgb 'gray' title 'target', \\",
+        ", \\\n".join(f"  '{data}' index {i} with linespoints pointsize 0.5 title '{name}'"
+                       for i, name in enumerate(by_name))])
+    subprocess.run(["gnuplot"], input=script, text=True, check=True)
+    return svg
+
+
 def main(argv):
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    rows = []
+    algorithms = dict(args.configs)
+    rows, curves = [], {}
     for stages in args.stages:
         for name, algorithm in args.configs:
             plan = run_json([args.stagewise, "plan", args.job, "-q", "--no-profile", "-o", "json"]
-                            + overrides(args, algorithm, stages, args.seeds[0]),
-                            os.path.join(args.out, f"plan_{name}_J{stages}.json"), args.reuse)
+                            + overrides(args, name, algorithm, stages, args.seeds[0]),
+                            os.path.join(args.out, f"plan_{name}_J{stages}.json"), args.reuse,
+                            may_fail=True)
+            if "error" in plan:  # e.g. more virtual stages than the model has blocks
+                rows.append((name, algorithm, stages, None, None, None, None, plan["error"]))
+                continue
             seconds = predicted_seconds(plan, algorithm)
+            source, source_stages = args.same_as.get(name, (name, stages))
             reached, finals = [], []
             for seed in args.seeds:
-                _, evals = train(args, name, algorithm, stages, seed)
+                _, evals = train(args, source, algorithms[source], source_stages, seed)
                 hit = next((e["step"] for e in evals if quality(args, e)[1]), None)
                 reached.append(hit)
                 finals.append(quality(args, evals[-1])[0] if evals else None)
+                if seconds:
+                    curves.setdefault(stages, {}).setdefault(name, []).append(
+                        [(e["step"] * seconds, quality(args, e)[0]) for e in evals])
             times = [h * seconds if h is not None and seconds else None for h in reached]
-            rows.append((name, algorithm, stages, reached, seconds, times, finals))
+            shared = f"{source} at J = {source_stages}" if (source, source_stages) != (name, stages) \
+                else None
+            rows.append((name, algorithm, stages, reached, seconds, times, finals, shared))
     check = []
     if args.check_stages:
         for name, algorithm in args.configs:
             plan = run_json([args.stagewise, "plan", args.job, "-q", "--no-profile", "-o", "json"]
-                            + overrides(args, algorithm, args.check_stages, args.seeds[0]),
+                            + overrides(args, name, algorithm, args.check_stages, args.seeds[0]),
                             os.path.join(args.out, f"plan_{name}_J{args.check_stages}.json"),
-                            args.reuse)
-            r, _ = train(args, name, algorithm, args.check_stages, args.seeds[0])
-            measured = r["seconds"] / max(1, r["step"]) if r.get("seconds") else None
+                            args.reuse, may_fail=True)
+            if "error" in plan:
+                continue
+            r, _ = train(args, name, algorithm, args.check_stages, args.seeds[0], check=True)
+            measured = steady_seconds(os.path.join(
+                args.out, f"check_{name}_J{args.check_stages}_s{args.seeds[0]}.tsv"))
+            if measured is None and r.get("seconds"):  # too short for steady reports
+                measured = r["seconds"] / max(1, r["step"])
             check.append((name, predicted_seconds(plan, algorithm), measured))
 
     what = (f"test accuracy >= {args.target_accuracy}" if args.target_accuracy is not None
@@ -200,9 +302,16 @@ def main(argv):
              "| configuration | algorithm | J | steps to target | ms per step (predicted) "
              "| time to target (s) | quality at the budget |",
              "|---|---|---|---|---|---|---|"]
-    for name, algorithm, stages, reached, seconds, times, finals in rows:
+    for name, algorithm, stages, reached, seconds, times, finals, shared in rows:
+        if reached is None:
+            lines.append(f"| {name} | `{algorithm}` | {stages} | not run: {shared} | - | - | - |")
+            continue
         missed = sum(1 for h in reached if h is None)
         steps_text = spread(reached) + (f" ({missed} of {len(reached)} missed)" if missed else "")
+        if name in args.budgets:
+            steps_text += f" (budget {args.budgets[name]})"
+        if shared:
+            steps_text += f" (the run of {shared})"
         lines.append(f"| {name} | `{algorithm}` | {stages} | {steps_text} | "
                      f"{seconds * 1e3:.1f} | {spread(times)} | {spread(finals)} |"
                      if seconds else
@@ -215,6 +324,9 @@ def main(argv):
             ratio = f"{measured / predicted:.2f}" if predicted and measured else "-"
             lines.append(f"| {name} | {predicted * 1e3 if predicted else float('nan'):.1f} | "
                          f"{measured * 1e3 if measured else float('nan'):.1f} | {ratio} |")
+    if args.plot:
+        lines += ["", "Curves: " + ", ".join(plot(args, stages, by_name)
+                                             for stages, by_name in sorted(curves.items()))]
     table = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(table)

@@ -2,7 +2,8 @@
 // parameters after S steps equal a single-process simulation of delayed SGD
 // written here: every stage runs d_j = 2(J-1-j)+1 mini-batches in flight in
 // 1F1B order, stores inputs (and stashes parameters), recomputes with them
-// when the gradient returns and applies it to the current parameters.
+// when the gradient returns and applies it to the current parameters (with
+// `accumulation: k`, the mean of every k such gradients).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -60,13 +61,14 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, const Delayed
   const int64_t per_epoch = sim.per_epoch;
   const int64_t S = spec.steps;
   const int J = sim.stages();
-  const double base = training::BaseLearningRate(spec.optimizer, spec.batch_size);
+  const int64_t k = o.accumulation;
+  const double base = training::BaseLearningRate(spec.optimizer, spec.batch_size, k);
 
   struct Sim {
     std::shared_ptr<models::Model> model;
     std::unique_ptr<torch::optim::Optimizer> opt;
     std::vector<torch::Tensor> params;
-    int64_t depth = 1, next_f = 0, next_b = 0, steps = 0;
+    int64_t depth = 1, next_f = 0, next_b = 0, backwards = 0;
     std::map<int64_t, std::pair<torch::Tensor, std::vector<torch::Tensor>>> stored;
     std::map<int64_t, std::pair<torch::Tensor, torch::Tensor>> fwd_in;  // x, labels
     std::map<int64_t, torch::Tensor> bwd_in;
@@ -79,18 +81,26 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, const Delayed
     st[j].opt = training::MakeOptimizer(spec.optimizer, *st[j].model);
     st[j].params = st[j].model->parameters();
     st[j].depth = 2 * (J - 1 - j) + 1;
-    st[j].s = j == J - 1 ? 0 : st[j].depth - 1;
+    st[j].s = j == J - 1 ? 0 : static_cast<double>(st[j].depth - 1) / static_cast<double>(k);
     if (o.lr_by_delay == DelayLr::kInverse) st[j].lr_scale = 1 / (1 + st[j].s);
     if (o.lr_by_delay == DelayLr::kInverseSqrt) st[j].lr_scale = 1 / std::sqrt(1 + st[j].s);
   }
   auto step = [&](Sim& s) {
+    if (++s.backwards % k != 0) return;  // the window stays open
+    {
+      torch::NoGradGuard ng;
+      for (auto& p : s.params) {
+        if (p.grad().defined()) p.grad().div_(static_cast<double>(k));
+      }
+    }
     if (o.predict_weights && s.s > 0) {
       torch::NoGradGuard ng;
       s.previous.clear();
       for (auto& p : s.params) s.previous.push_back(p.detach().clone());
     }
     training::SetLearningRate(
-        *s.opt, training::LearningRateAt(spec.schedule, base, s.steps, per_epoch, S) * s.lr_scale);
+        *s.opt,
+        training::LearningRateAt(spec.schedule, base, s.backwards - k, per_epoch, S) * s.lr_scale);
     const double m = spec.optimizer.momentum;
     const bool compensate = o.momentum_by_delay == DelayMomentum::kCompensate && s.s > 0;
     for (auto& group : s.opt->param_groups()) {
@@ -98,7 +108,7 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, const Delayed
           .momentum(compensate ? std::max(0.0, m - s.s / (1 + s.s)) : m);
     }
     s.opt->step();
-    ++s.steps;
+    s.opt->zero_grad();
   };
   for (bool progress = true; progress;) {
     progress = false;
@@ -110,7 +120,6 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, const Delayed
       if (want_forward && (j == 0 || s.fwd_in.count(t))) {
         auto [x, y] = sim.TakeInput(j, t, s.fwd_in);
         if (last) {
-          s.opt->zero_grad();
           if (j > 0) x.requires_grad_(true);
           torch::cross_entropy_loss(s.model->forward(x), y).backward();
           step(s);
@@ -151,7 +160,6 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, const Delayed
         s.stored.erase(b);
         torch::Tensor g = s.bwd_in[b];
         s.bwd_in.erase(b);
-        s.opt->zero_grad();
         if (j > 0) x.requires_grad_(true);
         std::vector<torch::Tensor> now;
         if (stash) {
@@ -180,7 +188,7 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, const Delayed
   }
   std::map<std::string, torch::Tensor> out;
   for (int j = 0; j < J; ++j) {
-    EXPECT_EQ(st[j].steps, S) << "stage " << j;
+    EXPECT_EQ(st[j].backwards, S) << "stage " << j;
     for (const auto& item : st[j].model->named_parameters())
       out[item.key()] = item.value().detach();
   }
@@ -272,6 +280,7 @@ TEST_P(DelayedTrajectory, EqualsTheSingleProcessSimulation) {
     plain.predict_weights = false;
     plain.lr_by_delay = DelayLr::kConstant;
     plain.momentum_by_delay = DelayMomentum::kConstant;
+    plain.accumulation = 1;
     EXPECT_GT(MaxDifference(want, Simulate(*spec, plain)), 1e-4);
   }
 }
@@ -285,7 +294,12 @@ INSTANTIATE_TEST_SUITE_P(
                       TrajectoryCase{"current", ", lr_by_delay: inverse", "current_lr_inverse"},
                       TrajectoryCase{"stash", ", momentum_by_delay: compensate", "compensated"},
                       TrajectoryCase{"stash", ", predict_weights: true, lr_by_delay: inverse_sqrt",
-                                     "predicted_lr_inverse_sqrt"}),
+                                     "predicted_lr_inverse_sqrt"},
+                      // bounded accumulation (PACI): current weights, a step every 2 (the
+                      // last window of 10 steps closes); stashed, every 3 (it stays open)
+                      TrajectoryCase{"current", ", accumulation: 2", "accumulated"},
+                      TrajectoryCase{"stash", ", accumulation: 3, momentum_by_delay: compensate",
+                                     "accumulated_compensated"}),
     [](const ::testing::TestParamInfo<TrajectoryCase>& info) { return info.param.name; });
 
 // The same on the byte-level GPT: with lr = 0 the delayed pipeline computes

@@ -589,6 +589,12 @@ INSTANTIATE_TEST_SUITE_P(
         ResumeCase{"petra", "{name: petra}", 3, 8, 3, {3}},
         // Cuts after 3 (inside an accumulation window) and 6 steps.
         ResumeCase{"petra_accumulation2", "{name: petra, accumulation: 2}", 3, 8, 3, {3, 6}},
+        ResumeCase{"delayed_accumulation2",
+                   "{name: delayed, weights: current, accumulation: 2}",
+                   3,
+                   8,
+                   3,
+                   {3, 6}},
         // Every step: cuts in the warm-up (stage 0 holds no gradient at 1)
         // and after it.
         ResumeCase{"features_replay_every_step", "{name: features_replay}", 3, 8, 1, {1, 2, 5}},
@@ -642,6 +648,7 @@ INSTANTIATE_TEST_SUITE_P(
     Algorithms, ResumeWithoutStateTest,
     ::testing::Values(
         ResumeCase{"petra_accumulation2", "{name: petra, accumulation: 2}", 3, 8, 3, {3}},
+        ResumeCase{"delayed_accumulation2", "{name: delayed, accumulation: 2}", 3, 8, 3, {3}},
         ResumeCase{"features_replay", "{name: features_replay}", 3, 8, 3, {3}},
         ResumeCase{
             "nwise", "{name: nwise, n: 2, micro_batches: 2, aux_head: 'conv:8'}", 3, 8, 3, {3}},

@@ -349,6 +349,41 @@ absl::Status ReadStateOptimizer(torch::serialize::InputArchive& archive, const s
   return absl::OkStatus();
 }
 
+void WritePartialGrads(torch::serialize::OutputArchive& archive,
+                       const std::vector<torch::Tensor>& params, bool open_window) {
+  WriteStateInt(archive, "partial_grads", open_window ? static_cast<int64_t>(params.size()) : 0);
+  for (size_t i = 0; open_window && i < params.size(); ++i) {
+    const torch::Tensor& g = params[i].grad();
+    WriteStateInt(archive, absl::StrCat("has_grad_", i), g.defined() ? 1 : 0);
+    if (g.defined()) WriteStateTensor(archive, absl::StrCat("grad_", i), g);
+  }
+}
+
+absl::Status ReadPartialGrads(torch::serialize::InputArchive& archive,
+                              std::vector<torch::Tensor>& params, bool open_window,
+                              torch::Device device, const std::string& algorithm) {
+  STAGEWISE_ASSIGN_OR_RETURN(const int64_t count, ReadStateInt(archive, "partial_grads"));
+  const int64_t want = open_window ? static_cast<int64_t>(params.size()) : 0;
+  if (count != want) {
+    return absl::DataLossError(absl::StrCat("resume state: ", algorithm, " saved ", count,
+                                            " partial gradients, expected ", want));
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    STAGEWISE_ASSIGN_OR_RETURN(const int64_t has,
+                               ReadStateInt(archive, absl::StrCat("has_grad_", i)));
+    if (has == 0) continue;
+    STAGEWISE_ASSIGN_OR_RETURN(torch::Tensor g,
+                               ReadStateTensor(archive, absl::StrCat("grad_", i), device));
+    if (!g.sizes().equals(params[i].sizes())) {
+      return absl::DataLossError(absl::StrCat("resume state: ", algorithm, " grad_", i,
+                                              " has shape ", c10::str(g.sizes()),
+                                              ", the parameter ", c10::str(params[i].sizes())));
+    }
+    params[i].mutable_grad() = g;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunEvaluation(StageContext& ctx, int64_t steps_done) {
   // One span for the pass; its sends and receives are not traced apart.
   Tracer::Scope span(ctx.tracer(), v1::SPAN_EVAL, steps_done);

@@ -162,6 +162,17 @@ absl::Status ReadStateModule(torch::serialize::InputArchive& archive, const std:
 absl::Status ReadStateOptimizer(torch::serialize::InputArchive& archive, const std::string& key,
                                 torch::optim::Optimizer& optimizer);
 
+// An open accumulation window (petra's and delayed's `accumulation`): after
+// `backwards` backward passes with a step every k, the gradient sums in the
+// parameters' .grad are state when backwards % k != 0. WritePartialGrads
+// records them (or that there are none); ReadPartialGrads checks the count
+// and shapes and puts them back, DATA_LOSS naming `algorithm` otherwise.
+void WritePartialGrads(torch::serialize::OutputArchive& archive,
+                       const std::vector<torch::Tensor>& params, bool open_window);
+absl::Status ReadPartialGrads(torch::serialize::InputArchive& archive,
+                              std::vector<torch::Tensor>& params, bool open_window,
+                              torch::Device device, const std::string& algorithm);
+
 // Forward-only pass over the test set through the real stages in eval mode:
 // stage 0 sends EVAL batches, the last stage reports loss and accuracy. Every
 // stage calls it at the same point of its schedule.

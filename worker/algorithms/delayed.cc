@@ -23,12 +23,18 @@
 // momentum_by_delay: compensate (SGD) steps at momentum max(0, m - s/(1+s)),
 // set for the step and put back after it, so the optimizer's saved options
 // keep the job's m.
+// Bounded accumulation (accumulation: k, as PACI): every stage sums the
+// gradients of k backward passes and steps once with their mean, so the
+// weights move k times slower than the pipeline's delay and a mini-batch's
+// forward and backward are at most ceil(s/k) updates apart; the corrections
+// above then take the staleness in updates, s/k. The update uses the learning
+// rate of its window's first mini-batch.
 //
-// Checkpoints: the cut is a drain, so nothing is in flight there; the only
-// state besides the model and optimizer is the step count (= the cut's step
-// on every stage), which a resumed run takes from ctx.first_step(). SaveState
-// records it to check the resume against. w_prev is not saved: the first
-// forward after a resume predicts nothing (as the first of a job). A resume on another cut
+// Checkpoints: the cut is a drain, so nothing is in flight there; the state
+// besides the model and optimizer is the step count (= the cut's step on every
+// stage), which a resumed run takes from ctx.first_step(), and with k > 1 the
+// update count and an open window's gradient sums. SaveState records them. w_prev is not saved: the
+// first forward after a resume predicts nothing (as the first of a job). A resume on another cut
 // (StageContext::resharded) is therefore exact up to the new cut's delays:
 // nothing is dropped, stage j's staleness is the new J's from step s on.
 #include <algorithm>
@@ -51,7 +57,8 @@ class Delayed : public Algorithm {
         max_in_flight_(options.max_in_flight),
         predict_(options.predict_weights),
         lr_by_delay_(options.lr_by_delay),
-        compensate_(options.momentum_by_delay == DelayMomentum::kCompensate) {}
+        compensate_(options.momentum_by_delay == DelayMomentum::kCompensate),
+        k_(options.accumulation) {}
 
   // The cut is a drain: nothing in flight, the step count is the cut's step.
   absl::Status SaveState(StageContext&, torch::serialize::OutputArchive& archive) override {
@@ -59,7 +66,11 @@ class Delayed : public Algorithm {
       return absl::FailedPreconditionError(
           absl::StrCat("delayed: checkpoint with ", inflight_.size(), " mini-batches in flight"));
     }
-    WriteStateInt(archive, "steps", steps_);
+    WriteStateInt(archive, "steps", backwards_);
+    if (k_ > 1) {
+      WriteStateInt(archive, "updates", updates_);
+      WritePartialGrads(archive, params_, backwards_ % k_ != 0);
+    }
     return absl::OkStatus();
   }
 
@@ -68,9 +79,12 @@ class Delayed : public Algorithm {
     depth_ = 2 * (J - 1 - j) + 1;
     if (max_in_flight_ > 0) depth_ = std::min(depth_, max_in_flight_);
     params_ = ctx.model().parameters();
-    steps_ = ctx.first_step();
+    backwards_ = ctx.first_step();
+    updates_ = backwards_ / k_;
+    ctx.optimizer().zero_grad();
     previous_.clear();
-    const double s = ctx.last() ? 0.0 : static_cast<double>(depth_ - 1);
+    // The staleness in updates: s mini-batches cross s / k of them.
+    const double s = ctx.last() ? 0.0 : static_cast<double>(depth_ - 1) / static_cast<double>(k_);
     staleness_ = s;
     lr_scale_ = lr_by_delay_ == DelayLr::kInverse       ? 1.0 / (1.0 + s)
                 : lr_by_delay_ == DelayLr::kInverseSqrt ? 1.0 / std::sqrt(1.0 + s)
@@ -79,9 +93,19 @@ class Delayed : public Algorithm {
                                ResumeState(ctx, "delayed"));
     if (state != nullptr) {
       STAGEWISE_ASSIGN_OR_RETURN(const int64_t saved, ReadStateInt(*state, "steps"));
-      if (saved != steps_) {
+      if (saved != backwards_) {
         return absl::DataLossError(absl::StrCat("resume state: delayed saved ", saved,
-                                                " steps, the job resumes at step ", steps_));
+                                                " steps, the job resumes at step ", backwards_));
+      }
+      if (k_ > 1) {
+        STAGEWISE_ASSIGN_OR_RETURN(const int64_t updates, ReadStateInt(*state, "updates"));
+        if (updates != updates_) {
+          return absl::DataLossError(absl::StrCat("resume state: delayed saved ", updates,
+                                                  " updates, the job resumes at ", updates_,
+                                                  " with accumulation ", k_));
+        }
+        STAGEWISE_RETURN_IF_ERROR(
+            ReadPartialGrads(*state, params_, backwards_ % k_ != 0, ctx.device(), "delayed"));
       }
     }
     return RunDrainedPipeline(
@@ -93,11 +117,24 @@ class Delayed : public Algorithm {
   struct InFlight {
     torch::Tensor input;
     std::vector<torch::Tensor> stash;  // parameters the forward used
-    int64_t forward_step = 0;          // optimizer steps done at the forward
+    int64_t forward_update = 0;        // optimizer steps done at the forward
   };
 
-  // The optimizer step after mini-batch t's backward.
-  absl::Status Step(StageContext& ctx, int64_t t, double loss, int64_t samples) {
+  // Mini-batch t's backward pass done: every k-th steps with the window's mean.
+  absl::Status Accumulate(StageContext& ctx, int64_t t, double loss, int64_t samples) {
+    ++backwards_;
+    if (backwards_ % k_ == 0) STAGEWISE_RETURN_IF_ERROR(Step(ctx, t));
+    ctx.ReportStep(backwards_, loss, samples);
+    return absl::OkStatus();
+  }
+
+  absl::Status Step(StageContext& ctx, int64_t t) {
+    if (k_ > 1) {
+      torch::NoGradGuard no_grad;
+      for (auto& p : params_) {
+        if (p.grad().defined()) p.grad().mul_(1.0 / static_cast<double>(k_));
+      }
+    }
     if (predict_ && !ctx.last()) {
       torch::NoGradGuard no_grad;
       if (previous_.empty()) {
@@ -115,7 +152,7 @@ class Delayed : public Algorithm {
         sgd->momentum(std::max(0.0, sgd->momentum() - staleness_ / (1 + staleness_)));
       }
     }
-    absl::Status stepped = StepOptimizer(ctx, t, ctx.LearningRate(steps_) * lr_scale_);
+    absl::Status stepped = StepOptimizer(ctx, t, ctx.LearningRate(backwards_ - k_) * lr_scale_);
     if (!momenta.empty()) {
       size_t i = 0;
       for (auto& group : ctx.optimizer().param_groups()) {
@@ -124,8 +161,8 @@ class Delayed : public Algorithm {
       }
     }
     STAGEWISE_RETURN_IF_ERROR(stepped);
-    ++steps_;
-    ctx.ReportStep(steps_, loss, samples);
+    ctx.optimizer().zero_grad();
+    ++updates_;
     return absl::OkStatus();
   }
 
@@ -147,10 +184,9 @@ class Delayed : public Algorithm {
     STAGEWISE_ASSIGN_OR_RETURN(ForwardInput in, StageInput(ctx, t));
     if (ctx.last()) {
       // No delay on the last stage: forward, loss, backward and step at once.
-      ctx.optimizer().zero_grad();
       const double loss = LossBackward(ctx, t, in);
       ctx.stage_metrics().SetStaleness(0);
-      STAGEWISE_RETURN_IF_ERROR(Step(ctx, t, loss, in.labels.size(0)));
+      STAGEWISE_RETURN_IF_ERROR(Accumulate(ctx, t, loss, in.labels.size(0)));
       return SendGrad(ctx, t, 0, in.x.grad());
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -171,7 +207,7 @@ class Delayed : public Algorithm {
     TimeCompute(ctx, "forward", t, 0, t0);
     InFlight& f = inflight_[t];
     f.input = in.x;
-    f.forward_step = steps_;
+    f.forward_update = updates_;
     if (stash_) {
       for (const auto& p : params_) f.stash.push_back(p.detach().clone());
     }
@@ -191,7 +227,6 @@ class Delayed : public Algorithm {
     }
     InFlight f = std::move(it->second);
     inflight_.erase(it);
-    ctx.optimizer().zero_grad();
     torch::Tensor x = ctx.first() ? f.input : f.input.requires_grad_(true);
     std::vector<torch::Tensor> current;
     if (stash_) {
@@ -208,8 +243,8 @@ class Delayed : public Algorithm {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(current[i]);
     }
-    ReportStaleness(ctx, steps_ - f.forward_step, &max_staleness_);
-    STAGEWISE_RETURN_IF_ERROR(Step(ctx, t, 0.0, grad.size(0)));
+    ReportStaleness(ctx, updates_ - f.forward_update, &max_staleness_);
+    STAGEWISE_RETURN_IF_ERROR(Accumulate(ctx, t, 0.0, grad.size(0)));
     ReportBuffers(ctx);
     return SendGrad(ctx, t, 0, x.grad());
   }
@@ -219,11 +254,13 @@ class Delayed : public Algorithm {
   const bool predict_;
   const DelayLr lr_by_delay_;
   const bool compensate_;
-  double staleness_ = 0;  // s = d_j - 1 (0 on the last stage)
+  const int64_t k_;       // accumulation: a step every k backward passes
+  double staleness_ = 0;  // in updates: s = (d_j - 1) / k (0 on the last stage)
   double lr_scale_ = 1;
   std::vector<torch::Tensor> previous_;  // predict_weights: w before the last step
   int64_t depth_ = 1;
-  int64_t steps_ = 0;
+  int64_t backwards_ = 0;  // mini-batches whose backward is done (the job's step)
+  int64_t updates_ = 0;    // optimizer steps
   int64_t peak_inputs_ = 0;
   int64_t max_staleness_ = 0;
   std::vector<torch::Tensor> params_;

@@ -54,14 +54,7 @@ class Petra : public Algorithm {
     }
     WriteStateInt(archive, "backwards", backwards_);
     WriteStateInt(archive, "updates", updates_);
-    const std::vector<torch::Tensor> params = ctx.model().parameters();
-    const bool open_window = backwards_ % k_ != 0;
-    WriteStateInt(archive, "partial_grads", open_window ? static_cast<int64_t>(params.size()) : 0);
-    for (size_t i = 0; open_window && i < params.size(); ++i) {
-      const torch::Tensor& g = params[i].grad();
-      WriteStateInt(archive, absl::StrCat("has_grad_", i), g.defined() ? 1 : 0);
-      if (g.defined()) WriteStateTensor(archive, absl::StrCat("grad_", i), g);
-    }
+    WritePartialGrads(archive, ctx.model().parameters(), backwards_ % k_ != 0);
     return absl::OkStatus();
   }
 
@@ -238,27 +231,8 @@ class Petra : public Algorithm {
           "resume state: petra saved ", backwards, " backward passes and ", updates,
           " updates, the job resumes at step ", backwards_, " with accumulation ", k_));
     }
-    STAGEWISE_ASSIGN_OR_RETURN(const int64_t count, ReadStateInt(state, "partial_grads"));
     std::vector<torch::Tensor> params = ctx.model().parameters();
-    const int64_t want = backwards_ % k_ != 0 ? static_cast<int64_t>(params.size()) : 0;
-    if (count != want) {
-      return absl::DataLossError(
-          absl::StrCat("resume state: petra saved ", count, " partial gradients, expected ", want));
-    }
-    for (int64_t i = 0; i < count; ++i) {
-      STAGEWISE_ASSIGN_OR_RETURN(const int64_t has,
-                                 ReadStateInt(state, absl::StrCat("has_grad_", i)));
-      if (has == 0) continue;
-      STAGEWISE_ASSIGN_OR_RETURN(torch::Tensor g,
-                                 ReadStateTensor(state, absl::StrCat("grad_", i), ctx.device()));
-      if (!g.sizes().equals(params[i].sizes())) {
-        return absl::DataLossError(absl::StrCat("resume state: petra grad_", i, " has shape ",
-                                                c10::str(g.sizes()), ", the parameter ",
-                                                c10::str(params[i].sizes())));
-      }
-      params[i].mutable_grad() = g;
-    }
-    return absl::OkStatus();
+    return ReadPartialGrads(state, params, backwards_ % k_ != 0, ctx.device(), "petra");
   }
 
   // Block mode "store" (the planner): the reversible block keeps its input

@@ -1,0 +1,39 @@
+#!/bin/bash
+# Smoke run of tests/bench/time_to_target.py on the MLP (a few seconds of
+# training per run): two stage counts, an exact schedule whose J = 3 row takes
+# its J = 2 run (--same), a decoupled one with its own budget, a configuration
+# the model cannot hold (more virtual stages than blocks), the real-process
+# check and the plot. Asserts the table's rows and that --reuse trains nothing.
+#   BIN=build/bin bash tests/bench/time_to_target_smoke.sh
+set -euo pipefail
+BIN=${BIN:-build/bin}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+run() {
+  python3 tests/bench/time_to_target.py examples/fmnist_mlp.yaml --stagewise "$BIN/stagewise" \
+    --out "$out" --target-accuracy 0.5 --stages 2 3 --seeds 1 2 --steps 12 --eval-every 4 \
+    --check-stages 2 --check-steps 8 --plot \
+    --set data.limit_train=2048 --set data.limit_test=512 \
+    --config '1f1b=backprop, micro_batches: 2, schedule: 1f1b' \
+    --config 'delayed=delayed, lr_by_delay: inverse_sqrt' \
+    --config 'interleaved=backprop, micro_batches: 2, schedule: interleaved' \
+    --config-set 'interleaved:stages.chunks_per_worker=4' \
+    --same '1f1b=1f1b@2' --budget delayed=16 "$@"
+}
+run > "$out/first.txt" 2> "$out/first.err" || { cat "$out/first.err"; exit 1; }
+fail() { echo "FAIL: $*"; cat "$out/first.txt"; exit 1; }
+table="$out/table.md"
+[ -s "$table" ] || fail "no table"
+grep -q '^| 1f1b | .* | 2 | ' "$table" || fail "no 1f1b row at J = 2"
+grep -q '^| 1f1b | .* | 3 | .*(the run of 1f1b at J = 2)' "$table" || fail "J = 3 row does not take the J = 2 run"
+grep -q '^| delayed | .* | 3 | .*(budget 16)' "$table" || fail "delayed row without its budget"
+grep -q '^| interleaved | .* | 2 | not run: .*chunks' "$table" || fail "interleaved row does not say why"
+grep -q '^| delayed | [0-9.]* | [0-9.]* | [0-9.]* |$' "$table" || fail "no model check row for delayed"
+[ -s "$out/curves_J3.svg" ] || fail "no plot"
+[ ! -e "$out/run_1f1b_J3_s1.json" ] || fail "1f1b trained at J = 3 despite --same"
+[ -e "$out/run_delayed_J3_s2.json" ] || fail "delayed seed 2 did not run at J = 3"
+# Every step of the delayed budget was trained.
+grep -q '"step": *16' "$out/run_delayed_J3_s2.json" || fail "delayed did not run its budget of 16"
+run --reuse > "$out/second.txt" 2> "$out/second.err"
+! grep -q '^\$ .* local ' "$out/second.err" || fail "--reuse trained again"
+echo "time_to_target smoke: ok"
