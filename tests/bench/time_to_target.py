@@ -42,8 +42,11 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("job", help="job file (YAML)")
     target = p.add_mutually_exclusive_group(required=True)
-    target.add_argument("--target-accuracy", type=float, help="test accuracy to reach, in [0, 1]")
-    target.add_argument("--target-bpb", type=float, help="validation bits per byte to reach (text)")
+    target.add_argument("--target-accuracy", metavar="VALUE|final:NAME",
+                        help="test accuracy to reach, in [0, 1]; final:NAME: the final accuracy "
+                             "of configuration NAME's run of the same seed and J")
+    target.add_argument("--target-bpb", metavar="VALUE|final:NAME",
+                        help="validation bits per byte to reach (text); final:NAME as above")
     p.add_argument("--config", action="append", required=True, metavar="NAME=ALGORITHM",
                    help="a row: its name and the algorithm map's inside, e.g. "
                         "'petra2=petra, accumulation: 2' (repeatable)")
@@ -73,6 +76,9 @@ def parse_args(argv):
     p.add_argument("--stagewise", default=os.path.join("build", "bin", "stagewise"))
     p.add_argument("--out", default="time_to_target", help="directory for runs and the table")
     p.add_argument("--reuse", action="store_true", help="take runs already under --out")
+    p.add_argument("--table-only", action="store_true",
+                   help="train nothing: the table from the runs under --out (implies --reuse); "
+                        "rows without their runs say so")
     args = p.parse_args(argv)
     configs = []
     for c in args.config:
@@ -81,6 +87,7 @@ def parse_args(argv):
             p.error(f"--config {c!r}: expected NAME=ALGORITHM")
         configs.append((name, algorithm))
     args.configs = configs
+    args.reuse = args.reuse or args.table_only
     names = {n for n, _ in configs}
     args.budgets = {}
     for b in args.budget:
@@ -101,8 +108,21 @@ def parse_args(argv):
         if not sep or not at or name not in names or other not in names or not stages.isdigit():
             p.error(f"--same {s!r}: expected NAME=OTHER@J with NAME and OTHER --configs")
         args.same_as[name] = (other, int(stages))
-    if args.target_accuracy is not None and not 0 <= args.target_accuracy <= 1:
-        p.error("--target-accuracy: must be in [0, 1]")
+    args.metric = "accuracy" if args.target_accuracy is not None else "bpb"
+    text = args.target_accuracy if args.target_accuracy is not None else args.target_bpb
+    flag = f"--target-{args.metric}"
+    args.target, args.target_from = None, None
+    if text.startswith("final:"):
+        args.target_from = text[len("final:"):]
+        if args.target_from not in names:
+            p.error(f"{flag} {text!r}: {args.target_from!r} is not a --config")
+    else:
+        try:
+            args.target = float(text)
+        except ValueError:
+            p.error(f"{flag} {text!r}: expected a number or final:NAME")
+        if args.metric == "accuracy" and not 0 <= args.target <= 1:
+            p.error("--target-accuracy: must be in [0, 1]")
     if args.steps < 1 or args.eval_every < 1:
         p.error("--steps and --eval-every: must be >= 1")
     return args
@@ -179,17 +199,31 @@ def train(args, name, algorithm, stages, seed, check=False):
     if check and args.check_steps:
         sets += ["--set", f"steps={args.check_steps}", "--set", "eval.every_steps=0",
                  "--set", "eval.at_end=false"]
+    if args.table_only and not os.path.exists(base + ".json"):
+        return None, None
     r = run_json([args.stagewise, "local", args.job, "-q", "-o", "json", "--history", history]
                  + sets, base + ".json", args.reuse)
     return r, read_history(history)
 
 
-def quality(args, e):
+def quality(args, e, target=None):
     """(value, met): an evaluation's quality in the target's terms."""
-    if args.target_accuracy is not None:
-        return e["accuracy"], e["accuracy"] >= args.target_accuracy
-    bpb = e["loss"] / math.log(2)
-    return bpb, bpb <= args.target_bpb
+    value = e["accuracy"] if args.metric == "accuracy" else e["loss"] / math.log(2)
+    if target is None:
+        return value, False
+    return value, value >= target if args.metric == "accuracy" else value <= target
+
+
+def targets(args, stages, algorithms):
+    """The target per seed at J stages: the fixed one, or final:NAME's."""
+    if args.target_from is None:
+        return {seed: args.target for seed in args.seeds}
+    source, source_stages = args.same_as.get(args.target_from, (args.target_from, stages))
+    out = {}
+    for seed in args.seeds:
+        _, evals = train(args, source, algorithms[source], source_stages, seed)
+        out[seed] = quality(args, evals[-1])[0] if evals else None
+    return out
 
 
 def predicted_seconds(plan, algorithm):
@@ -224,7 +258,7 @@ def spread(values):
     return f"{med:.4g} [{min(values):.4g}, {max(values):.4g}]"
 
 
-def plot(args, stages, by_name):
+def plot(args, stages, by_name, target):
     """Quality against modelled time at J stages, the mean of the seeds per configuration."""
     data = os.path.join(args.out, f"curves_J{stages}.tsv")
     with open(data, "w") as f:
@@ -235,8 +269,7 @@ def plot(args, stages, by_name):
                 f.write(f"{t:.6g}\t{statistics.mean(r[i][1] for r in runs):.6g}\n")
             f.write("\n\n")
     svg = os.path.join(args.out, f"curves_J{stages}.svg")
-    ylabel = "test accuracy" if args.target_accuracy is not None else "validation bits per byte"
-    target = args.target_accuracy if args.target_accuracy is not None else args.target_bpb
+    ylabel = "test accuracy" if args.metric == "accuracy" else "validation bits per byte"
     script = "\n".join([
         "set terminal svg size 720,420 dynamic font 'sans,12'", f"set output '{svg}'",
         f"set title 'J = {stages}: {ylabel} against modelled time (mean of seeds "
@@ -254,8 +287,15 @@ def main(argv):
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     algorithms = dict(args.configs)
-    rows, curves = [], {}
+    rows, curves, target_lines, target_text = [], {}, {}, []
     for stages in args.stages:
+        want = targets(args, stages, algorithms)
+        known = [v for v in want.values() if v is not None]
+        target_lines[stages] = statistics.mean(known) if known else float("nan")
+        if args.target_from is not None:
+            target_text.append(f"J = {stages}: " + ", ".join(
+                f"seed {seed} {v:.4g}" if v is not None else f"seed {seed} -"
+                for seed, v in want.items()))
         for name, algorithm in args.configs:
             plan = run_json([args.stagewise, "plan", args.job, "-q", "--no-profile", "-o", "json"]
                             + overrides(args, name, algorithm, stages, args.seeds[0]),
@@ -267,9 +307,15 @@ def main(argv):
             seconds = predicted_seconds(plan, algorithm)
             source, source_stages = args.same_as.get(name, (name, stages))
             reached, finals = [], []
+            missing = [seed for seed in args.seeds if args.table_only and not os.path.exists(
+                os.path.join(args.out, f"run_{source}_J{source_stages}_s{seed}.json"))]
+            if missing:
+                rows.append((name, algorithm, stages, None, None, None, None,
+                             f"no run yet for seed {' '.join(map(str, missing))}"))
+                continue
             for seed in args.seeds:
                 _, evals = train(args, source, algorithms[source], source_stages, seed)
-                hit = next((e["step"] for e in evals if quality(args, e)[1]), None)
+                hit = next((e["step"] for e in evals if quality(args, e, want[seed])[1]), None)
                 reached.append(hit)
                 finals.append(quality(args, evals[-1])[0] if evals else None)
                 if seconds:
@@ -289,14 +335,18 @@ def main(argv):
             if "error" in plan:
                 continue
             r, _ = train(args, name, algorithm, args.check_stages, args.seeds[0], check=True)
+            if r is None:  # --table-only, not run yet
+                continue
             measured = steady_seconds(os.path.join(
                 args.out, f"check_{name}_J{args.check_stages}_s{args.seeds[0]}.tsv"))
             if measured is None and r.get("seconds"):  # too short for steady reports
                 measured = r["seconds"] / max(1, r["step"])
             check.append((name, predicted_seconds(plan, algorithm), measured))
 
-    what = (f"test accuracy >= {args.target_accuracy}" if args.target_accuracy is not None
-            else f"validation bits per byte <= {args.target_bpb}")
+    what = ("test accuracy >=" if args.metric == "accuracy" else "validation bits per byte <=")
+    what += (f" {args.target}" if args.target_from is None else
+             f" the final one of {args.target_from} with the same seed and J "
+             f"({'; '.join(target_text)})")
     lines = [f"Target: {what}; budget {args.steps} steps, evaluated every {args.eval_every}; "
              f"seeds {' '.join(map(str, args.seeds))} (median [min, max]).", "",
              "| configuration | algorithm | J | steps to target | ms per step (predicted) "
@@ -325,7 +375,7 @@ def main(argv):
             lines.append(f"| {name} | {predicted * 1e3 if predicted else float('nan'):.1f} | "
                          f"{measured * 1e3 if measured else float('nan'):.1f} | {ratio} |")
     if args.plot:
-        lines += ["", "Curves: " + ", ".join(plot(args, stages, by_name)
+        lines += ["", "Curves: " + ", ".join(plot(args, stages, by_name, target_lines[stages])
                                              for stages, by_name in sorted(curves.items()))]
     table = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "table.md"), "w") as f:

@@ -3,7 +3,9 @@
 # training per run): two stage counts, an exact schedule whose J = 3 row takes
 # its J = 2 run (--same), a decoupled one with its own budget, a configuration
 # the model cannot hold (more virtual stages than blocks), the real-process
-# check and the plot. Asserts the table's rows and that --reuse trains nothing.
+# check and the plot; the target is 1F1B's final accuracy per seed. Asserts the
+# table's rows, that --reuse trains nothing and that --table-only says which
+# runs are missing.
 #   BIN=build/bin bash tests/bench/time_to_target_smoke.sh
 set -euo pipefail
 BIN=${BIN:-build/bin}
@@ -11,7 +13,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 run() {
   python3 tests/bench/time_to_target.py examples/fmnist_mlp.yaml --stagewise "$BIN/stagewise" \
-    --out "$out" --target-accuracy 0.5 --stages 2 3 --seeds 1 2 --steps 12 --eval-every 4 \
+    --out "$out" --target-accuracy final:1f1b --stages 2 3 --seeds 1 2 --steps 12 --eval-every 4 \
     --check-stages 2 --check-steps 8 --plot \
     --set data.limit_train=2048 --set data.limit_test=512 \
     --config '1f1b=backprop, micro_batches: 2, schedule: 1f1b' \
@@ -24,7 +26,11 @@ run > "$out/first.txt" 2> "$out/first.err" || { cat "$out/first.err"; exit 1; }
 fail() { echo "FAIL: $*"; cat "$out/first.txt"; exit 1; }
 table="$out/table.md"
 [ -s "$table" ] || fail "no table"
-grep -q '^| 1f1b | .* | 2 | ' "$table" || fail "no 1f1b row at J = 2"
+grep -q '^Target: test accuracy >= the final one of 1f1b with the same seed and J (J = 2: seed 1 0\.[0-9]*, seed 2 0\.[0-9]*' "$table" \
+  || fail "no per-seed target"
+# 1F1B reaches its own final accuracy, at the latest at its last evaluation.
+grep -q '^| 1f1b | .* | 2 | [0-9.]* \[[0-9]*, [0-9]*\] | ' "$table" \
+  || grep -q '^| 1f1b | .* | 2 | [0-9.]* | ' "$table" || fail "1f1b at J = 2 misses its own final"
 grep -q '^| 1f1b | .* | 3 | .*(the run of 1f1b at J = 2)' "$table" || fail "J = 3 row does not take the J = 2 run"
 grep -q '^| delayed | .* | 3 | .*(budget 16)' "$table" || fail "delayed row without its budget"
 grep -q '^| interleaved | .* | 2 | not run: .*chunks' "$table" || fail "interleaved row does not say why"
@@ -36,4 +42,9 @@ grep -q '^| delayed | [0-9.]* | [0-9.]* | [0-9.]* |$' "$table" || fail "no model
 grep -q '"step": *16' "$out/run_delayed_J3_s2.json" || fail "delayed did not run its budget of 16"
 run --reuse > "$out/second.txt" 2> "$out/second.err"
 ! grep -q '^\$ .* local ' "$out/second.err" || fail "--reuse trained again"
+rm "$out"/run_delayed_J3_s2.*
+run --table-only > "$out/third.txt" 2> "$out/third.err"
+! grep -q '^\$ .* local ' "$out/third.err" || fail "--table-only trained"
+grep -q '^| delayed | .* | 3 | not run: no run yet for seed 2 ' "$out/third.txt" \
+  || fail "--table-only does not name the missing run"
 echo "time_to_target smoke: ok"
