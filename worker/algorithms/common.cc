@@ -349,6 +349,14 @@ absl::Status ReadStateOptimizer(torch::serialize::InputArchive& archive, const s
   return absl::OkStatus();
 }
 
+void AverageWindowGrads(const std::vector<torch::Tensor>& params, int64_t k) {
+  if (k <= 1) return;
+  torch::NoGradGuard no_grad;
+  for (const auto& p : params) {
+    if (p.grad().defined()) p.grad().mul_(1.0 / static_cast<double>(k));
+  }
+}
+
 void WritePartialGrads(torch::serialize::OutputArchive& archive,
                        const std::vector<torch::Tensor>& params, bool open_window) {
   WriteStateInt(archive, "partial_grads", open_window ? static_cast<int64_t>(params.size()) : 0);

@@ -167,6 +167,9 @@ absl::Status ReadStateOptimizer(torch::serialize::InputArchive& archive, const s
 // parameters' .grad are state when backwards % k != 0. WritePartialGrads
 // records them (or that there are none); ReadPartialGrads checks the count
 // and shapes and puts them back, DATA_LOSS naming `algorithm` otherwise.
+// The end of an accumulation window of k backward passes: every parameter's
+// gradient sum becomes its mean (nothing to do for k = 1).
+void AverageWindowGrads(const std::vector<torch::Tensor>& params, int64_t k);
 void WritePartialGrads(torch::serialize::OutputArchive& archive,
                        const std::vector<torch::Tensor>& params, bool open_window);
 absl::Status ReadPartialGrads(torch::serialize::InputArchive& archive,

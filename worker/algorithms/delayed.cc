@@ -129,12 +129,7 @@ class Delayed : public Algorithm {
   }
 
   absl::Status Step(StageContext& ctx, int64_t t) {
-    if (k_ > 1) {
-      torch::NoGradGuard no_grad;
-      for (auto& p : params_) {
-        if (p.grad().defined()) p.grad().mul_(1.0 / static_cast<double>(k_));
-      }
-    }
+    AverageWindowGrads(params_, k_);
     if (predict_ && !ctx.last()) {
       torch::NoGradGuard no_grad;
       if (previous_.empty()) {

@@ -95,12 +95,7 @@ class Petra : public Algorithm {
   absl::Status Accumulate(StageContext& ctx, int64_t t, double loss, int64_t samples) {
     ++backwards_;
     if (backwards_ % k_ == 0) {
-      if (k_ > 1) {
-        torch::NoGradGuard no_grad;
-        for (auto& p : ctx.model().parameters()) {
-          if (p.grad().defined()) p.grad().mul_(1.0 / static_cast<double>(k_));
-        }
-      }
+      AverageWindowGrads(ctx.model().parameters(), k_);
       // The schedule advances in mini-batches: an update uses the learning rate
       // of the first mini-batch of its window.
       STAGEWISE_RETURN_IF_ERROR(StepOptimizer(ctx, t, ctx.LearningRate(backwards_ - k_)));
