@@ -17,23 +17,34 @@ bool StageContext::EvalDue(int64_t steps_done) const {
   return data::EvalDue(spec().eval, w.offset, w.total_steps, steps_done, w.steps_per_epoch);
 }
 
-v1::Compression WireCompression(const JobSpec& spec) {
-  switch (spec.transport.compression) {
+EncodeOptions WireOptions(const JobSpec& spec, bool to_next) {
+  const WireFormatSpec& format = to_next ? spec.transport.forward : spec.transport.backward;
+  EncodeOptions options;
+  switch (format.compression) {
     case Compression::kFp16:
-      return v1::COMPRESSION_FP16;
+      options.compression = v1::COMPRESSION_FP16;
+      break;
     case Compression::kBf16:
-      return v1::COMPRESSION_BF16;
+      options.compression = v1::COMPRESSION_BF16;
+      break;
+    case Compression::kInt8:
+      options.compression = v1::COMPRESSION_INT8;
+      break;
+    case Compression::kInt4:
+      options.compression = v1::COMPRESSION_INT4;
+      break;
     case Compression::kNone:
+      options.compression = v1::COMPRESSION_NONE;
       break;
   }
-  return v1::COMPRESSION_NONE;
-}
-
-EncodeOptions StageContext::Wire(bool /*to_next*/) const {
-  EncodeOptions options;
-  options.compression = WireCompression(spec());
+  options.block_size = format.block;
+  options.rotate = format.rotate;
+  // Each job draws its own signs (the receiver reads the seed from the message).
+  options.rotation_seed = kDefaultRotationSeed ^ static_cast<uint64_t>(spec.seed);
   return options;
 }
+
+EncodeOptions StageContext::Wire(bool to_next) const { return WireOptions(spec(), to_next); }
 
 data::Batch StageContext::TrainBatch(int64_t step) const {
   const PhaseWindow w = window();

@@ -56,9 +56,11 @@ struct PhaseWindow {
 };
 
 class StageReplicas;  // worker/stage_replicas.h
+class WireResiduals;  // worker/wire_residuals.h
 
-// The wire format of a job's float32 activations and gradients.
-v1::Compression WireCompression(const JobSpec& spec);
+// How a job's float32 tensors are encoded towards stage j+1 (`to_next`:
+// activations, evaluations) or j-1 (gradients): transport.forward/backward.
+EncodeOptions WireOptions(const JobSpec& spec, bool to_next);
 
 class StageContext {
  public:
@@ -113,6 +115,9 @@ class StageContext {
   // transport.compression, and the shared-memory ring when that neighbour is
   // on this host and opened it (docs/performance.md, "Neighbours on one host").
   virtual EncodeOptions Wire(bool to_next) const;
+  // transport.error_feedback: the residuals of the gradients sent to stage
+  // j-1, per micro-batch slot (null when off).
+  virtual WireResiduals* wire_residuals() { return nullptr; }
 
   // Checkpoints and resume (docs/fault_tolerance.md; first_step() and
   // resharded() above).

@@ -698,9 +698,8 @@ absl::Status StageRuntime::WriteShard(int64_t phase_step, bool with_algorithm) {
     };
   }
   // sync.every > 1: the anchors to resume from.
-  extras.outer_sync = [this](torch::serialize::OutputArchive& archive) {
-    return replicas_->SaveOuter(archive);
-  };
+  extras.outer_sync = [this](auto& archive) { return replicas_->SaveOuter(archive); };
+  extras.wire_residuals = [this](auto& archive) { return wire_residuals_.Save(archive); };
   extras.rng = true;
   STAGEWISE_ASSIGN_OR_RETURN(const std::string data,
                              checkpoint::SerializeShard(at, *model_, *optimizer_, extras));
@@ -784,6 +783,9 @@ absl::Status StageRuntime::LoadResume(const v1::ResumePoint& resume) {
   // refuses recovery.min_stages with replicas).
   if (torch::serialize::InputArchive outer; !resharded && shard.OuterSync(outer)) {
     STAGEWISE_RETURN_IF_ERROR(replicas_->LoadOuter(outer));
+  }
+  if (torch::serialize::InputArchive residuals; !resharded && shard.WireResiduals(residuals)) {
+    STAGEWISE_RETURN_IF_ERROR(wire_residuals_.Load(residuals, env_.device));
   }
   start_phase_ = static_cast<int>(phase);
   first_step_ = phase_step;

@@ -32,6 +32,7 @@
 #include "worker/stage_context.h"
 #include "worker/stage_replicas.h"
 #include "worker/stage_reporter.h"
+#include "worker/wire_residuals.h"
 
 namespace stagewise::worker {
 
@@ -141,6 +142,9 @@ class StageRuntime final : public StageContext {
     reporter_->Summarize(key, value);
   }
   StageReplicas* replicas() override { return replicas_.get(); }
+  WireResiduals* wire_residuals() override {
+    return spec_.transport.error_feedback ? &wire_residuals_ : nullptr;
+  }
 
  private:
   // Replicated stages: meets the stage's other replicas (compute thread,
@@ -203,6 +207,7 @@ class StageRuntime final : public StageContext {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<Algorithm> algorithm_;
   std::unique_ptr<StageReplicas> replicas_;  // joins when num_replicas() > 1
+  WireResiduals wire_residuals_;             // transport.error_feedback
   data::Datasets data_;
   std::unique_ptr<data::BatchSampler> train_, test_;
   int64_t steps_per_epoch_ = 0;

@@ -47,6 +47,10 @@ absl::StatusOr<std::string> SerializeShard(const ShardPosition& position, torch:
     if (torch::serialize::OutputArchive outer; extras.outer_sync && extras.outer_sync(outer)) {
       archive.write("outer_sync", outer);
     }
+    if (torch::serialize::OutputArchive residuals;
+        extras.wire_residuals && extras.wire_residuals(residuals)) {
+      archive.write("wire_residuals", residuals);
+    }
     if (extras.rng) {
       auto gen = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(gen.mutex());
@@ -116,6 +120,10 @@ std::unique_ptr<torch::serialize::InputArchive> ShardReader::Algorithm() {
 
 bool ShardReader::OuterSync(torch::serialize::InputArchive& out) {
   return archive_.try_read("outer_sync", out);
+}
+
+bool ShardReader::WireResiduals(torch::serialize::InputArchive& out) {
+  return archive_.try_read("wire_residuals", out);
 }
 
 bool ShardReader::RestoreRng() {

@@ -9,7 +9,7 @@
 // algorithm's state; empty when it keeps none), "step", "phase",
 // "phase_step", "stage", "block_begin", "block_end" (int64 scalars), and
 // optionally "rng" (the default CPU generator's state) and "outer_sync"
-// (replicas' outer synchronisation).
+// (replicas' outer synchronisation), "wire_residuals" (error feedback).
 #ifndef STAGEWISE_SERVICES_CHECKPOINT_SHARD_ARCHIVE_H_
 #define STAGEWISE_SERVICES_CHECKPOINT_SHARD_ARCHIVE_H_
 
@@ -41,6 +41,9 @@ struct ShardExtras {
   // Writes the replicas' outer synchronisation; returns false when there is
   // none to save (null: none).
   std::function<bool(torch::serialize::OutputArchive&)> outer_sync;
+  // Writes the error feedback of the stage's gradient sends; returns false
+  // when there is none (null: none).
+  std::function<bool(torch::serialize::OutputArchive&)> wire_residuals;
   bool rng = false;  // the default CPU generator's state
 };
 
@@ -67,6 +70,8 @@ class ShardReader {
   std::unique_ptr<torch::serialize::InputArchive> Algorithm();
   // The outer synchronisation's entry into `out`; false when there is none.
   bool OuterSync(torch::serialize::InputArchive& out);
+  // The error feedback's entry into `out`; false when there is none.
+  bool WireResiduals(torch::serialize::InputArchive& out);
   // Sets the default CPU generator to the saved state; false when none.
   bool RestoreRng();
 

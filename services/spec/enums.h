@@ -73,7 +73,7 @@ enum class BlockModes { kAuto, kStore, kRebuild };
 enum class BlockMode { kStore, kRebuild };
 
 // transport.compression: float32 activations and gradients on the wire.
-enum class Compression { kNone, kFp16, kBf16 };
+enum class Compression { kNone, kFp16, kBf16, kInt8, kInt4 };
 
 // optimizer.name and schedule.name. muon: momentum orthogonalised by
 // Newton-Schulz iterations for the weights of rank >= 2, Adam for the rest.
@@ -158,7 +158,8 @@ struct EnumSpellings<BlockMode> {
 };
 template <>
 struct EnumSpellings<Compression> {
-  static constexpr std::array<absl::string_view, 3> kNames = {"none", "fp16", "bf16"};
+  static constexpr std::array<absl::string_view, 5> kNames = {"none", "fp16", "bf16", "int8",
+                                                              "int4"};
 };
 template <>
 struct EnumSpellings<OptimizerKind> {

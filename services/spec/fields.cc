@@ -325,6 +325,15 @@ const std::vector<Field<RebalanceSpec>>& RebalanceFields() {
   return *kFields;
 }
 
+namespace {
+constexpr char kBlockDoc[] =
+    "a power of two; `int8`/`int4`: values that share one scale (smaller blocks: finer scales, "
+    "4 more bytes a block)";
+constexpr char kRotateDoc[] =
+    "`int8`/`int4`: rotate each block by a random Hadamard transform before quantizing (spreads "
+    "outliers over the block; the receiver rotates back)";
+}  // namespace
+
 const std::vector<Field<TransportSpec>>& TransportFields() {
   using S = TransportSpec;
   static const auto* const kFields = new std::vector<Field<S>>{
@@ -332,7 +341,30 @@ const std::vector<Field<TransportSpec>>& TransportFields() {
           absl::StrCat(Choices<Compression>(),
                        ": how float32 activations and gradients travel between stages. "
                        "`fp16`/`bf16` send 2 bytes per value instead of 4 (the receiver widens "
-                       "them back to float32); labels and other dtypes go as they are")),
+                       "them back to float32); `int8`/`int4` send 1 or 1/2 byte per value plus "
+                       "a float32 scale per `block` values (block-wise, symmetric; a tensor "
+                       "with a NaN or an infinity goes uncompressed); labels and other dtypes "
+                       "go as they are")),
+      Key("block", &S::block, Between(16, 4096), kBlockDoc),
+      Key("rotate", &S::rotate, kRotateDoc),
+      Key("error_feedback", &S::error_feedback,
+          "gradients sent with a lossy format (`transport.backward`) carry what the last send of "
+          "the same micro-batch slot lost (the residual, kept per slot and checkpointed)"),
+      Custom<S>("forward", "map", "the top-level keys",
+                "`compression`, `block`, `rotate` for activations (towards stage j+1, "
+                "evaluations too)"),
+      Custom<S>("backward", "map", "the top-level keys",
+                "`compression`, `block`, `rotate` for gradients (towards stage j-1)"),
+  };
+  return *kFields;
+}
+
+const std::vector<Field<WireFormatSpec>>& WireFormatFields() {
+  using S = WireFormatSpec;
+  static const auto* const kFields = new std::vector<Field<S>>{
+      Key("compression", &S::compression, Choices<Compression>(), "`transport.compression`"),
+      Key("block", &S::block, Between(16, 4096), kBlockDoc, "`transport.block`"),
+      Key("rotate", &S::rotate, kRotateDoc, "`transport.rotate`"),
   };
   return *kFields;
 }

@@ -202,6 +202,8 @@ const std::vector<Field<SyncSpec>>& SyncFields();
 const std::vector<Field<PlacementSpec>>& PlacementFields();
 const std::vector<Field<RebalanceSpec>>& RebalanceFields();
 const std::vector<Field<TransportSpec>>& TransportFields();
+// transport.forward and transport.backward.
+const std::vector<Field<WireFormatSpec>>& WireFormatFields();
 
 // ---------------------------------------------------------------------------
 // Algorithm parameters: scalars with a type, a lower bound or a choice list,

@@ -365,11 +365,27 @@ struct PhaseSpec {
   bool reset_optimizer = true;  // fresh optimizer state at the start of the phase
 };
 
-// How stage-to-stage messages travel (docs/job_spec.md, "transport").
-struct TransportSpec {
-  // Float32 activations and gradients on the wire: "none" (exact), "fp16" or
-  // "bf16" (half the bytes; the receiver widens them back to float32).
+// How float32 tensors travel in one direction between stages.
+struct WireFormatSpec {
+  // "none" (exact), "fp16" or "bf16" (half the bytes; the receiver widens
+  // them back to float32), "int8" or "int4" (block-wise quantized).
   Compression compression = Compression::kNone;
+  int block = 64;       // int8/int4: values per scale, a power of two
+  bool rotate = false;  // int8/int4: random Hadamard rotation of each block first
+};
+
+// How stage-to-stage messages travel (docs/job_spec.md, "transport"). The
+// top-level compression, block and rotate apply to both directions; the
+// forward (activations) and backward (gradients) maps override them.
+struct TransportSpec {
+  Compression compression = Compression::kNone;
+  int block = 64;
+  bool rotate = false;
+  // Gradients sent with a lossy format carry what the last send of the same
+  // micro-batch slot lost (kept per slot, checkpointed).
+  bool error_feedback = false;
+  WireFormatSpec forward;   // resolved: the top-level keys, then transport.forward
+  WireFormatSpec backward;  // resolved: the top-level keys, then transport.backward
 };
 
 // The pipeline timeline (docs/trace.md): stages record what their compute

@@ -231,6 +231,25 @@ absl::Status ReadSection(const Section& parent, absl::string_view key,
   return spec::ReadFields(fields, section, out);
 }
 
+// transport.forward / transport.backward: the top-level keys, then each
+// direction's own.
+absl::Status ParseTransportDirections(const Section& top, TransportSpec* transport) {
+  WireFormatSpec both;
+  both.compression = transport->compression;
+  both.block = transport->block;
+  both.rotate = transport->rotate;
+  transport->forward = both;
+  transport->backward = both;
+  const YAML::Node* node = top.Find("transport");
+  const Section section(node ? *node : YAML::Node(), top.PathOf("transport"));
+  if (absl::Status s =
+          ReadSection(section, "forward", spec::WireFormatFields(), &transport->forward);
+      !s.ok()) {
+    return s;
+  }
+  return ReadSection(section, "backward", spec::WireFormatFields(), &transport->backward);
+}
+
 // Whether a section names a required key (a map holding it).
 bool HasKey(const Section& parent, absl::string_view key, absl::string_view name) {
   const YAML::Node* node = parent.Find(key);
@@ -334,6 +353,7 @@ absl::StatusOr<JobSpec> ParseDocument(const YAML::Node& root, spec::MissingKeys*
        }) {
     if (!s.ok()) return s;
   }
+  if (absl::Status s = ParseTransportDirections(top, &spec.transport); !s.ok()) return s;
   if (const YAML::Node* node = top.Find("trace")) {
     if (absl::Status s = ParseTrace(*node, &spec.trace); !s.ok()) return s;
   }

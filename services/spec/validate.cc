@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -509,6 +510,46 @@ absl::Status ValidateMinStages(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
+bool Quantized(Compression c) { return c == Compression::kInt8 || c == Compression::kInt4; }
+
+// transport: blocks of a power of two, and the keys that need a format to act on.
+absl::Status ValidateTransport(const TransportSpec& t) {
+  struct Direction {
+    const char* section;
+    const WireFormatSpec* format;
+  };
+  if (absl::Status s = spec::CheckRanges(spec::TransportFields(), "transport", t); !s.ok()) {
+    return s;
+  }
+  const Direction directions[] = {{"transport.forward", &t.forward},
+                                  {"transport.backward", &t.backward}};
+  for (const Direction& d : directions) {
+    if (absl::Status s = spec::CheckRanges(spec::WireFormatFields(), d.section, *d.format);
+        !s.ok()) {
+      return s;
+    }
+  }
+  const std::pair<std::string, int> blocks[] = {{"transport.block", t.block},
+                                                {"transport.forward.block", t.forward.block},
+                                                {"transport.backward.block", t.backward.block}};
+  for (const auto& [path, block] : blocks) {
+    if ((block & (block - 1)) != 0) {
+      return KeyError(path,
+                      absl::StrCat("must be a power of two (16, 32, ..., 4096), got ", block));
+    }
+  }
+  if (t.rotate && !Quantized(t.forward.compression) && !Quantized(t.backward.compression)) {
+    return KeyError("transport.rotate",
+                    "rotates blocks of int8 or int4 values, and neither direction uses them");
+  }
+  if (t.error_feedback && t.backward.compression == Compression::kNone) {
+    return KeyError("transport.error_feedback",
+                    "needs a lossy format for gradients (transport.compression or "
+                    "transport.backward.compression), got none");
+  }
+  return absl::OkStatus();
+}
+
 // rebalance: re-plans on the workers' measured speeds, so the job must be
 // planned on per-worker profiles and keep checkpoints to move through.
 absl::Status ValidateRebalance(const JobSpec& spec) {
@@ -639,6 +680,7 @@ absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
   if (check.status().ok()) check(ValidateInterleaved(spec));
   if (check.status().ok()) check(ValidateMinStages(spec));
   if (check.status().ok()) check(ValidateRebalance(spec));
+  check(ValidateTransport(spec.transport));
   if (spec.placement.labels.size() > 32) {
     check(KeyError("placement.labels", "at most 32 labels (a worker registers at most 32)"));
   }

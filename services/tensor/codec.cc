@@ -77,6 +77,34 @@ std::string CompressionName(int compression) {
              : absl::StrCat(compression);
 }
 
+bool IsQuantized(int compression) {
+  return compression == v1::COMPRESSION_INT8 || compression == v1::COMPRESSION_INT4;
+}
+
+QuantizedFormat FormatOf(const EncodeOptions& options) {
+  QuantizedFormat format;
+  format.bits = options.compression == v1::COMPRESSION_INT4 ? 4 : 8;
+  format.block_size = options.block_size;
+  format.rotate = options.rotate;
+  format.rotation_seed = options.rotation_seed;
+  return format;
+}
+
+QuantizedFormat FormatOf(const v1::TensorProto& proto) {
+  QuantizedFormat format;
+  format.bits = proto.compression() == v1::COMPRESSION_INT4 ? 4 : 8;
+  format.block_size = proto.quantized().block_size();
+  format.rotate = proto.quantized().rotated();
+  format.rotation_seed = proto.quantized().rotation_seed();
+  return format;
+}
+
+int64_t NumelOf(const v1::TensorProto& proto) {
+  int64_t numel = 1;
+  for (int64_t dim : proto.shape()) numel *= dim;  // Validated: no overflow.
+  return numel;
+}
+
 std::string LayoutName(c10::Layout layout) {
   std::ostringstream name;
   name << layout;
@@ -124,22 +152,57 @@ absl::Status EncodeImpl(const torch::Tensor& tensor, v1::TensorProto* out,
                                                    static_cast<int>(options.compression)));
   }
 
+  if (IsQuantized(options.compression)) {
+    QuantizedFormat format;
+    format.block_size = options.block_size;
+    if (!ValidQuantizedFormat(format)) {
+      return absl::InvalidArgumentError(absl::StrCat("options.block_size: ", options.block_size,
+                                                     " is not a power of two in [8, 65536]"));
+    }
+  }
+
   // resolve_* materialise lazy neg/conj views, whose raw bytes would otherwise
   // be the un-negated storage even after contiguous().
   torch::Tensor wire = tensor.detach().resolve_conj().resolve_neg();
   v1::Compression compression = v1::COMPRESSION_NONE;
-  if (info->wire == v1::DTYPE_FLOAT32 && options.compression != v1::COMPRESSION_NONE) {
-    // Out-of-range values saturate to inf under fp16; bf16 keeps float32's
-    // exponent range. That trade-off is the caller's choice. Narrowed where
-    // the tensor is (on a GPU, before the copy: half the bytes cross the bus
-    // and the GPU converts), with the same rounding as on the CPU.
-    compression = options.compression;
-    wire = wire.to(compression == v1::COMPRESSION_FP16 ? torch::kHalf : torch::kBFloat16);
-  }
   out->Clear();
+  if (info->wire == v1::DTYPE_FLOAT32 && options.compression != v1::COMPRESSION_NONE) {
+    // Narrowed or quantized where the tensor is (on a GPU, before the copy:
+    // fewer bytes cross the bus and the GPU converts), with the same rounding
+    // as on the CPU.
+    torch::Tensor value = wire;
+    torch::Tensor* residual = options.residual;
+    if (residual != nullptr && residual->defined() && residual->sizes() == value.sizes()) {
+      value = value + residual->to(value.device());
+    }
+    compression = options.compression;
+    if (IsQuantized(compression)) {
+      const QuantizedFormat format = FormatOf(options);
+      torch::Tensor payload = QuantizeBlocks(value, format);
+      if (!payload.defined()) {
+        // A NaN or an infinity: the tensor goes exactly as it is (a diverged
+        // value must reach the receiver), and the residual is dropped.
+        compression = v1::COMPRESSION_NONE;
+        if (residual != nullptr) *residual = torch::Tensor();
+      } else {
+        wire = std::move(payload);
+        out->mutable_quantized()->set_block_size(static_cast<uint32_t>(format.block_size));
+        out->mutable_quantized()->set_rotated(format.rotate);
+        if (format.rotate) out->mutable_quantized()->set_rotation_seed(format.rotation_seed);
+        if (residual != nullptr) {
+          *residual = value - DequantizeBlocks(wire, value.numel(), format).view(value.sizes());
+        }
+      }
+    } else {
+      // Out-of-range values saturate to inf under fp16; bf16 keeps float32's
+      // exponent range. That trade-off is the caller's choice.
+      wire = value.to(compression == v1::COMPRESSION_FP16 ? torch::kHalf : torch::kBFloat16);
+      if (residual != nullptr) *residual = value - wire.to(torch::kFloat);
+    }
+  }
   out->set_dtype(info->wire);
   out->set_compression(compression);
-  for (int64_t dim : wire.sizes()) out->add_shape(dim);
+  for (int64_t dim : tensor.sizes()) out->add_shape(dim);
   const int64_t wire_bytes = wire.numel() * static_cast<int64_t>(wire.element_size());
   if (options.ring != nullptr && wire_bytes >= options.min_shared_bytes) {
     if (auto region = options.ring->Allocate(static_cast<uint64_t>(wire_bytes))) {
@@ -162,32 +225,54 @@ absl::Status EncodeImpl(const torch::Tensor& tensor, v1::TensorProto* out,
 c10::ScalarType WireType(const v1::TensorProto& proto, const DTypeInfo& info) {
   if (proto.compression() == v1::COMPRESSION_FP16) return torch::kHalf;
   if (proto.compression() == v1::COMPRESSION_BF16) return torch::kBFloat16;
+  if (IsQuantized(proto.compression())) return torch::kByte;
   return info.torch;
 }
 
-absl::StatusOr<torch::Tensor> DecodeImpl(const v1::TensorProto& proto) {
+// The wire's elements (as they came: the payload's dtype, flat when
+// quantized) moved to `device`, then widened or dequantized there.
+torch::Tensor FromWire(torch::Tensor wire, const v1::TensorProto& proto, const DTypeInfo& info,
+                       torch::Device device) {
+  if (wire.device() != device) wire = wire.to(device);
+  if (IsQuantized(proto.compression())) {
+    const std::vector<int64_t> shape(proto.shape().begin(), proto.shape().end());
+    return DequantizeBlocks(wire, NumelOf(proto), FormatOf(proto)).view(shape);
+  }
+  if (wire.scalar_type() != info.torch) wire = wire.to(info.torch);
+  return wire;
+}
+
+std::vector<int64_t> WireShape(const v1::TensorProto& proto) {
+  if (IsQuantized(proto.compression())) {
+    return {static_cast<int64_t>(proto.data().size())};
+  }
+  return std::vector<int64_t>(proto.shape().begin(), proto.shape().end());
+}
+
+absl::StatusOr<torch::Tensor> DecodeImpl(const v1::TensorProto& proto, torch::Device device) {
   const DTypeInfo* info = FindByWire(proto.dtype());
-  const std::vector<int64_t> shape(proto.shape().begin(), proto.shape().end());
   const c10::ScalarType wire_type = WireType(proto, *info);
 
   // Copy out of the proto so the tensor outlives the message that carried it.
-  torch::Tensor tensor = torch::empty(shape, torch::TensorOptions().dtype(wire_type));
+  torch::Tensor tensor = torch::empty(WireShape(proto), torch::TensorOptions().dtype(wire_type));
   const std::string& data = proto.data();
   if (!data.empty()) std::memcpy(tensor.data_ptr(), data.data(), data.size());
-  if (wire_type != info->torch) tensor = tensor.to(info->torch);
-  return tensor;
+  return FromWire(tensor, proto, *info, device);
 }
 
 absl::StatusOr<torch::Tensor> AdoptImpl(v1::TensorProto* proto, const DecodeOptions& options) {
   const DTypeInfo* info = FindByWire(proto->dtype());
   const c10::ScalarType wire_type = WireType(*proto, *info);
   const auto item = static_cast<uintptr_t>(c10::elementSize(wire_type));
-  if (reinterpret_cast<uintptr_t>(proto->data().data()) % item != 0) return DecodeImpl(*proto);
-  const std::vector<int64_t> shape(proto->shape().begin(), proto->shape().end());
+  if (reinterpret_cast<uintptr_t>(proto->data().data()) % item != 0) {
+    return DecodeImpl(*proto, options.device);
+  }
   if (proto->data().empty()) {
     // No elements: nothing to take over (an empty field has no buffer of its own).
-    return torch::empty(shape, torch::TensorOptions().dtype(info->torch));
+    const std::vector<int64_t> shape(proto->shape().begin(), proto->shape().end());
+    return torch::empty(shape, torch::TensorOptions().dtype(info->torch).device(options.device));
   }
+  const std::vector<int64_t> shape = WireShape(*proto);
   // Shared, so the buffer is freed (and uncharged) whether from_blob
   // succeeds or throws.
   std::function<void()> uncharge;
@@ -200,8 +285,7 @@ absl::StatusOr<torch::Tensor> AdoptImpl(v1::TensorProto* proto, const DecodeOpti
   torch::Tensor tensor = torch::from_blob(
       bytes, shape, [owned](void*) mutable { owned.reset(); },
       torch::TensorOptions().dtype(wire_type));
-  if (wire_type != info->torch) tensor = tensor.to(info->torch);
-  return tensor;
+  return FromWire(tensor, *proto, *info, options.device);
 }
 
 }  // namespace
@@ -239,6 +323,16 @@ absl::Status ValidateTensorProto(const v1::TensorProto& proto, int64_t max_bytes
   if (proto.has_shared()) {
     return absl::InvalidArgumentError(
         "tensor.shared: a shared-memory payload on a stream that did not agree on a ring");
+  }
+  if (proto.has_quantized() != IsQuantized(proto.compression())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor.quantized: ", proto.has_quantized() ? "set" : "missing", " with ",
+                     CompressionName(proto.compression())));
+  }
+  if (proto.has_quantized() && !ValidQuantizedFormat(FormatOf(proto))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor.quantized.block_size: ", proto.quantized().block_size(),
+                     " is not a power of two in [8, 65536]"));
   }
   if (proto.compression() != v1::COMPRESSION_NONE && info->wire != v1::DTYPE_FLOAT32) {
     return absl::InvalidArgumentError(
@@ -282,16 +376,24 @@ absl::Status ValidateTensorProto(const v1::TensorProto& proto, int64_t max_bytes
                         decoded_bytes, ShapeString(proto), info->name, max_bytes));
   }
 
-  const bool compressed = proto.compression() != v1::COMPRESSION_NONE;
-  // Compressed elements are 2 bytes, smaller than float32's 4: no overflow.
-  const int64_t expected_bytes = compressed ? numel * kCompressedItemsize : decoded_bytes;
+  const bool quantized = IsQuantized(proto.compression());
+  const bool halved = !quantized && proto.compression() != v1::COMPRESSION_NONE;
+  // Compressed payloads are smaller than float32's 4 bytes a value: no overflow.
+  const int64_t expected_bytes = quantized ? QuantizedPayloadBytes(numel, FormatOf(proto))
+                                 : halved  ? numel * kCompressedItemsize
+                                           : decoded_bytes;
   if (static_cast<uint64_t>(proto.data().size()) != static_cast<uint64_t>(expected_bytes)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor.data: ", proto.data().size(), " bytes, expected ", expected_bytes, " for shape ",
-        ShapeString(proto), " ", info->name,
-        compressed
-            ? absl::StrCat(" (", CompressionName(proto.compression()), ", 2 bytes per element)")
-            : ""));
+    std::string how;
+    if (halved)
+      how = absl::StrCat(" (", CompressionName(proto.compression()), ", 2 bytes per element)");
+    if (quantized) {
+      how = absl::StrCat(" (", CompressionName(proto.compression()), ", blocks of ",
+                         proto.quantized().block_size(),
+                         proto.quantized().rotated() ? ", rotated" : "", ")");
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor.data: ", proto.data().size(), " bytes, expected ", expected_bytes,
+                     " for shape ", ShapeString(proto), " ", info->name, how));
   }
   if (info->wire == v1::DTYPE_BOOL) return CheckBoolBytes(proto.data());
   return absl::OkStatus();
@@ -302,7 +404,7 @@ absl::StatusOr<torch::Tensor> DecodeTensor(const v1::TensorProto& proto, int64_t
     return status;
   }
   try {
-    return DecodeImpl(proto);
+    return DecodeImpl(proto, torch::kCPU);
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("DecodeTensor: LibTorch error: ", e.what_without_backtrace()));

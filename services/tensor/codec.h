@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "absl/status/statusor.h"
+#include "services/tensor/quantize.h"
 #include "services/tensor/shared_ring.h"
 #include "stagewise/v1/tensor.pb.h"
 
@@ -17,8 +18,20 @@ namespace stagewise {
 inline constexpr int64_t kDefaultMaxTensorBytes = int64_t{1} << 30;
 
 struct EncodeOptions {
-  // Lossy wire compression of float32 tensors; other dtypes are sent as they are.
+  // Lossy wire compression of float32 tensors; other dtypes are sent as they
+  // are. INT8/INT4 send a tensor with a NaN or an infinity uncompressed (the
+  // receiver then sees exactly what diverged).
   v1::Compression compression = v1::COMPRESSION_NONE;
+  // INT8/INT4: values per scale, and the random Hadamard rotation of each
+  // block before quantizing (QuantizedBlocks in tensor.proto).
+  int64_t block_size = 64;
+  bool rotate = false;
+  uint64_t rotation_seed = kDefaultRotationSeed;
+  // Error feedback (lossy compression of float32): when set, *residual (if
+  // defined and of the tensor's shape) is added to the tensor before it is
+  // encoded, and *residual becomes what the encoding lost of that sum. Reset
+  // (undefined) when a tensor goes uncompressed.
+  torch::Tensor* residual = nullptr;
   // The sender's shared-memory ring towards a neighbour on this host that
   // opened it (null: none): a payload of at least min_shared_bytes goes there
   // (TensorProto.shared) when the ring has room, else inline.
@@ -26,7 +39,8 @@ struct EncodeOptions {
   int64_t min_shared_bytes = 64 << 10;
 };
 
-// Encodes a tensor (any device; copied to CPU, made contiguous) into `out`.
+// Encodes a tensor (any device: narrowed or quantized there, then copied to
+// the CPU or the ring) into `out`.
 // Unsupported dtypes are INVALID_ARGUMENT.
 absl::Status EncodeTensor(const torch::Tensor& tensor, v1::TensorProto* out,
                           const EncodeOptions& options = {});
@@ -43,6 +57,9 @@ absl::StatusOr<torch::Tensor> DecodeTensor(const v1::TensorProto& proto,
 
 struct DecodeOptions {
   int64_t max_bytes = kDefaultMaxTensorBytes;
+  // Where the tensor is wanted: a compressed payload is copied there as it
+  // came and widened (or dequantized) on that device.
+  torch::Device device = torch::kCPU;
   // Called with the size of a payload buffer the tensor takes over (memory
   // LibTorch's allocator never saw); the function it returns runs when the
   // tensor frees the buffer. Workers charge it to the stage's memory meter.
@@ -52,8 +69,8 @@ struct DecodeOptions {
 // Validates, then decodes without copying: the tensor takes over the proto's
 // payload buffer (the proto's data is left empty), so a message's tensors cost
 // no copy beyond the one gRPC makes while parsing. Compressed payloads are
-// widened to float32 (one pass, as in the copying decode); a payload that is
-// not aligned for its dtype is copied.
+// widened to float32 on options.device; a payload that is not aligned for its
+// dtype is copied.
 absl::StatusOr<torch::Tensor> DecodeTensor(v1::TensorProto* proto,
                                            const DecodeOptions& options = {});
 

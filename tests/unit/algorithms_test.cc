@@ -163,7 +163,7 @@ TEST(TransportTest, HalfPrecisionWireHalvesTheBytesAndStaysNearExact) {
     auto spec = ParseJobSpec(JobYaml("{name: backprop}", 2) +
                              absl::StrCat("transport: {compression: ", compression, "}\n"));
     ASSERT_TRUE(spec.ok()) << spec.status();
-    EXPECT_EQ(worker::WireCompression(*spec),
+    EXPECT_EQ(worker::WireOptions(*spec, /*to_next=*/true).compression,
               std::string(compression) == "fp16" ? v1::COMPRESSION_FP16 : v1::COMPRESSION_BF16);
     auto job = FakeJob::FromYaml(JobYaml("{name: backprop}", 2) +
                                  absl::StrCat("transport: {compression: ", compression, "}\n"));

@@ -46,6 +46,7 @@ absl::Status FakeStageContext::Checkpoint(int64_t steps_done) {
   extras.algorithm = [this](torch::serialize::OutputArchive& archive) {
     return algorithm_->SaveState(*this, archive);
   };
+  extras.wire_residuals = [this](auto& archive) { return wire_residuals_.Save(archive); };
   STAGEWISE_ASSIGN_OR_RETURN(const std::string shard,
                              checkpoint::SerializeShard(at, *model_, *optimizer_, extras));
   return job_->AddShard(steps_done, place_.stage, shard);
@@ -282,6 +283,9 @@ absl::Status FakeJob::Resume(const FakeCheckpoint& checkpoint, int64_t step, Alg
       }
       STAGEWISE_RETURN_IF_ERROR(shard->LoadModel(*s.model_));
       STAGEWISE_RETURN_IF_ERROR(shard->LoadOptimizer(*s.optimizer_));
+      if (torch::serialize::InputArchive residuals; shard->WireResiduals(residuals)) {
+        STAGEWISE_RETURN_IF_ERROR(s.wire_residuals_.Load(residuals, torch::kCPU));
+      }
       s.resume_state_.reset();
       if (state != AlgorithmState::kNone) {
         std::unique_ptr<torch::serialize::InputArchive> algorithm = shard->Algorithm();

@@ -32,6 +32,7 @@
 #include "services/metrics/metrics.h"
 #include "services/spec/job_spec.h"
 #include "worker/stage_context.h"
+#include "worker/wire_residuals.h"
 
 namespace stagewise::testing {
 
@@ -86,6 +87,10 @@ class FakeStageContext : public worker::StageContext {
   // INTERNAL unless CheckpointDue(steps_done), or if it was taken already.
   absl::Status Checkpoint(int64_t steps_done) override;
   torch::serialize::InputArchive* resume_state() override { return resume_state_.get(); }
+  // transport.error_feedback, saved and resumed as StageRuntime does.
+  worker::WireResiduals* wire_residuals() override {
+    return spec_.transport.error_feedback ? &wire_residuals_ : nullptr;
+  }
 
   // What the algorithm left behind, for assertions.
   std::map<std::string, double> summary() const;
@@ -122,6 +127,7 @@ class FakeStageContext : public worker::StageContext {
   std::unique_ptr<worker::Tracer> tracer_;
   worker::DeviceTurns* turns_ = nullptr;    // owned by the job; null without chunks
   worker::Algorithm* algorithm_ = nullptr;  // while Run runs on this stage's thread
+  worker::WireResiduals wire_residuals_;
   int64_t checkpoint_every_ = 0;
   int64_t first_step_ = 0;
   // After Resume: the loaded shard (kept alive for the nested archive) and

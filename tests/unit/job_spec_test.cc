@@ -1034,13 +1034,16 @@ TEST(JobSpecTest, PlacementAndTheStallWatchdog) {
 
 TEST(JobSpecTest, TransportCompression) {
   EXPECT_EQ(ParseOk(SpecYaml({})).transport.compression, Compression::kNone);
-  for (Compression c : {Compression::kNone, Compression::kFp16, Compression::kBf16}) {
-    EXPECT_EQ(ParseOk(SpecYaml({{"transport", absl::StrCat("{compression: ", NameOf(c), "}")}}))
-                  .transport.compression,
-              c);
+  for (Compression c : {Compression::kNone, Compression::kFp16, Compression::kBf16,
+                        Compression::kInt8, Compression::kInt4}) {
+    const JobSpec spec =
+        ParseOk(SpecYaml({{"transport", absl::StrCat("{compression: ", NameOf(c), "}")}}));
+    EXPECT_EQ(spec.transport.forward.compression, c);
+    EXPECT_EQ(spec.transport.backward.compression, c);
   }
   EXPECT_THAT(ParseError(SpecYaml({{"transport", "{compression: fp8}"}})),
-              StartsWith("transport.compression: must be one of none, fp16, bf16; got 'fp8'"));
+              StartsWith("transport.compression: must be one of none, fp16, bf16, int8, int4; "
+                         "got 'fp8'"));
   EXPECT_THAT(ParseError(SpecYaml({{"transport", "{compresion: fp16}"}})),
               HasSubstr("transport.compresion"));
 }

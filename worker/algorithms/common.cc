@@ -9,6 +9,7 @@
 #include "services/models/memory_meter.h"
 #include "services/tensor/codec.h"
 #include "services/training/optimizer.h"
+#include "worker/wire_residuals.h"
 
 namespace stagewise::worker {
 
@@ -44,12 +45,13 @@ absl::StatusOr<torch::Tensor> GetTensor(v1::StageMessage& message, const std::st
   // LibTorch allocated (the planner's peak memory is checked against it).
   DecodeOptions options;
   options.charge = [](int64_t bytes) { return models::ChargeForeignBytes(bytes); };
+  options.device = device;
   auto t = DecodeTensor(&it->second, options);
   if (!t.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("StageMessage.tensors['", name, "']: ", t.status().message()));
   }
-  return device.is_cpu() ? *t : t->to(device);
+  return *t;
 }
 
 absl::Status ExpectMessage(const v1::StageMessage& message, v1::StageMessage::Kind kind,
@@ -70,7 +72,9 @@ absl::Status SendGrad(StageContext& ctx, int64_t step, int micro_batch, const to
   v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, step, micro_batch);
   if (origin >= 0) back.set_origin_stage(static_cast<int32_t>(origin));
   if (x.defined()) STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "x", x, ctx.Wire(false)));
-  STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", grad, ctx.Wire(false)));
+  EncodeOptions wire = ctx.Wire(false);
+  if (WireResiduals* residuals = ctx.wire_residuals()) wire.residual = residuals->Slot(micro_batch);
+  STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", grad, wire));
   absl::Status sent = ctx.SendToPrev(std::move(back));
   TraceSpan(ctx, v1::SPAN_SEND, step, micro_batch, t0);
   return sent;
