@@ -276,5 +276,26 @@ TEST(QuantizedCodecTest, AdoptingDecodeAgreesWithTheCopyingOne) {
   }
 }
 
+TEST(QuantizedCodecTest, OnCudaTheSameBytesAndDecodedOnTheDevice) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(2);
+  const torch::Tensor x = torch::randn({9, 77});
+  for (const Format& f : kFormats) {
+    SCOPED_TRACE(Name(f));
+    v1::TensorProto from_cpu, from_cuda;
+    ASSERT_TRUE(EncodeTensor(x, &from_cpu, Options(f)).ok());
+    ASSERT_TRUE(EncodeTensor(x.to(torch::kCUDA), &from_cuda, Options(f)).ok());
+    EXPECT_EQ(from_cpu.data(), from_cuda.data());
+    DecodeOptions on_device;
+    on_device.device = torch::Device(torch::kCUDA, 0);
+    auto y = DecodeTensor(&from_cuda, on_device);
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_TRUE(y->is_cuda());
+    auto want = DecodeTensor(from_cpu);
+    ASSERT_TRUE(want.ok());
+    EXPECT_TRUE(torch::allclose(y->cpu(), *want, 1e-6, 1e-6));
+  }
+}
+
 }  // namespace
 }  // namespace stagewise
