@@ -152,11 +152,13 @@ const ModelProfile& ProfileOfStage(const ModelProfile& p, const PlanOptions& o, 
 void AddLinkTime(const ModelProfile& p, const PlanOptions& o, int begin, int end,
                  const StageRole& role, StageEstimate& s) {
   if (o.link_bytes_per_s <= 0) return;
-  auto send = [&](int64_t bytes) {
-    return o.link_latency_s + static_cast<double>(bytes) / o.link_bytes_per_s;
+  auto send = [&](int64_t bytes, double ratio) {
+    return o.link_latency_s + static_cast<double>(bytes) * ratio / o.link_bytes_per_s;
   };
-  if (!role.last) s.link_s += send(p.blocks[end - 1].output_bytes);
-  if (!role.first) s.link_s += send(p.blocks[begin].input_bytes);
+  if (!role.last) s.link_s += send(p.blocks[end - 1].output_bytes, o.forward_wire_ratio);
+  // PETRA's backward carries the rebuilt input beside the gradient.
+  const int tensors = o.algorithm == A::kPetra ? 2 : 1;
+  if (!role.first) s.link_s += tensors * send(p.blocks[begin].input_bytes, o.backward_wire_ratio);
 }
 
 }  // namespace
@@ -374,6 +376,8 @@ absl::StatusOr<Plan> MakePlan(const ModelProfile& p, const PlanOptions& o) {
   }
   Plan plan;
   plan.algorithm = o.algorithm;
+  plan.forward_wire_ratio = o.forward_wire_ratio;
+  plan.backward_wire_ratio = o.backward_wire_ratio;
   for (int j = 0; j < J; ++j) {
     const auto& s = stage(ranges[j].first, ranges[j].second, j);
     if (!s.ok()) {
@@ -581,7 +585,25 @@ PlanOptions PlanOptionsForJob(const JobSpec& spec, const std::vector<std::pair<i
   if (spec.stages.partition != Partition::kAuto) o.ranges = ranges;
   o.link_bytes_per_s = spec.placement.link_gbps * 1e9 / 8;
   o.link_latency_s = spec.placement.link_rtt_ms / 2000;
+  o.forward_wire_ratio = WireBytesRatio(spec.transport.forward);
+  o.backward_wire_ratio = WireBytesRatio(spec.transport.backward);
   return o;
+}
+
+double WireBytesRatio(const WireFormatSpec& format) {
+  const double per_block = 1.0 / std::max(format.block, 1);
+  switch (format.compression) {
+    case Compression::kFp16:
+    case Compression::kBf16:
+      return 0.5;
+    case Compression::kInt8:
+      return 0.25 + per_block;
+    case Compression::kInt4:
+      return 0.125 + per_block;
+    case Compression::kNone:
+      break;
+  }
+  return 1;
 }
 
 absl::StatusOr<int64_t> ParseBytes(const std::string& text) { return ParseByteSize(text); }
@@ -659,7 +681,14 @@ std::string PlanText(const ModelProfile& p, const Plan& plan) {
       absl::StrAppend(&links, links.empty() ? "" : ", ", "stage ", j, " ", Ms(link_s));
   }
   if (!links.empty()) {
-    absl::StrAppend(&out, "sending over the links (placement.link_gbps, in time): ", links, "\n");
+    absl::StrAppend(&out, "sending over the links (placement.link_gbps, in time): ", links);
+    if (plan.forward_wire_ratio != 1 || plan.backward_wire_ratio != 1) {
+      absl::StrAppend(&out,
+                      absl::StrFormat(" (transport: activations %.3g, gradients %.3g of float32's "
+                                      "bytes)",
+                                      plan.forward_wire_ratio, plan.backward_wire_ratio));
+    }
+    absl::StrAppend(&out, "\n");
   }
   absl::StrAppend(&out, "reversible blocks (store = compute-centric, rebuild = memory-centric):\n");
   bool any = false;

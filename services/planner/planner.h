@@ -84,7 +84,16 @@ struct PlanOptions {
   // link_bytes_per_s, counted in the sending stage's time. 0: not modelled.
   double link_bytes_per_s = 0;
   double link_latency_s = 0;
+  // Bytes on the wire per float32 byte of an activation (forward) and of a
+  // gradient (backward): transport's formats (WireBytesRatio).
+  double forward_wire_ratio = 1;
+  double backward_wire_ratio = 1;
 };
+
+// Bytes a format sends per float32 byte: 1 (none), 1/2 (fp16, bf16),
+// 1/4 + 1/block (int8: a byte a value and a float32 scale a block),
+// 1/8 + 1/block (int4).
+double WireBytesRatio(const WireFormatSpec& format);
 
 // The options a job implies: its stage count, first phase's algorithm (and
 // micro-batches / n), stages.modes and stages.memory_budget; `ranges` (the
@@ -129,6 +138,9 @@ struct Prediction {
 
 struct Plan {
   AlgorithmKind algorithm = AlgorithmKind::kBackprop;
+  // PlanOptions' wire ratios, for PlanText.
+  double forward_wire_ratio = 1;
+  double backward_wire_ratio = 1;
   std::vector<StagePlan> stages;
   double bottleneck_s = 0;
   std::vector<Prediction> predictions;

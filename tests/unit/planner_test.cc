@@ -15,6 +15,7 @@
 #include "services/planner/partition.h"
 #include "services/planner/plan_proto.h"
 #include "services/planner/profile.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::planner {
 namespace {
@@ -406,6 +407,67 @@ TEST(Planner, ASlowLinkMovesTheCutOffALargeActivation) {
   EXPECT_GT(blind_on_link->bottleneck_s, 0.5);  // 64 MiB at 125 MB/s
   EXPECT_LT(aware->bottleneck_s, 0.1);
   EXPECT_NE(PlanText(p, *aware).find("sending over the links"), std::string::npos);
+}
+
+// transport's formats shrink what crosses the links: a stage's link time is
+// its messages' bytes times the format's ratio (PETRA's backward carries two
+// tensors), and PlanText says which ratios it used.
+TEST(Planner, TheWireFormatScalesTheLinkTime) {
+  WireFormatSpec f;
+  EXPECT_EQ(WireBytesRatio(f), 1.0);
+  f.compression = Compression::kBf16;
+  EXPECT_EQ(WireBytesRatio(f), 0.5);
+  f.compression = Compression::kInt8;
+  f.block = 64;
+  EXPECT_EQ(WireBytesRatio(f), 0.25 + 1.0 / 64);
+  f.compression = Compression::kInt4;
+  f.block = 128;
+  EXPECT_EQ(WireBytesRatio(f), 0.125 + 1.0 / 128);
+
+  ModelProfile p;
+  p.model = "chain";
+  p.batch_size = 32;
+  for (int i = 0; i < 4; ++i) {
+    BlockProfile b;
+    b.index = i;
+    b.kind = "linear";
+    b.forward_s = b.forward_nograd_s = 1e-3;
+    b.backward_s = b.rebuild_backward_s = 2e-3;
+    b.input_bytes = b.output_bytes = 8 << 20;
+    p.blocks.push_back(b);
+  }
+  PlanOptions o;
+  o.num_stages = 2;
+  o.ranges = {{0, 2}, {2, 4}};
+  o.link_bytes_per_s = 1e9 / 8;
+  auto fp32 = MakePlan(p, o);
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  const double bytes_s = (8 << 20) / 1.25e8;
+  EXPECT_NEAR(fp32->stages[0].estimate.link_s, bytes_s, 1e-9);
+  EXPECT_NEAR(fp32->stages[1].estimate.link_s, bytes_s, 1e-9);
+  o.forward_wire_ratio = 0.25;
+  o.backward_wire_ratio = 0.125;
+  auto narrow = MakePlan(p, o);
+  ASSERT_TRUE(narrow.ok()) << narrow.status();
+  EXPECT_NEAR(narrow->stages[0].estimate.link_s, 0.25 * bytes_s, 1e-9);
+  EXPECT_NEAR(narrow->stages[1].estimate.link_s, 0.125 * bytes_s, 1e-9);
+  EXPECT_LT(narrow->bottleneck_s, fp32->bottleneck_s);
+  EXPECT_NE(PlanText(p, *narrow).find("activations 0.25, gradients 0.125"), std::string::npos);
+  o.algorithm = AlgorithmKind::kPetra;
+  auto petra = MakePlan(p, o);
+  ASSERT_TRUE(petra.ok()) << petra.status();
+  EXPECT_NEAR(petra->stages[1].estimate.link_s, 2 * 0.125 * bytes_s, 1e-9);
+
+  // A job's transport section sets them, per direction.
+  auto spec = ParseJobSpec(
+      "name: w\nmodel: {name: mlp}\ndata: {dataset: synthetic}\nstages: 2\nsteps: 1\n"
+      "placement: {link_gbps: 1}\n"
+      "transport: {compression: int8, backward: {compression: int4, block: 32}}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const PlanOptions from_job = PlanOptionsForJob(*spec, {{0, 1}, {1, 2}});
+  EXPECT_EQ(from_job.forward_wire_ratio, 0.25 + 1.0 / 64);
+  EXPECT_EQ(from_job.backward_wire_ratio, 0.125 + 1.0 / 32);
+  EXPECT_EQ(from_job.link_bytes_per_s, 1.25e8);
 }
 
 // backprop's schedule: auto: the fastest schedule that fits. Without a cap
