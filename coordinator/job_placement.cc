@@ -125,8 +125,15 @@ void JobManager::Configure(const std::string& job_id, Job& job) {
   STAGEWISE_BUG(OnLoop());
   std::vector<v1::Command> commands = scheduler_.StageAssignments(
       job_id, job.yaml, job.workers, job.ranges, job.modes, NumReplicas(job));
-  for (v1::Command& c : commands)
-    c.mutable_configure()->set_schedule(planner::ToProto(job.schedule));
+  for (v1::Command& c : commands) {
+    v1::StageAssignment& a = *c.mutable_configure();
+    a.set_schedule(planner::ToProto(job.schedule));
+    // The plan's choice for this cut (a cut made without a plan has none).
+    if (static_cast<int>(job.wire.size()) == NumStages(job) && a.stage() < NumStages(job)) {
+      a.set_forward_compression(planner::ToProto(job.wire[a.stage()].forward));
+      a.set_backward_compression(planner::ToProto(job.wire[a.stage()].backward));
+    }
+  }
   job.recovery_deadline = absl::InfiniteFuture();
   job.configure_deadline = absl::Now() + options_.configure_timeout;
   recovery_.BeginAttempt(job, &commands);
@@ -176,6 +183,7 @@ void JobManager::OnProfile(const std::string& job_id, const v1::ProfileResult& r
   job.ranges = std::move(planned->ranges);
   job.modes = std::move(planned->modes);
   job.schedule = planned->schedule;
+  job.wire = std::move(planned->wire);
   auto& summary = *job.status.mutable_summary();
   for (const auto& [key, value] : planned->summary) summary[key] = value;
   summary["plan.profile_cached"] = result.cached() ? 1 : 0;
@@ -183,9 +191,10 @@ void JobManager::OnProfile(const std::string& job_id, const v1::ProfileResult& r
     summary["plan.worker_profiles"] = static_cast<double>(job.profiles.size());
   }
   UpdateProgress(job,
-                 job.schedule.has_value()
-                     ? absl::StrCat("planned: schedule ", NameOf(*job.schedule))
-                     : "planned",
+                 absl::StrCat(job.schedule.has_value()
+                                  ? absl::StrCat("planned: schedule ", NameOf(*job.schedule))
+                                  : "planned",
+                              AutoWireText(job)),
                  {});
   // Transition writes the plan first, then the state.
   if (!Transition(job_id, v1::CONFIGURING, "").ok()) return;

@@ -131,6 +131,7 @@ bool JobRecovery::QueueRecovery(const std::string& job_id, LiveJob& job, const s
       // Rebalancing: the new plan's cut, the checkpoint resharded onto it.
       job.ranges = job.recut->ranges;
       job.modes = job.recut->modes;
+      job.wire = job.recut->wire;
       for (const auto& [key, value] : job.recut->summary) {
         (*job.status.mutable_summary())[key] = value;
       }

@@ -72,14 +72,16 @@ LiveJob MakeLiveJob(const v1::JobStatus& status, const JobSpec& spec, const std:
   job.ranges = ranges;
   const bool reversible = std::any_of(blocks.begin(), blocks.end(),
                                       [](const models::BlockInfo& b) { return b.reversible; });
-  // An auto partition, auto modes under a budget, or backprop's schedule:
-  // auto need a profile first.
+  // An auto partition, auto modes under a budget, backprop's schedule: auto,
+  // or transport's compression: auto need a profile first.
   const std::vector<PhaseSpec> phases = Phases(spec);  // a copy: Phases returns a temporary
   const auto* backprop = phases.front().algorithm.get_if<BackpropOptions>();
   job.needs_plan =
       spec.stages.partition == Partition::kAuto ||
       (reversible && spec.stages.modes == BlockModes::kAuto && spec.stages.memory_budget > 0) ||
-      (backprop != nullptr && !backprop->schedule.has_value());
+      (backprop != nullptr && !backprop->schedule.has_value()) ||
+      spec.transport.forward.compression == Compression::kAuto ||
+      spec.transport.backward.compression == Compression::kAuto;
   if (!job.needs_plan && reversible && spec.stages.modes != BlockModes::kAuto) {
     for (const auto& [b, e] : ranges) {
       std::vector<BlockMode> modes;
@@ -92,6 +94,23 @@ LiveJob MakeLiveJob(const v1::JobStatus& status, const JobSpec& spec, const std:
     }
   }
   return job;
+}
+
+std::string AutoWireText(const LiveJob& job) {
+  const bool forward = job.spec.transport.forward.compression == Compression::kAuto;
+  const bool backward = job.spec.transport.backward.compression == Compression::kAuto;
+  if ((!forward && !backward) || job.wire.empty()) return "";
+  std::string out;
+  const int J = static_cast<int>(job.wire.size());
+  for (int j = 0; j < J; ++j) {
+    std::string sends;
+    if (backward && j > 0) absl::StrAppend(&sends, "backward ", NameOf(job.wire[j].backward));
+    if (forward && j + 1 < J) {
+      absl::StrAppend(&sends, sends.empty() ? "" : ", ", "forward ", NameOf(job.wire[j].forward));
+    }
+    if (!sends.empty()) absl::StrAppend(&out, out.empty() ? "" : "; ", "stage ", j, " ", sends);
+  }
+  return absl::StrCat("; compression auto: ", out);
 }
 
 absl::StatusOr<std::string> CutStages(LiveJob& job, int count) {
@@ -117,6 +136,7 @@ absl::StatusOr<std::string> CutStages(LiveJob& job, int count) {
     }
   }
   job.ranges = std::move(ranges);
+  job.wire.clear();  // compression: auto was chosen for the old cut
   job.status.set_num_stages(count);
   std::string cut;
   for (const auto& [b, e] : job.ranges) {

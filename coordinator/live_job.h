@@ -41,6 +41,10 @@ struct LiveJob {
   // backprop's schedule: auto as planned (StageAssignment.schedule); empty
   // when nothing was chosen.
   std::optional<PipelineSchedule> schedule;
+  // transport's `compression: auto`: per stage, the formats the plan chose
+  // (StageAssignment.forward_compression / backward_compression); empty
+  // when nothing was chosen, or the cut changed without a plan.
+  std::vector<WireChoice> wire;
   std::vector<std::string> workers;  // by slot, once placed
   // placement.per_worker_profiles, while PROFILING: each worker's profile
   // so far (worker id -> ProfileResult); the plan waits for all of them.
@@ -99,6 +103,7 @@ struct LiveJob {
   struct Recut {
     std::vector<std::pair<int, int>> ranges;
     std::vector<std::vector<BlockMode>> modes;
+    std::vector<WireChoice> wire;
     std::vector<std::pair<std::string, double>> summary;  // the new plan's plan.* entries
   };
   std::optional<Recut> recut;
@@ -134,6 +139,10 @@ inline std::vector<int> FewerStageCounts(const LiveJob& job) {
   }
   return counts;
 }
+// transport's `compression: auto` as planned, for a progress line:
+// "; compression auto: stage 0 forward int4; stage 1 backward bf16, ..."
+// (empty when the job fixes both directions or nothing was chosen).
+std::string AutoWireText(const LiveJob& job);
 // Cuts the job into `count` stages (balanced, whatever stages.partition
 // says); block modes follow their blocks. The cut as text ("[0,5) [5,10)").
 absl::StatusOr<std::string> CutStages(LiveJob& job, int count);

@@ -130,7 +130,7 @@ void Rebalancer::Replan(const std::string& job_id, LiveJob& job,
       "rebalance: stage %d (worker %s) runs %.2fx its plan against the other stages; the cut %s "
       "predicts %.2fx the speed",
       slowest, job.workers[slowest], slowdown[slowest], CutText(plan->ranges), current / planned);
-  job.recut = LiveJob::Recut{plan->ranges, plan->modes, plan->summary};
+  job.recut = LiveJob::Recut{plan->ranges, plan->modes, plan->wire, plan->summary};
   if (!planned_->Begin(job_id, job, reason, "rebalance")) {
     job.recut.reset();
     return;

@@ -185,6 +185,7 @@ absl::StatusOr<Scheduler::PlannedStages> Scheduler::PlanFromProfile(
       modes.push_back(s.store[i - s.begin] ? BlockMode::kStore : BlockMode::kRebuild);
     }
     out.modes.push_back(std::move(modes));
+    out.wire.push_back({s.estimate.forward_wire, s.estimate.backward_wire});
   }
   for (auto& entry : planner::PlanSummary(*plan)) out.summary.push_back(std::move(entry));
   return out;

@@ -95,6 +95,9 @@ class Scheduler {
     std::vector<std::pair<std::string, double>> summary;
     // backprop's schedule: auto: the planner's pick, else empty.
     std::optional<PipelineSchedule> schedule = {};
+    // Per stage, the formats it sends with (transport's `compression: auto`
+    // resolved by the plan; fixed directions as the spec says).
+    std::vector<WireChoice> wire = {};
   };
   // Caps: stages.memory_budget, else every worker's --memory-bytes when all
   // of them report one. `ranges`: the job's resolved partition, kept unless

@@ -3,8 +3,10 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
 #include "services/planner/plan_proto.h"
 #include "services/spec/enums.h"
+#include "services/spec/job_spec.h"
 
 namespace stagewise::worker {
 
@@ -41,6 +43,22 @@ absl::StatusOr<std::vector<models::BlockMode>> BlockModesOf(const v1::StageAssig
 
 absl::StatusOr<std::optional<PipelineSchedule>> ScheduleOf(const v1::StageAssignment& assignment) {
   return planner::ScheduleFromProto(assignment.schedule(), "StageAssignment.schedule");
+}
+
+absl::Status ResolveAutoWire(const v1::StageAssignment& assignment, TransportSpec* transport) {
+  STAGEWISE_ASSIGN_OR_RETURN(const Compression forward,
+                             planner::CompressionFromProto(assignment.forward_compression(),
+                                                           "StageAssignment.forward_compression"));
+  STAGEWISE_ASSIGN_OR_RETURN(const Compression backward,
+                             planner::CompressionFromProto(assignment.backward_compression(),
+                                                           "StageAssignment.backward_compression"));
+  if (transport->forward.compression == Compression::kAuto) {
+    transport->forward.compression = forward;
+  }
+  if (transport->backward.compression == Compression::kAuto) {
+    transport->backward.compression = backward;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace stagewise::worker

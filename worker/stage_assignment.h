@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "services/models/modal_pass.h"
 #include "services/spec/enums.h"
+#include "services/spec/job_spec.h"
 #include "stagewise/v1/coordinator.pb.h"
 
 namespace stagewise::worker {
@@ -24,6 +25,13 @@ absl::StatusOr<std::vector<models::BlockMode>> BlockModesOf(const v1::StageAssig
 // StageAssignment.schedule: the schedule the planner chose for `schedule:
 // auto`, or none; INVALID_ARGUMENT for a value this version does not know.
 absl::StatusOr<std::optional<PipelineSchedule>> ScheduleOf(const v1::StageAssignment& assignment);
+
+// transport's `compression: auto`, resolved: each direction the job leaves
+// to the planner takes the format StageAssignment.forward_compression /
+// backward_compression carries (none when it carries none); fixed directions
+// stay. INVALID_ARGUMENT names the field for a value this version does not
+// know.
+absl::Status ResolveAutoWire(const v1::StageAssignment& assignment, TransportSpec* transport);
 
 }  // namespace stagewise::worker
 

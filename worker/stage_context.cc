@@ -1,6 +1,7 @@
 #include "worker/stage_context.h"
 
 #include "services/data/sizes.h"
+#include "services/planner/plan_proto.h"
 #include "services/training/optimizer.h"
 #include "worker/stage_replicas.h"
 
@@ -20,23 +21,8 @@ bool StageContext::EvalDue(int64_t steps_done) const {
 EncodeOptions WireOptions(const JobSpec& spec, bool to_next) {
   const WireFormatSpec& format = to_next ? spec.transport.forward : spec.transport.backward;
   EncodeOptions options;
-  switch (format.compression) {
-    case Compression::kFp16:
-      options.compression = v1::COMPRESSION_FP16;
-      break;
-    case Compression::kBf16:
-      options.compression = v1::COMPRESSION_BF16;
-      break;
-    case Compression::kInt8:
-      options.compression = v1::COMPRESSION_INT8;
-      break;
-    case Compression::kInt4:
-      options.compression = v1::COMPRESSION_INT4;
-      break;
-    case Compression::kNone:
-      options.compression = v1::COMPRESSION_NONE;
-      break;
-  }
+  // auto that no plan resolved (ResolveAutoWire): none.
+  options.compression = planner::ToProto(format.compression);
   options.block_size = format.block;
   options.rotate = format.rotate;
   // Each job draws its own signs (the receiver reads the seed from the message).

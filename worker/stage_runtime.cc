@@ -87,9 +87,8 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
     const v1::StageAssignment& assignment, RuntimeEnv env) {
   std::shared_ptr<StageRuntime> rt(new StageRuntime(std::move(env)));
   rt->assignment_ = assignment;
-  auto spec = ParseJobSpec(assignment.job_spec_yaml());
-  if (!spec.ok()) return spec.status();
-  rt->spec_ = *spec;
+  STAGEWISE_ASSIGN_OR_RETURN(rt->spec_, ParseJobSpec(assignment.job_spec_yaml()));
+  if (auto s = ResolveAutoWire(assignment, &rt->spec_.transport); !s.ok()) return s;
   StagePlace& place = rt->place_;
   place.job_id = assignment.job_id();
   place.stage = assignment.stage();

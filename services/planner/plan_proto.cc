@@ -44,6 +44,43 @@ v1::BlockMode ToProto(BlockMode mode) {
   return static_cast<v1::BlockMode>(static_cast<int>(mode) + 1);
 }
 
+v1::Compression ToProto(Compression compression) {
+  switch (compression) {
+    case Compression::kFp16:
+      return v1::COMPRESSION_FP16;
+    case Compression::kBf16:
+      return v1::COMPRESSION_BF16;
+    case Compression::kInt8:
+      return v1::COMPRESSION_INT8;
+    case Compression::kInt4:
+      return v1::COMPRESSION_INT4;
+    case Compression::kNone:
+    case Compression::kAuto:
+      break;
+  }
+  return v1::COMPRESSION_NONE;
+}
+
+absl::StatusOr<Compression> CompressionFromProto(v1::Compression compression,
+                                                 const std::string& field) {
+  switch (compression) {
+    case v1::COMPRESSION_NONE:
+      return Compression::kNone;
+    case v1::COMPRESSION_FP16:
+      return Compression::kFp16;
+    case v1::COMPRESSION_BF16:
+      return Compression::kBf16;
+    case v1::COMPRESSION_INT8:
+      return Compression::kInt8;
+    case v1::COMPRESSION_INT4:
+      return Compression::kInt4;
+    default:
+      break;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": unknown compression ", static_cast<int>(compression)));
+}
+
 absl::StatusOr<std::vector<BlockMode>> ModesFromProto(
     const google::protobuf::RepeatedField<int>& modes, const std::string& field) {
   std::vector<BlockMode> out;

@@ -13,6 +13,7 @@
 #include "services/planner/profile.h"
 #include "services/spec/enums.h"
 #include "stagewise/v1/plan.pb.h"
+#include "stagewise/v1/tensor.pb.h"
 
 namespace stagewise::planner {
 
@@ -27,6 +28,12 @@ v1::BlockMode ToProto(BlockMode mode);
 // Every mode must be STORE or REBUILD; INVALID_ARGUMENT names `field[i]`.
 absl::StatusOr<std::vector<BlockMode>> ModesFromProto(
     const google::protobuf::RepeatedField<int>& modes, const std::string& field);
+
+// A wire format as tensor.proto's Compression; kAuto (not a format) is NONE.
+v1::Compression ToProto(Compression compression);
+// NONE, FP16, BF16, INT8 or INT4; INVALID_ARGUMENT names `field` otherwise.
+absl::StatusOr<Compression> CompressionFromProto(v1::Compression compression,
+                                                 const std::string& field);
 
 // A profile and its proto. FromProto checks what the planner relies on:
 // blocks 0..n-1 in order, a batch size >= 1, no negative or non-finite time

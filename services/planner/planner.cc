@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "services/planner/knapsack.h"
 #include "services/planner/partition.h"
@@ -149,16 +150,26 @@ const ModelProfile& ProfileOfStage(const ModelProfile& p, const PlanOptions& o, 
 // The links (PlanOptions::link_bytes_per_s): stage [begin, end) sends its
 // output forward and its input's gradient back, one message of the
 // boundary's size each way.
+// Under `compression: auto` each direction gets the least lossy format
+// whose link time fits under the stage's compute (ChooseWire).
 void AddLinkTime(const ModelProfile& p, const PlanOptions& o, int begin, int end,
                  const StageRole& role, StageEstimate& s) {
-  if (o.link_bytes_per_s <= 0) return;
-  auto send = [&](int64_t bytes, double ratio) {
-    return o.link_latency_s + static_cast<double>(bytes) * ratio / o.link_bytes_per_s;
-  };
-  if (!role.last) s.link_s += send(p.blocks[end - 1].output_bytes, o.forward_wire_ratio);
+  const double compute_s = s.time_s() + s.aux_head_s;
   // PETRA's backward carries the rebuilt input beside the gradient.
   const int tensors = o.algorithm == A::kPetra ? 2 : 1;
-  if (!role.first) s.link_s += tensors * send(p.blocks[begin].input_bytes, o.backward_wire_ratio);
+  const int64_t out_bytes = p.blocks[end - 1].output_bytes;
+  const int64_t in_bytes = p.blocks[begin].input_bytes;
+  if (!role.last) s.forward_wire = ChooseWire(o.forward_wire, out_bytes, 1, compute_s, o);
+  if (!role.first) s.backward_wire = ChooseWire(o.backward_wire, in_bytes, tensors, compute_s, o);
+  if (o.link_bytes_per_s <= 0) return;
+  auto send = [&](int64_t bytes, Compression c, int block) {
+    return o.link_latency_s +
+           static_cast<double>(bytes) * WireBytesRatio(c, block) / o.link_bytes_per_s;
+  };
+  if (!role.last) s.link_s += send(out_bytes, s.forward_wire, o.forward_wire.block);
+  if (!role.first) {
+    s.link_s += tensors * send(in_bytes, s.backward_wire, o.backward_wire.block);
+  }
 }
 
 }  // namespace
@@ -376,8 +387,8 @@ absl::StatusOr<Plan> MakePlan(const ModelProfile& p, const PlanOptions& o) {
   }
   Plan plan;
   plan.algorithm = o.algorithm;
-  plan.forward_wire_ratio = o.forward_wire_ratio;
-  plan.backward_wire_ratio = o.backward_wire_ratio;
+  plan.forward_wire = o.forward_wire;
+  plan.backward_wire = o.backward_wire;
   for (int j = 0; j < J; ++j) {
     const auto& s = stage(ranges[j].first, ranges[j].second, j);
     if (!s.ok()) {
@@ -585,14 +596,14 @@ PlanOptions PlanOptionsForJob(const JobSpec& spec, const std::vector<std::pair<i
   if (spec.stages.partition != Partition::kAuto) o.ranges = ranges;
   o.link_bytes_per_s = spec.placement.link_gbps * 1e9 / 8;
   o.link_latency_s = spec.placement.link_rtt_ms / 2000;
-  o.forward_wire_ratio = WireBytesRatio(spec.transport.forward);
-  o.backward_wire_ratio = WireBytesRatio(spec.transport.backward);
+  o.forward_wire = spec.transport.forward;
+  o.backward_wire = spec.transport.backward;
   return o;
 }
 
-double WireBytesRatio(const WireFormatSpec& format) {
-  const double per_block = 1.0 / std::max(format.block, 1);
-  switch (format.compression) {
+double WireBytesRatio(Compression compression, int block) {
+  const double per_block = 1.0 / std::max(block, 1);
+  switch (compression) {
     case Compression::kFp16:
     case Compression::kBf16:
       return 0.5;
@@ -601,9 +612,25 @@ double WireBytesRatio(const WireFormatSpec& format) {
     case Compression::kInt4:
       return 0.125 + per_block;
     case Compression::kNone:
+    case Compression::kAuto:
       break;
   }
   return 1;
+}
+
+Compression ChooseWire(const WireFormatSpec& format, int64_t float32_bytes, int messages,
+                       double compute_s, const PlanOptions& o) {
+  if (format.compression != Compression::kAuto) return format.compression;
+  if (o.link_bytes_per_s <= 0) return Compression::kNone;
+  constexpr Compression kLightestFirst[] = {Compression::kNone, Compression::kBf16,
+                                            Compression::kInt8, Compression::kInt4};
+  for (Compression c : kLightestFirst) {
+    const double link_s =
+        messages * (o.link_latency_s + static_cast<double>(float32_bytes) *
+                                           WireBytesRatio(c, format.block) / o.link_bytes_per_s);
+    if (link_s <= compute_s) return c;
+  }
+  return Compression::kInt4;
 }
 
 absl::StatusOr<int64_t> ParseBytes(const std::string& text) { return ParseByteSize(text); }
@@ -657,6 +684,38 @@ std::vector<std::pair<std::string, double>> PlanSummary(const Plan& plan) {
   return out;
 }
 
+namespace {
+
+// What each stage sends with, when any format is not none:
+//   "wire formats (transport.compression): stage 0 forward int4; stage 1
+//    backward bf16, forward int8; ..."
+std::string WireText(const Plan& plan) {
+  const bool chosen = plan.forward_wire.compression == Compression::kAuto ||
+                      plan.backward_wire.compression == Compression::kAuto;
+  std::string stages;
+  bool lossy = false;
+  for (size_t j = 0; j < plan.stages.size(); ++j) {
+    const StagePlan& s = plan.stages[j];
+    std::vector<std::string> sends;
+    if (!s.role.first) sends.push_back(absl::StrCat("backward ", NameOf(s.estimate.backward_wire)));
+    if (!s.role.last) sends.push_back(absl::StrCat("forward ", NameOf(s.estimate.forward_wire)));
+    for (Compression c : {s.estimate.forward_wire, s.estimate.backward_wire}) {
+      lossy = lossy || c != Compression::kNone;
+    }
+    if (sends.empty()) continue;
+    absl::StrAppend(&stages, stages.empty() ? "" : "; ", "stage ", j, " ",
+                    absl::StrJoin(sends, ", "));
+  }
+  if (!lossy && !chosen) return "";
+  return absl::StrCat("wire formats (transport.compression",
+                      chosen ? ": auto, the least lossy whose link time fits under the stage's "
+                               "compute"
+                             : "",
+                      "): ", stages, "\n");
+}
+
+}  // namespace
+
 std::string PlanText(const ModelProfile& p, const Plan& plan) {
   std::string out =
       absl::StrFormat("plan for %s, batch %d, %s, %d threads; algorithm %s\n", p.model,
@@ -681,15 +740,9 @@ std::string PlanText(const ModelProfile& p, const Plan& plan) {
       absl::StrAppend(&links, links.empty() ? "" : ", ", "stage ", j, " ", Ms(link_s));
   }
   if (!links.empty()) {
-    absl::StrAppend(&out, "sending over the links (placement.link_gbps, in time): ", links);
-    if (plan.forward_wire_ratio != 1 || plan.backward_wire_ratio != 1) {
-      absl::StrAppend(&out,
-                      absl::StrFormat(" (transport: activations %.3g, gradients %.3g of float32's "
-                                      "bytes)",
-                                      plan.forward_wire_ratio, plan.backward_wire_ratio));
-    }
-    absl::StrAppend(&out, "\n");
+    absl::StrAppend(&out, "sending over the links (placement.link_gbps, in time): ", links, "\n");
   }
+  absl::StrAppend(&out, WireText(plan));
   absl::StrAppend(&out, "reversible blocks (store = compute-centric, rebuild = memory-centric):\n");
   bool any = false;
   for (size_t j = 0; j < plan.stages.size(); ++j) {
@@ -737,10 +790,13 @@ std::string PlanJson(const ModelProfile& p, const Plan& plan) {
                         "\"forward_seconds\": %.6g, \"backward_seconds\": %.6g, "
                         "\"step_seconds\": %.6g, \"message_seconds\": %.6g, "
                         "\"aux_head_seconds\": %.6g, \"kept_bytes\": %d, \"peak_bytes\": %d, "
-                        "\"static_bytes\": %d, \"cap_bytes\": %d, \"inflight\": %d}",
+                        "\"static_bytes\": %d, \"cap_bytes\": %d, \"inflight\": %d, "
+                        "\"link_seconds\": %.6g, \"forward_wire\": \"%s\", "
+                        "\"backward_wire\": \"%s\"}",
                         j, s.begin, s.end, modes, e.forward_s, e.backward_s, e.step_s, e.message_s,
                         e.aux_head_s, e.kept_bytes, e.peak_bytes, e.static_bytes, s.cap_bytes,
-                        s.role.inflight));
+                        s.role.inflight, e.link_s, NameOf(e.forward_wire),
+                        NameOf(e.backward_wire)));
   }
   absl::StrAppend(&out, "], \"predictions\": [");
   for (size_t i = 0; i < plan.predictions.size(); ++i) {

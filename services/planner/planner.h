@@ -42,6 +42,10 @@ struct StageEstimate {
   // Sending over the links (PlanOptions::link_bytes_per_s): the stage's
   // output forward and its input's gradient back.
   double link_s = 0;
+  // The formats it sends with: transport's, or what `compression: auto`
+  // chose (ChooseWire); never kAuto.
+  Compression forward_wire = Compression::kNone;
+  Compression backward_wire = Compression::kNone;
   int64_t static_bytes = 0;  // parameters, buffers, gradients, optimizer state
   int64_t kept_bytes = 0;    // what one mini-batch keeps between forward and backward
   int64_t peak_bytes = 0;
@@ -84,16 +88,29 @@ struct PlanOptions {
   // link_bytes_per_s, counted in the sending stage's time. 0: not modelled.
   double link_bytes_per_s = 0;
   double link_latency_s = 0;
-  // Bytes on the wire per float32 byte of an activation (forward) and of a
-  // gradient (backward): transport's formats (WireBytesRatio).
-  double forward_wire_ratio = 1;
-  double backward_wire_ratio = 1;
+  // What an activation (forward) and a gradient (backward) cross the links
+  // as: transport.forward / transport.backward. Their bytes per float32 byte
+  // scale the link time (WireBytesRatio); `compression: auto` is resolved
+  // per stage by ChooseWire.
+  WireFormatSpec forward_wire;
+  WireFormatSpec backward_wire;
 };
 
 // Bytes a format sends per float32 byte: 1 (none), 1/2 (fp16, bf16),
 // 1/4 + 1/block (int8: a byte a value and a float32 scale a block),
-// 1/8 + 1/block (int4).
-double WireBytesRatio(const WireFormatSpec& format);
+// 1/8 + 1/block (int4); 1 for auto (not resolved).
+double WireBytesRatio(Compression compression, int block);
+inline double WireBytesRatio(const WireFormatSpec& format) {
+  return WireBytesRatio(format.compression, format.block);
+}
+
+// `compression: auto` for one message of `float32_bytes` a stage sends per
+// mini-batch (`messages` of them: PETRA's backward carries two): the least
+// lossy of none, bf16, int8, int4 (blocks of `block`) whose link time,
+// latency + bytes / link_bytes_per_s, is at most `compute_s`; int4 when none
+// is. A fixed format is returned as it is; none when no link is modelled.
+Compression ChooseWire(const WireFormatSpec& format, int64_t float32_bytes, int messages,
+                       double compute_s, const PlanOptions& options);
 
 // The options a job implies: its stage count, first phase's algorithm (and
 // micro-batches / n), stages.modes and stages.memory_budget; `ranges` (the
@@ -138,9 +155,9 @@ struct Prediction {
 
 struct Plan {
   AlgorithmKind algorithm = AlgorithmKind::kBackprop;
-  // PlanOptions' wire ratios, for PlanText.
-  double forward_wire_ratio = 1;
-  double backward_wire_ratio = 1;
+  // PlanOptions' wire formats (each stage's choice is in its estimate).
+  WireFormatSpec forward_wire;
+  WireFormatSpec backward_wire;
   std::vector<StagePlan> stages;
   double bottleneck_s = 0;
   std::vector<Prediction> predictions;

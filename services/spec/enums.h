@@ -73,7 +73,19 @@ enum class BlockModes { kAuto, kStore, kRebuild };
 enum class BlockMode { kStore, kRebuild };
 
 // transport.compression: float32 activations and gradients on the wire.
-enum class Compression { kNone, kFp16, kBf16, kInt8, kInt4 };
+// kAuto: the planner picks one of the others per stage and direction, for
+// placement.link_gbps (planner::ChooseWire); a stage without a choice sends
+// kNone.
+enum class Compression { kNone, kFp16, kBf16, kInt8, kInt4, kAuto };
+// `compression: auto` resolved for one stage: what it sends forward
+// (activations) and backward (gradients).
+struct WireChoice {
+  Compression forward = Compression::kNone;
+  Compression backward = Compression::kNone;
+  bool operator==(const WireChoice& o) const {
+    return forward == o.forward && backward == o.backward;
+  }
+};
 
 // optimizer.name and schedule.name. muon: momentum orthogonalised by
 // Newton-Schulz iterations for the weights of rank >= 2, Adam for the rest.
@@ -158,8 +170,8 @@ struct EnumSpellings<BlockMode> {
 };
 template <>
 struct EnumSpellings<Compression> {
-  static constexpr std::array<absl::string_view, 5> kNames = {"none", "fp16", "bf16", "int8",
-                                                              "int4"};
+  static constexpr std::array<absl::string_view, 6> kNames = {"none", "fp16", "bf16",
+                                                              "int8", "int4", "auto"};
 };
 template <>
 struct EnumSpellings<OptimizerKind> {

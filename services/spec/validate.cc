@@ -510,10 +510,13 @@ absl::Status ValidateMinStages(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
-bool Quantized(Compression c) { return c == Compression::kInt8 || c == Compression::kInt4; }
+// int8 or int4, or auto (which may pick them).
+bool Quantized(Compression c) {
+  return c == Compression::kInt8 || c == Compression::kInt4 || c == Compression::kAuto;
+}
 
 // transport: blocks of a power of two, and the keys that need a format to act on.
-absl::Status ValidateTransport(const TransportSpec& t) {
+absl::Status ValidateTransport(const TransportSpec& t, double link_gbps) {
   struct Direction {
     const char* section;
     const WireFormatSpec* format;
@@ -536,6 +539,15 @@ absl::Status ValidateTransport(const TransportSpec& t) {
     if ((block & (block - 1)) != 0) {
       return KeyError(path,
                       absl::StrCat("must be a power of two (16, 32, ..., 4096), got ", block));
+    }
+  }
+  for (const Direction& d : directions) {
+    if (d.format->compression == Compression::kAuto && link_gbps <= 0) {
+      // Named where it was written: the top-level key sets both directions.
+      return KeyError(t.compression == Compression::kAuto ? std::string("transport.compression")
+                                                          : absl::StrCat(d.section, ".compression"),
+                      "auto picks a format for the links' speed: set placement.link_gbps (the "
+                      "slowest link between neighbouring stages, in Gbit/s)");
     }
   }
   if (t.rotate && !Quantized(t.forward.compression) && !Quantized(t.backward.compression)) {
@@ -680,7 +692,7 @@ absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
   if (check.status().ok()) check(ValidateInterleaved(spec));
   if (check.status().ok()) check(ValidateMinStages(spec));
   if (check.status().ok()) check(ValidateRebalance(spec));
-  check(ValidateTransport(spec.transport));
+  check(ValidateTransport(spec.transport, spec.placement.link_gbps));
   if (spec.placement.labels.size() > 32) {
     check(KeyError("placement.labels", "at most 32 labels (a worker registers at most 32)"));
   }

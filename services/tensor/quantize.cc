@@ -2,7 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace stagewise {
@@ -51,6 +53,123 @@ uint64_t SplitMix64(uint64_t* state) {
   return z ^ (z >> 31);
 }
 
+// The CPU path: one pass per block over a float32 buffer, in plain loops
+// the compiler vectorises (the tensor-operation path makes about fifteen
+// passes over the whole tensor, which on a CPU costs more than the link
+// time it saves). Same bytes as the tensor path: the same float operations
+// in the same order, division by the scale, round half to even.
+void FastHadamard(float* y, int64_t n) {
+  for (int64_t h = 1; h < n; h *= 2) {
+    for (int64_t i = 0; i < n; i += 2 * h) {
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = y[j], b = y[j + h];
+        y[j] = a + b;
+        y[j + h] = a - b;
+      }
+    }
+  }
+}
+
+// The rotation's random signs, +1 or -1 from the top bit of SplitMix64.
+std::vector<float> SignVector(int64_t block_size, uint64_t seed) {
+  std::vector<float> signs(static_cast<size_t>(block_size));
+  uint64_t state = seed;
+  for (float& s : signs) s = (SplitMix64(&state) >> 63) != 0 ? -1.0f : 1.0f;
+  return signs;
+}
+std::vector<float> SignsOf(const QuantizedFormat& f) {
+  return f.rotate ? SignVector(f.block_size, f.rotation_seed) : std::vector<float>();
+}
+
+torch::Tensor QuantizeOnCpu(const float* v, int64_t numel, const QuantizedFormat& f) {
+  const int64_t B = f.block_size;
+  const int64_t blocks = CeilDiv(numel, B);
+  const int64_t count = CodeCount(numel, f);
+  torch::Tensor out = torch::empty({QuantizedPayloadBytes(numel, f)}, torch::kByte);
+  auto* scales = reinterpret_cast<float*>(out.data_ptr<uint8_t>());  // 4-byte aligned
+  uint8_t* code_bytes = out.data_ptr<uint8_t>() + blocks * 4;
+  const std::vector<float> signs = SignsOf(f);
+  const float root = static_cast<float>(std::sqrt(static_cast<double>(B)));
+  const auto max_code = static_cast<float>(QuantizedMaxCode(f.bits));
+  std::vector<float> buf(static_cast<size_t>(B));
+  std::vector<int8_t> codes(static_cast<size_t>(B));
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t n = std::min(B, numel - b * B);
+    std::copy(v + b * B, v + b * B + n, buf.begin());
+    std::fill(buf.begin() + n, buf.end(), 0.0f);
+    if (f.rotate) {
+      for (int64_t i = 0; i < B; ++i) buf[i] *= signs[i];
+      FastHadamard(buf.data(), B);
+      for (int64_t i = 0; i < B; ++i) buf[i] /= root;
+    }
+    float amax = 0;
+    bool finite = true;
+    for (int64_t i = 0; i < B; ++i) {
+      amax = std::max(amax, std::fabs(buf[i]));
+      finite = finite && std::isfinite(buf[i]);
+    }
+    float scale = amax / max_code;
+    if (!finite || !std::isfinite(scale)) return torch::Tensor();
+    if (!std::isfinite(scale * max_code)) scale = std::nextafter(scale, 0.0f);
+    scales[b] = scale;
+    const float divisor = scale > 0 ? scale : 1.0f;
+    for (int64_t i = 0; i < B; ++i) {
+      codes[i] =
+          static_cast<int8_t>(std::clamp(std::nearbyint(buf[i] / divisor), -max_code, max_code));
+    }
+    // This block's codes: all of them, or (unrotated) its n values.
+    const int64_t first = b * B, last = std::min(first + B, count);
+    for (int64_t i = first; i < last; ++i) {
+      const int8_t c = codes[i - first];
+      if (f.bits == 8) {
+        code_bytes[i] = static_cast<uint8_t>(c);
+      } else if (i % 2 == 0) {
+        code_bytes[i / 2] = static_cast<uint8_t>(c & 15);
+      } else {
+        code_bytes[i / 2] = static_cast<uint8_t>(code_bytes[i / 2] | ((c & 15) << 4));
+      }
+    }
+  }
+  return out;
+}
+
+torch::Tensor DequantizeOnCpu(const uint8_t* bytes, int64_t numel, const QuantizedFormat& f) {
+  const int64_t B = f.block_size;
+  const int64_t blocks = CeilDiv(numel, B);
+  const int64_t count = CodeCount(numel, f);
+  std::vector<float> scales(static_cast<size_t>(blocks));
+  std::memcpy(scales.data(), bytes, static_cast<size_t>(blocks) * 4);
+  const uint8_t* code_bytes = bytes + blocks * 4;
+  torch::Tensor out = torch::empty({numel}, torch::kFloat);
+  float* x = out.data_ptr<float>();
+  const std::vector<float> signs = SignsOf(f);
+  const float root = static_cast<float>(std::sqrt(static_cast<double>(B)));
+  std::vector<float> buf(static_cast<size_t>(B));
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t first = b * B;
+    for (int64_t i = 0; i < B; ++i) {
+      const int64_t k = first + i;
+      float code = 0;  // past the codes sent: the padding's zeros
+      if (k < count) {
+        if (f.bits == 8) {
+          code = static_cast<float>(static_cast<int8_t>(code_bytes[k]));
+        } else {
+          const int nibble = (k % 2 == 0 ? code_bytes[k / 2] : code_bytes[k / 2] >> 4) & 15;
+          code = static_cast<float>(nibble >= 8 ? nibble - 16 : nibble);
+        }
+      }
+      buf[i] = code * scales[b];
+    }
+    if (f.rotate) {
+      FastHadamard(buf.data(), B);
+      for (int64_t i = 0; i < B; ++i) buf[i] = buf[i] / root * signs[i];
+    }
+    const int64_t n = std::min(B, numel - first);
+    std::copy(buf.begin(), buf.begin() + n, x + first);
+  }
+  return out;
+}
+
 }  // namespace
 
 bool ValidQuantizedFormat(const QuantizedFormat& format) {
@@ -66,10 +185,7 @@ int64_t QuantizedPayloadBytes(int64_t numel, const QuantizedFormat& format) {
 }
 
 torch::Tensor RotationSigns(int64_t block_size, uint64_t seed, torch::Device device) {
-  std::vector<float> signs(static_cast<size_t>(block_size));
-  uint64_t state = seed;
-  for (float& s : signs) s = (SplitMix64(&state) >> 63) != 0 ? -1.0f : 1.0f;
-  return torch::tensor(signs, torch::kFloat).to(device);
+  return torch::tensor(SignVector(block_size, seed), torch::kFloat).to(device);
 }
 
 torch::Tensor WalshHadamard(const torch::Tensor& x) {
@@ -86,6 +202,14 @@ torch::Tensor WalshHadamard(const torch::Tensor& x) {
 }
 
 torch::Tensor QuantizeBlocks(const torch::Tensor& values, const QuantizedFormat& format) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor flat = values.detach().to(torch::kFloat).contiguous().view({-1});
+  if (!flat.device().is_cpu()) return QuantizeBlocksByTensorOps(flat, format);
+  return QuantizeOnCpu(flat.data_ptr<float>(), flat.numel(), format);
+}
+
+torch::Tensor QuantizeBlocksByTensorOps(const torch::Tensor& values,
+                                        const QuantizedFormat& format) {
   torch::NoGradGuard no_grad;
   const torch::Tensor flat = values.detach().to(torch::kFloat).contiguous().view({-1});
   const int64_t numel = flat.numel();
@@ -111,6 +235,13 @@ torch::Tensor QuantizeBlocks(const torch::Tensor& values, const QuantizedFormat&
 
 torch::Tensor DequantizeBlocks(const torch::Tensor& payload, int64_t numel,
                                const QuantizedFormat& format) {
+  const torch::Tensor bytes = payload.contiguous().view({-1});
+  if (!bytes.device().is_cpu()) return DequantizeBlocksByTensorOps(bytes, numel, format);
+  return DequantizeOnCpu(bytes.data_ptr<uint8_t>(), numel, format);
+}
+
+torch::Tensor DequantizeBlocksByTensorOps(const torch::Tensor& payload, int64_t numel,
+                                          const QuantizedFormat& format) {
   torch::NoGradGuard no_grad;
   const int64_t blocks = CeilDiv(numel, format.block_size);
   const int64_t count = CodeCount(numel, format);

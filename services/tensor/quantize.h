@@ -1,7 +1,7 @@
 // Block-wise integer quantization of float32 tensors for the wire
 // (COMPRESSION_INT8/INT4; the layout is QuantizedBlocks' in
-// proto/stagewise/v1/tensor.proto). Everything runs as tensor operations on
-// the tensor's own device, so on a GPU only the quantized bytes cross the bus.
+// proto/stagewise/v1/tensor.proto). Everything runs on the tensor's own
+// device, so on a GPU only the quantized bytes cross the bus.
 #ifndef STAGEWISE_SERVICES_TENSOR_QUANTIZE_H_
 #define STAGEWISE_SERVICES_TENSOR_QUANTIZE_H_
 
@@ -43,6 +43,14 @@ torch::Tensor QuantizeBlocks(const torch::Tensor& values, const QuantizedFormat&
 // be QuantizedPayloadBytes(numel) (the codec checks it before).
 torch::Tensor DequantizeBlocks(const torch::Tensor& payload, int64_t numel,
                                const QuantizedFormat& format);
+
+// How a GPU runs the two above: as tensor operations on the tensor's device
+// (about fifteen passes over the values). On the CPU they run as one pass per
+// block instead; the two give the same bytes and values (the tests hold them
+// to it on the CPU).
+torch::Tensor QuantizeBlocksByTensorOps(const torch::Tensor& values, const QuantizedFormat& format);
+torch::Tensor DequantizeBlocksByTensorOps(const torch::Tensor& payload, int64_t numel,
+                                          const QuantizedFormat& format);
 
 // x [n, block] -> x H / sqrt(block) along the last dimension (orthonormal and
 // its own inverse); block a power of two.

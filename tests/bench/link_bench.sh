@@ -22,7 +22,9 @@
 #                                1f1b/gpipe (backprop, M = 2J micro-batches),
 #                                or any algorithm name (backprop, delayed, petra,
 #                                features_replay, nwise, auxnet)
-#     --compression "none fp16"  transport.compression values
+#     --compression "none fp16"  transport.compression values (none, fp16, bf16,
+#                                int8, int4; auto: the planner's choice at the
+#                                rate, with placement.link_gbps set to it)
 #     --rounds 3                 every configuration once per round, interleaved
 #     --steps 60                 mini-batches per job
 #     --shape 16,32,32           per-sample activation [C, H, W] (C even)
@@ -155,10 +157,14 @@ COORD="$NET.1:7070"
 ip netns exec "${P}h0" "$BIN/stagewise-coordinator" --listen "$COORD" --metrics-listen "" \
   --db "$TMP/coordinator.db" --insecure --log-level warning >"$TMP/coordinator.log" 2>&1 &
 PIDS+=($!)
+# The namespaces share this machine's /dev/shm, where neighbouring workers
+# would find each other's shared-memory rings and pass the shaped links by
+# (docs/transport.md, "Neighbours on one host"): off, as on separate hosts.
 for i in $(seq 1 "$WORKERS"); do
   ip netns exec "${P}h$i" "$BIN/stagewise-worker" --coordinator "$COORD" \
     --listen "$NET.$((i + 1)):7071" --advertise "$NET.$((i + 1))" --metrics-listen "" \
-    --name "host$i" --threads 1 --insecure --log-level warning >"$TMP/worker$i.log" 2>&1 &
+    --name "host$i" --threads 1 --insecure --log-level warning --shared-memory-dir '' \
+    >"$TMP/worker$i.log" 2>&1 &
   PIDS+=($!)
 done
 cli() { ip netns exec "${P}h0" "$BIN/stagewise" --coordinator "$COORD" --insecure "$@"; }
@@ -202,11 +208,20 @@ compute = {"1f1b": (M + J - 1) / M * (F + B), "gpipe": (M + J - 1) / M * (F + B)
 # the rebuilt input too) through its one link; with J = 2 the first host
 # sends only forward and the last only backward.
 back = 2 if alg == "petra" else 1
-sent = act * ((1 + back) if J > 2 else back) * (0.5 if comp in ("fp16", "bf16") else 1.0)
+# Bytes on the wire per float32 byte (int8/int4: a float32 scale per block of 64).
+ratio = {"fp16": 0.5, "bf16": 0.5, "int8": 0.25 + 1 / 64, "int4": 0.125 + 1 / 64}.get(comp, 1.0)
+sent = act * ((1 + back) if J > 2 else back) * ratio
 m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", rate.lower())
 link = sent * 8 / (float(m[1]) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m[2]]) * 1e3 if m else 0
-print(f"{compute:.1f}" if compute else "-", f"{link:.1f}" if m else "-")
+# auto: the formats are the planner's, per stage (no one floor).
+print(f"{compute:.1f}" if compute else "-", f"{link:.1f}" if m and comp != "auto" else "-")
 PY
+}
+
+# A tc rate in Gbit/s (placement.link_gbps); off: 10.
+gbps() {
+  python3 -c "import re,sys; m=re.fullmatch(r'([0-9.]+)([kmg]?)bit','$1'.lower()); \
+    print(float(m[1])*{'':1e-9,'k':1e-6,'m':1e-3,'g':1}[m[2]] if m else 10)"
 }
 
 RESULTS="$TMP/results.txt"
@@ -237,6 +252,8 @@ steps: $STEPS
 eval: {every_epochs: 0, at_end: false}
 EOF
         [ "$comp" = none ] || echo "transport: {compression: $comp}" >>"$TMP/$name.yaml"
+        # auto: the planner sizes the formats for this rate (unshaped: 10 Gbit/s).
+        [ "$comp" != auto ] || echo "placement: {link_gbps: $(gbps "$rate")}" >>"$TMP/$name.yaml"
         [ "$every" = 1 ] || echo "sync: {every: $every}" >>"$TMP/$name.yaml"
         if ! out=$(cli submit "$TMP/$name.yaml" -q -o json 2>"$TMP/$name.err"); then
           echo "link_bench: $name failed: $(tail -3 "$TMP/$name.err")" >&2

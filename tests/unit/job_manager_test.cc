@@ -600,6 +600,28 @@ TEST_F(JobManagerTest, CommitsCheckpointsAndResumesFromTheNewest) {
   std::filesystem::remove_all(root);
 }
 
+// A profile of `n` equal blocks (10 ms forward, 20 ms backward, 1 KiB
+// activations).
+planner::ModelProfile EqualBlocks(size_t n) {
+  planner::ModelProfile p;
+  p.key = "k";
+  p.model = "mlp";
+  p.batch_size = 16;
+  p.device = "cpu";
+  p.threads = 1;
+  p.repeats = 1;
+  for (size_t i = 0; i < n; ++i) {
+    planner::BlockProfile b;
+    b.index = static_cast<int>(i);
+    b.kind = "linear";
+    b.forward_s = b.forward_nograd_s = 0.01;
+    b.backward_s = 0.02;
+    b.input_bytes = b.output_bytes = 1024;
+    p.blocks.push_back(b);
+  }
+  return p;
+}
+
 TEST_F(JobManagerTest, ProfilingPlansThenConfiguresTheStages) {
   StartManager();
   AddWorker("w0");
@@ -618,23 +640,7 @@ TEST_F(JobManagerTest, ProfilingPlansThenConfiguresTheStages) {
   ASSERT_TRUE(spec.ok());
   auto blocks = models::PlanModel(spec->model);
   ASSERT_TRUE(blocks.ok());
-  planner::ModelProfile p;
-  p.key = "k";
-  p.model = "mlp";
-  p.batch_size = 16;
-  p.device = "cpu";
-  p.threads = 1;
-  p.repeats = 1;
-  for (size_t i = 0; i < blocks->size(); ++i) {
-    planner::BlockProfile b;
-    b.index = static_cast<int>(i);
-    b.kind = "linear";
-    b.forward_s = b.forward_nograd_s = 0.01;
-    b.backward_s = 0.02;
-    b.input_bytes = b.output_bytes = 1024;
-    p.blocks.push_back(b);
-  }
-  manager_->OnEvent(ProfileEvent("w0", id, planner::ToProto(p)));
+  manager_->OnEvent(ProfileEvent("w0", id, planner::ToProto(EqualBlocks(blocks->size()))));
   Sync();
   const v1::JobStatus st = Status(id);
   ASSERT_EQ(st.state(), v1::CONFIGURING) << st.reason();
@@ -650,6 +656,45 @@ TEST_F(JobManagerTest, ProfilingPlansThenConfiguresTheStages) {
   EXPECT_EQ(c1[0].configure().block_begin(), summary.at("plan.stage1.block_begin"));
   EXPECT_EQ(c1[0].configure().block_end(), static_cast<int>(blocks->size()));
   EXPECT_THAT(Transitions(id), ElementsAre(v1::PROFILING, v1::CONFIGURING));
+}
+
+// transport's compression: auto is planned: the job profiles first (its
+// partition is fixed), and each stage's assignment carries the formats the
+// plan chose for what it sends; a direction the job fixes is left alone.
+TEST_F(JobManagerTest, CompressionAutoIsPlannedAndEachStageGetsItsFormats) {
+  StartManager();
+  AddWorker("w0");
+  AddWorker("w1");
+  // 1 KiB messages over a link of 8 kbit/s: 1 s per message, which no format
+  // brings under a stage's compute (tens of ms): int4, the smallest.
+  const std::string yaml =
+      JobYaml(2, 4, "placement: {link_gbps: 0.000008}\ntransport: {compression: auto}\n");
+  const std::string id = Submit(yaml);
+  ASSERT_EQ(Status(id).state(), v1::PROFILING) << Status(id).reason();
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto blocks = models::PlanModel(spec->model);
+  ASSERT_TRUE(blocks.ok());
+  manager_->OnEvent(ProfileEvent("w0", id, planner::ToProto(EqualBlocks(blocks->size()))));
+  Sync();
+  ASSERT_EQ(Status(id).state(), v1::CONFIGURING) << Status(id).reason();
+  const v1::StageAssignment a0 = Sink("w0").Of(v1::Command::kConfigure).at(0).configure();
+  const v1::StageAssignment a1 = Sink("w1").Of(v1::Command::kConfigure).at(0).configure();
+  EXPECT_EQ(a0.forward_compression(), v1::COMPRESSION_INT4);
+  EXPECT_EQ(a0.backward_compression(), v1::COMPRESSION_NONE);  // the first stage sends none back
+  EXPECT_EQ(a1.backward_compression(), v1::COMPRESSION_INT4);
+  EXPECT_EQ(a1.forward_compression(), v1::COMPRESSION_NONE);  // nor the last forward
+
+  // A fast link: plain float32 fits under the compute.
+  AddWorker("w2");
+  AddWorker("w3");
+  const std::string fast =
+      Submit(JobYaml(2, 4, "placement: {link_gbps: 100}\ntransport: {compression: auto}\n"));
+  manager_->OnEvent(ProfileEvent("w2", fast, planner::ToProto(EqualBlocks(blocks->size()))));
+  Sync();
+  ASSERT_EQ(Status(fast).state(), v1::CONFIGURING) << Status(fast).reason();
+  EXPECT_EQ(Sink("w2").Of(v1::Command::kConfigure).at(0).configure().forward_compression(),
+            v1::COMPRESSION_NONE);
 }
 
 TEST_F(JobManagerTest, BadProfileFailsTheJob) {

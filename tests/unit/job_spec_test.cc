@@ -1042,8 +1042,8 @@ TEST(JobSpecTest, TransportCompression) {
     EXPECT_EQ(spec.transport.backward.compression, c);
   }
   EXPECT_THAT(ParseError(SpecYaml({{"transport", "{compression: fp8}"}})),
-              StartsWith("transport.compression: must be one of none, fp16, bf16, int8, int4; "
-                         "got 'fp8'"));
+              StartsWith("transport.compression: must be one of none, fp16, bf16, int8, int4, "
+                         "auto; got 'fp8'"));
   EXPECT_THAT(ParseError(SpecYaml({{"transport", "{compresion: fp16}"}})),
               HasSubstr("transport.compresion"));
 }

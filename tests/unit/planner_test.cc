@@ -445,18 +445,25 @@ TEST(Planner, TheWireFormatScalesTheLinkTime) {
   const double bytes_s = (8 << 20) / 1.25e8;
   EXPECT_NEAR(fp32->stages[0].estimate.link_s, bytes_s, 1e-9);
   EXPECT_NEAR(fp32->stages[1].estimate.link_s, bytes_s, 1e-9);
-  o.forward_wire_ratio = 0.25;
-  o.backward_wire_ratio = 0.125;
+  o.forward_wire.compression = Compression::kInt8;
+  o.forward_wire.block = 64;
+  o.backward_wire.compression = Compression::kInt4;
+  o.backward_wire.block = 128;
   auto narrow = MakePlan(p, o);
   ASSERT_TRUE(narrow.ok()) << narrow.status();
-  EXPECT_NEAR(narrow->stages[0].estimate.link_s, 0.25 * bytes_s, 1e-9);
-  EXPECT_NEAR(narrow->stages[1].estimate.link_s, 0.125 * bytes_s, 1e-9);
+  EXPECT_NEAR(narrow->stages[0].estimate.link_s, (0.25 + 1.0 / 64) * bytes_s, 1e-9);
+  EXPECT_NEAR(narrow->stages[1].estimate.link_s, (0.125 + 1.0 / 128) * bytes_s, 1e-9);
   EXPECT_LT(narrow->bottleneck_s, fp32->bottleneck_s);
-  EXPECT_NE(PlanText(p, *narrow).find("activations 0.25, gradients 0.125"), std::string::npos);
+  EXPECT_NE(PlanText(p, *narrow)
+                .find("wire formats (transport.compression): stage 0 forward "
+                      "int8; stage 1 backward int4"),
+            std::string::npos)
+      << PlanText(p, *narrow);
+  EXPECT_EQ(PlanText(p, *fp32).find("wire formats"), std::string::npos);  // all float32
   o.algorithm = AlgorithmKind::kPetra;
   auto petra = MakePlan(p, o);
   ASSERT_TRUE(petra.ok()) << petra.status();
-  EXPECT_NEAR(petra->stages[1].estimate.link_s, 2 * 0.125 * bytes_s, 1e-9);
+  EXPECT_NEAR(petra->stages[1].estimate.link_s, 2 * (0.125 + 1.0 / 128) * bytes_s, 1e-9);
 
   // A job's transport section sets them, per direction.
   auto spec = ParseJobSpec(
@@ -465,9 +472,80 @@ TEST(Planner, TheWireFormatScalesTheLinkTime) {
       "transport: {compression: int8, backward: {compression: int4, block: 32}}\n");
   ASSERT_TRUE(spec.ok()) << spec.status();
   const PlanOptions from_job = PlanOptionsForJob(*spec, {{0, 1}, {1, 2}});
-  EXPECT_EQ(from_job.forward_wire_ratio, 0.25 + 1.0 / 64);
-  EXPECT_EQ(from_job.backward_wire_ratio, 0.125 + 1.0 / 32);
+  EXPECT_EQ(WireBytesRatio(from_job.forward_wire), 0.25 + 1.0 / 64);
+  EXPECT_EQ(WireBytesRatio(from_job.backward_wire), 0.125 + 1.0 / 32);
   EXPECT_EQ(from_job.link_bytes_per_s, 1.25e8);
+}
+
+// transport's compression: auto: each stage sends with the least lossy
+// format whose link time fits under its compute (its own, so two stages of
+// one job may choose differently), int4 when none does; PETRA's backward
+// counts its two tensors; no link modelled: none.
+TEST(Planner, CompressionAutoPicksTheLeastLossyFormatThatFitsUnderTheCompute) {
+  ModelProfile p;
+  p.model = "chain";
+  p.batch_size = 32;
+  for (int i = 0; i < 4; ++i) {
+    BlockProfile b;
+    b.index = i;
+    b.kind = "linear";
+    // Stage 1 (blocks 2, 3) computes twice as long as stage 0.
+    b.forward_s = b.forward_nograd_s = i < 2 ? 1e-3 : 2e-3;
+    b.backward_s = b.rebuild_backward_s = 2 * b.forward_s;
+    b.input_bytes = b.output_bytes = 1 << 20;
+    p.blocks.push_back(b);
+  }
+  PlanOptions o;
+  o.num_stages = 2;
+  o.ranges = {{0, 2}, {2, 4}};
+  o.forward_wire.compression = o.backward_wire.compression = Compression::kAuto;
+  const double compute0 = 2 * 3e-3, compute1 = 2 * 6e-3;  // forward + backward of two blocks
+  // 1 MiB messages; float32 takes `f32` seconds on the link.
+  auto at = [&](double f32) {
+    o.link_bytes_per_s = (1 << 20) / f32;
+    absl::StatusOr<Plan> plan = MakePlan(p, o);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return plan.ok() ? std::make_pair(plan->stages[0].estimate.forward_wire,
+                                      plan->stages[1].estimate.backward_wire)
+                     : std::make_pair(Compression::kAuto, Compression::kAuto);
+  };
+  using C = Compression;
+  EXPECT_EQ(at(0.9 * compute0), std::make_pair(C::kNone, C::kNone));
+  // Over stage 0's compute, under stage 1's: stage 0 halves, stage 1 stays float32.
+  EXPECT_EQ(at(1.5 * compute0), std::make_pair(C::kBf16, C::kNone));
+  EXPECT_EQ(at(3 * compute0), std::make_pair(C::kInt8, C::kBf16));
+  EXPECT_EQ(at(5 * compute0), std::make_pair(C::kInt4, C::kInt8));
+  EXPECT_EQ(at(100 * compute0), std::make_pair(C::kInt4, C::kInt4));  // nothing fits
+  EXPECT_GT(compute1, compute0);
+  o.link_bytes_per_s = (1 << 20) / (1.5 * compute0);
+  absl::StatusOr<Plan> plan = MakePlan(p, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // Its link time is the chosen format's.
+  EXPECT_NEAR(plan->stages[0].estimate.link_s, 0.5 * 1.5 * compute0, 1e-9);
+  const std::string text = PlanText(p, *plan);
+  EXPECT_NE(text.find("wire formats (transport.compression: auto, the least lossy whose link "
+                      "time fits under the stage's compute): stage 0 forward bf16; stage 1 "
+                      "backward none"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(PlanJson(p, *plan).find("\"forward_wire\": \"bf16\""), std::string::npos);
+  // A fixed direction stays as the job says.
+  o.backward_wire.compression = Compression::kFp16;
+  plan = MakePlan(p, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->stages[1].estimate.backward_wire, C::kFp16);
+  // PETRA's backward sends two tensors: where backprop's stage 1 sent
+  // float32 (9 ms under 12), PETRA's halves them (2 x 9 ms does not fit).
+  o.backward_wire.compression = Compression::kAuto;
+  o.algorithm = AlgorithmKind::kPetra;
+  plan = MakePlan(p, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->stages[1].estimate.backward_wire, C::kBf16);
+  // No link modelled: nothing to fit under, float32.
+  o.link_bytes_per_s = 0;
+  plan = MakePlan(p, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->stages[0].estimate.forward_wire, C::kNone);
 }
 
 // backprop's schedule: auto: the fastest schedule that fits. Without a cap

@@ -117,6 +117,51 @@ TEST(QuantizedCodecTest, RoundTripsWithinTheFormatsBoundAndSendsFewerBytes) {
   }
 }
 
+// The CPU's one-pass loops and the tensor operations a GPU runs give the
+// same bytes, and decode them to the same values, for every format, sizes
+// that do and do not fill the last block, zeros, values near float32's
+// largest, and a NaN or an infinity (both refuse: undefined).
+TEST(QuantizedCodecTest, TheCpuLoopsAndTheTensorOperationsAgreeBitForBit) {
+  torch::manual_seed(7);
+  const float big = std::numeric_limits<float>::max();
+  std::vector<torch::Tensor> inputs = {
+      torch::randn({1000}) * 3,
+      torch::randn({4096}),
+      torch::randn({13}) * 1e-30,
+      torch::zeros({100}),
+      torch::tensor({big, -big, 1.0f, 0.0f, big / 3}),
+      torch::randn({2, 3, 17}).exp() * 100,
+  };
+  for (const Format& f : kFormats) {
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      QuantizedFormat q;
+      q.bits = f.compression == v1::COMPRESSION_INT4 ? 4 : 8;
+      q.block_size = f.block;
+      q.rotate = f.rotate;
+      q.rotation_seed = 12345 + k;
+      const torch::Tensor fast = QuantizeBlocks(inputs[k], q);
+      const torch::Tensor ops = QuantizeBlocksByTensorOps(inputs[k], q);
+      ASSERT_EQ(fast.defined(), ops.defined()) << Name(f) << " input " << k;
+      if (!fast.defined()) continue;  // the rotation overflowed float32: both refuse
+      ASSERT_TRUE(torch::equal(fast, ops)) << Name(f) << " input " << k;
+      const int64_t n = inputs[k].numel();
+      const torch::Tensor back = DequantizeBlocks(fast, n, q);
+      const torch::Tensor back_ops = DequantizeBlocksByTensorOps(fast, n, q);
+      EXPECT_TRUE(torch::equal(back, back_ops)) << Name(f) << " input " << k;
+    }
+    QuantizedFormat q;
+    q.bits = f.compression == v1::COMPRESSION_INT4 ? 4 : 8;
+    q.block_size = f.block;
+    q.rotate = f.rotate;
+    for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+      torch::Tensor x = torch::randn({300});
+      x[150] = bad;
+      EXPECT_FALSE(QuantizeBlocks(x, q).defined()) << Name(f);
+      EXPECT_FALSE(QuantizeBlocksByTensorOps(x, q).defined()) << Name(f);
+    }
+  }
+}
+
 TEST(QuantizedCodecTest, ExactValuesAndTheExtremesSurvive) {
   // A block whose values are multiples of its scale comes back exactly.
   for (v1::Compression c : {v1::COMPRESSION_INT8, v1::COMPRESSION_INT4}) {

@@ -62,11 +62,11 @@ TEST(TransportSpec, TopLevelKeysApplyToBothDirectionsAndEachMayOverride) {
 
 TEST(TransportSpec, BadValuesNameTheirKey) {
   EXPECT_THAT(Error("{compression: int2}"),
-              StartsWith("transport.compression: must be one of none, fp16, bf16, int8, int4; "
-                         "got 'int2'"));
+              StartsWith("transport.compression: must be one of none, fp16, bf16, int8, int4, "
+                         "auto; got 'int2'"));
   EXPECT_THAT(Error("{backward: {compression: fp8}}"),
               StartsWith("transport.backward.compression: must be one of none, fp16, bf16, "
-                         "int8, int4; got 'fp8'"));
+                         "int8, int4, auto; got 'fp8'"));
   EXPECT_THAT(Error("{compression: int8, block: 8}"),
               StartsWith("transport.block: must be in [16, 4096], got 8"));
   EXPECT_THAT(Error("{compression: int8, block: 96}"),
@@ -86,6 +86,28 @@ TEST(TransportSpec, BadValuesNameTheirKey) {
   EXPECT_THAT(Error("{compression: int8, backward: {compression: none}, error_feedback: true}"),
               StartsWith("transport.error_feedback: needs a lossy format for gradients"));
   EXPECT_THAT(Error("{forward: int8}"), StartsWith("transport.forward"));
+  // auto needs the links' speed, named where it was written.
+  EXPECT_THAT(Error("{compression: auto}"),
+              StartsWith("transport.compression: auto picks a format for the links' speed: set "
+                         "placement.link_gbps"));
+  EXPECT_THAT(Error("{backward: {compression: auto}}"),
+              StartsWith("transport.backward.compression: auto picks a format"));
+}
+
+// compression: auto is left to the planner (planner::ChooseWire); with it,
+// rotate and error_feedback are accepted (auto may pick int8/int4).
+TEST(TransportSpec, AutoWithALinkSpeedParses) {
+  auto spec = ParseJobSpec(Yaml("{compression: auto, rotate: true, error_feedback: true}") +
+                           "placement: {link_gbps: 0.2}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->transport.forward.compression, Compression::kAuto);
+  EXPECT_EQ(spec->transport.backward.compression, Compression::kAuto);
+  auto forward =
+      ParseJobSpec(Yaml("{forward: {compression: auto}, backward: {compression: bf16}}") +
+                   "placement: {link_gbps: 1}\n");
+  ASSERT_TRUE(forward.ok()) << forward.status();
+  EXPECT_EQ(forward->transport.forward.compression, Compression::kAuto);
+  EXPECT_EQ(forward->transport.backward.compression, Compression::kBf16);
 }
 
 }  // namespace
