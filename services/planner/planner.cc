@@ -150,26 +150,19 @@ const ModelProfile& ProfileOfStage(const ModelProfile& p, const PlanOptions& o, 
 // The links (PlanOptions::link_bytes_per_s): stage [begin, end) sends its
 // output forward and its input's gradient back, one message of the
 // boundary's size each way.
-// Under `compression: auto` each direction gets the least lossy format
-// whose link time fits under the stage's compute (ChooseWire).
+// Under `compression: auto` the stage's formats are the least lossy whose
+// link time fits under its compute (ChooseWire).
 void AddLinkTime(const ModelProfile& p, const PlanOptions& o, int begin, int end,
                  const StageRole& role, StageEstimate& s) {
-  const double compute_s = s.time_s() + s.aux_head_s;
+  StageSends sends;
+  if (!role.last) sends.forward_bytes = p.blocks[end - 1].output_bytes;
+  if (!role.first) sends.backward_bytes = p.blocks[begin].input_bytes;
   // PETRA's backward carries the rebuilt input beside the gradient.
-  const int tensors = o.algorithm == A::kPetra ? 2 : 1;
-  const int64_t out_bytes = p.blocks[end - 1].output_bytes;
-  const int64_t in_bytes = p.blocks[begin].input_bytes;
-  if (!role.last) s.forward_wire = ChooseWire(o.forward_wire, out_bytes, 1, compute_s, o);
-  if (!role.first) s.backward_wire = ChooseWire(o.backward_wire, in_bytes, tensors, compute_s, o);
-  if (o.link_bytes_per_s <= 0) return;
-  auto send = [&](int64_t bytes, Compression c, int block) {
-    return o.link_latency_s +
-           static_cast<double>(bytes) * WireBytesRatio(c, block) / o.link_bytes_per_s;
-  };
-  if (!role.last) s.link_s += send(out_bytes, s.forward_wire, o.forward_wire.block);
-  if (!role.first) {
-    s.link_s += tensors * send(in_bytes, s.backward_wire, o.backward_wire.block);
-  }
+  sends.backward_tensors = o.algorithm == A::kPetra ? 2 : 1;
+  const WireChoice wire = ChooseWire(sends, s.time_s() + s.aux_head_s, o);
+  s.forward_wire = role.last ? Compression::kNone : wire.forward;
+  s.backward_wire = role.first ? Compression::kNone : wire.backward;
+  s.link_s += LinkSeconds(sends, wire, o);
 }
 
 }  // namespace
@@ -618,19 +611,34 @@ double WireBytesRatio(Compression compression, int block) {
   return 1;
 }
 
-Compression ChooseWire(const WireFormatSpec& format, int64_t float32_bytes, int messages,
-                       double compute_s, const PlanOptions& o) {
-  if (format.compression != Compression::kAuto) return format.compression;
-  if (o.link_bytes_per_s <= 0) return Compression::kNone;
+double LinkSeconds(const StageSends& sends, const WireChoice& wire, const PlanOptions& o) {
+  if (o.link_bytes_per_s <= 0) return 0;
+  auto send = [&](int64_t bytes, Compression c, int block) {
+    return o.link_latency_s +
+           static_cast<double>(bytes) * WireBytesRatio(c, block) / o.link_bytes_per_s;
+  };
+  double s = 0;
+  if (sends.forward_bytes > 0) s += send(sends.forward_bytes, wire.forward, o.forward_wire.block);
+  if (sends.backward_bytes > 0) {
+    s += sends.backward_tensors * send(sends.backward_bytes, wire.backward, o.backward_wire.block);
+  }
+  return s;
+}
+
+WireChoice ChooseWire(const StageSends& sends, double compute_s, const PlanOptions& o) {
+  const Compression forward = o.forward_wire.compression;
+  const Compression backward = o.backward_wire.compression;
+  auto with = [&](Compression c) {
+    return WireChoice{forward == Compression::kAuto ? c : forward,
+                      backward == Compression::kAuto ? c : backward};
+  };
+  if (o.link_bytes_per_s <= 0) return with(Compression::kNone);
   constexpr Compression kLightestFirst[] = {Compression::kNone, Compression::kBf16,
                                             Compression::kInt8, Compression::kInt4};
   for (Compression c : kLightestFirst) {
-    const double link_s =
-        messages * (o.link_latency_s + static_cast<double>(float32_bytes) *
-                                           WireBytesRatio(c, format.block) / o.link_bytes_per_s);
-    if (link_s <= compute_s) return c;
+    if (LinkSeconds(sends, with(c), o) <= compute_s) return with(c);
   }
-  return Compression::kInt4;
+  return with(Compression::kInt4);
 }
 
 absl::StatusOr<int64_t> ParseBytes(const std::string& text) { return ParseByteSize(text); }

@@ -104,13 +104,25 @@ inline double WireBytesRatio(const WireFormatSpec& format) {
   return WireBytesRatio(format.compression, format.block);
 }
 
-// `compression: auto` for one message of `float32_bytes` a stage sends per
-// mini-batch (`messages` of them: PETRA's backward carries two): the least
-// lossy of none, bf16, int8, int4 (blocks of `block`) whose link time,
-// latency + bytes / link_bytes_per_s, is at most `compute_s`; int4 when none
-// is. A fixed format is returned as it is; none when no link is modelled.
-Compression ChooseWire(const WireFormatSpec& format, int64_t float32_bytes, int messages,
-                       double compute_s, const PlanOptions& options);
+// What one stage sends per mini-batch over its link: its output forward
+// (`forward_bytes` of float32, 0 on the last stage) and its input's gradient
+// back (`backward_bytes`, 0 on the first; `backward_tensors` of them: PETRA's
+// carries the rebuilt input too).
+struct StageSends {
+  int64_t forward_bytes = 0;
+  int64_t backward_bytes = 0;
+  int backward_tensors = 1;
+};
+// Seconds on the link for `sends` in `wire`'s formats (blocks as `options`'
+// formats say): latency + bytes / link_bytes_per_s per message; 0 when no
+// link is modelled.
+double LinkSeconds(const StageSends& sends, const WireChoice& wire, const PlanOptions& options);
+// `compression: auto` for one stage: the least lossy of none, bf16, int8 and
+// int4, taken by every auto direction alike, whose link time for everything
+// the stage sends (both directions share its link) is at most `compute_s`;
+// int4 when none is. Fixed directions stay as the job says; auto is none
+// when no link is modelled.
+WireChoice ChooseWire(const StageSends& sends, double compute_s, const PlanOptions& options);
 
 // The options a job implies: its stage count, first phase's algorithm (and
 // micro-batches / n), stages.modes and stages.memory_budget; `ranges` (the

@@ -344,10 +344,10 @@ const std::vector<Field<TransportSpec>>& TransportFields() {
                        "them back to float32); `int8`/`int4` send 1 or 1/2 byte per value plus "
                        "a float32 scale per `block` values (block-wise, symmetric; a tensor "
                        "with a NaN or an infinity goes uncompressed); labels and other dtypes "
-                       "go as they are. `auto`: the planner picks for each stage and direction "
-                       "the least lossy of `none`, `bf16`, `int8`, `int4` whose time on the link "
-                       "(`placement.link_gbps`, which it needs) fits under the stage's compute, "
-                       "and `stagewise plan` shows the choice")),
+                       "go as they are. `auto`: the planner picks for each stage the least lossy "
+                       "of `none`, `bf16`, `int8`, `int4` whose time on the link for all the "
+                       "stage sends (`placement.link_gbps`, which it needs) fits under its "
+                       "compute, and `stagewise plan` shows the choice")),
       Key("block", &S::block, Between(16, 4096), kBlockDoc),
       Key("rotate", &S::rotate, kRotateDoc),
       Key("error_feedback", &S::error_feedback,

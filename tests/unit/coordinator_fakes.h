@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/worker_registry.h"
+#include "services/planner/profile.h"
 #include "stagewise/v1/coordinator.pb.h"
 
 namespace stagewise::coordinator::testing {
@@ -140,6 +141,28 @@ inline v1::WorkerEvent ProfileEvent(const std::string& worker, const std::string
   e.set_stage(-1);
   *e.mutable_profile()->mutable_profile() = profile;
   return e;
+}
+
+// A profile of `n` equal blocks (10 ms forward, 20 ms backward, 1 KiB
+// activations).
+inline planner::ModelProfile EqualBlocks(size_t n) {
+  planner::ModelProfile p;
+  p.key = "k";
+  p.model = "mlp";
+  p.batch_size = 16;
+  p.device = "cpu";
+  p.threads = 1;
+  p.repeats = 1;
+  for (size_t i = 0; i < n; ++i) {
+    planner::BlockProfile b;
+    b.index = static_cast<int>(i);
+    b.kind = "linear";
+    b.forward_s = b.forward_nograd_s = 0.01;
+    b.backward_s = 0.02;
+    b.input_bytes = b.output_bytes = 1024;
+    p.blocks.push_back(b);
+  }
+  return p;
 }
 
 }  // namespace stagewise::coordinator::testing

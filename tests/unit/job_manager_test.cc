@@ -28,6 +28,7 @@ namespace {
 
 using testing::AckEvent;
 using ::testing::ElementsAre;
+using testing::EqualBlocks;
 using testing::ErrorEvent;
 using testing::FakeSink;
 using ::testing::HasSubstr;
@@ -598,28 +599,6 @@ TEST_F(JobManagerTest, CommitsCheckpointsAndResumesFromTheNewest) {
   ASSERT_EQ(listed->checkpoints_size(), 1);
   EXPECT_EQ(listed->checkpoints(0).step(), 10);
   std::filesystem::remove_all(root);
-}
-
-// A profile of `n` equal blocks (10 ms forward, 20 ms backward, 1 KiB
-// activations).
-planner::ModelProfile EqualBlocks(size_t n) {
-  planner::ModelProfile p;
-  p.key = "k";
-  p.model = "mlp";
-  p.batch_size = 16;
-  p.device = "cpu";
-  p.threads = 1;
-  p.repeats = 1;
-  for (size_t i = 0; i < n; ++i) {
-    planner::BlockProfile b;
-    b.index = static_cast<int>(i);
-    b.kind = "linear";
-    b.forward_s = b.forward_nograd_s = 0.01;
-    b.backward_s = 0.02;
-    b.input_bytes = b.output_bytes = 1024;
-    p.blocks.push_back(b);
-  }
-  return p;
 }
 
 TEST_F(JobManagerTest, ProfilingPlansThenConfiguresTheStages) {

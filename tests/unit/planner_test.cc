@@ -371,22 +371,29 @@ TEST(Planner, EachStageIsPlannedOnItsWorkersTimes) {
   EXPECT_TRUE(absl::IsInvalidArgument(MakePlan(p, o).status()));
 }
 
-// placement.link_gbps: sending counts in the sender's time, so over a slow
-// link the cut moves off the boundary with the large activation.
-TEST(Planner, ASlowLinkMovesTheCutOffALargeActivation) {
+// `n` linear blocks of 1 ms forward and 2 ms backward, each taking and
+// giving `bytes`.
+ModelProfile ChainProfile(int n, int64_t bytes) {
   ModelProfile p;
   p.model = "chain";
   p.batch_size = 32;
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < n; ++i) {
     BlockProfile b;
     b.index = i;
     b.kind = "linear";
     b.forward_s = b.forward_nograd_s = 1e-3;
     b.backward_s = b.rebuild_backward_s = 2e-3;
-    b.input_bytes = i == 3 ? 64 << 20 : 1 << 10;
-    b.output_bytes = i == 2 ? 64 << 20 : 1 << 10;
+    b.input_bytes = b.output_bytes = bytes;
     p.blocks.push_back(b);
   }
+  return p;
+}
+
+// placement.link_gbps: sending counts in the sender's time, so over a slow
+// link the cut moves off the boundary with the large activation.
+TEST(Planner, ASlowLinkMovesTheCutOffALargeActivation) {
+  ModelProfile p = ChainProfile(6, 1 << 10);
+  p.blocks[2].output_bytes = p.blocks[3].input_bytes = 64 << 20;
   PlanOptions o;
   o.num_stages = 2;
   auto blind = MakePlan(p, o);
@@ -424,18 +431,7 @@ TEST(Planner, TheWireFormatScalesTheLinkTime) {
   f.block = 128;
   EXPECT_EQ(WireBytesRatio(f), 0.125 + 1.0 / 128);
 
-  ModelProfile p;
-  p.model = "chain";
-  p.batch_size = 32;
-  for (int i = 0; i < 4; ++i) {
-    BlockProfile b;
-    b.index = i;
-    b.kind = "linear";
-    b.forward_s = b.forward_nograd_s = 1e-3;
-    b.backward_s = b.rebuild_backward_s = 2e-3;
-    b.input_bytes = b.output_bytes = 8 << 20;
-    p.blocks.push_back(b);
-  }
+  const ModelProfile p = ChainProfile(4, 8 << 20);
   PlanOptions o;
   o.num_stages = 2;
   o.ranges = {{0, 2}, {2, 4}};
@@ -482,18 +478,11 @@ TEST(Planner, TheWireFormatScalesTheLinkTime) {
 // one job may choose differently), int4 when none does; PETRA's backward
 // counts its two tensors; no link modelled: none.
 TEST(Planner, CompressionAutoPicksTheLeastLossyFormatThatFitsUnderTheCompute) {
-  ModelProfile p;
-  p.model = "chain";
-  p.batch_size = 32;
-  for (int i = 0; i < 4; ++i) {
-    BlockProfile b;
-    b.index = i;
-    b.kind = "linear";
-    // Stage 1 (blocks 2, 3) computes twice as long as stage 0.
-    b.forward_s = b.forward_nograd_s = i < 2 ? 1e-3 : 2e-3;
-    b.backward_s = b.rebuild_backward_s = 2 * b.forward_s;
-    b.input_bytes = b.output_bytes = 1 << 20;
-    p.blocks.push_back(b);
+  ModelProfile p = ChainProfile(4, 1 << 20);
+  for (int i = 2; i < 4; ++i) {  // stage 1 (blocks 2, 3) computes twice as long as stage 0
+    BlockProfile& b = p.blocks[i];
+    b.forward_s = b.forward_nograd_s = 2e-3;
+    b.backward_s = b.rebuild_backward_s = 4e-3;
   }
   PlanOptions o;
   o.num_stages = 2;
@@ -546,6 +535,27 @@ TEST(Planner, CompressionAutoPicksTheLeastLossyFormatThatFitsUnderTheCompute) {
   plan = MakePlan(p, o);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->stages[0].estimate.forward_wire, C::kNone);
+}
+
+// A middle stage sends both ways through its one link: each message alone
+// would fit under its compute in float32, the two together do not, so it
+// sends bf16 both ways while the end stages (one message each) keep float32.
+TEST(Planner, CompressionAutoCountsBothDirectionsOfAMiddleStage) {
+  const ModelProfile p = ChainProfile(6, 1 << 20);  // 6 ms of compute per stage of two blocks
+  PlanOptions o;
+  o.num_stages = 3;
+  o.ranges = {{0, 2}, {2, 4}, {4, 6}};
+  o.forward_wire.compression = o.backward_wire.compression = Compression::kAuto;
+  o.link_bytes_per_s = (1 << 20) / 3.6e-3;  // 3.6 ms per float32 message
+  absl::StatusOr<Plan> plan = MakePlan(p, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->stages[0].estimate.forward_wire, Compression::kNone);
+  EXPECT_EQ(plan->stages[1].estimate.backward_wire, Compression::kBf16);
+  EXPECT_EQ(plan->stages[1].estimate.forward_wire, Compression::kBf16);
+  EXPECT_NEAR(plan->stages[1].estimate.link_s, 3.6e-3, 1e-9);  // two halves
+  EXPECT_EQ(plan->stages[2].estimate.backward_wire, Compression::kNone);
+  EXPECT_DOUBLE_EQ(LinkSeconds({1 << 20, 1 << 20, 2}, {Compression::kNone, Compression::kInt8}, o),
+                   3.6e-3 + 2 * 3.6e-3 * (0.25 + 1.0 / 64));
 }
 
 // backprop's schedule: auto: the fastest schedule that fits. Without a cap

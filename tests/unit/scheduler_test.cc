@@ -253,24 +253,14 @@ TEST_F(SchedulerTest, ARecoveryAllowedFewerStagesTakesTheMostThatAreIdle) {
               HasSubstr("waiting for 4 idle workers (recovery.min_stages: at least 2)"));
 }
 
+// Four blocks, each slower than the one before.
 planner::ModelProfile FourBlocks() {
-  planner::ModelProfile p;
-  p.key = "k";
-  p.model = "mlp";
-  p.batch_size = 16;
-  p.device = "cpu";
-  p.threads = 1;
-  p.repeats = 1;
+  planner::ModelProfile p = testing::EqualBlocks(4);
   for (int i = 0; i < 4; ++i) {
-    planner::BlockProfile b;
-    b.index = i;
-    b.kind = "linear";
-    b.forward_s = 0.01 * (i + 1);
-    b.forward_nograd_s = b.forward_s;
+    planner::BlockProfile& b = p.blocks[i];
+    b.forward_s = b.forward_nograd_s = 0.01 * (i + 1);
     b.backward_s = 2 * b.forward_s;
-    b.input_bytes = b.output_bytes = 1024;
     b.parameter_bytes = 4096;
-    p.blocks.push_back(b);
   }
   return p;
 }
