@@ -15,7 +15,8 @@ struct BlockInfo {
   int index = 0;  // global position in the model
   // stem | linear | residual | downsample | reversible | head | emulated | script,
   // and the text models' embedding | transformer | rev_transformer | lm_head
-  // (their shapes are per sample [T] or [T, width], T the sequence length).
+  // (their shapes are per sample [T] or [T, width], T the sequence length);
+  // bottleneck_down | bottleneck_up at the cuts (stages.bottleneck).
   std::string kind;
   bool reversible = false;
   std::vector<int64_t> in_shape;  // per sample, without the batch dimension
@@ -40,6 +41,11 @@ struct BlockInfo {
   // emulated blocks: the share of the backward's wait that is weight
   // gradients (a weight-only pass waits this share, an input-only pass the rest).
   double backward_weight_share = 0.5;
+  // bottleneck_down / bottleneck_up (stages.bottleneck): the seed of the
+  // orthonormal basis both halves of a cut start from (the up-projection
+  // is the down-projection's transpose, so together they start as a
+  // projection onto `rank` channels).
+  uint64_t basis_seed = 0;
 };
 
 }  // namespace stagewise::models

@@ -1,5 +1,6 @@
 #include "services/models/blocks.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <sys/prctl.h>
 
 #include <chrono>
@@ -264,6 +265,27 @@ torch::Tensor LinearBlock::forward(const torch::Tensor& x) {
   return info().relu ? torch::relu(h) : h;
 }
 
+BottleneckBlock::BottleneckBlock(const BlockInfo& info) : Block(info) {
+  const bool down = info.kind == "bottleneck_down";
+  const int64_t wide = down ? info.in_channels : info.out_channels;
+  const int64_t narrow = down ? info.out_channels : info.in_channels;
+  torch::Tensor q;
+  {
+    torch::NoGradGuard no_grad;
+    auto generator = at::detail::createCPUGenerator(info.basis_seed);
+    q = std::get<0>(at::linalg_qr(torch::randn({wide, narrow}, generator)));  // [wide, narrow]
+  }
+  weight_ = register_parameter("weight", (down ? q.t() : q).contiguous());
+  bias_ = register_parameter("bias", torch::zeros({info.out_channels}));
+}
+
+torch::Tensor BottleneckBlock::forward(const torch::Tensor& x) {
+  if (x.dim() == 4) {  // [N, C, H, W]: over the channels at every pixel
+    return torch::conv2d(x, weight_.unsqueeze(-1).unsqueeze(-1), bias_);
+  }
+  return torch::nn::functional::linear(x, weight_, bias_);
+}
+
 StemBlock::StemBlock(const BlockInfo& info) : Block(info) {
   const int64_t k = info.imagenet_stem ? 7 : 3;
   conv_ = register_module("conv", Conv(info.in_channels, info.out_channels, k, info.stride));
@@ -386,6 +408,8 @@ torch::Tensor HeadBlock::forward(const torch::Tensor& x) {
 
 std::shared_ptr<Block> MakeBlock(const BlockInfo& info) {
   if (info.kind == "linear") return std::make_shared<LinearBlock>(info);
+  if (info.kind == "bottleneck_down" || info.kind == "bottleneck_up")
+    return std::make_shared<BottleneckBlock>(info);
   if (info.kind == "stem") return std::make_shared<StemBlock>(info);
   if (info.kind == "downsample" && info.pair) return std::make_shared<PairDownsampleBlock>(info);
   if (info.kind == "residual" || info.kind == "downsample")

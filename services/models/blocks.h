@@ -34,6 +34,21 @@ class LinearBlock : public Block {
   torch::nn::Linear linear_{nullptr};
 };
 
+// stages.bottleneck: a linear map of the channels at every position (a 1x1
+// convolution on [C, H, W], a linear layer on [T, width] or [width]), from
+// in_channels to out_channels, no activation. The down- and up-projection
+// of a cut start as Q^T and Q for one random Q with orthonormal columns
+// (drawn from info.basis_seed), so that together they start as a
+// projection; biases start at zero.
+class BottleneckBlock : public Block {
+ public:
+  explicit BottleneckBlock(const BlockInfo& info);
+  torch::Tensor forward(const torch::Tensor& x) override;
+
+ private:
+  torch::Tensor weight_, bias_;  // [out, in], [out]
+};
+
 // Non-reversible input layer: 3x3 conv (small inputs) or 7x7/2 conv + max-pool,
 // then BN and ReLU.
 class StemBlock : public Block {

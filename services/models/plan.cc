@@ -342,11 +342,16 @@ absl::StatusOr<std::vector<BlockInfo>> PlanBlocks(const ModelSpec& spec) {
 
 }  // namespace
 
+bool IsBottleneckBlock(const BlockInfo& b) {
+  return b.kind == "bottleneck_down" || b.kind == "bottleneck_up";
+}
+
 double EstimateParameters(const BlockInfo& b) {
   const double in = static_cast<double>(b.in_channels);
   const double out = static_cast<double>(b.out_channels);
   const double mid = static_cast<double>(b.mid_channels);
   if (b.kind == "script") return static_cast<double>(b.parameters);
+  if (IsBottleneckBlock(b)) return in * out + out;
   if (IsTextBlock(b)) return TextBlockParameters(b);
   if (b.kind == "linear" || b.kind == "head") return in * out + out;
   if (b.kind == "stem") return (b.imagenet_stem ? 49 : 9) * in * out + 2 * out;
@@ -368,8 +373,66 @@ double EstimateParameters(const BlockInfo& b) {
   return body + shortcut + 6 * out;
 }
 
+namespace {
+
+// The dimension of a per-sample shape that holds channels: [C, H, W] -> 0,
+// [T, width] -> 1, [width] -> 0.
+size_t ChannelDim(const std::vector<int64_t>& shape) { return shape.size() == 2 ? 1 : 0; }
+
+// ModelSpec::bottleneck: the model's own blocks cut by the partition it
+// names, with a bottleneck_down after the last block of every stage but the
+// last and a bottleneck_up before the first block of the next.
+absl::StatusOr<std::vector<BlockInfo>> InsertBottlenecks(const ModelSpec& spec,
+                                                         std::vector<BlockInfo> base) {
+  const ModelSpec::Bottleneck& bn = spec.bottleneck;
+  StagesSpec stages;
+  stages.count = bn.stages;
+  stages.partition = bn.partition;
+  stages.ranges = bn.ranges;
+  STAGEWISE_ASSIGN_OR_RETURN(const auto ranges, ResolvePartition(stages, base));
+  std::vector<BlockInfo> out;
+  for (size_t j = 0; j < ranges.size(); ++j) {
+    for (int i = ranges[j].first; i < ranges[j].second; ++i) out.push_back(base[i]);
+    if (j + 1 == ranges.size()) break;
+    const BlockInfo& last = base[ranges[j].second - 1];
+    if (last.out_shape.empty() || last.out_shape.size() > 3) {
+      return absl::InvalidArgumentError(absl::StrCat("stages.bottleneck: cut ", j, " (after block ",
+                                                     last.index, ", ", last.kind,
+                                                     ") has no channels to project"));
+    }
+    const size_t c = ChannelDim(last.out_shape);
+    const int64_t channels = last.out_shape[c];
+    if (bn.rank >= channels) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stages.bottleneck.rank: ", bn.rank, " is not below the ", channels,
+          " channels that cross cut ", j, " (after block ", last.index, ", ", last.kind, ")"));
+    }
+    BlockInfo down;
+    down.kind = "bottleneck_down";
+    down.in_shape = down.out_shape = last.out_shape;
+    down.out_shape[c] = bn.rank;
+    down.in_channels = channels;
+    down.out_channels = bn.rank;
+    // The basis depends on the cut and the sizes only, so both halves draw it.
+    down.basis_seed = BlockSeed(static_cast<uint64_t>(channels) * 65537 + bn.rank, j);
+    BlockInfo up = down;
+    up.kind = "bottleneck_up";
+    std::swap(up.in_shape, up.out_shape);
+    std::swap(up.in_channels, up.out_channels);
+    out.push_back(std::move(down));
+    out.push_back(std::move(up));
+  }
+  for (size_t i = 0; i < out.size(); ++i) out[i].index = static_cast<int>(i);
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<BlockInfo>> PlanModel(const ModelSpec& spec) {
   STAGEWISE_ASSIGN_OR_RETURN(std::vector<BlockInfo> blocks, PlanBlocks(spec));
+  if (spec.bottleneck.rank > 0) {
+    STAGEWISE_ASSIGN_OR_RETURN(blocks, InsertBottlenecks(spec, std::move(blocks)));
+  }
   // Refuse what no stage could hold, before anything is allocated.
   double parameters = 0;
   for (const BlockInfo& b : blocks) {
@@ -455,6 +518,14 @@ double EstimateBlockWork(const BlockInfo& b) {
     return macs + kWorkPerLayerOutput * layer_outputs + io;
   }
   if (b.kind == "linear" || b.kind == "head") return in * out + kWorkPerLayerOutput * out + io;
+  if (IsBottleneckBlock(b)) {
+    // A 1x1 convolution or a linear layer at every position but the channels.
+    double positions = 1;
+    for (size_t d = 0; d < b.out_shape.size(); ++d) {
+      if (d != ChannelDim(b.out_shape)) positions *= static_cast<double>(b.out_shape[d]);
+    }
+    return positions * (in * out + kWorkPerLayerOutput * out) + io;
+  }
   // A script block's layers are unknown here: every parameter is taken to act
   // once per output pixel (a convolution's weights do; a linear layer's act
   // once per sample, and its output has one pixel).
@@ -481,6 +552,21 @@ absl::StatusOr<std::vector<std::pair<int, int>>> ResolvePartition(
     const StagesSpec& stages, const std::vector<BlockInfo>& blocks) {
   const int num_blocks = static_cast<int>(blocks.size());
   std::vector<std::pair<int, int>> ranges;
+  // stages.bottleneck: its cuts are the job's (the spec's ranges name the
+  // model without them); another stage count cuts the whole model afresh.
+  std::vector<int> downs;
+  for (const BlockInfo& b : blocks) {
+    if (b.kind == "bottleneck_down") downs.push_back(b.index);
+  }
+  if (!downs.empty() && static_cast<int>(downs.size()) + 1 == VirtualStages(stages)) {
+    int begin = 0;
+    for (int d : downs) {
+      ranges.emplace_back(begin, d + 1);
+      begin = d + 1;
+    }
+    ranges.emplace_back(begin, num_blocks);
+    return ranges;
+  }
   if (!stages.ranges.empty()) {
     int expect = 0;
     for (size_t j = 0; j < stages.ranges.size(); ++j) {

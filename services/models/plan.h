@@ -18,6 +18,10 @@ namespace stagewise::models {
 // Describes every block of the network `spec` names, without building it.
 absl::StatusOr<std::vector<BlockInfo>> PlanModel(const ModelSpec& spec);
 
+// bottleneck_down or bottleneck_up: the projections stages.bottleneck puts
+// at the cuts.
+bool IsBottleneckBlock(const BlockInfo& b);
+
 // Seed of global block `index` for a job seeded `job_seed` (splitmix64 mix).
 uint64_t BlockSeed(uint64_t job_seed, int index);
 
@@ -39,7 +43,10 @@ double EstimateBlockWork(const BlockInfo& b);
 // against the model; "even" splits the block count as evenly as possible;
 // "balanced" (the default) and "auto" cut where the estimated work of the
 // slowest stage is smallest (for "auto" that is a placeholder until the
-// coordinator plans from a profile).
+// coordinator plans from a profile). A model with stages.bottleneck's
+// projections is cut between each bottleneck_down and its bottleneck_up
+// when the stage count is the job's (explicit ranges then name the model
+// without them); any other count cuts it as above.
 absl::StatusOr<std::vector<std::pair<int, int>>> ResolvePartition(
     const StagesSpec& stages, const std::vector<BlockInfo>& blocks);
 

@@ -70,6 +70,18 @@ struct ModelSpec {
   // emulated: the part of backward_ms that is weight gradients (the W a
   // zero-bubble schedule defers); the rest is the input gradient (B).
   double backward_weight_share = 0.5;
+  // stages.bottleneck, filled when parsing with what places it (the stage
+  // count and partition), so that the model's blocks follow from this
+  // section alone (models::PlanModel): at every cut of that partition a
+  // down-projection to `rank` channels ends one stage and the up-projection
+  // back starts the next, so only `rank` channels cross. rank 0: none.
+  struct Bottleneck {
+    int64_t rank = 0;
+    int stages = 1;  // virtual stages
+    Partition partition = Partition::kBalanced;
+    std::vector<std::pair<int, int>> ranges;  // explicit: the model's own block ranges
+  };
+  Bottleneck bottleneck;
 };
 
 // data: where samples come from and how they are augmented.
@@ -207,6 +219,8 @@ int64_t AccumulationFactor(const AlgorithmSpec& spec);
 constexpr int kMaxReplicas = 64;
 // The most chunks per worker (stages.chunks_per_worker).
 constexpr int kMaxChunksPerWorker = 16;
+// stages.bottleneck.rank: channels that cross a cut, at most.
+constexpr int64_t kMaxBottleneckRank = 65536;
 
 struct StagesSpec {
   int count = 1;
@@ -233,6 +247,14 @@ struct StagesSpec {
   // model being cut into count x chunks_per_worker virtual stages; worker j
   // holds virtual stages j, j + count, j + 2 count, ...
   int chunks_per_worker = 1;
+  // A learned bottleneck at every cut (docs/models.md, "Bottlenecks at the
+  // cuts"): `rank` channels cross between stages instead of the model's
+  // width; 0: none. The blocks it adds are part of the model
+  // (ModelSpec::bottleneck).
+  struct Bottleneck {
+    int64_t rank = 0;
+  };
+  Bottleneck bottleneck;
 };
 
 // The pipeline's stages as the model is cut: count x chunks_per_worker

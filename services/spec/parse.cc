@@ -168,8 +168,8 @@ absl::Status ParseStages(const YAML::Node& node, StagesSpec* stages) {
     return TypeError(node, "stages", "a stage count or a map");
   }
   Section section(node, "stages");
-  section.CheckKeys(
-      {"count", "replicas", "chunks_per_worker", "partition", "modes", "memory_budget"});
+  section.CheckKeys({"count", "replicas", "chunks_per_worker", "partition", "modes",
+                     "memory_budget", "bottleneck"});
   section.Read("count", &stages->count);
   section.Read("replicas", &stages->replicas);
   section.Read("chunks_per_worker", &stages->chunks_per_worker);
@@ -185,6 +185,13 @@ absl::Status ParseStages(const YAML::Node& node, StagesSpec* stages) {
     stages->modes = *parsed;
   }
   if (absl::Status s = ParseMemoryBudget(section, stages); !s.ok()) return s;
+  if (const YAML::Node* b = section.Find("bottleneck"); b != nullptr && !b->IsNull()) {
+    if (!b->IsMap()) return TypeError(*b, section.PathOf("bottleneck"), "a map like {rank: 16}");
+    Section bottleneck(*b, section.PathOf("bottleneck"));
+    bottleneck.CheckKeys({"rank"});
+    bottleneck.Read("rank", &stages->bottleneck.rank);
+    if (!bottleneck.status().ok()) return bottleneck.status();
+  }
   return ParsePartition(section, stages);
 }
 
@@ -388,6 +395,10 @@ absl::StatusOr<JobSpec> ParseTree(const YAML::Node& root) {
   if (status.ok()) status = FillDataShape(spec->data, &spec->model);
   if (!status.ok()) return status;
   spec->model.batch_size = spec->batch_size;
+  if (spec->stages.bottleneck.rank > 0) {
+    spec->model.bottleneck = {spec->stages.bottleneck.rank, VirtualStages(spec->stages),
+                              spec->stages.partition, spec->stages.ranges};
+  }
   return spec;
 }
 

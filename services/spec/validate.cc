@@ -510,6 +510,32 @@ absl::Status ValidateMinStages(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// stages.bottleneck: projections at the cuts of a partition known before
+// the job is planned, of a model whose blocks stagewise builds.
+absl::Status ValidateBottleneck(const JobSpec& spec) {
+  const int64_t rank = spec.stages.bottleneck.rank;
+  if (rank == 0) return absl::OkStatus();
+  if (rank < 0 || rank > kMaxBottleneckRank) {
+    return KeyError("stages.bottleneck.rank",
+                    absl::StrCat("must be in [1, ", kMaxBottleneckRank, "], got ", rank));
+  }
+  if (VirtualStages(spec.stages) < 2) {
+    return KeyError("stages.bottleneck",
+                    "sits at the cuts between stages: needs at least 2 stages");
+  }
+  if (spec.stages.partition == Partition::kAuto) {
+    return KeyError("stages.bottleneck",
+                    "is part of the model, so its cuts must be known before the job is planned: "
+                    "use stages.partition balanced, even or explicit ranges, not auto");
+  }
+  if (spec.model.name == ModelKind::kTorchScript) {
+    return KeyError("stages.bottleneck",
+                    "a TorchScript model's blocks come from its file: put the projections into "
+                    "the model itself (docs/models.md, \"Bottlenecks at the cuts\")");
+  }
+  return absl::OkStatus();
+}
+
 // int8 or int4, or auto (which may pick them).
 bool Quantized(Compression c) {
   return c == Compression::kInt8 || c == Compression::kInt4 || c == Compression::kAuto;
@@ -693,6 +719,7 @@ absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
   if (check.status().ok()) check(ValidateMinStages(spec));
   if (check.status().ok()) check(ValidateRebalance(spec));
   check(ValidateTransport(spec.transport, spec.placement.link_gbps));
+  check(ValidateBottleneck(spec));
   if (spec.placement.labels.size() > 32) {
     check(KeyError("placement.labels", "at most 32 labels (a worker registers at most 32)"));
   }

@@ -2,7 +2,8 @@
 // gradients over real gRPC streams end with the parameters of a single-process
 // run: plain backprop for M = 1, and accumulation over the same micro-batches
 // for M > 1, whatever the schedule (GPipe, 1F1B, ZB-H1, interleaved 1F1B with
-// v chunks per worker, with recompute).
+// v chunks per worker, with recompute), also with stages.bottleneck's
+// projections at the cuts.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -33,12 +34,16 @@ struct Case {
   int chunks = 1;
   // Muon (orthogonalised momentum, Adam for biases and norms) instead of SGD.
   bool muon = false;
+  // stages.bottleneck: this many channels cross each cut (0: none); the
+  // reference is the same model, projections and all, in one process.
+  int bottleneck = 0;
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << (c.gpt ? "gpt_" : "") << "J" << c.stages << "_M" << c.micro_batches << "_" << c.schedule
       << (c.chunks > 1 ? "_v" + std::to_string(c.chunks) : "") << (c.recompute ? "_recompute" : "")
-      << (c.varying ? "_varying_length" : "") << (c.muon ? "_muon" : "");
+      << (c.varying ? "_varying_length" : "") << (c.muon ? "_muon" : "")
+      << (c.bottleneck > 0 ? "_bottleneck" + std::to_string(c.bottleneck) : "");
 }
 
 std::string ModelAndData(const Case& c) {
@@ -63,7 +68,9 @@ seed: 5
       ", schedule: ", c.schedule, ", recompute: ", c.recompute ? "true" : "false", R"(}
 stages: )",
       c.chunks > 1 ? absl::StrCat("{count: ", c.stages, ", chunks_per_worker: ", c.chunks, "}")
-                   : std::to_string(c.stages),
+      : c.bottleneck > 0
+          ? absl::StrCat("{count: ", c.stages, ", bottleneck: {rank: ", c.bottleneck, "}}")
+          : std::to_string(c.stages),
       R"(
 optimizer: )",
       c.muon ? "{name: muon, lr: 0.02, adam_lr: 0.003, momentum: 0.95, nesterov: true, "
@@ -216,7 +223,10 @@ INSTANTIATE_TEST_SUITE_P(Stages, BackpropOracle,
                                            Case{2, 4, "interleaved", false, true, true, 2},
                                            // Muon steps every stage as in one process
                                            Case{3, 4, "1f1b", false, false, false, 1, true},
-                                           Case{2, 4, "zb-h1", false, true, false, 1, true}),
+                                           Case{2, 4, "zb-h1", false, true, false, 1, true},
+                                           // a learned bottleneck at every cut
+                                           Case{3, 4, "1f1b", false, false, false, 1, false, 2},
+                                           Case{2, 4, "zb-h1", false, true, false, 1, false, 4}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            std::ostringstream os;
                            PrintTo(info.param, &os);
