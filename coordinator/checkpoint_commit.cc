@@ -17,17 +17,17 @@ void CheckpointCommitter::OnShardSaved(const std::string& job_id, LiveJob& job, 
   if (stage < 0 || stage >= NumStages(job)) return;  // replica 0's shards (one per stage)
   // Uncommitted checkpoints are few (a stage lags its peers by a step or two):
   // keep the newest 16 so no sender can grow the map.
-  while (job.shards.size() >= 16 && job.shards.count(saved.step()) == 0) {
-    job.shards.erase(job.shards.begin());
+  while (job.run.shards.size() >= 16 && job.run.shards.count(saved.step()) == 0) {
+    job.run.shards.erase(job.run.shards.begin());
   }
-  std::map<int, v1::CheckpointSaved>& stages = job.shards[saved.step()];
+  std::map<int, v1::CheckpointSaved>& stages = job.run.shards[saved.step()];
   stages[stage] = saved;
   if (static_cast<int>(stages.size()) == NumStages(job)) Commit(job_id, job, saved.step());
 }
 
 void CheckpointCommitter::Commit(const std::string& job_id, LiveJob& job, int64_t step) {
-  const std::map<int, v1::CheckpointSaved> stages = std::move(job.shards[step]);
-  job.shards.erase(job.shards.begin(), job.shards.upper_bound(step));
+  const std::map<int, v1::CheckpointSaved> stages = std::move(job.run.shards[step]);
+  job.run.shards.erase(job.run.shards.begin(), job.run.shards.upper_bound(step));
   const std::string& root = job.spec.checkpoint.dir;
   const std::string dir = checkpoint::StepDir(root, job_id, step);
   v1::CheckpointManifest m;

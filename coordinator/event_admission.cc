@@ -116,8 +116,8 @@ Admission CheckRanges(const v1::WorkerEvent& event, const LiveJob& job) {
       }
       // Once per (stage, replica) and phase: a repeat moves nothing (and
       // must not pass for progress with the stall watchdog).
-      if (const auto done = job.phase_done.find(event.phase_done().phase());
-          done != job.phase_done.end() &&
+      if (const auto done = job.run.phase_done.find(event.phase_done().phase());
+          done != job.run.phase_done.end() &&
           done->second.count(SlotOf(job, event.stage(), event.replica())) > 0) {
         return Refuse("repeated", absl::StrCat("stage ", event.stage(), " already finished phase ",
                                                event.phase_done().phase()));
@@ -189,7 +189,7 @@ Admission AdmitEvent(const v1::WorkerEvent& event, const LiveJob* job) {
     return Refuse("stale_attempt",
                   absl::StrCat("attempt ", attempt, " of job ", event.job_id(), " is over"));
   }
-  const auto& workers = job->workers;
+  const auto& workers = job->run.workers;
   if (std::find(workers.begin(), workers.end(), sender) == workers.end()) {
     return Refuse("not_assigned", absl::StrCat("the sender runs no stage of job ", event.job_id()));
   }

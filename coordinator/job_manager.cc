@@ -88,7 +88,7 @@ void JobManager::Resume(const JobRecord& rec) {
   if (state == v1::RECOVERING) {
     recovery_.QueueRecovery(id, jobs_.at(id), why);
   } else {
-    recovery_.Recover(id, why, "coordinator_restart");
+    recovery_.Recover(id, why, v1::END_CAUSE_COORDINATOR_RESTART);
   }
 }
 
@@ -179,7 +179,7 @@ absl::Time JobManager::NextDeadline() const {
   if (!metrics_expiry_.empty()) deadline = std::min(deadline, metrics_expiry_.front().first);
   for (const auto& [id, job] : jobs_) {
     deadline =
-        std::min({deadline, job.recovery_deadline, job.configure_deadline, StallDeadline(job)});
+        std::min({deadline, job.recovery_deadline, job.run.configure_deadline, StallDeadline(job)});
   }
   // A settling recovery becomes placeable (Housekeeping schedules then).
   return std::min(deadline, scheduler_.NextDue());
@@ -397,23 +397,23 @@ void JobManager::HandleEvent(const v1::WorkerEvent& event) {
 void JobManager::OnAck(const v1::Ack& ack, const std::string& sender) {
   STAGEWISE_BUG(OnLoop());
   for (auto& [id, job] : jobs_) {
-    auto pending = job.pending_acks.find(ack.command_id());
-    if (pending == job.pending_acks.end()) continue;
+    auto pending = job.run.pending_acks.find(ack.command_id());
+    if (pending == job.run.pending_acks.end()) continue;
     if (pending->second != sender) return;  // not the worker the command went to
-    job.pending_acks.erase(pending);
-    if (!job.pending_acks.empty() || job.status.state() != v1::CONFIGURING) return;
+    job.run.pending_acks.erase(pending);
+    if (!job.run.pending_acks.empty() || job.status.state() != v1::CONFIGURING) return;
     const std::string job_id = id;  // `id` dies if the transition ends the job
     if (!Transition(job_id, v1::RUNNING, "").ok()) return;
     Job& running = jobs_.at(job_id);
-    running.started = absl::Now();
-    running.progressed = running.started;
-    running.progressed_step = running.resume ? running.resume->manifest.step() : 0;
-    running.evaluated_step = -1;
-    running.configure_deadline = absl::InfiniteFuture();
+    running.run.started = absl::Now();
+    running.run.progressed = running.run.started;
+    running.run.progressed_step = running.resume ? running.resume->manifest.step() : 0;
+    running.run.evaluated_step = -1;
+    running.run.configure_deadline = absl::InfiniteFuture();
     const int phase = running.resume ? running.resume->manifest.phase() : 0;
     const int64_t from = running.resume ? running.resume->manifest.step() : 0;
     if (running.attempt_ended != absl::InfinitePast()) {
-      metrics_->ObserveRecovery(absl::ToDoubleSeconds(running.started - running.attempt_ended));
+      metrics_->ObserveRecovery(absl::ToDoubleSeconds(running.run.started - running.attempt_ended));
       running.attempt_ended = absl::InfinitePast();
     }
     for (const std::string& worker : DistinctWorkers(running)) {
@@ -474,9 +474,9 @@ void JobManager::OnResult(const std::string& job_id, int stage, int replica,
                           const v1::StageResult& result) {
   STAGEWISE_BUG(OnLoop());
   Job& job = jobs_.at(job_id);
-  job.finished_stages.insert(SlotOf(job, stage, replica));
+  job.run.finished_stages.insert(SlotOf(job, stage, replica));
   if (replica == 0) UpdateProgress(job, "", ApplyResult(job, stage, result, absl::Now()));
-  if (job.finished_stages.size() == job.workers.size()) {
+  if (job.run.finished_stages.size() == job.run.workers.size()) {
     if (job.status.attempts_size() > 0) {
       v1::JobAttempt* a = job.status.mutable_attempts(job.status.attempts_size() - 1);
       a->set_ended_unix_ms(NowMs());
@@ -492,11 +492,11 @@ void JobManager::OnPhaseDone(const std::string& job_id, int slot, const v1::Phas
   // Every stage (of every replica) finished phase p: record it and let them
   // all start p + 1.
   Job& job = jobs_.at(job_id);
-  std::set<int>& done = job.phase_done[d.phase()];
+  std::set<int>& done = job.run.phase_done[d.phase()];
   done.insert(slot);
   // Only the phase's end is progress for the stall watchdog: one stage's
   // PhaseDone moves nothing (AdmitEvent refuses repeats and other phases).
-  if (done.size() < job.workers.size()) return;
+  if (done.size() < job.run.workers.size()) return;
   NoteProgress(job, -1, absl::Now());
   const std::vector<PhaseSpec> phases = Phases(job.spec);
   const int next = d.phase() + 1;
@@ -526,11 +526,11 @@ void JobManager::OnPreempting(const std::string& worker_id, const v1::Preempting
   LiveJob* job = job_id->empty() ? nullptr : FindJob(*job_id);
   if (job == nullptr) return;
   const std::string reason = absl::StrCat("worker ", worker_id, " is being preempted");
-  if (!planned_.Begin(*job_id, *job, reason, "preempted") && !job->planned_stop) {
+  if (!planned_.Begin(*job_id, *job, reason, v1::END_CAUSE_PREEMPTED) && !job->run.planned_stop) {
     // No checkpoint to take first (none kept, or not running yet): the
     // worker is as good as lost; stopping its stages now lets it go at once.
     recovery_.Recover(*job_id, absl::StrCat(reason, " (no checkpoint could be taken first)"),
-                      "worker_lost");
+                      v1::END_CAUSE_WORKER_LOST);
   }
 }
 
@@ -549,7 +549,7 @@ void JobManager::OnWorkerLost(const WorkerRegistry::Removed& worker, const std::
                          worker.replica >= 0 ? absl::StrCat(", replica ", worker.replica) : "",
                          "): ", why)
           : absl::StrCat("lost worker ", worker.worker_id, ": ", why);
-  recovery_.Recover(worker.job_id, text, "worker_lost");
+  recovery_.Recover(worker.job_id, text, v1::END_CAUSE_WORKER_LOST);
 }
 
 // --- JobHost -------------------------------------------------------------
@@ -622,8 +622,8 @@ absl::Status JobManager::CollectiveStore(const v1::CollectiveStoreRequest& reque
     } else if (it->second.attempt != request.attempt()) {
       member = absl::FailedPreconditionError(absl::StrCat(
           "attempt ", request.attempt(), " of job ", request.job_id(), " is not the current one"));
-    } else if (std::find(it->second.workers.begin(), it->second.workers.end(),
-                         request.worker_id()) == it->second.workers.end()) {
+    } else if (std::find(it->second.run.workers.begin(), it->second.run.workers.end(),
+                         request.worker_id()) == it->second.run.workers.end()) {
       member = absl::PermissionDeniedError(
           absl::StrCat("worker ", request.worker_id(), " runs no stage of job ", request.job_id()));
     } else {

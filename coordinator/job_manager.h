@@ -245,7 +245,7 @@ class JobManager : private JobHost {
   // recovery.min_stages: plans a stop of every running job that runs fewer
   // stages than stages.count when idle workers could take more (cause grow).
   void MaybeGrow();
-  // Sends every stage its StageAssignment (job.workers already chosen).
+  // Sends every stage its StageAssignment (job.run.workers already chosen).
   void Configure(const std::string& job_id, Job& job);
   void FlushProgress();
   void Send(const std::string& worker_id, v1::Command command) override;

@@ -61,7 +61,7 @@ void JobManager::Schedule() {
       STAGEWISE_LOG(WARNING) << "job " << p.job_id << ": " << fewer;
     }
     it->second.fewer_stages = false;
-    it->second.workers = SlotWorkers(it->second, p.workers);
+    it->second.run.workers = SlotWorkers(it->second, p.workers);
     std::string elastic = SetPlacedReplicas(it->second);
     if (elastic.empty()) elastic = fewer;
     if (!elastic.empty()) STAGEWISE_LOG(WARNING) << "job " << p.job_id << ": " << elastic;
@@ -93,38 +93,38 @@ void JobManager::MaybeGrow() {
   STAGEWISE_BUG(OnLoop());
   for (auto& [id, job] : jobs_) {
     if (job.spec.recovery.min_stages == 0 || job.status.state() != v1::RUNNING ||
-        job.planned_stop) {
+        job.run.planned_stop) {
       continue;
     }
     const int have = NumStages(job);
     const int to =
         std::min(job.spec.stages.count, have + registry_.IdleWith(PlacementLabels(job.spec)));
     if (to <= have) {
-      job.grow_possible_since = absl::InfiniteFuture();
+      job.run.grow_possible_since = absl::InfiniteFuture();
       continue;
     }
     // All the stages at once; fewer once they stayed that few for
     // recovery.wait_seconds (workers that restart together come one by one).
     const absl::Time now = absl::Now();
-    if (job.grow_possible_since == absl::InfiniteFuture()) job.grow_possible_since = now;
+    if (job.run.grow_possible_since == absl::InfiniteFuture()) job.run.grow_possible_since = now;
     if (to < job.spec.stages.count &&
-        now - job.grow_possible_since < absl::Seconds(job.spec.recovery.wait_seconds)) {
+        now - job.run.grow_possible_since < absl::Seconds(job.spec.recovery.wait_seconds)) {
       continue;
     }
-    job.grow_possible_since = absl::InfiniteFuture();
-    if (planned_.Begin(
-            id, job,
-            absl::StrCat(to - have, " idle worker(s): growing from ", have, " to ", to, " stages"),
-            "grow")) {
-      job.grow_to = to;
-    }
+    job.run.grow_possible_since = absl::InfiniteFuture();
+    Handover handover;
+    handover.grow_to = to;
+    (void)planned_.Begin(
+        id, job,
+        absl::StrCat(to - have, " idle worker(s): growing from ", have, " to ", to, " stages"),
+        v1::END_CAUSE_GROW, std::move(handover));
   }
 }
 
 void JobManager::Configure(const std::string& job_id, Job& job) {
   STAGEWISE_BUG(OnLoop());
   std::vector<v1::Command> commands = scheduler_.StageAssignments(
-      job_id, job.yaml, job.workers, job.ranges, job.modes, NumReplicas(job));
+      job_id, job.yaml, job.run.workers, job.ranges, job.modes, NumReplicas(job));
   for (v1::Command& c : commands) {
     v1::StageAssignment& a = *c.mutable_configure();
     a.set_schedule(planner::ToProto(job.schedule));
@@ -135,14 +135,14 @@ void JobManager::Configure(const std::string& job_id, Job& job) {
     }
   }
   job.recovery_deadline = absl::InfiniteFuture();
-  job.configure_deadline = absl::Now() + options_.configure_timeout;
+  job.run.configure_deadline = absl::Now() + options_.configure_timeout;
   recovery_.BeginAttempt(job, &commands);
   UpdateProgress(job, "", {});
   // A claimed worker whose control stream ended since it was claimed has left
   // the registry (its stage would get no next_address and fail as a bad
   // assignment, which would fail the job). The lost-worker task already
   // queued ends this attempt and recovers the job; send nothing meanwhile.
-  for (const std::string& worker : job.workers) {
+  for (const std::string& worker : job.run.workers) {
     if (!registry_.Info(worker).has_value()) {
       STAGEWISE_LOG(WARNING) << "job " << job_id << " attempt " << job.attempt << ": worker "
                              << worker << " left before its stage was configured";
@@ -152,8 +152,8 @@ void JobManager::Configure(const std::string& job_id, Job& job) {
   for (size_t j = 0; j < commands.size(); ++j) {
     commands[j].mutable_configure()->set_attempt(job.attempt);
     commands[j].set_command_id(next_command_++);
-    job.pending_acks.emplace(commands[j].command_id(), job.workers[j]);
-    Send(job.workers[j], std::move(commands[j]));
+    job.run.pending_acks.emplace(commands[j].command_id(), job.run.workers[j]);
+    Send(job.run.workers[j], std::move(commands[j]));
   }
 }
 
@@ -173,7 +173,7 @@ void JobManager::OnProfile(const std::string& job_id, const v1::ProfileResult& r
     }
   }
   auto planned =
-      scheduler_.PlanFromProfile(job.spec, job.ranges, result, job.workers,
+      scheduler_.PlanFromProfile(job.spec, job.ranges, result, job.run.workers,
                                  job.spec.placement.per_worker_profiles ? &job.profiles : nullptr);
   if (!planned.ok()) {
     EndJob(job_id, v1::FAILED, std::string(planned.status().message()));

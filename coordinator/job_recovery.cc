@@ -7,15 +7,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "coordinator/end_cause.h"
 #include "coordinator/event_admission.h"
-#include "coordinator/planned_stop.h"
 #include "services/checkpoint/checkpoint.h"
 #include "services/common/log.h"
 
 namespace stagewise::coordinator {
 
-void JobRecovery::Recover(const std::string& job_id, const std::string& why,
-                          const std::string& cause) {
+void JobRecovery::Recover(const std::string& job_id, const std::string& why, v1::EndCause cause) {
   LiveJob* found = host_->FindJob(job_id);
   if (found == nullptr) return;
   LiveJob& job = *found;
@@ -23,10 +22,11 @@ void JobRecovery::Recover(const std::string& job_id, const std::string& why,
   if (state == v1::PENDING || state == v1::RECOVERING) {
     // Not running (anymore): nothing to end. A lost worker names the cause
     // better than the broken streams its peers reported first.
-    if (state == v1::RECOVERING && cause == "worker_lost" && job.status.attempts_size() > 0) {
+    if (state == v1::RECOVERING && cause == v1::END_CAUSE_WORKER_LOST &&
+        job.status.attempts_size() > 0) {
       v1::JobAttempt* a = job.status.mutable_attempts(job.status.attempts_size() - 1);
       a->set_end_reason(why);
-      a->set_end_cause(cause);
+      SetEndCause(a, cause);
       host_->UpdateProgress(job, why, {});
     }
     return;
@@ -34,18 +34,7 @@ void JobRecovery::Recover(const std::string& job_id, const std::string& why,
   STAGEWISE_LOG(WARNING) << "job " << job_id << " attempt " << job.attempt << " ended: " << why;
   // End the attempt: its stages stop, its workers are free again.
   host_->StopStages(job_id, absl::StrCat("attempt ", job.attempt, " ended: ", why));
-  job.workers.clear();
-  job.pending_acks.clear();
-  job.finished_stages.clear();
-  job.phase_done.clear();
-  job.shards.clear();
-  job.planned_stop.reset();
-  if (cause != "grow") job.grow_to = 0;
-  if (cause != "rebalance") job.recut.reset();
-  job.stage_compute.clear();
-  job.imbalanced_since = -1;
-  job.configure_deadline = absl::InfiniteFuture();
-  job.progressed = absl::InfiniteFuture();
+  job.run = Attempt{};  // the attempt ends: all of it at once
   job.attempt_ended = absl::Now();
   job.max_step = std::max(job.max_step, job.status.step());
   if (state == v1::PROFILING) {
@@ -60,18 +49,15 @@ void JobRecovery::Recover(const std::string& job_id, const std::string& why,
     v1::JobAttempt* a = job.status.mutable_attempts(job.status.attempts_size() - 1);
     if (a->ended_unix_ms() == 0) a->set_ended_unix_ms(absl::ToUnixMillis(absl::Now()));
     a->set_end_reason(why);
-    a->set_end_cause(cause);
+    SetEndCause(a, cause);
   }
-  metrics_->CountRestart(cause);
-  // An attempt that never ran because its checkpoint was corrupt is not a
-  // restart of its own: the fault that led to it was counted already. Nor is
-  // one ended on purpose (a planned stop: preemption).
+  metrics_->CountRestart(CauseLabel(cause));
+  // Not every end is a restart of its own (EndCausePolicy.counted): not an
+  // attempt that never ran because its checkpoint was corrupt (the fault
+  // that led to it was counted already), nor one ended on purpose.
   int ended = 0;
   for (const v1::JobAttempt& a : job.status.attempts()) {
-    ended += a.ended_unix_ms() > 0 && a.end_cause() != "corrupt_checkpoint" &&
-                     !IsPlannedCause(a.end_cause())
-                 ? 1
-                 : 0;
+    ended += a.ended_unix_ms() > 0 && PolicyOf(CauseOf(a)).counted() ? 1 : 0;
   }
   if (ended > job.spec.recovery.max_restarts) {
     host_->UpdateProgress(job, "", {});  // the attempt's end is written with the end
@@ -88,8 +74,9 @@ void JobRecovery::Recover(const std::string& job_id, const std::string& why,
 }
 
 bool JobRecovery::QueueRecovery(const std::string& job_id, LiveJob& job, const std::string& why) {
-  const int grow_to = job.grow_to;
-  job.grow_to = 0;
+  // What a planned stop handed over (a new cut, more stages): this attempt's.
+  const Handover next = std::move(job.next);
+  job.next = Handover{};
   job.resume.reset();
   job.fewer_stages = false;  // all the stages again first (recovery.min_stages)
   if (!job.spec.checkpoint.dir.empty()) {
@@ -127,17 +114,17 @@ bool JobRecovery::QueueRecovery(const std::string& job_id, LiveJob& job, const s
     if (!any_modes) job.modes.clear();
     job.status.set_num_stages(NumStages(job));
     job.planned = true;
-    if (job.recut) {
+    if (next.recut) {
       // Rebalancing: the new plan's cut, the checkpoint resharded onto it.
-      job.ranges = job.recut->ranges;
-      job.modes = job.recut->modes;
-      job.wire = job.recut->wire;
-      for (const auto& [key, value] : job.recut->summary) {
+      job.ranges = next.recut->ranges;
+      job.modes = next.recut->modes;
+      job.wire = next.recut->wire;
+      for (const auto& [key, value] : next.recut->summary) {
         (*job.status.mutable_summary())[key] = value;
       }
       job.status.set_num_stages(NumStages(job));
-      job.recut.reset();
     }
+    const int grow_to = next.grow_to;
     if (grow_to > NumStages(job)) {
       // recovery.min_stages: back to more stages, the checkpoint resharded.
       if (absl::StatusOr<std::string> cut = CutStages(job, grow_to); cut.ok()) {
@@ -181,11 +168,12 @@ void JobRecovery::NoteLostWorker(const std::string& worker_id, const std::string
       if (a->ended_unix_ms() == 0) continue;
       const bool ran_there =
           std::find(a->workers().begin(), a->workers().end(), worker_id) != a->workers().end();
-      if (ran_there && a->end_cause() != "worker_lost" && !IsPlannedCause(a->end_cause()) &&
+      const v1::EndCause cause = CauseOf(*a);
+      if (ran_there && cause != v1::END_CAUSE_WORKER_LOST && !PolicyOf(cause).planned() &&
           now_ms - a->ended_unix_ms() <= absl::ToInt64Milliseconds(kLossWindow)) {
         STAGEWISE_LOG(INFO) << "job " << id << " attempt " << a->attempt() << " ended on: " << why;
         a->set_end_reason(absl::StrCat(why, " (first reported: ", a->end_reason(), ")"));
-        a->set_end_cause("worker_lost");
+        SetEndCause(a, v1::END_CAUSE_WORKER_LOST);
         host_->UpdateProgress(job, why, {});
       }
       break;
@@ -203,22 +191,22 @@ void JobRecovery::CheckDeadlines(absl::Time now) {
     LiveJob* found = host_->FindJob(id);
     if (found == nullptr) continue;
     const absl::Duration limit = StallLimit(*found);
-    Recover(
-        id,
-        absl::StrCat("stalled: no progress past step ", found->progressed_step, " for ",
-                     absl::FormatDuration(absl::Trunc(now - found->progressed, absl::Seconds(1))),
-                     " (limit ", absl::FormatDuration(limit),
-                     found->spec.recovery.stall_seconds > 0 ? ", recovery.stall_seconds"
-                                                            : ", 20x the median step time",
-                     "); a stage stopped sending"),
-        "stalled");
+    Recover(id,
+            absl::StrCat(
+                "stalled: no progress past step ", found->run.progressed_step, " for ",
+                absl::FormatDuration(absl::Trunc(now - found->run.progressed, absl::Seconds(1))),
+                " (limit ", absl::FormatDuration(limit),
+                found->spec.recovery.stall_seconds > 0 ? ", recovery.stall_seconds"
+                                                       : ", 20x the median step time",
+                "); a stage stopped sending"),
+            v1::END_CAUSE_STALLED);
   }
   std::vector<std::pair<std::string, bool>> due;  // (job, recovering)
   for (const std::string& id : host_->LiveJobIds()) {
     const LiveJob& job = *host_->FindJob(id);
     if (job.status.state() == v1::RECOVERING && now >= job.recovery_deadline) {
       due.emplace_back(id, true);
-    } else if (job.status.state() == v1::CONFIGURING && now >= job.configure_deadline) {
+    } else if (job.status.state() == v1::CONFIGURING && now >= job.run.configure_deadline) {
       due.emplace_back(id, false);
     }
   }
@@ -259,12 +247,12 @@ void JobRecovery::CheckDeadlines(absl::Time now) {
               " s) after attempt ", job.attempt - 1, " ended: ", last));
     } else {
       std::vector<std::string> silent;
-      for (const auto& [command, worker] : job.pending_acks) silent.push_back(worker);
+      for (const auto& [command, worker] : job.run.pending_acks) silent.push_back(worker);
       Recover(id,
               absl::StrCat("the stages did not acknowledge their assignment within ",
                            absl::FormatDuration(configure_timeout_), " (no answer from ",
                            absl::StrJoin(silent, ", "), ")"),
-              "configure_timeout");
+              v1::END_CAUSE_CONFIGURE_TIMEOUT);
     }
   }
 }
@@ -281,12 +269,12 @@ void JobRecovery::OnStageError(const std::string& job_id, LiveJob& job, int stag
     }
     Recover(job_id,
             absl::StrCat("checkpoint ", dir, " is corrupt (skipped from now on): ", e.message()),
-            "corrupt_checkpoint");
+            v1::END_CAUSE_CORRUPT_CHECKPOINT);
     return;
   }
   if (stage >= 0 && IsRetryable(e)) {
     const int ended = job.attempt;
-    Recover(job_id, e.message(), "stage_error");
+    Recover(job_id, e.message(), v1::END_CAUSE_STAGE_ERROR);
     // This error ended the attempt (not one that had ended already).
     if (e.neighbour_stream() && job.attempt == ended + 1 && job.status.attempts_size() > 0) {
       v1::JobAttempt* a = job.status.mutable_attempts(job.status.attempts_size() - 1);
@@ -317,7 +305,7 @@ void JobRecovery::BeginAttempt(LiveJob& job, std::vector<v1::Command>* commands)
   v1::JobAttempt* a = job.status.add_attempts();
   a->set_attempt(job.attempt);
   a->set_started_unix_ms(absl::ToUnixMillis(absl::Now()));
-  for (const std::string& w : job.workers) a->add_workers(w);
+  for (const std::string& w : job.run.workers) a->add_workers(w);
   if (job.resume) {
     const v1::CheckpointManifest& m = job.resume->manifest;
     a->set_from_step(m.step());

@@ -28,8 +28,9 @@ class JobRecovery {
 
   // Ends the running attempt of a job (stops its stages, frees its workers)
   // and queues the next one, or fails the job when recovery.max_restarts is
-  // spent or nothing can be resumed. `cause` labels the restart metric.
-  void Recover(const std::string& job_id, const std::string& why, const std::string& cause);
+  // spent or nothing can be resumed. `cause` is the attempt's; its policy
+  // says whether it counts as a restart.
+  void Recover(const std::string& job_id, const std::string& why, v1::EndCause cause);
   // Chooses the checkpoint to resume from and requeues a RECOVERING job;
   // false if the job was failed instead.
   bool QueueRecovery(const std::string& job_id, LiveJob& job, const std::string& why);

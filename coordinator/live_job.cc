@@ -172,7 +172,7 @@ std::vector<std::string> SlotWorkers(const LiveJob& job, const std::vector<std::
 
 std::vector<std::string> DistinctWorkers(const LiveJob& job) {
   std::vector<std::string> out;
-  for (const std::string& w : job.workers) {
+  for (const std::string& w : job.run.workers) {
     if (std::find(out.begin(), out.end(), w) == out.end()) out.push_back(w);
   }
   return out;
@@ -184,32 +184,32 @@ absl::Duration StallLimit(const LiveJob& job) {
 }
 
 absl::Time StallDeadline(const LiveJob& job) {
-  if (job.status.state() != v1::RUNNING || job.progressed == absl::InfiniteFuture()) {
+  if (job.status.state() != v1::RUNNING || job.run.progressed == absl::InfiniteFuture()) {
     return absl::InfiniteFuture();
   }
-  return job.progressed + StallLimit(job);
+  return job.run.progressed + StallLimit(job);
 }
 
 void NoteProgress(LiveJob& job, int64_t step, absl::Time now) {
-  if (job.progressed == absl::InfiniteFuture()) return;  // not running
+  if (job.run.progressed == absl::InfiniteFuture()) return;  // not running
   if (step >= 0) {
-    if (step <= job.progressed_step) return;  // not a new step
-    const double seconds = absl::ToDoubleSeconds(now - job.progressed) /
-                           static_cast<double>(step - job.progressed_step);
+    if (step <= job.run.progressed_step) return;  // not a new step
+    const double seconds = absl::ToDoubleSeconds(now - job.run.progressed) /
+                           static_cast<double>(step - job.run.progressed_step);
     job.step_seconds.push_back(seconds);
     if (job.step_seconds.size() > LiveJob::kStepSamples) job.step_seconds.pop_front();
     std::vector<double> sorted(job.step_seconds.begin(), job.step_seconds.end());
     std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
     job.median_step_seconds = sorted[sorted.size() / 2];
-    job.progressed_step = step;
+    job.run.progressed_step = step;
   }
-  job.progressed = now;
+  job.run.progressed = now;
 }
 
 std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::MetricsReport& m,
                                       absl::Time now) {
   std::vector<MetricPoint> points;
-  if (job.workers.empty()) return points;
+  if (job.run.workers.empty()) return points;
   v1::JobStatus& st = job.status;
   const int64_t now_ms = absl::ToUnixMillis(now);
   const bool last_stage = stage == NumStages(job) - 1;
@@ -222,7 +222,7 @@ std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::Metrics
     }
     st.set_epoch(static_cast<int>(m.step() / data::StepsPerEpoch(job.spec).value_or(1)));
     st.set_train_loss(m.values().at("train_loss"));
-    const double seconds = absl::ToDoubleSeconds(now - job.started);
+    const double seconds = absl::ToDoubleSeconds(now - job.run.started);
     if (seconds > 0) {
       const int64_t from = job.resume ? job.resume->manifest.step() : 0;
       st.set_samples_per_second(static_cast<double>((m.step() - from) * job.spec.batch_size) /
@@ -234,9 +234,9 @@ std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::Metrics
   }
   if (last_stage && m.values().count("eval_accuracy")) {
     // One evaluation per step is progress: a repeated report is not.
-    if (m.step() > job.evaluated_step) {
+    if (m.step() > job.run.evaluated_step) {
       NoteProgress(job, -1, now);
-      job.evaluated_step = m.step();
+      job.run.evaluated_step = m.step();
     }
     st.set_eval_loss(m.values().count("eval_loss") ? m.values().at("eval_loss") : 0.0);
     st.set_eval_accuracy(m.values().at("eval_accuracy"));
@@ -248,14 +248,14 @@ std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::Metrics
 
 std::string SetPlacedReplicas(LiveJob& job) {
   const int J = std::max(1, NumStages(job));
-  job.replicas = std::max(1, static_cast<int>(job.workers.size()) / J);
-  job.status.set_num_replicas(job.replicas);
+  job.run.replicas = std::max(1, static_cast<int>(job.run.workers.size()) / J);
+  job.status.set_num_replicas(job.run.replicas);
   job.status.clear_replica_samples_per_second();
-  if (job.replicas >= SpecReplicas(job)) return "";
-  return absl::StrCat("recovery.elastic: this attempt runs ", job.replicas, " of ",
-                      SpecReplicas(job), " replicas of every stage (", job.workers.size(),
+  if (job.run.replicas >= SpecReplicas(job)) return "";
+  return absl::StrCat("recovery.elastic: this attempt runs ", job.run.replicas, " of ",
+                      SpecReplicas(job), " replicas of every stage (", job.run.workers.size(),
                       " workers were idle); the global batch stays ", job.spec.batch_size, ", ",
-                      job.spec.batch_size / job.replicas, " per replica");
+                      job.spec.batch_size / job.run.replicas, " per replica");
 }
 
 void ApplyReplicaMetrics(LiveJob& job, int stage, int replica, const v1::MetricsReport& m,
@@ -265,7 +265,7 @@ void ApplyReplicaMetrics(LiveJob& job, int stage, int replica, const v1::Metrics
       !m.values().count("train_loss")) {
     return;
   }
-  const double seconds = absl::ToDoubleSeconds(now - job.started);
+  const double seconds = absl::ToDoubleSeconds(now - job.run.started);
   if (seconds <= 0) return;
   const int64_t from = job.resume ? job.resume->manifest.step() : 0;
   auto* rates = job.status.mutable_replica_samples_per_second();

@@ -28,11 +28,71 @@
 
 namespace stagewise::coordinator {
 
+// What an attempt ended on purpose hands to the next one (a planned stop's
+// payload, coordinator/planned_stop.h).
+struct Handover {
+  // recovery.min_stages: the next attempt is cut into this many stages (0:
+  // the checkpoint's cut).
+  int grow_to = 0;
+  // Rebalancing (coordinator/rebalancer.h): the cut the next attempt takes.
+  struct Recut {
+    std::vector<std::pair<int, int>> ranges;
+    std::vector<std::vector<BlockMode>> modes;
+    std::vector<WireChoice> wire;
+    std::vector<std::pair<std::string, double>> summary;  // the new plan's plan.* entries
+  };
+  std::optional<Recut> recut;
+};
+
+// Everything that lives and dies with one attempt of a job: from its
+// placement (the workers) to its end. Ending an attempt drops it
+// (`job.run = {}`); nothing of it is reset field by field.
+struct Attempt {
+  std::vector<std::string> workers;  // by slot, once placed
+  // Replicas of every stage: stages.replicas, or fewer when
+  // recovery.elastic placed the attempt short of workers (0 until placed:
+  // the spec's).
+  int replicas = 0;
+  std::map<int64_t, std::string> pending_acks;             // command id -> the worker it went to
+  absl::Time configure_deadline = absl::InfiniteFuture();  // CONFIGURING: recover after
+  absl::Time started;                                      // when it began RUNNING
+  std::set<int> finished_stages;
+  std::map<int, std::set<int>> phase_done;  // phase -> stages that finished it
+  // Shards reported for checkpoints not committed yet: step -> stage -> report.
+  std::map<int64_t, std::map<int, v1::CheckpointSaved>> shards;
+  // The stall watchdog (recovery.stall_seconds): when the attempt last made
+  // progress (a new step, an evaluation, a finished phase) and the step then.
+  absl::Time progressed = absl::InfiniteFuture();  // InfiniteFuture: not running
+  int64_t progressed_step = 0;
+  int64_t evaluated_step = -1;  // the step of the last evaluation counted as progress
+  // A planned stop (coordinator/planned_stop.h): the attempt checkpoints at
+  // `step` (-1 until stage 0 picks it), then ends with `cause` and the job
+  // resumes from that checkpoint with `handover`; dropped when not
+  // committed by `deadline`.
+  struct PlannedStop {
+    std::string reason;
+    v1::EndCause cause = v1::END_CAUSE_UNSPECIFIED;
+    Handover handover;
+    int64_t step = -1;
+    absl::Time deadline = absl::InfiniteFuture();
+  };
+  std::optional<PlannedStop> planned_stop;
+  // Rebalancing (coordinator/rebalancer.h): per stage its latest (global
+  // step, cumulative compute seconds) reports, and the step from which the
+  // slowest stage has been over the threshold (-1: it is not).
+  std::vector<std::deque<std::pair<int64_t, double>>> stage_compute;
+  int64_t imbalanced_since = -1;
+  // recovery.min_stages: since when idle workers could take more stages.
+  absl::Time grow_possible_since = absl::InfiniteFuture();
+};
+
+// A live job: its record (status, spec, the cut and plan the next attempt
+// takes, what outlives every attempt) plus its running attempt (`run`).
 struct LiveJob {
   v1::JobStatus status;  // the latest status (the store has it once flushed)
   JobSpec spec;
   std::string yaml;
-  std::vector<std::pair<int, int>> ranges;
+  std::vector<std::pair<int, int>> ranges;  // the cut: the running or next attempt's
   // The planner (PROFILING): a worker profiles the model, then ranges and
   // block modes come from the plan.
   bool needs_plan = false;
@@ -45,68 +105,30 @@ struct LiveJob {
   // (StageAssignment.forward_compression / backward_compression); empty
   // when nothing was chosen, or the cut changed without a plan.
   std::vector<WireChoice> wire;
-  std::vector<std::string> workers;  // by slot, once placed
   // placement.per_worker_profiles, while PROFILING: each worker's profile
   // so far (worker id -> ProfileResult); the plan waits for all of them.
+  // They outlive attempts: rebalancing re-plans on them.
   std::map<std::string, v1::ProfileResult> profiles;
-  // Replicas of every stage in the current attempt: stages.replicas, or
-  // fewer when recovery.elastic placed the attempt short of workers (0
-  // until placed: the spec's).
-  int replicas = 0;
-  std::map<int64_t, std::string> pending_acks;  // command id -> the worker it went to
-  std::set<int> finished_stages;
-  std::map<int, std::set<int>> phase_done;  // phase -> stages that finished it
-  absl::Time started;
   // Fault tolerance (docs/fault_tolerance.md).
   int attempt = 0;  // mirrors status.attempt; events of other attempts are dropped
-  absl::Time recovery_deadline = absl::InfiniteFuture();   // RECOVERING: fail after
-  absl::Time configure_deadline = absl::InfiniteFuture();  // CONFIGURING: recover after
-  absl::Time attempt_ended = absl::InfinitePast();         // for the recovery time
-  int64_t max_step = 0;                                    // the furthest step any attempt reached
-  std::optional<checkpoint::Committed> resume;             // what the next attempt loads
-  // Shards reported for checkpoints not committed yet: step -> stage -> report.
-  std::map<int64_t, std::map<int, v1::CheckpointSaved>> shards;
-  // The stall watchdog (recovery.stall_seconds): when the running attempt
-  // last made progress (a new step, an evaluation, a finished phase), the
-  // step then, and the recent seconds per step (at most kStepSamples).
+  absl::Time recovery_deadline = absl::InfiniteFuture();  // RECOVERING: fail after
+  absl::Time attempt_ended = absl::InfinitePast();        // for the recovery time
+  int64_t max_step = 0;                                   // the furthest step any attempt reached
+  std::optional<checkpoint::Committed> resume;            // what the next attempt loads
+  // What the attempt that ended on purpose hands to the next one.
+  Handover next;
+  // The recent seconds per step (at most kStepSamples) over every attempt:
+  // the stall watchdog's automatic limit.
   static constexpr size_t kStepSamples = 256;
-  absl::Time progressed = absl::InfiniteFuture();  // InfiniteFuture: not running
-  int64_t progressed_step = 0;
-  int64_t evaluated_step = -1;  // the step of the last evaluation counted as progress
   std::deque<double> step_seconds;
   double median_step_seconds = 0;  // of step_seconds, updated with it
   // recovery.min_stages: the recovery deadline passed short of workers for
   // every stage; the next placement may take fewer (FewerStageCounts).
   bool fewer_stages = false;
-  // A planned stop (coordinator/planned_stop.h): the attempt checkpoints at
-  // `step` (-1 until stage 0 picks it), then ends with `cause` and the job
-  // resumes from that checkpoint; dropped when not committed by `deadline`.
-  struct PlannedStop {
-    std::string reason;
-    std::string cause;
-    int64_t step = -1;
-    absl::Time deadline = absl::InfiniteFuture();
-  };
-  std::optional<PlannedStop> planned_stop;
-  // recovery.min_stages: a job that runs on fewer stages than stages.count
-  // takes in idle workers (cause "grow"); its next attempt is cut into this
-  // many stages (0: the checkpoint's cut).
-  int grow_to = 0;
-  absl::Time grow_possible_since = absl::InfiniteFuture();  // idle workers could take more stages
-  // Rebalancing (coordinator/rebalancer.h), this attempt: per stage its
-  // latest (global step, cumulative compute seconds) reports; the step from
-  // which the slowest stage has been over the threshold (-1: it is not);
-  // when the job was rebalanced; and the cut its next attempt takes.
-  std::vector<std::deque<std::pair<int64_t, double>>> stage_compute;
-  int64_t imbalanced_since = -1;
+  // Rebalancing: when the job was rebalanced (rebalance.max_per_hour).
   std::deque<absl::Time> rebalanced_at;
-  struct Recut {
-    std::vector<std::pair<int, int>> ranges;
-    std::vector<std::vector<BlockMode>> modes;
-    std::vector<WireChoice> wire;
-    std::vector<std::pair<std::string, double>> summary;  // the new plan's plan.* entries
-  };
-  std::optional<Recut> recut;
+  // The running attempt (empty while PENDING or RECOVERING).
+  Attempt run;
 };
 
 // Replicated stages (stages.replicas, docs/replicas.md): `workers` holds
@@ -115,7 +137,7 @@ struct LiveJob {
 inline int NumStages(const LiveJob& job) { return static_cast<int>(job.ranges.size()); }
 inline int SpecReplicas(const LiveJob& job) { return std::max(1, job.spec.stages.replicas); }
 inline int NumReplicas(const LiveJob& job) {
-  return job.replicas > 0 ? job.replicas : SpecReplicas(job);
+  return job.run.replicas > 0 ? job.run.replicas : SpecReplicas(job);
 }
 // recovery.elastic: the replica counts below the spec's a recovering job may
 // run with, most first; each divides batch_size so every replica keeps an
@@ -165,7 +187,7 @@ inline int NumWorkerStages(const LiveJob& job) {
 // The claimed workers (J x R distinct ones, replica r's j-th at r * J + j)
 // spread over the slots: slot r * S + s is claimed[r * J + s % J].
 std::vector<std::string> SlotWorkers(const LiveJob& job, const std::vector<std::string>& claimed);
-// Every worker of `job.workers` once, in slot order: where a command goes to
+// Every worker of `job.run.workers` once, in slot order: where a command goes to
 // a worker rather than to a stage (start, stop).
 std::vector<std::string> DistinctWorkers(const LiveJob& job);
 

@@ -1,5 +1,6 @@
 #include "coordinator/planned_stop.h"
 
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -9,37 +10,39 @@
 namespace stagewise::coordinator {
 
 bool PlannedStops::Begin(const std::string& job_id, LiveJob& job, const std::string& reason,
-                         const std::string& cause) {
-  if (job.status.state() != v1::RUNNING || job.spec.checkpoint.dir.empty() || job.planned_stop ||
-      job.workers.empty()) {
+                         v1::EndCause cause, Handover handover) {
+  if (job.status.state() != v1::RUNNING || job.spec.checkpoint.dir.empty() ||
+      job.run.planned_stop || job.run.workers.empty()) {
     return false;
   }
-  job.planned_stop = LiveJob::PlannedStop{reason, cause, -1, absl::Now() + kTimeout};
+  job.run.planned_stop =
+      Attempt::PlannedStop{reason, cause, std::move(handover), -1, absl::Now() + kTimeout};
   v1::Command command;
   v1::CheckpointCommand* c = command.mutable_checkpoint_soon();
   c->set_job_id(job_id);
   c->set_attempt(job.attempt);
   c->set_reason(reason);
-  host_->Send(job.workers.front(), std::move(command));  // slot 0: stage 0, replica 0
+  host_->Send(job.run.workers.front(), std::move(command));  // slot 0: stage 0, replica 0
   host_->UpdateProgress(
       job, absl::StrCat(reason, ": checkpointing at the next step boundary, then resuming"), {});
   return true;
 }
 
 void PlannedStops::OnPlanned(LiveJob& job, int64_t step) {
-  if (!job.planned_stop || job.planned_stop->step >= 0) return;
-  job.planned_stop->step = step;
+  if (!job.run.planned_stop || job.run.planned_stop->step >= 0) return;
+  job.run.planned_stop->step = step;
   host_->UpdateProgress(
-      job, absl::StrCat(job.planned_stop->reason, ": the job checkpoints at step ", step), {});
+      job, absl::StrCat(job.run.planned_stop->reason, ": the job checkpoints at step ", step), {});
 }
 
 void PlannedStops::OnCommitted(const std::string& job_id, LiveJob& job) {
-  if (!job.planned_stop || job.planned_stop->step < 0 ||
-      job.status.last_checkpoint_step() < job.planned_stop->step) {
+  if (!job.run.planned_stop || job.run.planned_stop->step < 0 ||
+      job.status.last_checkpoint_step() < job.run.planned_stop->step) {
     return;
   }
-  const LiveJob::PlannedStop stop = *job.planned_stop;
-  job.planned_stop.reset();
+  const Attempt::PlannedStop stop = std::move(*job.run.planned_stop);
+  job.run.planned_stop.reset();
+  job.next = stop.handover;
   recovery_->Recover(job_id,
                      absl::StrCat(stop.reason, " (checkpoint at step ",
                                   job.status.last_checkpoint_step(), " committed)"),
@@ -49,12 +52,12 @@ void PlannedStops::OnCommitted(const std::string& job_id, LiveJob& job) {
 void PlannedStops::CheckDeadlines(absl::Time now) {
   for (const std::string& id : host_->LiveJobIds()) {
     LiveJob& job = *host_->FindJob(id);
-    if (!job.planned_stop || now < job.planned_stop->deadline) continue;
+    if (!job.run.planned_stop || now < job.run.planned_stop->deadline) continue;
     STAGEWISE_LOG(WARNING) << "job " << id << ": the checkpoint planned for \""
-                           << job.planned_stop->reason << "\" was not committed within " << kTimeout
-                           << "; going on without it";
-    const std::string reason = job.planned_stop->reason;
-    job.planned_stop.reset();
+                           << job.run.planned_stop->reason << "\" was not committed within "
+                           << kTimeout << "; going on without it";
+    const std::string reason = job.run.planned_stop->reason;
+    job.run.planned_stop.reset();
     host_->UpdateProgress(
         job, absl::StrCat(reason, ": no checkpoint within ", absl::FormatDuration(kTimeout)), {});
   }

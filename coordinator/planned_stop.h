@@ -8,7 +8,8 @@
 //    (WorkerEvent.checkpoint_planned, OnPlanned); every stage learns the step
 //    from StageMessage.checkpoint_step and writes its shard there.
 // 3. When that checkpoint is committed (OnCommitted), the attempt ends with
-//    the stop's cause ("preempted") and the job is queued to resume from it.
+//    the stop's cause (a planned one: END_CAUSE_PREEMPTED, _GROW, _REBALANCE)
+//    and the job is queued to resume from it, with the stop's Handover.
 // A plan that is not committed within kTimeout is dropped (CheckDeadlines):
 // the job goes on; a preempted worker then simply leaves, a lost worker.
 //
@@ -26,22 +27,17 @@
 
 namespace stagewise::coordinator {
 
-// Causes of an attempt that ended on purpose: not counted as restarts.
-inline bool IsPlannedCause(const std::string& cause) {
-  return cause == "preempted" || cause == "grow" || cause == "rebalance";
-}
-
 class PlannedStops {
  public:
   PlannedStops(JobHost* host, JobRecovery* recovery) : host_(host), recovery_(recovery) {}
 
   static constexpr absl::Duration kTimeout = absl::Seconds(120);
 
-  // Asks for a checkpoint of the running job and a stop after it. False (and
-  // nothing asked) when the job is not RUNNING, keeps no checkpoints, or a
-  // stop is already planned.
-  bool Begin(const std::string& job_id, LiveJob& job, const std::string& reason,
-             const std::string& cause);
+  // Asks for a checkpoint of the running job and a stop after it; the next
+  // attempt takes `handover`. False (and nothing asked) when the job is not
+  // RUNNING, keeps no checkpoints, or a stop is already planned.
+  bool Begin(const std::string& job_id, LiveJob& job, const std::string& reason, v1::EndCause cause,
+             Handover handover = {});
   // Stage 0 picked the step.
   void OnPlanned(LiveJob& job, int64_t step);
   // Called after every shard report: ends the attempt once the planned

@@ -590,7 +590,7 @@ TEST(Hostile, ASilentStageIsCaughtByTheStallWatchdog) {
   EXPECT_TRUE(absl::StrContains(end->reason(), "stalled")) << end->reason();
   ASSERT_EQ(end->attempts_size(), 2) << end->DebugString();
   for (const v1::JobAttempt& a : end->attempts()) {
-    EXPECT_EQ(a.end_cause(), "stalled") << a.DebugString();
+    EXPECT_EQ(a.cause(), v1::END_CAUSE_STALLED) << a.DebugString();
     EXPECT_EQ(a.workers(0), "a-fake");
   }
 }
@@ -631,7 +631,7 @@ TEST(Hostile, RepeatedPhaseDonesDoNotKeepTheStallWatchdogQuiet) {
   EXPECT_EQ(end->state(), v1::FAILED);
   EXPECT_TRUE(absl::StrContains(end->reason(), "stalled")) << end->reason();
   ASSERT_EQ(end->attempts_size(), 1) << end->DebugString();
-  EXPECT_EQ(end->attempts(0).end_cause(), "stalled");
+  EXPECT_EQ(end->attempts(0).cause(), v1::END_CAUSE_STALLED);
   EXPECT_EQ(end->step(), 0);
   // Caught while the fake kept chatting (it sent until the job ended).
   EXPECT_GE(sent.load(), 3) << "the fake sent too few PhaseDones to test anything";

@@ -93,7 +93,7 @@ TEST(Recovery, TwoWorkersLostTogetherCostOneRestart) {
   ASSERT_TRUE(end.ok()) << end.status();
   EXPECT_EQ(end->state(), v1::SUCCEEDED) << end->reason() << "\n" << cluster.CoordinatorLog();
   ASSERT_EQ(end->attempts_size(), 2) << end->DebugString();
-  EXPECT_EQ(end->attempts(0).end_cause(), "worker_lost");
+  EXPECT_EQ(end->attempts(0).cause(), v1::END_CAUSE_WORKER_LOST);
   for (const std::string& w : end->attempts(1).workers()) {
     for (const std::string& dead : first.workers()) EXPECT_NE(w, dead) << "placed on a lost worker";
   }
@@ -187,7 +187,7 @@ TEST(Recovery, TheRecordedCauseNamesTheLostWorker) {
     });
     ASSERT_TRUE(next.ok()) << next.status();
     const v1::JobAttempt& ended = next->attempts(round);
-    EXPECT_EQ(ended.end_cause(), "worker_lost") << ended.DebugString();
+    EXPECT_EQ(ended.cause(), v1::END_CAUSE_WORKER_LOST) << ended.DebugString();
     EXPECT_TRUE(absl::StrContains(ended.end_reason(), absl::StrCat("lost worker ", victim)))
         << ended.end_reason();
     ASSERT_TRUE(cluster.StartWorker(index).ok());  // the spare for the next round
@@ -226,7 +226,8 @@ TEST(Recovery, ACorruptCheckpointCostsNoRestartAndLeavesNothingBehind) {
   ASSERT_TRUE(end.ok()) << end.status();
   EXPECT_EQ(end->state(), v1::SUCCEEDED) << end->reason() << "\n" << cluster.CoordinatorLog();
   ASSERT_EQ(end->attempts_size(), 3) << end->DebugString();
-  EXPECT_EQ(end->attempts(1).end_cause(), "corrupt_checkpoint") << end->attempts(1).DebugString();
+  EXPECT_EQ(end->attempts(1).cause(), v1::END_CAUSE_CORRUPT_CHECKPOINT)
+      << end->attempts(1).DebugString();
   // Every step directory holds its MANIFEST and the shards it lists, nothing else.
   int steps = 0;
   for (const fs::directory_entry& e : fs::directory_iterator(job_dir)) {
@@ -272,7 +273,7 @@ TEST(Recovery, AStuckReplicaTimesOutTheCollectiveAndTheJobRecoversOnASpare) {
       *id, [](const v1::JobStatus& s) { return s.attempts_size() >= 2; }, absl::Seconds(60));
   ASSERT_TRUE(next.ok()) << next.status();
   const v1::JobAttempt& ended = next->attempts(0);
-  EXPECT_EQ(ended.end_cause(), "stage_error") << ended.DebugString();
+  EXPECT_EQ(ended.cause(), v1::END_CAUSE_STAGE_ERROR) << ended.DebugString();
   EXPECT_TRUE(absl::StrContains(ended.end_reason(), "among 2 replicas failed") &&
               absl::StrContains(ended.end_reason(), "timeout 3 s"))
       << ended.end_reason();

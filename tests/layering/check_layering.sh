@@ -39,6 +39,42 @@ if [ -n "$hits" ]; then
   echo "layering: string comparisons against job-spec names (compare the enums of services/spec/enums.h):"
   echo "$hits"; fail=1
 fi
+# Why an attempt ended is a v1::EndCause (coordinator/end_cause.h): no code
+# or test compares a cause's label.
+causes='worker_lost|stage_error|configure_timeout|stalled|corrupt_checkpoint|coordinator_restart|preempted|grow|rebalance'
+hits=$(grep -rnE "(==|!=) *\"($causes)\"|\"($causes)\" *(==|!=)|end_cause\(\)( *[!=]=|, *\")" \
+  worker coordinator clients services tests --include='*.h' --include='*.cc' || true)
+if [ -n "$hits" ]; then
+  echo "layering: end causes compared as strings (compare v1::EndCause):"; echo "$hits"; fail=1
+fi
+# Inside coordinator/ the units (x.h with x.cc) include one another in one
+# direction only: no cycle.
+if ! python3 - <<'PY'
+import glob, os, re, sys
+graph = {}
+for f in glob.glob("coordinator/*.h") + glob.glob("coordinator/*.cc"):
+    unit = os.path.basename(f).rsplit(".", 1)[0]
+    for inc in re.findall(r'^#include "coordinator/([a-z_0-9]+)\.h"', open(f).read(), re.M):
+        if inc != unit:
+            graph.setdefault(unit, set()).add(inc)
+def reaches(a, b):
+    seen, todo = set(), [a]
+    while todo:
+        x = todo.pop()
+        if x == b:
+            return True
+        if x not in seen:
+            seen.add(x)
+            todo.extend(graph.get(x, ()))
+    return False
+bad = sorted({tuple(sorted((a, b))) for a in graph for b in graph[a] if reaches(b, a)})
+for a, b in bad:
+    print(f"layering: coordinator/{a} and coordinator/{b} include each other (directly or not)")
+sys.exit(1 if bad else 0)
+PY
+then
+  fail=1
+fi
 if [ -n "$coordinator_bin" ]; then
   if [ ! -x "$coordinator_bin" ]; then
     echo "layering: $coordinator_bin is not built"; fail=1

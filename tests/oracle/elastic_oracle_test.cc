@@ -203,7 +203,7 @@ TEST(ElasticOracleTest, BackpropShrinksToTwoStagesAndGrowsBackToFour) {
   ASSERT_GE(done->attempts_size(), 3) << done->DebugString();
   const v1::JobAttempt& grown = done->attempts(done->attempts_size() - 1);
   EXPECT_EQ(grown.workers_size(), kStages);
-  EXPECT_EQ(done->attempts(done->attempts_size() - 2).end_cause(), "grow");
+  EXPECT_EQ(done->attempts(done->attempts_size() - 2).cause(), v1::END_CAUSE_GROW);
   std::cout << "[grow] lost 2 of 4 workers at step " << reached->step() << ", ran on 2 stages from "
             << shrunk_at << ", back on 4 from step " << grown.from_step() << "\n";
   auto got = testing::CheckpointTensors(ckpt, *id, total);
@@ -255,7 +255,7 @@ TEST(ElasticOracleTest, ASigtermedWorkersJobResumesFromTheCheckpointItAskedFor) 
                                           << cli::TailFile(cluster.CoordinatorLog(), 40);
   EXPECT_EQ(done->step(), total);
   ASSERT_EQ(done->attempts_size(), 2) << done->DebugString();
-  EXPECT_EQ(done->attempts(0).end_cause(), "preempted");
+  EXPECT_EQ(done->attempts(0).cause(), v1::END_CAUSE_PREEMPTED);
   EXPECT_THAT(done->attempts(0).end_reason(),
               ::testing::HasSubstr(absl::StrCat("worker w", victim, " is being preempted")));
   const int64_t from = done->attempts(1).from_step();
@@ -353,7 +353,7 @@ trace: {steps: [130, 140]}
   ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason() << "\n"
                                           << cli::TailFile(cluster.CoordinatorLog(), 40);
   ASSERT_EQ(done->attempts_size(), 2) << done->DebugString();
-  EXPECT_EQ(done->attempts(0).end_cause(), "rebalance");
+  EXPECT_EQ(done->attempts(0).cause(), v1::END_CAUSE_REBALANCE);
   EXPECT_THAT(done->attempts(0).end_reason(),
               ::testing::HasSubstr(absl::StrCat("stage 2 (worker ", slowed, ")")));
   const auto& summary = done->summary();

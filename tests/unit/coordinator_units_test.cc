@@ -50,7 +50,7 @@ LiveJob RunningJob(const std::string& extra_yaml = "") {
   job.status.set_num_phases(1);
   job.status.set_attempt(1);
   job.attempt = 1;
-  job.workers = {"w0", "w1"};
+  job.run.workers = {"w0", "w1"};
   job.ranges = {{0, 2}, {2, 4}};
   v1::JobAttempt* old = job.status.add_attempts();
   old->set_attempt(0);
@@ -152,7 +152,7 @@ TEST(EventAdmission, ARepeatedPhaseDoneIsRefused) {
   LiveJob job = RunningJob();
   const v1::WorkerEvent first = WithAttempt(testing::PhaseDoneEvent("w0", "job-1", 0, 0), 1);
   EXPECT_EQ(AdmitEvent(first, &job).verdict, Verdict::kTake);
-  job.phase_done[0].insert(SlotOf(job, 0, 0));
+  job.run.phase_done[0].insert(SlotOf(job, 0, 0));
   const Admission again = AdmitEvent(first, &job);
   EXPECT_EQ(again.verdict, Verdict::kRefuse);
   EXPECT_EQ(again.label, "repeated") << again.why;
@@ -223,7 +223,7 @@ TEST(EventAdmission, RetryableAndNonFiniteValues) {
 
 TEST(LiveJob, MetricsMoveTheStatusOnlyFromTheRightStage) {
   LiveJob job = RunningJob();
-  job.started = absl::Now() - absl::Seconds(2);
+  job.run.started = absl::Now() - absl::Seconds(2);
   v1::MetricsReport m;
   m.set_step(8);
   (*m.mutable_values())["train_loss"] = 0.5;
@@ -261,13 +261,13 @@ class JobRecoveryTest : public ::testing::Test {
 
 TEST_F(JobRecoveryTest, ALostWorkerEndsTheAttemptAndQueuesTheNext) {
   host_.jobs["job-1"] = RunningJob("recovery: {max_restarts: 3}\n");
-  recovery_.Recover("job-1", "lost worker w1", "worker_lost");
+  recovery_.Recover("job-1", "lost worker w1", v1::END_CAUSE_WORKER_LOST);
   ASSERT_EQ(host_.stopped.size(), 1u);
   EXPECT_THAT(host_.stopped[0].second, HasSubstr("attempt 1 ended: lost worker w1"));
   const LiveJob& job = host_.jobs.at("job-1");
   EXPECT_EQ(job.attempt, 2);
   EXPECT_EQ(job.status.attempt(), 2);
-  EXPECT_TRUE(job.workers.empty());
+  EXPECT_TRUE(job.run.workers.empty());
   EXPECT_EQ(job.status.state(), v1::RECOVERING);
   EXPECT_EQ(job.status.attempts(1).end_reason(), "lost worker w1");
   ASSERT_EQ(host_.requeued.size(), 1u);
@@ -275,7 +275,7 @@ TEST_F(JobRecoveryTest, ALostWorkerEndsTheAttemptAndQueuesTheNext) {
   EXPECT_THAT(host_.progress.back(), HasSubstr("will start from step 0"));
   EXPECT_LT(job.recovery_deadline, absl::InfiniteFuture());
   // A second loss while it waits only names the cause better.
-  recovery_.Recover("job-1", "lost worker w0", "worker_lost");
+  recovery_.Recover("job-1", "lost worker w0", v1::END_CAUSE_WORKER_LOST);
   EXPECT_EQ(host_.requeued.size(), 1u);
   EXPECT_EQ(host_.jobs.at("job-1").status.attempts(1).end_reason(), "lost worker w0");
 }
@@ -306,7 +306,7 @@ TEST_F(JobRecoveryTest, TheCauseReplacesABrokenStreamThatWasReportedFirst) {
   EXPECT_EQ(job.status.attempts(1).end_reason(),
             absl::StrCat(cause.message(), " (first reported: ", echo.message(), ")"));
   EXPECT_FALSE(job.status.attempts(1).end_reason_secondary());
-  EXPECT_EQ(job.status.attempts(1).end_cause(), "stage_error");
+  EXPECT_EQ(job.status.attempts(1).cause(), v1::END_CAUSE_STAGE_ERROR);
   v1::StageError later = cause;
   later.set_message("stage 1: something else");
   recovery_.NoteLateError(job, 1, later);  // the cause is named once
@@ -322,7 +322,7 @@ TEST_F(JobRecoveryTest, TheCauseReplacesABrokenStreamThatWasReportedFirst) {
 
 TEST_F(JobRecoveryTest, GivesUpAfterMaxRestarts) {
   host_.jobs["job-1"] = RunningJob("recovery: {max_restarts: 1}\n");
-  recovery_.Recover("job-1", "the stream broke", "stage_error");
+  recovery_.Recover("job-1", "the stream broke", v1::END_CAUSE_STAGE_ERROR);
   ASSERT_EQ(host_.ended.size(), 1u);
   EXPECT_EQ(host_.ended[0].state, v1::FAILED);
   EXPECT_THAT(host_.ended[0].reason, HasSubstr("gave up after 2 attempt(s)"));
@@ -331,7 +331,7 @@ TEST_F(JobRecoveryTest, GivesUpAfterMaxRestarts) {
 
 TEST_F(JobRecoveryTest, WithoutACheckpointOrFromScratchTheJobFails) {
   host_.jobs["job-1"] = RunningJob("recovery: {from_scratch: false}\n");
-  recovery_.Recover("job-1", "lost worker w1", "worker_lost");
+  recovery_.Recover("job-1", "lost worker w1", v1::END_CAUSE_WORKER_LOST);
   ASSERT_EQ(host_.ended.size(), 1u);
   EXPECT_THAT(host_.ended[0].reason, HasSubstr("recovery.from_scratch is false"));
 }
@@ -340,7 +340,7 @@ TEST_F(JobRecoveryTest, AProfilingJobGoesBackToTheQueue) {
   LiveJob job = RunningJob();
   job.status.set_state(v1::PROFILING);
   host_.jobs["job-1"] = job;
-  recovery_.Recover("job-1", "lost worker w0", "worker_lost");
+  recovery_.Recover("job-1", "lost worker w0", v1::END_CAUSE_WORKER_LOST);
   ASSERT_EQ(host_.requeued.size(), 1u);
   EXPECT_FALSE(host_.requeued[0].second);
   EXPECT_EQ(host_.jobs.at("job-1").status.state(), v1::PENDING);
@@ -355,8 +355,8 @@ TEST_F(JobRecoveryTest, DeadlinesFailWaitingJobsAndRecoverSilentStages) {
   LiveJob configuring = RunningJob("recovery: {max_restarts: 5}\n");
   configuring.status.set_job_id("job-2");
   configuring.status.set_state(v1::CONFIGURING);
-  configuring.configure_deadline = absl::Now() - absl::Seconds(1);
-  configuring.pending_acks = {{7, "w1"}};
+  configuring.run.configure_deadline = absl::Now() - absl::Seconds(1);
+  configuring.run.pending_acks = {{7, "w1"}};
   host_.jobs["job-2"] = configuring;
   recovery_.CheckDeadlines(absl::Now());
   ASSERT_EQ(host_.ended.size(), 1u);
@@ -436,8 +436,8 @@ TEST_F(JobRecoveryTest, APlannedStopCheckpointsFirstAndIsNoRestart) {
       "checkpoint: {dir: /tmp/never-written, every_steps: 1000}\nrecovery: {max_restarts: 1}\n");
   LiveJob& job = host_.jobs.at("job-1");
   PlannedStops planned(&host_, &recovery_);
-  ASSERT_TRUE(planned.Begin("job-1", job, "worker w1 is being preempted", "preempted"));
-  EXPECT_FALSE(planned.Begin("job-1", job, "again", "preempted"));  // one at a time
+  ASSERT_TRUE(planned.Begin("job-1", job, "worker w1 is being preempted", v1::END_CAUSE_PREEMPTED));
+  EXPECT_FALSE(planned.Begin("job-1", job, "again", v1::END_CAUSE_PREEMPTED));  // one at a time
   ASSERT_EQ(host_.sent.size(), 1u);
   EXPECT_EQ(host_.sent[0].first, "w0");  // stage 0
   EXPECT_EQ(host_.sent[0].second.checkpoint_soon().job_id(), "job-1");
@@ -453,26 +453,26 @@ TEST_F(JobRecoveryTest, APlannedStopCheckpointsFirstAndIsNoRestart) {
   EXPECT_TRUE(host_.ended.empty()) << host_.ended[0].reason;
   const LiveJob& after = host_.jobs.at("job-1");
   EXPECT_EQ(after.status.state(), v1::RECOVERING);
-  EXPECT_EQ(after.status.attempts(1).end_cause(), "preempted");
+  EXPECT_EQ(after.status.attempts(1).cause(), v1::END_CAUSE_PREEMPTED);
   EXPECT_THAT(after.status.attempts(1).end_reason(),
               HasSubstr("worker w1 is being preempted (checkpoint at step 17 committed)"));
-  EXPECT_FALSE(after.planned_stop.has_value());
+  EXPECT_FALSE(after.run.planned_stop.has_value());
   // The lost worker's stream closing afterwards does not rename the cause.
   recovery_.NoteLostWorker("w1", "lost worker w1: its control stream closed");
-  EXPECT_EQ(host_.jobs.at("job-1").status.attempts(1).end_cause(), "preempted");
+  EXPECT_EQ(host_.jobs.at("job-1").status.attempts(1).cause(), v1::END_CAUSE_PREEMPTED);
 }
 
 TEST_F(JobRecoveryTest, APlannedStopNeedsARunningJobWithCheckpointsAndExpires) {
   host_.jobs["job-1"] = RunningJob();  // no checkpoint.dir
   PlannedStops planned(&host_, &recovery_);
-  EXPECT_FALSE(planned.Begin("job-1", host_.jobs.at("job-1"), "why", "preempted"));
+  EXPECT_FALSE(planned.Begin("job-1", host_.jobs.at("job-1"), "why", v1::END_CAUSE_PREEMPTED));
   host_.jobs["job-1"] = RunningJob("checkpoint: {dir: /tmp/never-written}\n");
   LiveJob& job = host_.jobs.at("job-1");
-  ASSERT_TRUE(planned.Begin("job-1", job, "why", "preempted"));
+  ASSERT_TRUE(planned.Begin("job-1", job, "why", v1::END_CAUSE_PREEMPTED));
   planned.CheckDeadlines(absl::Now());
-  EXPECT_TRUE(job.planned_stop.has_value());
+  EXPECT_TRUE(job.run.planned_stop.has_value());
   planned.CheckDeadlines(absl::Now() + PlannedStops::kTimeout + absl::Seconds(1));
-  EXPECT_FALSE(job.planned_stop.has_value());
+  EXPECT_FALSE(job.run.planned_stop.has_value());
   EXPECT_THAT(host_.progress.back(), HasSubstr("why: no checkpoint within"));
   EXPECT_TRUE(host_.stopped.empty());
 }
@@ -502,7 +502,7 @@ TEST_F(JobRecoveryTest, OneStageOverItsPlanForAWindowHasTheJobReplanned) {
   }
   EXPECT_NEAR(job.status.summary().at("stage0.pace_over_plan"), 1.3, 1e-9);
   EXPECT_NEAR(job.status.summary().at("stage1.pace_over_plan"), 1.3, 1e-9);
-  EXPECT_EQ(job.imbalanced_since, -1);
+  EXPECT_EQ(job.run.imbalanced_since, -1);
   // From step 45 on stage 0 runs at twice its plan, stage 1 at its plan.
   double c0 = 0.013 * 40, c1 = 0.026 * 40;
   for (int64_t step = 45; step <= 100; step += 5) {
@@ -519,7 +519,7 @@ TEST_F(JobRecoveryTest, OneStageOverItsPlanForAWindowHasTheJobReplanned) {
   ASSERT_FALSE(host_.progress.empty());
   EXPECT_THAT(host_.progress.back(), HasSubstr("not rebalancing: no profile of worker w0"));
   EXPECT_GE(job.status.step() - 45, 20);  // not before a whole window
-  EXPECT_FALSE(job.planned_stop.has_value());
+  EXPECT_FALSE(job.run.planned_stop.has_value());
 }
 
 TEST_F(JobRecoveryTest, StageErrorsRecoverOnlyWhenTransient) {
@@ -549,7 +549,7 @@ TEST(LiveJob, TheStallLimitFollowsTheMeasuredStepTime) {
   LiveJob job = RunningJob();
   EXPECT_EQ(StallDeadline(job), absl::InfiniteFuture());  // the attempt has not started
   const absl::Time t0 = absl::Now();
-  job.progressed = t0;
+  job.run.progressed = t0;
   EXPECT_EQ(StallLimit(job), absl::Seconds(300));  // nothing measured: the floor
   for (int i = 1; i <= 100; ++i) NoteProgress(job, i, t0 + absl::Seconds(30 * i));
   EXPECT_EQ(StallLimit(job), absl::Seconds(600));  // 20 x 30 s
@@ -578,7 +578,7 @@ TEST(LiveJob, TheStallLimitFollowsTheMeasuredStepTime) {
 TEST_F(JobRecoveryTest, AJobThatStopsAdvancingIsRecoveredAsStalled) {
   LiveJob job = RunningJob("recovery: {max_restarts: 3, stall_seconds: 60}\n");
   const absl::Time t0 = absl::Now();
-  job.progressed = t0;
+  job.run.progressed = t0;
   host_.jobs["job-1"] = job;
   recovery_.CheckDeadlines(t0 + absl::Seconds(59));
   EXPECT_EQ(host_.jobs.at("job-1").status.state(), v1::RUNNING);
@@ -588,7 +588,7 @@ TEST_F(JobRecoveryTest, AJobThatStopsAdvancingIsRecoveredAsStalled) {
   recovery_.CheckDeadlines(t0 + absl::Seconds(111));
   const LiveJob& recovered = host_.jobs.at("job-1");
   EXPECT_EQ(recovered.status.state(), v1::RECOVERING);
-  EXPECT_EQ(recovered.status.attempts(1).end_cause(), "stalled");
+  EXPECT_EQ(recovered.status.attempts(1).cause(), v1::END_CAUSE_STALLED);
   EXPECT_THAT(
       recovered.status.attempts(1).end_reason(),
       HasSubstr("stalled: no progress past step 5 for 1m1s (limit 1m, recovery.stall_seconds)"));
@@ -598,20 +598,20 @@ TEST_F(JobRecoveryTest, AJobThatStopsAdvancingIsRecoveredAsStalled) {
 TEST_F(JobRecoveryTest, ACorruptCheckpointsAttemptIsNotARestart) {
   // Attempt 0 ended on a fault; attempt 1 never ran: its checkpoint was corrupt.
   host_.jobs["job-1"] = RunningJob("recovery: {max_restarts: 1}\n");
-  recovery_.Recover("job-1", "checkpoint /c/step-20 is corrupt", "corrupt_checkpoint");
+  recovery_.Recover("job-1", "checkpoint /c/step-20 is corrupt", v1::END_CAUSE_CORRUPT_CHECKPOINT);
   EXPECT_TRUE(host_.ended.empty());
   ASSERT_EQ(host_.requeued.size(), 1u);
-  EXPECT_EQ(host_.jobs.at("job-1").status.attempts(1).end_cause(), "corrupt_checkpoint");
+  EXPECT_EQ(host_.jobs.at("job-1").status.attempts(1).cause(), v1::END_CAUSE_CORRUPT_CHECKPOINT);
 }
 
 TEST_F(JobRecoveryTest, ALossReportedAfterTheAttemptEndedBecomesItsCause) {
   host_.jobs["job-1"] = RunningJob();
-  recovery_.Recover("job-1", "the stream from stage 0 broke", "stage_error");
+  recovery_.Recover("job-1", "the stream from stage 0 broke", v1::END_CAUSE_STAGE_ERROR);
   const v1::JobAttempt& a = host_.jobs.at("job-1").status.attempts(1);
   recovery_.NoteLostWorker("w9", "lost worker w9: gone");  // not one of the attempt's
-  EXPECT_EQ(a.end_cause(), "stage_error");
+  EXPECT_EQ(a.cause(), v1::END_CAUSE_STAGE_ERROR);
   recovery_.NoteLostWorker("w0", "lost worker w0: stream closed");
-  EXPECT_EQ(a.end_cause(), "worker_lost");
+  EXPECT_EQ(a.cause(), v1::END_CAUSE_WORKER_LOST);
   EXPECT_EQ(a.end_reason(),
             "lost worker w0: stream closed (first reported: the stream from stage 0 broke)");
   recovery_.NoteLostWorker("w1", "lost worker w1: stream closed");  // the cause is named once
@@ -664,7 +664,7 @@ TEST_F(CheckpointCommitTest, CommitsOnceEveryStagesShardIsIn) {
   EXPECT_EQ(committed[0].manifest.attempt(), 1);
   EXPECT_EQ(committed[0].manifest.shards(1).block_begin(), 2);
   EXPECT_THAT(host_.progress.back(), HasSubstr("checkpoint at step 10 committed"));
-  EXPECT_TRUE(job.shards.empty());
+  EXPECT_TRUE(job.run.shards.empty());
 }
 
 TEST_F(CheckpointCommitTest, AShardTheCoordinatorCannotSeeIsNotCommitted) {
@@ -681,10 +681,10 @@ TEST_F(CheckpointCommitTest, AShardTheCoordinatorCannotSeeIsNotCommitted) {
 TEST_F(CheckpointCommitTest, JobsWithoutACheckpointDirAndBadStagesAreIgnored) {
   host_.jobs["job-1"] = RunningJob();
   committer_.OnShardSaved("job-1", host_.jobs.at("job-1"), 0, Shard(0, 10));
-  EXPECT_TRUE(host_.jobs.at("job-1").shards.empty());
+  EXPECT_TRUE(host_.jobs.at("job-1").run.shards.empty());
   host_.jobs["job-2"] = RunningJob("checkpoint: {dir: " + root_ + ", every_steps: 10}\n");
   committer_.OnShardSaved("job-2", host_.jobs.at("job-2"), 5, Shard(0, 10));
-  EXPECT_TRUE(host_.jobs.at("job-2").shards.empty());
+  EXPECT_TRUE(host_.jobs.at("job-2").run.shards.empty());
 }
 
 TEST(JobStatusView, PublishesToWatchersAndForgetsEndedJobs) {

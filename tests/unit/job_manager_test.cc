@@ -341,7 +341,7 @@ TEST_F(JobManagerTest, TwoLossesOfOneFaultCostOneRestart) {
   ASSERT_EQ(st.state(), v1::CONFIGURING) << st.reason();
   ASSERT_EQ(st.attempts_size(), 2);
   EXPECT_THAT(st.attempts(1).workers(), ::testing::ElementsAre("w2", "w3"));
-  EXPECT_EQ(st.attempts(0).end_cause(), "worker_lost");
+  EXPECT_EQ(st.attempts(0).cause(), v1::END_CAUSE_WORKER_LOST);
 }
 
 TEST_F(JobManagerTest, CancelPendingAndRunningJobs) {
@@ -591,7 +591,7 @@ TEST_F(JobManagerTest, CommitsCheckpointsAndResumesFromTheNewest) {
   // spent on the broken stream), and the next one resumes from step 10.
   EXPECT_EQ(st.state(), v1::CONFIGURING) << st.reason();
   ASSERT_EQ(st.attempts_size(), 3);
-  EXPECT_EQ(st.attempts(1).end_cause(), "corrupt_checkpoint");
+  EXPECT_EQ(st.attempts(1).cause(), v1::END_CAUSE_CORRUPT_CHECKPOINT);
   EXPECT_THAT(st.attempts(1).end_reason(), HasSubstr("is corrupt"));
   EXPECT_EQ(st.attempts(2).from_step(), 10);
   listed = manager_->ListCheckpoints(id);
