@@ -15,6 +15,14 @@ void CheckpointCommitter::OnShardSaved(const std::string& job_id, LiveJob& job, 
                                        const v1::CheckpointSaved& saved) {
   if (job.spec.checkpoint.dir.empty()) return;
   if (stage < 0 || stage >= NumStages(job)) return;  // replica 0's shards (one per stage)
+  // A replacing stage (recovery.replay) writes again what was committed.
+  if (job.spec.recovery.replay && saved.step() <= job.status.last_checkpoint_step()) {
+    std::error_code ec;
+    const std::string manifest =
+        checkpoint::StepDir(job.spec.checkpoint.dir, job_id, saved.step()) + "/" +
+        checkpoint::kManifestName;
+    if (std::filesystem::exists(manifest, ec)) return;
+  }
   // Uncommitted checkpoints are few (a stage lags its peers by a step or two):
   // keep the newest 16 so no sender can grow the map.
   while (job.run.shards.size() >= 16 && job.run.shards.count(saved.step()) == 0) {
@@ -83,6 +91,17 @@ void CheckpointCommitter::Commit(const std::string& job_id, LiveJob& job, int64_
   auto pruned = checkpoint::Prune(root, job_id, job.spec.checkpoint.keep);
   if (!pruned.ok()) STAGEWISE_LOG(WARNING) << "job " << job_id << ": " << pruned.status();
   host_->UpdateProgress(job, absl::StrCat("checkpoint at step ", step, " committed"), {});
+  if (job.spec.recovery.replay) {
+    // The stages drop what they kept from before it.
+    for (const std::string& worker : DistinctWorkers(job)) {
+      v1::Command command;
+      v1::CheckpointCommitted* c = command.mutable_checkpoint_committed();
+      c->set_job_id(job_id);
+      c->set_attempt(job.attempt);
+      c->set_step(step);
+      host_->Send(worker, std::move(command));
+    }
+  }
 }
 
 }  // namespace stagewise::coordinator

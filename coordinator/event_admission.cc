@@ -163,6 +163,7 @@ int EventAttempt(const v1::WorkerEvent& event) {
     case v1::WorkerEvent::kCheckpointSaved:
     case v1::WorkerEvent::kCheckpointPlanned:
     case v1::WorkerEvent::kTrace:
+    case v1::WorkerEvent::kReplayDone:
       return event.attempt();
     case v1::WorkerEvent::kError:
       // Profiling and configuration errors (stage -1) belong to no attempt.

@@ -41,8 +41,11 @@ class JobHost {
   // Puts the job back in the scheduler's queue (ahead of new jobs when
   // `recovering`); the loop schedules after the current task, never inside.
   virtual void Requeue(const std::string& job_id, bool recovering) = 0;
-  // Sends a command to a worker (its id is set by the sender).
+  // Sends a command to a worker (its id is set by the sender unless it has
+  // one from NewCommandId).
   virtual void Send(const std::string& worker_id, v1::Command command) = 0;
+  // An id for a command whose acknowledgement the caller waits for.
+  virtual int64_t NewCommandId() = 0;
 };
 
 }  // namespace stagewise::coordinator

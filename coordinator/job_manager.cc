@@ -366,6 +366,8 @@ void JobManager::HandleEvent(const v1::WorkerEvent& event) {
       if (!first_replica) return;
       committer_.OnShardSaved(job_id, jobs_.at(job_id), event.stage(), event.checkpoint_saved());
       return planned_.OnCommitted(job_id, jobs_.at(job_id));
+    case v1::WorkerEvent::kReplayDone:
+      return replacer_.OnReplayDone(jobs_.at(job_id), event.stage(), event.replay_done());
     case v1::WorkerEvent::kCheckpointPlanned:
       if (!first_replica || event.stage() != 0) return;
       return planned_.OnPlanned(jobs_.at(job_id), event.checkpoint_planned().step());
@@ -396,6 +398,7 @@ void JobManager::HandleEvent(const v1::WorkerEvent& event) {
 
 void JobManager::OnAck(const v1::Ack& ack, const std::string& sender) {
   STAGEWISE_BUG(OnLoop());
+  if (replacer_.OnAck(ack.command_id(), sender)) return;
   for (auto& [id, job] : jobs_) {
     auto pending = job.run.pending_acks.find(ack.command_id());
     if (pending == job.run.pending_acks.end()) continue;
@@ -454,6 +457,7 @@ void JobManager::OnMetrics(const std::string& job_id, int stage, const v1::Metri
     rebalancer_.OnComputeTime(job_id, job, stage, m.step(), it->second, absl::Now());
   }
   std::vector<MetricPoint> points = ApplyMetrics(job, stage, m, absl::Now());
+  replacer_.OnProgress(job);
   if (points.empty()) return;
   const v1::JobStatus& st = job.status;
   for (const MetricPoint& p : points) {
@@ -549,6 +553,11 @@ void JobManager::OnWorkerLost(const WorkerRegistry::Removed& worker, const std::
                          worker.replica >= 0 ? absl::StrCat(", replica ", worker.replica) : "",
                          "): ", why)
           : absl::StrCat("lost worker ", worker.worker_id, ": ", why);
+  // recovery.replay: only its stage goes back, on an idle worker.
+  if (LiveJob* job = FindJob(worker.job_id);
+      job != nullptr && replacer_.TryReplace(worker.job_id, *job, worker.worker_id, text)) {
+    return;
+  }
   recovery_.Recover(worker.job_id, text, v1::END_CAUSE_WORKER_LOST);
 }
 

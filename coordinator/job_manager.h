@@ -69,6 +69,7 @@
 #include "coordinator/planned_stop.h"
 #include "coordinator/rebalancer.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/stage_replacement.h"
 #include "coordinator/store.h"
 #include "coordinator/worker_registry.h"
 #include "services/common/check.h"
@@ -249,6 +250,7 @@ class JobManager : private JobHost {
   void Configure(const std::string& job_id, Job& job);
   void FlushProgress();
   void Send(const std::string& worker_id, v1::Command command) override;
+  int64_t NewCommandId() override { return next_command_++; }
   void RefreshGauges();
 
   // JobHost (job_host.h), for JobRecovery and CheckpointCommitter.
@@ -279,6 +281,7 @@ class JobManager : private JobHost {
   CheckpointCommitter committer_{this, metrics_};
   PlannedStops planned_{this, &recovery_};
   Rebalancer rebalancer_{this, &planned_, &scheduler_};
+  StageReplacer replacer_{this, &registry_, &scheduler_};
   std::map<std::string, Job> jobs_;
   std::set<std::string> dirty_;                                  // jobs with unwritten status
   std::vector<std::pair<std::string, MetricPoint>> points_;      // unwritten metric history

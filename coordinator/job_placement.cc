@@ -9,22 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/job_manager.h"
 #include "services/common/log.h"
-#include "services/planner/plan_proto.h"
 
 namespace stagewise::coordinator {
-namespace {
-
-// placement.labels, plus kNeedsCudaLabel for a job on a GPU.
-std::vector<std::string> PlacementLabels(const JobSpec& spec) {
-  std::vector<std::string> labels = spec.placement.labels;
-  if (spec.device == "cuda" || absl::StartsWith(spec.device, "cuda:")) {
-    labels.push_back(kNeedsCudaLabel);
-  }
-  return labels;
-}
-
-}  // namespace
-
 // --- Loop thread: lifecycle -------------------------------------------------
 
 void JobManager::ScheduleIfNeeded() {
@@ -125,15 +111,7 @@ void JobManager::Configure(const std::string& job_id, Job& job) {
   STAGEWISE_BUG(OnLoop());
   std::vector<v1::Command> commands = scheduler_.StageAssignments(
       job_id, job.yaml, job.run.workers, job.ranges, job.modes, NumReplicas(job));
-  for (v1::Command& c : commands) {
-    v1::StageAssignment& a = *c.mutable_configure();
-    a.set_schedule(planner::ToProto(job.schedule));
-    // The plan's choice for this cut (a cut made without a plan has none).
-    if (static_cast<int>(job.wire.size()) == NumStages(job) && a.stage() < NumStages(job)) {
-      a.set_forward_compression(planner::ToProto(job.wire[a.stage()].forward));
-      a.set_backward_compression(planner::ToProto(job.wire[a.stage()].backward));
-    }
-  }
+  for (v1::Command& c : commands) SetPlanned(job, c.mutable_configure());
   job.recovery_deadline = absl::InfiniteFuture();
   job.run.configure_deadline = absl::Now() + options_.configure_timeout;
   recovery_.BeginAttempt(job, &commands);

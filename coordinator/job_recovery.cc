@@ -320,34 +320,9 @@ void JobRecovery::BeginAttempt(LiveJob& job, std::vector<v1::Command>* commands)
       job.status.set_phase_name(phases[m.phase()].name);
       job.status.set_algorithm(phases[m.phase()].algorithm.name());
     }
-    // Every replica of stage j loads stage j's one shard (replicas are
-    // equal); on another cut (recovery.min_stages), every shard that holds
-    // some of stage j's blocks.
-    const bool same_cut = m.shards_size() == NumStages(job);
     for (size_t slot = 0; slot < commands->size(); ++slot) {
-      const int j = static_cast<int>(slot) % NumStages(job);
-      const auto [begin, end] = job.ranges[static_cast<size_t>(j)];
-      v1::ResumePoint* r = (*commands)[slot].mutable_configure()->mutable_resume();
-      r->set_step(m.step());
-      r->set_phase(m.phase());
-      r->set_phase_step(m.phase_step());
-      if (same_cut && m.shards(j).block_begin() == begin && m.shards(j).block_end() == end) {
-        const v1::CheckpointShard& shard = m.shards(j);
-        r->set_shard_path(job.resume->dir + "/" + shard.file());
-        r->set_shard_bytes(shard.bytes());
-        r->set_shard_crc32(shard.crc32());
-        continue;
-      }
-      for (const v1::CheckpointShard& shard : m.shards()) {
-        if (shard.block_end() <= begin || shard.block_begin() >= end) continue;
-        v1::ResumeShard* source = r->add_sources();
-        source->set_path(job.resume->dir + "/" + shard.file());
-        source->set_bytes(shard.bytes());
-        source->set_crc32(shard.crc32());
-        source->set_stage(shard.stage());
-        source->set_block_begin(shard.block_begin());
-        source->set_block_end(shard.block_end());
-      }
+      *(*commands)[slot].mutable_configure()->mutable_resume() =
+          ResumeFor(job, *job.resume, static_cast<int>(slot));
     }
   } else if (job.attempt > 0) {
     job.status.set_steps_redone(job.status.steps_redone() + job.max_step);

@@ -2,10 +2,13 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/worker_registry.h"
 #include "services/common/status_macros.h"
 #include "services/data/sizes.h"
 #include "services/models/plan.h"
+#include "services/planner/plan_proto.h"
 
 namespace stagewise::coordinator {
 
@@ -154,6 +157,56 @@ absl::StatusOr<std::string> CutFewerStages(LiveJob& job, int count) {
       job.resume
           ? absl::StrCat(", the checkpoint at step ", job.resume->manifest.step(), " resharded")
           : "");
+}
+
+std::vector<std::string> PlacementLabels(const JobSpec& spec) {
+  std::vector<std::string> labels = spec.placement.labels;
+  if (spec.device == "cuda" || absl::StartsWith(spec.device, "cuda:")) {
+    labels.push_back(kNeedsCudaLabel);
+  }
+  return labels;
+}
+
+v1::ResumePoint ResumeFor(const LiveJob& job, const checkpoint::Committed& from, int slot) {
+  // Every replica of stage j loads stage j's one shard (replicas are equal);
+  // on another cut (recovery.min_stages), every shard that holds some of
+  // stage j's blocks.
+  const v1::CheckpointManifest& m = from.manifest;
+  const int j = slot % NumStages(job);
+  const auto [begin, end] = job.ranges[static_cast<size_t>(j)];
+  v1::ResumePoint r;
+  r.set_step(m.step());
+  r.set_phase(m.phase());
+  r.set_phase_step(m.phase_step());
+  if (m.shards_size() == NumStages(job) && m.shards(j).block_begin() == begin &&
+      m.shards(j).block_end() == end) {
+    const v1::CheckpointShard& shard = m.shards(j);
+    r.set_shard_path(from.dir + "/" + shard.file());
+    r.set_shard_bytes(shard.bytes());
+    r.set_shard_crc32(shard.crc32());
+    return r;
+  }
+  for (const v1::CheckpointShard& shard : m.shards()) {
+    if (shard.block_end() <= begin || shard.block_begin() >= end) continue;
+    v1::ResumeShard* source = r.add_sources();
+    source->set_path(from.dir + "/" + shard.file());
+    source->set_bytes(shard.bytes());
+    source->set_crc32(shard.crc32());
+    source->set_stage(shard.stage());
+    source->set_block_begin(shard.block_begin());
+    source->set_block_end(shard.block_end());
+  }
+  return r;
+}
+
+void SetPlanned(const LiveJob& job, v1::StageAssignment* a) {
+  a->set_schedule(planner::ToProto(job.schedule));
+  // The plan's choice for this cut (a cut made without a plan has none).
+  if (static_cast<int>(job.wire.size()) == NumStages(job) && a->stage() < NumStages(job)) {
+    a->set_forward_compression(planner::ToProto(job.wire[a->stage()].forward));
+    a->set_backward_compression(planner::ToProto(job.wire[a->stage()].backward));
+  }
+  a->set_replay(job.spec.recovery.replay);
 }
 
 std::vector<std::string> SlotWorkers(const LiveJob& job, const std::vector<std::string>& claimed) {

@@ -84,6 +84,18 @@ struct Attempt {
   int64_t imbalanced_since = -1;
   // recovery.min_stages: since when idle workers could take more stages.
   absl::Time grow_possible_since = absl::InfiniteFuture();
+  // recovery.replay (coordinator/stage_replacement.h): the stage being
+  // replaced, until the job runs at full speed again.
+  struct Replacement {
+    int slot = -1;
+    std::string worker;                // the spare
+    int64_t configure_id = 0;          // its StageAssignment's command
+    std::set<int64_t> neighbour_acks;  // NeighbourReplaced not acknowledged yet
+    bool started = false;              // the spare was told to start
+    absl::Time lost = absl::InfinitePast();
+    int64_t job_step = 0;  // the job's step when the worker was lost
+  };
+  std::optional<Replacement> replacement;
 };
 
 // A live job: its record (status, spec, the cut and plan the next attempt
@@ -184,6 +196,15 @@ inline int ChunksPerWorker(const LiveJob& job) {
 inline int NumWorkerStages(const LiveJob& job) {
   return std::max(1, NumStages(job) / ChunksPerWorker(job));
 }
+// placement.labels, plus kNeedsCudaLabel for a job on a GPU: the labels a
+// worker of the job must carry.
+std::vector<std::string> PlacementLabels(const JobSpec& spec);
+// Where stage slot `slot` resumes from the committed checkpoint `from`: its
+// own shard, or on another cut every shard holding some of its blocks.
+v1::ResumePoint ResumeFor(const LiveJob& job, const checkpoint::Committed& from, int slot);
+// What the plan chose for the assignment's stage (schedule, wire formats),
+// and recovery.replay.
+void SetPlanned(const LiveJob& job, v1::StageAssignment* a);
 // The claimed workers (J x R distinct ones, replica r's j-th at r * J + j)
 // spread over the slots: slot r * S + s is claimed[r * J + s % J].
 std::vector<std::string> SlotWorkers(const LiveJob& job, const std::vector<std::string>& claimed);

@@ -50,10 +50,10 @@ absl::Status CheckInfo(const v1::WorkerInfo& info) {
   // inside each event, v2 on the envelope), and a v2 worker's stage streams
   // do not open the way a v3 worker expects; a v3 worker reads schedules
   // and block modes as text.
-  if (info.protocol() != v1::CONTROL_PROTOCOL_V4) {
+  if (info.protocol() != v1::CONTROL_PROTOCOL_V5) {
     return absl::FailedPreconditionError(
         absl::StrCat("WorkerInfo.protocol: the worker speaks control protocol ", info.protocol(),
-                     ", this coordinator ", v1::CONTROL_PROTOCOL_V4,
+                     ", this coordinator ", v1::CONTROL_PROTOCOL_V5,
                      ": run the same stagewise version on the coordinator and the workers"));
   }
   if (info.address().empty()) return absl::InvalidArgumentError("WorkerInfo.address: empty");
@@ -254,6 +254,22 @@ std::vector<std::string> WorkerRegistry::Claim(const std::string& job_id, int n,
     w.replica = n > J ? static_cast<int>(slot) / J : -1;
   }
   return chosen;
+}
+
+std::string WorkerRegistry::ClaimOne(const std::string& job_id, int stage,
+                                     const std::vector<std::string>& labels,
+                                     const std::set<std::string>& taken) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, w] : workers_) {
+    if (w.sink == nullptr || !w.job_id.empty() || w.draining) continue;
+    if (!HasLabels(w.info, labels)) continue;
+    if (!w.identity.empty() && taken.count(w.identity) > 0) continue;
+    w.job_id = job_id;
+    w.stage = stage;
+    w.replica = -1;
+    return id;
+  }
+  return "";
 }
 
 std::vector<std::string> WorkerRegistry::Release(const std::string& job_id) {

@@ -18,6 +18,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,11 @@ class WorkerRegistry {
   // every one of them (stagewise-worker --label).
   std::vector<std::string> Claim(const std::string& job_id, int n, bool distinct_identities = false,
                                  int stages = 0, const std::vector<std::string>& labels = {});
+  // recovery.replay: one idle worker carrying every one of `labels`, whose
+  // certificate identity is none of `taken` (unless empty), for stage
+  // `stage` of `job_id`; "" when there is none.
+  std::string ClaimOne(const std::string& job_id, int stage, const std::vector<std::string>& labels,
+                       const std::set<std::string>& taken);
   // Idle workers that carry every one of `labels` ("key=value").
   int IdleWith(const std::vector<std::string>& labels) const;
   // WorkerEvent.preempting: the worker exits soon; it is never claimed again

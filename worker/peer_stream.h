@@ -37,13 +37,14 @@ class PeerStream : public std::enable_shared_from_this<PeerStream> {
   virtual ~PeerStream() = default;
 
   // Blocks while the outbox is full. Fails once the stream is closed or broken.
-  absl::Status Send(v1::StageMessage message) { return outbox_.Send(std::move(message)); }
+  // (Virtual for NeighbourLink's tests.)
+  virtual absl::Status Send(v1::StageMessage message) { return outbox_.Send(std::move(message)); }
   // Never blocks (from inside a reaction): RESOURCE_EXHAUSTED when full.
   absl::Status TrySend(v1::StageMessage message) { return outbox_.TrySend(std::move(message)); }
   // No more sends; ends the stream once queued writes are out. An error status
   // drops the queued writes and is reported to the peer (server side) or
   // cancels the call at once (client side).
-  void Close(const absl::Status& status) {
+  virtual void Close(const absl::Status& status) {
     outbox_.Close(status);
     if (!status.ok()) OnClosedWithError();
   }
@@ -53,7 +54,7 @@ class PeerStream : public std::enable_shared_from_this<PeerStream> {
   // its ClientContext and maybe the channel are destroyed on your thread,
   // never on a gRPC callback thread (destroying the last channel there makes
   // gRPC join that very thread and free its completion queue under it).
-  void WaitDone() const {
+  virtual void WaitDone() const {
     outbox_.WaitDone();
     absl::MutexLock lock(&released_->mu);
     released_->mu.Await(absl::Condition(&released_->released));

@@ -18,75 +18,45 @@
 
 namespace stagewise::worker {
 
-// Feeds one inbox from one peer stream, validating every message first.
-class StageRuntime::InboxSink : public MessageSink {
- public:
-  InboxSink(StageRuntime* runtime, BoundedQueue<v1::StageMessage>* queue, bool from_prev)
-      : runtime_(runtime), queue_(queue), from_prev_(from_prev) {}
-
-  absl::StatusOr<bool> Deliver(v1::StageMessage message, std::function<void()> resume) override {
-    // Payloads in the peer's shared ring are copied out before any check.
-    absl::Status s = (from_prev_ ? runtime_->prev_link_ : runtime_->next_link_).Resolve(&message);
-    if (s.ok()) s = runtime_->ValidateIncoming(message, from_prev_);
-    if (s.ok() && message.kind() == v1::StageMessage::OPEN) {
-      s = absl::InvalidArgumentError("StageMessage.kind: OPEN on a stream that is already open");
-    }
-    if (!s.ok()) {
-      runtime_->Fail(s);
-      return s;
-    }
-    if (message.kind() == v1::StageMessage::RING) {
-      runtime_->OnRing(message, from_prev_);
-      return true;
-    }
-    runtime_->metrics_->AddBytes(false, static_cast<int64_t>(message.ByteSizeLong()));
-    if (!queue_->ForcePush(std::move(message))) {
-      return absl::CancelledError("the stage is no longer running this job");
-    }
-    runtime_->metrics_->SetInboxDepth(static_cast<int64_t>(queue_->size()));
-    if (queue_->HasRoom()) return true;
-    queue_->NotifyWhenRoom(std::move(resume));  // backpressure: pause reading
-    return false;
-  }
-
-  void StreamClosed(const absl::Status& status) override {
-    if (!status.ok()) {
-      runtime_->Fail(NeighbourStreamError(
-          absl::StrCat(from_prev_ ? "the stream from stage " : "the stream to stage ",
-                       runtime_->stage() + (from_prev_ ? -1 : 1), " broke: ", status.message())));
-    }
-  }
-
- private:
-  StageRuntime* runtime_;
-  BoundedQueue<v1::StageMessage>* queue_;
-  const bool from_prev_;
-};
-
-StageRuntime::StageRuntime(RuntimeEnv env)
-    : env_(std::move(env)),
-      from_prev_(env_.inbox_capacity),
-      from_next_(env_.inbox_capacity),
-      prev_link_(env_.shared_memory_dir, env_.shared_ring_bytes),
-      next_link_(env_.shared_memory_dir, env_.shared_ring_bytes) {}
+StageRuntime::StageRuntime(RuntimeEnv env) : env_(std::move(env)) {}
 
 StageRuntime::~StageRuntime() {
   Stop(absl::CancelledError("runtime destroyed"));
   Join();
-  // The streams call back into its sinks until gRPC is done; Stop closed both, so soon.
-  if (downstream_) downstream_->WaitDone();
-  std::shared_ptr<UpstreamStream> upstream;
-  {
-    absl::MutexLock lock(&mu_);
-    upstream = upstream_;
-  }
-  if (upstream) upstream->WaitDone();
+  // The streams call back into their sinks until gRPC is done; Stop closed
+  // them, so soon (~StageStreams waits).
+  streams_.reset();
 }
 
 absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
     const v1::StageAssignment& assignment, RuntimeEnv env) {
   std::shared_ptr<StageRuntime> rt(new StageRuntime(std::move(env)));
   rt->assignment_ = assignment;
+  StageStreams::Setup setup{assignment.job_id(),
+                            assignment.stage(),
+                            assignment.num_stages(),
+                            assignment.attempt(),
+                            assignment.replay(),
+                            assignment.prev_identity(),
+                            rt->env_.rpc,
+                            rt->env_.inbox_capacity,
+                            rt->env_.outbox_capacity,
+                            rt->env_.shared_memory_dir,
+                            rt->env_.shared_ring_bytes};
+  StageStreams::Hooks hooks;
+  StageRuntime* raw = rt.get();
+  hooks.validate = [raw](const v1::StageMessage& m, bool from_prev) {
+    return raw->ValidateIncoming(m, from_prev);
+  };
+  hooks.stopped = [raw] { return !raw->Interrupted().ok(); };
+  hooks.received = [raw](int64_t bytes, bool from_prev) {
+    raw->metrics_->AddBytes(false, bytes);
+    raw->metrics_->SetInboxDepth(static_cast<int64_t>(
+        (from_prev ? raw->streams_->from_prev() : raw->streams_->from_next()).size()));
+    if (raw->replaying()) raw->replay_bytes_ += bytes;
+  };
+  hooks.fail = [raw](const absl::Status& s) { raw->Fail(s); };
+  rt->streams_ = std::make_unique<StageStreams>(std::move(setup), std::move(hooks));
   STAGEWISE_ASSIGN_OR_RETURN(rt->spec_, ParseJobSpec(assignment.job_spec_yaml()));
   if (auto s = ResolveAutoWire(assignment, &rt->spec_.transport); !s.ok()) return s;
   StagePlace& place = rt->place_;
@@ -190,25 +160,20 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
   int64_t param_bytes = 0;
   for (const auto& p : rt->model_->parameters()) param_bytes += p.numel() * p.element_size();
   rt->metrics_->SetMemory("parameters", param_bytes);
-  rt->prev_sink_ = std::make_unique<InboxSink>(rt.get(), &rt->from_prev_, true);
-  rt->next_sink_ = std::make_unique<InboxSink>(rt.get(), &rt->from_next_, false);
-  if (!rt->first()) rt->prev_link_.Offer(false);  // the ring made here, not in a reaction
+  rt->streams_->PrepareRing();  // the ring made here, not in a reaction
   return rt;
 }
 
+absl::Status StageRuntime::NeighbourReplaced(const v1::NeighbourReplaced& replaced) {
+  return streams_->Replaced(replaced);
+}
+
+void StageRuntime::CheckpointCommitted(int64_t step) { streams_->Trim(step); }
+
 absl::Status StageRuntime::Start() {
+  started_at_ = std::chrono::steady_clock::now();
   if (!last()) {
-    next_channel_ = rpc::MakeChannel(assignment_.next_address(), env_.rpc);
-    next_stub_ = v1::StageService::NewStub(next_channel_);
-    downstream_ = DownstreamStream::Open(next_stub_.get(), next_sink_.get(), env_.outbox_capacity);
-    // Bind the stream on stage j+1 at once: it closes streams that stay silent.
-    v1::StageMessage open;
-    open.set_job_id(job_id());
-    open.set_kind(v1::StageMessage::OPEN);
-    open.set_attempt(assignment_.attempt());
-    open.set_origin_stage(stage());
-    *open.mutable_ring() = next_link_.Offer(false);
-    STAGEWISE_RETURN_IF_ERROR(downstream_->Send(std::move(open)));
+    STAGEWISE_RETURN_IF_ERROR(streams_->Dial(assignment_.next_address(), assignment_.replacing()));
   }
   reporter_->Start();
   {
@@ -255,6 +220,12 @@ absl::Status StageRuntime::BeginPhase(int phase) {
   return absl::OkStatus();
 }
 
+void StageRuntime::ReleaseThrough(int phase) {
+  absl::MutexLock lock(&mu_);
+  released_phase_ =
+      std::max(released_phase_, std::min(phase, static_cast<int>(phases_.size()) - 1));
+}
+
 absl::Status StageRuntime::AwaitPhase(int p) {
   absl::MutexLock lock(&mu_);
   auto ready = [this, p]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -272,14 +243,19 @@ absl::Status StageRuntime::RunPhases() {
     if (p > start_phase_) {
       // Every message of phase p-1 was consumed; phase p traffic cannot exist
       // yet (no stage starts it before every stage reported PhaseDone).
-      if (from_prev_.size() != 0 || from_next_.size() != 0) {
+      if (streams_->from_prev().size() != 0 || streams_->from_next().size() != 0) {
         return absl::InternalError(absl::StrCat("messages left over at the end of phase ", p - 1));
       }
-      if (reporter_->connected()) {
+      bool released = false;
+      {
+        absl::MutexLock lock(&mu_);
+        released = released_phase_ >= p;  // a replacing stage's replay
+      }
+      if (!released && reporter_->connected()) {
         v1::WorkerEvent event = reporter_->NewEvent();
         event.mutable_phase_done()->set_phase(p - 1);
         reporter_->Emit(std::move(event));
-      } else {
+      } else if (!released) {
         STAGEWISE_RETURN_IF_ERROR(BeginPhase(p));  // no coordinator: go on
       }
       STAGEWISE_RETURN_IF_ERROR(AwaitPhase(p));
@@ -321,10 +297,7 @@ void StageRuntime::ComputeLoop() {
   metrics_->SetMemory("tensors_peak", memory_->peak());
   if (status.ok()) {
     // Everything this stage had to send is queued: close and let it drain.
-    if (downstream_) {
-      downstream_->Close(absl::OkStatus());
-      downstream_->WaitDone();
-    }
+    streams_->Finish();
     // The final state is the last committed checkpoint (the model
     // `stagewise export` writes): one layout for checkpoint.dir
     // (services/checkpoint/checkpoint.h). Not again when the job resumed from it.
@@ -369,17 +342,12 @@ void StageRuntime::EmitTrace() {
 }
 
 void StageRuntime::Abort(const absl::Status& why) {
-  std::shared_ptr<UpstreamStream> upstream;
   {
     absl::MutexLock lock(&mu_);
     RecordError(why);
-    upstream = upstream_;
   }
-  from_prev_.Close();
-  from_next_.Close();
   if (env_.turns) env_.turns->Cancel(why);  // the worker's other chunks wake
-  if (downstream_) downstream_->Close(why);
-  if (upstream) upstream->Close(why);
+  if (streams_) streams_->Close(why);
 }
 
 void StageRuntime::Stop(const absl::Status& why) {
@@ -461,54 +429,24 @@ absl::Status StageRuntime::AttachUpstream(const v1::StageMessage& message,
   if (first()) {
     return absl::PermissionDeniedError("stage 0 takes no stream from a previous stage");
   }
-  if (!assignment_.prev_identity().empty() && peer_identity != assignment_.prev_identity()) {
-    // Only the worker the coordinator put on stage j-1 may feed this stage.
-    return absl::PermissionDeniedError(
-        absl::StrCat("certificate '", peer_identity.substr(0, 128), "' is not the one of stage ",
-                     stage() - 1, " of job ", job_id(), " (attempt ", assignment_.attempt(), ")"));
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    if (!first_error_.ok()) return absl::PermissionDeniedError("the job has stopped on this stage");
-    if (upstream_) {
-      return absl::PermissionDeniedError(absl::StrCat("stage ", stage(), " of job ", job_id(),
-                                                      " already has its upstream stream"));
-    }
-    upstream_ = stream;
-    *sink = prev_sink_.get();
-  }
-  // Same-host payloads: open stage j-1's ring, offer ours (made in Create),
-  // outside the lock; a full outbox (never waited for here) leaves them off.
-  if (message.has_ring()) {
-    (void)stream->TrySend(
-        RingMessage(job_id(), attempt(), prev_link_.Offer(prev_link_.Accept(message.ring()))));
-  }
-  return absl::OkStatus();
-}
-
-void StageRuntime::OnRing(const v1::StageMessage& m, bool from_prev) {
-  SameHostLink& link = from_prev ? prev_link_ : next_link_;
-  link.PeerAnswered(m.ring().opened_peer());
-  // Stage j+1's answer to our OPEN: open its ring and say whether we could.
-  if (!from_prev) {
-    (void)downstream_->TrySend(RingMessage(job_id(), attempt(), link.Offer(link.Accept(m.ring()))));
-  }
+  return streams_->Bind(message, peer_identity, std::move(stream), sink);
 }
 
 EncodeOptions StageRuntime::Wire(bool to_next) const {
   EncodeOptions options = StageContext::Wire(to_next);
-  options.ring = (to_next ? next_link_ : prev_link_).ring();
+  options.ring = streams_->ring(to_next);
   return options;
 }
 
 absl::StatusOr<v1::StageMessage> StageRuntime::Receive(BoundedQueue<v1::StageMessage>& queue,
-                                                       v1::SpanKind wait) {
+                                                       NeighbourLink& link, v1::SpanKind wait) {
   const auto t0 = std::chrono::steady_clock::now();
   std::optional<v1::StageMessage> m = queue.Pop();
   const auto t1 = std::chrono::steady_clock::now();
   metrics_->AddIdle(std::chrono::duration<double>(t1 - t0).count());
   metrics_->SetInboxDepth(static_cast<int64_t>(queue.size()));
   if (m.has_value()) {
+    link.Took(m->seq());
     if (tracer_) tracer_->Record(wait, m->step(), m->micro_batch(), t0, t1);
     return std::move(*m);
   }
@@ -518,7 +456,8 @@ absl::StatusOr<v1::StageMessage> StageRuntime::Receive(BoundedQueue<v1::StageMes
 
 absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFromPrev() {
   if (first()) return absl::FailedPreconditionError("stage 0 has no previous stage");
-  absl::StatusOr<v1::StageMessage> m = Receive(from_prev_, v1::SPAN_WAIT_PREV);
+  absl::StatusOr<v1::StageMessage> m =
+      Receive(streams_->from_prev(), streams_->to_prev(), v1::SPAN_WAIT_PREV);
   // A planned checkpoint (CheckpointCommand) reaches every stage this way.
   if (m.ok() && m->checkpoint_step() > 0 && m->checkpoint_step() <= total_steps_) {
     extra_cuts_.insert(m->checkpoint_step());
@@ -528,7 +467,7 @@ absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFromPrev() {
 
 absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFromNext() {
   if (last()) return absl::FailedPreconditionError("the last stage has no next stage");
-  return Receive(from_next_, v1::SPAN_WAIT_NEXT);
+  return Receive(streams_->from_next(), streams_->to_next(), v1::SPAN_WAIT_NEXT);
 }
 
 void StageRuntime::RequestCheckpoint() { checkpoint_requested_.store(true); }
@@ -542,39 +481,33 @@ void StageRuntime::PlanExtraCut(int64_t step) {
 }
 
 absl::Status StageRuntime::SendToNext(v1::StageMessage message) {
-  if (!downstream_) return absl::FailedPreconditionError("the last stage has no next stage");
+  if (last()) return absl::FailedPreconditionError("the last stage has no next stage");
   if (message.kind() == v1::StageMessage::FORWARD || message.kind() == v1::StageMessage::AUX) {
     // Stage 0, asked for a checkpoint: after the mini-batch it sends now.
     const int64_t next = phase_offset_ + message.step() + 1;
     if (first() && checkpoint_requested_.exchange(false)) PlanExtraCut(next);
     if (extra_cuts_.count(next) > 0) message.set_checkpoint_step(next);
   }
-  return SendStamped(std::move(message),
-                     [this](v1::StageMessage m) { return downstream_->Send(std::move(m)); });
+  return SendStamped(std::move(message), streams_->to_next());
 }
 
 absl::Status StageRuntime::SendToPrev(v1::StageMessage message) {
-  std::shared_ptr<UpstreamStream> upstream;
-  {
-    absl::MutexLock lock(&mu_);
-    upstream = upstream_;
-    if (!first_error_.ok()) return first_error_;
-  }
-  if (!upstream) return absl::FailedPreconditionError("no stream from the previous stage yet");
-  return SendStamped(std::move(message),
-                     [&upstream](v1::StageMessage m) { return upstream->Send(std::move(m)); });
+  if (first()) return absl::FailedPreconditionError("stage 0 has no previous stage");
+  if (absl::Status s = Interrupted(); !s.ok()) return s;
+  return SendStamped(std::move(message), streams_->to_prev());
 }
 
-absl::Status StageRuntime::SendStamped(v1::StageMessage message,
-                                       const std::function<absl::Status(v1::StageMessage)>& send) {
+absl::Status StageRuntime::SendStamped(v1::StageMessage message, NeighbourLink& link) {
   message.set_job_id(job_id());
   message.set_attempt(assignment_.attempt());
   auto size = static_cast<int64_t>(message.ByteSizeLong());
   for (const auto& [name, t] : message.tensors()) size += static_cast<int64_t>(t.shared().length());
   const auto kind = message.kind();
-  absl::Status s = send(std::move(message));
+  const int64_t step = phase_offset_ + message.step();
+  absl::Status s = link.Send(std::move(message), step);
   if (s.ok()) {
     reporter_->CountSent(kind, size);
+    if (replaying()) NoteCaughtUp(step);
     return s;
   }
   // The stream refused the message: this stage is stopping, or the stream is
@@ -625,7 +558,30 @@ void StageRuntime::ReportStep(int64_t phase_steps_done, double train_loss, int64
     return;
   }
   if (tracer_ && tracer_->ChunkReady()) EmitTrace();
-  reporter_->Step(steps_done, total_steps_, train_loss, samples);
+  // A replacement replays steps the job reported already.
+  if (!replaying()) reporter_->Step(steps_done, total_steps_, train_loss, samples);
+}
+
+void StageRuntime::NoteCaughtUp(int64_t step) {
+  // Where the lost stage was: every neighbour is attached and holds no more
+  // of this stage's messages than it has sent again.
+  for (const bool next : {false, true}) {
+    if (next ? last() : first()) continue;
+    const NeighbourLink& link = next ? streams_->to_next() : streams_->to_prev();
+    if (!link.attached() || link.CatchingUp()) return;
+  }
+  replay_done_ = true;
+  const auto marks = resumed_marks_.known() ? resumed_marks_ : checkpoint::ShardPosition::Marks{};
+  v1::WorkerEvent event = reporter_->NewEvent();
+  v1::ReplayDone* done = event.mutable_replay_done();
+  done->set_from_step(resumed_step_);
+  done->set_to_step(step);
+  const checkpoint::ShardPosition::Marks now = streams_->marks();
+  done->set_messages(now.taken_prev - std::max<int64_t>(0, marks.taken_prev) + now.taken_next -
+                     std::max<int64_t>(0, marks.taken_next));
+  done->set_bytes(replay_bytes_.load());
+  done->set_seconds(SecondsSince(started_at_));
+  reporter_->Emit(std::move(event));
 }
 
 absl::Status StageRuntime::JoinReplicas() {
@@ -654,6 +610,7 @@ PhaseWindow StageRuntime::window() const {
 
 void StageRuntime::ReportEval(int64_t phase_steps_done, double loss, double accuracy,
                               int64_t samples) {
+  if (replaying()) return;  // reported when the lost stage ran it
   reporter_->Eval(phase_offset_ + phase_steps_done, loss, accuracy, samples);
 }
 
@@ -690,6 +647,7 @@ absl::Status StageRuntime::WriteShard(int64_t phase_step, bool with_algorithm) {
   at.stage = stage();
   at.block_begin = assignment_.block_begin();
   at.block_end = assignment_.block_end();
+  at.marks = streams_->marks();
   checkpoint::ShardExtras extras;
   if (with_algorithm) {
     extras.algorithm = [this](torch::serialize::OutputArchive& archive) {
@@ -786,6 +744,17 @@ absl::Status StageRuntime::LoadResume(const v1::ResumePoint& resume) {
   if (torch::serialize::InputArchive residuals; !resharded && shard.WireResiduals(residuals)) {
     STAGEWISE_RETURN_IF_ERROR(wire_residuals_.Load(residuals, env_.device));
   }
+  // The messages the stage had sent and taken there (a replacement replays
+  // from them; a resumed attempt goes on numbering).
+  const checkpoint::ShardPosition::Marks& marks = shard.position().marks;
+  if (marks.known() && !resharded) {
+    streams_->Resume(marks);
+    resumed_marks_ = marks;
+  } else if (assignment_.replacing()) {
+    return absl::UnavailableError(absl::StrCat(
+        where, ": no message counts (written before recovery.replay): cannot replay from it"));
+  }
+  resumed_step_ = step;
   start_phase_ = static_cast<int>(phase);
   first_step_ = phase_step;
   resumed_at_end_ = step == total_steps_;

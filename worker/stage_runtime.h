@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -14,6 +15,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -27,11 +29,13 @@
 #include "stagewise/v1/coordinator.pb.h"
 #include "worker/collective.h"
 #include "worker/device_turns.h"
+#include "worker/neighbour_link.h"
 #include "worker/peer_stream.h"
 #include "worker/same_host.h"
 #include "worker/stage_context.h"
 #include "worker/stage_replicas.h"
 #include "worker/stage_reporter.h"
+#include "worker/stage_streams.h"
 #include "worker/wire_residuals.h"
 
 namespace stagewise::worker {
@@ -88,6 +92,9 @@ class StageRuntime final : public StageContext {
   // Multi-phase jobs: the coordinator's go-ahead for `phase` (every stage
   // finished the one before). FAILED_PRECONDITION if it is not the next one.
   absl::Status BeginPhase(int phase);
+  // Phases up to `phase` need no go-ahead (a replacing stage's, which the
+  // job has begun already).
+  void ReleaseThrough(int phase);
   // Aborts the job on this stage (coordinator's Stop, or shutdown).
   void Stop(const absl::Status& why);
   // Fails the job: reported to the coordinator once, then everything stops.
@@ -113,6 +120,12 @@ class StageRuntime final : public StageContext {
   // mini-batch this stage sends next (the compute thread picks the step,
   // PlanExtraCut, and every stage learns it from StageMessage.checkpoint_step).
   void RequestCheckpoint();
+  // recovery.replay (NeighbourReplaced): stage j-1 moved (its stream from
+  // the new worker is taken from now on) or stage j+1 did (dialed at once).
+  absl::Status NeighbourReplaced(const v1::NeighbourReplaced& replaced);
+  // recovery.replay: a checkpoint after global step `step` is committed; the
+  // messages kept from before it go.
+  void CheckpointCommitted(int64_t step);
 
   // StageContext
   const JobSpec& spec() const override { return spec_; }
@@ -150,17 +163,17 @@ class StageRuntime final : public StageContext {
   // Replicated stages: meets the stage's other replicas (compute thread,
   // before the first step).
   absl::Status JoinReplicas();
-  class InboxSink;
   explicit StageRuntime(RuntimeEnv env);
   absl::StatusOr<v1::StageMessage> Receive(BoundedQueue<v1::StageMessage>& queue,
-                                           v1::SpanKind wait);
+                                           NeighbourLink& link, v1::SpanKind wait);
+  // A replacing stage: once it is where the lost stage was (it has sent
+  // again all its neighbours hold), says so (ReplayDone) and reports again.
+  void NoteCaughtUp(int64_t step);
+  bool replaying() const { return assignment_.replacing() && !replay_done_.load(); }
   // Sends the spans recorded since the last chunk to the coordinator (compute
   // thread; a final one before the stage's result).
   void EmitTrace();
   absl::Status ValidateIncoming(const v1::StageMessage& m, bool from_prev) const;
-  // A RING from a neighbour (its stream's reader): notes what it says and,
-  // from stage j+1, opens its ring and answers.
-  void OnRing(const v1::StageMessage& m, bool from_prev);
   void ComputeLoop();
   // A checkpoint after global step `step` besides checkpoint.every_*, picked
   // here (stage 0): noted and reported (WorkerEvent.checkpoint_planned).
@@ -184,10 +197,9 @@ class StageRuntime final : public StageContext {
       int block_begin, int block_end) const;
   // Records `why` (the first error stays) and closes the inboxes and streams.
   void Abort(const absl::Status& why);
-  // Stamps `message` with the job and attempt, hands it to `send` (a stream's
-  // Send) and counts it once sent.
-  absl::Status SendStamped(v1::StageMessage message,
-                           const std::function<absl::Status(v1::StageMessage)>& send);
+  // Stamps `message` with the job and attempt, sends it through `link` and
+  // counts it once sent.
+  absl::Status SendStamped(v1::StageMessage message, NeighbourLink& link);
   // Sets up phase p (algorithm, optimizer, schedule, step window).
   absl::Status EnterPhase(int p);
   int64_t PhaseSteps(const PhaseSpec& phase) const;
@@ -237,14 +249,16 @@ class StageRuntime final : public StageContext {
   std::set<int64_t> extra_cuts_;
   bool resumed_at_end_ = false;  // resumed from the checkpoint at the last step
 
-  BoundedQueue<v1::StageMessage> from_prev_;
-  BoundedQueue<v1::StageMessage> from_next_;
-  std::unique_ptr<InboxSink> prev_sink_, next_sink_;
-  std::shared_ptr<grpc::Channel> next_channel_;
-  std::unique_ptr<v1::StageService::Stub> next_stub_;
-  std::shared_ptr<DownstreamStream> downstream_;
-  // Same-host payloads with stage j-1 and with stage j+1.
-  SameHostLink prev_link_, next_link_;
+  // The neighbours on the wire: streams, inboxes, rings, and with
+  // recovery.replay what was sent since the last committed checkpoint.
+  std::unique_ptr<StageStreams> streams_;
+  // A replacing stage: its shard's counts, when it started, the bytes it
+  // took while replaying, and whether it caught up.
+  checkpoint::ShardPosition::Marks resumed_marks_;
+  int64_t resumed_step_ = 0;
+  std::chrono::steady_clock::time_point started_at_;
+  std::atomic<int64_t> replay_bytes_{0};
+  std::atomic<bool> replay_done_{false};
 
   // The stage's lifecycle:
   //   kCreated --Start--> kRunning --compute thread ends--> kFinished
@@ -260,7 +274,6 @@ class StageRuntime final : public StageContext {
   void RecordError(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
-  std::shared_ptr<UpstreamStream> upstream_ ABSL_GUARDED_BY(mu_);
   Lifecycle lifecycle_ ABSL_GUARDED_BY(mu_) = Lifecycle::kCreated;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   absl::Status outcome_ ABSL_GUARDED_BY(mu_);  // the compute thread's, once kFinished

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -403,7 +404,7 @@ absl::Status Worker::ControlSession(bool* established) {
   info->set_memory_bytes(options_.memory_bytes);
   for (const auto& [key, value] : options_.labels) (*info->mutable_labels())[key] = value;
   info->set_version(Version());
-  info->set_protocol(v1::CONTROL_PROTOCOL_V4);
+  info->set_protocol(v1::CONTROL_PROTOCOL_V5);
   v1::RegisterWorkerResponse resp;
   {
     grpc::ClientContext ctx;
@@ -534,6 +535,8 @@ void Worker::Dispatch(const v1::Command& command) {
     case v1::Command::kStart:
     case v1::Command::kStop:
     case v1::Command::kCheckpointSoon:
+    case v1::Command::kNeighbourReplaced:
+    case v1::Command::kCheckpointCommitted:
       if (!stage_tasks_.Post([this, command] { RunStageCommand(command); })) {
         STAGEWISE_LOG(ERROR) << "stage commands are piling up; dropped command "
                              << command.command_id();
@@ -647,6 +650,9 @@ void Worker::RunStageCommand(const v1::Command& command) {
       // next phase on the same runtimes.
       for (const auto& rt : all) {
         absl::Status s = rt->started() ? rt->BeginPhase(command.start().phase()) : rt->Start();
+        // A replacing stage (recovery.replay) replays phases the job has
+        // finished already: they need no go-ahead.
+        if (s.ok()) rt->ReleaseThrough(command.start().phase());
         if (!s.ok()) {
           EmitError(rt->job_id(), rt->stage(), s);
           return;
@@ -665,6 +671,33 @@ void Worker::RunStageCommand(const v1::Command& command) {
           STAGEWISE_LOG(INFO) << "job " << c.job_id() << ": checkpoint requested (" << c.reason()
                               << ")";
           rt->RequestCheckpoint();
+        }
+      }
+      Ack(command.command_id());
+      return;
+    }
+    case v1::Command::kNeighbourReplaced: {
+      // recovery.replay: a neighbour of a stage here moved to another worker.
+      const v1::NeighbourReplaced& r = command.neighbour_replaced();
+      for (const auto& rt : runtimes()) {
+        if (rt->job_id() != r.job_id() || rt->attempt() != r.attempt() ||
+            std::abs(rt->stage() - r.stage()) != 1) {
+          continue;
+        }
+        STAGEWISE_LOG(INFO) << "job " << r.job_id() << ": stage " << r.stage() << " moved to "
+                            << r.address() << "; reconnecting stage " << rt->stage();
+        if (absl::Status s = rt->NeighbourReplaced(r); !s.ok()) {
+          rt->Fail(absl::UnavailableError(s.message()));
+        }
+      }
+      Ack(command.command_id());
+      return;
+    }
+    case v1::Command::kCheckpointCommitted: {
+      const v1::CheckpointCommitted& c = command.checkpoint_committed();
+      for (const auto& rt : runtimes()) {
+        if (rt->job_id() == c.job_id() && rt->attempt() == c.attempt()) {
+          rt->CheckpointCommitted(c.step());
         }
       }
       Ack(command.command_id());

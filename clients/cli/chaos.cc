@@ -6,6 +6,19 @@
 #include "absl/strings/str_cat.h"
 
 namespace stagewise::cli {
+namespace {
+
+// recovery.replay: the stages replaced inside attempts that are back at
+// full speed.
+int Repaired(const v1::JobStatus& s) {
+  int n = 0;
+  for (const v1::JobAttempt& a : s.attempts()) {
+    for (const v1::StageReplacement& r : a.replacements()) n += r.full_speed_seconds() > 0 ? 1 : 0;
+  }
+  return n;
+}
+
+}  // namespace
 
 ChaosSchedule::ChaosSchedule(int worker_kills, int coordinator_kills, int num_workers,
                              uint64_t seed)
@@ -24,7 +37,12 @@ std::optional<ChaosSchedule::Kill> ChaosSchedule::Next(const v1::JobStatus& s) {
   if (s.state() != v1::RUNNING && s.state() != v1::CHECKPOINTING) return std::nullopt;
   if (next_ > 0) {
     if (s.step() <= last_step_) return std::nullopt;
-    if (last_target_ == Target::kWorker && s.attempt() <= last_attempt_) return std::nullopt;
+    // After a worker kill: a later attempt, or (recovery.replay) its stage
+    // replaced and back at full speed.
+    if (last_target_ == Target::kWorker && s.attempt() <= last_attempt_ &&
+        Repaired(s) <= last_repaired_) {
+      return std::nullopt;
+    }
   }
   // With the job's length unknown, any progress will do.
   const int64_t at = s.total_steps() > 0
@@ -39,6 +57,7 @@ std::optional<ChaosSchedule::Kill> ChaosSchedule::Next(const v1::JobStatus& s) {
   }
   last_step_ = s.step();
   last_attempt_ = s.attempt();
+  last_repaired_ = Repaired(s);
   last_target_ = kill.target;
   ++next_;
   return kill;

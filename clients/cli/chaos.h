@@ -51,6 +51,7 @@ class ChaosSchedule {
   // The previous kill: the step and attempt it interrupted, and its target.
   int64_t last_step_ = -1;
   int32_t last_attempt_ = -1;
+  int last_repaired_ = 0;
   Target last_target_ = Target::kWorker;
 };
 

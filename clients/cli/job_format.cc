@@ -34,7 +34,7 @@ std::string StepOfTotal(const v1::JobStatus& s) {
 // Recovery details are worth showing once there was a recovery or a checkpoint.
 bool ShowsRecovery(const v1::JobStatus& s) {
   return s.attempts_size() > 1 || s.attempt() > 0 || s.last_checkpoint_step() > 0 ||
-         s.steps_redone() > 0;
+         s.steps_redone() > 0 || (s.attempts_size() > 0 && s.attempts(0).replacements_size() > 0);
 }
 
 std::string LocalTime(int64_t unix_ms, absl::TimeZone tz) {
@@ -229,6 +229,18 @@ std::string JobTable(const v1::JobStatus& s, absl::TimeZone tz) {
     row("recoveries", absl::StrCat(std::max(s.attempt(), s.attempts_size() - 1)));
     row("steps redone", absl::StrCat(s.steps_redone()));
     if (s.attempts_size() > 0) absl::StrAppend(&out, "\n", AttemptsTable(s, tz));
+    // recovery.replay: the stages replaced inside an attempt.
+    for (const v1::JobAttempt& a : s.attempts()) {
+      for (const v1::StageReplacement& r : a.replacements()) {
+        absl::StrAppend(
+            &out,
+            absl::StrFormat("attempt %d: stage %d moved from %s to %s at step %d, replayed from "
+                            "step %d to %d (%d steps, %s) in %.1f s; full speed after %.1f s\n",
+                            a.attempt(), r.stage(), r.lost_worker(), r.worker(), r.job_step(),
+                            r.from_step(), r.replayed_to_step(), r.steps_redone(),
+                            HumanBytes(r.bytes()), r.replay_seconds(), r.full_speed_seconds()));
+      }
+    }
   }
   return out;
 }
@@ -315,13 +327,29 @@ Json JobValue(const v1::JobStatus& s) {
   for (const v1::JobAttempt& a : s.attempts()) {
     Json workers = Json::array();
     for (const std::string& w : a.workers()) workers.push_back(w);
+    Json replacements = Json::array();
+    for (const v1::StageReplacement& r : a.replacements()) {
+      replacements.push_back({{"stage", r.stage()},
+                              {"lost_worker", r.lost_worker()},
+                              {"worker", r.worker()},
+                              {"lost_unix_ms", r.lost_unix_ms()},
+                              {"from_step", r.from_step()},
+                              {"job_step", r.job_step()},
+                              {"replayed_to_step", r.replayed_to_step()},
+                              {"steps_redone", r.steps_redone()},
+                              {"bytes", r.bytes()},
+                              {"replay_seconds", Number(r.replay_seconds())},
+                              {"full_speed_seconds", Number(r.full_speed_seconds())}});
+    }
     attempts.push_back({{"attempt", a.attempt()},
                         {"from_step", a.from_step()},
                         {"reached_step", a.reached_step()},
                         {"started_unix_ms", a.started_unix_ms()},
                         {"ended_unix_ms", a.ended_unix_ms() > 0 ? Json(a.ended_unix_ms()) : Json()},
                         {"end_reason", NonEmpty(a.end_reason())},
-                        {"workers", workers}});
+                        {"end_cause", NonEmpty(a.end_cause())},
+                        {"workers", workers},
+                        {"replacements", replacements}});
   }
   j["attempts"] = attempts;
   Json summary = Json::object();

@@ -62,6 +62,11 @@ absl::StatusOr<std::string> SerializeShard(const ShardPosition& position, torch:
     archive.write("stage", Scalar(position.stage));
     archive.write("block_begin", Scalar(position.block_begin));
     archive.write("block_end", Scalar(position.block_end));
+    if (const ShardPosition::Marks& m = position.marks; m.known()) {
+      archive.write(
+          "stream_marks",
+          torch::tensor({m.sent_next, m.sent_prev, m.taken_prev, m.taken_next}, torch::kInt64));
+    }
     std::ostringstream bytes;
     archive.save_to(bytes);
     return std::move(bytes).str();
@@ -84,6 +89,17 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Parse(const std::strin
     p.stage = ReadScalar(reader->archive_, "stage");
     p.block_begin = ReadScalar(reader->archive_, "block_begin");
     p.block_end = ReadScalar(reader->archive_, "block_end");
+    if (torch::Tensor marks; reader->archive_.try_read("stream_marks", marks)) {
+      if (marks.numel() != 4 || marks.scalar_type() != torch::kInt64) {
+        return absl::DataLossError(absl::StrCat(what, ": stream_marks is not int64 [4]"));
+      }
+      marks = marks.cpu();
+      const int64_t* v = marks.data_ptr<int64_t>();
+      if (v[0] < 0 || v[1] < 0 || v[2] < 0 || v[3] < 0) {
+        return absl::DataLossError(absl::StrCat(what, ": negative stream_marks"));
+      }
+      p.marks = {v[0], v[1], v[2], v[3]};
+    }
   } catch (const std::exception& e) {
     return absl::DataLossError(absl::StrCat(what, ": not a checkpoint shard: ", e.what()));
   }

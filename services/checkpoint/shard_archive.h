@@ -9,7 +9,8 @@
 // algorithm's state; empty when it keeps none), "step", "phase",
 // "phase_step", "stage", "block_begin", "block_end" (int64 scalars), and
 // optionally "rng" (the default CPU generator's state) and "outer_sync"
-// (replicas' outer synchronisation), "wire_residuals" (error feedback).
+// (replicas' outer synchronisation), "wire_residuals" (error feedback),
+// "stream_marks" (the stage's message counts, int64 [4]).
 #ifndef STAGEWISE_SERVICES_CHECKPOINT_SHARD_ARCHIVE_H_
 #define STAGEWISE_SERVICES_CHECKPOINT_SHARD_ARCHIVE_H_
 
@@ -32,6 +33,17 @@ struct ShardPosition {
   int64_t stage = 0;
   int64_t block_begin = 0;
   int64_t block_end = 0;
+  // The stage's data messages on its neighbour streams when it was taken
+  // (StageMessage.seq): sent to stage j+1 and to j-1, taken from j-1 and
+  // from j+1. -1: not recorded (shards from before them).
+  struct Marks {
+    int64_t sent_next = -1;
+    int64_t sent_prev = -1;
+    int64_t taken_prev = -1;
+    int64_t taken_next = -1;
+    bool known() const { return sent_next >= 0; }
+  };
+  Marks marks;
 };
 
 // What goes into a shard besides the model and its optimizer.

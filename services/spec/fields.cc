@@ -252,6 +252,11 @@ const std::vector<Field<RecoverySpec>>& RecoveryFields() {
           "checkpoint regrouped onto a balanced cut (exact for backprop; see "
           "[fault_tolerance.md](fault_tolerance.md#fewer-stages)); it waits another "
           "`wait_seconds` for those, and grows back when workers are idle again"),
+      Key("replay", &S::replay,
+          "a lost worker's stage starts again on an idle worker inside the running attempt and "
+          "replays what its neighbours sent it since its last committed shard; the other "
+          "stages redo nothing (needs `checkpoint.dir`, one replica, one chunk per worker; see "
+          "[fault_tolerance.md](fault_tolerance.md#replacing-one-stage))"),
   };
   return *kFields;
 }

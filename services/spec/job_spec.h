@@ -329,6 +329,12 @@ struct RecoverySpec {
   // backprop. It grows back towards stages.count when workers are idle
   // again (a planned stop at the next step boundary).
   int min_stages = 0;
+  // Replacing one stage (docs/fault_tolerance.md, "Replacing one stage"): a
+  // lost worker's stage starts again on an idle worker inside the running
+  // attempt, from its last committed shard, and replays the messages its
+  // neighbours kept since; the other stages redo nothing. Falls back to a
+  // rollback when no worker is idle or a second one is lost meanwhile.
+  bool replay = false;
 };
 
 // How the replicas of a stage stay equal (stages.replicas > 1,

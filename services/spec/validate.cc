@@ -510,6 +510,24 @@ absl::Status ValidateMinStages(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// recovery.replay: the stages keep what they send until a checkpoint
+// commits; one pipeline of one chunk per worker.
+absl::Status ValidateReplay(const JobSpec& spec) {
+  if (!spec.recovery.replay) return absl::OkStatus();
+  if (spec.checkpoint.dir.empty()) {
+    return KeyError("recovery.replay",
+                    "needs checkpoint.dir (the stages keep what they send until a checkpoint "
+                    "commits)");
+  }
+  if (spec.stages.replicas > 1) {
+    return KeyError("recovery.replay", "not with stages.replicas > 1 yet");
+  }
+  if (spec.stages.chunks_per_worker > 1) {
+    return KeyError("recovery.replay", "not with stages.chunks_per_worker > 1 yet");
+  }
+  return absl::OkStatus();
+}
+
 // stages.bottleneck: projections at the cuts of a partition known before
 // the job is planned, of a model whose blocks stagewise builds.
 absl::Status ValidateBottleneck(const JobSpec& spec) {
@@ -717,6 +735,7 @@ absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
   check(ValidateSync(spec.sync, spec.stages.replicas));
   if (check.status().ok()) check(ValidateInterleaved(spec));
   if (check.status().ok()) check(ValidateMinStages(spec));
+  check(ValidateReplay(spec));
   if (check.status().ok()) check(ValidateRebalance(spec));
   check(ValidateTransport(spec.transport, spec.placement.link_gbps));
   check(ValidateBottleneck(spec));

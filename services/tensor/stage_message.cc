@@ -42,7 +42,7 @@ absl::Status ValidateStageMessage(const v1::StageMessage& m, const StageMessageE
                               kind == v1::StageMessage::AUX || kind == v1::StageMessage::OPEN ||
                               kind == v1::StageMessage::RING)
                            : (kind == v1::StageMessage::BACKWARD || kind == v1::StageMessage::AUX ||
-                              kind == v1::StageMessage::RING);
+                              kind == v1::StageMessage::RING || kind == v1::StageMessage::RESUME);
   if (!ok_kind) {
     const std::string name = v1::StageMessage::Kind_IsValid(kind)
                                  ? v1::StageMessage::Kind_Name(kind)
@@ -60,11 +60,22 @@ absl::Status ValidateStageMessage(const v1::StageMessage& m, const StageMessageE
     return absl::InvalidArgumentError(
         "StageMessage.checkpoint_step: only a positive step on FORWARD or AUX from stage j-1");
   }
-  const bool handshake = kind == v1::StageMessage::OPEN || kind == v1::StageMessage::RING;
+  const bool handshake = kind == v1::StageMessage::OPEN || kind == v1::StageMessage::RING ||
+                         kind == v1::StageMessage::RESUME;
   if (handshake && (m.tensors_size() > 0 || m.scalars_size() > 0)) {
     return absl::InvalidArgumentError(absl::StrCat("StageMessage: an ",
                                                    v1::StageMessage::Kind_Name(kind),
                                                    " message carries no tensors or scalars"));
+  }
+  if (m.seq() < 0 || m.held_seq() < 0) {
+    return absl::InvalidArgumentError("StageMessage.seq/held_seq: negative");
+  }
+  if (handshake ? m.seq() != 0 : (m.held_seq() != 0 || m.resume())) {
+    return absl::InvalidArgumentError(
+        "StageMessage.seq: only on data messages; held_seq and resume: only on OPEN and RESUME");
+  }
+  if (m.resume() && kind != v1::StageMessage::OPEN) {
+    return absl::InvalidArgumentError("StageMessage.resume: only on OPEN");
   }
   if (m.has_ring() && !handshake) {
     return absl::InvalidArgumentError("StageMessage.ring: only on OPEN and RING messages");

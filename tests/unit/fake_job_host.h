@@ -62,10 +62,12 @@ class FakeJobHost : public JobHost {
   void Requeue(const std::string& job_id, bool recovering) override {
     requeued.emplace_back(job_id, recovering);
   }
+  int64_t NewCommandId() override { return next_command++; }
   void Send(const std::string& worker_id, v1::Command command) override {
     sent.emplace_back(worker_id, std::move(command));
   }
   std::vector<std::pair<std::string, v1::Command>> sent;  // (worker, command)
+  int64_t next_command = 1000;
 };
 
 }  // namespace stagewise::coordinator::testing

@@ -1,5 +1,6 @@
 // recovery.min_stages (docs/fault_tolerance.md, "Fewer stages"): parsed, and
-// refused, naming the key, where a job could not run on fewer stages.
+// refused, naming the key, where a job could not run on fewer stages; and
+// recovery.replay ("Replacing one stage"), refused where it cannot work.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -39,6 +40,28 @@ TEST(RecoverySpec, MinStagesTakesPlainPipelinesWhoseAlgorithmsFit) {
               StartsWith("recovery.min_stages: not with stages.replicas > 1"));
   EXPECT_THAT(Error(Yaml("4", "algorithm: {name: nwise, n: 3}\nrecovery: {min_stages: 2}\n")),
               StartsWith("recovery.min_stages: nwise with n = 3 needs at least 3 stages, got 2"));
+}
+
+TEST(RecoverySpec, ReplayNeedsCheckpointsAndOnePlainPipeline) {
+  auto off = ParseJobSpec(Yaml("4", ""));
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->recovery.replay);
+  const std::string checkpoints = "checkpoint: {dir: /tmp/c, every_steps: 50}\n";
+  auto on = ParseJobSpec(Yaml("4", checkpoints + "recovery: {replay: true}\n"));
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->recovery.replay);
+  EXPECT_THAT(Error(Yaml("4", "recovery: {replay: true}\n")),
+              StartsWith("recovery.replay: needs checkpoint.dir"));
+  EXPECT_THAT(Error(Yaml("{count: 2, replicas: 2}", checkpoints + "recovery: {replay: true}\n")),
+              StartsWith("recovery.replay: not with stages.replicas > 1"));
+  EXPECT_THAT(
+      Error(Yaml("{count: 2, chunks_per_worker: 2}",
+                 checkpoints +
+                     "algorithm: {name: backprop, schedule: interleaved, micro_batches: 4}\n"
+                     "recovery: {replay: true}\n")),
+      StartsWith("recovery.replay: not with stages.chunks_per_worker > 1"));
+  EXPECT_THAT(Error(Yaml("4", checkpoints + "recovery: {replay: yes please}\n")),
+              StartsWith("recovery.replay"));
 }
 
 }  // namespace

@@ -137,8 +137,8 @@ TEST(WorkerRegistry, RefusesBadWorkerInfo) {
   EXPECT_THAT(registry.Register(labels, {}, kT0, &replaced, &session).status().message(),
               HasSubstr("WorkerInfo.labels"));
   // A worker of another version: its events and stage streams would be misread.
-  for (v1::ControlProtocol old :
-       {v1::CONTROL_PROTOCOL_UNSPECIFIED, v1::CONTROL_PROTOCOL_V2, v1::CONTROL_PROTOCOL_V3}) {
+  for (v1::ControlProtocol old : {v1::CONTROL_PROTOCOL_UNSPECIFIED, v1::CONTROL_PROTOCOL_V2,
+                                  v1::CONTROL_PROTOCOL_V3, v1::CONTROL_PROTOCOL_V4}) {
     v1::WorkerInfo info = Info("w1");
     info.set_protocol(old);
     auto refused = registry.Register(info, {}, kT0, &replaced, &session);

@@ -1,0 +1,198 @@
+#include "coordinator/stage_replacement.h"
+
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "services/checkpoint/checkpoint.h"
+#include "services/common/log.h"
+
+namespace stagewise::coordinator {
+
+std::optional<v1::ResumePoint> StageReplacer::ResumeFrom(const std::string& job_id,
+                                                         const LiveJob& job, int slot) const {
+  std::optional<v1::ResumePoint> from;
+  std::vector<std::string> skipped;
+  for (checkpoint::Committed& c :
+       checkpoint::ListCommitted(job.spec.checkpoint.dir, job_id, false, &skipped)) {
+    // The attempt's own cut: the survivors kept what they sent since.
+    bool same_cut = c.manifest.shards_size() == NumStages(job);
+    for (int j = 0; same_cut && j < NumStages(job); ++j) {
+      same_cut = c.manifest.shards(j).block_begin() == job.ranges[j].first &&
+                 c.manifest.shards(j).block_end() == job.ranges[j].second;
+    }
+    if (same_cut) {
+      from = ResumeFor(job, c, slot);
+      break;
+    }
+  }
+  // A newer shard of its own whose checkpoint waits for the other stages':
+  // the survivors kept everything since the committed one.
+  for (auto it = job.run.shards.rbegin(); it != job.run.shards.rend(); ++it) {
+    const auto own = it->second.find(slot);
+    if (own == it->second.end() || (from && it->first <= from->step())) continue;
+    const v1::CheckpointSaved& saved = own->second;
+    v1::ResumePoint r;
+    r.set_step(saved.step());
+    r.set_phase(saved.phase());
+    r.set_phase_step(saved.phase_step());
+    r.set_shard_path(saved.path());
+    r.set_shard_bytes(saved.bytes());
+    r.set_shard_crc32(saved.crc32());
+    from = std::move(r);
+    break;
+  }
+  return from;
+}
+
+bool StageReplacer::TryReplace(const std::string& job_id, LiveJob& job,
+                               const std::string& lost_worker, const std::string& why) {
+  if (!job.spec.recovery.replay || job.status.state() != v1::RUNNING || job.run.replacement ||
+      NumReplicas(job) != 1 || ChunksPerWorker(job) != 1 || job.status.attempts_size() == 0) {
+    return false;
+  }
+  int slot = -1;
+  for (int s = 0; s < static_cast<int>(job.run.workers.size()); ++s) {
+    if (job.run.workers[s] == lost_worker) slot = s;
+  }
+  if (slot < 0) return false;
+  const std::optional<v1::ResumePoint> from = ResumeFrom(job_id, job, slot);
+  // Without a checkpoint of this cut: the attempt's start, when it began at
+  // step 0 (the survivors kept everything since).
+  if (!from && job.status.attempts(job.status.attempts_size() - 1).from_step() != 0) return false;
+  std::set<std::string> taken;
+  if (job.spec.placement.distinct_identities) {
+    for (const std::string& w : job.run.workers) {
+      if (w != lost_worker) taken.insert(registry_->Identity(w));
+    }
+    taken.erase("");
+  }
+  const std::string spare = registry_->ClaimOne(job_id, slot, PlacementLabels(job.spec), taken);
+  if (spare.empty()) {
+    host_->UpdateProgress(job,
+                          absl::StrCat(why, ": no idle worker to replace stage ", slot,
+                                       " on (recovery.replay); recovering from a checkpoint"),
+                          {});
+    return false;
+  }
+  job.run.workers[slot] = spare;
+  std::vector<v1::Command> commands = scheduler_->StageAssignments(
+      job_id, job.yaml, job.run.workers, job.ranges, job.modes, NumReplicas(job));
+  v1::Command configure = std::move(commands[slot]);
+  v1::StageAssignment& a = *configure.mutable_configure();
+  SetPlanned(job, &a);
+  a.set_attempt(job.attempt);
+  a.set_replacing(true);
+  if (from) *a.mutable_resume() = *from;
+  configure.set_command_id(host_->NewCommandId());
+
+  Attempt::Replacement r;
+  r.slot = slot;
+  r.worker = spare;
+  r.configure_id = configure.command_id();
+  r.lost = absl::Now();
+  r.job_step = job.status.step();
+  job.run.replacement = r;
+  v1::JobAttempt* attempt = job.status.mutable_attempts(job.status.attempts_size() - 1);
+  if (slot < attempt->workers_size()) attempt->set_workers(slot, spare);
+  v1::StageReplacement* entry = attempt->add_replacements();
+  entry->set_stage(slot);
+  entry->set_lost_worker(lost_worker);
+  entry->set_worker(spare);
+  entry->set_lost_unix_ms(absl::ToUnixMillis(r.lost));
+  entry->set_reason(why);
+  entry->set_from_step(from ? from->step() : 0);
+  entry->set_job_step(r.job_step);
+  STAGEWISE_LOG(WARNING) << "job " << job_id << ": " << why << "; stage " << slot
+                         << " goes on on worker " << spare << " from step " << entry->from_step();
+  host_->UpdateProgress(job,
+                        absl::StrCat(why, "; stage ", slot, " is replaced on worker ", spare,
+                                     from ? absl::StrCat(" from its shard at step ", from->step())
+                                          : std::string(" from the start"),
+                                     ", the other stages wait (recovery.replay)"),
+                        {});
+  host_->Send(spare, std::move(configure));
+  return true;
+}
+
+bool StageReplacer::OnAck(int64_t command_id, const std::string& sender) {
+  for (const std::string& id : host_->LiveJobIds()) {
+    LiveJob& job = *host_->FindJob(id);
+    if (!job.run.replacement) continue;
+    Attempt::Replacement& r = *job.run.replacement;
+    if (command_id == r.configure_id && sender == r.worker) {
+      // The spare holds the stage: its neighbours reconnect to it.
+      const std::optional<v1::WorkerInfo> info = registry_->Info(r.worker);
+      for (const int neighbour : {r.slot - 1, r.slot + 1}) {
+        if (neighbour < 0 || neighbour >= NumStages(job)) continue;
+        v1::Command command;
+        command.set_command_id(host_->NewCommandId());
+        v1::NeighbourReplaced* n = command.mutable_neighbour_replaced();
+        n->set_job_id(id);
+        n->set_attempt(job.attempt);
+        n->set_stage(r.slot);
+        n->set_address(info ? info->address() : "");
+        n->set_identity(registry_->Identity(r.worker));
+        r.neighbour_acks.insert(command.command_id());
+        host_->Send(job.run.workers[neighbour], std::move(command));
+      }
+    } else if (r.neighbour_acks.erase(command_id) == 0) {
+      continue;
+    }
+    if (r.neighbour_acks.empty() && !r.started) {
+      // The neighbours take its streams now: it may dial and be dialed.
+      r.started = true;
+      v1::Command start;
+      start.mutable_start()->set_job_id(id);
+      start.mutable_start()->set_phase(job.status.phase());
+      host_->Send(r.worker, std::move(start));
+    }
+    return true;
+  }
+  return false;
+}
+
+v1::StageReplacement* StageReplacer::Entry(LiveJob& job, int stage) {
+  if (job.status.attempts_size() == 0) return nullptr;
+  v1::JobAttempt* a = job.status.mutable_attempts(job.status.attempts_size() - 1);
+  for (int i = a->replacements_size() - 1; i >= 0; --i) {
+    if (a->replacements(i).stage() == stage) return a->mutable_replacements(i);
+  }
+  return nullptr;
+}
+
+void StageReplacer::OnReplayDone(LiveJob& job, int stage, const v1::ReplayDone& done) {
+  v1::StageReplacement* entry = Entry(job, stage);
+  if (entry == nullptr || entry->replayed_to_step() > 0) return;
+  entry->set_replayed_to_step(done.to_step());
+  entry->set_steps_redone(std::max<int64_t>(0, done.to_step() - done.from_step()));
+  entry->set_bytes(done.bytes());
+  entry->set_replay_seconds(done.seconds());
+  host_->UpdateProgress(
+      job,
+      absl::StrFormat("stage %d caught up: replayed steps %d to %d (%d kept messages, %.1f MB) "
+                      "in %.1f s",
+                      stage, done.from_step(), done.to_step(), done.messages(),
+                      static_cast<double>(done.bytes()) / 1e6, done.seconds()),
+      {});
+}
+
+void StageReplacer::OnProgress(LiveJob& job) {
+  if (!job.run.replacement || !job.run.replacement->started ||
+      job.status.step() <= job.run.replacement->job_step) {
+    return;
+  }
+  const Attempt::Replacement r = *job.run.replacement;
+  job.run.replacement.reset();
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - r.lost);
+  if (v1::StageReplacement* entry = Entry(job, r.slot)) entry->set_full_speed_seconds(seconds);
+  host_->UpdateProgress(
+      job,
+      absl::StrFormat("stage %d replaced: the job passed step %d again %.1f s after the loss",
+                      r.slot, r.job_step, seconds),
+      {});
+}
+
+}  // namespace stagewise::coordinator
