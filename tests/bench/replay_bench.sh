@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Time lost to one lost worker: today's rollback (recovery.replay: false)
-# against replacing only its stage (recovery.replay: true), for a byte-level
-# GPT of two stages of about 25 M parameters each, on local worker processes
-# (`stagewise local --workers 3`: one idle worker to take a stage over; the
-# killed one is started again at once).
+# against replacing only its stage (recovery.replay: true), for two stages of
+# about 25 M parameters each (Adam: 300 MB of state per stage in its shard),
+# on local worker processes (`stagewise local --workers 3`: one idle worker
+# to take a stage over; the killed one is started again at once). The
+# stages' forward and backward are emulated accelerator work (docs/models.md,
+# "Emulated accelerators": 64 blocks a stage, each waiting FORWARD_MS and
+# BACKWARD_MS per mini-batch), so that a 2-core machine measures the
+# recovery, not the cores; the parameters, the optimizer, the shards, the
+# messages (3 MB a micro-batch) and their replay are real.
 #
 # For each seed, interleaved: the job without a fault, then with one SIGKILL
 # of a random worker at a random step (`--chaos 1 --chaos-seed SEED`, the
@@ -12,16 +17,16 @@
 # seeds, and what each recovery redid.
 #
 #   tests/bench/replay_bench.sh [SEED ...]        (default: 1 2 3)
-#   STEPS=30 EVERY=10 DEPTH=16 WIDTH=512 tests/bench/replay_bench.sh 4 5
+#   STEPS=60 EVERY=20 FORWARD_MS=2 BACKWARD_MS=4 tests/bench/replay_bench.sh 4 5
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-build/bin}
 seeds=("$@")
 [[ ${#seeds[@]} -gt 0 ]] || seeds=(1 2 3)
-steps=${STEPS:-30}
-every=${EVERY:-10}
-depth=${DEPTH:-16}
-width=${WIDTH:-512}
+steps=${STEPS:-60}
+every=${EVERY:-20}
+forward_ms=${FORWARD_MS:-2}
+backward_ms=${BACKWARD_MS:-4}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -29,8 +34,8 @@ job() {  # job MODE(true|false) -> $work/job-MODE.yaml
   cat > "$work/job-$1.yaml" <<EOF
 name: replay-bench
 seed: 0
-model: {name: gpt, depth: $depth, width: $width, heads: 8}
-data: {dataset: fortunes, sequence_length: 64, train_size: 4096}
+model: {name: emulated, depth: 128, forward_ms: $forward_ms, backward_ms: $backward_ms}
+data: {dataset: synthetic, shape: [4, 384, 256], train_size: 128, test_size: 16}
 algorithm: {name: backprop, micro_batches: 4, schedule: 1f1b}
 stages: {count: 2, partition: even}
 optimizer: {name: adam, lr: 1.0e-4}
@@ -55,14 +60,14 @@ run() {  # run LABEL ARGS... -> "LABEL <wall s> <result json file>"
   echo "$label $(python3 -c "print(f'{$t1 - $t0:.2f}')") $out"
 }
 
-echo "# replay_bench: GPT depth $depth width $width (2 stages), $steps steps," \
+echo "# replay_bench: 2 stages of 25 M parameters (emulated blocks, ${forward_ms}/${backward_ms} ms), $steps steps," \
   "checkpoints every $every; $(nproc) cores; seeds ${seeds[*]}"
 rows=()
 for seed in "${seeds[@]}"; do
   rows+=("$(run "clean-$seed" "$work/job-true.yaml")")
   rows+=("$(run "rollback-$seed" --chaos 1 --chaos-seed "$seed" "$work/job-false.yaml")")
   rows+=("$(run "replay-$seed" --chaos 1 --chaos-seed "$seed" "$work/job-true.yaml")")
-  echo "${rows[-3]%% *} ${rows[-2]%% *} ${rows[-1]%% *} done" >&2
+  printf '# %s\n' "${rows[@]: -3}" >&2
 done
 printf '%s\n' "${rows[@]}" | python3 -c '
 import json, statistics, sys
@@ -77,18 +82,22 @@ print("seed  mode      wall_s  lost_s  attempts  steps_redone(job)  replaced(sta
 for label in wall:
     mode, seed = label.split("-")
     if mode == "clean":
-        print(f"{seed:4}  clean     {wall[label]:6.1f}")
+        print("%4s  clean     %6.1f" % (seed, wall[label]))
         continue
-    d = wall[label] - wall[f"clean-{seed}"]
+    d = wall[label] - wall["clean-" + seed]
     lost[mode].append(d)
     st = status(label)
-    attempts = st.get("attempts", [])
-    reps = [r for a in attempts for r in a.get("replacements", [])]
-    rep = "; ".join(f"{r.get(\"stage\", 0)}: {r.get(\"steps_redone\", 0)}, {r.get(\"replay_seconds\", 0):.1f}, {r.get(\"full_speed_seconds\", 0):.1f}" for r in reps)
-    print(f"{seed:4}  {mode:8}  {wall[label]:6.1f}  {d:6.1f}  {len(attempts):8}  {st.get(\"steps_redone\", 0):17}  {rep}")
+    attempts = st.get("attempts") or []
+    reps = [r for a in attempts for r in (a.get("replacements") or [])]
+    rep = "; ".join("%d: %d, %.1f, %.1f" % (r.get("stage", 0), r.get("steps_redone", 0),
+                                             r.get("replay_seconds", 0), r.get("full_speed_seconds", 0))
+                    for r in reps)
+    print("%4s  %-8s  %6.1f  %6.1f  %8d  %17d  %s" % (seed, mode, wall[label], d, len(attempts),
+                                                   st.get("steps_redone", 0), rep))
 for mode, xs in lost.items():
     if xs:
-        print(f"# {mode}: time lost per failure, median {statistics.median(xs):.1f} s (min {min(xs):.1f}, max {max(xs):.1f}, n={len(xs)})")
+        print("# %s: time lost per failure, median %.1f s (min %.1f, max %.1f, n=%d)" %
+              (mode, statistics.median(xs), min(xs), max(xs), len(xs)))
 if lost["rollback"] and lost["replay"] and statistics.median(lost["replay"]) > 0:
-    print(f"# rollback / replay: {statistics.median(lost[\"rollback\"]) / statistics.median(lost[\"replay\"]):.2f}x")
+    print("# rollback / replay: %.2fx" % (statistics.median(lost["rollback"]) / statistics.median(lost["replay"])))
 '
