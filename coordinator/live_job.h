@@ -96,6 +96,9 @@ struct Attempt {
     int64_t job_step = 0;  // the job's step when the worker was lost
   };
   std::optional<Replacement> replacement;
+  // Replicated stages: how often each stage's replica group was formed again
+  // around a replacement (ReplicaRegroup.generation), by stage.
+  std::map<int, int> replica_generations;
 };
 
 // A live job: its record (status, spec, the cut and plan the next attempt

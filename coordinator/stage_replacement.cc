@@ -3,6 +3,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -50,7 +51,7 @@ std::optional<v1::ResumePoint> StageReplacer::ResumeFrom(const std::string& job_
 bool StageReplacer::TryReplace(const std::string& job_id, LiveJob& job,
                                const std::string& lost_worker, const std::string& why) {
   if (!job.spec.recovery.replay || job.status.state() != v1::RUNNING || job.run.replacement ||
-      NumReplicas(job) != 1 || ChunksPerWorker(job) != 1 || job.status.attempts_size() == 0) {
+      ChunksPerWorker(job) != 1 || job.status.attempts_size() == 0) {
     return false;
   }
   int slot = -1;
@@ -58,10 +59,17 @@ bool StageReplacer::TryReplace(const std::string& job_id, LiveJob& job,
     if (job.run.workers[s] == lost_worker) slot = s;
   }
   if (slot < 0) return false;
-  const std::optional<v1::ResumePoint> from = ResumeFrom(job_id, job, slot);
+  const int stages = NumStages(job), stage = slot % stages, replica = slot / stages;
+  // Replicated: the spare copies a surviving replica's live state (the
+  // lowest other one); else it loads the stage's newest shard.
+  const int source = NumReplicas(job) > 1 ? (replica == 0 ? 1 : 0) : -1;
+  const std::optional<v1::ResumePoint> from =
+      source < 0 ? ResumeFrom(job_id, job, slot) : std::nullopt;
   // Without a checkpoint of this cut: the attempt's start, when it began at
   // step 0 (the survivors kept everything since).
-  if (!from && job.status.attempts(job.status.attempts_size() - 1).from_step() != 0) return false;
+  if (source < 0 && !from && job.status.attempts(job.status.attempts_size() - 1).from_step() != 0) {
+    return false;
+  }
   std::set<std::string> taken;
   if (job.spec.placement.distinct_identities) {
     for (const std::string& w : job.run.workers) {
@@ -87,6 +95,32 @@ bool StageReplacer::TryReplace(const std::string& job_id, LiveJob& job,
   a.set_replacing(true);
   if (from) *a.mutable_resume() = *from;
   configure.set_command_id(host_->NewCommandId());
+  std::vector<v1::Command> regroups;
+  if (source >= 0) {
+    const int generation = ++job.run.replica_generations[stage];
+    const std::string token = absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(bitgen_),
+                                              absl::Uniform<uint64_t>(bitgen_));
+    const std::string& from_worker = job.run.workers[SlotOf(job, stage, source)];
+    const std::optional<v1::WorkerInfo> info = registry_->Info(from_worker);
+    v1::ReplicaSource* rs = a.mutable_replica_source();
+    rs->set_address(info ? info->address() : "");
+    rs->set_identity(registry_->Identity(from_worker));
+    rs->set_replica(source);
+    rs->set_generation(generation);
+    rs->set_token(token);
+    for (int other = 0; other < NumReplicas(job); ++other) {
+      if (other == replica) continue;
+      v1::Command& command = regroups.emplace_back();
+      command.set_command_id(host_->NewCommandId());
+      v1::ReplicaRegroup* g = command.mutable_replica_regroup();
+      g->set_job_id(job_id);
+      g->set_attempt(job.attempt);
+      g->set_stage(stage);
+      g->set_generation(generation);
+      g->set_source_replica(source);
+      g->set_token(token);
+    }
+  }
 
   Attempt::Replacement r;
   r.slot = slot;
@@ -98,22 +132,33 @@ bool StageReplacer::TryReplace(const std::string& job_id, LiveJob& job,
   v1::JobAttempt* attempt = job.status.mutable_attempts(job.status.attempts_size() - 1);
   if (slot < attempt->workers_size()) attempt->set_workers(slot, spare);
   v1::StageReplacement* entry = attempt->add_replacements();
-  entry->set_stage(slot);
+  entry->set_stage(stage);
+  entry->set_replica(replica);
+  entry->set_copied_from_replica(source);
   entry->set_lost_worker(lost_worker);
   entry->set_worker(spare);
   entry->set_lost_unix_ms(absl::ToUnixMillis(r.lost));
   entry->set_reason(why);
   entry->set_from_step(from ? from->step() : 0);
   entry->set_job_step(r.job_step);
-  STAGEWISE_LOG(WARNING) << "job " << job_id << ": " << why << "; stage " << slot
-                         << " goes on on worker " << spare << " from step " << entry->from_step();
-  host_->UpdateProgress(job,
-                        absl::StrCat(why, "; stage ", slot, " is replaced on worker ", spare,
-                                     from ? absl::StrCat(" from its shard at step ", from->step())
-                                          : std::string(" from the start"),
-                                     ", the other stages wait (recovery.replay)"),
-                        {});
+  const std::string what = NumReplicas(job) > 1
+                               ? absl::StrCat("stage ", stage, " of replica ", replica)
+                               : absl::StrCat("stage ", stage);
+  STAGEWISE_LOG(WARNING) << "job " << job_id << ": " << why << "; " << what << " goes on on worker "
+                         << spare;
+  host_->UpdateProgress(
+      job,
+      absl::StrCat(why, "; ", what, " is replaced on worker ", spare,
+                   source >= 0 ? absl::StrCat(" from replica ", source, "'s live state")
+                   : from      ? absl::StrCat(" from its shard at step ", from->step())
+                               : std::string(" from the start"),
+                   ", the other stages wait (recovery.replay)"),
+      {});
   host_->Send(spare, std::move(configure));
+  for (int other = 0, i = 0; other < NumReplicas(job); ++other) {
+    if (other == replica) continue;
+    host_->Send(job.run.workers[SlotOf(job, stage, other)], std::move(regroups[i++]));
+  }
   return true;
 }
 
@@ -125,18 +170,20 @@ bool StageReplacer::OnAck(int64_t command_id, const std::string& sender) {
     if (command_id == r.configure_id && sender == r.worker) {
       // The spare holds the stage: its neighbours reconnect to it.
       const std::optional<v1::WorkerInfo> info = registry_->Info(r.worker);
-      for (const int neighbour : {r.slot - 1, r.slot + 1}) {
+      // Its neighbours in its own pipeline (replica).
+      const int stage = r.slot % NumStages(job);
+      for (const int neighbour : {stage - 1, stage + 1}) {
         if (neighbour < 0 || neighbour >= NumStages(job)) continue;
         v1::Command command;
         command.set_command_id(host_->NewCommandId());
         v1::NeighbourReplaced* n = command.mutable_neighbour_replaced();
         n->set_job_id(id);
         n->set_attempt(job.attempt);
-        n->set_stage(r.slot);
+        n->set_stage(stage);
         n->set_address(info ? info->address() : "");
         n->set_identity(registry_->Identity(r.worker));
         r.neighbour_acks.insert(command.command_id());
-        host_->Send(job.run.workers[neighbour], std::move(command));
+        host_->Send(job.run.workers[r.slot - stage + neighbour], std::move(command));
       }
     } else if (r.neighbour_acks.erase(command_id) == 0) {
       continue;
@@ -166,6 +213,10 @@ v1::StageReplacement* StageReplacer::Entry(LiveJob& job, int stage) {
 void StageReplacer::OnReplayDone(LiveJob& job, int stage, const v1::ReplayDone& done) {
   v1::StageReplacement* entry = Entry(job, stage);
   if (entry == nullptr || entry->replayed_to_step() > 0) return;
+  // A replica's copy: the step the survivors waited in.
+  entry->set_from_step(done.from_step());
+  entry->set_copied_bytes(done.copied_bytes());
+  entry->set_copy_seconds(done.copy_seconds());
   entry->set_replayed_to_step(done.to_step());
   entry->set_steps_redone(std::max<int64_t>(0, done.to_step() - done.from_step()));
   entry->set_bytes(done.bytes());
@@ -187,11 +238,12 @@ void StageReplacer::OnProgress(LiveJob& job) {
   const Attempt::Replacement r = *job.run.replacement;
   job.run.replacement.reset();
   const double seconds = absl::ToDoubleSeconds(absl::Now() - r.lost);
-  if (v1::StageReplacement* entry = Entry(job, r.slot)) entry->set_full_speed_seconds(seconds);
+  const int stage = r.slot % NumStages(job);
+  if (v1::StageReplacement* entry = Entry(job, stage)) entry->set_full_speed_seconds(seconds);
   host_->UpdateProgress(
       job,
       absl::StrFormat("stage %d replaced: the job passed step %d again %.1f s after the loss",
-                      r.slot, r.job_step, seconds),
+                      stage, r.job_step, seconds),
       {});
 }
 

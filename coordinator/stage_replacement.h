@@ -4,7 +4,10 @@
 //
 // 1. TryReplace (the worker was lost): an idle worker with the job's labels
 //    gets the stage's StageAssignment with `replacing` and the stage's shard
-//    of the newest committed checkpoint (or the attempt's start).
+//    of the newest committed checkpoint (or the attempt's start). A lost
+//    replica (stages.replicas > 1) instead copies a surviving replica's live
+//    state (StageAssignment.replica_source), and the stage's surviving
+//    replicas form their group again with it (ReplicaRegroup).
 // 2. Once it acknowledged, the lost stage's neighbours learn where it runs
 //    now (NeighbourReplaced); once they acknowledged, it starts. It dials
 //    stage j+1, stage j-1 dials it, each side resends what the other does
@@ -22,6 +25,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/random/random.h"
 #include "coordinator/job_host.h"
 #include "coordinator/live_job.h"
 #include "coordinator/scheduler.h"
@@ -54,6 +58,7 @@ class StageReplacer {
                                             int slot) const;
   v1::StageReplacement* Entry(LiveJob& job, int stage);
 
+  absl::BitGen bitgen_;  // copy tokens
   JobHost* const host_;
   WorkerRegistry* const registry_;
   const Scheduler* const scheduler_;

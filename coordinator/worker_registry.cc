@@ -50,10 +50,10 @@ absl::Status CheckInfo(const v1::WorkerInfo& info) {
   // inside each event, v2 on the envelope), and a v2 worker's stage streams
   // do not open the way a v3 worker expects; a v3 worker reads schedules
   // and block modes as text.
-  if (info.protocol() != v1::CONTROL_PROTOCOL_V5) {
+  if (info.protocol() != v1::CONTROL_PROTOCOL_V6) {
     return absl::FailedPreconditionError(
         absl::StrCat("WorkerInfo.protocol: the worker speaks control protocol ", info.protocol(),
-                     ", this coordinator ", v1::CONTROL_PROTOCOL_V5,
+                     ", this coordinator ", v1::CONTROL_PROTOCOL_V6,
                      ": run the same stagewise version on the coordinator and the workers"));
   }
   if (info.address().empty()) return absl::InvalidArgumentError("WorkerInfo.address: empty");

@@ -153,7 +153,7 @@ absl::StatusOr<ReplicaGroup::Pending> ReplicaGroup::StartSum(std::vector<torch::
   Pending p;
   try {
     if (members.size() == 1 && members.front().is_contiguous()) {
-      p.flat = members.front();
+      p.flat = options_.keep_inputs ? members.front().clone() : members.front();
     } else {
       std::vector<torch::Tensor> views;
       views.reserve(members.size());
@@ -177,6 +177,11 @@ absl::Status ReplicaGroup::FinishSums(std::vector<Pending>& pending, double scal
   if (broken_) return absl::FailedPreconditionError(broken_reason_);
   torch::NoGradGuard no_grad;
   try {
+    if (options_.keep_inputs) {
+      for (Pending& p : pending) {
+        if (p.work) p.work->wait();
+      }
+    }
     for (Pending& p : pending) {
       if (p.work) p.work->wait();
       p.flat.mul_(scale);

@@ -37,6 +37,11 @@ struct ReplicaGroupOptions {
   int64_t bucket_bytes = int64_t{25} << 20;
   // What errors call the group, e.g. "stage 1".
   std::string name = "replica group";
+  // A failed average leaves the tensors passed in as they were, so that it
+  // can be run again in another group (recovery.replay's replica
+  // replacement): every bucket is a copy, even of one tensor, and nothing is
+  // written back before every bucket's sum arrived.
+  bool keep_inputs = false;
 };
 
 // How tensors go into buckets: runs of consecutive tensors of one dtype and

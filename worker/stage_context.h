@@ -138,6 +138,10 @@ class StageContext {
   // OK while the job runs; the reason once it was stopped or failed. Algorithms
   // check it at least once per step (a single stage never blocks on a peer).
   virtual absl::Status Interrupted() const = 0;
+  // A lock-step algorithm begins step `phase_step` of the phase (nothing of
+  // it sent or taken yet): a replicated stage that may be copied
+  // (recovery.replay) notes where it is.
+  virtual void BeginStep(int64_t phase_step) { (void)phase_step; }
 
   // Replicated stages (docs/replicas.md): the stage's replicas, or null
   // when it has one (then the calls below do nothing and return OK).

@@ -1,7 +1,10 @@
 #include "worker/stage_replicas.h"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "services/common/status_macros.h"
 
 namespace stagewise::worker {
@@ -13,10 +16,70 @@ StageReplicas::StageReplicas(SyncSpec sync,
 StageReplicas::~StageReplicas() { Close(); }
 
 absl::Status StageReplicas::Join(c10::intrusive_ptr<c10d::Store> store,
-                                 const ReplicaGroupOptions& options) {
-  STAGEWISE_ASSIGN_OR_RETURN(group_, ReplicaGroup::Create(std::move(store), options));
+                                 const ReplicaGroupOptions& options, int generation) {
+  store_ = std::move(store);
+  options_ = options;
+  options_.keep_inputs = options_.keep_inputs || hooks_.publish != nullptr;
+  STAGEWISE_RETURN_IF_ERROR(Meet(generation));
   if (sync_.every > 1 && outer_ == nullptr) outer_ = std::make_unique<OuterSync>(sync_);
   return absl::OkStatus();
+}
+
+absl::Status StageReplicas::Meet(int generation) {
+  c10::intrusive_ptr<c10d::Store> store = store_;
+  // The attempt's first group keeps the stage's keys; a group formed again
+  // meets under keys of its own.
+  if (generation > 0) {
+    store = c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("g", generation), store_);
+  }
+  STAGEWISE_ASSIGN_OR_RETURN(group_, ReplicaGroup::Create(std::move(store), options_));
+  generation_ = generation;
+  return absl::OkStatus();
+}
+
+void StageReplicas::EnableRegroup(RegroupHooks hooks) { hooks_ = std::move(hooks); }
+
+void StageReplicas::Regroup(int generation, bool source, const std::string& token) {
+  absl::MutexLock lock(&mu_);
+  if (generation <= announced_.generation) return;
+  announced_ = {generation, source, token};
+}
+
+void StageReplicas::Cancel(const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_.ok()) cancelled_ = why.ok() ? absl::CancelledError("stopped") : why;
+}
+
+absl::Status StageReplicas::Retried(const std::function<absl::Status()>& average) {
+  absl::Status s = average();
+  while (!s.ok() && hooks_.publish) {
+    STAGEWISE_RETURN_IF_ERROR(Rejoin(s));
+    s = average();
+    if (s.ok() && hooks_.release) hooks_.release();
+  }
+  return s;
+}
+
+absl::Status StageReplicas::Rejoin(const absl::Status& failure) {
+  Announced next;
+  {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return announced_.generation > generation_ || !cancelled_.ok();
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), options_.timeout)) {
+      return absl::Status(failure.code(),
+                          absl::StrCat(failure.message(), "; no replacement joined within ",
+                                       absl::FormatDuration(options_.timeout)));
+    }
+    if (!cancelled_.ok()) return cancelled_;
+    next = announced_;
+  }
+  if (next.source) STAGEWISE_RETURN_IF_ERROR(hooks_.publish(next.generation, next.token));
+  // The broken group goes first: its connections are dead anyway.
+  overlap_.reset();
+  group_.reset();
+  return Meet(next.generation);
 }
 
 std::vector<torch::Tensor> StageReplicas::Parameters(torch::optim::Optimizer& stage,
@@ -45,7 +108,7 @@ absl::Status StageReplicas::AverageGradients(torch::optim::Optimizer& stage,
     }
     return extra == nullptr ? absl::OkStatus() : AverageGradientsOf(*extra);
   }
-  return group_->AverageGradients(Parameters(stage, extra));
+  return Retried([&] { return group_->AverageGradients(Parameters(stage, extra)); });
 }
 
 absl::Status StageReplicas::AverageGradientsOf(torch::optim::Optimizer& optimizer) {
@@ -61,7 +124,7 @@ absl::Status StageReplicas::AverageGradientsOf(torch::optim::Optimizer& optimize
   for (const auto& group : optimizer.param_groups()) {
     for (const torch::Tensor& p : group.params()) params.push_back(p);
   }
-  return group_->AverageGradients(params);
+  return Retried([&] { return group_->AverageGradients(params); });
 }
 
 absl::Status StageReplicas::Sync(torch::optim::Optimizer& stage, torch::optim::Optimizer* extra) {

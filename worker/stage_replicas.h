@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "services/spec/job_spec.h"
 #include "worker/collective.h"
 #include "worker/outer_sync.h"
@@ -31,9 +33,27 @@ class StageReplicas {
   StageReplicas(const StageReplicas&) = delete;
   StageReplicas& operator=(const StageReplicas&) = delete;
 
-  // Meets the other replicas through `store` (before the first step).
-  absl::Status Join(c10::intrusive_ptr<c10d::Store> store, const ReplicaGroupOptions& options);
+  // Meets the other replicas through `store` (before the first step), in
+  // the group of `generation` (0: the attempt's first; a replacing replica
+  // joins the one it was given).
+  absl::Status Join(c10::intrusive_ptr<c10d::Store> store, const ReplicaGroupOptions& options,
+                    int generation = 0);
   bool joined() const { return group_ != nullptr; }
+
+  // Replacing a replica: what a failed average does (before Join).
+  struct RegroupHooks {
+    // The source replica: publishes the stage's state as it was at the
+    // start of the current step, for the copy with `token`.
+    std::function<absl::Status(int generation, const std::string& token)> publish;
+    // The new group works: what was published may go.
+    std::function<void()> release;
+  };
+  void EnableRegroup(RegroupHooks hooks);
+  // The coordinator formed the group again as `generation` (any thread).
+  void Regroup(int generation, bool source, const std::string& token) ABSL_LOCKS_EXCLUDED(mu_);
+  // The job stops: a wait for Regroup ends with `why` (any thread).
+  void Cancel(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+  int generation() const { return generation_; }
 
   // Before the stage optimizer's step: every replica ends with the mean
   // gradient of the parameters of `stage` (and `extra`'s, if any). With
@@ -62,6 +82,14 @@ class StageReplicas {
   // The parameters of `stage`, then of `extra`.
   static std::vector<torch::Tensor> Parameters(torch::optim::Optimizer& stage,
                                                torch::optim::Optimizer* extra);
+  // `average`, and with EnableRegroup once more in every new group until it
+  // succeeds.
+  absl::Status Retried(const std::function<absl::Status()>& average);
+  // After a failed average (`failure`): waits for Regroup, publishes (the
+  // source), joins the new generation's group.
+  absl::Status Rejoin(const absl::Status& failure) ABSL_LOCKS_EXCLUDED(mu_);
+  // The group of `generation` over store_.
+  absl::Status Meet(int generation);
 
   const SyncSpec sync_;
   const std::function<void(const std::string&, double)> summarize_;
@@ -69,7 +97,20 @@ class StageReplicas {
   // The stage optimizer's gradients averaged during the backward (declared
   // after group_: destroyed before it).
   std::unique_ptr<OverlappedAverage> overlap_;
-  std::unique_ptr<OuterSync> outer_;  // sync.every > 1 (or a shard that had one)
+  std::unique_ptr<OuterSync> outer_;       // sync.every > 1 (or a shard that had one)
+  c10::intrusive_ptr<c10d::Store> store_;  // once joined
+  ReplicaGroupOptions options_;
+  int generation_ = 0;  // of group_
+  RegroupHooks hooks_;  // EnableRegroup
+
+  mutable absl::Mutex mu_;
+  struct Announced {
+    int generation = 0;
+    bool source = false;
+    std::string token;
+  };
+  Announced announced_ ABSL_GUARDED_BY(mu_);
+  absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace stagewise::worker

@@ -82,6 +82,23 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
   rt->replicas_ = std::make_unique<StageReplicas>(
       rt->spec_.sync,
       [raw = rt.get()](const std::string& key, double value) { raw->Summarize(key, value); });
+  if (assignment.replay() && assignment.num_replicas() > 1) {
+    // A lost replica is replaced inside the attempt: a failed average waits
+    // for the group to form again (docs/fault_tolerance.md).
+    StageRuntime* raw = rt.get();
+    rt->replicas_->EnableRegroup({.publish =
+                                      [raw](int generation, const std::string& token) {
+                                        checkpoint::ShardPosition at;
+                                        at.phase = raw->phase_;
+                                        at.stage = raw->stage();
+                                        at.block_begin = raw->assignment_.block_begin();
+                                        at.block_end = raw->assignment_.block_end();
+                                        return raw->replica_copy_.Publish(
+                                            generation, token, at, raw->phase_offset_, *raw->model_,
+                                            *raw->optimizer_);
+                                      },
+                                  .release = [raw] { raw->replica_copy_.Release(); }});
+  }
   rt->phases_ = Phases(rt->spec_);  // backprop's schedule: auto as the planner chose
   STAGEWISE_ASSIGN_OR_RETURN(const std::optional<PipelineSchedule> chosen, ScheduleOf(assignment));
   if (auto s = ResolveAutoSchedule(chosen, rt->phases_); !s.ok()) return s;
@@ -149,7 +166,14 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
         checkpoint::JobDir(rt->spec_.checkpoint.dir, assignment.job_id()));
     if (!s.ok()) return absl::FailedPreconditionError(s.message());
   }
-  if (assignment.has_resume()) {
+  if (assignment.has_replica_source()) {
+    try {
+      if (absl::Status s = rt->LoadReplicaCopy(); !s.ok()) return s;
+    } catch (const std::exception& e) {
+      return absl::DataLossError(
+          absl::StrCat("loading the copy of a surviving replica: ", e.what()));
+    }
+  } else if (assignment.has_resume()) {
     try {
       if (absl::Status s = rt->LoadResume(assignment.resume()); !s.ok()) return s;
     } catch (const std::exception& e) {
@@ -347,6 +371,7 @@ void StageRuntime::Abort(const absl::Status& why) {
     RecordError(why);
   }
   if (env_.turns) env_.turns->Cancel(why);  // the worker's other chunks wake
+  if (replicas_) replicas_->Cancel(why);    // a wait for a lost replica's replacement ends
   if (streams_) streams_->Close(why);
 }
 
@@ -581,6 +606,8 @@ void StageRuntime::NoteCaughtUp(int64_t step) {
                      std::max<int64_t>(0, marks.taken_next));
   done->set_bytes(replay_bytes_.load());
   done->set_seconds(SecondsSince(started_at_));
+  done->set_copied_bytes(replica_copy_.copied_bytes());
+  done->set_copy_seconds(replica_copy_.copy_seconds());
   reporter_->Emit(std::move(event));
 }
 
@@ -594,7 +621,8 @@ absl::Status StageRuntime::JoinReplicas() {
                           .host = host.empty() ? "127.0.0.1" : host,
                           .timeout = env_.collective_timeout,
                           .bucket_bytes = bucket_bytes,
-                          .name = absl::StrCat("stage ", stage())});
+                          .name = absl::StrCat("stage ", stage())},
+                         assignment_.replica_source().generation());
 }
 
 PhaseWindow StageRuntime::window() const {
@@ -612,157 +640,6 @@ void StageRuntime::ReportEval(int64_t phase_steps_done, double loss, double accu
                               int64_t samples) {
   if (replaying()) return;  // reported when the lost stage ran it
   reporter_->Eval(phase_offset_ + phase_steps_done, loss, accuracy, samples);
-}
-
-// --- checkpoints (services/checkpoint/shard_archive.h) --------------------
-
-absl::StatusOr<std::unique_ptr<checkpoint::ShardReader>> StageRuntime::ReadResumeShard(
-    const std::string& path, int64_t bytes, uint32_t crc32, const v1::ResumePoint& resume,
-    int block_begin, int block_end) const {
-  STAGEWISE_ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::ShardReader> shard,
-                             checkpoint::ReadShardFile(path, bytes, crc32, env_.device));
-  const checkpoint::ShardPosition& at = shard->position();
-  if (at.step != resume.step() || at.phase != resume.phase() ||
-      at.phase_step != resume.phase_step() || at.block_begin != block_begin ||
-      at.block_end != block_end) {
-    return absl::DataLossError(absl::StrCat(
-        path, ": holds step ", at.step, " (phase ", at.phase, ", step ", at.phase_step,
-        ") of stage ", at.stage, ", blocks [", at.block_begin, ", ", at.block_end,
-        "); the resume point says step ", resume.step(), " (phase ", resume.phase(), ", step ",
-        resume.phase_step(), "), blocks [", block_begin, ", ", block_end, ")"));
-  }
-  return shard;
-}
-
-absl::Status StageRuntime::WriteShard(int64_t phase_step, bool with_algorithm) {
-  // Replicas of a stage are equal after every step: replica 0 writes the
-  // stage's one shard (docs/replicas.md).
-  if (replica() > 0) return absl::OkStatus();
-  const auto t0 = std::chrono::steady_clock::now();
-  const int64_t step = phase_offset_ + phase_step;
-  checkpoint::ShardPosition at;
-  at.step = step;
-  at.phase = phase_;
-  at.phase_step = phase_step;
-  at.stage = stage();
-  at.block_begin = assignment_.block_begin();
-  at.block_end = assignment_.block_end();
-  at.marks = streams_->marks();
-  checkpoint::ShardExtras extras;
-  if (with_algorithm) {
-    extras.algorithm = [this](torch::serialize::OutputArchive& archive) {
-      return algorithm_->SaveState(*this, archive);
-    };
-  }
-  // sync.every > 1: the anchors to resume from.
-  extras.outer_sync = [this](auto& archive) { return replicas_->SaveOuter(archive); };
-  extras.wire_residuals = [this](auto& archive) { return wire_residuals_.Save(archive); };
-  extras.rng = true;
-  STAGEWISE_ASSIGN_OR_RETURN(const std::string data,
-                             checkpoint::SerializeShard(at, *model_, *optimizer_, extras));
-  const std::string path = checkpoint::StepDir(spec_.checkpoint.dir, job_id(), step) + "/" +
-                           checkpoint::ShardFileName(stage());
-  if (absl::Status s = checkpoint::WriteFileAtomically(path, data); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("checkpoint.dir: ", s.message()));
-  }
-  metrics_->ObserveCompute("checkpoint", SecondsSince(t0));
-  if (tracer_)
-    tracer_->Record(v1::SPAN_CHECKPOINT, phase_step, 0, t0, std::chrono::steady_clock::now());
-  v1::WorkerEvent event = reporter_->NewEvent();
-  auto* saved = event.mutable_checkpoint_saved();
-  saved->set_step(step);
-  saved->set_phase(phase_);
-  saved->set_phase_step(phase_step);
-  saved->set_path(path);
-  saved->set_bytes(static_cast<int64_t>(data.size()));
-  saved->set_crc32(checkpoint::Crc32(data));
-  reporter_->Emit(std::move(event));
-  return absl::OkStatus();
-}
-
-absl::Status StageRuntime::LoadResume(const v1::ResumePoint& resume) {
-  // The stage's own shard, or (on another cut) every shard with its blocks.
-  const bool resharded = resume.sources_size() > 0;
-  std::vector<std::unique_ptr<checkpoint::ShardReader>> archives;
-  std::vector<ReshardSource> sources;
-  if (!resharded) {
-    STAGEWISE_ASSIGN_OR_RETURN(
-        archives.emplace_back(),
-        ReadResumeShard(resume.shard_path(), resume.shard_bytes(), resume.shard_crc32(), resume,
-                        assignment_.block_begin(), assignment_.block_end()));
-    if (const int64_t saved = archives[0]->position().stage; saved != stage()) {
-      return absl::DataLossError(absl::StrCat(resume.shard_path(), ": holds stage ", saved,
-                                              ", the resume point says stage ", stage()));
-    }
-  }
-  for (const v1::ResumeShard& source : resume.sources()) {
-    STAGEWISE_ASSIGN_OR_RETURN(archives.emplace_back(),
-                               ReadResumeShard(source.path(), source.bytes(), source.crc32(),
-                                               resume, source.block_begin(), source.block_end()));
-    sources.push_back(
-        {source.path(), source.block_begin(), source.block_end(), archives.back().get()});
-  }
-  const std::string& where = resharded ? resume.sources(0).path() : resume.shard_path();
-  const int64_t step = resume.step(), phase = resume.phase(), phase_step = resume.phase_step();
-  if (phase < 0 || phase >= static_cast<int64_t>(phases_.size())) {
-    return absl::DataLossError(
-        absl::StrCat(where, ": phase ", phase, " of a job with ", phases_.size(), " phase(s)"));
-  }
-  for (int p = 1; p <= phase; ++p) STAGEWISE_RETURN_IF_ERROR(EnterPhase(p));
-  if (phase_step < 0 || phase_step > phase_steps_ || phase_offset_ + phase_step != step) {
-    return absl::DataLossError(
-        absl::StrCat(where, ": step ", phase_step, " of phase ", phase, " does not fit this job"));
-  }
-  checkpoint::ShardReader& shard = *archives[0];
-  if (resharded) {
-    STAGEWISE_RETURN_IF_ERROR(RegroupShards(
-        sources, *model_, *optimizer_,
-        [this](int begin, int end) -> absl::StatusOr<std::shared_ptr<models::Model>> {
-          auto built =
-              models::BuildModel(spec_.model, static_cast<uint64_t>(spec_.seed), begin, end);
-          if (built.ok()) (*built)->to(env_.device);
-          return built;
-        },
-        [this](models::Model& m) { return training::MakeOptimizer(spec_.optimizer, m); }));
-  } else {
-    STAGEWISE_RETURN_IF_ERROR(shard.LoadModel(*model_));
-    STAGEWISE_RETURN_IF_ERROR(shard.LoadOptimizer(*optimizer_));
-  }
-  // On another cut: the random stream of the shard that held the stage's
-  // first block.
-  if (!shard.RestoreRng()) return absl::DataLossError(absl::StrCat(where, ": no random state"));
-  if (phase_step > 0 && !resharded) {
-    resume_state_ = shard.Algorithm();
-    resume_archive_ = std::move(archives[0]);  // resume_state_ may rely on it
-  }
-  resharded_ = resharded && phase_step > 0;
-  // Replicated stages with sync.every > 1 are never resharded (job_spec.cc
-  // refuses recovery.min_stages with replicas).
-  if (torch::serialize::InputArchive outer; !resharded && shard.OuterSync(outer)) {
-    STAGEWISE_RETURN_IF_ERROR(replicas_->LoadOuter(outer));
-  }
-  if (torch::serialize::InputArchive residuals; !resharded && shard.WireResiduals(residuals)) {
-    STAGEWISE_RETURN_IF_ERROR(wire_residuals_.Load(residuals, env_.device));
-  }
-  // The messages the stage had sent and taken there (a replacement replays
-  // from them; a resumed attempt goes on numbering).
-  const checkpoint::ShardPosition::Marks& marks = shard.position().marks;
-  if (marks.known() && !resharded) {
-    streams_->Resume(marks);
-    resumed_marks_ = marks;
-  } else if (assignment_.replacing()) {
-    return absl::UnavailableError(absl::StrCat(
-        where, ": no message counts (written before recovery.replay): cannot replay from it"));
-  }
-  resumed_step_ = step;
-  start_phase_ = static_cast<int>(phase);
-  first_step_ = phase_step;
-  resumed_at_end_ = step == total_steps_;
-  {
-    absl::MutexLock lock(&mu_);
-    released_phase_ = start_phase_;
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace stagewise::worker

@@ -31,6 +31,7 @@
 #include "worker/device_turns.h"
 #include "worker/neighbour_link.h"
 #include "worker/peer_stream.h"
+#include "worker/replica_copy.h"
 #include "worker/same_host.h"
 #include "worker/stage_context.h"
 #include "worker/stage_replicas.h"
@@ -126,6 +127,14 @@ class StageRuntime final : public StageContext {
   // recovery.replay: a checkpoint after global step `step` is committed; the
   // messages kept from before it go.
   void CheckpointCommitted(int64_t step);
+  // recovery.replay with replicas: a replica of this stage was lost and the
+  // group forms again (StageReplicas::Regroup).
+  void ReplicaRegroup(const v1::ReplicaRegroup& regroup);
+  // StageService.CopyReplica: a piece of the state this replica published.
+  absl::Status ServeReplicaCopy(const v1::CopyReplicaRequest& request,
+                                v1::CopyReplicaResponse* response) const {
+    return replica_copy_.Serve(request, response);
+  }
 
   // StageContext
   const JobSpec& spec() const override { return spec_; }
@@ -143,6 +152,7 @@ class StageRuntime final : public StageContext {
   absl::Status SendToPrev(v1::StageMessage message) override;
   EncodeOptions Wire(bool to_next) const override;
   absl::Status Interrupted() const override;
+  void BeginStep(int64_t phase_step) override;
   bool CheckpointDue(int64_t steps_done) const override;
   absl::Status Checkpoint(int64_t steps_done) override;
   torch::serialize::InputArchive* resume_state() override { return resume_state_.get(); }
@@ -190,6 +200,16 @@ class StageRuntime final : public StageContext {
   // another cut (ResumePoint.sources) regroups what the stage holds from the
   // sources (worker/reshard.h) and restarts the algorithm's state.
   absl::Status LoadResume(const v1::ResumePoint& resume);
+  // A replacing replica (StageAssignment.replica_source): copies a
+  // surviving replica's state and starts from the step it waits in.
+  absl::Status LoadReplicaCopy();
+  // Enters the phases before `phase` and checks that (phase, phase_step,
+  // step) fit the job; DATA_LOSS naming `where` otherwise.
+  absl::Status EnterResumedPhase(int64_t step, int64_t phase, int64_t phase_step,
+                                 const std::string& where);
+  // The resumed position: the stage goes on from it (and a replacement
+  // replays from `marks`).
+  void SetResumed(int64_t step, int64_t phase_step, const checkpoint::ShardPosition::Marks& marks);
   // One shard named by the resume point, read, verified and checked against
   // it (step, phase, blocks): DATA_LOSS otherwise.
   absl::StatusOr<std::unique_ptr<checkpoint::ShardReader>> ReadResumeShard(
@@ -259,6 +279,9 @@ class StageRuntime final : public StageContext {
   std::chrono::steady_clock::time_point started_at_;
   std::atomic<int64_t> replay_bytes_{0};
   std::atomic<bool> replay_done_{false};
+  // Replicated stages with recovery.replay: where each step began and what
+  // this replica published for a lost one's copy; a replacing replica's copy.
+  ReplicaCopy replica_copy_;
 
   // The stage's lifecycle:
   //   kCreated --Start--> kRunning --compute thread ends--> kFinished

@@ -147,6 +147,10 @@ class Worker {
   // Queues `event` on the current session's stream (waits for room; dropped
   // when there is no session). Heartbeats go with `may_skip`.
   void Emit(v1::WorkerEvent event, bool may_skip = false);
+  // StageService.CopyReplica: a surviving replica's published state
+  // (StageRuntime::ServeReplicaCopy).
+  absl::Status CopyReplica(const v1::CopyReplicaRequest& request,
+                           v1::CopyReplicaResponse* response);
   // Binds a new Exchange stream to this worker's stage (StageRuntime::AttachUpstream).
   absl::Status Route(const v1::StageMessage& first, const std::string& peer_identity,
                      std::shared_ptr<UpstreamStream> stream, MessageSink** sink);

@@ -232,13 +232,25 @@ std::string JobTable(const v1::JobStatus& s, absl::TimeZone tz) {
     // recovery.replay: the stages replaced inside an attempt.
     for (const v1::JobAttempt& a : s.attempts()) {
       for (const v1::StageReplacement& r : a.replacements()) {
+        // A lost replica copied a surviving one; a lost stage loaded a shard.
+        const bool copied = r.copied_bytes() > 0;
+        const std::string what =
+            copied ? absl::StrFormat("stage %d of replica %d", r.stage(), r.replica())
+                   : absl::StrFormat("stage %d", r.stage());
+        const std::string from =
+            copied ? absl::StrFormat(
+                         "copied replica %d's state at step %d (%s in %.1f s), "
+                         "replayed to step %d",
+                         r.copied_from_replica(), r.from_step(), HumanBytes(r.copied_bytes()),
+                         r.copy_seconds(), r.replayed_to_step())
+                   : absl::StrFormat("replayed from step %d to %d", r.from_step(),
+                                     r.replayed_to_step());
         absl::StrAppend(
-            &out,
-            absl::StrFormat("attempt %d: stage %d moved from %s to %s at step %d, replayed from "
-                            "step %d to %d (%d steps, %s) in %.1f s; full speed after %.1f s\n",
-                            a.attempt(), r.stage(), r.lost_worker(), r.worker(), r.job_step(),
-                            r.from_step(), r.replayed_to_step(), r.steps_redone(),
-                            HumanBytes(r.bytes()), r.replay_seconds(), r.full_speed_seconds()));
+            &out, absl::StrFormat("attempt %d: %s moved from %s to %s at step %d, %s "
+                                  "(%d steps, %s) in %.1f s; full speed after %.1f s\n",
+                                  a.attempt(), what, r.lost_worker(), r.worker(), r.job_step(),
+                                  from, r.steps_redone(), HumanBytes(r.bytes()), r.replay_seconds(),
+                                  r.full_speed_seconds()));
       }
     }
   }
@@ -329,17 +341,23 @@ Json JobValue(const v1::JobStatus& s) {
     for (const std::string& w : a.workers()) workers.push_back(w);
     Json replacements = Json::array();
     for (const v1::StageReplacement& r : a.replacements()) {
-      replacements.push_back({{"stage", r.stage()},
-                              {"lost_worker", r.lost_worker()},
-                              {"worker", r.worker()},
-                              {"lost_unix_ms", r.lost_unix_ms()},
-                              {"from_step", r.from_step()},
-                              {"job_step", r.job_step()},
-                              {"replayed_to_step", r.replayed_to_step()},
-                              {"steps_redone", r.steps_redone()},
-                              {"bytes", r.bytes()},
-                              {"replay_seconds", Number(r.replay_seconds())},
-                              {"full_speed_seconds", Number(r.full_speed_seconds())}});
+      const bool copied = r.copied_bytes() > 0;
+      replacements.push_back(
+          {{"stage", r.stage()},
+           {"replica", r.replica()},
+           {"copied_from_replica", copied ? Json(r.copied_from_replica()) : Json()},
+           {"copied_bytes", copied ? Json(r.copied_bytes()) : Json()},
+           {"copy_seconds", copied ? Number(r.copy_seconds()) : Json()},
+           {"lost_worker", r.lost_worker()},
+           {"worker", r.worker()},
+           {"lost_unix_ms", r.lost_unix_ms()},
+           {"from_step", r.from_step()},
+           {"job_step", r.job_step()},
+           {"replayed_to_step", r.replayed_to_step()},
+           {"steps_redone", r.steps_redone()},
+           {"bytes", r.bytes()},
+           {"replay_seconds", Number(r.replay_seconds())},
+           {"full_speed_seconds", Number(r.full_speed_seconds())}});
     }
     attempts.push_back({{"attempt", a.attempt()},
                         {"from_step", a.from_step()},

@@ -51,7 +51,9 @@ absl::StatusOr<std::string> SerializeShard(const ShardPosition& position, torch:
         extras.wire_residuals && extras.wire_residuals(residuals)) {
       archive.write("wire_residuals", residuals);
     }
-    if (extras.rng) {
+    if (extras.rng && extras.rng_state.defined()) {
+      archive.write("rng", extras.rng_state);
+    } else if (extras.rng) {
       auto gen = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(gen.mutex());
       archive.write("rng", gen.get_state());

@@ -57,6 +57,9 @@ struct ShardExtras {
   // when there is none (null: none).
   std::function<bool(torch::serialize::OutputArchive&)> wire_residuals;
   bool rng = false;  // the default CPU generator's state
+  // With `rng`: this state instead of the generator's now (a state taken
+  // earlier, e.g. at the start of the step a replica copy is of).
+  torch::Tensor rng_state;
 };
 
 // The shard's bytes. INTERNAL with the cause when LibTorch fails to save.

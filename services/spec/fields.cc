@@ -255,7 +255,9 @@ const std::vector<Field<RecoverySpec>>& RecoveryFields() {
       Key("replay", &S::replay,
           "a lost worker's stage starts again on an idle worker inside the running attempt and "
           "replays what its neighbours sent it since its last committed shard; the other "
-          "stages redo nothing (needs `checkpoint.dir`, one replica, one chunk per worker; see "
+          "stages redo nothing; with `stages.replicas` > 1 a lost replica copies a surviving "
+          "replica's live state instead (needs `checkpoint.dir`, one chunk per worker, and with "
+          "replicas backprop and `sync.every: 1`; see "
           "[fault_tolerance.md](fault_tolerance.md#replacing-one-stage))"),
   };
   return *kFields;

@@ -520,7 +520,28 @@ absl::Status ValidateReplay(const JobSpec& spec) {
                     "commits)");
   }
   if (spec.stages.replicas > 1) {
-    return KeyError("recovery.replay", "not with stages.replicas > 1 yet");
+    // A lost replica copies a survivor's live state: the replicas must be
+    // equal at every step's start (docs/fault_tolerance.md).
+    for (const PhaseSpec& phase : Phases(spec)) {
+      if (std::get_if<BackpropOptions>(&phase.algorithm.options) == nullptr) {
+        return KeyError("recovery.replay",
+                        "with stages.replicas > 1 needs algorithm backprop (a decoupled "
+                        "algorithm's in-flight state is each replica's own)");
+      }
+    }
+    if (spec.sync.every > 1) {
+      return KeyError("recovery.replay",
+                      "with stages.replicas > 1 needs sync.every: 1 (replicas differ between "
+                      "outer synchronisations)");
+    }
+    if (spec.sync.overlap) {
+      return KeyError("recovery.replay", "with stages.replicas > 1: not with sync.overlap yet");
+    }
+    if (spec.transport.error_feedback) {
+      return KeyError("recovery.replay",
+                      "with stages.replicas > 1: not with transport.error_feedback (its "
+                      "residuals are each replica's own)");
+    }
   }
   if (spec.stages.chunks_per_worker > 1) {
     return KeyError("recovery.replay", "not with stages.chunks_per_worker > 1 yet");

@@ -16,8 +16,13 @@
 # Time lost = wall time with the kill - without; medians and spread over the
 # seeds, and what each recovery redid.
 #
+# With REPLICAS=R > 1 each stage has R replicas (2R + 1 workers): replay then
+# means a lost replica copies a surviving one's live state
+# (docs/fault_tolerance.md, "Replacing a replica").
+#
 #   tests/bench/replay_bench.sh [SEED ...]        (default: 1 2 3)
 #   STEPS=60 EVERY=20 FORWARD_MS=2 BACKWARD_MS=4 tests/bench/replay_bench.sh 4 5
+#   REPLICAS=2 tests/bench/replay_bench.sh 1 2
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-build/bin}
@@ -27,6 +32,8 @@ steps=${STEPS:-60}
 every=${EVERY:-20}
 forward_ms=${FORWARD_MS:-2}
 backward_ms=${BACKWARD_MS:-4}
+replicas=${REPLICAS:-1}
+workers=$((2 * replicas + 1))
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -37,7 +44,7 @@ seed: 0
 model: {name: emulated, depth: 128, forward_ms: $forward_ms, backward_ms: $backward_ms}
 data: {dataset: synthetic, shape: [4, 384, 256], train_size: 128, test_size: 16}
 algorithm: {name: backprop, micro_batches: 4, schedule: 1f1b}
-stages: {count: 2, partition: even}
+stages: {count: 2, replicas: $replicas, partition: even}
 optimizer: {name: adam, lr: 1.0e-4}
 batch_size: 8
 steps: $steps
@@ -55,13 +62,13 @@ run() {  # run LABEL ARGS... -> "LABEL <wall s> <result json file>"
   local out="$work/$label.json"
   local t0 t1
   t0=$(date +%s.%N)
-  "$BIN/stagewise" local -q -o json --workers 3 --threads 1 "$@" > "$out"
+  "$BIN/stagewise" local -q -o json --workers "$workers" --threads 1 "$@" > "$out"
   t1=$(date +%s.%N)
   echo "$label $(python3 -c "print(f'{$t1 - $t0:.2f}')") $out"
 }
 
-echo "# replay_bench: 2 stages of 25 M parameters (emulated blocks, ${forward_ms}/${backward_ms} ms), $steps steps," \
-  "checkpoints every $every; $(nproc) cores; seeds ${seeds[*]}"
+echo "# replay_bench: 2 stages of 25 M parameters x $replicas replica(s) (emulated blocks," \
+  "${forward_ms}/${backward_ms} ms), $steps steps, checkpoints every $every; $(nproc) cores; seeds ${seeds[*]}"
 rows=()
 for seed in "${seeds[@]}"; do
   rows+=("$(run "clean-$seed" "$work/job-true.yaml")")
@@ -78,7 +85,7 @@ def status(label):
     text = open(files[label]).read()
     return json.loads(text[text.index("{"):])
 lost = {"rollback": [], "replay": []}
-print("seed  mode      wall_s  lost_s  attempts  steps_redone(job)  replaced(stage: steps, replay_s, full_speed_s)")
+print("seed  mode      wall_s  lost_s  attempts  steps_redone(job)  replaced(stage: steps, replay_s, full_speed_s[, copied MB in s])")
 for label in wall:
     mode, seed = label.split("-")
     if mode == "clean":
@@ -89,8 +96,13 @@ for label in wall:
     st = status(label)
     attempts = st.get("attempts") or []
     reps = [r for a in attempts for r in (a.get("replacements") or [])]
-    rep = "; ".join("%d: %d, %.1f, %.1f" % (r.get("stage", 0), r.get("steps_redone", 0),
-                                             r.get("replay_seconds", 0), r.get("full_speed_seconds", 0))
+    def copied(r):
+        if not r.get("copied_bytes"):
+            return ""
+        return ", copied %.0f MB in %.1f s" % (r["copied_bytes"] / 1e6, r.get("copy_seconds") or 0)
+    rep = "; ".join("%d: %d, %.1f, %.1f%s" % (r.get("stage", 0), r.get("steps_redone", 0),
+                                               r.get("replay_seconds", 0), r.get("full_speed_seconds", 0),
+                                               copied(r))
                     for r in reps)
     print("%4s  %-8s  %6.1f  %6.1f  %8d  %17d  %s" % (seed, mode, wall[label], d, len(attempts),
                                                    st.get("steps_redone", 0), rep))

@@ -108,7 +108,7 @@ struct World {
     v1::WorkerInfo info;
     info.set_worker_id(id);
     info.set_address(id + ".example:7000");
-    info.set_protocol(v1::CONTROL_PROTOCOL_V5);
+    info.set_protocol(v1::CONTROL_PROTOCOL_V6);
     auto r = manager->Register(info, {"worker-" + id});
     if (!r.ok()) return;
     sinks.push_back(std::make_unique<Sink>());

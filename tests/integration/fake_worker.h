@@ -35,7 +35,7 @@ class FakeWorker {
     req.mutable_worker()->set_worker_id(id_);
     req.mutable_worker()->set_address(address);
     req.mutable_worker()->set_device("cpu");
-    req.mutable_worker()->set_protocol(v1::CONTROL_PROTOCOL_V5);
+    req.mutable_worker()->set_protocol(v1::CONTROL_PROTOCOL_V6);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::RegisterWorkerResponse resp;

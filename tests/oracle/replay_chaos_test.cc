@@ -1,5 +1,6 @@
 // Replacing one stage (recovery.replay, docs/fault_tolerance.md): on real
-// processes, a job of four stages, one replica, checkpoints every 50 steps,
+// processes, a job of four stages, one replica (and one of two stages, two
+// replicas, where a lost replica copies a survivor), checkpoints every 50 steps,
 // has ten random workers SIGKILLed one after the other, each time with an
 // idle worker to take its stage (the killed one starts again and is the next
 // spare). Every loss is repaired inside the one attempt:
@@ -38,13 +39,22 @@ constexpr int kStages = 4;
 constexpr int64_t kEvery = 50;  // checkpoint.every_steps
 constexpr int64_t kSteps = 640;
 
-std::string JobYaml(const std::string& checkpoint_dir, const std::string& algorithm) {
+// The job's shape: its stages, replicas and model.
+struct Shape {
+  int stages = kStages;
+  int replicas = 1;
+  std::string model = "{name: revnet, depth: 18, width: 8, blocks: [1, 1, 1, 1]}";
+};
+
+std::string JobYaml(const std::string& checkpoint_dir, const std::string& algorithm,
+                    const Shape& shape) {
   return absl::StrCat(R"(name: replay-chaos
 seed: 5
-model: {name: revnet, depth: 18, width: 8, blocks: [1, 1, 1, 1]}
+model: )",
+                      shape.model, R"(
 data: {dataset: synthetic, train_size: 512, test_size: 32, shape: [3, 16, 16], classes: 4}
-stages: )",
-                      kStages, R"(
+stages: {count: )",
+                      shape.stages, ", replicas: ", shape.replicas, R"(}
 optimizer: {name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 1.0e-4}
 schedule: {name: cosine, warmup_epochs: 0.25}
 batch_size: 16
@@ -59,14 +69,16 @@ algorithm: )",
 }
 
 // `kills` kills of the job running `algorithm`, one after the other.
-void RunReplayChaos(const std::string& algorithm, int kills) {
+void RunReplayChaos(const std::string& algorithm, int kills, const Shape& shape = {}) {
   const uint64_t seed = TestSeed();
   std::mt19937_64 rng(seed);
   SCOPED_TRACE(absl::StrCat("STAGEWISE_TEST_SEED=", seed));
-  ProcessCluster cluster(kStages + 1);  // one spare
+  const int slots = shape.stages * shape.replicas;
+  const bool replicated = shape.replicas > 1;
+  ProcessCluster cluster(slots + 1);  // one spare
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const std::string ckpt = cluster.dir() + "/checkpoints";
-  const std::string yaml = JobYaml(ckpt, algorithm);
+  const std::string yaml = JobYaml(ckpt, algorithm, shape);
 
   // The run without a fault.
   auto clean_id = cluster.client().Submit(yaml);
@@ -94,8 +106,9 @@ void RunReplayChaos(const std::string& algorithm, int kills) {
     ASSERT_EQ(reached->state(), v1::RUNNING) << "kill " << k << ": " << reached->reason();
     ASSERT_EQ(reached->attempts_size(), 1) << reached->DebugString();
     const v1::JobAttempt& attempt = reached->attempts(0);
-    const int stage = std::uniform_int_distribution<int>(0, kStages - 1)(rng);
-    const std::string victim = attempt.workers(stage);
+    const int slot = std::uniform_int_distribution<int>(0, slots - 1)(rng);
+    const int stage = slot % shape.stages, replica = slot / shape.stages;
+    const std::string victim = attempt.workers(slot);
     ASSERT_EQ(index.count(victim), 1u) << victim;
     ASSERT_TRUE(cluster.KillAndRestartWorker(index[victim]).ok());
     // One at a time: the next kill once this stage is back at full speed.
@@ -110,11 +123,18 @@ void RunReplayChaos(const std::string& algorithm, int kills) {
                                               << cli::TailFile(cluster.CoordinatorLog(), 60);
     const v1::StageReplacement& r = repaired->attempts(0).replacements(k);
     EXPECT_EQ(r.stage(), stage);
+    EXPECT_EQ(r.replica(), replica);
     EXPECT_EQ(r.lost_worker(), victim);
+    const std::string from =
+        replicated
+            ? absl::StrFormat("copying replica %d (%.2f MB in %.2f s) at step %d",
+                              r.copied_from_replica(), static_cast<double>(r.copied_bytes()) / 1e6,
+                              r.copy_seconds(), r.from_step())
+            : absl::StrFormat("from the checkpoint at step %d", r.from_step());
     lines.push_back(absl::StrFormat(
-        "kill %d: stage %d (worker %s) at job step %d; replaced on %s from the checkpoint at "
-        "step %d, replayed to step %d (%d steps, %.2f MB) in %.2f s; full speed after %.2f s",
-        k, stage, victim, r.job_step(), r.worker(), r.from_step(), r.replayed_to_step(),
+        "kill %d: stage %d replica %d (worker %s) at job step %d; replaced on %s %s, replayed to "
+        "step %d (%d steps, %.2f MB) in %.2f s; full speed after %.2f s",
+        k, stage, replica, victim, r.job_step(), r.worker(), from, r.replayed_to_step(),
         r.steps_redone(), static_cast<double>(r.bytes()) / 1e6, r.replay_seconds(),
         r.full_speed_seconds()));
   }
@@ -132,11 +152,20 @@ void RunReplayChaos(const std::string& algorithm, int kills) {
   ASSERT_EQ(done->attempts(0).replacements_size(), kills);
   double worst = 0;
   for (const v1::StageReplacement& r : done->attempts(0).replacements()) {
-    // The replaced stage: at most the steps since its last checkpoint (the
-    // stage may have been a step ahead of the job's reported step).
-    EXPECT_EQ(r.from_step() % kEvery, 0) << r.DebugString();
     EXPECT_GT(r.replayed_to_step(), 0) << r.DebugString();
-    EXPECT_LE(r.steps_redone(), kEvery + 2) << r.DebugString();
+    if (replicated) {
+      // A lost replica copies a survivor's state at the step the survivors
+      // wait in: it redoes at most that step (the others none).
+      EXPECT_NE(r.copied_from_replica(), r.replica()) << r.DebugString();
+      EXPECT_GT(r.copied_bytes(), 0) << r.DebugString();
+      EXPECT_LE(r.steps_redone(), 1) << r.DebugString();
+    } else {
+      // The replaced stage: at most the steps since its last checkpoint (the
+      // stage may have been a step ahead of the job's reported step).
+      EXPECT_EQ(r.from_step() % kEvery, 0) << r.DebugString();
+      EXPECT_EQ(r.copied_bytes(), 0) << r.DebugString();
+      EXPECT_LE(r.steps_redone(), kEvery + 2) << r.DebugString();
+    }
     EXPECT_GT(r.full_speed_seconds(), 0) << r.DebugString();
     worst = std::max(worst, r.full_speed_seconds() - r.replay_seconds());
   }
@@ -154,6 +183,16 @@ TEST(ReplayChaosTest, TenKillsOfABackpropJobCostTheOtherStagesNoStep) {
 // kept messages: PETRA replays the same way.
 TEST(ReplayChaosTest, KillsOfAPetraJobCostTheOtherStagesNoStep) {
   RunReplayChaos("{name: petra}", 4);
+}
+
+// Two stages, two replicas: a lost replica's spare copies the live state of
+// the stage's other replica over gRPC, the stage's replica group forms again
+// and the survivors average the same step's gradients once more; no other
+// worker redoes a step. An MLP: BatchNorm statistics are each replica's own,
+// and a copied replica takes its source's (docs/fault_tolerance.md).
+TEST(ReplayChaosTest, KillsOfReplicasCostTheOthersNoStep) {
+  RunReplayChaos("{name: backprop, micro_batches: 2, schedule: 1f1b}", 10,
+                 {.stages = 2, .replicas = 2, .model = "{name: mlp, hidden: [512, 512, 256]}"});
 }
 
 }  // namespace

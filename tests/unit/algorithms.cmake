@@ -3,7 +3,7 @@ stagewise_add_test(NAME algorithms_test SOURCES algorithms_test.cc fake_stage_co
   wire_formats_test.cc
   LIBS stagewise_worker stagewise_training LABELS unit TORCH)
 stagewise_add_test(NAME collective_test SOURCES collective_test.cc
-  LIBS stagewise_collective LABELS unit TORCH)
+  LIBS stagewise_worker stagewise_collective LABELS unit TORCH)
 stagewise_add_test(NAME device_turns_test SOURCES device_turns_test.cc
   LIBS stagewise_device_turns LABELS unit)
 stagewise_add_test(NAME reshard_test SOURCES reshard_test.cc

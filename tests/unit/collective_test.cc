@@ -1,4 +1,5 @@
-// ReplicaGroup (worker/collective.h): R replicas as threads of this process,
+// ReplicaGroup (worker/collective.h) and StageReplicas (worker/stage_replicas.h):
+// R replicas as threads of this process,
 // meeting through one c10d HashStore, talking real gloo over loopback TCP.
 #include "worker/collective.h"
 
@@ -19,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "worker/overlap.h"
+#include "worker/stage_replicas.h"
 
 namespace stagewise::worker {
 namespace {
@@ -260,6 +262,117 @@ TEST(OverlappedAverage, FinishWithoutArmIsAnError) {
   Net net;
   OverlappedAverage overlap(group->get(), net.parameters(), 1 << 20);
   EXPECT_EQ(overlap.Finish().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// The mean of Params(0)'s and Params(1)'s gradients.
+std::vector<torch::Tensor> MeanOfTwo() {
+  std::vector<torch::Tensor> mean;
+  std::vector<torch::Tensor> a = Params(0), b = Params(1);
+  for (size_t i = 0; i < a.size(); ++i) mean.push_back((a[i].grad() + b[i].grad()) / 2);
+  return mean;
+}
+
+// Replacing a replica (recovery.replay): replica 1 is lost; replica 0's
+// average fails, keeps its gradients, waits for Regroup, publishes its state
+// (it is the source), meets the replacement in generation 1's group and
+// averages the same gradients with it.
+TEST(StageReplicas, ASurvivorAveragesTheSameGradientsAgainWithTheReplacement) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  ReplicaGroupOptions options;
+  options.size = 2;
+  options.timeout = absl::Seconds(30);
+  options.name = "stage 0";
+  StageReplicas survivor(SyncSpec{}, nullptr);
+  std::atomic<int> published{0};
+  std::atomic<bool> released{false};
+  std::string token;
+  survivor.EnableRegroup({.publish =
+                              [&](int generation, const std::string& t) {
+                                token = t;
+                                published = generation;
+                                return absl::OkStatus();
+                              },
+                          .release = [&] { released = true; }});
+  std::thread lost([&] {
+    ReplicaGroupOptions o = options;
+    o.rank = 1;
+    auto group = ReplicaGroup::Create(store, o);
+    ASSERT_TRUE(group.ok()) << group.status();
+    // Destroyed without averaging: its connections close.
+  });
+  options.rank = 0;
+  ASSERT_TRUE(survivor.Join(store, options).ok());
+  lost.join();
+  std::vector<torch::Tensor> params = Params(0);
+  torch::optim::SGD optimizer(params, torch::optim::SGDOptions(0.1));
+  absl::Status averaged = absl::UnknownError("not run");
+  std::thread step([&] { averaged = survivor.AverageGradients(optimizer, nullptr); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(published.load(), 0);  // nothing before the coordinator's word
+  survivor.Regroup(1, /*source=*/true, "secret");
+
+  StageReplicas replacement(SyncSpec{}, nullptr);
+  ReplicaGroupOptions o = options;
+  o.rank = 1;
+  ASSERT_TRUE(replacement.Join(store, o, /*generation=*/1).ok());
+  std::vector<torch::Tensor> theirs = Params(1);
+  torch::optim::SGD their_optimizer(theirs, torch::optim::SGDOptions(0.1));
+  ASSERT_TRUE(replacement.AverageGradients(their_optimizer, nullptr).ok());
+  step.join();
+  ASSERT_TRUE(averaged.ok()) << averaged;
+  EXPECT_EQ(published.load(), 1);
+  EXPECT_EQ(token, "secret");
+  EXPECT_TRUE(released.load());
+  EXPECT_EQ(survivor.generation(), 1);
+  const std::vector<torch::Tensor> mean = MeanOfTwo();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(params[i].grad(), mean[i])) << "param " << i;
+    EXPECT_TRUE(torch::allclose(theirs[i].grad(), mean[i])) << "param " << i;
+  }
+}
+
+// A stop while a survivor waits for the replacement ends the wait with its
+// reason; without EnableRegroup a failed average is the stage's error.
+TEST(StageReplicas, AStopEndsTheWaitForAReplacement) {
+  for (const bool regroup : {true, false}) {
+    SCOPED_TRACE(regroup);
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    ReplicaGroupOptions options;
+    options.size = 2;
+    options.timeout = absl::Seconds(30);
+    StageReplicas survivor(SyncSpec{}, nullptr);
+    if (regroup) {
+      survivor.EnableRegroup(
+          {.publish = [](int, const std::string&) { return absl::OkStatus(); }, .release = [] {}});
+    }
+    std::thread lost([&] {
+      ReplicaGroupOptions o = options;
+      o.rank = 1;
+      ASSERT_TRUE(ReplicaGroup::Create(store, o).ok());
+    });
+    options.rank = 0;
+    ASSERT_TRUE(survivor.Join(store, options).ok());
+    lost.join();
+    std::vector<torch::Tensor> params = Params(0);
+    torch::optim::SGD optimizer(params, torch::optim::SGDOptions(0.1));
+    absl::Status averaged;
+    std::thread step([&] { averaged = survivor.AverageGradients(optimizer, nullptr); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    survivor.Cancel(absl::CancelledError("job stopped"));
+    step.join();
+    if (regroup) {
+      EXPECT_EQ(averaged.code(), absl::StatusCode::kCancelled) << averaged;
+      EXPECT_THAT(averaged.message(), HasSubstr("job stopped"));
+      // The gradients are this replica's own still.
+      const std::vector<torch::Tensor> mine = Params(0);
+      for (size_t i = 0; i < params.size(); ++i) {
+        EXPECT_TRUE(torch::equal(params[i].grad(), mine[i].grad())) << "param " << i;
+      }
+    } else {
+      EXPECT_FALSE(averaged.ok());
+      EXPECT_NE(averaged.code(), absl::StatusCode::kCancelled) << averaged;
+    }
+  }
 }
 
 }  // namespace

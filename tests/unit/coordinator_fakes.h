@@ -59,7 +59,7 @@ inline v1::WorkerInfo Info(const std::string& id, int64_t memory_bytes = 0) {
   info.set_worker_id(id);
   info.set_address(id + ".example:7000");
   info.set_memory_bytes(memory_bytes);
-  info.set_protocol(v1::CONTROL_PROTOCOL_V5);
+  info.set_protocol(v1::CONTROL_PROTOCOL_V6);
   return info;
 }
 

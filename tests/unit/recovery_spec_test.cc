@@ -42,7 +42,7 @@ TEST(RecoverySpec, MinStagesTakesPlainPipelinesWhoseAlgorithmsFit) {
               StartsWith("recovery.min_stages: nwise with n = 3 needs at least 3 stages, got 2"));
 }
 
-TEST(RecoverySpec, ReplayNeedsCheckpointsAndOnePlainPipeline) {
+TEST(RecoverySpec, ReplayNeedsCheckpointsAndEqualReplicas) {
   auto off = ParseJobSpec(Yaml("4", ""));
   ASSERT_TRUE(off.ok()) << off.status();
   EXPECT_FALSE(off->recovery.replay);
@@ -52,8 +52,20 @@ TEST(RecoverySpec, ReplayNeedsCheckpointsAndOnePlainPipeline) {
   EXPECT_TRUE(on->recovery.replay);
   EXPECT_THAT(Error(Yaml("4", "recovery: {replay: true}\n")),
               StartsWith("recovery.replay: needs checkpoint.dir"));
-  EXPECT_THAT(Error(Yaml("{count: 2, replicas: 2}", checkpoints + "recovery: {replay: true}\n")),
-              StartsWith("recovery.replay: not with stages.replicas > 1"));
+  // Replicas: a lost one copies a survivor, which needs them equal at every
+  // step's start.
+  auto replicas =
+      ParseJobSpec(Yaml("{count: 2, replicas: 2}", checkpoints + "recovery: {replay: true}\n"));
+  ASSERT_TRUE(replicas.ok()) << replicas.status();
+  EXPECT_THAT(Error(Yaml("{count: 2, replicas: 2}",
+                         checkpoints + "algorithm: delayed\nrecovery: {replay: true}\n")),
+              StartsWith("recovery.replay: with stages.replicas > 1 needs algorithm backprop"));
+  EXPECT_THAT(Error(Yaml("{count: 2, replicas: 2}",
+                         checkpoints + "sync: {every: 4}\nrecovery: {replay: true}\n")),
+              StartsWith("recovery.replay: with stages.replicas > 1 needs sync.every: 1"));
+  EXPECT_THAT(Error(Yaml("{count: 2, replicas: 2}",
+                         checkpoints + "sync: {overlap: true}\nrecovery: {replay: true}\n")),
+              StartsWith("recovery.replay: with stages.replicas > 1: not with sync.overlap"));
   EXPECT_THAT(
       Error(Yaml("{count: 2, chunks_per_worker: 2}",
                  checkpoints +

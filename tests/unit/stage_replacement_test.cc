@@ -151,6 +151,84 @@ TEST_F(StageReplacementTest, TheLostStageGoesToASpareAndStartsOnceItsNeighboursK
   EXPECT_GT(r.full_speed_seconds(), 0);
 }
 
+// Two stages, two replicas (slots r * 2 + j on w0..w3, w4 idle): a lost
+// replica's spare copies the stage's other replica, which regroups with it;
+// only the lost replica's own pipeline neighbour reconnects.
+TEST_F(StageReplacementTest, ALostReplicaCopiesASurvivorAndItsStageRegroups) {
+  AddWorker("w4");
+  const std::string yaml =
+      "name: small\nseed: 1\nmodel: {name: mlp, hidden: [32, 32, 16]}\n"
+      "data: {dataset: synthetic, train_size: 32, test_size: 16, shape: [1, 8, 8], classes: 4}\n"
+      "optimizer: {lr: 0.05}\nbatch_size: 16\nsteps: 100\nstages: {count: 2, replicas: 2}\n"
+      "checkpoint: {dir: " +
+      root_ + ", every_steps: 10}\nrecovery: {replay: true}\n";
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  LiveJob job;
+  job.spec = *spec;
+  job.yaml = yaml;
+  job.status.set_job_id("job-1");
+  job.status.set_state(v1::RUNNING);
+  job.status.set_step(30);
+  job.ranges = {{0, 2}, {2, 4}};
+  job.run.workers = registry_.Claim("job-1", 4);
+  ASSERT_EQ(job.run.workers, (std::vector<std::string>{"w0", "w1", "w2", "w3"}));
+  v1::JobAttempt* attempt = job.status.add_attempts();
+  for (const std::string& w : job.run.workers) attempt->add_workers(w);
+  host_.jobs["job-1"] = std::move(job);
+  LiveJob& live = host_.jobs.at("job-1");
+
+  // w2 holds stage 0 of replica 1: w0 (stage 0, replica 0) is the source.
+  ASSERT_TRUE(replacer_.TryReplace("job-1", live, "w2", "lost worker w2"));
+  EXPECT_EQ(live.run.workers[2], "w4");
+  ASSERT_EQ(host_.sent.size(), 2u);
+  EXPECT_EQ(host_.sent[0].first, "w4");
+  const v1::StageAssignment& a = host_.sent[0].second.configure();
+  EXPECT_EQ(a.stage(), 0);
+  EXPECT_EQ(a.replica(), 1);
+  EXPECT_TRUE(a.replacing());
+  EXPECT_FALSE(a.has_resume());
+  EXPECT_EQ(a.replica_source().replica(), 0);
+  EXPECT_EQ(a.replica_source().generation(), 1);
+  EXPECT_EQ(a.replica_source().address(), testing::Info("w0").address());
+  EXPECT_EQ(a.replica_source().token().size(), 32u);
+  EXPECT_EQ(host_.sent[1].first, "w0");
+  const v1::ReplicaRegroup& g = host_.sent[1].second.replica_regroup();
+  EXPECT_EQ(g.stage(), 0);
+  EXPECT_EQ(g.generation(), 1);
+  EXPECT_EQ(g.source_replica(), 0);
+  EXPECT_EQ(g.token(), a.replica_source().token());
+  // Acknowledged: stage 1 of replica 1 (w3) reconnects, not replica 0's.
+  Ack(host_.sent[0].second.command_id(), "w4");
+  ASSERT_EQ(host_.sent.size(), 3u);
+  EXPECT_EQ(host_.sent[2].first, "w3");
+  EXPECT_EQ(host_.sent[2].second.neighbour_replaced().stage(), 0);
+  Ack(host_.sent[2].second.command_id(), "w3");
+  ASSERT_EQ(host_.sent.size(), 4u);
+  EXPECT_TRUE(host_.sent[3].second.has_start());
+  v1::ReplayDone done;
+  done.set_from_step(30);
+  done.set_to_step(31);
+  done.set_copied_bytes(4096);
+  done.set_copy_seconds(0.25);
+  replacer_.OnReplayDone(live, 0, done);
+  const v1::StageReplacement& r = live.status.attempts(0).replacements(0);
+  EXPECT_EQ(r.stage(), 0);
+  EXPECT_EQ(r.replica(), 1);
+  EXPECT_EQ(r.copied_from_replica(), 0);
+  EXPECT_EQ(r.from_step(), 30);
+  EXPECT_EQ(r.steps_redone(), 1);
+  EXPECT_EQ(r.copied_bytes(), 4096);
+  live.status.set_step(31);
+  replacer_.OnProgress(live);
+  EXPECT_FALSE(live.run.replacement.has_value());
+  // The next loss of that stage's replica regroups as generation 2.
+  AddWorker("w5");
+  ASSERT_TRUE(replacer_.TryReplace("job-1", live, "w0", "lost worker w0"));
+  EXPECT_EQ(host_.sent[4].second.configure().replica_source().replica(), 1);
+  EXPECT_EQ(host_.sent[4].second.configure().replica_source().generation(), 2);
+}
+
 TEST_F(StageReplacementTest, ANewerShardOfItsOwnBeatsTheCommittedCheckpoint) {
   LiveJob& job = Running("{replay: true}");
   Commit(20);

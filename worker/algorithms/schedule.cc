@@ -22,6 +22,7 @@ absl::Status RunLockStep(StageContext& ctx, const StepFn& step) {
   STAGEWISE_RETURN_IF_ERROR(CheckFirstStep(ctx));
   for (int64_t t = ctx.first_step(); t < ctx.total_steps(); ++t) {
     STAGEWISE_RETURN_IF_ERROR(ctx.Interrupted());
+    ctx.BeginStep(t);
     STAGEWISE_RETURN_IF_ERROR(step(t));
     if (ctx.EvalDue(t + 1)) STAGEWISE_RETURN_IF_ERROR(RunEvaluation(ctx, t + 1));
     if (ctx.CheckpointDue(t + 1)) STAGEWISE_RETURN_IF_ERROR(ctx.Checkpoint(t + 1));
