@@ -333,7 +333,7 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerCont
                                                         v1::SubmitJobResponse* response) {
   auto caller = Authorize(ctx, rpc::Role::kSubmit);
   if (!caller.ok()) return Done(ctx, caller.status());
-  auto id = manager_->Submit(request->job_spec_yaml(), caller->name);
+  auto id = manager_->Submit(request->job_spec_yaml(), caller->name, request->suspended());
   if (id.ok()) response->set_job_id(*id);
   return Done(ctx, id.status());
 }
@@ -393,6 +393,27 @@ grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerCont
     }
   }
   auto st = manager_->Cancel(request->job_id(), request->reason());
+  if (st.ok()) *response = *st;
+  return Done(ctx, st.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ResumeJob(grpc::CallbackServerContext* ctx,
+                                                        const v1::ResumeJobRequest* request,
+                                                        v1::JobStatus* response) {
+  auto caller = Authorize(ctx, rpc::Role::kSubmit);
+  if (!caller.ok()) return Done(ctx, caller.status());
+  if (caller->role != rpc::Role::kAdmin) {
+    // A submitter releases only its own jobs (an external queue holds admin).
+    auto st = manager_->GetJob(request->job_id());
+    if (!st.ok()) return Done(ctx, st.status());
+    if (!rpc::CanCancel(*caller, st->owner())) {
+      manager_->metrics()->CountRefused("permission_denied");
+      return Done(ctx, absl::PermissionDeniedError(absl::StrCat(
+                           "token '", caller->name, "' may resume only its own jobs; job ",
+                           request->job_id(), " was submitted by '", st->owner(), "'")));
+    }
+  }
+  auto st = manager_->Release(request->job_id());
   if (st.ok()) *response = *st;
   return Done(ctx, st.status());
 }

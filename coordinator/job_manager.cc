@@ -203,7 +203,8 @@ void JobManager::Housekeeping(absl::Time now) {
 
 // --- Clients ----------------------------------------------------------------
 
-absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml, const std::string& owner) {
+absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml, const std::string& owner,
+                                               bool suspended) {
   // The view holds every live job: count the owner's.
   if (const int live = view_.CountOwnedBy(owner); live >= options_.max_live_jobs_per_owner) {
     metrics_->CountRefused("too_many_jobs");
@@ -230,6 +231,10 @@ absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml, const st
   record.status = InitialStatus(submission, owner);
   v1::JobStatus& st = record.status;
   st.set_job_id(store_->NewJobId());
+  if (suspended) {
+    st.set_suspended(true);
+    st.set_reason(kSuspendedReason);
+  }
   // The one durable write of a submission, on the caller's thread, no lock held.
   STAGEWISE_RETURN_IF_ERROR(store_->CreateJob(record));
   view_.Publish(st, "");  // visible to GetJob / WatchJob before the id is returned
@@ -270,6 +275,42 @@ absl::StatusOr<v1::JobStatus> JobManager::CancelJob(const std::string& job_id,
   // Finished (or unknown: NOT_FOUND) jobs answer with their stored status.
   STAGEWISE_ASSIGN_OR_RETURN(JobRecord rec, store_->GetJob(job_id));
   return rec.status;
+}
+
+absl::StatusOr<v1::JobStatus> JobManager::Release(const std::string& job_id) {
+  absl::StatusOr<v1::JobStatus> result = absl::UnavailableError("the coordinator is stopping");
+  RunOnLoop([&] { result = ReleaseJob(job_id); });
+  return result;
+}
+
+absl::StatusOr<v1::JobStatus> JobManager::ReleaseJob(const std::string& job_id) {
+  STAGEWISE_BUG(OnLoop());
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    // Ended (or unknown: NOT_FOUND): nothing to release.
+    STAGEWISE_ASSIGN_OR_RETURN(JobRecord rec, store_->GetJob(job_id));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " is ", v1::JobState_Name(rec.status.state()), ", not suspended"));
+  }
+  Job& job = it->second;
+  if (!job.status.suspended()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is ", v1::JobState_Name(job.status.state()),
+                     " and not suspended (it was not submitted with --suspended, or it was "
+                     "released already)"));
+  }
+  FlushProgress();
+  job.status.set_suspended(false);
+  job.status.set_reason("released: waiting for workers");
+  // Durable before it is queued: a restart never suspends it again.
+  if (absl::Status s = store_->UpdateStatus(job.status); !s.ok()) {
+    job.status.set_suspended(true);
+    job.status.set_reason(kSuspendedReason);
+    return s;
+  }
+  UpdateProgress(job, "released from suspension (stagewise resume); queued", {});
+  Requeue(job_id, /*recovering=*/false);
+  return job.status;
 }
 
 std::vector<v1::WorkerInfo> JobManager::ListWorkers() const { return registry_.List(); }

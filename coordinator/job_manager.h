@@ -121,8 +121,10 @@ class JobManager : private JobHost {
   // `owner`: who submitted it (a token's name; recorded in JobStatus.owner).
   // RESOURCE_EXHAUSTED when the owner has max_live_jobs_per_owner jobs that
   // have not ended.
+  // `suspended`: the job waits, PENDING and outside the queue, until
+  // Release (an external queue owns admission).
   absl::StatusOr<std::string> Submit(const std::string& job_spec_yaml,
-                                     const std::string& owner = "");
+                                     const std::string& owner = "", bool suspended = false);
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job_id) const {
     return queries_.GetJob(job_id);
   }
@@ -135,6 +137,9 @@ class JobManager : private JobHost {
   }
   // INVALID_ARGUMENT for a reason over kMaxCancelReasonBytes.
   absl::StatusOr<v1::JobStatus> Cancel(const std::string& job_id, const std::string& reason);
+  // Queues a job submitted suspended (durably). NOT_FOUND for an unknown
+  // job, FAILED_PRECONDITION for one that is not suspended.
+  absl::StatusOr<v1::JobStatus> Release(const std::string& job_id);
   std::vector<v1::WorkerInfo> ListWorkers() const;
   std::map<std::string, absl::Time> WorkersLastSeen() const { return registry_.LastSeen(); }
   metrics::CoordinatorMetrics* metrics() const { return metrics_; }
@@ -162,6 +167,9 @@ class JobManager : private JobHost {
   static constexpr int kMaxTraceSpans = 150000;
   // A cancel reason is stored with the job: longer ones are refused.
   static constexpr size_t kMaxCancelReasonBytes = 1024;
+  // A suspended job's reason while it waits for Release.
+  static constexpr char kSuspendedReason[] =
+      "suspended: waiting to be released (stagewise resume JOB)";
   absl::StatusOr<v1::JobTrace> JobTrace(const std::string& job_id) const {
     return queries_.JobTrace(job_id);
   }
@@ -241,6 +249,7 @@ class JobManager : private JobHost {
   // The lifecycle.
   void Admit(Job job);
   absl::StatusOr<v1::JobStatus> CancelJob(const std::string& job_id, const std::string& reason);
+  absl::StatusOr<v1::JobStatus> ReleaseJob(const std::string& job_id);
   void Schedule();
   void ScheduleIfNeeded();
   // recovery.min_stages: plans a stop of every running job that runs fewer

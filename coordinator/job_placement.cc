@@ -182,6 +182,8 @@ void JobManager::OnProfile(const std::string& job_id, const v1::ProfileResult& r
 void JobManager::Requeue(const std::string& job_id, bool recovering) {
   STAGEWISE_BUG(OnLoop());
   const Job& job = jobs_.at(job_id);
+  // Submitted suspended: outside the queue until Release.
+  if (job.status.suspended()) return;
   // Every placement asks for all the spec's replicas; a recovering elastic
   // job takes fewer when that many are not idle.
   Scheduler::Request request{job_id, NumWorkerStages(job) * SpecReplicas(job),

@@ -48,6 +48,7 @@ struct SubmitArgs {
   std::vector<std::string> sets;  // --set KEY=VALUE, applied to the job file in order
   bool wait = true;
   bool quiet = false;
+  bool suspended = false;  // --suspended: released later by `stagewise resume`
   std::string output = "text";
   std::string reconnect_timeout = kDefaultReconnectTimeout;
 };
@@ -95,6 +96,12 @@ struct CancelArgs {
   std::string coordinator;
   std::string job_id;
   std::string reason;
+  std::string output = "text";
+};
+
+struct ResumeArgs {  // resume: a job submitted suspended
+  std::string coordinator;
+  std::string job_id;
   std::string output = "text";
 };
 
@@ -182,6 +189,7 @@ int JobStatusCommand(const JobArgs& args, std::ostream& out, std::ostream& err);
 int Watch(const JobArgs& args, std::ostream& out, std::ostream& err);
 int List(const ListArgs& args, std::ostream& out, std::ostream& err);
 int Cancel(const CancelArgs& args, std::ostream& out, std::ostream& err);
+int Resume(const ResumeArgs& args, std::ostream& out, std::ostream& err);
 int Workers(const WorkersArgs& args, std::ostream& out, std::ostream& err);
 int Checkpoints(const CheckpointsArgs& args, std::ostream& out, std::ostream& err);
 // `stagewise admin backup FILE` (BackupDatabase, admin role).

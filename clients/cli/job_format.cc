@@ -264,6 +264,7 @@ Json JobSkeleton() {
                           "name",
                           "state",
                           "reason",
+                          "suspended",
                           "algorithm",
                           "model",
                           "parameters",
@@ -304,6 +305,7 @@ Json JobValue(const v1::JobStatus& s) {
   j["name"] = s.name();
   j["state"] = client::JobStateName(s.state());
   j["reason"] = NonEmpty(s.reason());
+  j["suspended"] = s.suspended();
   j["algorithm"] = NonEmpty(s.algorithm());
   j["stages"] = s.num_stages();
   j["replicas"] = std::max(1, s.num_replicas());

@@ -62,7 +62,7 @@ int Submit(const SubmitArgs& args, std::ostream& out, std::ostream& err) {
     }
   }
   client::CoordinatorClient client(client::ResolveCoordinatorAddress(args.coordinator));
-  absl::StatusOr<std::string> job_id = client.Submit(*yaml);
+  absl::StatusOr<std::string> job_id = client.Submit(*yaml, args.suspended);
   if (!job_id.ok()) {
     if (job_id.status().code() == absl::StatusCode::kInvalidArgument) {
       const absl::Status& why =
@@ -74,7 +74,11 @@ int Submit(const SubmitArgs& args, std::ostream& out, std::ostream& err) {
     }
     return ReportError(job_id.status(), err);
   }
-  if (!args.wait) {
+  if (!args.wait || args.suspended) {
+    if (args.suspended && !args.quiet && args.output != "json") {
+      err << "job " << *job_id << " is suspended: it waits until `stagewise resume " << *job_id
+          << "` releases it\n";
+    }
     if (args.output == "json") {
       out << JsonLine(Json{{"job_id", *job_id}}) << "\n";
     } else {
@@ -127,6 +131,19 @@ int Cancel(const CancelArgs& args, std::ostream& out, std::ostream& err) {
     out << "job " << status->job_id() << ": " << client::JobStateName(status->state());
     if (!status->reason().empty()) out << " (" << TerminalSafe(status->reason()) << ")";
     out << "\n";
+  }
+  return kExitOk;
+}
+
+int Resume(const ResumeArgs& args, std::ostream& out, std::ostream& err) {
+  client::CoordinatorClient client(client::ResolveCoordinatorAddress(args.coordinator));
+  absl::StatusOr<v1::JobStatus> status = client.Resume(args.job_id);
+  if (!status.ok()) return ReportError(status.status(), err);
+  if (args.output == "json") {
+    out << JobJson(*status) << "\n";
+  } else {
+    out << "job " << status->job_id() << ": released into the queue ("
+        << client::JobStateName(status->state()) << ")\n";
   }
   return kExitOk;
 }
@@ -235,6 +252,9 @@ void AddSubmitCommand(CommandSet& set) {
   cmd->add_option("job", args->job_path, "Job spec (YAML)")->required()->check(CLI::ExistingFile);
   cmd->add_flag("!--no-wait", args->wait, "Print the job id and return at once");
   cmd->add_flag("-q,--quiet", args->quiet, "No progress, only the result");
+  cmd->add_flag("--suspended", args->suspended,
+                "Submit the job suspended: it stays PENDING, outside the queue, until\n"
+                "`stagewise resume JOB` releases it; prints the job id and returns");
   AddOutputOption(cmd, args->output, "Result format");
   AddSetOption(cmd, args->sets);
   AddReconnectOption(cmd, args->reconnect_timeout);
@@ -285,6 +305,15 @@ void AddRemoteCommands(CommandSet& set) {
   cancel_cmd->add_option("job_id", cancel->job_id, "Job id")->required();
   cancel_cmd->add_option("--reason", cancel->reason, "Why (recorded with the job)");
   AddOutputOption(cancel_cmd, cancel->output, "Output format");
+
+  auto resume = std::make_shared<ResumeArgs>();
+  CLI::App* resume_cmd = set.Add(
+      "resume",
+      "Release a job submitted with `submit --suspended` into the queue (an external queue\n"
+      "such as Kueue owns admission: submit suspended, resume when it admits the job)",
+      Remote(resume, &Resume));
+  resume_cmd->add_option("job_id", resume->job_id, "Job id")->required();
+  AddOutputOption(resume_cmd, resume->output, "Output format");
 
   auto workers = std::make_shared<WorkersArgs>();
   CLI::App* workers_cmd = set.Add("workers", "List the workers registered with the coordinator",

@@ -115,10 +115,12 @@ absl::Status CoordinatorClient::Convert(const grpc::Status& status) {
   return rpc::FromGrpcStatus(status);
 }
 
-absl::StatusOr<std::string> CoordinatorClient::Submit(const std::string& job_spec_yaml) {
+absl::StatusOr<std::string> CoordinatorClient::Submit(const std::string& job_spec_yaml,
+                                                      bool suspended) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   v1::SubmitJobRequest req;
+  req.set_suspended(suspended);
   req.set_job_spec_yaml(job_spec_yaml);
   v1::SubmitJobResponse resp;
   if (absl::Status s = Convert(stub_->SubmitJob(&ctx, req, &resp)); !s.ok()) return s;
@@ -188,6 +190,16 @@ absl::StatusOr<v1::JobStatus> CoordinatorClient::Cancel(const std::string& job_i
   req.set_reason(reason);
   v1::JobStatus resp;
   if (absl::Status s = Convert(stub_->CancelJob(&ctx, req, &resp)); !s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<v1::JobStatus> CoordinatorClient::Resume(const std::string& job_id) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::ResumeJobRequest req;
+  req.set_job_id(job_id);
+  v1::JobStatus resp;
+  if (absl::Status s = Convert(stub_->ResumeJob(&ctx, req, &resp)); !s.ok()) return s;
   return resp;
 }
 

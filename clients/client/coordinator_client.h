@@ -92,7 +92,10 @@ class CoordinatorClient {
   // Errors: INVALID_ARGUMENT with the coordinator's message (which names the
   // offending key) for a bad spec; UNAVAILABLE "cannot reach the coordinator
   // at ADDR (...)" when nothing answers at the address.
-  absl::StatusOr<std::string> Submit(const std::string& job_spec_yaml);  // job id
+  // The job id. `suspended`: the job waits outside the queue until Resume.
+  absl::StatusOr<std::string> Submit(const std::string& job_spec_yaml, bool suspended = false);
+  // Releases a job submitted suspended into the queue.
+  absl::StatusOr<v1::JobStatus> Resume(const std::string& job_id);
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job_id);
   // Newest first, at most `limit` (0: every job), a page at a time.
   absl::StatusOr<std::vector<v1::JobStatus>> ListJobs(int limit = 0);

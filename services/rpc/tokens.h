@@ -123,13 +123,13 @@ class TokenFile {
 // The least role that may call Coordinator method `method` (the bare name,
 // "GetJob", or the full path, "/stagewise.v1.Coordinator/GetJob"): kRead or
 // kSubmit; nullopt for methods no token may call (RegisterWorker, Control,
-// anything unknown). CancelJob needs CanCancel too.
+// anything unknown). CancelJob and ResumeJob need CanCancel too.
 std::optional<Role> RequiredRole(std::string_view method);
 
 // `principal` has `needed` or a stronger role.
 bool HasRole(const Principal& principal, Role needed);
 
-// May `principal` cancel a job submitted under the name `job_owner`? admin:
+// May `principal` cancel (or release) a job submitted under the name `job_owner`? admin:
 // always; submit: only its own jobs; read: never.
 bool CanCancel(const Principal& principal, std::string_view job_owner);
 

@@ -317,6 +317,50 @@ TEST_F(CliEventsTest, AClientOfAnotherVersionLineIsRefusedNamingBoth) {
   EXPECT_EQ(cli.code, 0) << cli.err;
 }
 
+// `submit --suspended` (an external queue owns admission): the job waits
+// PENDING while workers idle, `resume` queues it, it runs to its end; a
+// second `resume` is an error naming its state; the log has the release.
+TEST_F(CliEventsTest, ASuspendedJobRunsOnlyOnceResumed) {
+  testing::Cluster cluster({.workers = 1});
+  ASSERT_TRUE(cluster.WaitForWorkers(1));
+  const std::string at = " --coordinator " + cluster.coordinator_address() + " ";
+  {
+    std::ofstream job(dir_ / "job.yaml");
+    job << "name: held\nseed: 1\nmodel: {name: mlp, hidden: [16]}\n"
+           "data: {dataset: synthetic, train_size: 64, test_size: 32, shape: [1, 4, 4], "
+           "classes: 4}\noptimizer: {name: sgd, lr: 0.05}\nbatch_size: 32\nsteps: 4\n";
+  }
+  Result submitted = Stagewise("submit --suspended job.yaml" + at);
+  ASSERT_EQ(submitted.code, 0) << submitted.err;
+  const std::string id = submitted.out.substr(0, submitted.out.find('\n'));
+  EXPECT_NE(submitted.err.find("suspended"), std::string::npos) << submitted.err;
+  usleep(500 * 1000);  // time to be placed, were it queued
+  Result status = Stagewise("status " + id + at + "-o json");
+  ASSERT_EQ(status.code, 0) << status.err;
+  nlohmann::json st = nlohmann::json::parse(status.out);
+  EXPECT_EQ(st["state"], "PENDING") << status.out;
+  EXPECT_EQ(st["suspended"], true) << status.out;
+
+  Result resumed = Stagewise("resume " + id + at);
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("released into the queue"), std::string::npos) << resumed.out;
+  auto done = cluster.WaitForJob(id);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  EXPECT_FALSE(done->suspended());
+
+  Result again = Stagewise("resume " + id + at);
+  EXPECT_NE(again.code, 0);
+  EXPECT_NE(again.err.find("SUCCEEDED"), std::string::npos) << again.err;
+  Result events;
+  for (int i = 0; i < 100; ++i) {
+    events = Stagewise("events " + id + at);
+    if (absl::StrContains(events.out, "released from suspension")) break;
+    usleep(50 * 1000);
+  }
+  EXPECT_NE(events.out.find("released from suspension"), std::string::npos) << events.out;
+}
+
 TEST_F(CliEventsTest, AContextSaysWhereTheCoordinatorIs) {
   testing::Cluster cluster({.workers = 0});
   const std::string config = "STAGEWISE_CONFIG=" + (dir_ / "config.yaml").string() + " ";

@@ -508,6 +508,55 @@ TEST_F(JobManagerTest, RestartRecoversInterruptedJobsAndRequeuesPendingOnes) {
   EXPECT_EQ(Sink("w0").Of(v1::Command::kConfigure).back().configure().attempt(), 1);
 }
 
+// Submitted suspended (an external queue owns admission): PENDING, outside
+// the queue across a restart, until Release queues it; releasing twice, an
+// unknown job or a job that was never suspended are errors.
+TEST_F(JobManagerTest, ASuspendedJobWaitsOutsideTheQueueUntilReleased) {
+  StartManager();
+  AddWorker("w0");
+  auto held = manager_->Submit(JobYaml(1, 4), "", /*suspended=*/true);
+  ASSERT_TRUE(held.ok()) << held.status();
+  Sync();
+  v1::JobStatus st = Status(*held);
+  EXPECT_EQ(st.state(), v1::PENDING);
+  EXPECT_TRUE(st.suspended());
+  EXPECT_THAT(st.reason(), HasSubstr("stagewise resume"));
+  EXPECT_TRUE(Sink("w0").Of(v1::Command::kConfigure).empty());
+  // A job submitted after it is placed on the idle worker.
+  const std::string other = Submit(JobYaml(1, 4));
+  EXPECT_EQ(Status(other).state(), v1::CONFIGURING);
+  ASSERT_TRUE(manager_->Cancel(other, "").ok());
+  auto never = manager_->Release(other);
+  EXPECT_EQ(never.status().code(), absl::StatusCode::kFailedPrecondition) << never.status();
+  EXPECT_THAT(never.status().message(), HasSubstr("CANCELLED"));
+  EXPECT_EQ(manager_->Release("job-none").status().code(), absl::StatusCode::kNotFound);
+
+  // A restart keeps it suspended.
+  manager_.reset();
+  sinks_.clear();
+  StartManager();
+  AddWorker("w0");
+  Sync();
+  EXPECT_TRUE(Status(*held).suspended());
+  EXPECT_EQ(Status(*held).state(), v1::PENDING);
+  EXPECT_TRUE(Sink("w0").Of(v1::Command::kConfigure).empty());
+
+  auto released = manager_->Release(*held);
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_FALSE(released->suspended());
+  Sync();
+  EXPECT_EQ(Status(*held).state(), v1::CONFIGURING);
+  EXPECT_FALSE(Status(*held).suspended());
+  ASSERT_EQ(Sink("w0").Of(v1::Command::kConfigure).size(), 1u);
+  auto again = manager_->Release(*held);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.status().message(), HasSubstr("not suspended"));
+  // Durable: the stored status says released.
+  auto stored = store_->GetJob(*held);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_FALSE(stored->status.suspended());
+}
+
 // Shards reported by every stage commit a checkpoint (MANIFEST written);
 // the next attempt resumes from it; events of the old attempt are ignored;
 // recovery.max_restarts bounds the attempts.

@@ -843,6 +843,7 @@ TEST(TokenTableTest, RolesAndTokens) {
   EXPECT_EQ(RequiredRole("/stagewise.v1.Coordinator/BackupDatabase"), Role::kAdmin);
   EXPECT_EQ(RequiredRole("/stagewise.v1.Coordinator/SubmitJob"), Role::kSubmit);
   EXPECT_EQ(RequiredRole("CancelJob"), Role::kSubmit);
+  EXPECT_EQ(RequiredRole("ResumeJob"), Role::kSubmit);
   EXPECT_EQ(RequiredRole("/stagewise.v1.Coordinator/RegisterWorker"), std::nullopt);
   EXPECT_EQ(RequiredRole("Control"), std::nullopt);
   EXPECT_EQ(RequiredRole("/other.Service/GetJob"), std::nullopt);
