@@ -689,6 +689,10 @@ void JobManager::EndJob(std::string job_id, v1::JobState state, std::string reas
   if (!jobs_.count(job_id)) return;
   collective_.Drop(job_id);
   scheduler_.Remove(job_id);
+  if (Job& job = jobs_.at(job_id); job.status.queue_position() != 0) {
+    job.status.set_queue_position(0);
+    UpdateProgress(job, "", {});  // stored with the transition's flush
+  }
   (void)Transition(job_id, state, reason);
   jobs_.erase(job_id);
   for (const std::string& worker : registry_.Release(job_id)) {

@@ -22,11 +22,19 @@ void JobManager::ScheduleIfNeeded() {
 void JobManager::Schedule() {
   STAGEWISE_BUG(OnLoop());
   Scheduler::Round round = scheduler_.Schedule(absl::Now());
+  // The jobs still queued, in queue order: what each waits for, and its
+  // place (`stagewise queue`); only a new reason is an event.
+  int position = 0;
   for (const Scheduler::Waiting& w : round.waiting) {
+    ++position;
     auto it = jobs_.find(w.job_id);
-    if (it == jobs_.end() || it->second.status.reason() == w.reason) continue;
-    it->second.status.set_reason(w.reason);
-    UpdateProgress(it->second, w.reason, {});
+    if (it == jobs_.end()) continue;
+    v1::JobStatus& st = it->second.status;
+    const bool new_reason = st.reason() != w.reason;
+    if (!new_reason && st.queue_position() == position) continue;
+    st.set_reason(w.reason);
+    st.set_queue_position(position);
+    UpdateProgress(it->second, new_reason ? w.reason : "", {});
   }
   for (const Scheduler::Placement& p : round.placed) {
     auto it = jobs_.find(p.job_id);
@@ -47,6 +55,10 @@ void JobManager::Schedule() {
       STAGEWISE_LOG(WARNING) << "job " << p.job_id << ": " << fewer;
     }
     it->second.fewer_stages = false;
+    if (it->second.status.queue_position() != 0) {
+      it->second.status.set_queue_position(0);
+      UpdateProgress(it->second, "", {});  // stored with the transition's flush
+    }
     it->second.run.workers = SlotWorkers(it->second, p.workers);
     std::string elastic = SetPlacedReplicas(it->second);
     if (elastic.empty()) elastic = fewer;

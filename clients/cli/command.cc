@@ -153,6 +153,7 @@ void AddAllCommands(CommandSet& set) {
   AddRemoteCommands(set);
   AddExportCommand(set);
   AddPlotCommand(set);
+  AddQueueCommand(set);
   AddTraceCommands(set);
   AddLocalCommand(set);
   AddPlanCommand(set);

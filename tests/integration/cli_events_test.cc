@@ -334,12 +334,30 @@ TEST_F(CliEventsTest, ASuspendedJobRunsOnlyOnceResumed) {
   ASSERT_EQ(submitted.code, 0) << submitted.err;
   const std::string id = submitted.out.substr(0, submitted.out.find('\n'));
   EXPECT_NE(submitted.err.find("suspended"), std::string::npos) << submitted.err;
+  // A job of two stages cannot be placed on the one worker: it heads the queue.
+  Result blocked = Stagewise("submit --no-wait job.yaml --set stages=2" + at);
+  ASSERT_EQ(blocked.code, 0) << blocked.err;
+  const std::string big = blocked.out.substr(0, blocked.out.find('\n'));
   usleep(500 * 1000);  // time to be placed, were it queued
   Result status = Stagewise("status " + id + at + "-o json");
   ASSERT_EQ(status.code, 0) << status.err;
   nlohmann::json st = nlohmann::json::parse(status.out);
   EXPECT_EQ(st["state"], "PENDING") << status.out;
   EXPECT_EQ(st["suspended"], true) << status.out;
+  Result queue = Stagewise("queue -o json" + at);
+  ASSERT_EQ(queue.code, 0) << queue.err;
+  nlohmann::json q = nlohmann::json::parse(queue.out)["jobs"];
+  ASSERT_EQ(q.size(), 2u) << queue.out;
+  EXPECT_EQ(q[0]["job_id"], big) << queue.out;
+  EXPECT_EQ(q[0]["position"], 1) << queue.out;
+  EXPECT_EQ(q[0]["workers"], 2) << queue.out;
+  EXPECT_NE(q[0]["reason"].get<std::string>().find("waiting for 2 idle workers"), std::string::npos)
+      << queue.out;
+  EXPECT_EQ(q[1]["job_id"], id) << queue.out;
+  EXPECT_TRUE(q[1]["position"].is_null()) << queue.out;
+  EXPECT_EQ(q[1]["suspended"], true) << queue.out;
+  Result table = Stagewise("queue" + at);
+  EXPECT_NE(table.out.find("suspended"), std::string::npos) << table.out;
 
   Result resumed = Stagewise("resume " + id + at);
   ASSERT_EQ(resumed.code, 0) << resumed.err;
@@ -349,6 +367,8 @@ TEST_F(CliEventsTest, ASuspendedJobRunsOnlyOnceResumed) {
   EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
   EXPECT_FALSE(done->suspended());
 
+  // Released behind the blocked job, it was backfilled on the idle worker.
+  ASSERT_EQ(Stagewise("cancel " + big + at).code, 0);
   Result again = Stagewise("resume " + id + at);
   EXPECT_NE(again.code, 0);
   EXPECT_NE(again.err.find("SUCCEEDED"), std::string::npos) << again.err;

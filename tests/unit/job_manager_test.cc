@@ -207,9 +207,12 @@ TEST_F(JobManagerTest, JobWaitsForEnoughIdleWorkersWithTheReason) {
   ASSERT_TRUE(stored.ok());
   EXPECT_EQ(stored->status.reason(), st.reason());
 
+  EXPECT_EQ(st.queue_position(), 1);
+
   AddWorker("w1");
   Sync();
   EXPECT_EQ(Status(id).state(), v1::CONFIGURING);
+  EXPECT_EQ(Status(id).queue_position(), 0);
   EXPECT_EQ(Sink("w1").Of(v1::Command::kConfigure).size(), 1u);
 }
 
@@ -226,6 +229,13 @@ TEST_F(JobManagerTest, FifoWithBackfill) {
   EXPECT_EQ(Status(b).reason(), "waiting for 3 idle workers (1 idle, 3 registered)");
   EXPECT_EQ(Status(c).state(), v1::CONFIGURING);  // backfilled on w2
   EXPECT_EQ(Sink("w2").Of(v1::Command::kConfigure).at(0).configure().job_id(), c);
+  // Places in the queue (`stagewise queue`): b waits first; placed jobs have none.
+  const std::string d = Submit(JobYaml(2, 4));
+  EXPECT_EQ(Status(b).queue_position(), 1);
+  EXPECT_EQ(Status(d).queue_position(), 2);
+  EXPECT_EQ(Status(a).queue_position(), 0);
+  ASSERT_TRUE(manager_->Cancel(d, "").ok());
+  EXPECT_EQ(Status(d).queue_position(), 0);
 
   // a and c end: b, first in line, takes all three workers.
   ASSERT_TRUE(manager_->Cancel(a, "").ok());
