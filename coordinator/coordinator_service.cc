@@ -376,22 +376,28 @@ grpc::ServerWriteReactor<v1::JobEvent>* CoordinatorService::WatchJob(
   return new WatchReactor(manager_, request->job_id(), caller.status());
 }
 
+absl::StatusOr<rpc::Principal> CoordinatorService::AuthorizeOwner(grpc::CallbackServerContext* ctx,
+                                                                  const std::string& job_id,
+                                                                  const char* verb) {
+  auto caller = Authorize(ctx, rpc::Role::kSubmit);
+  if (!caller.ok() || caller->role == rpc::Role::kAdmin) return caller;
+  // A submitter acts only on its own jobs (an external queue holds admin).
+  auto st = manager_->GetJob(job_id);
+  if (!st.ok()) return st.status();
+  if (!rpc::CanCancel(*caller, st->owner())) {
+    manager_->metrics()->CountRefused("permission_denied");
+    return absl::PermissionDeniedError(absl::StrCat("token '", caller->name, "' may ", verb,
+                                                    " only its own jobs; job ", job_id,
+                                                    " was submitted by '", st->owner(), "'"));
+  }
+  return caller;
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerContext* ctx,
                                                         const v1::CancelJobRequest* request,
                                                         v1::JobStatus* response) {
-  auto caller = Authorize(ctx, rpc::Role::kSubmit);
+  auto caller = AuthorizeOwner(ctx, request->job_id(), "cancel");
   if (!caller.ok()) return Done(ctx, caller.status());
-  if (caller->role != rpc::Role::kAdmin) {
-    // A submitter cancels only its own jobs.
-    auto st = manager_->GetJob(request->job_id());
-    if (!st.ok()) return Done(ctx, st.status());
-    if (!rpc::CanCancel(*caller, st->owner())) {
-      manager_->metrics()->CountRefused("permission_denied");
-      return Done(ctx, absl::PermissionDeniedError(absl::StrCat(
-                           "token '", caller->name, "' may cancel only its own jobs; job ",
-                           request->job_id(), " was submitted by '", st->owner(), "'")));
-    }
-  }
   auto st = manager_->Cancel(request->job_id(), request->reason());
   if (st.ok()) *response = *st;
   return Done(ctx, st.status());
@@ -400,19 +406,8 @@ grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* CoordinatorService::ResumeJob(grpc::CallbackServerContext* ctx,
                                                         const v1::ResumeJobRequest* request,
                                                         v1::JobStatus* response) {
-  auto caller = Authorize(ctx, rpc::Role::kSubmit);
+  auto caller = AuthorizeOwner(ctx, request->job_id(), "resume");
   if (!caller.ok()) return Done(ctx, caller.status());
-  if (caller->role != rpc::Role::kAdmin) {
-    // A submitter releases only its own jobs (an external queue holds admin).
-    auto st = manager_->GetJob(request->job_id());
-    if (!st.ok()) return Done(ctx, st.status());
-    if (!rpc::CanCancel(*caller, st->owner())) {
-      manager_->metrics()->CountRefused("permission_denied");
-      return Done(ctx, absl::PermissionDeniedError(absl::StrCat(
-                           "token '", caller->name, "' may resume only its own jobs; job ",
-                           request->job_id(), " was submitted by '", st->owner(), "'")));
-    }
-  }
   auto st = manager_->Release(request->job_id());
   if (st.ok()) *response = *st;
   return Done(ctx, st.status());

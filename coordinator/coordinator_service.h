@@ -86,6 +86,10 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   // a known token, PERMISSION_DENIED when its role is too low.
   absl::StatusOr<rpc::Principal> Authorize(grpc::CallbackServerContext* ctx,
                                            rpc::Role needed) const;
+  // A submit token may `verb` (cancel, resume) only jobs it submitted; an
+  // admin token any: PERMISSION_DENIED naming both owners otherwise.
+  absl::StatusOr<rpc::Principal> AuthorizeOwner(grpc::CallbackServerContext* ctx,
+                                                const std::string& job_id, const char* verb);
   // OK if the caller may act as a worker.
   absl::Status AuthorizeWorker(grpc::CallbackServerContext* ctx) const;
 

@@ -952,6 +952,18 @@ TEST(Tls, TokensDecideWhatAClientMayDo) {
   EXPECT_EQ(reader->Cancel(*id, "no").status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(reader->Submit(LongJob(1)).status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(bob->Cancel(*id, "mine now").status().code(), absl::StatusCode::kPermissionDenied);
+  // Releasing a suspended job follows the same rule as cancelling one.
+  auto held = alice->Submit(LongJob(1), /*suspended=*/true);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(reader->Resume(*held).status().code(), absl::StatusCode::kPermissionDenied);
+  auto theirs = bob->Resume(*held);
+  EXPECT_EQ(theirs.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(theirs.status().message().find("may resume only its own jobs"), std::string::npos)
+      << theirs.status();
+  auto released = alice->Resume(*held);
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_FALSE(released->suspended());
+  ASSERT_TRUE(alice->Cancel(*held, "not needed").ok());
   auto still = cluster.client().GetJob(*id);
   ASSERT_TRUE(still.ok());
   EXPECT_EQ(still->state(), v1::RUNNING) << still->reason();
