@@ -79,10 +79,12 @@ bool StageReplacer::TryReplace(const std::string& job_id, LiveJob& job,
   }
   const std::string spare = registry_->ClaimOne(job_id, slot, PlacementLabels(job.spec), taken);
   if (spare.empty()) {
-    host_->UpdateProgress(job,
-                          absl::StrCat(why, ": no idle worker to replace stage ", slot,
-                                       " on (recovery.replay); recovering from a checkpoint"),
-                          {});
+    host_->UpdateProgress(
+        job,
+        absl::StrCat(why, ": no idle worker to replace stage ", stage,
+                     NumReplicas(job) > 1 ? absl::StrCat(" of replica ", replica) : std::string(),
+                     " on (recovery.replay); recovering from a checkpoint"),
+        {});
     return false;
   }
   job.run.workers[slot] = spare;

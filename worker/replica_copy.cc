@@ -18,17 +18,26 @@
 
 namespace stagewise::worker {
 
-void ReplicaCopy::NoteStepStart(int64_t phase_step, const checkpoint::ShardPosition::Marks& marks) {
+void ReplicaCopy::NoteStepStart(int64_t phase_step, const checkpoint::ShardPosition::Marks& marks,
+                                const torch::nn::Module& model) {
   torch::Tensor rng;
   {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     rng = gen.get_state();
   }
+  // Buffers (BatchNorm's running statistics) change in the step's forwards,
+  // which the copy computes again: it takes them as they were now.
+  std::vector<torch::Tensor> buffers;
+  {
+    torch::NoGradGuard no_grad;
+    for (const torch::Tensor& b : model.buffers()) buffers.push_back(b.clone());
+  }
   absl::MutexLock lock(&mu_);
   phase_step_ = phase_step;
   marks_ = marks;
   rng_ = std::move(rng);
+  buffers_ = std::move(buffers);
 }
 
 absl::Status ReplicaCopy::Publish(int generation, std::string token, checkpoint::ShardPosition at,
@@ -36,6 +45,7 @@ absl::Status ReplicaCopy::Publish(int generation, std::string token, checkpoint:
                                   torch::optim::Optimizer& optimizer) {
   const auto t0 = std::chrono::steady_clock::now();
   checkpoint::ShardExtras extras;
+  std::vector<torch::Tensor> start_buffers;
   {
     absl::MutexLock lock(&mu_);
     if (phase_step_ < 0) {
@@ -47,11 +57,30 @@ absl::Status ReplicaCopy::Publish(int generation, std::string token, checkpoint:
     at.marks = marks_;
     extras.rng = true;
     extras.rng_state = rng_;
+    start_buffers = buffers_;
   }
   // The parameters and optimizer state are the step's start's until the
-  // step's optimizer step, which waits for the average this replica is in.
-  STAGEWISE_ASSIGN_OR_RETURN(std::string bytes,
-                             checkpoint::SerializeShard(at, model, optimizer, extras));
+  // step's optimizer step, which waits for the average this replica is in;
+  // the buffers are put back as the step began for the copy, then restored.
+  std::vector<torch::Tensor> buffers = model.buffers(), now;
+  if (start_buffers.size() != buffers.size()) {
+    return absl::InternalError(absl::StrCat("stage ", at.stage, ": ", buffers.size(),
+                                            " buffers now, ", start_buffers.size(),
+                                            " when the step began"));
+  }
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      now.push_back(buffers[i].clone());
+      buffers[i].copy_(start_buffers[i]);
+    }
+  }
+  absl::StatusOr<std::string> serialized = checkpoint::SerializeShard(at, model, optimizer, extras);
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(now[i]);
+  }
+  STAGEWISE_ASSIGN_OR_RETURN(std::string bytes, std::move(serialized));
   const uint32_t crc = checkpoint::Crc32(bytes);
   const size_t size = bytes.size();
   {

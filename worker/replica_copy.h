@@ -37,10 +37,11 @@ inline constexpr int64_t kReplicaCopyChunk = int64_t{2} << 20;
 // serve, the stage thread fetches (before the compute thread starts).
 class ReplicaCopy {
  public:
-  // A step of the phase begins: its number, the stage's message counts and
-  // the random state now (what a copy of the step's start needs).
-  void NoteStepStart(int64_t phase_step, const checkpoint::ShardPosition::Marks& marks)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // A step of the phase begins: its number, the stage's message counts, the
+  // random state and the model's buffers now (what a copy of the step's
+  // start needs).
+  void NoteStepStart(int64_t phase_step, const checkpoint::ShardPosition::Marks& marks,
+                     const torch::nn::Module& model) ABSL_LOCKS_EXCLUDED(mu_);
   // The source replica, waiting in the current step's average: publishes
   // `model` and `optimizer` (unchanged since the step began) as a shard at
   // the step's start for the copy of `generation` with `token`. `at` names
@@ -74,6 +75,7 @@ class ReplicaCopy {
   int64_t phase_step_ ABSL_GUARDED_BY(mu_) = -1;
   checkpoint::ShardPosition::Marks marks_ ABSL_GUARDED_BY(mu_);
   torch::Tensor rng_ ABSL_GUARDED_BY(mu_);
+  std::vector<torch::Tensor> buffers_ ABSL_GUARDED_BY(mu_);  // the model's, cloned
   // What was published.
   int generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::string token_ ABSL_GUARDED_BY(mu_);

@@ -1,5 +1,6 @@
 #include "worker/stage_replicas.h"
 
+#include <algorithm>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <utility>
 
@@ -67,10 +68,16 @@ absl::Status StageReplicas::Rejoin(const absl::Status& failure) {
     auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
       return announced_.generation > generation_ || !cancelled_.ok();
     };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), options_.timeout)) {
-      return absl::Status(failure.code(),
-                          absl::StrCat(failure.message(), "; no replacement joined within ",
-                                       absl::FormatDuration(options_.timeout)));
+    // The coordinator announces a regroup as it learns of the loss, before
+    // a survivor's average fails: a stage that hears of none soon (its
+    // average failed for another reason, or timed out behind a stalled
+    // pipeline whose loss was not its own) fails as before.
+    const absl::Duration grace = std::min(options_.timeout, kRegroupGrace);
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), grace)) {
+      return absl::Status(failure.code(), absl::StrCat(failure.message(),
+                                                       "; no regroup of the stage's replicas "
+                                                       "announced within ",
+                                                       absl::FormatDuration(grace)));
     }
     if (!cancelled_.ok()) return cancelled_;
     next = announced_;
@@ -79,7 +86,10 @@ absl::Status StageReplicas::Rejoin(const absl::Status& failure) {
   // The broken group goes first: its connections are dead anyway.
   overlap_.reset();
   group_.reset();
-  return Meet(next.generation);
+  absl::Status met = Meet(next.generation);
+  // No new group: what was published for it goes.
+  if (!met.ok() && next.source && hooks_.release) hooks_.release();
+  return met;
 }
 
 std::vector<torch::Tensor> StageReplicas::Parameters(torch::optim::Optimizer& stage,

@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "services/spec/job_spec.h"
 #include "worker/collective.h"
 #include "worker/outer_sync.h"
@@ -49,6 +50,9 @@ class StageReplicas {
     std::function<void()> release;
   };
   void EnableRegroup(RegroupHooks hooks);
+  // How long a failed average waits for the coordinator's Regroup (at most
+  // the collective timeout).
+  static constexpr absl::Duration kRegroupGrace = absl::Seconds(60);
   // The coordinator formed the group again as `generation` (any thread).
   void Regroup(int generation, bool source, const std::string& token) ABSL_LOCKS_EXCLUDED(mu_);
   // The job stops: a wait for Regroup ends with `why` (any thread).

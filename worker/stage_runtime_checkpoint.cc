@@ -177,7 +177,7 @@ void StageRuntime::SetResumed(int64_t step, int64_t phase_step,
 
 void StageRuntime::BeginStep(int64_t phase_step) {
   if (assignment_.replay() && num_replicas() > 1) {
-    replica_copy_.NoteStepStart(phase_step, streams_->marks());
+    replica_copy_.NoteStepStart(phase_step, streams_->marks(), *model_);
   }
 }
 

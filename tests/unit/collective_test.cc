@@ -19,7 +19,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "services/checkpoint/shard_archive.h"
 #include "worker/overlap.h"
+#include "worker/replica_copy.h"
 #include "worker/stage_replicas.h"
 
 namespace stagewise::worker {
@@ -373,6 +375,62 @@ TEST(StageReplicas, AStopEndsTheWaitForAReplacement) {
       EXPECT_NE(averaged.code(), absl::StatusCode::kCancelled) << averaged;
     }
   }
+}
+
+// A source replica publishes the step's start: its parameters as they are
+// (unchanged until the optimizer step), its buffers (BatchNorm's running
+// statistics, which the step's forwards moved) as they were when the step
+// began; its own buffers are left as the forwards made them. The copy is
+// served in pieces, with the token only.
+TEST(ReplicaCopy, PublishesTheStepsStartAndServesItInPieces) {
+  torch::manual_seed(3);
+  torch::nn::Sequential model(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3));
+  model->train();
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+  ReplicaCopy copy;
+  checkpoint::ShardPosition at;
+  at.stage = 1;
+  at.block_begin = 2;
+  at.block_end = 4;
+  EXPECT_EQ(copy.Publish(1, "t", at, 0, *model, optimizer).code(),
+            absl::StatusCode::kFailedPrecondition);  // no step began
+  checkpoint::ShardPosition::Marks marks{7, 6, 5, 4};
+  copy.NoteStepStart(/*phase_step=*/3, marks, *model);
+  const torch::Tensor start_mean = model[1]->as<torch::nn::BatchNorm1d>()->running_mean.clone();
+  model->forward(torch::randn({8, 4})).sum().backward();  // the step's forward moves the stats
+  const torch::Tensor moved = model[1]->as<torch::nn::BatchNorm1d>()->running_mean.clone();
+  ASSERT_FALSE(torch::equal(start_mean, moved));
+  ASSERT_TRUE(copy.Publish(2, "secret", at, /*phase_offset=*/10, *model, optimizer).ok());
+  EXPECT_TRUE(torch::equal(model[1]->as<torch::nn::BatchNorm1d>()->running_mean, moved));
+
+  v1::CopyReplicaRequest request;
+  request.set_generation(2);
+  request.set_token("wrong");
+  v1::CopyReplicaResponse piece;
+  EXPECT_EQ(copy.Serve(request, &piece).code(), absl::StatusCode::kPermissionDenied);
+  request.set_token("secret");
+  request.set_generation(1);
+  EXPECT_EQ(copy.Serve(request, &piece).code(), absl::StatusCode::kUnavailable);
+  request.set_generation(2);
+  ASSERT_TRUE(copy.Serve(request, &piece).ok());
+  std::string bytes = piece.data();
+  while (static_cast<int64_t>(bytes.size()) < piece.total_bytes()) {
+    request.set_offset(static_cast<int64_t>(bytes.size()));
+    ASSERT_TRUE(copy.Serve(request, &piece).ok());
+    bytes += piece.data();
+  }
+  auto shard = checkpoint::ShardReader::Parse(bytes, torch::kCPU, "copy");
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  EXPECT_EQ((*shard)->position().step, 13);
+  EXPECT_EQ((*shard)->position().phase_step, 3);
+  EXPECT_EQ((*shard)->position().marks.sent_next, 7);
+  torch::nn::Sequential loaded(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3));
+  ASSERT_TRUE((*shard)->LoadModel(*loaded).ok());
+  EXPECT_TRUE(torch::equal(loaded[1]->as<torch::nn::BatchNorm1d>()->running_mean, start_mean));
+  EXPECT_TRUE(torch::equal(loaded[0]->as<torch::nn::Linear>()->weight,
+                           model[0]->as<torch::nn::Linear>()->weight));
+  copy.Release();
+  EXPECT_EQ(copy.Serve(request, &piece).code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace
