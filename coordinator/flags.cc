@@ -7,6 +7,7 @@
 #include "services/common/parse_flags.h"
 #include "services/common/version.h"
 #include "services/metrics/flags.h"
+#include "services/spec/sharing.h"
 
 namespace stagewise::coordinator {
 namespace {
@@ -24,6 +25,7 @@ struct RawFlags {
   double web_header_timeout_s = 0;
   int max_jobs_per_owner = 100;
   std::vector<std::string> checkpoint_roots;
+  std::string scheduling_config;
 };
 
 // Where it serves and keeps its state.
@@ -80,6 +82,13 @@ void AddJobFlags(CLI::App& app, RawFlags& raw) {
                  "Jobs one token may have that have not ended")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--scheduling-config", raw.scheduling_config,
+                 "A YAML file of priority classes (jobs name one with `priority:`; a waiting "
+                 "job of a higher class takes workers from lower ones through a planned "
+                 "checkpoint stop), per-owner quotas and fair-share weights "
+                 "(docs/operations.md, \"Sharing the cluster\"). Without it: first come, "
+                 "first served with backfill (env STAGEWISE_SCHEDULING_CONFIG)")
+      ->envname("STAGEWISE_SCHEDULING_CONFIG");
   app.add_option("--checkpoint-root", raw.checkpoint_roots,
                  "A directory a job's checkpoint.dir may name (or lie under); repeatable. "
                  "Without one, jobs with checkpoint.dir are refused "
@@ -119,6 +128,14 @@ int Finish(RawFlags& raw, std::ostream& err) {
   f.manager.finished_job_metrics_ttl = absl::Seconds(raw.metrics_ttl_s);
   f.manager.max_live_jobs_per_owner = raw.max_jobs_per_owner;
   f.manager.checkpoint_roots = {true, raw.checkpoint_roots, "--checkpoint-root"};
+  if (!raw.scheduling_config.empty()) {
+    absl::StatusOr<SharingConfig> sharing = LoadSharingConfig(raw.scheduling_config);
+    if (!sharing.ok()) {
+      err << "stagewise-coordinator: --scheduling-config " << sharing.status().message() << "\n";
+      return 2;
+    }
+    f.manager.sharing = *std::move(sharing);
+  }
   f.tokens_reload = absl::Seconds(raw.tokens_reload_s);
   f.web.limits.header_timeout = absl::Seconds(raw.web_header_timeout_s);
   // Credentials first: a misconfigured coordinator fails before touching state.

@@ -36,7 +36,13 @@ v1::Command StopCommand(const std::string& job_id, const std::string& reason) {
 
 JobManager::JobManager(JobStore* store, metrics::CoordinatorMetrics* metrics,
                        JobManagerOptions options)
-    : store_(store), metrics_(metrics), options_(options) {}
+    : store_(store), metrics_(metrics), options_(options) {
+  if (options_.sharing.has_value()) {
+    usage_.set_half_life(absl::Seconds(sharing_.half_life_seconds));
+    scheduler_.SetSharing(&sharing_, &usage_);
+    preemptor_.set_config(&sharing_);
+  }
+}
 
 JobManager::~JobManager() { Stop(); }
 
@@ -66,6 +72,9 @@ void JobManager::Resume(const JobRecord& rec) {
     return;
   }
   const v1::JobState state = rec.status.state();
+  // Its class under this coordinator's config (the default one for a class
+  // no longer listed).
+  restored->status.set_priority(sharing_.NameOf(RankOfJob(sharing_, *restored)));
   jobs_.emplace(id, *std::move(restored));
   if (state == v1::PENDING || state == v1::PROFILING) {
     // Not placed yet (or only profiling): queue it again as it was.
@@ -220,6 +229,10 @@ absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml, const st
   }
   STAGEWISE_ASSIGN_OR_RETURN(Submission submission,
                              PrepareSubmission(*std::move(parsed), options_.checkpoint_roots));
+  if (absl::Status s = CheckJobAgainst(sharing_, submission.spec, owner); !s.ok()) {
+    metrics_->CountRefused("bad_spec");
+    return s;
+  }
   {
     absl::MutexLock lock(&queue_mu_);
     if (!running_ || stopping_) {
@@ -230,6 +243,7 @@ absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml, const st
   record.spec_yaml = yaml;
   record.status = InitialStatus(submission, owner);
   v1::JobStatus& st = record.status;
+  st.set_priority(sharing_.NameOf(sharing_.RankOf(submission.spec.priority).value_or(0)));
   st.set_job_id(store_->NewJobId());
   if (suspended) {
     st.set_suspended(true);
@@ -619,6 +633,7 @@ std::vector<std::string> JobManager::LiveJobIds() const {
 
 void JobManager::StopStages(const std::string& job_id, const std::string& reason) {
   STAGEWISE_BUG(OnLoop());
+  usage_.Release(job_id, absl::Now());
   for (const std::string& worker : registry_.Release(job_id)) {
     Send(worker, StopCommand(job_id, reason));
   }
@@ -695,6 +710,7 @@ void JobManager::EndJob(std::string job_id, v1::JobState state, std::string reas
   }
   (void)Transition(job_id, state, reason);
   jobs_.erase(job_id);
+  usage_.Release(job_id, absl::Now());
   for (const std::string& worker : registry_.Release(job_id)) {
     if (state != v1::SUCCEEDED) Send(worker, StopCommand(job_id, reason));
   }

@@ -66,7 +66,9 @@
 #include "coordinator/job_recovery.h"
 #include "coordinator/job_view.h"
 #include "coordinator/live_job.h"
+#include "coordinator/owner_usage.h"
 #include "coordinator/planned_stop.h"
+#include "coordinator/preemption.h"
 #include "coordinator/rebalancer.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/stage_replacement.h"
@@ -104,6 +106,9 @@ struct JobManagerOptions {
   // Where a job's checkpoint.dir may point (the binary's --checkpoint-root);
   // a spec naming a directory elsewhere is refused at submit.
   PathRoots checkpoint_roots;
+  // --scheduling-config: priority classes, quotas and fair share
+  // (docs/operations.md, "Sharing the cluster"); none: FIFO with backfill.
+  std::optional<SharingConfig> sharing;
 };
 
 class JobManager : private JobHost {
@@ -120,7 +125,9 @@ class JobManager : private JobHost {
   // Clients.
   // `owner`: who submitted it (a token's name; recorded in JobStatus.owner).
   // RESOURCE_EXHAUSTED when the owner has max_live_jobs_per_owner jobs that
-  // have not ended.
+  // have not ended; INVALID_ARGUMENT naming `priority` for a class the
+  // scheduling config does not have, or the owner's quota for a job that
+  // needs more workers than it may ever hold.
   // `suspended`: the job waits, PENDING and outside the queue, until
   // Release (an external queue owns admission).
   absl::StatusOr<std::string> Submit(const std::string& job_spec_yaml,
@@ -291,6 +298,10 @@ class JobManager : private JobHost {
   PlannedStops planned_{this, &recovery_};
   Rebalancer rebalancer_{this, &planned_, &scheduler_};
   StageReplacer replacer_{this, &registry_, &scheduler_};
+  // The scheduling config's (an empty one without --scheduling-config).
+  const SharingConfig sharing_ = options_.sharing.value_or(SharingConfig{});
+  OwnerUsage usage_;  // who holds workers, and how much each owner used them
+  Preemptor preemptor_{this, &planned_, &registry_};
   std::map<std::string, Job> jobs_;
   std::set<std::string> dirty_;                                  // jobs with unwritten status
   std::vector<std::pair<std::string, MetricPoint>> points_;      // unwritten metric history

@@ -60,6 +60,8 @@ void JobManager::Schedule() {
       UpdateProgress(it->second, "", {});  // stored with the transition's flush
     }
     it->second.run.workers = SlotWorkers(it->second, p.workers);
+    usage_.Hold(p.job_id, it->second.status.owner(), static_cast<int>(p.workers.size()),
+                absl::Now());
     std::string elastic = SetPlacedReplicas(it->second);
     if (elastic.empty()) elastic = fewer;
     if (!elastic.empty()) STAGEWISE_LOG(WARNING) << "job " << p.job_id << ": " << elastic;
@@ -82,6 +84,8 @@ void JobManager::Schedule() {
       Configure(p.job_id, job);
     }
   }
+  // Priority classes: waiting jobs take workers from lower classes.
+  preemptor_.AfterPass(round.waiting);
   // recovery.min_stages: a job that shrank takes idle workers back, while no
   // other job waits for them.
   if (scheduler_.size() == 0) MaybeGrow();
@@ -203,6 +207,8 @@ void JobManager::Requeue(const std::string& job_id, bool recovering) {
   request.stages = NumWorkerStages(job);
   request.distinct_identities = job.spec.placement.distinct_identities;
   request.labels = PlacementLabels(job.spec);
+  request.owner = job.status.owner();
+  request.rank = RankOfJob(sharing_, job);
   if (recovering) {
     request.fewer_replicas = ElasticReplicaCounts(job);
     request.fewer_stages = FewerStageCounts(job);

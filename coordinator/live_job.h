@@ -75,6 +75,8 @@ struct Attempt {
     Handover handover;
     int64_t step = -1;
     absl::Time deadline = absl::InfiniteFuture();
+    // END_CAUSE_PRIORITY: the waiting job the workers go to.
+    std::string for_job = {};
   };
   std::optional<PlannedStop> planned_stop;
   // Rebalancing (coordinator/rebalancer.h): per stage its latest (global

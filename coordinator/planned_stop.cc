@@ -1,5 +1,6 @@
 #include "coordinator/planned_stop.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -10,13 +11,13 @@
 namespace stagewise::coordinator {
 
 bool PlannedStops::Begin(const std::string& job_id, LiveJob& job, const std::string& reason,
-                         v1::EndCause cause, Handover handover) {
+                         v1::EndCause cause, Handover handover, std::string for_job) {
   if (job.status.state() != v1::RUNNING || job.spec.checkpoint.dir.empty() ||
       job.run.planned_stop || job.run.workers.empty()) {
     return false;
   }
-  job.run.planned_stop =
-      Attempt::PlannedStop{reason, cause, std::move(handover), -1, absl::Now() + kTimeout};
+  job.run.planned_stop = Attempt::PlannedStop{
+      reason, cause, std::move(handover), -1, absl::Now() + kTimeout, std::move(for_job)};
   v1::Command command;
   v1::CheckpointCommand* c = command.mutable_checkpoint_soon();
   c->set_job_id(job_id);
@@ -43,10 +44,19 @@ void PlannedStops::OnCommitted(const std::string& job_id, LiveJob& job) {
   const Attempt::PlannedStop stop = std::move(*job.run.planned_stop);
   job.run.planned_stop.reset();
   job.next = stop.handover;
-  recovery_->Recover(job_id,
-                     absl::StrCat(stop.reason, " (checkpoint at step ",
-                                  job.status.last_checkpoint_step(), " committed)"),
-                     stop.cause);
+  // The steps the job reached past the checkpoint are redone: its cost.
+  const int64_t past = std::max<int64_t>(0, job.status.step() - job.status.last_checkpoint_step());
+  const std::string id = job_id;  // Recover may end the job (and its strings)
+  recovery_->Recover(
+      id,
+      absl::StrCat(stop.reason, " (checkpoint at step ", job.status.last_checkpoint_step(),
+                   " committed; ", past, past == 1 ? " step" : " steps", " past it to redo)"),
+      stop.cause);
+  LiveJob* after = host_->FindJob(id);
+  if (after == nullptr || stop.for_job.empty() || after->status.attempts_size() == 0) return;
+  v1::JobAttempt* a = after->status.mutable_attempts(after->status.attempts_size() - 1);
+  a->set_preempted_by(stop.for_job);
+  host_->UpdateProgress(*after, "", {});
 }
 
 void PlannedStops::CheckDeadlines(absl::Time now) {

@@ -36,8 +36,9 @@ class PlannedStops {
   // Asks for a checkpoint of the running job and a stop after it; the next
   // attempt takes `handover`. False (and nothing asked) when the job is not
   // RUNNING, keeps no checkpoints, or a stop is already planned.
+  // `for_job`: END_CAUSE_PRIORITY's waiting job (JobAttempt.preempted_by).
   bool Begin(const std::string& job_id, LiveJob& job, const std::string& reason, v1::EndCause cause,
-             Handover handover = {});
+             Handover handover = {}, std::string for_job = "");
   // Stage 0 picked the step.
   void OnPlanned(LiveJob& job, int64_t step);
   // Called after every shard report: ends the attempt once the planned

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -26,10 +27,14 @@ std::string HostOf(const std::string& address) {
 
 }  // namespace
 
-void Scheduler::Enqueue(Request request) { queue_.push_back(std::move(request)); }
+void Scheduler::Enqueue(Request request) {
+  request.seq = next_seq_++;
+  queue_.push_back(std::move(request));
+}
 
 void Scheduler::Requeue(Request request) {
   Remove(request.job_id);
+  request.seq = next_seq_++;
   // After the recovering jobs already queued, before everything else.
   auto it = queue_.begin();
   while (it != queue_.end() && it->recovering) ++it;
@@ -50,56 +55,178 @@ bool Scheduler::Queued(const std::string& job_id) const {
                      [&](const Request& r) { return r.job_id == job_id; });
 }
 
+std::vector<size_t> Scheduler::Order(absl::Time now) const {
+  std::vector<size_t> order(queue_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (config_ == nullptr || usage_ == nullptr) return order;  // queue order
+  // Per owner: decayed worker-seconds, then workers held, per unit of weight.
+  std::map<std::string, std::pair<double, double>> share;
+  for (const Request& r : queue_) {
+    if (share.count(r.owner)) continue;
+    const double weight = config_->OwnerOf(r.owner).weight;
+    share[r.owner] = {usage_->DecayedWorkerSeconds(r.owner, now) / weight,
+                      usage_->HeldWorkers(r.owner) / weight};
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const Request& x = queue_[a];
+    const Request& y = queue_[b];
+    if (x.rank != y.rank) return x.rank < y.rank;
+    if (x.recovering != y.recovering) return x.recovering;
+    if (x.owner != y.owner && share[x.owner] != share[y.owner]) {
+      return share[x.owner] < share[y.owner];
+    }
+    return x.seq < y.seq;
+  });
+  return order;
+}
+
+int Scheduler::Held(const std::string& owner) const {
+  auto it = pass_held_.find(owner);
+  return usage_->HeldWorkers(owner) + (it == pass_held_.end() ? 0 : it->second.first);
+}
+
+int Scheduler::HeldJobs(const std::string& owner) const {
+  auto it = pass_held_.find(owner);
+  return usage_->HeldJobs(owner) + (it == pass_held_.end() ? 0 : it->second.second);
+}
+
+std::string Scheduler::QuotaBlock(const Request& request) const {
+  if (config_ == nullptr || usage_ == nullptr) return "";
+  const SharingConfig::Owner& quota = config_->OwnerOf(request.owner);
+  const std::string key = absl::StrCat("owners.", OwnerKey(request.owner));
+  const std::string entry =
+      config_->owners.count(OwnerKey(request.owner)) ? key : std::string("default_owner");
+  if (quota.max_running_jobs > 0 && HeldJobs(request.owner) >= quota.max_running_jobs) {
+    return absl::StrCat("quota: ", OwnerKey(request.owner), " runs ", HeldJobs(request.owner),
+                        " jobs, at most ", quota.max_running_jobs, " (", entry,
+                        ".max_running_jobs)");
+  }
+  if (quota.max_workers > 0) {
+    // The fewest workers it could run on.
+    int fewest = request.workers;
+    if (!request.fewer_replicas.empty() && request.stages > 0) {
+      fewest = std::min(fewest, request.stages * request.fewer_replicas.back());
+    }
+    if (!request.fewer_stages.empty()) fewest = std::min(fewest, request.fewer_stages.back());
+    const int held = Held(request.owner);
+    if (held + fewest > quota.max_workers) {
+      return absl::StrCat("quota: ", OwnerKey(request.owner), " holds ", held,
+                          " workers and this job needs ", fewest, ", at most ", quota.max_workers,
+                          " (", entry, ".max_workers)");
+    }
+  }
+  return "";
+}
+
+std::vector<std::string> Scheduler::ClaimFor(const Request& request, int limit) {
+  if (config_ != nullptr && usage_ != nullptr) {
+    const int quota = config_->OwnerOf(request.owner).max_workers;
+    if (quota > 0) limit = std::min(limit, quota - Held(request.owner));
+  }
+  std::vector<std::string> workers;
+  if (request.workers <= limit) {
+    workers = registry_->Claim(request.job_id, request.workers, request.distinct_identities,
+                               request.stages, request.labels);
+  }
+  for (size_t i = 0; workers.empty() && request.stages > 0 && i < request.fewer_replicas.size();
+       ++i) {
+    const int n = request.stages * request.fewer_replicas[i];
+    if (n > limit) continue;
+    workers = registry_->Claim(request.job_id, n, request.distinct_identities, request.stages,
+                               request.labels);
+  }
+  for (size_t i = 0; workers.empty() && i < request.fewer_stages.size(); ++i) {
+    if (request.fewer_stages[i] > limit) continue;
+    workers = registry_->Claim(request.job_id, request.fewer_stages[i], request.distinct_identities,
+                               request.fewer_stages[i], request.labels);
+  }
+  return workers;
+}
+
+std::string Scheduler::WaitingText(const Request& request) const {
+  const WorkerRegistry::Counts counts = registry_->GetCounts();
+  const int idle = request.labels.empty() ? counts.idle : registry_->IdleWith(request.labels);
+  // Enough idle workers, yet no claim: they share certificate identities.
+  const bool identities = request.distinct_identities && idle >= request.workers;
+  return absl::StrCat(
+      "waiting for ", request.workers, " idle workers",
+      request.labels.empty() ? "" : absl::StrCat(" labelled ", absl::StrJoin(request.labels, ", ")),
+      request.fewer_replicas.empty() || request.stages <= 0
+          ? ""
+          : absl::StrCat(" (recovery.elastic: at least ",
+                         request.stages * request.fewer_replicas.back(), ")"),
+      request.fewer_stages.empty()
+          ? ""
+          : absl::StrCat(" (recovery.min_stages: at least ", request.fewer_stages.back(), ")"),
+      identities ? " with distinct certificate identities" : "", " (",
+      request.labels.empty() ? "" : absl::StrCat(idle, " of them idle, "), counts.idle, " idle, ",
+      counts.registered, " registered",
+      identities ? "; placement.distinct_identities: false lifts this" : "", ")");
+}
+
 Scheduler::Round Scheduler::Schedule(absl::Time now) {
   Round round;
-  std::vector<Request> still_queued;
   next_due_ = absl::InfiniteFuture();
-  for (Request& request : queue_) {
+  const bool classes = config_ != nullptr && !config_->classes.empty();
+  // Idle workers that waiting jobs of a higher class need: a job of a lower
+  // class is placed only on what is left (no backfill across classes).
+  int reserved_higher = 0;
+  int reserved_this_rank = 0;
+  int rank_now = -1;
+  std::string reserving_job;
+  std::vector<bool> placed(queue_.size(), false);
+  pass_held_.clear();
+  for (size_t index : Order(now)) {
+    Request& request = queue_[index];
+    if (request.rank != rank_now) {
+      reserved_higher += reserved_this_rank;
+      reserved_this_rank = 0;
+      rank_now = request.rank;
+    }
+    const std::string class_text =
+        classes ? absl::StrCat("class ", config_->NameOf(request.rank), ": ") : "";
+    Waiting waiting{request.job_id, "", Waiting::For::kWorkers, request.workers, request.rank};
+    const WorkerRegistry::Counts counts = registry_->GetCounts();
+    // What a waiting job of this class holds back for itself.
+    const int reserve = classes && request.labels.empty() && request.workers <= counts.registered
+                            ? request.workers
+                            : 0;
     if (request.not_before > now) {
       next_due_ = std::min(next_due_, request.not_before);
-      still_queued.push_back(std::move(request));
+      // Keeps its place (and its reason: the loss) without a pass's verdict.
+      reserved_this_rank += reserve;
       continue;
     }
-    std::vector<std::string> workers =
-        registry_->Claim(request.job_id, request.workers, request.distinct_identities,
-                         request.stages, request.labels);
-    for (size_t i = 0; workers.empty() && request.stages > 0 && i < request.fewer_replicas.size();
-         ++i) {
-      workers = registry_->Claim(request.job_id, request.stages * request.fewer_replicas[i],
-                                 request.distinct_identities, request.stages, request.labels);
+    if (std::string quota = QuotaBlock(request); !quota.empty()) {
+      waiting.waits_for = Waiting::For::kQuota;
+      waiting.reason = absl::StrCat(class_text, quota);
+      round.waiting.push_back(std::move(waiting));
+      continue;
     }
-    for (size_t i = 0; workers.empty() && i < request.fewer_stages.size(); ++i) {
-      workers =
-          registry_->Claim(request.job_id, request.fewer_stages[i], request.distinct_identities,
-                           request.fewer_stages[i], request.labels);
-    }
+    const int limit = reserved_higher > 0 ? counts.idle - reserved_higher : counts.registered;
+    std::vector<std::string> workers = ClaimFor(request, limit);
     if (workers.empty()) {
-      const WorkerRegistry::Counts counts = registry_->GetCounts();
-      const int idle = request.labels.empty() ? counts.idle : registry_->IdleWith(request.labels);
-      // Enough idle workers, yet no claim: they share certificate identities.
-      const bool identities = request.distinct_identities && idle >= request.workers;
-      round.waiting.push_back(
-          {request.job_id,
-           absl::StrCat(
-               "waiting for ", request.workers, " idle workers",
-               request.labels.empty()
-                   ? ""
-                   : absl::StrCat(" labelled ", absl::StrJoin(request.labels, ", ")),
-               request.fewer_replicas.empty() || request.stages <= 0
-                   ? ""
-                   : absl::StrCat(" (recovery.elastic: at least ",
-                                  request.stages * request.fewer_replicas.back(), ")"),
-               request.fewer_stages.empty() ? ""
-                                            : absl::StrCat(" (recovery.min_stages: at least ",
-                                                           request.fewer_stages.back(), ")"),
-               identities ? " with distinct certificate identities" : "", " (",
-               request.labels.empty() ? "" : absl::StrCat(idle, " of them idle, "), counts.idle,
-               " idle, ", counts.registered, " registered",
-               identities ? "; placement.distinct_identities: false lifts this" : "", ")")});
-      still_queued.push_back(std::move(request));
+      reserved_this_rank += reserve;
+      if (reserved_higher > 0 && counts.idle >= request.workers) {
+        waiting.waits_for = Waiting::For::kHigherClass;
+        waiting.reason = absl::StrCat(class_text, "behind ", reserving_job,
+                                      " of a higher class, which waits for ", reserved_higher,
+                                      " of the ", counts.idle, " idle workers");
+      } else {
+        waiting.reason = absl::StrCat(class_text, WaitingText(request));
+      }
+      if (reserve > 0 && reserving_job.empty()) reserving_job = request.job_id;
+      round.waiting.push_back(std::move(waiting));
       continue;
     }
+    placed[index] = true;
+    pass_held_[request.owner].first += static_cast<int>(workers.size());
+    pass_held_[request.owner].second += 1;
     round.placed.push_back({request.job_id, std::move(workers), request.profile});
+  }
+  std::vector<Request> still_queued;
+  for (size_t i = 0; i < queue_.size(); ++i) {
+    if (!placed[i]) still_queued.push_back(std::move(queue_[i]));
   }
   queue_ = std::move(still_queued);
   return round;

@@ -8,6 +8,15 @@
 // stage j on the j-th); a job that does not fit keeps its place while a later,
 // smaller job may take the idle workers.
 //
+// With a scheduling config (SetSharing; docs/operations.md, "Sharing the
+// cluster") the order is: priority class (highest first), then jobs that
+// already ran (recovering), then the owner's decayed worker-seconds per unit
+// of weight (least first: weighted fair share), then submission. An owner at
+// its quota (max_workers, max_running_jobs) waits. A job of a lower class is
+// not placed on the idle workers a waiting job of a higher class needs
+// (backfill only within a class); gang admission: all of a job's workers at
+// once, or none.
+//
 // Threading: not thread-safe. Owned and called by the JobManager's loop thread
 // only; it reaches workers through the (thread-safe) WorkerRegistry. It never
 // writes the store: the JobManager persists each placement's transition before
@@ -22,8 +31,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/owner_usage.h"
 #include "coordinator/worker_registry.h"
 #include "services/spec/job_spec.h"
+#include "services/spec/sharing.h"
 #include "stagewise/v1/coordinator.pb.h"
 
 namespace stagewise::coordinator {
@@ -52,7 +63,18 @@ class Scheduler {
     // stages (one worker each) instead, for the first count here that fits
     // (most first); the owner cuts the job anew (CutFewerStages).
     std::vector<int> fewer_stages = {};
+    // The scheduling config's view: who submitted it, its class's rank (0
+    // the highest).
+    std::string owner = {};
+    int rank = 0;
+    int64_t seq = 0;  // set by Enqueue / Requeue: submission order
   };
+  // Orders the queue by class and fair share and applies quotas (both
+  // outlive the scheduler's use of them; null: FIFO with backfill).
+  void SetSharing(const SharingConfig* config, const OwnerUsage* usage) {
+    config_ = config;
+    usage_ = usage;
+  }
   // Appends a PENDING job to the queue.
   void Enqueue(Request request);
   // Puts a RECOVERING job at the head of the queue: a job that already ran
@@ -71,6 +93,13 @@ class Scheduler {
   struct Waiting {
     std::string job_id;
     std::string reason;  // "waiting for N idle workers (I idle, R registered)"
+    // What it waits for: idle workers (which a preemption could free), its
+    // owner's quota, or a waiting job of a higher class. (A recovering job
+    // settling after a loss is not listed: it keeps its reason.)
+    enum class For { kWorkers, kQuota, kHigherClass };
+    For waits_for = For::kWorkers;
+    int workers = 0;  // the workers it asks for
+    int rank = 0;
   };
   struct Round {
     std::vector<Placement> placed;  // in queue order, removed from the queue
@@ -121,7 +150,24 @@ class Scheduler {
                                             int replicas = 1) const;
 
  private:
+  // The order of one pass: indices into queue_.
+  std::vector<size_t> Order(absl::Time now) const;
+  // Claims the request's workers (all, or fewer replicas / stages), within
+  // `limit` workers; empty when none fits.
+  std::vector<std::string> ClaimFor(const Request& request, int limit);
+  // "" when the owner may take `workers` more; else what holds it back.
+  std::string QuotaBlock(const Request& request) const;
+  std::string WaitingText(const Request& request) const;
+  // Workers and jobs the owner holds, with this pass's placements (the
+  // owner records them in the OwnerUsage only after the pass).
+  int Held(const std::string& owner) const;
+  int HeldJobs(const std::string& owner) const;
+
   WorkerRegistry* registry_;
+  const SharingConfig* config_ = nullptr;
+  const OwnerUsage* usage_ = nullptr;
+  int64_t next_seq_ = 1;
+  std::map<std::string, std::pair<int, int>> pass_held_;  // owner -> (workers, jobs)
   std::vector<Request> queue_;
   absl::Time next_due_ = absl::InfiniteFuture();
 };

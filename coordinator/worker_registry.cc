@@ -201,10 +201,6 @@ WorkerRegistry::Counts WorkerRegistry::GetCounts() const {
   return counts;
 }
 
-namespace {
-
-// Whether `info` was registered with every "key=value" of `labels`;
-// device=cuda (a job's `device: cuda`) matches a worker on any CUDA device.
 bool HasLabels(const v1::WorkerInfo& info, const std::vector<std::string>& labels) {
   for (const std::string& label : labels) {
     const size_t eq = label.find('=');
@@ -218,8 +214,6 @@ bool HasLabels(const v1::WorkerInfo& info, const std::vector<std::string>& label
   }
   return true;
 }
-
-}  // namespace
 
 int WorkerRegistry::IdleWith(const std::vector<std::string>& labels) const {
   absl::MutexLock lock(&mu_);

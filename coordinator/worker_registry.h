@@ -34,6 +34,9 @@ namespace stagewise::coordinator {
 // The placement label of a job whose `device` is cuda or cuda:N: only
 // workers on a CUDA device (WorkerInfo.device cuda or cuda:N) match it.
 inline constexpr char kNeedsCudaLabel[] = "device=cuda";
+// Whether `info` was registered with every "key=value" of `labels`;
+// kNeedsCudaLabel (a job's `device: cuda`) matches a worker on any CUDA device.
+bool HasLabels(const v1::WorkerInfo& info, const std::vector<std::string>& labels);
 
 // How the coordinator reaches one connected worker (its control stream).
 class CommandSink {

@@ -60,6 +60,9 @@ const std::vector<Field<JobSpec>>& TopLevelFields() {
       Key("device", &S::device,
           "`cpu`, `cuda`, `cuda:N`: a `cuda` job's stages go only to workers on a CUDA device "
           "(they wait for them); `local` puts worker n on `cuda:(n mod GPUs)`"),
+      Key("priority", &S::priority,
+          "a priority class of the coordinator's `--scheduling-config` (docs/operations.md, "
+          "\"Sharing the cluster\"); empty: its default class"),
       Custom<S>("model", "map", kRequired, "see [model](#model); `model.name` is required"),
       Custom<S>("data", "map", kRequired, "see [data](#data); `data.dataset` is required"),
       Custom<S>("algorithm", "name or map", "`backprop`", "see [algorithm](#algorithm)"),

@@ -441,6 +441,9 @@ struct JobSpec {
   std::string name;
   int64_t seed = 0;
   std::string device = "cpu";
+  // The job's priority class: one of the coordinator's --scheduling-config
+  // classes (empty: its default class). Checked by the coordinator.
+  std::string priority;
   ModelSpec model;
   DataSpec data;
   AlgorithmSpec algorithm;

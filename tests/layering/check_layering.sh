@@ -41,7 +41,7 @@ if [ -n "$hits" ]; then
 fi
 # Why an attempt ended is a v1::EndCause (coordinator/end_cause.h): no code
 # or test compares a cause's label.
-causes='worker_lost|stage_error|configure_timeout|stalled|corrupt_checkpoint|coordinator_restart|preempted|grow|rebalance'
+causes='worker_lost|stage_error|configure_timeout|stalled|corrupt_checkpoint|coordinator_restart|preempted|grow|rebalance|priority'
 hits=$(grep -rnE "(==|!=) *\"($causes)\"|\"($causes)\" *(==|!=)|end_cause\(\)( *[!=]=|, *\")" \
   worker coordinator clients services tests --include='*.h' --include='*.cc' || true)
 if [ -n "$hits" ]; then

@@ -18,3 +18,6 @@ stagewise_add_test(NAME status_page_test SOURCES status_page_test.cc
 # services/render: the drawing the CLI's files and the status pages share.
 stagewise_add_test(NAME render_test SOURCES render_test.cc
   LIBS stagewise_status_page stagewise_cli_trace LABELS unit)
+# Priority classes, quotas, fair share and preemption (docs/operations.md).
+stagewise_add_test(NAME sharing_test SOURCES sharing_test.cc
+  LIBS stagewise_job_manager LABELS unit)

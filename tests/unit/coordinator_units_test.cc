@@ -455,7 +455,7 @@ TEST_F(JobRecoveryTest, APlannedStopCheckpointsFirstAndIsNoRestart) {
   EXPECT_EQ(after.status.state(), v1::RECOVERING);
   EXPECT_EQ(after.status.attempts(1).cause(), v1::END_CAUSE_PREEMPTED);
   EXPECT_THAT(after.status.attempts(1).end_reason(),
-              HasSubstr("worker w1 is being preempted (checkpoint at step 17 committed)"));
+              HasSubstr("worker w1 is being preempted (checkpoint at step 17 committed; "));
   EXPECT_FALSE(after.run.planned_stop.has_value());
   // The lost worker's stream closing afterwards does not rename the cause.
   recovery_.NoteLostWorker("w1", "lost worker w1: its control stream closed");

@@ -22,6 +22,7 @@
 #include "services/planner/plan_proto.h"
 #include "services/planner/profile.h"
 #include "tests/unit/coordinator_fakes.h"
+#include "tests/unit/job_manager_fixture.h"
 
 namespace stagewise::coordinator {
 namespace {
@@ -34,83 +35,12 @@ using testing::FakeSink;
 using ::testing::HasSubstr;
 using testing::HeartbeatEvent;
 using testing::Info;
+using testing::JobManagerTest;
 using testing::JobYaml;
 using testing::MetricsEvent;
 using testing::PhaseDoneEvent;
 using testing::ProfileEvent;
 using testing::ResultEvent;
-
-class JobManagerTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    auto store = JobStore::Open(":memory:");
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
-    metrics_ = std::make_unique<metrics::CoordinatorMetrics>(registry_);
-  }
-  void TearDown() override { manager_.reset(); }
-
-  static JobManagerOptions Options() {
-    JobManagerOptions o;
-    o.heartbeat_timeout = absl::Hours(1);      // no expiry unless a test asks for it
-    o.recovery_settle = absl::ZeroDuration();  // placed again at once unless a test asks
-    return o;
-  }
-  void StartManager(JobManagerOptions options = Options()) {
-    manager_ = std::make_unique<JobManager>(store_.get(), metrics_.get(), options);
-    ASSERT_TRUE(manager_->Start().ok());
-  }
-  // Registers and connects a worker through a fake stream.
-  FakeSink* AddWorker(const std::string& id) {
-    auto r = manager_->Register(Info(id));
-    EXPECT_TRUE(r.ok()) << r.status();
-    auto sink = std::make_unique<FakeSink>();
-    EXPECT_TRUE(manager_->Connect(id, r.ok() ? r->session() : "", sink.get()).ok());
-    sinks_[id] = std::move(sink);
-    return sinks_[id].get();
-  }
-  FakeSink& Sink(const std::string& id) { return *sinks_.at(id); }
-  // Every task queued before this call has run (Cancel waits for the loop).
-  void Sync() { (void)manager_->Cancel("job-none", ""); }
-  v1::JobStatus Status(const std::string& id) {
-    auto st = manager_->GetJob(id);
-    EXPECT_TRUE(st.ok()) << st.status();
-    return st.ok() ? *st : v1::JobStatus();
-  }
-  std::string Submit(const std::string& yaml) {
-    auto id = manager_->Submit(yaml);
-    EXPECT_TRUE(id.ok()) << id.status();
-    Sync();
-    return id.ok() ? *id : "";
-  }
-  // Acks every configure command the workers got; the job then runs.
-  void AckAll(const std::vector<std::string>& workers) {
-    for (const std::string& w : workers) {
-      for (const v1::Command& c : Sink(w).Of(v1::Command::kConfigure)) {
-        manager_->OnEvent(AckEvent(w, c.command_id()));
-      }
-    }
-    Sync();
-  }
-  std::vector<v1::JobState> Transitions(const std::string& id) {
-    std::vector<v1::JobState> out;
-    auto ts = store_->Transitions(id);
-    EXPECT_TRUE(ts.ok()) << ts.status();
-    if (ts.ok()) {
-      for (const TransitionRecord& t : *ts) out.push_back(t.to);
-    }
-    return out;
-  }
-  absl::StatusOr<double> Gauge(const std::string& name, const std::string& job) {
-    return metrics::FindSample(metrics::TextExposition(registry_), name, {{"job", job}});
-  }
-
-  prometheus::Registry registry_;
-  std::unique_ptr<metrics::CoordinatorMetrics> metrics_;
-  std::unique_ptr<JobStore> store_;
-  std::map<std::string, std::unique_ptr<FakeSink>> sinks_;
-  std::unique_ptr<JobManager> manager_;  // destroyed first: it may still use the sinks
-};
 
 TEST_F(JobManagerTest, JobRunsFromPendingToSucceeded) {
   StartManager();

@@ -1,0 +1,365 @@
+// Sharing the pool (docs/operations.md, "Sharing the cluster"): the
+// scheduling config and its errors, owners' usage, the scheduler's order by
+// class and fair share with quotas, and priority preemption through the
+// JobManager (a planned stop of a lower class's job).
+#include "services/spec/sharing.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "coordinator/owner_usage.h"
+#include "coordinator/scheduler.h"
+#include "services/checkpoint/checkpoint.h"
+#include "services/spec/job_spec.h"
+#include "tests/unit/coordinator_fakes.h"
+#include "tests/unit/job_manager_fixture.h"
+
+namespace stagewise::coordinator {
+namespace {
+
+using ::testing::ElementsAre;
+using testing::FakeSink;
+using ::testing::HasSubstr;
+using testing::Info;
+using testing::JobManagerTest;
+using testing::JobYaml;
+using ::testing::Not;
+
+constexpr char kConfig[] = R"(
+classes:
+  - name: production
+  - research
+  - {name: batch, preempt: false}
+default_class: research
+owners:
+  alice: {weight: 1, max_workers: 3}
+  bob: {weight: 1, max_running_jobs: 1}
+  carol: {weight: 2}
+default_owner: {weight: 0.5}
+pool_workers: 8
+fair_share: {half_life_seconds: 600}
+)";
+
+SharingConfig Config(const std::string& text = kConfig) {
+  absl::StatusOr<SharingConfig> config = ParseSharingConfig(text);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? *config : SharingConfig{};
+}
+
+std::string ErrorOf(const std::string& text) {
+  absl::StatusOr<SharingConfig> config = ParseSharingConfig(text);
+  EXPECT_FALSE(config.ok()) << text;
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << config.status();
+  return std::string(config.status().message());
+}
+
+TEST(SharingConfigTest, ReadsClassesOwnersAndDefaults) {
+  const SharingConfig c = Config();
+  ASSERT_EQ(c.classes.size(), 3u);
+  EXPECT_EQ(c.classes[1].name, "research");
+  EXPECT_TRUE(c.Preempts(0));
+  EXPECT_FALSE(c.Preempts(2));
+  EXPECT_EQ(c.RankOf("").value(), 1);  // the default class
+  EXPECT_EQ(c.RankOf("batch").value(), 2);
+  EXPECT_EQ(c.NameOf(0), "production");
+  EXPECT_EQ(c.OwnerOf("carol").weight, 2);
+  EXPECT_EQ(c.OwnerOf("alice").max_workers, 3);
+  EXPECT_EQ(c.OwnerOf("dave").weight, 0.5);  // default_owner
+  EXPECT_EQ(c.OwnerOf("").weight, 0.5);      // anonymous
+  EXPECT_EQ(c.half_life_seconds, 600);
+  // Without default_class the last class is the default; no file: one class.
+  EXPECT_EQ(Config("classes: [a, b]").default_class, "b");
+  EXPECT_EQ(Config("{}").RankOf("").value(), 0);
+}
+
+TEST(SharingConfigTest, ErrorsNameTheKey) {
+  EXPECT_THAT(ErrorOf("owners: {bob: {weight: -1}}"), HasSubstr("owners.bob.weight"));
+  EXPECT_THAT(ErrorOf("owners: {bob: {weight: 0}}"), HasSubstr("must be a number > 0"));
+  EXPECT_THAT(ErrorOf("default_owner: {max_workers: -2}"),
+              HasSubstr("default_owner.max_workers: must be >= 0"));
+  EXPECT_THAT(ErrorOf("pool_workers: 4\nowners: {alice: {max_workers: 5}}"),
+              HasSubstr("owners.alice.max_workers: 5 is more than the pool's 4 workers"));
+  EXPECT_THAT(ErrorOf("classes: [a, a]"), HasSubstr("classes[1].name: class 'a' is listed twice"));
+  EXPECT_THAT(ErrorOf("classes: [a]\ndefault_class: b"),
+              HasSubstr("default_class: unknown class 'b'; this coordinator's classes are a"));
+  EXPECT_THAT(ErrorOf("default_class: b"), HasSubstr("default_class"));
+  EXPECT_THAT(ErrorOf("owners: {bob: {wieght: 2}}"), HasSubstr("did you mean owners.bob.weight"));
+  EXPECT_THAT(ErrorOf("clases: [a]"), HasSubstr("clases"));
+  EXPECT_THAT(ErrorOf("fair_share: {half_life_seconds: 0}"),
+              HasSubstr("fair_share.half_life_seconds"));
+  EXPECT_THAT(ErrorOf("classes: [{name: 'a b'}]"), HasSubstr("classes[0].name"));
+  EXPECT_THAT(ErrorOf("classes: ["), Not(HasSubstr("classes:")));  // a YAML error, with its place
+}
+
+TEST(SharingConfigTest, JobsAreCheckedAgainstClassesAndQuotas) {
+  const SharingConfig c = Config();
+  JobSpec spec;
+  spec.stages.count = 2;
+  EXPECT_TRUE(CheckJobAgainst(c, spec, "alice").ok());
+  spec.priority = "urgent";
+  absl::Status s = CheckJobAgainst(c, spec, "alice");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("priority: unknown class 'urgent'; this coordinator's "
+                                     "classes are production, research, batch"));
+  spec.priority = "batch";
+  spec.stages.count = 4;
+  s = CheckJobAgainst(c, spec, "alice");
+  EXPECT_THAT(s.message(), HasSubstr("owners.alice.max_workers"));
+  spec.recovery.min_stages = 2;  // may run on 2
+  EXPECT_TRUE(CheckJobAgainst(c, spec, "alice").ok());
+  // A coordinator without classes refuses any class.
+  EXPECT_THAT(CheckJobAgainst(SharingConfig{}, spec, "").message(),
+              HasSubstr("this coordinator has no priority classes"));
+}
+
+TEST(OwnerUsageTest, IntegratesHeldWorkersAndDecaysOldUse) {
+  OwnerUsage usage(absl::Seconds(100));
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  usage.Hold("j1", "alice", 2, t0);
+  usage.Hold("j2", "bob", 1, t0);
+  EXPECT_EQ(usage.HeldWorkers("alice"), 2);
+  EXPECT_EQ(usage.TotalHeld(), 3);
+  usage.Release("j1", t0 + absl::Seconds(50));
+  usage.Release("j1", t0 + absl::Seconds(60));  // twice: nothing more
+  EXPECT_EQ(usage.HeldWorkers("alice"), 0);
+  EXPECT_EQ(usage.HeldJobs("bob"), 1);
+  EXPECT_DOUBLE_EQ(usage.WorkerSeconds("alice", t0 + absl::Seconds(300)), 100);
+  EXPECT_DOUBLE_EQ(usage.WorkerSeconds("bob", t0 + absl::Seconds(300)), 300);
+  // One worker for 100 s, one half-life later: 100 / ln 2 x (1 - 1/2), then halved.
+  const double h = 100 / std::log(2.0);
+  EXPECT_NEAR(usage.DecayedWorkerSeconds("bob", t0 + absl::Seconds(100)), h * 0.5, 1e-9);
+  EXPECT_NEAR(usage.DecayedWorkerSeconds("alice", t0 + absl::Seconds(150)),
+              2 * h * (1 - std::exp2(-0.5)) * 0.5, 1e-9);
+  // Holding again replaces the job's count.
+  usage.Hold("j2", "bob", 3, t0 + absl::Seconds(300));
+  EXPECT_EQ(usage.HeldWorkers("bob"), 3);
+  EXPECT_EQ(usage.HeldJobs("bob"), 1);
+  EXPECT_EQ(usage.AllWorkerSeconds(t0 + absl::Seconds(310)).at("bob"), 330);
+}
+
+class SharingSchedulerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (int i = 0; i < 4; ++i) AddWorker("w" + std::to_string(i));
+    scheduler_.SetSharing(&config_, &usage_);
+  }
+  void AddWorker(const std::string& id) {
+    std::optional<WorkerRegistry::Removed> replaced;
+    std::string session;
+    ASSERT_TRUE(registry_.Register(Info(id), {}, absl::Now(), &replaced, &session).ok());
+    sinks_.push_back(std::make_unique<FakeSink>());
+    ASSERT_TRUE(registry_.Connect(id, session, {}, sinks_.back().get(), absl::Now()).ok());
+  }
+  Scheduler::Request Job(const std::string& id, int workers, const std::string& owner, int rank) {
+    Scheduler::Request r{id, workers, false};
+    r.owner = owner;
+    r.rank = rank;
+    return r;
+  }
+  std::vector<std::string> Placed(const Scheduler::Round& round) {
+    std::vector<std::string> ids;
+    for (const auto& p : round.placed) {
+      ids.push_back(p.job_id);
+      usage_.Hold(p.job_id, owners_[p.job_id], static_cast<int>(p.workers.size()), now_);
+    }
+    return ids;
+  }
+  void Enqueue(const std::string& id, int workers, const std::string& owner, int rank) {
+    owners_[id] = owner;
+    scheduler_.Enqueue(Job(id, workers, owner, rank));
+  }
+  void Release(const std::string& id) {
+    registry_.Release(id);
+    usage_.Release(id, now_);
+  }
+
+  SharingConfig config_ = Config();
+  OwnerUsage usage_{absl::Hours(1)};
+  absl::Time now_ = absl::Now();
+  std::map<std::string, std::string> owners_;
+  std::vector<std::unique_ptr<FakeSink>> sinks_;
+  WorkerRegistry registry_;
+  Scheduler scheduler_{&registry_};
+};
+
+TEST_F(SharingSchedulerTest, HigherClassesGoFirstAndLowerOnesDoNotBackfillTheirWorkers) {
+  Enqueue("low", 1, "dave", 2);
+  Enqueue("mid", 3, "dave", 1);
+  Enqueue("top", 2, "dave", 0);
+  Scheduler::Round round = scheduler_.Schedule(now_);
+  // top (2) and then mid (3) do not both fit: mid waits for workers, and
+  // low (a lower class) may not take what mid needs.
+  EXPECT_THAT(Placed(round), ElementsAre("top"));
+  ASSERT_EQ(round.waiting.size(), 2u);
+  EXPECT_EQ(round.waiting[0].job_id, "mid");
+  EXPECT_EQ(round.waiting[0].waits_for, Scheduler::Waiting::For::kWorkers);
+  EXPECT_THAT(round.waiting[0].reason, HasSubstr("class research: waiting for 3 idle workers"));
+  EXPECT_EQ(round.waiting[1].job_id, "low");
+  EXPECT_EQ(round.waiting[1].waits_for, Scheduler::Waiting::For::kHigherClass);
+  EXPECT_THAT(round.waiting[1].reason, HasSubstr("behind mid of a higher class"));
+  // top ends: mid goes, then low takes the last worker.
+  Release("top");
+  EXPECT_THAT(Placed(scheduler_.Schedule(now_)), ElementsAre("mid", "low"));
+}
+
+TEST_F(SharingSchedulerTest, OwnersAtTheirQuotaWait) {
+  Enqueue("a1", 2, "alice", 1);
+  Enqueue("a2", 2, "alice", 1);  // 4 > alice's 3
+  Enqueue("b1", 1, "bob", 1);
+  Enqueue("b2", 1, "bob", 1);  // bob runs one job at a time
+  Scheduler::Round round = scheduler_.Schedule(now_);
+  EXPECT_THAT(Placed(round), ElementsAre("a1", "b1"));
+  ASSERT_EQ(round.waiting.size(), 2u);
+  EXPECT_EQ(round.waiting[0].waits_for, Scheduler::Waiting::For::kQuota);
+  EXPECT_THAT(round.waiting[0].reason,
+              HasSubstr("quota: alice holds 2 workers and this job needs 2, at most 3 "
+                        "(owners.alice.max_workers)"));
+  EXPECT_THAT(round.waiting[1].reason,
+              HasSubstr("quota: bob runs 1 jobs, at most 1 (owners.bob.max_running_jobs)"));
+}
+
+TEST_F(SharingSchedulerTest, TheOwnerThatUsedLeastPerWeightGoesFirst) {
+  // carol (weight 2) used 300 worker-seconds, bob (weight 1) 200: per unit
+  // of weight carol's 150 is less, so carol's job goes first although bob's
+  // came first.
+  usage_.Hold("old-b", "bob", 1, now_ - absl::Seconds(200));
+  usage_.Release("old-b", now_);
+  usage_.Hold("old-c", "carol", 1, now_ - absl::Seconds(300));
+  usage_.Release("old-c", now_);
+  Enqueue("b", 4, "bob", 1);
+  Enqueue("c", 4, "carol", 1);
+  EXPECT_THAT(Placed(scheduler_.Schedule(now_)), ElementsAre("c"));
+}
+
+// Preemption through the manager: a production job takes the workers of a
+// running research job, which checkpoints at its next step and resumes
+// after it, behind it in the queue.
+class PreemptionTest : public JobManagerTest {
+ protected:
+  void SetUp() override {
+    JobManagerTest::SetUp();
+    root_ = ::testing::TempDir() + "preempt_" + std::to_string(::getpid());
+    std::filesystem::remove_all(root_);
+  }
+  void TearDown() override {
+    JobManagerTest::TearDown();
+    std::filesystem::remove_all(root_);
+  }
+  JobManagerOptions SharingOptions() {
+    JobManagerOptions o = Options();
+    o.sharing = Config();
+    return o;
+  }
+  std::string Yaml(const std::string& priority, const std::string& extra = "") {
+    return JobYaml(2, 40,
+                   "priority: " + priority + "\ncheckpoint: {dir: " + root_ +
+                       ", every_steps: 1000}\n" + extra);
+  }
+  std::string SubmitAs(const std::string& owner, const std::string& yaml) {
+    auto id = manager_->Submit(yaml, owner);
+    EXPECT_TRUE(id.ok()) << id.status();
+    Sync();
+    return id.ok() ? *id : "";
+  }
+  void Saved(const std::string& id, const std::string& w, int stage, int64_t step) {
+    const std::string dir = checkpoint::StepDir(root_, id, step);
+    const std::string data = "shard";
+    ASSERT_TRUE(
+        checkpoint::WriteFileAtomically(dir + "/" + checkpoint::ShardFileName(stage), data).ok());
+    v1::WorkerEvent e;
+    e.set_worker_id(w);
+    e.set_job_id(id);
+    e.set_stage(stage);
+    v1::CheckpointSaved* c = e.mutable_checkpoint_saved();
+    c->set_step(step);
+    c->set_phase_step(step);
+    c->set_path(dir + "/" + checkpoint::ShardFileName(stage));
+    c->set_bytes(static_cast<int64_t>(data.size()));
+    c->set_crc32(checkpoint::Crc32(data));
+    manager_->OnEvent(e);
+  }
+  std::string root_;
+};
+
+TEST_F(PreemptionTest, AHigherClassTakesTheWorkersOfALowerOneThroughAPlannedStop) {
+  StartManager(SharingOptions());
+  AddWorker("w0");
+  AddWorker("w1");
+  const std::string low = SubmitAs("bob", Yaml("research"));
+  AckAll({"w0", "w1"});
+  ASSERT_EQ(Status(low).state(), v1::RUNNING);
+  EXPECT_EQ(Status(low).priority(), "research");
+  manager_->OnEvent(testing::MetricsEvent("w1", low, 1, 7, 1.0));
+  Sync();
+  // A batch job does not preempt; a production job does.
+  const std::string batch = SubmitAs("carol", Yaml("batch"));
+  EXPECT_TRUE(Sink("w0").Of(v1::Command::kCheckpointSoon).empty());
+  const std::string high = SubmitAs("alice", Yaml("production"));
+  ASSERT_EQ(Sink("w0").Of(v1::Command::kCheckpointSoon).size(), 1u);  // stage 0 of the victim
+  EXPECT_EQ(Status(high).state(), v1::PENDING);
+  // Stage 0 picks step 8; both shards of step 8 commit it: the stop.
+  v1::WorkerEvent planned;
+  planned.set_worker_id("w0");
+  planned.set_job_id(low);
+  planned.mutable_checkpoint_planned()->set_step(8);
+  manager_->OnEvent(planned);
+  manager_->OnEvent(testing::MetricsEvent("w1", low, 1, 8, 1.0));
+  Saved(low, "w0", 0, 8);
+  Saved(low, "w1", 1, 8);
+  Sync();
+  const v1::JobStatus victim = Status(low);
+  ASSERT_EQ(victim.attempts_size(), 1);
+  EXPECT_EQ(victim.attempts(0).cause(), v1::END_CAUSE_PRIORITY);
+  EXPECT_EQ(victim.attempts(0).preempted_by(), high);
+  EXPECT_THAT(victim.attempts(0).end_reason(),
+              HasSubstr("preempted by job " + high + " (class production, waiting for 2 workers)"));
+  EXPECT_THAT(victim.attempts(0).end_reason(), HasSubstr("0 steps past it to redo"));
+  // The production job has the workers; the victim waits ahead of batch.
+  EXPECT_EQ(Status(high).state(), v1::CONFIGURING);
+  EXPECT_EQ(Sink("w0").Of(v1::Command::kConfigure).back().configure().job_id(), high);
+  EXPECT_NE(Status(low).state(), v1::RUNNING);
+  AckAll({"w0", "w1"});
+  EXPECT_EQ(Status(low).queue_position(), 1);
+  EXPECT_EQ(Status(batch).queue_position(), 2);
+  // The restart is planned: not counted against max_restarts, and its event says why.
+  auto events = manager_->JobEvents(low);
+  ASSERT_TRUE(events.ok());
+  bool noted = false;
+  for (const auto& e : events->events()) {
+    noted = noted || absl::StrContains(e.reason(), "preempted by job " + high);
+  }
+  EXPECT_TRUE(noted);
+}
+
+TEST_F(PreemptionTest, NoStopWhenTheLowerClassesCannotMakeRoom) {
+  StartManager(SharingOptions());
+  AddWorker("w0");
+  AddWorker("w1");
+  AddWorker("w2");
+  const std::string low = SubmitAs("bob", Yaml("research"));
+  AckAll({"w0", "w1"});
+  ASSERT_EQ(Status(low).state(), v1::RUNNING);
+  // 4 workers: more than the research job and the idle worker together.
+  const std::string big =
+      SubmitAs("carol", JobYaml(4, 40, "priority: production\ncheckpoint: {dir: " + root_ + "}\n"));
+  EXPECT_TRUE(Sink("w0").Of(v1::Command::kCheckpointSoon).empty());
+  EXPECT_EQ(Status(big).state(), v1::PENDING);
+  // An unknown class and a job over its owner's quota are refused at submit.
+  auto bad = manager_->Submit(Yaml("urgent"), "bob");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("priority: unknown class 'urgent'"));
+  bad = manager_->Submit(JobYaml(4, 40), "alice");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("owners.alice.max_workers"));
+}
+
+}  // namespace
+}  // namespace stagewise::coordinator
