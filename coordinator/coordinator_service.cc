@@ -479,4 +479,15 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJobTrace(grpc::CallbackServerCo
   return Done(ctx, trace.status());
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::GetGoodput(grpc::CallbackServerContext* ctx,
+                                                         const v1::GetGoodputRequest* request,
+                                                         v1::Goodput* response) {
+  if (auto caller = Authorize(ctx, rpc::Role::kRead); !caller.ok()) {
+    return Done(ctx, caller.status());
+  }
+  auto goodput = manager_->Goodput(request->job_id());
+  if (goodput.ok()) *response = std::move(*goodput);
+  return Done(ctx, goodput.status());
+}
+
 }  // namespace stagewise::coordinator

@@ -80,6 +80,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* GetJobTrace(grpc::CallbackServerContext* ctx,
                                         const v1::GetJobTraceRequest* request,
                                         v1::JobTrace* response) override;
+  grpc::ServerUnaryReactor* GetGoodput(grpc::CallbackServerContext* ctx,
+                                       const v1::GetGoodputRequest* request,
+                                       v1::Goodput* response) override;
 
  private:
   // The caller of a client RPC if it may do `needed`: UNAUTHENTICATED without

@@ -128,6 +128,7 @@ Admission CheckRanges(const v1::WorkerEvent& event, const LiveJob& job) {
       if (c.step() < 0 || c.step() > total || c.bytes() < 0) {
         return out_of_range("step or size out of range");
       }
+      if (!(c.seconds() >= 0 && c.seconds() <= 1e7)) return out_of_range("seconds out of range");
       if (c.phase() < 0 || c.phase() >= std::max(1, job.status.num_phases())) {
         return out_of_range("phase out of range");
       }

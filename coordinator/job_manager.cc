@@ -163,6 +163,7 @@ void JobManager::Loop() {
     for (Task& task : tasks) {
       task();
       ScheduleIfNeeded();
+      TickGoodput();
       if (absl::Now() >= flush_due_) FlushProgress();
     }
     Housekeeping(absl::Now());
@@ -419,6 +420,8 @@ void JobManager::HandleEvent(const v1::WorkerEvent& event) {
   switch (event.event_case()) {
     case v1::WorkerEvent::kCheckpointSaved:
       if (!first_replica) return;
+      jobs_.at(job_id).run.use.CheckpointWrite(event.checkpoint_saved().step(), event.stage(),
+                                               event.checkpoint_saved().seconds());
       committer_.OnShardSaved(job_id, jobs_.at(job_id), event.stage(), event.checkpoint_saved());
       return planned_.OnCommitted(job_id, jobs_.at(job_id));
     case v1::WorkerEvent::kReplayDone:
@@ -464,6 +467,7 @@ void JobManager::OnAck(const v1::Ack& ack, const std::string& sender) {
     if (!Transition(job_id, v1::RUNNING, "").ok()) return;
     Job& running = jobs_.at(job_id);
     running.run.started = absl::Now();
+    goodput_.Running(running, running.run.started);
     running.run.progressed = running.run.started;
     running.run.progressed_step = running.resume ? running.resume->manifest.step() : 0;
     running.run.evaluated_step = -1;
@@ -510,6 +514,7 @@ void JobManager::OnMetrics(const std::string& job_id, int stage, const v1::Metri
   Job& job = jobs_.at(job_id);
   if (const auto it = m.values().find("compute_seconds"); it != m.values().end()) {
     rebalancer_.OnComputeTime(job_id, job, stage, m.step(), it->second, absl::Now());
+    job.run.use.Compute(stage, it->second);
   }
   std::vector<MetricPoint> points = ApplyMetrics(job, stage, m, absl::Now());
   replacer_.OnProgress(job);
@@ -634,6 +639,8 @@ std::vector<std::string> JobManager::LiveJobIds() const {
 void JobManager::StopStages(const std::string& job_id, const std::string& reason) {
   STAGEWISE_BUG(OnLoop());
   usage_.Release(job_id, absl::Now());
+  // The attempt ends (JobRecovery): the steps past its checkpoint are redone.
+  if (LiveJob* job = FindJob(job_id)) goodput_.AttemptEnded(*job, absl::Now(), /*redo=*/true);
   for (const std::string& worker : registry_.Release(job_id)) {
     Send(worker, StopCommand(job_id, reason));
   }
@@ -704,8 +711,11 @@ void JobManager::EndJob(std::string job_id, v1::JobState state, std::string reas
   if (!jobs_.count(job_id)) return;
   collective_.Drop(job_id);
   scheduler_.Remove(job_id);
-  if (Job& job = jobs_.at(job_id); job.status.queue_position() != 0) {
+  {
+    Job& job = jobs_.at(job_id);
     job.status.set_queue_position(0);
+    goodput_.AttemptEnded(job, absl::Now(), /*redo=*/false);
+    job.queued_since = absl::InfiniteFuture();
     UpdateProgress(job, "", {});  // stored with the transition's flush
   }
   (void)Transition(job_id, state, reason);
@@ -760,9 +770,46 @@ void JobManager::Send(const std::string& worker_id, v1::Command command) {
   registry_.Send(worker_id, command);
 }
 
+void JobManager::TickGoodput() {
+  goodput_.Tick(absl::Now(), registry_.GetCounts().registered, usage_.TotalHeld(),
+                scheduler_.size() > 0);
+}
+
+absl::StatusOr<v1::Goodput> JobManager::Goodput(const std::string& job_id) {
+  std::optional<v1::Goodput> live;
+  if (!RunOnLoop([&] {
+        const absl::Time now = absl::Now();
+        TickGoodput();
+        if (job_id.empty()) {
+          std::vector<const LiveJob*> all;
+          for (const auto& [id, job] : jobs_) all.push_back(&job);
+          live = goodput_.Cluster(all, now);
+        } else if (auto it = jobs_.find(job_id); it != jobs_.end()) {
+          live = ToProto(goodput_.JobUse(it->second, now));
+          live->set_job_id(job_id);
+        }
+      })) {
+    return absl::UnavailableError("the coordinator is stopping");
+  }
+  if (live.has_value()) return *live;
+  // An ended job: what its attempts added up to.
+  STAGEWISE_ASSIGN_OR_RETURN(v1::JobStatus st, queries_.GetJob(job_id));
+  v1::Goodput g = ToProto(ReadUse(st.summary()));
+  g.set_job_id(job_id);
+  return g;
+}
+
 void JobManager::RefreshGauges() {
   const WorkerRegistry::Counts workers = registry_.GetCounts();
   metrics_->SetWorkers(workers.idle, workers.busy);
+  if (const absl::Time now = absl::Now(); now - goodput_published_ >= absl::Seconds(1)) {
+    goodput_published_ = now;
+    TickGoodput();
+    std::vector<const LiveJob*> all;
+    for (const auto& [id, job] : jobs_) all.push_back(&job);
+    const v1::Goodput g = goodput_.Cluster(all, now);
+    metrics_->SetGoodput(ByUse(g), g.goodput());
+  }
   std::map<std::string, int64_t> counts = {{"PENDING", 0}, {"CONFIGURING", 0}, {"RUNNING", 0}};
   for (const auto& [id, job] : jobs_) counts[v1::JobState_Name(job.status.state())]++;
   for (const auto& [state, n] : counts) metrics_->SetJobsInState(state, n);

@@ -61,6 +61,7 @@
 #include "absl/time/time.h"
 #include "coordinator/checkpoint_commit.h"
 #include "coordinator/collective_store.h"
+#include "coordinator/goodput_tracker.h"
 #include "coordinator/job_host.h"
 #include "coordinator/job_queries.h"
 #include "coordinator/job_recovery.h"
@@ -180,6 +181,9 @@ class JobManager : private JobHost {
   absl::StatusOr<v1::JobTrace> JobTrace(const std::string& job_id) const {
     return queries_.JobTrace(job_id);
   }
+  // Worker-seconds by use (coordinator/goodput.h): the job's (NOT_FOUND for
+  // an unknown one), or with an empty id the cluster's since Start.
+  absl::StatusOr<v1::Goodput> Goodput(const std::string& job_id);
 
   // Watchers get the current status at once, then every change; the last event
   // of a job carries a terminal state. Listeners must not block.
@@ -268,6 +272,8 @@ class JobManager : private JobHost {
   void Send(const std::string& worker_id, v1::Command command) override;
   int64_t NewCommandId() override { return next_command_++; }
   void RefreshGauges();
+  // The pool's state into the cluster's goodput count (after every task).
+  void TickGoodput();
 
   // JobHost (job_host.h), for JobRecovery and CheckpointCommitter.
   LiveJob* FindJob(const std::string& job_id) override;
@@ -301,6 +307,8 @@ class JobManager : private JobHost {
   // The scheduling config's (an empty one without --scheduling-config).
   const SharingConfig sharing_ = options_.sharing.value_or(SharingConfig{});
   OwnerUsage usage_;  // who holds workers, and how much each owner used them
+  GoodputTracker goodput_;
+  absl::Time goodput_published_ = absl::InfinitePast();  // the metrics' last update
   Preemptor preemptor_{this, &planned_, &registry_};
   std::map<std::string, Job> jobs_;
   std::set<std::string> dirty_;                                  // jobs with unwritten status

@@ -62,6 +62,8 @@ void JobManager::Schedule() {
     it->second.run.workers = SlotWorkers(it->second, p.workers);
     usage_.Hold(p.job_id, it->second.status.owner(), static_cast<int>(p.workers.size()),
                 absl::Now());
+    goodput_.Placed(it->second, NumWorkerStages(it->second) * SpecReplicas(it->second),
+                    static_cast<int>(p.workers.size()), absl::Now());
     std::string elastic = SetPlacedReplicas(it->second);
     if (elastic.empty()) elastic = fewer;
     if (!elastic.empty()) STAGEWISE_LOG(WARNING) << "job " << p.job_id << ": " << elastic;
@@ -202,6 +204,7 @@ void JobManager::Requeue(const std::string& job_id, bool recovering) {
   if (job.status.suspended()) return;
   // Every placement asks for all the spec's replicas; a recovering elastic
   // job takes fewer when that many are not idle.
+  goodput_.Queued(jobs_.at(job_id), absl::Now());
   Scheduler::Request request{job_id, NumWorkerStages(job) * SpecReplicas(job),
                              job.needs_plan && !job.planned};
   request.stages = NumWorkerStages(job);

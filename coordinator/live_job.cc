@@ -342,6 +342,7 @@ absl::StatusOr<LiveJob> RestoreLiveJob(const JobRecord& record) {
   STAGEWISE_ASSIGN_OR_RETURN(std::vector<models::BlockInfo> blocks, models::PlanModel(spec.model));
   STAGEWISE_ASSIGN_OR_RETURN(auto ranges, models::ResolvePartition(spec.stages, blocks));
   LiveJob job = MakeLiveJob(record.status, spec, record.spec_yaml, blocks, ranges);
+  job.used = ReadUse(record.status.summary());
   job.attempt = record.status.attempt();
   for (const v1::JobAttempt& a : record.status.attempts()) {
     job.max_step = std::max(job.max_step, a.reached_step());

@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/goodput.h"
 #include "coordinator/store.h"
 #include "services/checkpoint/checkpoint.h"
 #include "services/common/path_policy.h"
@@ -101,6 +102,8 @@ struct Attempt {
   // Replicated stages: how often each stage's replica group was formed again
   // around a replacement (ReplicaRegroup.generation), by stage.
   std::map<int, int> replica_generations;
+  // Goodput (coordinator/goodput.h): where this attempt's worker-seconds go.
+  AttemptUse use;
 };
 
 // A live job: its record (status, spec, the cut and plan the next attempt
@@ -144,6 +147,11 @@ struct LiveJob {
   bool fewer_stages = false;
   // Rebalancing: when the job was rebalanced (rebalance.max_per_hour).
   std::deque<absl::Time> rebalanced_at;
+  // Goodput: the worker-seconds of the attempts that ended (as
+  // JobStatus.summary's goodput.* entries), and since when the job waits in
+  // the queue (InfiniteFuture: it does not).
+  WorkerSecondsByUse used;
+  absl::Time queued_since = absl::InfiniteFuture();
   // The running attempt (empty while PENDING or RECOVERING).
   Attempt run;
 };

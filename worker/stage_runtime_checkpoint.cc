@@ -74,6 +74,7 @@ absl::Status StageRuntime::WriteShard(int64_t phase_step, bool with_algorithm) {
   saved->set_path(path);
   saved->set_bytes(static_cast<int64_t>(data.size()));
   saved->set_crc32(checkpoint::Crc32(data));
+  saved->set_seconds(SecondsSince(t0));
   reporter_->Emit(std::move(event));
   return absl::OkStatus();
 }

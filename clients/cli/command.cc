@@ -154,6 +154,7 @@ void AddAllCommands(CommandSet& set) {
   AddExportCommand(set);
   AddPlotCommand(set);
   AddQueueCommand(set);
+  AddGoodputCommand(set);
   AddTraceCommands(set);
   AddLocalCommand(set);
   AddPlanCommand(set);

@@ -214,6 +214,7 @@ void AddRemoteCommands(CommandSet& set);       // remote.cc: submit, status, lis
 void AddExportCommand(CommandSet& set);        // export.cc
 void AddPlotCommand(CommandSet& set);          // plot.cc
 void AddQueueCommand(CommandSet& set);         // queue.cc
+void AddGoodputCommand(CommandSet& set);       // goodput.cc
 void AddTraceCommands(CommandSet& set);        // trace.cc: trace, doctor
 void AddLocalCommand(CommandSet& set);         // local.cc
 void AddPlanCommand(CommandSet& set);          // plan.cc

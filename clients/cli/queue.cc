@@ -60,6 +60,7 @@ int Queue(const QueueArgs& args, std::ostream& out, std::ostream& err) {
                       {"job_id", s.job_id()},
                       {"name", s.name()},
                       {"owner", NonEmpty(s.owner())},
+                      {"priority", NonEmpty(s.priority())},
                       {"state", client::JobStateName(s.state())},
                       {"suspended", s.suspended()},
                       {"workers", Workers(s)},
@@ -80,12 +81,13 @@ int Queue(const QueueArgs& args, std::ostream& out, std::ostream& err) {
                     : s.suspended()        ? "suspended"
                                            : "-",
                     s.job_id(), s.name(), s.owner().empty() ? "-" : s.owner(),
-                    client::JobStateName(s.state()), absl::StrCat(Workers(s)),
+                    s.priority().empty() ? "-" : s.priority(), client::JobStateName(s.state()),
+                    absl::StrCat(Workers(s)),
                     HumanAge(now - absl::FromUnixMillis(s.created_unix_ms())),
                     s.reason().empty() ? "-" : TerminalSafe(s.reason())});
   }
-  out << RenderTable({"POSITION", "ID", "NAME", "OWNER", "STATE", "WORKERS", "AGE", "WAITS FOR"},
-                     rows);
+  out << RenderTable(
+      {"POSITION", "ID", "NAME", "OWNER", "CLASS", "STATE", "WORKERS", "AGE", "WAITS FOR"}, rows);
   return kExitOk;
 }
 

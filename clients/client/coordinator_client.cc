@@ -160,6 +160,16 @@ absl::StatusOr<v1::JobTrace> CoordinatorClient::GetJobTrace(const std::string& j
   return resp;
 }
 
+absl::StatusOr<v1::Goodput> CoordinatorClient::GetGoodput(const std::string& job_id) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::GetGoodputRequest req;
+  req.set_job_id(job_id);
+  v1::Goodput resp;
+  if (absl::Status s = Convert(stub_->GetGoodput(&ctx, req, &resp)); !s.ok()) return s;
+  return resp;
+}
+
 absl::StatusOr<std::vector<v1::JobStatus>> CoordinatorClient::ListJobs(int limit) {
   std::vector<v1::JobStatus> jobs;
   std::string token;

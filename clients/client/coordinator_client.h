@@ -118,6 +118,8 @@ class CoordinatorClient {
   absl::StatusOr<v1::JobMetrics> GetJobMetrics(const std::string& job_id);
   // The job's pipeline timeline (GetJobTrace), on the coordinator's clock.
   absl::StatusOr<v1::JobTrace> GetJobTrace(const std::string& job_id);
+  // Worker-seconds by use (GetGoodput): the job's, or the cluster's for "".
+  absl::StatusOr<v1::Goodput> GetGoodput(const std::string& job_id);
 
   // Streams the job's events until the job reaches a terminal state (returns
   // its last status), `on_event` returns false (returns the last status seen,

@@ -325,6 +325,17 @@ class CoordinatorFamilies {
                      .Name("stagewise_coordinator_workers")
                      .Help("Registered workers, by state (idle, busy).")
                      .Register(registry)),
+        worker_seconds_(prometheus::BuildGauge()
+                            .Name("stagewise_coordinator_worker_seconds")
+                            .Help("Worker-seconds since the coordinator started, by use "
+                                  "(productive, bubble, startup, checkpoint, recovery, "
+                                  "idle_waiting, idle_unqueued; docs/operations.md).")
+                            .Register(registry)),
+        goodput_(prometheus::BuildGauge()
+                     .Name("stagewise_coordinator_goodput_ratio")
+                     .Help("Productive worker-seconds over registered ones less the idle "
+                           "time with nothing queued, since the coordinator started.")
+                     .Register(registry)),
         transitions_(prometheus::BuildCounter()
                          .Name("stagewise_coordinator_job_transitions_total")
                          .Help("Job state transitions, by target state.")
@@ -387,6 +398,8 @@ class CoordinatorFamilies {
     registry.Remove(step_);
     registry.Remove(jobs_);
     registry.Remove(workers_);
+    registry.Remove(worker_seconds_);
+    registry.Remove(goodput_);
     registry.Remove(transitions_);
     registry.Remove(restarts_);
     registry.Remove(steps_redone_family_);
@@ -454,6 +467,17 @@ class CoordinatorFamilies {
     workers_busy_->Set(static_cast<double>(busy));
   }
 
+  void SetGoodput(const std::map<std::string, double>& by_use, double ratio) {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [use, seconds] : by_use) {
+      Gauge*& gauge = worker_seconds_by_use_[use];
+      if (gauge == nullptr) gauge = &worker_seconds_.Add({{"use", use}});
+      gauge->Set(seconds);
+    }
+    if (goodput_ratio_ == nullptr) goodput_ratio_ = &goodput_.Add({});
+    goodput_ratio_->Set(ratio);
+  }
+
   void CountTransition(const std::string& to_state) {
     absl::MutexLock lock(&mu_);
     Counter*& counter = transitions_by_state_[to_state];
@@ -486,6 +510,8 @@ class CoordinatorFamilies {
   Family<Gauge>& step_;
   Family<Gauge>& jobs_;
   Family<Gauge>& workers_;
+  Family<Gauge>& worker_seconds_;
+  Family<Gauge>& goodput_;
   Family<Counter>& transitions_;
   Family<Counter>& restarts_;
   Family<Counter>& steps_redone_family_;
@@ -502,6 +528,8 @@ class CoordinatorFamilies {
   std::map<std::string, Gauge*> jobs_by_state_ ABSL_GUARDED_BY(mu_);
   Gauge* workers_idle_ ABSL_GUARDED_BY(mu_) = nullptr;
   Gauge* workers_busy_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::map<std::string, Gauge*> worker_seconds_by_use_ ABSL_GUARDED_BY(mu_);
+  Gauge* goodput_ratio_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::map<std::string, Counter*> transitions_by_state_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -720,6 +748,10 @@ void CoordinatorMetrics::SetJobsInState(const std::string& state, int64_t count)
 
 void CoordinatorMetrics::SetWorkers(int64_t idle, int64_t busy) {
   impl_->families->SetWorkers(idle, busy);
+}
+
+void CoordinatorMetrics::SetGoodput(const std::map<std::string, double>& by_use, double ratio) {
+  impl_->families->SetGoodput(by_use, ratio);
 }
 
 void CoordinatorMetrics::CountTransition(const std::string& to_state) {

@@ -127,6 +127,8 @@ class CoordinatorMetrics {
   void SetJobText(const std::string& job, double tokens_per_second, double eval_bits_per_byte);
   void SetJobsInState(const std::string& state, int64_t count);
   void SetWorkers(int64_t idle, int64_t busy);
+  // The cluster's worker-seconds by use and its goodput (docs/operations.md).
+  void SetGoodput(const std::map<std::string, double>& by_use, double ratio);
   void CountTransition(const std::string& to_state);
   // Drops the stagewise_job_*{job} series of a finished or deleted job.
   void RemoveJob(const std::string& job);

@@ -241,7 +241,7 @@ std::optional<Role> RequiredRole(std::string_view method) {
   }
   for (const absl::string_view read :
        {"GetJob", "ListJobs", "WatchJob", "ListWorkers", "ListCheckpoints", "GetJobMetrics",
-        "GetJobTrace", "ListJobEvents"}) {
+        "GetJobTrace", "ListJobEvents", "GetGoodput"}) {
     if (name == read) return Role::kRead;
   }
   if (name == "SubmitJob" || name == "CancelJob" || name == "ResumeJob") return Role::kSubmit;

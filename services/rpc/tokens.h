@@ -14,7 +14,7 @@
 //
 // Roles:
 //   read    GetJob, ListJobs, WatchJob, ListWorkers, ListCheckpoints, GetJobMetrics,
-//           GetJobTrace, ListJobEvents
+//           GetJobTrace, ListJobEvents, GetGoodput
 //   submit  read + SubmitJob, and CancelJob of the jobs submitted under its own name
 //   admin   everything: cancel any job, BackupDatabase
 // RegisterWorker and Control are for workers (certificates) and no role grants

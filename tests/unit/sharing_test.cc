@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "coordinator/goodput.h"
 #include "coordinator/owner_usage.h"
 #include "coordinator/scheduler.h"
 #include "services/checkpoint/checkpoint.h"
@@ -359,6 +360,104 @@ TEST_F(PreemptionTest, NoStopWhenTheLowerClassesCannotMakeRoom) {
   bad = manager_->Submit(JobYaml(4, 40), "alice");
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("owners.alice.max_workers"));
+}
+
+TEST(SharingConfigTest, TheDeployExampleLoads) {
+  absl::StatusOr<SharingConfig> c =
+      LoadSharingConfig(STAGEWISE_SOURCE_DIR "/deploy/scheduling.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->classes.size(), 3u);
+  EXPECT_EQ(c->OwnerOf("ci").weight, 2);
+  absl::StatusOr<SharingConfig> missing = LoadSharingConfig("/nonexistent/scheduling.yaml");
+  EXPECT_THAT(missing.status().message(), HasSubstr("/nonexistent/scheduling.yaml"));
+}
+
+TEST(GoodputTest, AnAttemptsTimeSplitsIntoUses) {
+  const absl::Time t0 = absl::FromUnixSeconds(5000);
+  AttemptUse use;
+  EXPECT_FALSE(use.placed());
+  use.Placed(2, t0);
+  use.Running(t0 + absl::Seconds(10));  // 2 x 10 s of startup
+  use.Running(t0 + absl::Seconds(50));  // only the first counts
+  // Two stages computed 60 s and 50 s, stage 0's checkpoint write of 4 s
+  // among them; the slowest write of step 10 (4 s) stalls both workers.
+  use.Compute(0, 30);
+  use.Compute(0, 60);
+  use.Compute(1, 50);
+  use.Compute(1, 40);  // cumulative: an older report changes nothing
+  use.CheckpointWrite(10, 0, 4);
+  use.CheckpointWrite(10, 1, 1);
+  // Ends at 100 s: 2 x 90 s running; 3 s of steps past the checkpoint redone.
+  const WorkerSecondsByUse u = use.Close(t0 + absl::Seconds(100), 1, 0, 3);
+  EXPECT_DOUBLE_EQ(u.startup, 20);
+  EXPECT_DOUBLE_EQ(u.checkpoint, 8);
+  EXPECT_DOUBLE_EQ(u.recovery, 6);
+  EXPECT_DOUBLE_EQ(u.productive, 60 + 50 - 5 - 6);
+  EXPECT_DOUBLE_EQ(u.Held(), 200);  // every held second has one use
+  EXPECT_DOUBLE_EQ(u.bubble, 200 - 20 - 8 - 6 - 99);
+  // Replicas multiply the compute of replica 0's stages.
+  const WorkerSecondsByUse r = use.Close(t0 + absl::Seconds(100), 2, 0, 0);
+  EXPECT_DOUBLE_EQ(r.productive, 180 - 8);  // capped by the running time left
+  EXPECT_DOUBLE_EQ(r.bubble, 0);
+  // As summary entries and back.
+  v1::JobStatus st;
+  WriteUse(u, st.mutable_summary());
+  EXPECT_DOUBLE_EQ(st.summary().at("goodput.productive"), u.productive);
+  EXPECT_DOUBLE_EQ(ReadUse(st.summary()).bubble, u.bubble);
+  const v1::Goodput g = ToProto(u);
+  EXPECT_DOUBLE_EQ(g.goodput(), u.productive / 200);
+}
+
+TEST(GoodputTest, TheClusterSplitsIdleTimeByWhetherAJobWaited) {
+  const absl::Time t0 = absl::FromUnixSeconds(9000);
+  ClusterUse c;
+  c.Tick(t0, 4, 0, false);                      // 4 idle, nothing queued
+  c.Tick(t0 + absl::Seconds(10), 4, 3, true);   // 3 held, a job waits
+  c.Tick(t0 + absl::Seconds(30), 4, 4, false);  // all held
+  c.Tick(t0 + absl::Seconds(40), 4, 4, false);
+  EXPECT_DOUBLE_EQ(c.RegisteredSeconds(), 160);
+  EXPECT_DOUBLE_EQ(c.Idle().idle_unqueued, 40);
+  EXPECT_DOUBLE_EQ(c.Idle().idle_waiting, 20);
+  EXPECT_EQ(c.since(), t0);
+}
+
+TEST_F(PreemptionTest, AFinishedJobsGoodputIsKeptAndTheClusterCountsIt) {
+  StartManager(SharingOptions());
+  AddWorker("w0");
+  AddWorker("w1");
+  const std::string id = SubmitAs("bob", Yaml("research"));
+  AckAll({"w0", "w1"});
+  ASSERT_EQ(Status(id).state(), v1::RUNNING);
+  absl::SleepFor(absl::Milliseconds(300));
+  v1::WorkerEvent m0 = testing::MetricsEvent("w0", id, 0, 40, 1.0);
+  m0.mutable_metrics()->mutable_values()->erase("train_loss");  // the last stage's only
+  (*m0.mutable_metrics()->mutable_values())["compute_seconds"] = 0.1;
+  manager_->OnEvent(m0);
+  v1::WorkerEvent m1 = testing::MetricsEvent("w1", id, 1, 40, 1.0);
+  (*m1.mutable_metrics()->mutable_values())["compute_seconds"] = 0.1;
+  manager_->OnEvent(m1);
+  Sync();
+  absl::StatusOr<v1::Goodput> live = manager_->Goodput(id);
+  ASSERT_TRUE(live.ok()) << live.status();
+  EXPECT_DOUBLE_EQ(live->productive_worker_seconds(), 0.2);
+  EXPECT_GT(live->bubble_worker_seconds(), 0.3);  // 2 workers x >= 0.3 s running, less 0.2
+  for (const std::string w : {"w0", "w1"}) {
+    manager_->OnEvent(testing::ResultEvent(w, id, w == "w0" ? 0 : 1, 0.5));
+  }
+  Sync();
+  ASSERT_EQ(Status(id).state(), v1::SUCCEEDED) << Status(id).reason();
+  absl::StatusOr<v1::Goodput> ended = manager_->Goodput(id);  // from the store now
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_DOUBLE_EQ(ended->productive_worker_seconds(), 0.2);
+  EXPECT_GE(ended->held_worker_seconds(), live->held_worker_seconds());
+  EXPECT_NEAR(ended->goodput(), ended->productive_worker_seconds() / ended->held_worker_seconds(),
+              1e-12);
+  absl::StatusOr<v1::Goodput> cluster = manager_->Goodput("");
+  ASSERT_TRUE(cluster.ok());
+  EXPECT_DOUBLE_EQ(cluster->productive_worker_seconds(), 0.2);
+  EXPECT_GT(cluster->registered_worker_seconds(), cluster->held_worker_seconds() * 0.99);
+  EXPECT_GT(cluster->goodput(), 0);
+  EXPECT_EQ(manager_->Goodput("job-none").status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace
