@@ -111,8 +111,10 @@ v1::Goodput ToProto(const WorkerSecondsByUse& use) {
   g.set_idle_waiting_worker_seconds(use.idle_waiting);
   g.set_idle_unqueued_worker_seconds(use.idle_unqueued);
   const double held = use.Held();
+  const double steps = use.productive + use.bubble;
   g.set_held_worker_seconds(held);
-  g.set_goodput(held > 0 ? use.productive / held : 0);
+  g.set_goodput(held > 0 ? steps / held : 0);
+  g.set_compute_share(steps > 0 ? use.productive / steps : 0);
   return g;
 }
 

@@ -75,7 +75,8 @@ class AttemptUse {
 // worker-seconds), and back.
 void WriteUse(const WorkerSecondsByUse& use, google::protobuf::Map<std::string, double>* summary);
 WorkerSecondsByUse ReadUse(const google::protobuf::Map<std::string, double>& summary);
-// As the wire message (goodput_ratio: productive over held, 0 when none).
+// As the wire message (goodput: the share of held time in training steps,
+// productive + bubble; compute_share: productive over that).
 v1::Goodput ToProto(const WorkerSecondsByUse& use);
 // The message's worker-seconds held or idle, by use ("productive", ...,
 // "idle_unqueued"): the metric's labels.

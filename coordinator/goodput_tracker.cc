@@ -82,7 +82,7 @@ v1::Goodput GoodputTracker::Cluster(const std::vector<const LiveJob*>& live, abs
   v1::Goodput g = ToProto(use);
   g.set_registered_worker_seconds(cluster_.RegisteredSeconds());
   const double worked = cluster_.RegisteredSeconds() - use.idle_unqueued;
-  g.set_goodput(worked > 0 ? use.productive / worked : 0);
+  g.set_goodput(worked > 0 ? (use.productive + use.bubble) / worked : 0);
   if (cluster_.since() != absl::InfinitePast()) {
     g.set_since_unix_ms(absl::ToUnixMillis(cluster_.since()));
   }

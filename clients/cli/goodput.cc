@@ -59,6 +59,7 @@ int ShowGoodput(const GoodputArgs& args, std::ostream& out, std::ostream& err) {
                       cluster ? Number(g->registered_worker_seconds()) : Json()},
                      {"queued_worker_seconds", Number(g->queued_worker_seconds())},
                      {"goodput", Number(g->goodput())},
+                     {"compute_share", Number(g->compute_share())},
                      {"since_unix_ms", cluster ? Json(g->since_unix_ms()) : Json()}})
         << "\n";
     return kExitOk;
@@ -74,11 +75,12 @@ int ShowGoodput(const GoodputArgs& args, std::ostream& out, std::ostream& err) {
                   : absl::StrFormat("job %s\n", g->job_id()));
   out << RenderTable({"USE", "WORKER-SECONDS", cluster ? "OF REGISTERED" : "OF HELD"}, rows);
   out << absl::StrFormat(
-      "goodput %.1f%% (%s)\nwaited in the queue: %.1f worker-seconds asked for\n",
+      "goodput %.1f%%: in training steps (productive + bubble), of %s\n"
+      "within the steps %.1f%% computed, %.1f%% waited for neighbours (bubble)\n"
+      "waited in the queue: %.1f worker-seconds asked for\n",
       100 * g->goodput(),
-      cluster ? "productive over registered time less idle time with nothing queued"
-              : "productive over held time",
-      g->queued_worker_seconds());
+      cluster ? "the registered time less the idle time with nothing queued" : "the held time",
+      100 * g->compute_share(), 100 * (1 - g->compute_share()), g->queued_worker_seconds());
   return kExitOk;
 }
 

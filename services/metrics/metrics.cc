@@ -333,8 +333,9 @@ class CoordinatorFamilies {
                             .Register(registry)),
         goodput_(prometheus::BuildGauge()
                      .Name("stagewise_coordinator_goodput_ratio")
-                     .Help("Productive worker-seconds over registered ones less the idle "
-                           "time with nothing queued, since the coordinator started.")
+                     .Help("Worker-seconds in training steps (productive and bubble) over "
+                           "registered ones less the idle time with nothing queued, since "
+                           "the coordinator started.")
                      .Register(registry)),
         transitions_(prometheus::BuildCounter()
                          .Name("stagewise_coordinator_job_transitions_total")

@@ -38,6 +38,7 @@ void Cluster::StartCoordinator() {
   coordinator::JobManagerOptions mo;
   mo.heartbeat_interval = absl::Milliseconds(200);
   mo.heartbeat_timeout = absl::Seconds(5);
+  mo.sharing = options_.sharing;
   manager_ =
       std::make_unique<coordinator::JobManager>(store_.get(), coordinator_metrics_.get(), mo);
   EXPECT_TRUE(manager_->Start().ok());

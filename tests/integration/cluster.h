@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,8 @@ class Cluster {
     // Every worker's WorkerOptions::shared_memory_dir (empty: same-host
     // payloads off, every payload inline on the stream).
     std::string shared_memory_dir = "/dev/shm";
+    // The coordinator's --scheduling-config (none: FIFO with backfill).
+    std::optional<SharingConfig> sharing = std::nullopt;
   };
   explicit Cluster(Options options);
   ~Cluster();

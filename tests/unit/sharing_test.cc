@@ -405,7 +405,8 @@ TEST(GoodputTest, AnAttemptsTimeSplitsIntoUses) {
   EXPECT_DOUBLE_EQ(st.summary().at("goodput.productive"), u.productive);
   EXPECT_DOUBLE_EQ(ReadUse(st.summary()).bubble, u.bubble);
   const v1::Goodput g = ToProto(u);
-  EXPECT_DOUBLE_EQ(g.goodput(), u.productive / 200);
+  EXPECT_DOUBLE_EQ(g.goodput(), (u.productive + u.bubble) / 200);
+  EXPECT_DOUBLE_EQ(g.compute_share(), u.productive / (u.productive + u.bubble));
 }
 
 TEST(GoodputTest, TheClusterSplitsIdleTimeByWhetherAJobWaited) {
@@ -450,7 +451,9 @@ TEST_F(PreemptionTest, AFinishedJobsGoodputIsKeptAndTheClusterCountsIt) {
   ASSERT_TRUE(ended.ok()) << ended.status();
   EXPECT_DOUBLE_EQ(ended->productive_worker_seconds(), 0.2);
   EXPECT_GE(ended->held_worker_seconds(), live->held_worker_seconds());
-  EXPECT_NEAR(ended->goodput(), ended->productive_worker_seconds() / ended->held_worker_seconds(),
+  EXPECT_NEAR(ended->goodput(),
+              (ended->productive_worker_seconds() + ended->bubble_worker_seconds()) /
+                  ended->held_worker_seconds(),
               1e-12);
   absl::StatusOr<v1::Goodput> cluster = manager_->Goodput("");
   ASSERT_TRUE(cluster.ok());
