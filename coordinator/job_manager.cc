@@ -809,6 +809,8 @@ void JobManager::RefreshGauges() {
     for (const auto& [id, job] : jobs_) all.push_back(&job);
     const v1::Goodput g = goodput_.Cluster(all, now);
     metrics_->SetGoodput(ByUse(g), g.goodput());
+    absl::MutexLock lock(&goodput_mu_);
+    published_goodput_ = g;
   }
   std::map<std::string, int64_t> counts = {{"PENDING", 0}, {"CONFIGURING", 0}, {"RUNNING", 0}};
   for (const auto& [id, job] : jobs_) counts[v1::JobState_Name(job.status.state())]++;

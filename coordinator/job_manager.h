@@ -184,6 +184,11 @@ class JobManager : private JobHost {
   // Worker-seconds by use (coordinator/goodput.h): the job's (NOT_FOUND for
   // an unknown one), or with an empty id the cluster's since Start.
   absl::StatusOr<v1::Goodput> Goodput(const std::string& job_id);
+  // The cluster's as the loop last published it (at most a second old).
+  v1::Goodput PublishedGoodput() const ABSL_LOCKS_EXCLUDED(goodput_mu_) {
+    absl::MutexLock lock(&goodput_mu_);
+    return published_goodput_;
+  }
 
   // Watchers get the current status at once, then every change; the last event
   // of a job carries a terminal state. Listeners must not block.
@@ -320,6 +325,9 @@ class JobManager : private JobHost {
   // Worker events AdmitEvent refused (for bounded logging).
   int64_t refused_events_ = 0;
   bool schedule_needed_ = false;  // the queue or the idle workers changed
+
+  mutable absl::Mutex goodput_mu_;
+  v1::Goodput published_goodput_ ABSL_GUARDED_BY(goodput_mu_);
 
   mutable absl::Mutex queue_mu_;
   std::deque<Task> queue_ ABSL_GUARDED_BY(queue_mu_);

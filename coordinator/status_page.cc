@@ -26,7 +26,27 @@ th{background:#eceff1}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .bar span{display:block;height:10px;background:#1565c0}svg{background:#fff;border:1px solid #ddd}
 svg.timeline{max-width:100%;height:auto}
 .reason{font-size:12px;color:#555;max-width:360px;white-space:normal}
+.swatch{display:inline-block;width:10px;height:10px;margin-right:4px}
 )";
+
+// Goodput's uses, in the bar's order, with their colours.
+struct Use {
+  const char* name;
+  const char* label;
+  const char* colour;
+  double (v1::Goodput::*seconds)() const;
+};
+constexpr Use kUses[] = {
+    {"productive", "productive", "#2e7d32", &v1::Goodput::productive_worker_seconds},
+    {"bubble", "bubble (waiting for neighbours)", "#81c784", &v1::Goodput::bubble_worker_seconds},
+    {"startup", "startup and placement", "#1565c0", &v1::Goodput::startup_worker_seconds},
+    {"checkpoint", "checkpoint", "#6a1b9a", &v1::Goodput::checkpoint_worker_seconds},
+    {"recovery", "recovery and redone steps", "#c62828", &v1::Goodput::recovery_worker_seconds},
+    {"idle_waiting", "idle while jobs waited", "#ef6c00",
+     &v1::Goodput::idle_waiting_worker_seconds},
+    {"idle_unqueued", "idle, nothing queued", "#cfd8dc",
+     &v1::Goodput::idle_unqueued_worker_seconds},
+};
 
 std::string Head(const std::string& title, const PageOptions& options) {
   std::string refresh =
@@ -120,9 +140,70 @@ std::string Progress(const v1::JobStatus& j) {
 
 std::string Escape(const std::string& s) { return render::XmlEscape(s); }
 
+std::string GoodputPanel(const v1::Goodput& g) {
+  double total = 0;
+  for (const Use& u : kUses) total += std::max(0.0, (g.*u.seconds)());
+  constexpr int kWidth = 600;
+  std::string bar =
+      absl::StrCat("<svg class=\"goodput\" width=\"", kWidth,
+                   "\" height=\"22\" role=\"img\" aria-label=\"worker-seconds by use\">");
+  std::string rows;
+  double x = 0;
+  for (const Use& u : kUses) {
+    const double seconds = std::max(0.0, (g.*u.seconds)());
+    const double width = total > 0 ? kWidth * seconds / total : 0;
+    absl::StrAppend(&bar, "<rect data-use=\"", u.name, "\" x=\"", absl::StrFormat("%.1f", x),
+                    "\" y=\"0\" width=\"", absl::StrFormat("%.1f", width),
+                    "\" height=\"22\" fill=\"", u.colour, "\"><title>", u.label, "</title></rect>");
+    x += width;
+    absl::StrAppend(
+        &rows, "<tr><td><span class=\"swatch\" style=\"background:", u.colour, "\"></span>",
+        u.label, "</td><td class=\"n\">", absl::StrFormat("%.0f", seconds), "</td><td class=\"n\">",
+        total > 0 ? absl::StrFormat("%.1f%%", 100 * seconds / total) : "—", "</td></tr>");
+  }
+  absl::StrAppend(&bar, "</svg>");
+  return absl::StrCat(
+      "<section id=\"goodput\"><h2>Goodput: ", absl::StrFormat("%.1f%%", 100 * g.goodput()),
+      " <small>of the time there was work went into training steps; ",
+      absl::StrFormat("%.1f%%", 100 * g.compute_share()), " of the step time computed</small></h2>",
+      bar, "<table id=\"goodput-uses\"><tr><th>use</th><th>worker-seconds</th><th>share</th></tr>",
+      rows, "</table></section>");
+}
+
+std::string QueuePanel(const std::vector<v1::JobStatus>& jobs) {
+  std::vector<const v1::JobStatus*> waiting;
+  for (const v1::JobStatus& j : jobs) {
+    if (j.state() == v1::PENDING || j.state() == v1::RECOVERING) waiting.push_back(&j);
+  }
+  if (waiting.empty()) return "";
+  std::stable_sort(waiting.begin(), waiting.end(), [](const auto* a, const auto* b) {
+    const int pa = a->queue_position() > 0 ? a->queue_position() : 1 << 30;
+    const int pb = b->queue_position() > 0 ? b->queue_position() : 1 << 30;
+    return pa < pb;
+  });
+  std::string out =
+      "<h2>Queue</h2><table id=\"queue\"><tr><th>place</th><th>job</th><th>class</th>"
+      "<th>owner</th><th>workers</th><th>waits for</th></tr>";
+  for (const v1::JobStatus* j : waiting) {
+    const int workers = std::max(1, j->num_stages()) * std::max(1, j->num_replicas()) /
+                        std::max(1, j->chunks_per_worker());
+    absl::StrAppend(&out, "<tr class=\"waiting\"><td class=\"n\">",
+                    j->queue_position() > 0 ? absl::StrCat(j->queue_position())
+                    : j->suspended()        ? "suspended"
+                                            : "—",
+                    "</td><td>", JobLink(j->job_id()), "</td><td>",
+                    j->priority().empty() ? "—" : Escape(j->priority()), "</td><td>",
+                    j->owner().empty() ? "—" : Escape(j->owner()), "</td><td class=\"n\">", workers,
+                    "</td><td class=\"reason\">", Escape(j->reason()), "</td></tr>");
+  }
+  return out + "</table>";
+}
+
 std::string JobsPage(const std::vector<v1::JobStatus>& jobs, const std::string& next_page,
-                     const PageOptions& options) {
+                     const PageOptions& options, const v1::Goodput* goodput) {
   std::string out = Head("Jobs", options);
+  if (goodput != nullptr) absl::StrAppend(&out, GoodputPanel(*goodput));
+  absl::StrAppend(&out, QueuePanel(jobs));
   absl::StrAppend(
       &out, "<h1>Jobs</h1><table id=\"jobs\"><tr><th>job</th><th>name</th>",
       "<th>state</th><th>algorithm</th><th>stages</th><th>progress</th>",

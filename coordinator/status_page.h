@@ -30,9 +30,19 @@ struct PageOptions {
 std::string Escape(const std::string& s);
 
 // The jobs table (newest first); `next_page` (a ListJobsPage token, "" for
-// none) becomes an "older jobs" link.
+// none) becomes an "older jobs" link. Above it the queue (QueuePanel, when
+// a job waits) and, when given, the cluster's goodput (GoodputPanel).
 std::string JobsPage(const std::vector<v1::JobStatus>& jobs, const std::string& next_page,
-                     const PageOptions& options);
+                     const PageOptions& options, const v1::Goodput* goodput = nullptr);
+
+// The cluster's worker-seconds by use as a stacked bar (<svg
+// class="goodput">, a <rect data-use="productive"> ... per use, widths in
+// proportion) with a table of the figures (docs/operations.md, "Goodput").
+std::string GoodputPanel(const v1::Goodput& goodput);
+// The jobs waiting to be placed (PENDING or RECOVERING), next first: place,
+// class, owner, workers and what each waits for (<table id="queue">); ""
+// when none waits.
+std::string QueuePanel(const std::vector<v1::JobStatus>& jobs);
 
 // A worker as the page shows it: WorkerInfo (labels state, job, stage,
 // replica from ListWorkers) and when the coordinator last heard from it.

@@ -371,7 +371,10 @@ void WebServer::Serve(const httplib::Request& req, httplib::Response& res) const
       return Html(res, status,
                   status_page::ErrorPage(status, std::string(jobs.status().message())));
     }
-    return Html(res, 200, status_page::JobsPage(jobs->jobs, jobs->next_page_token, page));
+    const v1::Goodput goodput = manager_->PublishedGoodput();
+    return Html(res, 200,
+                status_page::JobsPage(jobs->jobs, jobs->next_page_token, page,
+                                      goodput.since_unix_ms() > 0 ? &goodput : nullptr));
   }
   if (path == "/workers") {
     std::vector<status_page::WorkerRow> rows;

@@ -10,7 +10,8 @@
    `chromium`) loads the jobs, workers and job pages; the DOM it built must
    show the job's row, both workers, curves with points (train loss and
    accuracy), one timeline track per stage, the busy/idle table, the events
-   and the checkpoints. Screenshots of the three pages go to SCREENSHOT_DIR
+   and the checkpoints, and the jobs page the cluster's goodput panel (a bar
+   of worker-seconds by use, productive time drawn). Screenshots of the three pages go to SCREENSHOT_DIR
    (default: a temporary directory; docs/images holds the committed ones,
    `STAGEWISE_UPDATE_SCREENSHOTS=1` writes there).
 3. A coordinator with --tokens: no token is 401 with the sign-in form, a
@@ -385,6 +386,11 @@ def main():
         jobs = Dom(browser_dom(browser, base + "/", profile))
         check(bool(jobs.find("tr", id=f"job-{job_id}")), "jobs page (browser DOM): the job's row", failures)
         check(any(a.get("value") for a in jobs.find("progress")), "jobs page: a progress bar", failures)
+        uses = {a.get("data-use"): float(a.get("width", "0")) for t, a, parents in jobs.elements
+                if t == "rect" and "svg" in parents and a.get("data-use")}
+        check(len(uses) == 7 and uses.get("productive", 0) > 0,
+              f"jobs page: the goodput panel's bar, productive time drawn ({uses})", failures)
+        check(bool(jobs.find("table", id="goodput-uses")), "jobs page: the goodput figures", failures)
 
         workers = Dom(browser_dom(browser, base + "/workers", profile))
         rows = [a for a in workers.find("tr") if a.get("class") == "worker"]
@@ -408,7 +414,7 @@ def main():
         check(bool(page.find("table", id="events")), "job page: the event log", failures)
         check(bool(page.find("table", id="checkpoints")), "job page: the checkpoints", failures)
 
-        screenshot(browser, base + "/", os.path.join(shots, "status-jobs.png"), profile, 420)
+        screenshot(browser, base + "/", os.path.join(shots, "status-jobs.png"), profile, 640)
         screenshot(browser, base + "/workers", os.path.join(shots, "status-workers.png"), profile, 320)
         screenshot(browser, f"{base}/jobs/{job_id}", os.path.join(shots, "status-job.png"), profile, 1400)
         check(True, f"screenshots in {shots}", failures)

@@ -43,6 +43,47 @@ TEST(StatusPage, EscapesEverythingItQuotes) {
   EXPECT_FALSE(absl::StrContains(page, "<mlp>"));
 }
 
+TEST(StatusPage, TheJobsPageShowsTheQueueAndTheClustersGoodput) {
+  std::vector<v1::JobStatus> jobs = {Job("run", v1::RUNNING), Job("second", v1::PENDING),
+                                     Job("first", v1::RECOVERING), Job("held", v1::PENDING)};
+  jobs[1].set_queue_position(2);
+  jobs[1].set_priority("low");
+  jobs[1].set_reason("class low: quota: <bob> holds 4 workers");
+  jobs[2].set_queue_position(1);
+  jobs[2].set_priority("high");
+  jobs[3].set_suspended(true);
+  v1::Goodput g;
+  g.set_productive_worker_seconds(600);
+  g.set_bubble_worker_seconds(100);
+  g.set_startup_worker_seconds(50);
+  g.set_idle_unqueued_worker_seconds(250);
+  g.set_goodput(0.93);
+  g.set_compute_share(0.857);
+  const std::string page = JobsPage(jobs, "", {}, &g);
+  // The queue: next first, the suspended one last, reasons escaped.
+  const size_t first = page.find("<a href=\"/jobs/first\">");
+  const size_t second = page.find("<a href=\"/jobs/second\">");
+  const size_t held = page.find("<a href=\"/jobs/held\">");
+  ASSERT_NE(page.find("id=\"queue\""), std::string::npos) << page;
+  EXPECT_LT(first, second);
+  EXPECT_LT(second, held);
+  EXPECT_EQ(Count(page, "<tr class=\"waiting\">"), 3);
+  EXPECT_TRUE(absl::StrContains(page, "quota: &lt;bob&gt; holds 4 workers"));
+  EXPECT_TRUE(absl::StrContains(page, ">suspended<"));
+  // Goodput: a bar with a rect per use in proportion (600 of 1000 s of 600 px).
+  EXPECT_TRUE(absl::StrContains(page, "Goodput: 93.0%"));
+  EXPECT_TRUE(absl::StrContains(page, "85.7% of the step time computed"));
+  EXPECT_TRUE(
+      absl::StrContains(page, "<rect data-use=\"productive\" x=\"0.0\" y=\"0\" width=\"360.0\""))
+      << page;
+  EXPECT_TRUE(absl::StrContains(page, "<rect data-use=\"idle_unqueued\" x=\"450.0\""));
+  EXPECT_EQ(Count(page, "<rect data-use="), 7);
+  // Without goodput or anything waiting: neither panel.
+  const std::string plain = JobsPage({Job("run", v1::RUNNING)}, "", {});
+  EXPECT_FALSE(absl::StrContains(plain, "id=\"goodput\""));
+  EXPECT_FALSE(absl::StrContains(plain, "id=\"queue\""));
+}
+
 TEST(StatusPage, JobsPageHasARowPerJobWithProgressThroughputAndAccuracy) {
   std::vector<v1::JobStatus> jobs;
   for (int i = 0; i < 100; ++i) jobs.push_back(Job(absl::StrCat("job-", i), v1::RUNNING));
