@@ -158,7 +158,7 @@ std::string GoodputPanel(const v1::Goodput& g) {
     x += width;
     absl::StrAppend(
         &rows, "<tr><td><span class=\"swatch\" style=\"background:", u.colour, "\"></span>",
-        u.label, "</td><td class=\"n\">", absl::StrFormat("%.0f", seconds), "</td><td class=\"n\">",
+        u.label, "</td><td class=\"n\">", absl::StrFormat("%.1f", seconds), "</td><td class=\"n\">",
         total > 0 ? absl::StrFormat("%.1f%%", 100 * seconds / total) : "—", "</td></tr>");
   }
   absl::StrAppend(&bar, "</svg>");
