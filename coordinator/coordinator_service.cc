@@ -413,6 +413,16 @@ grpc::ServerUnaryReactor* CoordinatorService::ResumeJob(grpc::CallbackServerCont
   return Done(ctx, st.status());
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::SetJobPriority(
+    grpc::CallbackServerContext* ctx, const v1::SetJobPriorityRequest* request,
+    v1::JobStatus* response) {
+  auto caller = AuthorizeOwner(ctx, request->job_id(), "change the priority of");
+  if (!caller.ok()) return Done(ctx, caller.status());
+  auto st = manager_->SetPriority(request->job_id(), request->priority());
+  if (st.ok()) *response = *st;
+  return Done(ctx, st.status());
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerContext* ctx,
                                                           const v1::ListWorkersRequest*,
                                                           v1::ListWorkersResponse* response) {

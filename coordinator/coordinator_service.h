@@ -63,6 +63,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* ResumeJob(grpc::CallbackServerContext* ctx,
                                       const v1::ResumeJobRequest* request,
                                       v1::JobStatus* response) override;
+  grpc::ServerUnaryReactor* SetJobPriority(grpc::CallbackServerContext* ctx,
+                                           const v1::SetJobPriorityRequest* request,
+                                           v1::JobStatus* response) override;
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
                                         const v1::ListWorkersRequest* request,
                                         v1::ListWorkersResponse* response) override;

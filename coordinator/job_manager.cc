@@ -292,42 +292,6 @@ absl::StatusOr<v1::JobStatus> JobManager::CancelJob(const std::string& job_id,
   return rec.status;
 }
 
-absl::StatusOr<v1::JobStatus> JobManager::Release(const std::string& job_id) {
-  absl::StatusOr<v1::JobStatus> result = absl::UnavailableError("the coordinator is stopping");
-  RunOnLoop([&] { result = ReleaseJob(job_id); });
-  return result;
-}
-
-absl::StatusOr<v1::JobStatus> JobManager::ReleaseJob(const std::string& job_id) {
-  STAGEWISE_BUG(OnLoop());
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) {
-    // Ended (or unknown: NOT_FOUND): nothing to release.
-    STAGEWISE_ASSIGN_OR_RETURN(JobRecord rec, store_->GetJob(job_id));
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job_id, " is ", v1::JobState_Name(rec.status.state()), ", not suspended"));
-  }
-  Job& job = it->second;
-  if (!job.status.suspended()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job ", job_id, " is ", v1::JobState_Name(job.status.state()),
-                     " and not suspended (it was not submitted with --suspended, or it was "
-                     "released already)"));
-  }
-  FlushProgress();
-  job.status.set_suspended(false);
-  job.status.set_reason("released: waiting for workers");
-  // Durable before it is queued: a restart never suspends it again.
-  if (absl::Status s = store_->UpdateStatus(job.status); !s.ok()) {
-    job.status.set_suspended(true);
-    job.status.set_reason(kSuspendedReason);
-    return s;
-  }
-  UpdateProgress(job, "released from suspension (stagewise resume); queued", {});
-  Requeue(job_id, /*recovering=*/false);
-  return job.status;
-}
-
 std::vector<v1::WorkerInfo> JobManager::ListWorkers() const { return registry_.List(); }
 
 // --- Workers (gRPC threads) ------------------------------------------------
@@ -773,30 +737,6 @@ void JobManager::Send(const std::string& worker_id, v1::Command command) {
 void JobManager::TickGoodput() {
   goodput_.Tick(absl::Now(), registry_.GetCounts().registered, usage_.TotalHeld(),
                 scheduler_.size() > 0);
-}
-
-absl::StatusOr<v1::Goodput> JobManager::Goodput(const std::string& job_id) {
-  std::optional<v1::Goodput> live;
-  if (!RunOnLoop([&] {
-        const absl::Time now = absl::Now();
-        TickGoodput();
-        if (job_id.empty()) {
-          std::vector<const LiveJob*> all;
-          for (const auto& [id, job] : jobs_) all.push_back(&job);
-          live = goodput_.Cluster(all, now);
-        } else if (auto it = jobs_.find(job_id); it != jobs_.end()) {
-          live = ToProto(goodput_.JobUse(it->second, now));
-          live->set_job_id(job_id);
-        }
-      })) {
-    return absl::UnavailableError("the coordinator is stopping");
-  }
-  if (live.has_value()) return *live;
-  // An ended job: what its attempts added up to.
-  STAGEWISE_ASSIGN_OR_RETURN(v1::JobStatus st, queries_.GetJob(job_id));
-  v1::Goodput g = ToProto(ReadUse(st.summary()));
-  g.set_job_id(job_id);
-  return g;
 }
 
 void JobManager::RefreshGauges() {

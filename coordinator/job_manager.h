@@ -148,6 +148,11 @@ class JobManager : private JobHost {
   // Queues a job submitted suspended (durably). NOT_FOUND for an unknown
   // job, FAILED_PRECONDITION for one that is not suspended.
   absl::StatusOr<v1::JobStatus> Release(const std::string& job_id);
+  // Moves a job that waits to be placed (PENDING, or RECOVERING between
+  // attempts) to class `priority`, durably. INVALID_ARGUMENT naming
+  // `priority` for an unknown class; FAILED_PRECONDITION for a placed or
+  // ended job (a running job's class does not change under it).
+  absl::StatusOr<v1::JobStatus> SetPriority(const std::string& job_id, const std::string& priority);
   std::vector<v1::WorkerInfo> ListWorkers() const;
   std::map<std::string, absl::Time> WorkersLastSeen() const { return registry_.LastSeen(); }
   metrics::CoordinatorMetrics* metrics() const { return metrics_; }
@@ -266,6 +271,8 @@ class JobManager : private JobHost {
   void Admit(Job job);
   absl::StatusOr<v1::JobStatus> CancelJob(const std::string& job_id, const std::string& reason);
   absl::StatusOr<v1::JobStatus> ReleaseJob(const std::string& job_id);
+  absl::StatusOr<v1::JobStatus> SetPriorityOnLoop(const std::string& job_id,
+                                                  const std::string& priority);
   void Schedule();
   void ScheduleIfNeeded();
   // recovery.min_stages: plans a stop of every running job that runs fewer

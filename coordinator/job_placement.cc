@@ -1,6 +1,7 @@
 // JobManager's placement side (loop thread): the scheduling pass, the plan
-// from the workers' profiles, the stage assignments, and the queue a job
-// goes back to. The rest of the manager is in job_manager.cc.
+// from the workers' profiles, the stage assignments, the queue a job goes
+// back to, and what clients ask of the queue (release, priority, goodput).
+// The rest of the manager is in job_manager.cc.
 #include <string>
 #include <utility>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/job_manager.h"
 #include "services/common/log.h"
+#include "services/common/status_macros.h"
 
 namespace stagewise::coordinator {
 // --- Loop thread: lifecycle -------------------------------------------------
@@ -221,6 +223,112 @@ void JobManager::Requeue(const std::string& job_id, bool recovering) {
     scheduler_.Enqueue(std::move(request));
   }
   schedule_needed_ = true;
+}
+
+// --- The queue's clients: release, priority, goodput ------------------------
+
+absl::StatusOr<v1::JobStatus> JobManager::Release(const std::string& job_id) {
+  absl::StatusOr<v1::JobStatus> result = absl::UnavailableError("the coordinator is stopping");
+  RunOnLoop([&] { result = ReleaseJob(job_id); });
+  return result;
+}
+
+absl::StatusOr<v1::JobStatus> JobManager::ReleaseJob(const std::string& job_id) {
+  STAGEWISE_BUG(OnLoop());
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    // Ended (or unknown: NOT_FOUND): nothing to release.
+    STAGEWISE_ASSIGN_OR_RETURN(JobRecord rec, store_->GetJob(job_id));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " is ", v1::JobState_Name(rec.status.state()), ", not suspended"));
+  }
+  Job& job = it->second;
+  if (!job.status.suspended()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is ", v1::JobState_Name(job.status.state()),
+                     " and not suspended (it was not submitted with --suspended, or it was "
+                     "released already)"));
+  }
+  FlushProgress();
+  job.status.set_suspended(false);
+  job.status.set_reason("released: waiting for workers");
+  // Durable before it is queued: a restart never suspends it again.
+  if (absl::Status s = store_->UpdateStatus(job.status); !s.ok()) {
+    job.status.set_suspended(true);
+    job.status.set_reason(kSuspendedReason);
+    return s;
+  }
+  UpdateProgress(job, "released from suspension (stagewise resume); queued", {});
+  Requeue(job_id, /*recovering=*/false);
+  return job.status;
+}
+
+absl::StatusOr<v1::JobStatus> JobManager::SetPriority(const std::string& job_id,
+                                                      const std::string& priority) {
+  absl::StatusOr<v1::JobStatus> result = absl::UnavailableError("the coordinator is stopping");
+  RunOnLoop([&] { result = SetPriorityOnLoop(job_id, priority); });
+  return result;
+}
+
+absl::StatusOr<v1::JobStatus> JobManager::SetPriorityOnLoop(const std::string& job_id,
+                                                            const std::string& priority) {
+  STAGEWISE_BUG(OnLoop());
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    STAGEWISE_ASSIGN_OR_RETURN(JobRecord rec, store_->GetJob(job_id));
+    return absl::FailedPreconditionError(
+        absl::StrCat("priority: job ", job_id, " is ", v1::JobState_Name(rec.status.state())));
+  }
+  absl::StatusOr<int> rank = sharing_.RankOf(priority);
+  if (!rank.ok() || priority.empty()) {
+    return absl::InvalidArgumentError(rank.ok() ? "priority: name a class"
+                                                : std::string(rank.status().message()));
+  }
+  Job& job = it->second;
+  if (!job.run.workers.empty() ||
+      (job.status.state() != v1::PENDING && job.status.state() != v1::RECOVERING)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "priority: job ", job_id, " is ", v1::JobState_Name(job.status.state()),
+        "; the class of a placed job does not change under it (cancel it and submit it again "
+        "with `priority: ",
+        priority, "`)"));
+  }
+  const std::string before = job.status.priority();
+  FlushProgress();
+  job.status.set_priority(sharing_.NameOf(*rank));
+  // Durable before it acts: a restart keeps the new class.
+  if (absl::Status s = store_->UpdateStatus(job.status); !s.ok()) {
+    job.status.set_priority(before);
+    return s;
+  }
+  UpdateProgress(job, absl::StrCat("priority: class ", before, " -> ", job.status.priority()), {});
+  scheduler_.SetRank(job_id, *rank);
+  schedule_needed_ = true;
+  return job.status;
+}
+
+absl::StatusOr<v1::Goodput> JobManager::Goodput(const std::string& job_id) {
+  std::optional<v1::Goodput> live;
+  if (!RunOnLoop([&] {
+        const absl::Time now = absl::Now();
+        TickGoodput();
+        if (job_id.empty()) {
+          std::vector<const LiveJob*> all;
+          for (const auto& [id, job] : jobs_) all.push_back(&job);
+          live = goodput_.Cluster(all, now);
+        } else if (auto it = jobs_.find(job_id); it != jobs_.end()) {
+          live = ToProto(goodput_.JobUse(it->second, now));
+          live->set_job_id(job_id);
+        }
+      })) {
+    return absl::UnavailableError("the coordinator is stopping");
+  }
+  if (live.has_value()) return *live;
+  // An ended job: what its attempts added up to.
+  STAGEWISE_ASSIGN_OR_RETURN(v1::JobStatus st, queries_.GetJob(job_id));
+  v1::Goodput g = ToProto(ReadUse(st.summary()));
+  g.set_job_id(job_id);
+  return g;
 }
 
 }  // namespace stagewise::coordinator

@@ -32,8 +32,11 @@ int Frees(const LiveJob& job, int matching) {
 }  // namespace
 
 int RankOfJob(const SharingConfig& config, const LiveJob& job) {
-  absl::StatusOr<int> rank = config.RankOf(job.spec.priority);
-  if (rank.ok()) return *rank;
+  // A class set since submission (SetPriority) is the status's.
+  for (const std::string& name : {job.status.priority(), job.spec.priority}) {
+    if (name.empty()) continue;
+    if (absl::StatusOr<int> rank = config.RankOf(name); rank.ok()) return *rank;
+  }
   return config.RankOf("").value_or(0);
 }
 

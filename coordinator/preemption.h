@@ -31,8 +31,9 @@
 
 namespace stagewise::coordinator {
 
-// The job's class rank under `config` (its default class's when its
-// `priority` is not a class there any more).
+// The job's class rank under `config`: its status's class (a priority
+// change), else its spec's `priority`, else (neither is a class there any
+// more) the default class's.
 int RankOfJob(const SharingConfig& config, const LiveJob& job);
 
 class Preemptor {

@@ -50,6 +50,15 @@ bool Scheduler::Remove(const std::string& job_id) {
   return true;
 }
 
+bool Scheduler::SetRank(const std::string& job_id, int rank) {
+  for (Request& r : queue_) {
+    if (r.job_id != job_id) continue;
+    r.rank = rank;
+    return true;
+  }
+  return false;
+}
+
 bool Scheduler::Queued(const std::string& job_id) const {
   return std::any_of(queue_.begin(), queue_.end(),
                      [&](const Request& r) { return r.job_id == job_id; });

@@ -80,6 +80,8 @@ class Scheduler {
   // Puts a RECOVERING job at the head of the queue: a job that already ran
   // goes before the jobs that wait for their first placement.
   void Requeue(Request request);
+  // The queued job's class rank (a priority change); false if not queued.
+  bool SetRank(const std::string& job_id, int rank);
   // Drops a job from the queue; false if it was not queued.
   bool Remove(const std::string& job_id);
   bool Queued(const std::string& job_id) const;

@@ -1,6 +1,7 @@
 // `stagewise queue`: the jobs waiting to be placed, in the coordinator's
 // queue order, with what each waits for (JobStatus.queue_position and
-// reason), then the suspended ones and those settling after a loss.
+// reason), then the suspended ones and those settling after a loss; and
+// `stagewise priority JOB CLASS`, which moves a waiting job to another class.
 #include <algorithm>
 #include <ostream>
 #include <string>
@@ -24,6 +25,26 @@ struct QueueArgs {
   std::string coordinator;
   std::string output = "text";
 };
+
+struct PriorityArgs {
+  std::string coordinator;
+  std::string job_id;
+  std::string priority;
+  std::string output = "text";
+};
+
+int Priority(const PriorityArgs& args, std::ostream& out, std::ostream& err) {
+  client::CoordinatorClient client(client::ResolveCoordinatorAddress(args.coordinator));
+  absl::StatusOr<v1::JobStatus> status = client.SetPriority(args.job_id, args.priority);
+  if (!status.ok()) return ReportError(status.status(), err);
+  if (args.output == "json") {
+    out << JobJson(*status) << "\n";
+  } else {
+    out << "job " << status->job_id() << ": class " << status->priority() << " ("
+        << client::JobStateName(status->state()) << ")\n";
+  }
+  return kExitOk;
+}
 
 bool Waiting(const v1::JobStatus& s) {
   return s.state() == v1::PENDING || s.state() == v1::RECOVERING;
@@ -107,6 +128,22 @@ void AddQueueCommand(CommandSet& set) {
         });
       });
   AddOutputOption(cmd, args->output, "Output format");
+
+  auto priority = std::make_shared<PriorityArgs>();
+  CLI::App* priority_cmd = set.Add(
+      "priority",
+      "Moves a job that waits to be placed to another priority class of the coordinator's\n"
+      "--scheduling-config (its place in the queue follows at the next pass); a placed job\n"
+      "keeps its class (cancel and resubmit to change it)",
+      [priority](Invocation& run) {
+        return run.WithCoordinator([&](const std::string& coordinator) {
+          priority->coordinator = coordinator;
+          return Priority(*priority, run.out(), run.err());
+        });
+      });
+  priority_cmd->add_option("job_id", priority->job_id, "Job id")->required();
+  priority_cmd->add_option("class", priority->priority, "A priority class")->required();
+  AddOutputOption(priority_cmd, priority->output, "Output format");
 }
 
 }  // namespace stagewise::cli

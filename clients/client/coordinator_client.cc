@@ -203,6 +203,18 @@ absl::StatusOr<v1::JobStatus> CoordinatorClient::Cancel(const std::string& job_i
   return resp;
 }
 
+absl::StatusOr<v1::JobStatus> CoordinatorClient::SetPriority(const std::string& job_id,
+                                                             const std::string& priority) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::SetJobPriorityRequest req;
+  req.set_job_id(job_id);
+  req.set_priority(priority);
+  v1::JobStatus resp;
+  if (absl::Status s = Convert(stub_->SetJobPriority(&ctx, req, &resp)); !s.ok()) return s;
+  return resp;
+}
+
 absl::StatusOr<v1::JobStatus> CoordinatorClient::Resume(const std::string& job_id) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx);

@@ -96,6 +96,8 @@ class CoordinatorClient {
   absl::StatusOr<std::string> Submit(const std::string& job_spec_yaml, bool suspended = false);
   // Releases a job submitted suspended into the queue.
   absl::StatusOr<v1::JobStatus> Resume(const std::string& job_id);
+  // Moves a waiting job to another priority class (SetJobPriority).
+  absl::StatusOr<v1::JobStatus> SetPriority(const std::string& job_id, const std::string& priority);
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job_id);
   // Newest first, at most `limit` (0: every job), a page at a time.
   absl::StatusOr<std::vector<v1::JobStatus>> ListJobs(int limit = 0);

@@ -244,7 +244,10 @@ std::optional<Role> RequiredRole(std::string_view method) {
         "GetJobTrace", "ListJobEvents", "GetGoodput"}) {
     if (name == read) return Role::kRead;
   }
-  if (name == "SubmitJob" || name == "CancelJob" || name == "ResumeJob") return Role::kSubmit;
+  if (name == "SubmitJob" || name == "CancelJob" || name == "ResumeJob" ||
+      name == "SetJobPriority") {
+    return Role::kSubmit;
+  }
   if (name == "BackupDatabase") return Role::kAdmin;
   return std::nullopt;
 }

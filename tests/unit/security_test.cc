@@ -844,6 +844,8 @@ TEST(TokenTableTest, RolesAndTokens) {
   EXPECT_EQ(RequiredRole("/stagewise.v1.Coordinator/SubmitJob"), Role::kSubmit);
   EXPECT_EQ(RequiredRole("CancelJob"), Role::kSubmit);
   EXPECT_EQ(RequiredRole("ResumeJob"), Role::kSubmit);
+  EXPECT_EQ(RequiredRole("SetJobPriority"), Role::kSubmit);
+  EXPECT_EQ(RequiredRole("GetGoodput"), Role::kRead);
   EXPECT_EQ(RequiredRole("/stagewise.v1.Coordinator/RegisterWorker"), std::nullopt);
   EXPECT_EQ(RequiredRole("Control"), std::nullopt);
   EXPECT_EQ(RequiredRole("/other.Service/GetJob"), std::nullopt);

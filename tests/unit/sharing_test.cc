@@ -463,5 +463,40 @@ TEST_F(PreemptionTest, AFinishedJobsGoodputIsKeptAndTheClusterCountsIt) {
   EXPECT_EQ(manager_->Goodput("job-none").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(PreemptionTest, AWaitingJobMovesToAnotherClassARunningOneDoesNot) {
+  StartManager(SharingOptions());
+  AddWorker("w0");
+  AddWorker("w1");
+  const std::string running = SubmitAs("bob", Yaml("batch"));
+  AckAll({"w0", "w1"});
+  const std::string first = SubmitAs("dave", Yaml("batch"));
+  const std::string second = SubmitAs("dave", Yaml("batch"));
+  EXPECT_EQ(Status(first).queue_position(), 1);
+  // Errors name the key; nothing changes.
+  absl::StatusOr<v1::JobStatus> bad = manager_->SetPriority(second, "urgent");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("priority: unknown class 'urgent'"));
+  bad = manager_->SetPriority(running, "research");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("priority: job " + running + " is RUNNING; the class of a placed job"));
+  EXPECT_EQ(Status(running).priority(), "batch");
+  EXPECT_EQ(manager_->SetPriority("job-none", "research").status().code(),
+            absl::StatusCode::kNotFound);
+  // research is above batch: the second job goes first now, and (research
+  // preempts) takes the running batch job's workers.
+  absl::StatusOr<v1::JobStatus> moved = manager_->SetPriority(second, "research");
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(moved->priority(), "research");
+  Sync();
+  EXPECT_EQ(Status(second).queue_position(), 1);
+  EXPECT_EQ(Status(first).queue_position(), 2);
+  EXPECT_EQ(Sink("w0").Of(v1::Command::kCheckpointSoon).size(), 1u);
+  // Durable: the store has it.
+  auto stored = store_->GetJob(second);
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->status.priority(), "research");
+}
+
 }  // namespace
 }  // namespace stagewise::coordinator
