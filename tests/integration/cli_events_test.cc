@@ -379,6 +379,24 @@ TEST_F(CliEventsTest, ASuspendedJobRunsOnlyOnceResumed) {
     usleep(50 * 1000);
   }
   EXPECT_NE(events.out.find("released from suspension"), std::string::npos) << events.out;
+
+  // Goodput: the finished job's and the cluster's, as JSON and text.
+  Result job_goodput = Stagewise("goodput " + id + at + "-o json");
+  ASSERT_EQ(job_goodput.code, 0) << job_goodput.err;
+  nlohmann::json g = nlohmann::json::parse(job_goodput.out);
+  EXPECT_EQ(g["job_id"], id) << job_goodput.out;
+  EXPECT_GT(g["held_worker_seconds"].get<double>(), 0) << job_goodput.out;
+  EXPECT_GT(g["worker_seconds"]["startup"].get<double>(), 0) << job_goodput.out;
+  EXPECT_TRUE(g["worker_seconds"].contains("productive")) << job_goodput.out;
+  Result cluster_goodput = Stagewise("goodput" + at);
+  ASSERT_EQ(cluster_goodput.code, 0) << cluster_goodput.err;
+  EXPECT_NE(cluster_goodput.out.find("idle_unqueued"), std::string::npos) << cluster_goodput.out;
+  EXPECT_NE(cluster_goodput.out.find("goodput "), std::string::npos) << cluster_goodput.out;
+  // An ended job keeps its class; the error names the key.
+  Result priority = Stagewise("priority " + id + " urgent" + at);
+  EXPECT_EQ(priority.code, 1);
+  EXPECT_NE(priority.err.find("priority: job " + id + " is SUCCEEDED"), std::string::npos)
+      << priority.err;
 }
 
 TEST_F(CliEventsTest, AContextSaysWhereTheCoordinatorIs) {
