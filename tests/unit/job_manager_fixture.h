@@ -15,10 +15,34 @@
 #include <vector>
 
 #include "coordinator/job_manager.h"
+#include "services/checkpoint/checkpoint.h"
 #include "services/metrics/metrics.h"
 #include "tests/unit/coordinator_fakes.h"
 
 namespace stagewise::coordinator::testing {
+
+// Writes stage `stage`'s shard of step `step` under checkpoint dir `root`
+// and returns the CheckpointSaved event `worker` sends for it.
+inline v1::WorkerEvent SavedShard(const std::string& root, const std::string& job,
+                                  const std::string& worker, int stage, int64_t step,
+                                  int attempt = 0) {
+  const std::string dir = checkpoint::StepDir(root, job, step);
+  const std::string data = "shard " + std::to_string(stage) + " at " + std::to_string(step);
+  EXPECT_TRUE(
+      checkpoint::WriteFileAtomically(dir + "/" + checkpoint::ShardFileName(stage), data).ok());
+  v1::WorkerEvent e;
+  e.set_worker_id(worker);
+  e.set_job_id(job);
+  e.set_stage(stage);
+  e.set_attempt(attempt);
+  v1::CheckpointSaved* c = e.mutable_checkpoint_saved();
+  c->set_step(step);
+  c->set_phase_step(step);
+  c->set_path(dir + "/" + checkpoint::ShardFileName(stage));
+  c->set_bytes(static_cast<int64_t>(data.size()));
+  c->set_crc32(checkpoint::Crc32(data));
+  return e;
+}
 
 class JobManagerTest : public ::testing::Test {
  protected:

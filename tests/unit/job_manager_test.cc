@@ -512,23 +512,9 @@ TEST_F(JobManagerTest, CommitsCheckpointsAndResumesFromTheNewest) {
   AckAll({"w0", "w1"});
   ASSERT_EQ(Status(id).state(), v1::RUNNING);
   auto saved = [&](const std::string& w, int stage, int64_t step, int attempt) {
-    const std::string dir = checkpoint::StepDir(root, id, step);
-    const std::string data = "shard " + std::to_string(stage) + " at " + std::to_string(step);
-    EXPECT_TRUE(
-        checkpoint::WriteFileAtomically(dir + "/" + checkpoint::ShardFileName(stage), data).ok());
-    v1::WorkerEvent e;
-    e.set_worker_id(w);
-    e.set_job_id(id);
-    e.set_stage(stage);
-    e.set_attempt(attempt);
-    v1::CheckpointSaved* c = e.mutable_checkpoint_saved();
-    c->set_step(step);
-    c->set_phase_step(step);
-    c->set_path(dir + "/" + checkpoint::ShardFileName(stage));
-    c->set_bytes(static_cast<int64_t>(data.size()));
-    c->set_crc32(checkpoint::Crc32(data));
-    manager_->OnEvent(e);
+    manager_->OnEvent(testing::SavedShard(root, id, w, stage, step, attempt));
   };
+
   saved("w0", 0, 10, 0);
   saved("w1", 1, 10, 0);
   saved("w0", 0, 20, 0);

@@ -271,21 +271,7 @@ class PreemptionTest : public JobManagerTest {
     return id.ok() ? *id : "";
   }
   void Saved(const std::string& id, const std::string& w, int stage, int64_t step) {
-    const std::string dir = checkpoint::StepDir(root_, id, step);
-    const std::string data = "shard";
-    ASSERT_TRUE(
-        checkpoint::WriteFileAtomically(dir + "/" + checkpoint::ShardFileName(stage), data).ok());
-    v1::WorkerEvent e;
-    e.set_worker_id(w);
-    e.set_job_id(id);
-    e.set_stage(stage);
-    v1::CheckpointSaved* c = e.mutable_checkpoint_saved();
-    c->set_step(step);
-    c->set_phase_step(step);
-    c->set_path(dir + "/" + checkpoint::ShardFileName(stage));
-    c->set_bytes(static_cast<int64_t>(data.size()));
-    c->set_crc32(checkpoint::Crc32(data));
-    manager_->OnEvent(e);
+    manager_->OnEvent(testing::SavedShard(root_, id, w, stage, step));
   }
   std::string root_;
 };
