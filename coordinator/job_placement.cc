@@ -62,8 +62,13 @@ void JobManager::Schedule() {
       UpdateProgress(it->second, "", {});  // stored with the transition's flush
     }
     it->second.run.workers = SlotWorkers(it->second, p.workers);
+    int gpu_workers = 0;
+    for (const std::string& w : p.workers) {
+      const std::optional<v1::WorkerInfo> info = registry_.Info(w);
+      gpu_workers += info && HasLabels(*info, {kNeedsCudaLabel}) ? 1 : 0;
+    }
     usage_.Hold(p.job_id, it->second.status.owner(), static_cast<int>(p.workers.size()),
-                absl::Now());
+                absl::Now(), gpu_workers);
     goodput_.Placed(it->second, NumWorkerStages(it->second) * SpecReplicas(it->second),
                     static_cast<int>(p.workers.size()), absl::Now());
     std::string elastic = SetPlacedReplicas(it->second);

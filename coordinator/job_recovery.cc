@@ -78,7 +78,9 @@ bool JobRecovery::QueueRecovery(const std::string& job_id, LiveJob& job, const s
   const Handover next = std::move(job.next);
   job.next = Handover{};
   job.resume.reset();
-  job.fewer_stages = false;  // all the stages again first (recovery.min_stages)
+  // All the stages again first (recovery.min_stages), unless the stop said
+  // that fewer will do.
+  job.fewer_stages = next.fewer_stages;
   if (!job.spec.checkpoint.dir.empty()) {
     std::vector<std::string> skipped;
     std::vector<checkpoint::Committed> committed =

@@ -35,6 +35,9 @@ struct Handover {
   // recovery.min_stages: the next attempt is cut into this many stages (0:
   // the checkpoint's cut).
   int grow_to = 0;
+  // recovery.min_stages: the next placement may take fewer stages at once
+  // (a job preempted for a higher class resumes on what is left).
+  bool fewer_stages = false;
   // Rebalancing (coordinator/rebalancer.h): the cut the next attempt takes.
   struct Recut {
     std::vector<std::pair<int, int>> ranges;

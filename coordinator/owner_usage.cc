@@ -17,6 +17,7 @@ void OwnerUsage::Advance(Owner& owner, absl::Time now) const {
   const double h = absl::ToDoubleSeconds(half_life_);
   const double keep = std::exp2(-dt / h);
   owner.decayed = owner.decayed * keep + owner.held * h / std::log(2.0) * (1 - keep);
+  owner.decayed_gpu = owner.decayed_gpu * keep + owner.held_gpu * h / std::log(2.0) * (1 - keep);
 }
 
 OwnerUsage::Owner OwnerUsage::AdvancedCopy(const std::string& owner, absl::Time now) const {
@@ -28,13 +29,14 @@ OwnerUsage::Owner OwnerUsage::AdvancedCopy(const std::string& owner, absl::Time 
 }
 
 void OwnerUsage::Hold(const std::string& job_id, const std::string& owner, int workers,
-                      absl::Time now) {
+                      absl::Time now, int gpu_workers) {
   Release(job_id, now);
   Owner& o = owners_[owner];
   Advance(o, now);
   o.held += workers;
+  o.held_gpu += gpu_workers;
   o.jobs += 1;
-  jobs_[job_id] = {owner, workers};
+  jobs_[job_id] = {owner, workers, gpu_workers};
 }
 
 void OwnerUsage::Release(const std::string& job_id, absl::Time now) {
@@ -43,6 +45,7 @@ void OwnerUsage::Release(const std::string& job_id, absl::Time now) {
   Owner& o = owners_[it->second.owner];
   Advance(o, now);
   o.held -= it->second.workers;
+  o.held_gpu -= it->second.gpu_workers;
   o.jobs -= 1;
   jobs_.erase(it);
 }
@@ -50,6 +53,15 @@ void OwnerUsage::Release(const std::string& job_id, absl::Time now) {
 int OwnerUsage::HeldWorkers(const std::string& owner) const {
   auto it = owners_.find(owner);
   return it == owners_.end() ? 0 : it->second.held;
+}
+
+int OwnerUsage::HeldGpuWorkers(const std::string& owner) const {
+  auto it = owners_.find(owner);
+  return it == owners_.end() ? 0 : it->second.held_gpu;
+}
+
+double OwnerUsage::DecayedGpuWorkerSeconds(const std::string& owner, absl::Time now) const {
+  return AdvancedCopy(owner, now).decayed_gpu;
 }
 
 int OwnerUsage::HeldJobs(const std::string& owner) const {

@@ -24,9 +24,10 @@ class OwnerUsage {
   explicit OwnerUsage(absl::Duration half_life = absl::Hours(1)) : half_life_(half_life) {}
   void set_half_life(absl::Duration half_life) { half_life_ = half_life; }
 
-  // The job (of `owner`) holds `workers` from `now`; a job already held is
-  // released first.
-  void Hold(const std::string& job_id, const std::string& owner, int workers, absl::Time now);
+  // The job (of `owner`) holds `workers` from `now`, `gpu_workers` of them
+  // on CUDA devices; a job already held is released first.
+  void Hold(const std::string& job_id, const std::string& owner, int workers, absl::Time now,
+            int gpu_workers = 0);
   // The job holds nothing from `now` (no-op when it held nothing).
   void Release(const std::string& job_id, absl::Time now);
 
@@ -38,15 +39,20 @@ class OwnerUsage {
   double WorkerSeconds(const std::string& owner, absl::Time now) const;
   // The same with every past second weighted 2^(-age / half-life).
   double DecayedWorkerSeconds(const std::string& owner, absl::Time now) const;
+  // The decayed worker-seconds of the owner's GPU workers alone.
+  double DecayedGpuWorkerSeconds(const std::string& owner, absl::Time now) const;
+  int HeldGpuWorkers(const std::string& owner) const;
   // Every owner seen, with its worker-seconds up to `now`.
   std::map<std::string, double> AllWorkerSeconds(absl::Time now) const;
 
  private:
   struct Owner {
     int held = 0;
+    int held_gpu = 0;
     int jobs = 0;
     double worker_seconds = 0;  // up to `since`
     double decayed = 0;         // up to `since`
+    double decayed_gpu = 0;     // up to `since`
     absl::Time since = absl::InfinitePast();
   };
   // Brings the owner's sums up to `now` (its `held` constant since `since`).
@@ -58,6 +64,7 @@ class OwnerUsage {
   struct Held {
     std::string owner;
     int workers = 0;
+    int gpu_workers = 0;
   };
   std::map<std::string, Held> jobs_;
 };

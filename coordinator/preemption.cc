@@ -109,11 +109,15 @@ int Preemptor::AfterPass(const std::vector<Scheduler::Waiting>& waiting) {
       const int have = static_cast<int>(DistinctWorkers(job).size());
       const bool shrinks = SmallestSize(job, have) < have;
       // recovery.min_stages: the next placement may take fewer stages.
-      if (shrinks && job.spec.recovery.min_stages > 0) job.fewer_stages = true;
+      Handover handover;
+      handover.fewer_stages = shrinks && job.spec.recovery.min_stages > 0;
       const std::string reason =
           absl::StrCat("preempted by job ", w.job_id, " (class ", class_name, ", waiting for ",
                        w.workers, " workers)", shrinks ? ": resuming on fewer workers" : "");
-      if (!planned_->Begin(v.job_id, job, reason, v1::END_CAUSE_PRIORITY, {}, w.job_id)) continue;
+      if (!planned_->Begin(v.job_id, job, reason, v1::END_CAUSE_PRIORITY, std::move(handover),
+                           w.job_id)) {
+        continue;
+      }
       ++begun;
       STAGEWISE_LOG(INFO) << "job " << v.job_id << ": " << reason;
       host_->UpdateProgress(

@@ -68,13 +68,23 @@ std::vector<size_t> Scheduler::Order(absl::Time now) const {
   std::vector<size_t> order(queue_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   if (config_ == nullptr || usage_ == nullptr) return order;  // queue order
-  // Per owner: decayed worker-seconds, then workers held, per unit of weight.
+  // Per owner, dominant-resource style: its larger share of the pool's
+  // workers and of its GPU workers (when there are any), in decayed
+  // worker-seconds and then in workers held, per unit of weight.
+  const WorkerRegistry::Counts pool = registry_->GetCounts();
+  const double all = std::max(1, pool.registered);
+  const double gpu = std::max(1, pool.gpu);
   std::map<std::string, std::pair<double, double>> share;
   for (const Request& r : queue_) {
     if (share.count(r.owner)) continue;
     const double weight = config_->OwnerOf(r.owner).weight;
-    share[r.owner] = {usage_->DecayedWorkerSeconds(r.owner, now) / weight,
-                      usage_->HeldWorkers(r.owner) / weight};
+    double used = usage_->DecayedWorkerSeconds(r.owner, now) / all;
+    double held = usage_->HeldWorkers(r.owner) / all;
+    if (pool.gpu > 0) {
+      used = std::max(used, usage_->DecayedGpuWorkerSeconds(r.owner, now) / gpu);
+      held = std::max(held, usage_->HeldGpuWorkers(r.owner) / gpu);
+    }
+    share[r.owner] = {used / weight, held / weight};
   }
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     const Request& x = queue_[a];

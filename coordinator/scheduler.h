@@ -10,8 +10,10 @@
 //
 // With a scheduling config (SetSharing; docs/operations.md, "Sharing the
 // cluster") the order is: priority class (highest first), then jobs that
-// already ran (recovering), then the owner's decayed worker-seconds per unit
-// of weight (least first: weighted fair share), then submission. An owner at
+// already ran (recovering), then the owner's dominant share per unit of
+// weight (least first: weighted fair share; its larger share of the pool's
+// workers and of its GPU workers, in decayed worker-seconds), then
+// submission. An owner at
 // its quota (max_workers, max_running_jobs) waits. A job of a lower class is
 // not placed on the idle workers a waiting job of a higher class needs
 // (backfill only within a class); gang admission: all of a job's workers at

@@ -192,6 +192,7 @@ WorkerRegistry::Counts WorkerRegistry::GetCounts() const {
   Counts counts;
   counts.registered = static_cast<int>(workers_.size());
   for (const auto& [id, w] : workers_) {
+    if (HasLabels(w.info, {kNeedsCudaLabel})) ++counts.gpu;
     if (!w.job_id.empty()) {
       ++counts.busy;
     } else if (w.sink != nullptr && !w.draining) {

@@ -61,6 +61,7 @@ class WorkerRegistry {
     int idle = 0;        // connected, no job
     int busy = 0;        // running a job stage
     int registered = 0;  // every worker, connected or not
+    int gpu = 0;         // of them on a CUDA device (kNeedsCudaLabel)
   };
 
   WorkerRegistry() = default;

@@ -240,6 +240,31 @@ TEST_F(SharingSchedulerTest, TheOwnerThatUsedLeastPerWeightGoesFirst) {
   EXPECT_THAT(Placed(scheduler_.Schedule(now_)), ElementsAre("c"));
 }
 
+TEST_F(SharingSchedulerTest, GpuWorkersCountSeparatelyDominantResourceStyle) {
+  // Two of the six workers are on CUDA devices.
+  for (const std::string id : {"g0", "g1"}) {
+    v1::WorkerInfo info = Info(id);
+    info.set_device("cuda:0");
+    std::optional<WorkerRegistry::Removed> replaced;
+    std::string session;
+    ASSERT_TRUE(registry_.Register(info, {}, now_, &replaced, &session).ok());
+    sinks_.push_back(std::make_unique<FakeSink>());
+    ASSERT_TRUE(registry_.Connect(id, session, {}, sinks_.back().get(), now_).ok());
+  }
+  // erin used 2 GPU workers for 100 s (all of the GPUs: a share of 1); frank
+  // 4 CPU workers for 100 s (4 of 6 workers: 2/3). By workers alone erin's
+  // 200 worker-seconds are less than frank's 400; by dominant share frank's is.
+  usage_.Hold("old-a", "erin", 2, now_ - absl::Seconds(100), 2);
+  usage_.Release("old-a", now_);
+  usage_.Hold("old-b", "frank", 4, now_ - absl::Seconds(100), 0);
+  usage_.Release("old-b", now_);
+  EXPECT_EQ(usage_.HeldGpuWorkers("erin"), 0);
+  EXPECT_GT(usage_.DecayedGpuWorkerSeconds("erin", now_), 0);
+  Enqueue("a", 6, "erin", 1);
+  Enqueue("b", 6, "frank", 1);
+  EXPECT_THAT(Placed(scheduler_.Schedule(now_)), ElementsAre("b"));
+}
+
 // Preemption through the manager: a production job takes the workers of a
 // running research job, which checkpoints at its next step and resumes
 // after it, behind it in the queue.
@@ -482,6 +507,39 @@ TEST_F(PreemptionTest, AWaitingJobMovesToAnotherClassARunningOneDoesNot) {
   auto stored = store_->GetJob(second);
   ASSERT_TRUE(stored.ok());
   EXPECT_EQ(stored->status.priority(), "research");
+}
+
+TEST_F(PreemptionTest, AVictimThatMayRunSmallerResumesOnWhatIsLeft) {
+  StartManager(SharingOptions());
+  AddWorker("w0");
+  AddWorker("w1");
+  AddWorker("w2");
+  // Three stages that may run on one (recovery.min_stages): stopping it
+  // frees two workers, enough for the production job.
+  const std::string low = SubmitAs(
+      "bob", JobYaml(3, 40,
+                     "priority: research\ncheckpoint: {dir: " + root_ +
+                         ", every_steps: 1000}\nrecovery: {min_stages: 1, max_restarts: 3}\n"));
+  AckAll({"w0", "w1", "w2"});
+  ASSERT_EQ(Status(low).state(), v1::RUNNING);
+  const std::string high = SubmitAs("alice", Yaml("production"));
+  ASSERT_EQ(Sink("w0").Of(v1::Command::kCheckpointSoon).size(), 1u);
+  v1::WorkerEvent planned;
+  planned.set_worker_id("w0");
+  planned.set_job_id(low);
+  planned.mutable_checkpoint_planned()->set_step(5);
+  manager_->OnEvent(planned);
+  for (int j = 0; j < 3; ++j) Saved(low, "w" + std::to_string(j), j, 5);
+  Sync();
+  EXPECT_EQ(Status(high).state(), v1::CONFIGURING);
+  const v1::JobStatus victim = Status(low);
+  EXPECT_EQ(victim.state(), v1::CONFIGURING) << victim.reason();
+  ASSERT_EQ(victim.attempts_size(), 2);
+  EXPECT_EQ(victim.attempts(0).cause(), v1::END_CAUSE_PRIORITY);
+  EXPECT_THAT(victim.attempts(0).end_reason(), HasSubstr("resuming on fewer workers"));
+  EXPECT_EQ(victim.attempts(1).workers_size(), 1);
+  EXPECT_EQ(victim.attempts(1).from_step(), 5);
+  EXPECT_EQ(victim.num_stages(), 1);
 }
 
 }  // namespace
