@@ -50,6 +50,14 @@ void GoodputTracker::Placed(LiveJob& job, int wanted, int workers, absl::Time no
   WriteUse(job.used, job.status.mutable_summary());
 }
 
+void GoodputTracker::Dequeued(LiveJob& job, absl::Time now) {
+  const WorkerSecondsByUse waited = WaitingSoFar(job, now);
+  job.used += waited;
+  cluster_.AddEnded(waited);
+  job.queued_since = absl::InfiniteFuture();
+  WriteUse(job.used, job.status.mutable_summary());
+}
+
 void GoodputTracker::AttemptEnded(LiveJob& job, absl::Time now, bool redo) {
   if (!job.run.use.placed()) return;
   double redone = 0;

@@ -24,6 +24,9 @@ class GoodputTracker {
   // x the time), its attempt's count begins.
   void Placed(LiveJob& job, int wanted, int workers, absl::Time now);
   void Running(LiveJob& job, absl::Time now) { job.run.use.Running(now); }
+  // The job leaves the queue without a placement (cancelled, failed): its
+  // wait still counts as demand.
+  void Dequeued(LiveJob& job, absl::Time now);
   // The attempt ends at `now`; with `redo` the steps it ran past the
   // checkpoint the job resumes from count as recovery. Its count joins the
   // job's (JobStatus.summary goodput.*) and the cluster's.

@@ -203,6 +203,12 @@ void JobManager::Housekeeping(absl::Time now) {
   recovery_.CheckDeadlines(now);
   planned_.CheckDeadlines(now);
   if (now >= scheduler_.NextDue()) schedule_needed_ = true;  // a settle window passed
+  // Priority classes: a job that waits may find a victim that was not one at
+  // the last pass (it has started running since, or a stop timed out).
+  if (!sharing_.classes.empty() && scheduler_.size() > 0 && now >= next_sharing_pass_) {
+    schedule_needed_ = true;
+    next_sharing_pass_ = now + absl::Seconds(1);
+  }
   if (scheduler_.size() == 0) MaybeGrow();
   if (now >= flush_due_) FlushProgress();
   while (!metrics_expiry_.empty() && metrics_expiry_.front().first <= now) {
@@ -679,7 +685,7 @@ void JobManager::EndJob(std::string job_id, v1::JobState state, std::string reas
     Job& job = jobs_.at(job_id);
     job.status.set_queue_position(0);
     goodput_.AttemptEnded(job, absl::Now(), /*redo=*/false);
-    job.queued_since = absl::InfiniteFuture();
+    goodput_.Dequeued(job, absl::Now());
     UpdateProgress(job, "", {});  // stored with the transition's flush
   }
   (void)Transition(job_id, state, reason);

@@ -321,6 +321,7 @@ class JobManager : private JobHost {
   OwnerUsage usage_;  // who holds workers, and how much each owner used them
   GoodputTracker goodput_;
   absl::Time goodput_published_ = absl::InfinitePast();  // the metrics' last update
+  absl::Time next_sharing_pass_ = absl::InfinitePast();  // priority classes: a pass a second
   Preemptor preemptor_{this, &planned_, &registry_};
   std::map<std::string, Job> jobs_;
   std::set<std::string> dirty_;                                  // jobs with unwritten status

@@ -2,6 +2,7 @@
 // from the workers' profiles, the stage assignments, the queue a job goes
 // back to, and what clients ask of the queue (release, priority, goodput).
 // The rest of the manager is in job_manager.cc.
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +33,14 @@ void JobManager::Schedule() {
     auto it = jobs_.find(w.job_id);
     if (it == jobs_.end()) continue;
     v1::JobStatus& st = it->second.status;
+    // recovery.wait_seconds counts a shortage of workers only, not a quota
+    // or a higher class holding them.
+    if (st.state() == v1::RECOVERING && w.waits_for != Scheduler::Waiting::For::kWorkers &&
+        it->second.recovery_deadline != absl::InfiniteFuture()) {
+      it->second.recovery_deadline =
+          std::max(it->second.recovery_deadline,
+                   absl::Now() + absl::Seconds(it->second.spec.recovery.wait_seconds));
+    }
     const bool new_reason = st.reason() != w.reason;
     if (!new_reason && st.queue_position() == position) continue;
     st.set_reason(w.reason);
@@ -290,6 +299,7 @@ absl::StatusOr<v1::JobStatus> JobManager::SetPriorityOnLoop(const std::string& j
                                                 : std::string(rank.status().message()));
   }
   Job& job = it->second;
+  STAGEWISE_RETURN_IF_ERROR(sharing_.CheckOpenTo(*rank, job.status.owner()));
   if (!job.run.workers.empty() ||
       (job.status.state() != v1::PENDING && job.status.state() != v1::RECOVERING)) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -154,7 +154,9 @@ bool JobRecovery::QueueRecovery(const std::string& job_id, LiveJob& job, const s
         absl::StrCat("attempt ", job.attempt, " will start from step 0 (no committed checkpoint)"),
         {});
   }
-  job.recovery_deadline = absl::Now() + absl::Seconds(job.spec.recovery.wait_seconds);
+  job.recovery_deadline = next.wait_unbounded
+                              ? absl::InfiniteFuture()
+                              : absl::Now() + absl::Seconds(job.spec.recovery.wait_seconds);
   host_->Requeue(job_id, /*recovering=*/true);
   return true;
 }

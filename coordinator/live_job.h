@@ -38,6 +38,9 @@ struct Handover {
   // recovery.min_stages: the next placement may take fewer stages at once
   // (a job preempted for a higher class resumes on what is left).
   bool fewer_stages = false;
+  // Stopped to make room (a higher class took its workers): it waits for
+  // workers as long as it takes, as a new job does (no recovery.wait_seconds).
+  bool wait_unbounded = false;
   // Rebalancing (coordinator/rebalancer.h): the cut the next attempt takes.
   struct Recut {
     std::vector<std::pair<int, int>> ranges;

@@ -84,11 +84,17 @@ int Preemptor::AfterPass(const std::vector<Scheduler::Waiting>& waiting) {
   // Idle workers an earlier (higher) waiting job of this pass counts on.
   int promised = 0;
   for (const Scheduler::Waiting& w : waiting) {
-    if (w.waits_for != Scheduler::Waiting::For::kWorkers || !config_->Preempts(w.rank)) continue;
+    if (w.waits_for != Scheduler::Waiting::For::kWorkers) continue;
     LiveJob* waiter = host_->FindJob(w.job_id);
     if (waiter == nullptr) continue;
     const std::vector<std::string> labels = PlacementLabels(waiter->spec);
     const int idle = std::max(0, registry_->IdleWith(labels) - promised);
+    if (!config_->Preempts(w.rank)) {
+      // It stops nobody, but the idle workers it waits for are its (the
+      // scheduler keeps lower classes off them).
+      promised += std::min(idle, w.workers);
+      continue;
+    }
     const int freeing = Freeing(w.job_id);
     int needed = w.workers - idle - freeing;
     if (needed <= 0) {
@@ -111,6 +117,7 @@ int Preemptor::AfterPass(const std::vector<Scheduler::Waiting>& waiting) {
       // recovery.min_stages: the next placement may take fewer stages.
       Handover handover;
       handover.fewer_stages = shrinks && job.spec.recovery.min_stages > 0;
+      handover.wait_unbounded = true;
       const std::string reason =
           absl::StrCat("preempted by job ", w.job_id, " (class ", class_name, ", waiting for ",
                        w.workers, " workers)", shrinks ? ": resuming on fewer workers" : "");

@@ -112,13 +112,10 @@ int Scheduler::HeldJobs(const std::string& owner) const {
 std::string Scheduler::QuotaBlock(const Request& request) const {
   if (config_ == nullptr || usage_ == nullptr) return "";
   const SharingConfig::Owner& quota = config_->OwnerOf(request.owner);
-  const std::string key = absl::StrCat("owners.", OwnerKey(request.owner));
-  const std::string entry =
-      config_->owners.count(OwnerKey(request.owner)) ? key : std::string("default_owner");
   if (quota.max_running_jobs > 0 && HeldJobs(request.owner) >= quota.max_running_jobs) {
     return absl::StrCat("quota: ", OwnerKey(request.owner), " runs ", HeldJobs(request.owner),
-                        " jobs, at most ", quota.max_running_jobs, " (", entry,
-                        ".max_running_jobs)");
+                        " jobs, at most ", quota.max_running_jobs, " (",
+                        config_->QuotaKey(request.owner, "max_running_jobs"), ")");
   }
   if (quota.max_workers > 0) {
     // The fewest workers it could run on.
@@ -131,7 +128,7 @@ std::string Scheduler::QuotaBlock(const Request& request) const {
     if (held + fewest > quota.max_workers) {
       return absl::StrCat("quota: ", OwnerKey(request.owner), " holds ", held,
                           " workers and this job needs ", fewest, ", at most ", quota.max_workers,
-                          " (", entry, ".max_workers)");
+                          " (", config_->QuotaKey(request.owner, "max_workers"), ")");
     }
   }
   return "";
@@ -207,13 +204,18 @@ Scheduler::Round Scheduler::Schedule(absl::Time now) {
     Waiting waiting{request.job_id, "", Waiting::For::kWorkers, request.workers, request.rank};
     const WorkerRegistry::Counts counts = registry_->GetCounts();
     // What a waiting job of this class holds back for itself.
-    const int reserve = classes && request.labels.empty() && request.workers <= counts.registered
+    // Not for a job that could never be placed on the connected workers, nor
+    // one held back by certificate identities rather than by workers.
+    const bool identities = request.distinct_identities && counts.idle >= request.workers;
+    const int reserve = classes && request.labels.empty() && !identities &&
+                                request.workers <= counts.idle + counts.busy
                             ? request.workers
                             : 0;
     if (request.not_before > now) {
       next_due_ = std::min(next_due_, request.not_before);
       // Keeps its place (and its reason: the loss) without a pass's verdict.
       reserved_this_rank += reserve;
+      if (reserve > 0 && reserving_job.empty()) reserving_job = request.job_id;
       continue;
     }
     if (std::string quota = QuotaBlock(request); !quota.empty()) {

@@ -96,19 +96,28 @@ int Queue(const QueueArgs& args, std::ostream& out, std::ostream& err) {
     err << "no job waits\n";
     return kExitOk;
   }
+  // CLASS only where the coordinator has priority classes.
+  const bool classes = std::any_of(waiting.begin(), waiting.end(),
+                                   [](const v1::JobStatus& s) { return !s.priority().empty(); });
   std::vector<std::vector<std::string>> rows;
   for (const v1::JobStatus& s : waiting) {
-    rows.push_back({s.queue_position() > 0 ? absl::StrCat(s.queue_position())
-                    : s.suspended()        ? "suspended"
-                                           : "-",
-                    s.job_id(), s.name(), s.owner().empty() ? "-" : s.owner(),
-                    s.priority().empty() ? "-" : s.priority(), client::JobStateName(s.state()),
-                    absl::StrCat(Workers(s)),
-                    HumanAge(now - absl::FromUnixMillis(s.created_unix_ms())),
-                    s.reason().empty() ? "-" : TerminalSafe(s.reason())});
+    std::vector<std::string> row = {s.queue_position() > 0 ? absl::StrCat(s.queue_position())
+                                    : s.suspended()        ? "suspended"
+                                                           : "-",
+                                    s.job_id(),
+                                    s.name(),
+                                    s.owner().empty() ? "-" : s.owner(),
+                                    client::JobStateName(s.state()),
+                                    absl::StrCat(Workers(s)),
+                                    HumanAge(now - absl::FromUnixMillis(s.created_unix_ms())),
+                                    s.reason().empty() ? "-" : TerminalSafe(s.reason())};
+    if (classes) row.insert(row.begin() + 4, s.priority().empty() ? "-" : s.priority());
+    rows.push_back(std::move(row));
   }
-  out << RenderTable(
-      {"POSITION", "ID", "NAME", "OWNER", "CLASS", "STATE", "WORKERS", "AGE", "WAITS FOR"}, rows);
+  std::vector<std::string> header = {"POSITION", "ID",      "NAME", "OWNER",
+                                     "STATE",    "WORKERS", "AGE",  "WAITS FOR"};
+  if (classes) header.insert(header.begin() + 4, "CLASS");
+  out << RenderTable(header, rows);
   return kExitOk;
 }
 

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "services/common/status_macros.h"
 #include "services/spec/job_spec.h"
 #include "services/spec/text.h"
 #include "services/spec/yaml_reader.h"
@@ -27,6 +28,8 @@ absl::Status ReadOwner(const YAML::Node& node, const std::string& path, int pool
   s.Read("max_workers", &owner->max_workers);
   s.Read("max_running_jobs", &owner->max_running_jobs);
   if (!s.status().ok()) return s.status();
+  owner->keys.clear();
+  for (const auto& [key, value] : s.entries()) owner->keys.insert(key);
   if (!(owner->weight > 0) || !std::isfinite(owner->weight)) {
     return KeyError(s.PathOf("weight"), absl::StrCat("must be a number > 0, got ", owner->weight));
   }
@@ -56,9 +59,10 @@ absl::Status ReadClasses(const YAML::Node& node, SharingConfig* config) {
       c.name = node[i].Scalar();
     } else {
       Section s(node[i], path);
-      s.CheckKeys({"name", "preempt"});
+      s.CheckKeys({"name", "preempt", "owners"});
       s.Read("name", &c.name);
       s.Read("preempt", &c.preempt);
+      s.Read("owners", &c.owners);
       if (!s.status().ok()) return s.status();
     }
     if (c.name.empty() || c.name.find_first_of(" \t\n,") != std::string::npos) {
@@ -108,6 +112,25 @@ absl::StatusOr<int> SharingConfig::RankOf(const std::string& class_name,
                                           absl::StrJoin(ClassNames(*this), ", ")));
 }
 
+absl::Status SharingConfig::CheckOpenTo(int rank, const std::string& owner) const {
+  if (rank < 0 || rank >= static_cast<int>(classes.size())) return absl::OkStatus();
+  const std::vector<std::string>& open = classes[rank].owners;
+  if (open.empty() || std::find(open.begin(), open.end(), OwnerKey(owner)) != open.end()) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "priority: class ", classes[rank].name, " is open to ", absl::StrJoin(open, ", "),
+      " only, not to ", OwnerKey(owner), " (classes[", rank, "].owners)"));
+}
+
+std::string SharingConfig::QuotaKey(const std::string& owner, const std::string& field) const {
+  auto it = owners.find(OwnerKey(owner));
+  if (it != owners.end() && it->second.keys.count(field)) {
+    return absl::StrCat("owners.", OwnerKey(owner), ".", field);
+  }
+  return absl::StrCat("default_owner.", field);
+}
+
 std::string SharingConfig::NameOf(int rank) const {
   if (rank < 0 || rank >= static_cast<int>(classes.size())) return "";
   return classes[rank].name;
@@ -119,22 +142,19 @@ bool SharingConfig::Preempts(int rank) const {
 
 absl::Status CheckJobAgainst(const SharingConfig& config, const JobSpec& spec,
                              const std::string& owner) {
-  if (absl::StatusOr<int> rank = config.RankOf(spec.priority); !rank.ok()) {
-    return absl::InvalidArgumentError(rank.status().message());
-  }
+  absl::StatusOr<int> rank = config.RankOf(spec.priority);
+  if (!rank.ok()) return absl::InvalidArgumentError(rank.status().message());
+  STAGEWISE_RETURN_IF_ERROR(config.CheckOpenTo(*rank, owner));
   const int quota = config.OwnerOf(owner).max_workers;
   if (quota <= 0) return absl::OkStatus();
-  const int replicas = std::max(1, spec.stages.replicas);
-  int smallest = spec.stages.count * (spec.recovery.elastic ? 1 : replicas);
-  if (spec.recovery.min_stages > 0) smallest = std::min(smallest, spec.recovery.min_stages);
-  if (smallest <= quota) return absl::OkStatus();
-  const std::string entry = config.owners.count(OwnerKey(owner))
-                                ? absl::StrCat("owners.", OwnerKey(owner))
-                                : std::string("default_owner");
+  // A job's first placement takes all of its workers (fewer only when it
+  // recovers).
+  const int workers = spec.stages.count * std::max(1, spec.stages.replicas);
+  if (workers <= quota) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat("stages: the job needs at least ", smallest, " workers, but ", OwnerKey(owner),
-                   " may hold at most ", quota, " (the coordinator's scheduling config, ", entry,
-                   ".max_workers)"));
+      absl::StrCat("stages: the job needs ", workers, " workers, but ", OwnerKey(owner),
+                   " may hold at most ", quota, " (the coordinator's scheduling config, ",
+                   config.QuotaKey(owner, "max_workers"), ")"));
 }
 
 absl::StatusOr<SharingConfig> ParseSharingConfig(const std::string& yaml_text) {

@@ -5,6 +5,7 @@
 //
 //   classes:                  # highest first
 //     - name: production      # preempt: true (default) lets its waiting
+//       owners: [alice, ci]   # who may name it (default: everyone)
 //     - name: research        # jobs stop running jobs of lower classes
 //     - {name: batch, preempt: false}
 //   default_class: research   # a job without `priority:` (default: the last)
@@ -21,6 +22,7 @@
 #define STAGEWISE_SERVICES_SPEC_SHARING_H_
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -33,13 +35,16 @@ struct SharingConfig {
     std::string name;
     // Its waiting jobs may stop running jobs of lower classes (planned stop).
     bool preempt = true;
+    // The owners who may name it (empty: everyone).
+    std::vector<std::string> owners;
   };
   std::vector<Class> classes;  // highest first; empty: one unnamed class
   std::string default_class;   // a job without `priority:`; "" with no classes
   struct Owner {
-    double weight = 1;         // fair share: > 0
-    int max_workers = 0;       // workers held at once (0: no limit)
-    int max_running_jobs = 0;  // jobs holding workers at once (0: no limit)
+    double weight = 1;           // fair share: > 0
+    int max_workers = 0;         // workers held at once (0: no limit)
+    int max_running_jobs = 0;    // jobs holding workers at once (0: no limit)
+    std::set<std::string> keys;  // the keys its own entry sets (for errors)
   };
   std::map<std::string, Owner> owners;  // by token name
   Owner default_owner;
@@ -53,6 +58,12 @@ struct SharingConfig {
   // key that named it).
   absl::StatusOr<int> RankOf(const std::string& class_name,
                              const std::string& key = "priority") const;
+  // OK when `owner` may name the class of `rank`; PERMISSION_DENIED naming
+  // `priority` and the class's owners otherwise.
+  absl::Status CheckOpenTo(int rank, const std::string& owner) const;
+  // Where the owner's `field` (max_workers, ...) comes from, for errors:
+  // "owners.alice.max_workers" or "default_owner.max_workers".
+  std::string QuotaKey(const std::string& owner, const std::string& field) const;
   // The class's name for a rank ("" with no classes).
   std::string NameOf(int rank) const;
   bool Preempts(int rank) const;

@@ -114,8 +114,25 @@ TEST(SharingConfigTest, JobsAreCheckedAgainstClassesAndQuotas) {
   spec.stages.count = 4;
   s = CheckJobAgainst(c, spec, "alice");
   EXPECT_THAT(s.message(), HasSubstr("owners.alice.max_workers"));
-  spec.recovery.min_stages = 2;  // may run on 2
-  EXPECT_TRUE(CheckJobAgainst(c, spec, "alice").ok());
+  spec.recovery.min_stages = 2;  // a first placement takes all 4 all the same
+  EXPECT_THAT(CheckJobAgainst(c, spec, "alice").message(),
+              HasSubstr("stages: the job needs 4 workers, but alice may hold at most 3"));
+  // A class open to some owners only.
+  const SharingConfig open = Config(
+      "classes: [{name: top, owners: [ci]}, low]\n"
+      "owners: {dave: {weight: 3}}\ndefault_owner: {max_workers: 2}");
+  spec.priority = "top";
+  spec.stages.count = 1;
+  EXPECT_TRUE(CheckJobAgainst(open, spec, "ci").ok());
+  s = CheckJobAgainst(open, spec, "bob");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(s.message(),
+              HasSubstr("priority: class top is open to ci only, not to bob (classes[0].owners)"));
+  // dave's max_workers is default_owner's: the error says where it comes from.
+  spec.priority = "low";
+  spec.stages.count = 3;
+  EXPECT_THAT(CheckJobAgainst(open, spec, "dave").message(),
+              HasSubstr("(the coordinator's scheduling config, default_owner.max_workers)"));
   // A coordinator without classes refuses any class.
   EXPECT_THAT(CheckJobAgainst(SharingConfig{}, spec, "").message(),
               HasSubstr("this coordinator has no priority classes"));
@@ -305,7 +322,8 @@ TEST_F(PreemptionTest, AHigherClassTakesTheWorkersOfALowerOneThroughAPlannedStop
   StartManager(SharingOptions());
   AddWorker("w0");
   AddWorker("w1");
-  const std::string low = SubmitAs("bob", Yaml("research"));
+  // A victim waits as long as it takes: not failed after recovery.wait_seconds.
+  const std::string low = SubmitAs("bob", Yaml("research", "recovery: {wait_seconds: 1}\n"));
   AckAll({"w0", "w1"});
   ASSERT_EQ(Status(low).state(), v1::RUNNING);
   EXPECT_EQ(Status(low).priority(), "research");
@@ -339,6 +357,9 @@ TEST_F(PreemptionTest, AHigherClassTakesTheWorkersOfALowerOneThroughAPlannedStop
   EXPECT_EQ(Sink("w0").Of(v1::Command::kConfigure).back().configure().job_id(), high);
   EXPECT_NE(Status(low).state(), v1::RUNNING);
   AckAll({"w0", "w1"});
+  absl::SleepFor(absl::Milliseconds(1600));  // past the victim's recovery.wait_seconds
+  Sync();
+  EXPECT_EQ(Status(low).state(), v1::RECOVERING) << Status(low).reason();
   EXPECT_EQ(Status(low).queue_position(), 1);
   EXPECT_EQ(Status(batch).queue_position(), 2);
   // The restart is planned: not counted against max_restarts, and its event says why.
