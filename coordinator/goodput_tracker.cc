@@ -37,15 +37,8 @@ void GoodputTracker::Queued(LiveJob& job, absl::Time now) {
   if (job.queued_since == absl::InfiniteFuture()) job.queued_since = now;
 }
 
-void GoodputTracker::Placed(LiveJob& job, int wanted, int workers, absl::Time now) {
-  if (job.queued_since != absl::InfiniteFuture()) {
-    const double waited = std::max(0.0, absl::ToDoubleSeconds(now - job.queued_since));
-    WorkerSecondsByUse demand;
-    demand.queued = wanted * waited;
-    job.used += demand;
-    cluster_.AddEnded(demand);
-    job.queued_since = absl::InfiniteFuture();
-  }
+void GoodputTracker::Placed(LiveJob& job, int workers, absl::Time now) {
+  Dequeued(job, now);  // the wait ends: it counts as demand
   job.run.use.Placed(workers, now);
   WriteUse(job.used, job.status.mutable_summary());
 }

@@ -22,7 +22,7 @@ class GoodputTracker {
   void Queued(LiveJob& job, absl::Time now);
   // Placed on `workers`: its wait ends (as demand: the workers it asked for
   // x the time), its attempt's count begins.
-  void Placed(LiveJob& job, int wanted, int workers, absl::Time now);
+  void Placed(LiveJob& job, int workers, absl::Time now);
   void Running(LiveJob& job, absl::Time now) { job.run.use.Running(now); }
   // The job leaves the queue without a placement (cancelled, failed): its
   // wait still counts as demand.

@@ -78,8 +78,7 @@ void JobManager::Schedule() {
     }
     usage_.Hold(p.job_id, it->second.status.owner(), static_cast<int>(p.workers.size()),
                 absl::Now(), gpu_workers);
-    goodput_.Placed(it->second, NumWorkerStages(it->second) * SpecReplicas(it->second),
-                    static_cast<int>(p.workers.size()), absl::Now());
+    goodput_.Placed(it->second, static_cast<int>(p.workers.size()), absl::Now());
     std::string elastic = SetPlacedReplicas(it->second);
     if (elastic.empty()) elastic = fewer;
     if (!elastic.empty()) STAGEWISE_LOG(WARNING) << "job " << p.job_id << ": " << elastic;

@@ -192,6 +192,8 @@ Scheduler::Round Scheduler::Schedule(absl::Time now) {
   std::string reserving_job;
   std::vector<bool> placed(queue_.size(), false);
   pass_held_.clear();
+  // Read once; this pass's claims move workers from idle to busy.
+  WorkerRegistry::Counts counts = registry_->GetCounts();
   for (size_t index : Order(now)) {
     Request& request = queue_[index];
     if (request.rank != rank_now) {
@@ -202,7 +204,6 @@ Scheduler::Round Scheduler::Schedule(absl::Time now) {
     const std::string class_text =
         classes ? absl::StrCat("class ", config_->NameOf(request.rank), ": ") : "";
     Waiting waiting{request.job_id, "", Waiting::For::kWorkers, request.workers, request.rank};
-    const WorkerRegistry::Counts counts = registry_->GetCounts();
     // What a waiting job of this class holds back for itself.
     // Not for a job that could never be placed on the connected workers, nor
     // one held back by certificate identities rather than by workers.
@@ -241,6 +242,8 @@ Scheduler::Round Scheduler::Schedule(absl::Time now) {
       continue;
     }
     placed[index] = true;
+    counts.idle -= static_cast<int>(workers.size());
+    counts.busy += static_cast<int>(workers.size());
     pass_held_[request.owner].first += static_cast<int>(workers.size());
     pass_held_[request.owner].second += 1;
     round.placed.push_back({request.job_id, std::move(workers), request.profile});
