@@ -51,16 +51,10 @@ JobManager::~JobManager() { Stop(); }
 absl::Status JobManager::Start() {
   STAGEWISE_ASSIGN_OR_RETURN(std::vector<JobRecord> unfinished, store_->UnfinishedJobs());
   // No loop yet: this thread owns the loop's state until the loop starts.
-  loop_thread_.Bind();
+  loop_.BindCaller();
   for (const JobRecord& rec : unfinished) Resume(rec);
   RefreshGauges();
-  {
-    absl::MutexLock lock(&queue_mu_);
-    if (running_ || stopping_) return absl::FailedPreconditionError("JobManager: started twice");
-    running_ = true;
-  }
-  loop_ = std::thread([this] { Loop(); });
-  return absl::OkStatus();
+  return loop_.Start();
 }
 
 void JobManager::Resume(const JobRecord& rec) {
@@ -101,83 +95,26 @@ void JobManager::Resume(const JobRecord& rec) {
   }
 }
 
-void JobManager::Stop() {
-  {
-    absl::MutexLock lock(&queue_mu_);
-    if (stopping_) return;
-    stopping_ = true;
-  }
-  if (loop_.joinable()) loop_.join();
-}
+void JobManager::Stop() { loop_.Stop(); }
 
-bool JobManager::Post(Task task) {
-  absl::MutexLock lock(&queue_mu_);
-  if (!running_ || stopping_) return false;
-  // The loop itself never waits for room (it is the one making room).
-  if (std::this_thread::get_id() != loop_id_) {
-    queue_mu_.Await(absl::Condition(this, &JobManager::HasRoomLocked));
-    if (stopping_) return false;
-  }
-  queue_.push_back(std::move(task));
-  return true;
-}
-
-bool JobManager::RunOnLoop(Task task) {
-  bool on_loop = false;
-  {
-    absl::MutexLock lock(&queue_mu_);
-    on_loop = running_ && std::this_thread::get_id() == loop_id_;
-  }
-  if (on_loop) {
-    task();
-    return true;
-  }
-  auto done = std::make_shared<absl::Notification>();
-  if (!Post([task = std::move(task), done] {
-        task();
-        done->Notify();
-      })) {
-    return false;
-  }
-  // Stop runs every task queued before it, so this always returns.
-  done->WaitForNotification();
-  return true;
-}
-
-void JobManager::Loop() {
-  {
-    absl::MutexLock lock(&queue_mu_);
-    loop_id_ = std::this_thread::get_id();
-  }
-  loop_thread_.Bind();
-  for (;;) {
-    const absl::Time deadline = NextDeadline();
-    std::deque<Task> tasks;
-    bool stopping = false;
-    {
-      absl::MutexLock lock(&queue_mu_);
-      queue_mu_.AwaitWithDeadline(absl::Condition(this, &JobManager::HasWorkLocked), deadline);
-      tasks.swap(queue_);
-      stopping = stopping_;
-    }
-    for (Task& task : tasks) {
-      task();
-      ScheduleIfNeeded();
-      TickGoodput();
-      if (absl::Now() >= flush_due_) FlushProgress();
-    }
+TaskLoop::Hooks JobManager::LoopHooks() {
+  TaskLoop::Hooks hooks;
+  hooks.next_deadline = [this] { return NextDeadline(); };
+  hooks.after_task = [this] {
+    placer_.PassIfNeeded();
+    TickGoodput();
+    if (absl::Now() >= flush_due_) FlushProgress();
+  };
+  hooks.housekeeping = [this] {
     Housekeeping(absl::Now());
-    ScheduleIfNeeded();
-    bool idle = false;
-    {
-      absl::MutexLock lock(&queue_mu_);
-      idle = queue_.empty();
-    }
+    placer_.PassIfNeeded();
+  };
+  hooks.end_of_batch = [this](bool idle) {
     if (idle) FlushProgress();  // the queue ran dry: write the batch now
     RefreshGauges();
-    if (stopping && idle) break;
-  }
-  FlushProgress();
+  };
+  hooks.on_stop = [this] { FlushProgress(); };
+  return hooks;
 }
 
 absl::Time JobManager::NextDeadline() const {
@@ -202,14 +139,14 @@ void JobManager::Housekeeping(absl::Time now) {
   }
   recovery_.CheckDeadlines(now);
   planned_.CheckDeadlines(now);
-  if (now >= scheduler_.NextDue()) schedule_needed_ = true;  // a settle window passed
+  if (now >= scheduler_.NextDue()) placer_.MarkNeeded();  // a settle window passed
   // Priority classes: a job that waits may find a victim that was not one at
   // the last pass (it has started running since, or a stop timed out).
   if (!sharing_.classes.empty() && scheduler_.size() > 0 && now >= next_sharing_pass_) {
-    schedule_needed_ = true;
+    placer_.MarkNeeded();
     next_sharing_pass_ = now + absl::Seconds(1);
   }
-  if (scheduler_.size() == 0) MaybeGrow();
+  if (scheduler_.size() == 0) placer_.MaybeGrow();
   if (now >= flush_due_) FlushProgress();
   while (!metrics_expiry_.empty() && metrics_expiry_.front().first <= now) {
     metrics_->RemoveJob(metrics_expiry_.front().second);
@@ -240,11 +177,8 @@ absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml, const st
     metrics_->CountRefused("bad_spec");
     return s;
   }
-  {
-    absl::MutexLock lock(&queue_mu_);
-    if (!running_ || stopping_) {
-      return absl::UnavailableError("the coordinator is not running (starting or shutting down)");
-    }
+  if (!loop_.accepting()) {
+    return absl::UnavailableError("the coordinator is not running (starting or shutting down)");
   }
   JobRecord record;
   record.spec_yaml = yaml;
@@ -260,7 +194,7 @@ absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml, const st
   STAGEWISE_RETURN_IF_ERROR(store_->CreateJob(record));
   view_.Publish(st, "");  // visible to GetJob / WatchJob before the id is returned
   Job job = MakeLiveJob(st, submission.spec, yaml, submission.blocks, submission.ranges);
-  if (!Post([this, job = std::move(job)]() mutable { Admit(std::move(job)); })) {
+  if (!loop_.Post([this, job = std::move(job)]() mutable { Admit(std::move(job)); })) {
     // Stopping: the job stays PENDING in the store; the next Start queues it.
     STAGEWISE_LOG(WARNING) << "job " << st.job_id() << " submitted while stopping; kept PENDING";
   }
@@ -285,7 +219,7 @@ absl::StatusOr<v1::JobStatus> JobManager::Cancel(const std::string& job_id,
   // Kept and sent as a proto string: valid UTF-8 whatever an embedder passes.
   const std::string why = reason.empty() ? "cancelled by the user" : ToValidUtf8(reason);
   absl::StatusOr<v1::JobStatus> result = absl::UnavailableError("the coordinator is stopping");
-  RunOnLoop([&] { result = CancelJob(job_id, why); });
+  loop_.RunOnLoop([&] { result = CancelJob(job_id, why); });
   return result;
 }
 
@@ -302,6 +236,64 @@ std::vector<v1::WorkerInfo> JobManager::ListWorkers() const { return registry_.L
 
 // --- Workers (gRPC threads) ------------------------------------------------
 
+absl::StatusOr<v1::JobStatus> JobManager::OnLiveJob(
+    const std::string& job_id, const std::string& prefix, const std::string& suffix,
+    const std::function<absl::StatusOr<v1::JobStatus>(LiveJob&)>& act) {
+  absl::StatusOr<v1::JobStatus> result = absl::UnavailableError("the coordinator is stopping");
+  loop_.RunOnLoop([&] {
+    if (LiveJob* job = FindJob(job_id)) {
+      result = act(*job);
+      return;
+    }
+    // Ended (or unknown: NOT_FOUND).
+    absl::StatusOr<JobRecord> rec = store_->GetJob(job_id);
+    if (!rec.ok()) {
+      result = rec.status();
+      return;
+    }
+    result = absl::FailedPreconditionError(absl::StrCat(
+        prefix, "job ", job_id, " is ", v1::JobState_Name(rec->status.state()), suffix));
+  });
+  return result;
+}
+
+absl::StatusOr<v1::JobStatus> JobManager::Release(const std::string& job_id) {
+  return OnLiveJob(
+      job_id, "", ", not suspended",
+      [&](LiveJob& job) -> absl::StatusOr<v1::JobStatus> { return placer_.Release(job_id, job); });
+}
+
+absl::StatusOr<v1::JobStatus> JobManager::SetPriority(const std::string& job_id,
+                                                      const std::string& priority) {
+  return OnLiveJob(job_id, "priority: ", "", [&](LiveJob& job) -> absl::StatusOr<v1::JobStatus> {
+    return placer_.SetPriority(job_id, job, priority);
+  });
+}
+
+absl::StatusOr<v1::Goodput> JobManager::Goodput(const std::string& job_id) {
+  std::optional<v1::Goodput> live;
+  if (!loop_.RunOnLoop([&] {
+        const absl::Time now = absl::Now();
+        TickGoodput();
+        if (job_id.empty()) {
+          std::vector<const LiveJob*> all;
+          for (const auto& [id, job] : jobs_) all.push_back(&job);
+          live = goodput_.Cluster(all, now);
+        } else if (auto it = jobs_.find(job_id); it != jobs_.end()) {
+          live = ToProto(goodput_.JobUse(it->second, now));
+          live->set_job_id(job_id);
+        }
+      })) {
+    return absl::UnavailableError("the coordinator is stopping");
+  }
+  if (live.has_value()) return *live;
+  // An ended job: what its attempts added up to.
+  STAGEWISE_ASSIGN_OR_RETURN(v1::JobStatus st, queries_.GetJob(job_id));
+  v1::Goodput g = ToProto(ReadUse(st.summary()));
+  g.set_job_id(job_id);
+  return g;
+}
+
 absl::StatusOr<v1::RegisterWorkerResponse> JobManager::Register(
     const v1::WorkerInfo& info, const WorkerRegistry::Caller& caller) {
   std::optional<WorkerRegistry::Removed> replaced;
@@ -313,7 +305,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::Register(
     return id.status();
   }
   if (replaced.has_value()) {
-    Post([this, lost = *replaced] { OnWorkerLost(lost, "it registered again (restarted?)"); });
+    loop_.Post(
+        [this, lost = *replaced] { OnWorkerLost(lost, "it registered again (restarted?)"); });
   }
   resp.set_worker_id(*id);
   resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
@@ -326,7 +319,7 @@ absl::Status JobManager::Connect(const std::string& worker_id, const std::string
     metrics_->CountRefused("bad_session");
     return s;
   }
-  Post([this] { schedule_needed_ = true; });
+  loop_.Post([this] { placer_.MarkNeeded(); });
   return absl::OkStatus();
 }
 
@@ -334,7 +327,7 @@ void JobManager::Disconnect(const std::string& worker_id, CommandSink* sink,
                             const absl::Status& why) {
   std::optional<WorkerRegistry::Removed> removed = registry_.Disconnect(worker_id, sink);
   if (!removed.has_value()) return;
-  Post([this, lost = *removed, why = std::string(why.message())] {
+  loop_.Post([this, lost = *removed, why = std::string(why.message())] {
     OnWorkerLost(lost, absl::StrCat("its control stream closed (", why, ")"));
   });
 }
@@ -350,7 +343,7 @@ void JobManager::OnEvent(const v1::WorkerEvent& event) {
   if (!registry_.Touch(event.worker_id(), absl::Now())) return;
   // A heartbeat (or an empty event): Touch was all of it.
   if (event.has_heartbeat() || event.event_case() == v1::WorkerEvent::EVENT_NOT_SET) return;
-  Post([this, event] { HandleEvent(event); });
+  loop_.Post([this, event] { HandleEvent(event); });
 }
 
 // --- Loop thread: events ----------------------------------------------------
@@ -416,7 +409,7 @@ void JobManager::HandleEvent(const v1::WorkerEvent& event) {
       return OnPhaseDone(job_id, SlotOf(jobs_.at(job_id), event.stage(), event.replica()),
                          event.phase_done());
     case v1::WorkerEvent::kProfile:
-      return OnProfile(job_id, event.profile(), event.worker_id());
+      return placer_.OnProfile(job_id, event.profile(), event.worker_id());
     case v1::WorkerEvent::kError:
       return recovery_.OnStageError(job_id, jobs_.at(job_id), event.stage(), event.error());
     default:
@@ -606,6 +599,12 @@ std::vector<std::string> JobManager::LiveJobIds() const {
   return ids;
 }
 
+absl::Status JobManager::PersistStatus(LiveJob& job) {
+  STAGEWISE_BUG(OnLoop());
+  FlushProgress();
+  return store_->UpdateStatus(job.status);
+}
+
 void JobManager::StopStages(const std::string& job_id, const std::string& reason) {
   STAGEWISE_BUG(OnLoop());
   usage_.Release(job_id, absl::Now());
@@ -656,7 +655,7 @@ absl::Status JobManager::CollectiveStore(const v1::CollectiveStoreRequest& reque
     return s;
   }
   absl::Status member = absl::UnavailableError("the coordinator is stopping");
-  RunOnLoop([&] {
+  loop_.RunOnLoop([&] {
     auto it = jobs_.find(request.job_id());
     if (it == jobs_.end()) {
       member =
@@ -694,7 +693,7 @@ void JobManager::EndJob(std::string job_id, v1::JobState state, std::string reas
   for (const std::string& worker : registry_.Release(job_id)) {
     if (state != v1::SUCCEEDED) Send(worker, StopCommand(job_id, reason));
   }
-  schedule_needed_ = true;
+  placer_.MarkNeeded();
 }
 
 void JobManager::UpdateProgress(Job& job, const std::string& message,

@@ -4,8 +4,10 @@
 // its managers):
 //   - WorkerRegistry (worker_registry.h): registration, control streams,
 //     heartbeats, idle/busy;
-//   - Scheduler (scheduler.h): the PENDING queue, placement (FIFO with
-//     backfill), the PROFILING step and the plan;
+//   - Scheduler (scheduler.h): the PENDING queue and who gets workers;
+//   - JobPlacer (job_placement.h): the scheduling pass, the PROFILING step
+//     and the plan, stage assignments, the queue a job goes back to;
+//   - TaskLoop (task_loop.h): the loop thread and its bounded task queue;
 //   - AdmitEvent (event_admission.h): which worker events are taken;
 //   - JobRecovery (job_recovery.h) and CheckpointCommitter
 //     (checkpoint_commit.h): fault tolerance and checkpoint commits, acting
@@ -63,6 +65,7 @@
 #include "coordinator/collective_store.h"
 #include "coordinator/goodput_tracker.h"
 #include "coordinator/job_host.h"
+#include "coordinator/job_placement.h"
 #include "coordinator/job_queries.h"
 #include "coordinator/job_recovery.h"
 #include "coordinator/job_view.h"
@@ -74,6 +77,7 @@
 #include "coordinator/scheduler.h"
 #include "coordinator/stage_replacement.h"
 #include "coordinator/store.h"
+#include "coordinator/task_loop.h"
 #include "coordinator/worker_registry.h"
 #include "services/common/check.h"
 #include "services/common/path_policy.h"
@@ -228,21 +232,11 @@ class JobManager : private JobHost {
   void OnEvent(const v1::WorkerEvent& event);
 
  private:
-  using Task = std::function<void()>;
   using Job = LiveJob;
 
-  // The queue. Post is false (and drops the task) once Stop has begun or
-  // before Start; it blocks while the queue is full unless called on the loop.
-  bool Post(Task task) ABSL_LOCKS_EXCLUDED(queue_mu_);
-  // Runs `task` on the loop and waits for it; false if the loop is gone.
-  bool RunOnLoop(Task task) ABSL_LOCKS_EXCLUDED(queue_mu_);
-  bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
-    return !queue_.empty() || stopping_;
-  }
-  bool HasRoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
-    return queue_.size() < options_.max_queued_tasks || stopping_;
-  }
-  void Loop();
+  // The loop's hooks (TaskLoop::Hooks): between tasks, scheduling passes,
+  // goodput ticks and due flushes; between batches, housekeeping.
+  TaskLoop::Hooks LoopHooks();
   // When the loop must wake up although no task arrived.
   absl::Time NextDeadline() const;
   // Heartbeat expiry, due flushes, expired metric series.
@@ -251,7 +245,7 @@ class JobManager : private JobHost {
   void Resume(const JobRecord& record);
   // Every method below runs on the loop thread (or on the Start caller
   // before the loop exists); each checks it with OnLoop().
-  bool OnLoop() const { return loop_thread_.OnOwner(); }
+  bool OnLoop() const { return loop_.OnLoop(); }
 
   // Per-event handlers: AdmitEvent decides, these act.
   void HandleEvent(const v1::WorkerEvent& event);
@@ -260,8 +254,6 @@ class JobManager : private JobHost {
   void OnTrace(const v1::WorkerEvent& event);
   void OnResult(const std::string& job_id, int stage, int replica, const v1::StageResult& result);
   void OnPhaseDone(const std::string& job_id, int slot, const v1::PhaseDone& done);
-  void OnProfile(const std::string& job_id, const v1::ProfileResult& result,
-                 const std::string& sender);
   void OnWorkerLost(const WorkerRegistry::Removed& worker, const std::string& why);
   // WorkerEvent.preempting: no new work for the worker; its job checkpoints
   // and resumes without it (PlannedStops).
@@ -270,16 +262,12 @@ class JobManager : private JobHost {
   // The lifecycle.
   void Admit(Job job);
   absl::StatusOr<v1::JobStatus> CancelJob(const std::string& job_id, const std::string& reason);
-  absl::StatusOr<v1::JobStatus> ReleaseJob(const std::string& job_id);
-  absl::StatusOr<v1::JobStatus> SetPriorityOnLoop(const std::string& job_id,
-                                                  const std::string& priority);
-  void Schedule();
-  void ScheduleIfNeeded();
-  // recovery.min_stages: plans a stop of every running job that runs fewer
-  // stages than stages.count when idle workers could take more (cause grow).
-  void MaybeGrow();
-  // Sends every stage its StageAssignment (job.run.workers already chosen).
-  void Configure(const std::string& job_id, Job& job);
+  // Release and SetPriority on the loop: NOT_FOUND for an unknown job,
+  // FAILED_PRECONDITION naming the state of an ended one (between `prefix`
+  // and `suffix`); else `act` on the live job.
+  absl::StatusOr<v1::JobStatus> OnLiveJob(
+      const std::string& job_id, const std::string& prefix, const std::string& suffix,
+      const std::function<absl::StatusOr<v1::JobStatus>(LiveJob&)>& act);
   void FlushProgress();
   void Send(const std::string& worker_id, v1::Command command) override;
   int64_t NewCommandId() override { return next_command_++; }
@@ -297,8 +285,11 @@ class JobManager : private JobHost {
   void EndJob(std::string job_id, v1::JobState state, std::string reason) override;
   void UpdateProgress(Job& job, const std::string& message,
                       std::vector<MetricPoint> points) override;
+  absl::Status PersistStatus(LiveJob& job) override;
   void StopStages(const std::string& job_id, const std::string& reason) override;
-  void Requeue(const std::string& job_id, bool recovering) override;
+  void Requeue(const std::string& job_id, bool recovering) override {
+    placer_.Requeue(job_id, recovering);
+  }
 
   JobStore* const store_;
   metrics::CoordinatorMetrics* const metrics_;
@@ -309,7 +300,6 @@ class JobManager : private JobHost {
   const JobQueries queries_{store_, &view_};
 
   // Loop thread only (and the Start caller before the loop exists).
-  ThreadChecker loop_thread_;
   Scheduler scheduler_{&registry_};
   JobRecovery recovery_{this, metrics_, options_.configure_timeout};
   CheckpointCommitter committer_{this, metrics_};
@@ -323,6 +313,9 @@ class JobManager : private JobHost {
   absl::Time goodput_published_ = absl::InfinitePast();  // the metrics' last update
   absl::Time next_sharing_pass_ = absl::InfinitePast();  // priority classes: a pass a second
   Preemptor preemptor_{this, &planned_, &registry_};
+  JobPlacer placer_{this,
+                    {&scheduler_, &registry_, &recovery_, &planned_, &preemptor_, &usage_,
+                     &goodput_, &sharing_, options_.configure_timeout, options_.recovery_settle}};
   std::map<std::string, Job> jobs_;
   std::set<std::string> dirty_;                                  // jobs with unwritten status
   std::vector<std::pair<std::string, MetricPoint>> points_;      // unwritten metric history
@@ -332,17 +325,11 @@ class JobManager : private JobHost {
   int64_t next_command_ = 1;
   // Worker events AdmitEvent refused (for bounded logging).
   int64_t refused_events_ = 0;
-  bool schedule_needed_ = false;  // the queue or the idle workers changed
 
   mutable absl::Mutex goodput_mu_;
   v1::Goodput published_goodput_ ABSL_GUARDED_BY(goodput_mu_);
 
-  mutable absl::Mutex queue_mu_;
-  std::deque<Task> queue_ ABSL_GUARDED_BY(queue_mu_);
-  bool running_ ABSL_GUARDED_BY(queue_mu_) = false;
-  bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
-  std::thread::id loop_id_ ABSL_GUARDED_BY(queue_mu_);
-  std::thread loop_;
+  TaskLoop loop_{options_.max_queued_tasks, LoopHooks()};  // last: its hooks use the above
 };
 
 }  // namespace stagewise::coordinator

@@ -62,6 +62,11 @@ class WireResiduals;  // worker/wire_residuals.h
 // activations, evaluations) or j-1 (gradients): transport.forward/backward.
 EncodeOptions WireOptions(const JobSpec& spec, bool to_next);
 
+// A stage's two neighbours on the pipeline: stage j-1 and stage j+1.
+enum class Side { kPrev, kNext };
+// The data a stage 0 samples from.
+enum class Split { kTrain, kTest };
+
 class StageContext {
  public:
   virtual ~StageContext() = default;
@@ -100,17 +105,25 @@ class StageContext {
   // continue through the data where the previous one stopped); a replica's
   // share of it on replicated stages.
   data::Batch TrainBatch(int64_t step) const;
-  // Stage 0 only: the batches.
-  virtual const data::BatchSampler& train_batches() const = 0;
-  virtual const data::BatchSampler& test_batches() const = 0;
+  // Stage 0 only: the batches of a split.
+  virtual const data::BatchSampler& batches(Split split) const = 0;
+  const data::BatchSampler& train_batches() const { return batches(Split::kTrain); }
+  const data::BatchSampler& test_batches() const { return batches(Split::kTest); }
 
   // Blocking receive from stage j-1 (FORWARD, EVAL, AUX) or from stage j+1
-  // (BACKWARD). CANCELLED when the job is stopped, or the error that broke it.
-  virtual absl::StatusOr<v1::StageMessage> ReceiveFromPrev() = 0;
-  virtual absl::StatusOr<v1::StageMessage> ReceiveFromNext() = 0;
+  // (BACKWARD). CANCELLED when the job is stopped, or the error that broke
+  // it; FAILED_PRECONDITION when the stage has no such neighbour.
+  virtual absl::StatusOr<v1::StageMessage> ReceiveFrom(Side side) = 0;
+  absl::StatusOr<v1::StageMessage> ReceiveFromPrev() { return ReceiveFrom(Side::kPrev); }
+  absl::StatusOr<v1::StageMessage> ReceiveFromNext() { return ReceiveFrom(Side::kNext); }
   // Blocking (bounded outbox) send; job_id is filled in.
-  virtual absl::Status SendToNext(v1::StageMessage message) = 0;
-  virtual absl::Status SendToPrev(v1::StageMessage message) = 0;
+  virtual absl::Status SendTo(Side side, v1::StageMessage message) = 0;
+  absl::Status SendToNext(v1::StageMessage message) {
+    return SendTo(Side::kNext, std::move(message));
+  }
+  absl::Status SendToPrev(v1::StageMessage message) {
+    return SendTo(Side::kPrev, std::move(message));
+  }
   // How a float tensor goes to stage j+1 (`to_next`) or j-1: the job's
   // transport.compression, and the shared-memory ring when that neighbour is
   // on this host and opened it (docs/performance.md, "Neighbours on one host").

@@ -32,6 +32,7 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
     const v1::StageAssignment& assignment, RuntimeEnv env) {
   std::shared_ptr<StageRuntime> rt(new StageRuntime(std::move(env)));
   rt->assignment_ = assignment;
+  rt->shards_ = std::make_unique<StageShards>(*rt, rt->assignment_, rt->env_.device);
   StageStreams::Setup setup{assignment.job_id(),
                             assignment.stage(),
                             assignment.num_stages(),
@@ -479,7 +480,11 @@ absl::StatusOr<v1::StageMessage> StageRuntime::Receive(BoundedQueue<v1::StageMes
   return first_error_.ok() ? absl::CancelledError("stopped") : first_error_;
 }
 
-absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFromPrev() {
+absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFrom(Side side) {
+  if (side == Side::kNext) {
+    if (last()) return absl::FailedPreconditionError("the last stage has no next stage");
+    return Receive(streams_->from_next(), streams_->to_next(), v1::SPAN_WAIT_NEXT);
+  }
   if (first()) return absl::FailedPreconditionError("stage 0 has no previous stage");
   absl::StatusOr<v1::StageMessage> m =
       Receive(streams_->from_prev(), streams_->to_prev(), v1::SPAN_WAIT_PREV);
@@ -488,11 +493,6 @@ absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFromPrev() {
     extra_cuts_.insert(m->checkpoint_step());
   }
   return m;
-}
-
-absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFromNext() {
-  if (last()) return absl::FailedPreconditionError("the last stage has no next stage");
-  return Receive(streams_->from_next(), streams_->to_next(), v1::SPAN_WAIT_NEXT);
 }
 
 void StageRuntime::RequestCheckpoint() { checkpoint_requested_.store(true); }
@@ -505,7 +505,12 @@ void StageRuntime::PlanExtraCut(int64_t step) {
   reporter_->Emit(std::move(event));
 }
 
-absl::Status StageRuntime::SendToNext(v1::StageMessage message) {
+absl::Status StageRuntime::SendTo(Side side, v1::StageMessage message) {
+  if (side == Side::kPrev) {
+    if (first()) return absl::FailedPreconditionError("stage 0 has no previous stage");
+    if (absl::Status s = Interrupted(); !s.ok()) return s;
+    return SendStamped(std::move(message), streams_->to_prev());
+  }
   if (last()) return absl::FailedPreconditionError("the last stage has no next stage");
   if (message.kind() == v1::StageMessage::FORWARD || message.kind() == v1::StageMessage::AUX) {
     // Stage 0, asked for a checkpoint: after the mini-batch it sends now.
@@ -514,12 +519,6 @@ absl::Status StageRuntime::SendToNext(v1::StageMessage message) {
     if (extra_cuts_.count(next) > 0) message.set_checkpoint_step(next);
   }
   return SendStamped(std::move(message), streams_->to_next());
-}
-
-absl::Status StageRuntime::SendToPrev(v1::StageMessage message) {
-  if (first()) return absl::FailedPreconditionError("stage 0 has no previous stage");
-  if (absl::Status s = Interrupted(); !s.ok()) return s;
-  return SendStamped(std::move(message), streams_->to_prev());
 }
 
 absl::Status StageRuntime::SendStamped(v1::StageMessage message, NeighbourLink& link) {
@@ -640,6 +639,109 @@ void StageRuntime::ReportEval(int64_t phase_steps_done, double loss, double accu
                               int64_t samples) {
   if (replaying()) return;  // reported when the lost stage ran it
   reporter_->Eval(phase_offset_ + phase_steps_done, loss, accuracy, samples);
+}
+
+// --- Checkpoints (StageShards) and a replacing replica's copy ---------------
+
+absl::Status StageRuntime::WriteShard(int64_t phase_step, bool with_algorithm) {
+  // Replicas of a stage are equal after every step: replica 0 writes the
+  // stage's one shard (docs/replicas.md).
+  if (replica() > 0) return absl::OkStatus();
+  const auto t0 = std::chrono::steady_clock::now();
+  checkpoint::ShardPosition at;
+  at.step = phase_offset_ + phase_step;
+  at.phase = phase_;
+  at.phase_step = phase_step;
+  at.stage = stage();
+  at.block_begin = assignment_.block_begin();
+  at.block_end = assignment_.block_end();
+  at.marks = streams_->marks();
+  StageShards::SaveAlgorithm algorithm;
+  if (with_algorithm) {
+    algorithm = [this](auto& archive) { return algorithm_->SaveState(*this, archive); };
+  }
+  STAGEWISE_ASSIGN_OR_RETURN(const StageShards::Written written, shards_->Write(at, algorithm));
+  metrics_->ObserveCompute("checkpoint", SecondsSince(t0));
+  if (tracer_)
+    tracer_->Record(v1::SPAN_CHECKPOINT, phase_step, 0, t0, std::chrono::steady_clock::now());
+  v1::WorkerEvent event = reporter_->NewEvent();
+  auto* saved = event.mutable_checkpoint_saved();
+  saved->set_step(at.step);
+  saved->set_phase(phase_);
+  saved->set_phase_step(phase_step);
+  saved->set_path(written.path);
+  saved->set_bytes(written.bytes);
+  saved->set_crc32(written.crc32);
+  saved->set_seconds(SecondsSince(t0));
+  reporter_->Emit(std::move(event));
+  return absl::OkStatus();
+}
+
+absl::Status StageRuntime::LoadResume(const v1::ResumePoint& resume) {
+  STAGEWISE_ASSIGN_OR_RETURN(
+      StageShards::Restored restored,
+      shards_->Load(resume, [this](const auto& at, const std::string& where) {
+        return EnterResumedPhase(at, where);
+      }));
+  resharded_ = restored.resharded && restored.phase_step > 0;
+  SetResumed(std::move(restored));
+  return absl::OkStatus();
+}
+
+absl::Status StageRuntime::LoadReplicaCopy() {
+  STAGEWISE_ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::ShardReader> copy,
+                             replica_copy_.Fetch(
+                                 assignment_, env_.rpc, env_.collective_timeout,
+                                 [this] { return !Interrupted().ok(); }, env_.device));
+  const std::string where = absl::StrCat("the copy of stage ", stage(), " from replica ",
+                                         assignment_.replica_source().replica());
+  STAGEWISE_ASSIGN_OR_RETURN(
+      StageShards::Restored restored,
+      shards_->LoadCopy(std::move(copy), where, [this](const auto& at, const std::string& w) {
+        return EnterResumedPhase(at, w);
+      }));
+  SetResumed(std::move(restored));
+  return absl::OkStatus();
+}
+
+absl::Status StageRuntime::EnterResumedPhase(const checkpoint::ShardPosition& at,
+                                             const std::string& where) {
+  if (at.phase < 0 || at.phase >= static_cast<int64_t>(phases_.size())) {
+    return absl::DataLossError(
+        absl::StrCat(where, ": phase ", at.phase, " of a job with ", phases_.size(), " phase(s)"));
+  }
+  for (int p = 1; p <= at.phase; ++p) STAGEWISE_RETURN_IF_ERROR(EnterPhase(p));
+  if (at.phase_step < 0 || at.phase_step > phase_steps_ ||
+      phase_offset_ + at.phase_step != at.step) {
+    return absl::DataLossError(absl::StrCat(where, ": step ", at.phase_step, " of phase ", at.phase,
+                                            " does not fit this job"));
+  }
+  return absl::OkStatus();
+}
+
+void StageRuntime::SetResumed(StageShards::Restored restored) {
+  if (restored.marks.known()) {
+    streams_->Resume(restored.marks);
+    resumed_marks_ = restored.marks;
+  }
+  resume_state_ = std::move(restored.algorithm);
+  resume_archive_ = std::move(restored.archive);
+  resumed_step_ = restored.step;
+  start_phase_ = phase_;
+  first_step_ = restored.phase_step;
+  resumed_at_end_ = restored.step == total_steps_;
+  absl::MutexLock lock(&mu_);
+  released_phase_ = start_phase_;
+}
+
+void StageRuntime::BeginStep(int64_t phase_step) {
+  if (assignment_.replay() && num_replicas() > 1) {
+    replica_copy_.NoteStepStart(phase_step, streams_->marks(), *model_);
+  }
+}
+
+void StageRuntime::ReplicaRegroup(const v1::ReplicaRegroup& regroup) {
+  replicas_->Regroup(regroup.generation(), regroup.source_replica() == replica(), regroup.token());
 }
 
 }  // namespace stagewise::worker

@@ -36,6 +36,7 @@
 #include "worker/stage_context.h"
 #include "worker/stage_replicas.h"
 #include "worker/stage_reporter.h"
+#include "worker/stage_shards.h"
 #include "worker/stage_streams.h"
 #include "worker/wire_residuals.h"
 
@@ -144,12 +145,11 @@ class StageRuntime final : public StageContext {
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
   const std::vector<models::BlockMode>& block_modes() const override { return block_modes_; }
   PhaseWindow window() const override;
-  const data::BatchSampler& train_batches() const override { return *train_; }
-  const data::BatchSampler& test_batches() const override { return *test_; }
-  absl::StatusOr<v1::StageMessage> ReceiveFromPrev() override;
-  absl::StatusOr<v1::StageMessage> ReceiveFromNext() override;
-  absl::Status SendToNext(v1::StageMessage message) override;
-  absl::Status SendToPrev(v1::StageMessage message) override;
+  const data::BatchSampler& batches(Split split) const override {
+    return split == Split::kTrain ? *train_ : *test_;
+  }
+  absl::StatusOr<v1::StageMessage> ReceiveFrom(Side side) override;
+  absl::Status SendTo(Side side, v1::StageMessage message) override;
   EncodeOptions Wire(bool to_next) const override;
   absl::Status Interrupted() const override;
   void BeginStep(int64_t phase_step) override;
@@ -203,18 +203,13 @@ class StageRuntime final : public StageContext {
   // A replacing replica (StageAssignment.replica_source): copies a
   // surviving replica's state and starts from the step it waits in.
   absl::Status LoadReplicaCopy();
-  // Enters the phases before `phase` and checks that (phase, phase_step,
-  // step) fit the job; DATA_LOSS naming `where` otherwise.
-  absl::Status EnterResumedPhase(int64_t step, int64_t phase, int64_t phase_step,
-                                 const std::string& where);
+  // StageShards::EnterPosition: enters the phases up to the shard's and
+  // checks that (phase, phase_step, step) fit the job; DATA_LOSS naming
+  // `where` otherwise.
+  absl::Status EnterResumedPhase(const checkpoint::ShardPosition& at, const std::string& where);
   // The resumed position: the stage goes on from it (and a replacement
-  // replays from `marks`).
-  void SetResumed(int64_t step, int64_t phase_step, const checkpoint::ShardPosition::Marks& marks);
-  // One shard named by the resume point, read, verified and checked against
-  // it (step, phase, blocks): DATA_LOSS otherwise.
-  absl::StatusOr<std::unique_ptr<checkpoint::ShardReader>> ReadResumeShard(
-      const std::string& path, int64_t bytes, uint32_t crc32, const v1::ResumePoint& resume,
-      int block_begin, int block_end) const;
+  // replays from its marks).
+  void SetResumed(StageShards::Restored restored);
   // Records `why` (the first error stays) and closes the inboxes and streams.
   void Abort(const absl::Status& why);
   // Stamps `message` with the job and attempt, sends it through `link` and
@@ -233,6 +228,8 @@ class StageRuntime final : public StageContext {
   JobSpec spec_;
   std::shared_ptr<models::Model> model_;
   std::vector<models::BlockMode> block_modes_;
+  // Its checkpoint shards: written, resumed from, copied from a replica.
+  std::unique_ptr<StageShards> shards_;
   // CPU tensors of this stage (model build and compute thread), for
   // peak_memory_bytes and the memory gauges.
   std::shared_ptr<models::MemoryAccount> memory_ = std::make_shared<models::MemoryAccount>();

@@ -22,223 +22,9 @@
 #include "services/rpc/status.h"
 #include "services/rpc/tls.h"
 #include "worker/coordinator_store.h"
-#include "worker/stream_gate.h"
+#include "worker/stage_service.h"
 
 namespace stagewise::worker {
-
-namespace {
-
-// An Exchange call refused before it starts: finishes with `status` at once.
-class RefusedExchange : public grpc::ServerBidiReactor<v1::StageMessage, v1::StageMessage> {
- public:
-  explicit RefusedExchange(const grpc::Status& status) { Finish(status); }
-  void OnDone() override { delete this; }
-};
-
-}  // namespace
-
-// StageService. Every Exchange stream takes a slot of --max-streams until it
-// is destroyed; before its first message it is also pending in the gate
-// (stream_gate.h): at most --max-pending-streams of those, each for at most
-// --stream-first-message-timeout. A reaper thread closes the expired ones.
-class Worker::Service : public v1::StageService::CallbackService {
- public:
-  Service(Worker* worker, const WorkerOptions& options, prometheus::Registry& registry)
-      : worker_(worker),
-        open_(std::make_shared<std::atomic<int>>(0)),
-        max_streams_(options.max_streams),
-        require_worker_identity_(options.require_worker_identity),
-        first_message_timeout_(options.first_message_timeout),
-        pending_(std::make_shared<Pending>(
-            StreamGate::Options{options.max_pending_streams, options.first_message_timeout})),
-        refused_(prometheus::BuildCounter()
-                     .Name("stagewise_worker_streams_refused_total")
-                     .Help("Exchange streams the worker refused or closed before they carried a "
-                           "stage's traffic, by reason (too_many, evicted, no_first_message, "
-                           "not_a_worker, not_assigned).")
-                     .Register(registry)),
-        reaper_([this] { Reap(); }) {}
-  ~Service() override {
-    {
-      absl::MutexLock lock(&pending_->mu);
-      pending_->stopping = true;
-    }
-    reaper_.join();
-  }
-
-  grpc::ServerBidiReactor<v1::StageMessage, v1::StageMessage>* Exchange(
-      grpc::CallbackServerContext* ctx) override {
-    const std::string identity = rpc::PeerIdentity(*ctx->auth_context());
-    if (require_worker_identity_ && !rpc::IsWorkerIdentity(identity)) {
-      // Only workers feed stages: a client's or dashboard's certificate is
-      // refused before it takes any slot.
-      refused_.Add({{"reason", "not_a_worker"}}).Increment();
-      return new RefusedExchange(grpc::Status(
-          grpc::StatusCode::PERMISSION_DENIED,
-          absl::StrCat("certificate '", identity.substr(0, 128),
-                       "' is not a worker's (worker certificates have the Common Name worker, "
-                       "worker-* or worker.*)")));
-    }
-    // A slot per open stream, given back when the stream is destroyed.
-    if (open_->fetch_add(1) >= max_streams_) {
-      open_->fetch_sub(1);
-      refused_.Add({{"reason", "too_many"}}).Increment();
-      return new RefusedExchange(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                              absl::StrCat("this worker already has ", max_streams_,
-                                                           " stage streams open (--max-streams)")));
-    }
-    std::string peer = identity.empty() ? PeerHost(ctx->peer()) : identity;
-    Pending& p = *pending_;
-    uint64_t ticket = 0;
-    std::vector<std::weak_ptr<PeerStream>> victims;
-    {
-      absl::MutexLock lock(&p.mu);
-      const StreamGate::Admitted admitted = p.gate.Admit(peer, absl::Now());
-      ticket = admitted.ticket;
-      for (uint64_t victim : admitted.evict) victims.push_back(p.DoomLocked(victim, "evicted"));
-      p.wake = true;  // the reaper's next deadline may be this one
-    }
-    // Given back when the stream is destroyed (which may be after the service).
-    std::shared_ptr<void> slot(nullptr, [open = open_, pending = pending_, ticket](void*) {
-      open->fetch_sub(1);
-      absl::MutexLock lock(&pending->mu);
-      pending->Forget(ticket);
-    });
-    UpstreamStream* stream = UpstreamStream::Start(
-        [this, slot, ticket, identity](const v1::StageMessage& first,
-                                       std::shared_ptr<UpstreamStream> s,
-                                       MessageSink** sink) -> absl::Status {
-          {
-            absl::MutexLock lock(&pending_->mu);
-            if (pending_->doomed.count(ticket)) {
-              return absl::ResourceExhaustedError(
-                  "this stream was closed before its first message");
-            }
-            pending_->Forget(ticket);  // bound (or refused below): no longer pending
-          }
-          absl::Status routed = worker_->Route(first, identity, std::move(s), sink);
-          if (absl::IsPermissionDenied(routed)) {
-            refused_.Add({{"reason", "not_assigned"}}).Increment();
-          }
-          return routed;
-        },
-        /*outbox_capacity=*/16);
-    const char* doomed = nullptr;
-    {
-      absl::MutexLock lock(&p.mu);
-      auto it = p.doomed.find(ticket);
-      if (it != p.doomed.end()) {
-        doomed = it->second;  // evicted or expired before it was registered here
-      } else if (p.gate.IsPending(ticket)) {
-        p.streams[ticket] = stream->weak_from_this();
-      }
-    }
-    if (doomed != nullptr) CloseStream(stream->weak_from_this(), doomed);
-    for (std::weak_ptr<PeerStream>& victim : victims) CloseStream(std::move(victim), "evicted");
-    return stream;
-  }
-
-  // recovery.replay with replicas: a replacing replica copies this one's
-  // state. Only workers ask; the stage checks the copy's token.
-  grpc::ServerUnaryReactor* CopyReplica(grpc::CallbackServerContext* ctx,
-                                        const v1::CopyReplicaRequest* request,
-                                        v1::CopyReplicaResponse* response) override {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    const std::string identity = rpc::PeerIdentity(*ctx->auth_context());
-    if (require_worker_identity_ && !rpc::IsWorkerIdentity(identity)) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                                   "CopyReplica: only workers copy a replica's state"));
-    } else {
-      reactor->Finish(rpc::ToGrpcStatus(worker_->CopyReplica(*request, response)));
-    }
-    return reactor;
-  }
-
- private:
-  // The streams that have not sent their first message, shared with every
-  // stream's slot (a bound stream may outlive the service).
-  struct Pending {
-    explicit Pending(StreamGate::Options options) : gate(options) {}
-    // The gate's answer for `ticket` is final: the stream may not bind any
-    // more, and is closed (now if registered, else when it is).
-    std::weak_ptr<PeerStream> DoomLocked(uint64_t ticket, const char* reason)
-        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-      doomed[ticket] = reason;
-      std::weak_ptr<PeerStream> stream;
-      auto it = streams.find(ticket);
-      if (it != streams.end()) {
-        stream = std::move(it->second);
-        streams.erase(it);
-      }
-      return stream;
-    }
-    void Forget(uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-      gate.Settle(ticket);
-      streams.erase(ticket);
-      doomed.erase(ticket);
-    }
-    bool ShouldWake() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return wake || stopping; }
-
-    absl::Mutex mu;
-    StreamGate gate;  // used under mu (its own lock nests inside)
-    std::map<uint64_t, std::weak_ptr<PeerStream>> streams ABSL_GUARDED_BY(mu);
-    std::map<uint64_t, const char*> doomed ABSL_GUARDED_BY(mu);  // ticket -> reason
-    bool wake ABSL_GUARDED_BY(mu) = false;
-    bool stopping ABSL_GUARDED_BY(mu) = false;
-  };
-
-  // "ipv4:10.0.0.7:51234" -> "ipv4:10.0.0.7": a plaintext peer is its host.
-  static std::string PeerHost(const std::string& peer) {
-    const size_t colon = peer.rfind(':');
-    return colon == std::string::npos ? peer : peer.substr(0, colon);
-  }
-
-  void CloseStream(std::weak_ptr<PeerStream> weak, const char* reason) {
-    std::shared_ptr<PeerStream> stream = weak.lock();
-    if (stream == nullptr || stream->done()) return;  // the peer hung up meanwhile
-    refused_.Add({{"reason", reason}}).Increment();
-    if (std::string(reason) == "evicted") {
-      stream->Close(absl::ResourceExhaustedError(
-          "closed before its first message: this worker has too many Exchange streams without "
-          "one (--max-pending-streams), and this one was the oldest of the busiest peer"));
-    } else {
-      stream->Close(absl::DeadlineExceededError(
-          absl::StrCat("no StageMessage within ", absl::FormatDuration(first_message_timeout_),
-                       " of opening the stream (--stream-first-message-timeout)")));
-    }
-  }
-
-  // Closes the pending streams whose first-message deadline passed; sleeps
-  // until the next deadline or a new stream.
-  void Reap() {
-    Pending& p = *pending_;
-    for (;;) {
-      std::vector<std::weak_ptr<PeerStream>> expired;
-      {
-        absl::MutexLock lock(&p.mu);
-        p.mu.AwaitWithDeadline(absl::Condition(&p, &Pending::ShouldWake), p.gate.NextDeadline());
-        if (p.stopping) return;
-        p.wake = false;
-        for (uint64_t ticket : p.gate.TakeExpired(absl::Now())) {
-          expired.push_back(p.DoomLocked(ticket, "no_first_message"));
-        }
-      }
-      for (std::weak_ptr<PeerStream>& stream : expired) {
-        CloseStream(std::move(stream), "no_first_message");
-      }
-    }
-  }
-
-  Worker* worker_;
-  std::shared_ptr<std::atomic<int>> open_;
-  const int max_streams_;
-  // TLS is on: Exchange takes only worker certificates (rpc::IsWorkerIdentity).
-  const bool require_worker_identity_;
-  const absl::Duration first_message_timeout_;
-  const std::shared_ptr<Pending> pending_;
-  prometheus::Family<prometheus::Counter>& refused_;
-  std::thread reaper_;  // last: it starts once everything above is built
-};
 
 // The control stream: a callback reactor whose writes go through an Outbox
 // (bounded, one write in flight) and whose reads hand each command to
@@ -320,7 +106,20 @@ absl::Status Worker::Start() {
   if (!metrics.ok()) return metrics.status();
   metrics_ = std::move(*metrics);
 
-  service_ = std::make_unique<Service>(this, options_, metrics_->registry());
+  StageServiceOptions service;
+  service.max_streams = options_.max_streams;
+  service.max_pending_streams = options_.max_pending_streams;
+  service.require_worker_identity = options_.require_worker_identity;
+  service.first_message_timeout = options_.first_message_timeout;
+  service.route = [this](const v1::StageMessage& first, const std::string& identity,
+                         std::shared_ptr<UpstreamStream> stream, MessageSink** sink) {
+    return Route(first, identity, std::move(stream), sink);
+  };
+  service.copy_replica = [this](const v1::CopyReplicaRequest& request,
+                                v1::CopyReplicaResponse* response) {
+    return CopyReplica(request, response);
+  };
+  service_ = std::make_unique<WorkerStageService>(std::move(service), metrics_->registry());
   grpc::ServerBuilder builder;
   rpc::ConfigureServerBuilder(options_.rpc, &builder);
   builder.AddListeningPort(options_.listen, rpc::ServerCredentials(options_.rpc), &port_);
@@ -640,6 +439,176 @@ absl::Status Worker::Route(const v1::StageMessage& first, const std::string& pee
     }
   }
   return all.front()->AttachUpstream(first, peer_identity, std::move(stream), sink);
+}
+
+// The stage-task thread: one stage command at a time, in the order the
+// coordinator sent them.
+void Worker::RunStageCommand(const v1::Command& command) {
+  switch (command.command_case()) {
+    case v1::Command::kConfigure: {
+      const v1::StageAssignment& a = command.configure();
+      std::shared_ptr<StageRuntime> old = runtime();
+      // Interleaved: the next virtual stage of the attempt this worker holds
+      // joins the ones configured before it.
+      const bool same_attempt =
+          old && old->job_id() == a.job_id() && old->attempt() == a.attempt() && !old->started();
+      bool busy = false;
+      for (const auto& rt : runtimes()) busy = busy || rt->running();
+      if (busy && !same_attempt) {
+        if (old->job_id() != a.job_id()) {
+          EmitError(a.job_id(), a.stage(),
+                    absl::FailedPreconditionError(absl::StrCat("busy with job ", old->job_id())),
+                    a.attempt());
+          return;
+        }
+        // A new attempt of the job this worker still runs (the coordinator
+        // recovered it): the old attempt is over.
+        StopAll(absl::AbortedError(absl::StrCat("superseded by attempt ", a.attempt())), false);
+      }
+      if (options_.before_stage_build) options_.before_stage_build(a);
+      RuntimeEnv env;
+      env.device = device_;
+      env.registry = &metrics_->registry();
+      env.job_labels = options_.job_labels;
+      env.emit = [this](v1::WorkerEvent e) { Emit(std::move(e)); };
+      env.rpc = options_.rpc;
+      env.data_roots = options_.data_roots;
+      env.checkpoint_roots = options_.checkpoint_roots;
+      env.model_roots = options_.model_roots;
+      env.clock = clock_;
+      env.collective_timeout = options_.collective_timeout;
+      env.emulated_speed = options_.emulated_speed;
+      env.shared_memory_dir = options_.shared_memory_dir;
+      env.shared_ring_bytes = static_cast<uint64_t>(options_.shared_memory_mib) << 20;
+      env.emulated_speed_source = &emulated_speed_;
+      env.collective_store = [this](const v1::StageAssignment& assignment) {
+        CoordinatorStore::Scope scope;
+        {
+          absl::MutexLock lock(&mu_);
+          scope.worker_id = worker_id_;
+          scope.session = session_;
+        }
+        scope.job_id = assignment.job_id();
+        scope.attempt = assignment.attempt();
+        scope.prefix = absl::StrCat("stage", assignment.stage(), "/");
+        return c10::make_intrusive<CoordinatorStore>(
+            coordinator_.get(), std::move(scope),
+            std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.collective_timeout)));
+      };
+      {
+        absl::MutexLock lock(&mu_);
+        if (!same_attempt) turns_ = std::make_shared<DeviceTurns>();
+        env.turns = turns_;
+      }
+      auto rt = StageRuntime::Create(a, std::move(env));
+      if (!rt.ok()) {
+        EmitError(a.job_id(), a.stage(), rt.status(), a.attempt(), a.replica());
+        return;
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        if (!same_attempt) runtimes_.clear();
+        // A repeated assignment of a stage replaces its runtime.
+        runtimes_.erase(std::remove_if(runtimes_.begin(), runtimes_.end(),
+                                       [&](const auto& r) { return r->stage() == a.stage(); }),
+                        runtimes_.end());
+        runtimes_.push_back(*rt);
+        std::sort(runtimes_.begin(), runtimes_.end(),
+                  [](const auto& x, const auto& y) { return x->stage() < y->stage(); });
+      }
+      Ack(command.command_id());
+      return;
+    }
+    case v1::Command::kStart: {
+      const std::vector<std::shared_ptr<StageRuntime>> all = runtimes();
+      if (all.empty() || all.front()->job_id() != command.start().job_id()) {
+        EmitError(
+            command.start().job_id(), -1,
+            absl::FailedPreconditionError("start for a job this worker is not configured for"));
+        return;
+      }
+      // Every stage this worker holds; a multi-phase job goes on with its
+      // next phase on the same runtimes.
+      for (const auto& rt : all) {
+        absl::Status s = rt->started() ? rt->BeginPhase(command.start().phase()) : rt->Start();
+        // A replacing stage (recovery.replay) replays phases the job has
+        // finished already: they need no go-ahead.
+        if (s.ok()) rt->ReleaseThrough(command.start().phase());
+        if (!s.ok()) {
+          EmitError(rt->job_id(), rt->stage(), s);
+          return;
+        }
+      }
+      Ack(command.command_id());
+      return;
+    }
+    case v1::Command::kCheckpointSoon: {
+      // Stage 0 of the attempt picks the step (StageRuntime::RequestCheckpoint);
+      // anything else is stale and only acknowledged.
+      const v1::CheckpointCommand& c = command.checkpoint_soon();
+      for (const auto& rt : runtimes()) {
+        if (rt->job_id() == c.job_id() && rt->attempt() == c.attempt() && rt->stage() == 0 &&
+            rt->running()) {
+          STAGEWISE_LOG(INFO) << "job " << c.job_id() << ": checkpoint requested (" << c.reason()
+                              << ")";
+          rt->RequestCheckpoint();
+        }
+      }
+      Ack(command.command_id());
+      return;
+    }
+    case v1::Command::kNeighbourReplaced: {
+      // recovery.replay: a neighbour of a stage here moved to another worker.
+      const v1::NeighbourReplaced& r = command.neighbour_replaced();
+      for (const auto& rt : runtimes()) {
+        if (rt->job_id() != r.job_id() || rt->attempt() != r.attempt() ||
+            std::abs(rt->stage() - r.stage()) != 1) {
+          continue;
+        }
+        STAGEWISE_LOG(INFO) << "job " << r.job_id() << ": stage " << r.stage() << " moved to "
+                            << r.address() << "; reconnecting stage " << rt->stage();
+        if (absl::Status s = rt->NeighbourReplaced(r); !s.ok()) {
+          rt->Fail(absl::UnavailableError(s.message()));
+        }
+      }
+      Ack(command.command_id());
+      return;
+    }
+    case v1::Command::kCheckpointCommitted: {
+      const v1::CheckpointCommitted& c = command.checkpoint_committed();
+      for (const auto& rt : runtimes()) {
+        if (rt->job_id() == c.job_id() && rt->attempt() == c.attempt()) {
+          rt->CheckpointCommitted(c.step());
+        }
+      }
+      Ack(command.command_id());
+      return;
+    }
+    case v1::Command::kReplicaRegroup: {
+      // recovery.replay with replicas: a replica of a stage here was lost.
+      const v1::ReplicaRegroup& r = command.replica_regroup();
+      for (const auto& rt : runtimes()) {
+        if (rt->job_id() == r.job_id() && rt->attempt() == r.attempt() &&
+            rt->stage() == r.stage()) {
+          STAGEWISE_LOG(INFO) << "job " << r.job_id() << ": stage " << r.stage()
+                              << " regroups its replicas as generation " << r.generation();
+          rt->ReplicaRegroup(r);
+        }
+      }
+      Ack(command.command_id());
+      return;
+    }
+    case v1::Command::kStop: {
+      std::shared_ptr<StageRuntime> rt = runtime();
+      if (rt && rt->job_id() == command.stop().job_id()) {
+        StopAll(absl::CancelledError(command.stop().reason()), false);
+      }
+      Ack(command.command_id());
+      return;
+    }
+    default:
+      return;
+  }
 }
 
 }  // namespace stagewise::worker

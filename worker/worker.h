@@ -38,6 +38,8 @@
 
 namespace stagewise::worker {
 
+class WorkerStageService;  // worker/stage_service.h
+
 struct WorkerOptions {
   std::string coordinator = "127.0.0.1:7070";
   std::string listen = "0.0.0.0:7071";
@@ -129,7 +131,6 @@ class Worker {
   int64_t clock_samples() const { return clock_->samples(); }
 
  private:
-  class Service;
   class ControlStream;
   void ControlLoop();
   // One registration and control stream; `*established` once the stream is up.
@@ -158,7 +159,7 @@ class Worker {
   WorkerOptions options_;
   torch::Device device_{torch::kCPU};
   std::unique_ptr<metrics::MetricsServer> metrics_;
-  std::unique_ptr<Service> service_;
+  std::unique_ptr<WorkerStageService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::shared_ptr<grpc::Channel> coordinator_channel_;

@@ -75,6 +75,19 @@ PY
 then
   fail=1
 fi
+# What an algorithm sees stays small: at most 25 virtual methods on
+# StageContext (its destructor not counted).
+virtuals=$(python3 - worker/stage_context.h <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+body = text[text.index("class StageContext {"):]
+body = body[:body.index("\n};")]
+print(len([m for m in re.findall(r"^\s*virtual\s+([^;{]*)", body, re.M) if "~" not in m]))
+PY
+)
+if [ "$virtuals" -gt 25 ]; then
+  echo "layering: StageContext has $virtuals virtual methods (at most 25)"; fail=1
+fi
 if [ -n "$coordinator_bin" ]; then
   if [ ! -x "$coordinator_bin" ]; then
     echo "layering: $coordinator_bin is not built"; fail=1

@@ -9,7 +9,7 @@ stagewise_add_test(NAME job_manager_test SOURCES job_manager_test.cc
 stagewise_add_test(NAME coordinator_units_test SOURCES coordinator_units_test.cc end_cause_test.cc
   stage_replacement_test.cc
   LIBS stagewise_job_manager LABELS unit)
-stagewise_add_test(NAME collective_store_test SOURCES collective_store_test.cc
+stagewise_add_test(NAME collective_store_test SOURCES collective_store_test.cc task_loop_test.cc
   LIBS stagewise_job_manager LABELS unit)
 # The status pages' HTML (docs/status_page.md); the browser test is
 # tests/browser.

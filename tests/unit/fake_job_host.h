@@ -28,6 +28,7 @@ class FakeJobHost : public JobHost {
   std::vector<std::string> progress;  // UpdateProgress messages ("" included)
   std::vector<std::pair<std::string, std::string>> stopped;  // (job, reason)
   std::vector<std::pair<std::string, bool>> requeued;        // (job, recovering)
+  std::vector<v1::JobStatus> persisted;                      // PersistStatus
   bool fail_transitions = false;
 
   LiveJob* FindJob(const std::string& job_id) override {
@@ -55,6 +56,11 @@ class FakeJobHost : public JobHost {
   }
   void UpdateProgress(LiveJob&, const std::string& message, std::vector<MetricPoint>) override {
     progress.push_back(message);
+  }
+  absl::Status PersistStatus(LiveJob& job) override {
+    if (fail_transitions) return absl::UnavailableError("the store is down");
+    persisted.push_back(job.status);
+    return absl::OkStatus();
   }
   void StopStages(const std::string& job_id, const std::string& reason) override {
     stopped.emplace_back(job_id, reason);

@@ -59,30 +59,27 @@ absl::StatusOr<v1::StageMessage> FakeStageContext::Receive(MessageQueue* queue) 
   return why.ok() ? absl::CancelledError("stopped") : why;
 }
 
-absl::StatusOr<v1::StageMessage> FakeStageContext::ReceiveFromPrev() {
-  if (from_prev_ == nullptr) return absl::FailedPreconditionError("stage 0 has no previous stage");
-  return Receive(from_prev_);
-}
-
-absl::StatusOr<v1::StageMessage> FakeStageContext::ReceiveFromNext() {
+absl::StatusOr<v1::StageMessage> FakeStageContext::ReceiveFrom(worker::Side side) {
+  if (side == worker::Side::kPrev) {
+    if (from_prev_ == nullptr)
+      return absl::FailedPreconditionError("stage 0 has no previous stage");
+    return Receive(from_prev_);
+  }
   if (from_next_ == nullptr) {
     return absl::FailedPreconditionError("the last stage has no next stage");
   }
   return Receive(from_next_);
 }
 
-absl::Status FakeStageContext::SendToNext(v1::StageMessage message) {
-  if (to_next_ == nullptr) return absl::FailedPreconditionError("the last stage has no next stage");
+absl::Status FakeStageContext::SendTo(worker::Side side, v1::StageMessage message) {
+  MessageQueue* to = side == worker::Side::kNext ? to_next_ : to_prev_;
+  if (to == nullptr) {
+    return absl::FailedPreconditionError(side == worker::Side::kNext
+                                             ? "the last stage has no next stage"
+                                             : "stage 0 has no previous stage");
+  }
   message.set_job_id(place_.job_id);
-  if (to_next_->Push(std::move(message))) return absl::OkStatus();
-  absl::Status why = job_->failure();
-  return why.ok() ? absl::CancelledError("stopped") : why;
-}
-
-absl::Status FakeStageContext::SendToPrev(v1::StageMessage message) {
-  if (to_prev_ == nullptr) return absl::FailedPreconditionError("stage 0 has no previous stage");
-  message.set_job_id(place_.job_id);
-  if (to_prev_->Push(std::move(message))) return absl::OkStatus();
+  if (to->Push(std::move(message))) return absl::OkStatus();
   absl::Status why = job_->failure();
   return why.ok() ? absl::CancelledError("stopped") : why;
 }

@@ -66,12 +66,11 @@ class FakeStageContext : public worker::StageContext {
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
   const std::vector<models::BlockMode>& block_modes() const override { return block_modes_; }
   worker::PhaseWindow window() const override;
-  const data::BatchSampler& train_batches() const override { return *train_; }
-  const data::BatchSampler& test_batches() const override { return *test_; }
-  absl::StatusOr<v1::StageMessage> ReceiveFromPrev() override;
-  absl::StatusOr<v1::StageMessage> ReceiveFromNext() override;
-  absl::Status SendToNext(v1::StageMessage message) override;
-  absl::Status SendToPrev(v1::StageMessage message) override;
+  const data::BatchSampler& batches(worker::Split split) const override {
+    return split == worker::Split::kTrain ? *train_ : *test_;
+  }
+  absl::StatusOr<v1::StageMessage> ReceiveFrom(worker::Side side) override;
+  absl::Status SendTo(worker::Side side, v1::StageMessage message) override;
   absl::Status Interrupted() const override;
   void ReportStep(int64_t steps_done, double train_loss, int64_t samples) override;
   void ReportEval(int64_t steps_done, double loss, double accuracy, int64_t samples) override;
