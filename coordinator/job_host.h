@@ -9,6 +9,7 @@
 #ifndef STAGEWISE_COORDINATOR_JOB_HOST_H_
 #define STAGEWISE_COORDINATOR_JOB_HOST_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -36,10 +37,12 @@ class JobHost {
   // Publishes a progress change now and writes it with the next flush.
   virtual void UpdateProgress(LiveJob& job, const std::string& message,
                               std::vector<MetricPoint> points) = 0;
-  // Writes the job's status now, after its pending progress: durable before
-  // the caller acts on a change it made (the store's error otherwise; the
-  // caller then puts the status back).
-  virtual absl::Status PersistStatus(LiveJob& job) = 0;
+  // Changes the job's status durably before the caller acts on it: the
+  // pending progress is written first, then `change` applied and the status
+  // written; on the store's error the status is as it was and the error is
+  // returned.
+  virtual absl::Status ChangeStatus(LiveJob& job,
+                                    const std::function<void(v1::JobStatus&)>& change) = 0;
   // Frees the job's workers and tells each to stop its stage.
   virtual void StopStages(const std::string& job_id, const std::string& reason) = 0;
   // Puts the job back in the scheduler's queue (ahead of new jobs when

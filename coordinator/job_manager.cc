@@ -599,10 +599,17 @@ std::vector<std::string> JobManager::LiveJobIds() const {
   return ids;
 }
 
-absl::Status JobManager::PersistStatus(LiveJob& job) {
+absl::Status JobManager::ChangeStatus(LiveJob& job,
+                                      const std::function<void(v1::JobStatus&)>& change) {
   STAGEWISE_BUG(OnLoop());
-  FlushProgress();
-  return store_->UpdateStatus(job.status);
+  FlushProgress();  // what was pending is written as it was, before the change
+  const v1::JobStatus before = job.status;
+  change(job.status);
+  if (absl::Status s = store_->UpdateStatus(job.status); !s.ok()) {
+    job.status = before;
+    return s;
+  }
+  return absl::OkStatus();
 }
 
 void JobManager::StopStages(const std::string& job_id, const std::string& reason) {

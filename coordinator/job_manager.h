@@ -285,7 +285,8 @@ class JobManager : private JobHost {
   void EndJob(std::string job_id, v1::JobState state, std::string reason) override;
   void UpdateProgress(Job& job, const std::string& message,
                       std::vector<MetricPoint> points) override;
-  absl::Status PersistStatus(LiveJob& job) override;
+  absl::Status ChangeStatus(LiveJob& job,
+                            const std::function<void(v1::JobStatus&)>& change) override;
   void StopStages(const std::string& job_id, const std::string& reason) override;
   void Requeue(const std::string& job_id, bool recovering) override {
     placer_.Requeue(job_id, recovering);
@@ -313,9 +314,10 @@ class JobManager : private JobHost {
   absl::Time goodput_published_ = absl::InfinitePast();  // the metrics' last update
   absl::Time next_sharing_pass_ = absl::InfinitePast();  // priority classes: a pass a second
   Preemptor preemptor_{this, &planned_, &registry_};
-  JobPlacer placer_{this,
-                    {&scheduler_, &registry_, &recovery_, &planned_, &preemptor_, &usage_,
-                     &goodput_, &sharing_, options_.configure_timeout, options_.recovery_settle}};
+  JobPlacer placer_{
+      this,
+      {&scheduler_, &registry_, &recovery_, &planned_, &preemptor_, &usage_, &goodput_, &sharing_,
+       options_.configure_timeout, options_.recovery_settle, [this] { return OnLoop(); }}};
   std::map<std::string, Job> jobs_;
   std::set<std::string> dirty_;                                  // jobs with unwritten status
   std::vector<std::pair<std::string, MetricPoint>> points_;      // unwritten metric history

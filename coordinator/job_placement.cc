@@ -8,18 +8,21 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "services/common/check.h"
 #include "services/common/log.h"
 #include "services/common/status_macros.h"
 
 namespace stagewise::coordinator {
 
 void JobPlacer::PassIfNeeded() {
+  STAGEWISE_BUG(OnLoop());
   if (!needed_) return;
   needed_ = false;
   Pass();
 }
 
 void JobPlacer::Pass() {
+  STAGEWISE_BUG(OnLoop());
   Scheduler::Round round = parts_.scheduler->Schedule(absl::Now());
   // The jobs still queued, in queue order: what each waits for, and its
   // place (`stagewise queue`); only a new reason is an event.
@@ -104,6 +107,7 @@ void JobPlacer::Place(const Scheduler::Placement& p) {
 }
 
 void JobPlacer::MaybeGrow() {
+  STAGEWISE_BUG(OnLoop());
   for (const std::string& id : host_->LiveJobIds()) {
     LiveJob& job = *host_->FindJob(id);
     if (job.spec.recovery.min_stages == 0 || job.status.state() != v1::RUNNING ||
@@ -164,6 +168,7 @@ void JobPlacer::Configure(const std::string& job_id, LiveJob& job) {
 
 void JobPlacer::OnProfile(const std::string& job_id, const v1::ProfileResult& result,
                           const std::string& sender) {
+  STAGEWISE_BUG(OnLoop());
   LiveJob* profiled = host_->FindJob(job_id);
   if (profiled == nullptr || profiled->planned) return;
   LiveJob& job = *profiled;
@@ -208,6 +213,7 @@ void JobPlacer::OnProfile(const std::string& job_id, const v1::ProfileResult& re
 }
 
 void JobPlacer::Requeue(const std::string& job_id, bool recovering) {
+  STAGEWISE_BUG(OnLoop());
   LiveJob* queued = host_->FindJob(job_id);
   if (queued == nullptr) return;
   const LiveJob& job = *queued;
@@ -237,21 +243,18 @@ void JobPlacer::Requeue(const std::string& job_id, bool recovering) {
 // --- What clients change in the queue ---------------------------------------
 
 absl::StatusOr<v1::JobStatus> JobPlacer::Release(const std::string& job_id, LiveJob& job) {
+  STAGEWISE_BUG(OnLoop());
   if (!job.status.suspended()) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id, " is ", v1::JobState_Name(job.status.state()),
                      " and not suspended (it was not submitted with --suspended, or it was "
                      "released already)"));
   }
-  const std::string reason = job.status.reason();
-  job.status.set_suspended(false);
-  job.status.set_reason("released: waiting for workers");
   // Durable before it is queued: a restart never suspends it again.
-  if (absl::Status s = host_->PersistStatus(job); !s.ok()) {
-    job.status.set_suspended(true);
-    job.status.set_reason(reason);
-    return s;
-  }
+  STAGEWISE_RETURN_IF_ERROR(host_->ChangeStatus(job, [](v1::JobStatus& st) {
+    st.set_suspended(false);
+    st.set_reason("released: waiting for workers");
+  }));
   host_->UpdateProgress(job, "released from suspension (stagewise resume); queued", {});
   Requeue(job_id, /*recovering=*/false);
   return job.status;
@@ -259,6 +262,7 @@ absl::StatusOr<v1::JobStatus> JobPlacer::Release(const std::string& job_id, Live
 
 absl::StatusOr<v1::JobStatus> JobPlacer::SetPriority(const std::string& job_id, LiveJob& job,
                                                      const std::string& priority) {
+  STAGEWISE_BUG(OnLoop());
   const SharingConfig& sharing = *parts_.sharing;
   absl::StatusOr<int> rank = sharing.RankOf(priority);
   if (!rank.ok() || priority.empty()) {
@@ -275,12 +279,10 @@ absl::StatusOr<v1::JobStatus> JobPlacer::SetPriority(const std::string& job_id, 
         priority, "`)"));
   }
   const std::string before = job.status.priority();
-  job.status.set_priority(sharing.NameOf(*rank));
+  const std::string after = sharing.NameOf(*rank);
   // Durable before it acts: a restart keeps the new class.
-  if (absl::Status s = host_->PersistStatus(job); !s.ok()) {
-    job.status.set_priority(before);
-    return s;
-  }
+  STAGEWISE_RETURN_IF_ERROR(
+      host_->ChangeStatus(job, [&after](v1::JobStatus& st) { st.set_priority(after); }));
   host_->UpdateProgress(
       job, absl::StrCat("priority: class ", before, " -> ", job.status.priority()), {});
   parts_.scheduler->SetRank(job_id, *rank);

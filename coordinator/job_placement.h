@@ -7,6 +7,7 @@
 #ifndef STAGEWISE_COORDINATOR_JOB_PLACEMENT_H_
 #define STAGEWISE_COORDINATOR_JOB_PLACEMENT_H_
 
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -42,6 +43,9 @@ class JobPlacer {
     // (JobManagerOptions).
     absl::Duration configure_timeout = absl::Seconds(120);
     absl::Duration recovery_settle = absl::Seconds(1);
+    // True on the thread that owns the live jobs (JobManager's loop); every
+    // public method checks it. Null: not checked.
+    std::function<bool()> on_loop;
   };
 
   JobPlacer(JobHost* host, Parts parts) : host_(host), parts_(parts) {}
@@ -79,6 +83,8 @@ class JobPlacer {
   void Configure(const std::string& job_id, LiveJob& job);
   // The placement `p` of the pass: the job's workers, its state.
   void Place(const Scheduler::Placement& p);
+
+  bool OnLoop() const { return !parts_.on_loop || parts_.on_loop(); }
 
   JobHost* const host_;
   const Parts parts_;

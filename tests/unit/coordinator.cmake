@@ -7,6 +7,7 @@ stagewise_add_test(NAME scheduler_test SOURCES scheduler_test.cc
 stagewise_add_test(NAME job_manager_test SOURCES job_manager_test.cc
   LIBS stagewise_job_manager LABELS unit)
 stagewise_add_test(NAME coordinator_units_test SOURCES coordinator_units_test.cc end_cause_test.cc
+  job_placement_test.cc
   stage_replacement_test.cc
   LIBS stagewise_job_manager LABELS unit)
 stagewise_add_test(NAME collective_store_test SOURCES collective_store_test.cc task_loop_test.cc

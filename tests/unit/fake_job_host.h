@@ -28,7 +28,7 @@ class FakeJobHost : public JobHost {
   std::vector<std::string> progress;  // UpdateProgress messages ("" included)
   std::vector<std::pair<std::string, std::string>> stopped;  // (job, reason)
   std::vector<std::pair<std::string, bool>> requeued;        // (job, recovering)
-  std::vector<v1::JobStatus> persisted;                      // PersistStatus
+  std::vector<v1::JobStatus> persisted;                      // ChangeStatus
   bool fail_transitions = false;
 
   LiveJob* FindJob(const std::string& job_id) override {
@@ -57,8 +57,10 @@ class FakeJobHost : public JobHost {
   void UpdateProgress(LiveJob&, const std::string& message, std::vector<MetricPoint>) override {
     progress.push_back(message);
   }
-  absl::Status PersistStatus(LiveJob& job) override {
+  absl::Status ChangeStatus(LiveJob& job,
+                            const std::function<void(v1::JobStatus&)>& change) override {
     if (fail_transitions) return absl::UnavailableError("the store is down");
+    change(job.status);
     persisted.push_back(job.status);
     return absl::OkStatus();
   }
