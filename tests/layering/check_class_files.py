@@ -27,14 +27,11 @@ def main():
                 match = DEFINITION.match(line)
                 if match:
                     files[match.group(1)].add(str(path.relative_to(root)))
-    bad = 0
-    for cls, where in sorted(files.items()):
-        if len(where) > 1:
-            print(f'{cls}: methods defined in {len(where)} files: {", ".join(sorted(where))}')
-            bad += 1
-    print(f'{len(files)} classes checked, {bad} spread over several files')
-    return 1 if bad or not files else 0
-
+    spread = {cls: sorted(where) for cls, where in files.items() if len(where) > 1}
+    for cls in sorted(spread):
+        print(f'{cls}: methods defined in {len(spread[cls])} files: {", ".join(spread[cls])}')
+    print(f'{len(files)} classes checked, {len(spread)} spread over several files')
+    return 1 if spread or not files else 0
 
 if __name__ == '__main__':
     sys.exit(main())
