@@ -39,10 +39,10 @@ inline constexpr absl::string_view kAutoScheduleName = "auto";
 
 // delayed's `weights`: which parameters a late backward uses.
 enum class DelayedWeights { kStash, kCurrent };
-// delayed's `lr_by_delay`: stage j's learning rate scaled by its staleness
+// delayed's and petra's `lr_by_delay`: stage j's learning rate scaled by its staleness
 // s_j (constant: not; inverse: 1/(1+s_j); inverse_sqrt: 1/sqrt(1+s_j)).
 enum class DelayLr { kConstant, kInverse, kInverseSqrt };
-// delayed's `momentum_by_delay`: constant, or compensate (SGD's momentum
+// delayed's and petra's `momentum_by_delay`: constant, or compensate (SGD's momentum
 // lowered by the momentum the delay itself implies, s_j / (1 + s_j)).
 enum class DelayMomentum { kConstant, kCompensate };
 

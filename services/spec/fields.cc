@@ -546,7 +546,17 @@ const std::vector<AlgorithmSchema>& AlgorithmSchemas() {
                  BoolParam("verify_rebuild", &P::verify_rebuild,
                            "diagnostic: also keep every reversible block's forward input and "
                            "report how far the rebuilt one is from it (`rebuild_error.block<i>` "
-                           "in the job summary); costs the memory PETRA saves")}),
+                           "in the job summary); costs the memory PETRA saves"),
+                 BoolParam("predict_weights", &P::predict_weights,
+                           "each forward runs at the weights extrapolated along the last update "
+                           "by the stage's staleness s_j = 2(J-1-j)/k, w + s_j (w - w_prev), "
+                           "near the weights its backward rebuilds with; one parameter copy"),
+                 EnumParam("lr_by_delay", &P::lr_by_delay,
+                           "stage j's learning rate x 1, 1/(1+s_j) or 1/sqrt(1+s_j), s_j its "
+                           "staleness in updates"),
+                 EnumParam("momentum_by_delay", &P::momentum_by_delay,
+                           "`optimizer.name: sgd` only: `compensate` runs stage j at momentum "
+                           "max(0, momentum - s_j / (1 + s_j))")}),
       Schema<N>(AlgorithmKind::kNwise,
                 {IntParam("n", &N::n, AtLeast(1), "`<= stages.count`"),
                  BoolParam("mix_local", &N::mix_local, ""),

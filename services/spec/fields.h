@@ -236,7 +236,7 @@ std::vector<std::string> ParamKeys(const AlgorithmSchema& schema);
 
 // "unknown algorithm 'x' (did you mean y?); known: ..." or "required (...)".
 std::string UnknownAlgorithmMessage(absl::string_view name);
-// "unknown key for algorithm petra (known: accumulation, verify_rebuild)".
+// "unknown key for algorithm petra (known: accumulation, verify_rebuild, ...)".
 std::string UnknownParamMessage(const AlgorithmSchema& schema, absl::string_view key);
 // How type errors describe what a parameter takes ("an integer", ...).
 const char* ExpectedText(ParamType type);

@@ -146,6 +146,11 @@ struct FeaturesReplayOptions {};
 struct PetraOptions {
   int accumulation = 1;  // k: step every k backward passes
   bool verify_rebuild = false;
+  // Staleness corrections, as delayed's (the forward at the extrapolated
+  // weights, the learning rate and SGD momentum keyed to the stage's delay).
+  bool predict_weights = false;
+  DelayLr lr_by_delay = DelayLr::kConstant;
+  DelayMomentum momentum_by_delay = DelayMomentum::kConstant;
 };
 
 struct NwiseOptions {

@@ -271,6 +271,16 @@ absl::Status CheckMicroBatches(int micro_batches, const JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// delayed's and petra's momentum_by_delay: compensate lowers SGD's momentum.
+absl::Status CheckMomentumByDelay(DelayMomentum momentum, const JobSpec& spec) {
+  if (momentum == DelayMomentum::kCompensate && spec.optimizer.name != OptimizerKind::kSgd) {
+    return KeyError("algorithm.momentum_by_delay",
+                    absl::StrCat("compensate applies to optimizer.name sgd, not ",
+                                 NameOf(spec.optimizer.name)));
+  }
+  return absl::OkStatus();
+}
+
 // Each replica takes batch_size / R samples of every mini-batch, so that J x R
 // workers see exactly the samples of J workers at the same batch_size.
 absl::Status ValidateReplicas(const JobSpec& spec) {
@@ -313,12 +323,10 @@ absl::Status ValidateAlgorithm(const AlgorithmSpec& algorithm, const JobSpec& sp
                       "needs algorithm.weights: stash (the gradient is taken at the predicted "
                       "weights the forward used)");
     }
-    if (delayed->momentum_by_delay == DelayMomentum::kCompensate &&
-        spec.optimizer.name != OptimizerKind::kSgd) {
-      return KeyError("algorithm.momentum_by_delay",
-                      absl::StrCat("compensate applies to optimizer.name sgd, not ",
-                                   NameOf(spec.optimizer.name)));
-    }
+    return CheckMomentumByDelay(delayed->momentum_by_delay, spec);
+  }
+  if (const auto* petra = algorithm.get_if<PetraOptions>()) {
+    return CheckMomentumByDelay(petra->momentum_by_delay, spec);
   }
   if (const auto* auxnet = algorithm.get_if<AuxNetOptions>()) {
     // auxnet's running statistics from the serial forward need one.

@@ -6,12 +6,16 @@
 //   - with lr > 0 and k in {1, 4} the parameters (and BN statistics) after S
 //     steps equal a single-process simulation written here, which rebuilds
 //     inputs with Block::inverse and recomputes like activation checkpointing
-//     (the worker rebuilds and differentiates in one go);
+//     (the worker rebuilds and differentiates in one go); so they do with the
+//     staleness corrections (look-ahead weights, learning rate and momentum by
+//     delay), alone and together, and with k = 2;
 //   - a fully reversible stage holds no activations between forward and
 //     backward, where `delayed` holds 2(J-1-j)+1 inputs.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -59,7 +63,12 @@ steps: )",
 // order as the workers (2(J-1-j)+1 in flight at stage j, the last stage at
 // once). Each stage's state depends only on the order of its own operations,
 // so a round-robin event loop reproduces the distributed run.
-std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, int64_t k) {
+// The corrections as worker/algorithms/delay_corrections.h describes them,
+// written out here: s_j = 2(J-1-j)/k; the forward at w + s_j (w - w_prev);
+// the step at lr x 1/(1+s_j) or 1/sqrt(1+s_j), SGD's momentum lowered by
+// s_j/(1+s_j).
+std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, const PetraOptions& o) {
+  const int64_t k = o.accumulation;
   const Simulation sim = StartSimulation(spec);
   const int64_t per_epoch = sim.per_epoch;
   const int64_t S = spec.steps;
@@ -73,6 +82,8 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, int64_t k) {
     std::map<int64_t, std::vector<torch::Tensor>> buffer;  // non-reversible block inputs
     std::map<int64_t, std::pair<torch::Tensor, torch::Tensor>> fwd_in;  // x, labels
     std::map<int64_t, std::pair<torch::Tensor, torch::Tensor>> bwd_in;  // x~, delta
+    std::vector<torch::Tensor> previous;  // predict_weights: before the last step
+    double s = 0, lr_scale = 1;
   };
   std::vector<Sim> st(J);
   for (int j = 0; j < J; ++j) {
@@ -80,6 +91,9 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, int64_t k) {
     st[j].opt = training::MakeOptimizer(spec.optimizer, *st[j].model);
     st[j].opt->zero_grad();
     st[j].depth = 2 * (J - 1 - j) + 1;
+    st[j].s = j == J - 1 ? 0 : static_cast<double>(st[j].depth - 1) / static_cast<double>(k);
+    if (o.lr_by_delay == DelayLr::kInverse) st[j].lr_scale = 1 / (1 + st[j].s);
+    if (o.lr_by_delay == DelayLr::kInverseSqrt) st[j].lr_scale = 1 / std::sqrt(1 + st[j].s);
   }
   // Algorithm 1, lines 19-22: Delta += grad / k; update every k-th pass.
   auto accumulate = [&](Sim& s) {
@@ -88,8 +102,19 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, int64_t k) {
     for (auto& p : s.model->parameters()) {
       if (p.grad().defined()) p.grad().div_(static_cast<double>(k));
     }
+    if (o.predict_weights && s.s > 0) {
+      s.previous.clear();
+      for (auto& p : s.model->parameters()) s.previous.push_back(p.detach().clone());
+    }
     training::SetLearningRate(
-        *s.opt, training::LearningRateAt(spec.schedule, base, s.backwards - k, per_epoch, S));
+        *s.opt,
+        training::LearningRateAt(spec.schedule, base, s.backwards - k, per_epoch, S) * s.lr_scale);
+    const double m = spec.optimizer.momentum;
+    const bool compensate = o.momentum_by_delay == DelayMomentum::kCompensate && s.s > 0;
+    for (auto& group : s.opt->param_groups()) {
+      static_cast<torch::optim::SGDOptions&>(group.options())
+          .momentum(compensate ? std::max(0.0, m - s.s / (1 + s.s)) : m);
+    }
     s.opt->step();
     s.opt->zero_grad();
   };
@@ -112,12 +137,20 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, int64_t k) {
         } else {
           torch::NoGradGuard g;
           models::FreezeRunningStats freeze;
+          std::vector<torch::Tensor> params = s.model->parameters(), current;
+          if (o.predict_weights && !s.previous.empty()) {
+            for (size_t i = 0; i < params.size(); ++i) {
+              current.push_back(params[i].clone());
+              params[i].add_(params[i] - s.previous[i], s.s);
+            }
+          }
           std::vector<torch::Tensor> stored(blocks.size());
           torch::Tensor h = x;
           for (size_t i = 0; i < blocks.size(); ++i) {
             if (!blocks[i]->reversible()) stored[i] = h;
             h = blocks[i]->forward(h);
           }
+          for (size_t i = 0; i < current.size(); ++i) params[i].copy_(current[i]);
           s.buffer[t] = stored;
           st[j + 1].fwd_in[t] = {h, y};
         }
@@ -205,29 +238,72 @@ TEST(PetraOracle, ZeroLearningRateRebuildsInputsAndGivesBackpropGradients) {
   EXPECT_EQ(checked, 6);
 }
 
-class PetraTrajectory : public ::testing::TestWithParam<int> {};
-
-TEST_P(PetraTrajectory, EqualsTheSingleProcessSimulationOfAlgorithm1) {
-  const int k = GetParam();
-  const std::string yaml = JobYaml("{count: 3, partition: even}",
-                                   absl::StrCat("{name: petra, accumulation: ", k, "}"), 12);
-  auto spec = ParseJobSpec(yaml);
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  auto want = Simulate(*spec, k);
-  Outcome got = RunJob(yaml, 3);
-  ExpectClose(got.tensors, want);
-  // The oracle can tell: a different k gives a different trajectory.
-  auto other = Simulate(*spec, k == 1 ? 2 : 1);
+double MaxDifference(const std::map<std::string, torch::Tensor>& a,
+                     const std::map<std::string, torch::Tensor>& b) {
   double max_diff = 0;
-  for (const auto& [name, w] : want) {
-    max_diff = std::max(max_diff, (other.at(name) - w).abs().max().item<double>());
+  for (const auto& [name, w] : a) {
+    max_diff = std::max(max_diff, (b.at(name) - w).abs().max().item<double>());
   }
-  EXPECT_GT(max_diff, 1e-4);
-  // Staleness in optimizer steps: 2(J-1-j) backward passes, over k.
-  EXPECT_EQ(got.status.summary().at("stage0.staleness_steps"), k == 1 ? 4 : 1);
+  return max_diff;
 }
 
-INSTANTIATE_TEST_SUITE_P(Accumulation, PetraTrajectory, ::testing::Values(1, 4));
+struct TrajectoryCase {
+  std::string options;  // more keys of the algorithm map, e.g. ", accumulation: 4"
+  std::string name;
+};
+
+class PetraTrajectory : public ::testing::TestWithParam<TrajectoryCase> {};
+
+TEST_P(PetraTrajectory, EqualsTheSingleProcessSimulationOfAlgorithm1) {
+  const TrajectoryCase& c = GetParam();
+  const std::string yaml =
+      JobYaml("{count: 3, partition: even}", absl::StrCat("{name: petra", c.options, "}"), 12);
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const PetraOptions options = std::get<PetraOptions>(spec->algorithm.options);
+  const int64_t k = options.accumulation;
+  auto want = Simulate(*spec, options);
+  Outcome got = RunJob(yaml, 3);
+  ExpectClose(got.tensors, want);
+  // The oracle can tell: a different k gives a different trajectory, and so
+  // does the plain rule's where a correction is on.
+  PetraOptions other = options;
+  other.accumulation = k == 1 ? 2 : 1;
+  EXPECT_GT(MaxDifference(want, Simulate(*spec, other)), 1e-4);
+  const bool corrected = options.predict_weights || options.lr_by_delay != DelayLr::kConstant ||
+                         options.momentum_by_delay != DelayMomentum::kConstant;
+  if (corrected) {
+    PetraOptions plain = options;
+    plain.predict_weights = false;
+    plain.lr_by_delay = DelayLr::kConstant;
+    plain.momentum_by_delay = DelayMomentum::kConstant;
+    EXPECT_GT(MaxDifference(want, Simulate(*spec, plain)), 1e-4);
+  }
+  // Staleness in optimizer steps: 2(J-1-j) backward passes, over k.
+  EXPECT_EQ(got.status.summary().at("stage0.staleness_steps"), (4 + k - 1) / k);
+  // The look-ahead keeps one copy of the parameters; the last stage has no
+  // delay and keeps none.
+  const double held = got.status.summary().at("stage0.peak_stashed_parameter_bytes");
+  if (options.predict_weights) {
+    EXPECT_GT(held, 0);
+  } else {
+    EXPECT_EQ(held, 0);
+  }
+  EXPECT_EQ(got.status.summary().at("stage2.peak_stashed_parameter_bytes"), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Options, PetraTrajectory,
+    ::testing::Values(TrajectoryCase{"", "plain"},
+                      TrajectoryCase{", accumulation: 4", "accumulated"},
+                      // the staleness corrections, alone and together
+                      TrajectoryCase{", predict_weights: true", "predicted"},
+                      TrajectoryCase{", lr_by_delay: inverse_sqrt", "lr_inverse_sqrt"},
+                      TrajectoryCase{", momentum_by_delay: compensate", "compensated"},
+                      TrajectoryCase{", accumulation: 2, predict_weights: true, lr_by_delay: "
+                                     "inverse, momentum_by_delay: compensate",
+                                     "accumulated_all_corrections"}),
+    [](const ::testing::TestParamInfo<TrajectoryCase>& info) { return info.param.name; });
 
 // The Reformer's two-function couplings rebuilt and differentiated in one go
 // (ReversibleTransformerBlock::RebuildBackward) against the simulation's
@@ -235,17 +311,28 @@ INSTANTIATE_TEST_SUITE_P(Accumulation, PetraTrajectory, ::testing::Values(1, 4))
 // the evaluation reads the whole validation split, whose last window is
 // shorter than the others.
 TEST(PetraReformer, EqualsTheSingleProcessSimulationOnVaryingLengths) {
-  const std::string yaml = JobYaml("{count: 3, partition: even}", "{name: petra}", 10, 0.05, 1e-4,
-                                   kReformer, /*eval=*/true);
+  const std::string yaml =
+      JobYaml("{count: 3, partition: even}", "{name: petra, verify_rebuild: true}", 10, 0.05, 1e-4,
+              kReformer, /*eval=*/true);
   auto spec = ParseJobSpec(yaml);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  auto want = Simulate(*spec, 1);
+  auto want = Simulate(*spec, PetraOptions{});
   Outcome got = RunJob(yaml, 3);
   ExpectClose(got.tensors, want);
   // An evaluation ran over the validation split, the shorter last window
   // included, and scored below the 8 bits per byte of a uniform guess.
   EXPECT_GT(got.status.eval_loss(), 0.0);
   EXPECT_LT(got.status.eval_loss() / std::log(2.0), 8.0);
+  // verify_rebuild (which changes nothing above) on a model whose first input
+  // is token ids: the embedding's input comes back from the buffer, equal;
+  // a reversible block's rebuilt input differs from what the forward saw (the
+  // weights moved in between; at this learning rate by more than its norm).
+  const auto& summary = got.status.summary();
+  ASSERT_TRUE(summary.count("stage0.rebuild_error.block0"));
+  EXPECT_EQ(summary.at("stage0.rebuild_error.block0"), 0.0);
+  ASSERT_TRUE(summary.count("stage1.rebuild_error.block2"));
+  EXPECT_GT(summary.at("stage1.rebuild_error.block2"), 0.0);
+  EXPECT_TRUE(std::isfinite(summary.at("stage1.rebuild_error.block2")));
 }
 
 // Stage 1 holds blocks 1-2, both reversible. PETRA keeps nothing for it

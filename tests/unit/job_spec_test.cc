@@ -240,7 +240,12 @@ TEST(JobSpecTest, EveryAlgorithmGetsItsDefaults) {
         {"max_in_flight", "0"},
         {"accumulation", "1"}}},
       {"features_replay", {}},
-      {"petra", {{"accumulation", "1"}, {"verify_rebuild", "false"}}},
+      {"petra",
+       {{"accumulation", "1"},
+        {"verify_rebuild", "false"},
+        {"predict_weights", "false"},
+        {"lr_by_delay", "constant"},
+        {"momentum_by_delay", "constant"}}},
       {"nwise", {{"n", "2"}, {"mix_local", "false"}, {"micro_batches", "1"}, {"aux_head", "conv"}}},
       {"auxnet",
        {{"beta", "1e+05"},
@@ -315,7 +320,8 @@ TEST(JobSpecTest, MakeAlgorithmSpecForHandBuiltSpecs) {
   EXPECT_THAT(
       std::string(status.message()),
       StartsWith(
-          "algorithm.n: unknown key for algorithm petra (known: accumulation, verify_rebuild)"));
+          "algorithm.n: unknown key for algorithm petra (known: accumulation, verify_rebuild, "
+          "predict_weights, lr_by_delay, momentum_by_delay)"));
 
   status = MakeAlgorithmSpec("petro").status();
   EXPECT_THAT(std::string(status.message()), StartsWith("algorithm.name:"));
@@ -498,6 +504,15 @@ std::vector<BadCase> BadCases() {
         {"optimizer", "{name: adam}"}},
        "algorithm.momentum_by_delay",
        "compensate applies to optimizer.name sgd, not adam"},
+      {"petra momentum rule with adam",
+       {{"algorithm", "{name: petra, momentum_by_delay: compensate}"},
+        {"optimizer", "{name: adam}"}},
+       "algorithm.momentum_by_delay",
+       "compensate applies to optimizer.name sgd, not adam"},
+      {"petra lr rule",
+       {{"algorithm", "{name: petra, lr_by_delay: 2}"}},
+       "algorithm.lr_by_delay",
+       "constant, inverse, inverse_sqrt"},
       {"delayed lr rule",
        {{"algorithm", "{name: delayed, lr_by_delay: linear}"}},
        "algorithm.lr_by_delay",

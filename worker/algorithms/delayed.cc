@@ -13,16 +13,14 @@
 // the recomputation leaves them alone. The pipeline drains where an
 // evaluation or a checkpoint is due, so evaluation sees settled parameters.
 //
-// Staleness corrections (options): with predict_weights (stash only), a
-// forward runs at w + s (w - w_prev), the weights extrapolated along the last
-// update by the stage's staleness s = d_j - 1, and stashes them, so the
-// gradient is taken near the weights it will be applied to (SpecTrain-style
-// weight prediction); w_prev is a copy of the parameters before the last
-// step (one more parameter copy). lr_by_delay scales the stage's learning
-// rate by 1/(1+s) or 1/sqrt(1+s) (staleness-aware rates).
-// momentum_by_delay: compensate (SGD) steps at momentum max(0, m - s/(1+s)),
-// set for the step and put back after it, so the optimizer's saved options
-// keep the job's m.
+// Staleness corrections (options; worker/algorithms/delay_corrections.h):
+// with predict_weights (stash only), a forward runs at w + s (w - w_prev), the
+// weights extrapolated along the last update by the stage's staleness
+// s = d_j - 1, and stashes them, so the gradient is taken near the weights it
+// will be applied to (SpecTrain-style weight prediction); lr_by_delay scales
+// the stage's learning rate by 1/(1+s) or 1/sqrt(1+s) (staleness-aware
+// rates); momentum_by_delay: compensate (SGD) steps at momentum
+// max(0, m - s/(1+s)).
 // Bounded accumulation (accumulation: k, as PACI): every stage sums the
 // gradients of k backward passes and steps once with their mean, so the
 // weights move k times slower than the pipeline's delay and a mini-batch's
@@ -39,12 +37,12 @@
 // nothing is dropped, stage j's staleness is the new J's from step s on.
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "worker/algorithms/common.h"
+#include "worker/algorithms/delay_corrections.h"
 #include "worker/algorithms/schedule.h"
 
 namespace stagewise::worker {
@@ -55,9 +53,9 @@ class Delayed : public Algorithm {
   explicit Delayed(const DelayedOptions& options)
       : stash_(options.weights == DelayedWeights::kStash),
         max_in_flight_(options.max_in_flight),
-        predict_(options.predict_weights),
-        lr_by_delay_(options.lr_by_delay),
-        compensate_(options.momentum_by_delay == DelayMomentum::kCompensate),
+        corrections_({.lr_by_delay = options.lr_by_delay,
+                      .momentum_by_delay = options.momentum_by_delay,
+                      .predict_weights = options.predict_weights}),
         k_(options.accumulation) {}
 
   // The cut is a drain: nothing in flight, the step count is the cut's step.
@@ -82,13 +80,9 @@ class Delayed : public Algorithm {
     backwards_ = ctx.first_step();
     updates_ = backwards_ / k_;
     ctx.optimizer().zero_grad();
-    previous_.clear();
     // The staleness in updates: s mini-batches cross s / k of them.
-    const double s = ctx.last() ? 0.0 : static_cast<double>(depth_ - 1) / static_cast<double>(k_);
-    staleness_ = s;
-    lr_scale_ = lr_by_delay_ == DelayLr::kInverse       ? 1.0 / (1.0 + s)
-                : lr_by_delay_ == DelayLr::kInverseSqrt ? 1.0 / std::sqrt(1.0 + s)
-                                                        : 1.0;
+    corrections_.Start(ctx.last() ? 0.0 : static_cast<double>(depth_ - 1) / static_cast<double>(k_),
+                       params_);
     STAGEWISE_ASSIGN_OR_RETURN(torch::serialize::InputArchive* const state,
                                ResumeState(ctx, "delayed"));
     if (state != nullptr) {
@@ -130,32 +124,7 @@ class Delayed : public Algorithm {
 
   absl::Status Step(StageContext& ctx, int64_t t) {
     AverageWindowGrads(params_, k_);
-    if (predict_ && !ctx.last()) {
-      torch::NoGradGuard no_grad;
-      if (previous_.empty()) {
-        for (const auto& p : params_) previous_.push_back(p.detach().clone());
-      } else {
-        for (size_t i = 0; i < params_.size(); ++i) previous_[i].copy_(params_[i]);
-      }
-    }
-    std::vector<double> momenta;  // compensate: the groups' own, put back after the step
-    if (compensate_ && staleness_ > 0) {
-      for (auto& group : ctx.optimizer().param_groups()) {
-        auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&group.options());
-        if (sgd == nullptr) continue;
-        momenta.push_back(sgd->momentum());
-        sgd->momentum(std::max(0.0, sgd->momentum() - staleness_ / (1 + staleness_)));
-      }
-    }
-    absl::Status stepped = StepOptimizer(ctx, t, ctx.LearningRate(backwards_ - k_) * lr_scale_);
-    if (!momenta.empty()) {
-      size_t i = 0;
-      for (auto& group : ctx.optimizer().param_groups()) {
-        auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&group.options());
-        if (sgd != nullptr) sgd->momentum(momenta[i++]);
-      }
-    }
-    STAGEWISE_RETURN_IF_ERROR(stepped);
+    STAGEWISE_RETURN_IF_ERROR(corrections_.Step(ctx, t, ctx.LearningRate(backwards_ - k_)));
     ctx.optimizer().zero_grad();
     ++updates_;
     return absl::OkStatus();
@@ -185,15 +154,9 @@ class Delayed : public Algorithm {
       return SendGrad(ctx, t, 0, in.x.grad());
     }
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<torch::Tensor> current;
-    if (predict_ && !previous_.empty()) {
-      // w + s (w - w_prev) for this forward and its stash; w comes back after.
-      torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < params_.size(); ++i) {
-        current.push_back(params_[i].detach().clone());
-        params_[i].add_(params_[i] - previous_[i], staleness_);
-      }
-    }
+    // predict_weights: w + s (w - w_prev) for this forward and its stash; w
+    // comes back after.
+    const std::vector<torch::Tensor> current = corrections_.Predict();
     torch::Tensor out;
     {
       torch::NoGradGuard no_grad;
@@ -206,10 +169,7 @@ class Delayed : public Algorithm {
     if (stash_) {
       for (const auto& p : params_) f.stash.push_back(p.detach().clone());
     }
-    if (!current.empty()) {
-      torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(current[i]);
-    }
+    corrections_.Restore(current);
     ReportBuffers(ctx);
     return SendForward(ctx, t, 0, out, in.labels, std::move(in.labels_proto));
   }
@@ -246,13 +206,9 @@ class Delayed : public Algorithm {
 
   const bool stash_;
   const int64_t max_in_flight_;
-  const bool predict_;
-  const DelayLr lr_by_delay_;
-  const bool compensate_;
-  const int64_t k_;       // accumulation: a step every k backward passes
-  double staleness_ = 0;  // in updates: s = (d_j - 1) / k (0 on the last stage)
-  double lr_scale_ = 1;
-  std::vector<torch::Tensor> previous_;  // predict_weights: w before the last step
+  // In updates: s = (d_j - 1) / k (0 on the last stage).
+  DelayCorrections corrections_;
+  const int64_t k_;  // accumulation: a step every k backward passes
   int64_t depth_ = 1;
   int64_t backwards_ = 0;  // mini-batches whose backward is done (the job's step)
   int64_t updates_ = 0;    // optimizer steps

@@ -18,6 +18,14 @@
 // The schedule is delayed's: 2(J-1-j)+1 mini-batches in flight at stage j in
 // 1F1B order, drained where an evaluation or a checkpoint is due.
 //
+// Staleness corrections (options, as delayed's; worker/algorithms/
+// delay_corrections.h), with the stage's staleness s = 2(J-1-j) / k updates:
+// lr_by_delay and momentum_by_delay change the stage's step; predict_weights
+// runs the forward at w + s (w - w_prev), the weights the backward will
+// rebuild with if the next s updates repeat the last one, so the rebuild
+// inverts (nearly) the function the forward applied. It costs one copy of
+// the parameters (w_prev), the only one PETRA then holds.
+//
 // Checkpoints: at the drain nothing is in flight; backward passes and updates
 // done follow from the cut's step s (s and s / k on every stage). When s is
 // not a multiple of k, the gradients of the s mod k backward passes of the
@@ -35,6 +43,7 @@
 #include "services/models/blocks.h"
 #include "services/models/modal_pass.h"
 #include "worker/algorithms/common.h"
+#include "worker/algorithms/delay_corrections.h"
 #include "worker/algorithms/schedule.h"
 
 namespace stagewise::worker {
@@ -43,7 +52,11 @@ namespace {
 class Petra : public Algorithm {
  public:
   explicit Petra(const PetraOptions& options)
-      : k_(options.accumulation), verify_(options.verify_rebuild) {}
+      : k_(options.accumulation),
+        verify_(options.verify_rebuild),
+        corrections_({.lr_by_delay = options.lr_by_delay,
+                      .momentum_by_delay = options.momentum_by_delay,
+                      .predict_weights = options.predict_weights}) {}
 
   // The cut is a drain: nothing in flight; the open accumulation window's
   // gradient sums (if any) are the state.
@@ -68,9 +81,11 @@ class Petra : public Algorithm {
     ctx.Summarize("reversible_blocks", static_cast<double>(reversible));
     ctx.Summarize("peak_inputs", 0);
     ctx.Summarize("peak_input_bytes", 0);
-    ctx.Summarize("peak_stashed_parameter_bytes", 0);  // PETRA never copies parameters
+    ctx.Summarize("peak_stashed_parameter_bytes", 0);  // w_prev only (predict_weights)
     backwards_ = ctx.first_step();
     updates_ = backwards_ / k_;
+    corrections_.Start(ctx.last() ? 0.0 : static_cast<double>(depth_ - 1) / static_cast<double>(k_),
+                       ctx.model().parameters());
     STAGEWISE_ASSIGN_OR_RETURN(torch::serialize::InputArchive* const state,
                                ResumeState(ctx, "petra"));
     if (state != nullptr) {
@@ -98,9 +113,14 @@ class Petra : public Algorithm {
       AverageWindowGrads(ctx.model().parameters(), k_);
       // The schedule advances in mini-batches: an update uses the learning rate
       // of the first mini-batch of its window.
-      STAGEWISE_RETURN_IF_ERROR(StepOptimizer(ctx, t, ctx.LearningRate(backwards_ - k_)));
+      STAGEWISE_RETURN_IF_ERROR(corrections_.Step(ctx, t, ctx.LearningRate(backwards_ - k_)));
       ctx.optimizer().zero_grad();
       ++updates_;
+      const int64_t held = corrections_.held_bytes();
+      if (held > peak_stashed_bytes_) {
+        peak_stashed_bytes_ = held;
+        ctx.Summarize("peak_stashed_parameter_bytes", static_cast<double>(held));
+      }
     }
     ctx.ReportStep(backwards_, loss, samples);
     return absl::OkStatus();
@@ -143,6 +163,8 @@ class Petra : public Algorithm {
     f.inputs.resize(blocks_.size());
     std::vector<torch::Tensor> seen;
     torch::Tensor h = x;
+    // predict_weights: the forward at w + s (w - w_prev); w comes back after.
+    const std::vector<torch::Tensor> current = corrections_.Predict();
     {
       torch::NoGradGuard no_grad;
       models::FreezeRunningStats freeze;  // batch statistics, running ones untouched
@@ -152,6 +174,7 @@ class Petra : public Algorithm {
         h = blocks_[i]->forward(h);
       }
     }
+    corrections_.Restore(current);
     if (verify_) verify_inputs_[t] = std::move(seen);
     f.out_shape = h.sizes().vec();
     TimeCompute(ctx, "forward", t, 0, t0);
@@ -237,12 +260,16 @@ class Petra : public Algorithm {
   }
 
   // verify_rebuild: relative distance of block i's rebuilt input from the one
-  // its forward saw; the summary keeps the largest per block.
+  // its forward saw (for integer inputs, 0 if equal and 1 if not); the summary
+  // keeps the largest per block.
   void CheckRebuild(StageContext& ctx, int64_t t, int i, const torch::Tensor& rebuilt) {
     auto it = verify_inputs_.find(t);
     if (it == verify_inputs_.end() || static_cast<size_t>(i) >= it->second.size()) return;
     const torch::Tensor& seen = it->second[i];
-    const double err = ((rebuilt - seen).norm() / seen.norm().clamp_min(1e-12)).item<double>();
+    // Token ids (a text model's first block) come from the buffer: equal or not.
+    const double err = seen.is_floating_point()
+                           ? ((rebuilt - seen).norm() / seen.norm().clamp_min(1e-12)).item<double>()
+                           : (torch::equal(rebuilt, seen) ? 0.0 : 1.0);
     auto [slot, fresh] = rebuild_error_.try_emplace(i, err);
     if (!fresh && err <= slot->second) return;
     slot->second = err;
@@ -251,11 +278,13 @@ class Petra : public Algorithm {
 
   const int64_t k_;
   const bool verify_;
+  DelayCorrections corrections_;  // s = (depth_ - 1) / k (0 on the last stage)
   int64_t depth_ = 1;
   int64_t backwards_ = 0;  // backward passes done (mini-batches)
   int64_t updates_ = 0;    // optimizer steps done
   int64_t peak_inputs_ = 0;
   int64_t peak_input_bytes_ = 0;
+  int64_t peak_stashed_bytes_ = 0;
   int64_t max_staleness_ = 0;
   std::vector<std::shared_ptr<models::Block>> blocks_;
   std::map<int64_t, InFlight> inflight_;
