@@ -13,7 +13,6 @@
 #include "services/tensor/stage_message.h"
 #include "services/training/optimizer.h"
 #include "worker/algorithms/common.h"
-#include "worker/reshard.h"
 #include "worker/stage_assignment.h"
 
 namespace stagewise::worker {

@@ -43,11 +43,12 @@ class StageShards {
     // numbering).
     checkpoint::ShardPosition::Marks marks;
     bool resharded = false;  // regrouped from shards of another cut
-    // Inside a phase on the same cut: the algorithm's saved state, and the
-    // shard it was read from (a nested archive may rely on its parent's
-    // compilation unit, so the parent lives as long). Null otherwise.
-    std::unique_ptr<torch::serialize::InputArchive> algorithm;
+    // Inside a phase on the same cut: the shard the algorithm's state was
+    // read from, and that state (a nested archive may rely on its parent's
+    // compilation unit, so the parent is declared first and destroyed last).
+    // Null otherwise.
     std::unique_ptr<checkpoint::ShardReader> archive;
+    std::unique_ptr<torch::serialize::InputArchive> algorithm;
   };
 
   // Where a shard went, for the coordinator (WorkerEvent.checkpoint_saved).
