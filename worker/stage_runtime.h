@@ -254,10 +254,11 @@ class StageRuntime final : public StageContext {
   // Resume (StageAssignment.resume): the step of the current phase the run
   // starts from, and the algorithm state saved there.
   int64_t first_step_ = 0;
-  std::unique_ptr<torch::serialize::InputArchive> resume_state_;
   // The shard resume_state_ was read from: a nested archive may rely on its
-  // parent's compilation unit, so the parent lives as long.
+  // parent's compilation unit, so the parent is declared first (destroyed
+  // last).
   std::unique_ptr<checkpoint::ShardReader> resume_archive_;
+  std::unique_ptr<torch::serialize::InputArchive> resume_state_;
   int start_phase_ = 0;     // the phase the compute thread begins with
   bool resharded_ = false;  // resumed inside a phase on another cut (no algorithm state)
   // Planned checkpoints (CheckpointCommand): asked for (any thread), and the

@@ -272,11 +272,12 @@ absl::Status CheckMicroBatches(int micro_batches, const JobSpec& spec) {
 }
 
 // delayed's and petra's momentum_by_delay: compensate lowers SGD's momentum.
-absl::Status CheckMomentumByDelay(DelayMomentum momentum, const JobSpec& spec) {
-  if (momentum == DelayMomentum::kCompensate && spec.optimizer.name != OptimizerKind::kSgd) {
-    return KeyError("algorithm.momentum_by_delay",
-                    absl::StrCat("compensate applies to optimizer.name sgd, not ",
-                                 NameOf(spec.optimizer.name)));
+// `optimizer`: the one the algorithm steps with (the job's, or a phase's).
+absl::Status CheckMomentumByDelay(DelayMomentum momentum, const OptimizerSpec& optimizer) {
+  if (momentum == DelayMomentum::kCompensate && optimizer.name != OptimizerKind::kSgd) {
+    return KeyError(
+        "algorithm.momentum_by_delay",
+        absl::StrCat("compensate applies to optimizer.name sgd, not ", NameOf(optimizer.name)));
   }
   return absl::OkStatus();
 }
@@ -303,8 +304,10 @@ absl::Status ValidateReplicas(const JobSpec& spec) {
 }
 
 // The parameters' own ranges are checked when they are parsed (fields.cc);
-// these are the rules that involve other keys.
-absl::Status ValidateAlgorithm(const AlgorithmSpec& algorithm, const JobSpec& spec) {
+// these are the rules that involve other keys. `optimizer` is the one the
+// algorithm steps with: the job's, or its phase's.
+absl::Status ValidateAlgorithm(const AlgorithmSpec& algorithm, const OptimizerSpec& optimizer,
+                               const JobSpec& spec) {
   if (const auto* nwise = algorithm.get_if<NwiseOptions>()) {
     if (nwise->n > spec.stages.count) {
       return KeyError("algorithm.n", absl::StrCat("must be <= stages.count (", spec.stages.count,
@@ -323,10 +326,10 @@ absl::Status ValidateAlgorithm(const AlgorithmSpec& algorithm, const JobSpec& sp
                       "needs algorithm.weights: stash (the gradient is taken at the predicted "
                       "weights the forward used)");
     }
-    return CheckMomentumByDelay(delayed->momentum_by_delay, spec);
+    return CheckMomentumByDelay(delayed->momentum_by_delay, optimizer);
   }
   if (const auto* petra = algorithm.get_if<PetraOptions>()) {
-    return CheckMomentumByDelay(petra->momentum_by_delay, spec);
+    return CheckMomentumByDelay(petra->momentum_by_delay, optimizer);
   }
   if (const auto* auxnet = algorithm.get_if<AuxNetOptions>()) {
     // auxnet's running statistics from the serial forward need one.
@@ -473,7 +476,8 @@ absl::Status ValidatePhases(const JobSpec& spec) {
     }
     by_epochs |= phase.epochs > 0;
     by_steps |= phase.steps > 0;
-    if (absl::Status s = ValidateAlgorithm(phase.algorithm, spec); !s.ok()) return InPhase(i, s);
+    if (absl::Status s = ValidateAlgorithm(phase.algorithm, phase.optimizer, spec); !s.ok())
+      return InPhase(i, s);
     const auto* backprop = phase.algorithm.get_if<BackpropOptions>();
     if (i > 0 && backprop != nullptr && !backprop->schedule.has_value()) {
       return InPhase(i, KeyError("algorithm.schedule",
@@ -733,7 +737,7 @@ absl::Status ValidateParsed(const JobSpec& spec, const MissingKeys& missing) {
   if (check.status().ok()) check(ValidateModelFitsData(spec));
   check(ValidateStages(spec.stages));
   if (check.status().ok()) check(ValidateReplicas(spec));
-  if (check.status().ok()) check(ValidateAlgorithm(spec.algorithm, spec));
+  if (check.status().ok()) check(ValidateAlgorithm(spec.algorithm, spec.optimizer, spec));
   if (check.status().ok()) check(ValidatePhases(spec));
   if (check.status().ok() && spec.stages.modes != BlockModes::kAuto) {
     // Only these algorithms run reversible blocks in a chosen mode.

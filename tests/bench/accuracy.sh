@@ -81,7 +81,7 @@ if acc is None:
     sys.exit(f"accuracy.sh: no accuracy in the result: {text[:400]}")
 keep = ("relative_violation_end", "serial_gap_end", "serial_train_loss", "local_loss")
 extra = [f"{k}={v:.4g}" for k, v in sorted((r.get("summary") or {}).items())
-         if k.split(".")[-1] in keep]
+         if k.split(".")[-1] in keep or ".rebuild_error." in k]  # petra's verify_rebuild
 bpb = r.get("eval_bits_per_byte")  # text jobs (docs/text.md)
 if bpb is not None:
     extra.insert(0, f"bits_per_byte={bpb:.4f}")

@@ -589,6 +589,15 @@ INSTANTIATE_TEST_SUITE_P(
         ResumeCase{"petra", "{name: petra}", 3, 8, 3, {3}},
         // Cuts after 3 (inside an accumulation window) and 6 steps.
         ResumeCase{"petra_accumulation2", "{name: petra, accumulation: 2}", 3, 8, 3, {3, 6}},
+        // The look-ahead's w_prev is state: the first forward after the cut
+        // predicts as the uninterrupted run's.
+        ResumeCase{"petra_predict",
+                   "{name: petra, predict_weights: true, lr_by_delay: inverse_sqrt}",
+                   3,
+                   8,
+                   3,
+                   {3, 6}},
+        ResumeCase{"delayed_predict", "{name: delayed, predict_weights: true}", 3, 8, 3, {3, 6}},
         ResumeCase{"delayed_accumulation2",
                    "{name: delayed, weights: current, accumulation: 2}",
                    3,
@@ -649,6 +658,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         ResumeCase{"petra_accumulation2", "{name: petra, accumulation: 2}", 3, 8, 3, {3}},
         ResumeCase{"delayed_accumulation2", "{name: delayed, accumulation: 2}", 3, 8, 3, {3}},
+        ResumeCase{"petra_predict", "{name: petra, predict_weights: true}", 3, 8, 3, {3}},
+        ResumeCase{"delayed_predict", "{name: delayed, predict_weights: true}", 3, 8, 3, {3}},
         ResumeCase{"features_replay", "{name: features_replay}", 3, 8, 3, {3}},
         ResumeCase{
             "nwise", "{name: nwise, n: 2, micro_batches: 2, aux_head: 'conv:8'}", 3, 8, 3, {3}},

@@ -994,6 +994,24 @@ TEST(JobSpecPhases, ErrorsNameThePhaseAndTheKey) {
               HasSubstr("phases[0].lr"));
 }
 
+// momentum_by_delay: compensate is checked against the optimizer the phase
+// steps with, not the job's.
+TEST(JobSpecPhases, TheMomentumRuleFollowsThePhasesOptimizer) {
+  const std::string adam_phase =
+      "[{epochs: 1, algorithm: backprop}, {epochs: 1, optimizer: {name: adam}, "
+      "algorithm: {name: petra, momentum_by_delay: compensate}}]";
+  EXPECT_THAT(ParseError(SpecYaml({{"epochs", ""}, {"phases", adam_phase}})),
+              StartsWith("phases[1].algorithm.momentum_by_delay: compensate applies to "
+                         "optimizer.name sgd, not adam"));
+  const JobSpec sgd_phase = ParseOk(SpecYaml(
+      {{"epochs", ""},
+       {"optimizer", "{name: adam}"},
+       {"phases",
+        "[{epochs: 1, algorithm: backprop}, {epochs: 1, optimizer: {name: sgd, momentum: 0.9}, "
+        "algorithm: {name: delayed, momentum_by_delay: compensate}}]"}}));
+  EXPECT_EQ(sgd_phase.phases[1].optimizer.name, OptimizerKind::kSgd);
+}
+
 TEST(JobSpecAuxHead, ParsesTheKnownHeadsAndRejectsOthers) {
   EXPECT_TRUE(ParseAuxHeadSpec("linear")->conv_channels.empty());
   EXPECT_THAT(ParseAuxHeadSpec("conv")->conv_channels, ElementsAre(128, 64));

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
 #include "worker/algorithms/common.h"
 
@@ -29,11 +30,18 @@ double DelayCorrections::lr_scale() const {
 
 int64_t DelayCorrections::held_bytes() const { return TensorBytes(previous_); }
 
+void DelayCorrections::ReportHeld(StageContext& ctx) const {
+  const int64_t bytes = held_bytes();
+  ctx.stage_metrics().SetMemory("previous_parameters", bytes);
+  ctx.Summarize("previous_parameter_bytes", static_cast<double>(bytes));
+}
+
 absl::Status DelayCorrections::Step(StageContext& ctx, int64_t t, double lr) {
   if (options_.predict_weights && staleness_ > 0) {
     torch::NoGradGuard no_grad;
     if (previous_.empty()) {
       for (const auto& p : params_) previous_.push_back(p.detach().clone());
+      ReportHeld(ctx);
     } else {
       for (size_t i = 0; i < params_.size(); ++i) previous_[i].copy_(params_[i]);
     }
@@ -73,6 +81,48 @@ void DelayCorrections::Restore(const std::vector<torch::Tensor>& saved) {
   if (saved.empty()) return;
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(saved[i]);
+}
+
+void DelayCorrections::Save(torch::serialize::OutputArchive& archive) const {
+  if (!options_.predict_weights) return;
+  WriteStateInt(archive, "w_prev.count", static_cast<int64_t>(previous_.size()));
+  for (size_t i = 0; i < previous_.size(); ++i) {
+    WriteStateTensor(archive, absl::StrCat("w_prev.", i), previous_[i]);
+  }
+}
+
+absl::Status DelayCorrections::Load(StageContext& ctx, torch::serialize::InputArchive& archive,
+                                    const std::string& algorithm) {
+  previous_.clear();
+  if (!options_.predict_weights) return absl::OkStatus();
+  c10::IValue count;
+  try {
+    if (!archive.try_read("w_prev.count", count)) return absl::OkStatus();
+  } catch (const std::exception& e) {
+    const std::string what = e.what();  // its first line (torch's carry a backtrace)
+    return absl::DataLossError(
+        absl::StrCat("resume state: ", algorithm, " w_prev: ", what.substr(0, what.find('\n'))));
+  }
+  if (!count.isInt() ||
+      (count.toInt() != 0 && count.toInt() != static_cast<int64_t>(params_.size()))) {
+    return absl::DataLossError(absl::StrCat("resume state: ", algorithm, " saved w_prev for ",
+                                            count.isInt() ? count.toInt() : -1,
+                                            " parameters, the stage has ", params_.size()));
+  }
+  std::vector<torch::Tensor> previous;
+  for (int64_t i = 0; i < count.toInt(); ++i) {
+    STAGEWISE_ASSIGN_OR_RETURN(torch::Tensor w,
+                               ReadStateTensor(archive, absl::StrCat("w_prev.", i), ctx.device()));
+    if (!w.sizes().equals(params_[i].sizes())) {
+      return absl::DataLossError(absl::StrCat("resume state: ", algorithm, " w_prev.", i,
+                                              " has shape ", c10::str(w.sizes()),
+                                              ", the parameter ", c10::str(params_[i].sizes())));
+    }
+    previous.push_back(w.to(params_[i].dtype()));
+  }
+  previous_ = std::move(previous);
+  if (!previous_.empty()) ReportHeld(ctx);
+  return absl::OkStatus();
 }
 
 }  // namespace stagewise::worker

@@ -7,8 +7,10 @@
 //     put back after it, so the optimizer's saved options keep the job's m;
 //   - run its forward at the weights extrapolated along the last update,
 //     w + s (w - w_prev) (predict_weights): the weights its gradient will meet.
-//     w_prev is one copy of the parameters, taken before each step; it is not
-//     checkpointed (the first forward after a resume predicts nothing, as the
+//     w_prev is one copy of the parameters, taken before each step; it is
+//     checkpointed with the algorithm's state (Save/Load), so a resume in the
+//     same phase and cut predicts as the run that went through; a resume on
+//     another cut starts without (its first forward predicts nothing, as the
 //     first of a job).
 #ifndef STAGEWISE_WORKER_ALGORITHMS_DELAY_CORRECTIONS_H_
 #define STAGEWISE_WORKER_ALGORITHMS_DELAY_CORRECTIONS_H_
@@ -16,6 +18,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -39,7 +42,9 @@ class DelayCorrections {
   double staleness() const { return staleness_; }
   // The scale lr_by_delay puts on the stage's learning rate.
   double lr_scale() const;
-  // Bytes of w_prev (0 until the first step, or without predict_weights).
+  // Bytes of w_prev (0 until the first step, or without predict_weights):
+  // memory kind `previous_parameters`, summary `previous_parameter_bytes`,
+  // set when w_prev is first taken (or loaded).
   int64_t held_bytes() const;
 
   // The stage's optimizer step (StepOptimizer) of mini-batch `t` at
@@ -52,7 +57,17 @@ class DelayCorrections {
   std::vector<torch::Tensor> Predict();
   void Restore(const std::vector<torch::Tensor>& saved);
 
+  // predict_weights: w_prev in the algorithm's state (nothing without the
+  // option). Load (after Start) puts it back, DATA_LOSS naming `algorithm`
+  // when its count or shapes do not match the stage's parameters; a state
+  // without the entry leaves none (the next forward predicts nothing).
+  void Save(torch::serialize::OutputArchive& archive) const;
+  absl::Status Load(StageContext& ctx, torch::serialize::InputArchive& archive,
+                    const std::string& algorithm);
+
  private:
+  void ReportHeld(StageContext& ctx) const;
+
   const Options options_;
   double staleness_ = 0;
   std::vector<torch::Tensor> params_;

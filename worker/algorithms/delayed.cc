@@ -31,10 +31,11 @@
 // Checkpoints: the cut is a drain, so nothing is in flight there; the state
 // besides the model and optimizer is the step count (= the cut's step on every
 // stage), which a resumed run takes from ctx.first_step(), and with k > 1 the
-// update count and an open window's gradient sums. SaveState records them. w_prev is not saved: the
-// first forward after a resume predicts nothing (as the first of a job). A resume on another cut
-// (StageContext::resharded) is therefore exact up to the new cut's delays:
-// nothing is dropped, stage j's staleness is the new J's from step s on.
+// update count and an open window's gradient sums, and with predict_weights
+// w_prev. SaveState records them. A resume on another cut
+// (StageContext::resharded) reads none of it: it is exact up to the new cut's
+// delays (stage j's staleness is the new J's from step s on) and its first
+// forward predicts nothing (as the first of a job).
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -69,6 +70,7 @@ class Delayed : public Algorithm {
       WriteStateInt(archive, "updates", updates_);
       WritePartialGrads(archive, params_, backwards_ % k_ != 0);
     }
+    corrections_.Save(archive);  // predict_weights: w_prev
     return absl::OkStatus();
   }
 
@@ -101,6 +103,7 @@ class Delayed : public Algorithm {
         STAGEWISE_RETURN_IF_ERROR(
             ReadPartialGrads(*state, params_, backwards_ % k_ != 0, ctx.device(), "delayed"));
       }
+      STAGEWISE_RETURN_IF_ERROR(corrections_.Load(ctx, *state, "delayed"));
     }
     return RunDrainedPipeline(
         ctx, depth_, [&](int64_t t) { return Forward(ctx, t); },

@@ -13,7 +13,8 @@
 // gradients accumulate over k backward passes and are averaged; the stage
 // steps every k-th one. It sends (x~_{j-1}, delta_j) down; stage 0 sends
 // nothing. The last stage does forward, loss and backward at once and sends
-// back its input with the gradient. No parameter copies anywhere.
+// back its input with the gradient. No parameter copies anywhere (but w_prev
+// with predict_weights, below).
 //
 // The schedule is delayed's: 2(J-1-j)+1 mini-batches in flight at stage j in
 // 1F1B order, drained where an evaluation or a checkpoint is due.
@@ -24,7 +25,8 @@
 // runs the forward at w + s (w - w_prev), the weights the backward will
 // rebuild with if the next s updates repeat the last one, so the rebuild
 // inverts (nearly) the function the forward applied. It costs one copy of
-// the parameters (w_prev), the only one PETRA then holds.
+// the parameters (w_prev, memory kind previous_parameters), the only one
+// PETRA then holds.
 //
 // Checkpoints: at the drain nothing is in flight; backward passes and updates
 // done follow from the cut's step s (s and s / k on every stage). When s is
@@ -33,7 +35,9 @@
 // resumed run puts them back, so the window completes as it would have. A
 // resume on another cut (StageContext::resharded) drops them: that window's
 // update sums only its remaining passes (still divided by k); nothing is
-// dropped when checkpoint.every_steps is a multiple of k.
+// dropped when checkpoint.every_steps is a multiple of k. With
+// predict_weights, w_prev is state too (not read on another cut: the first
+// forward there predicts nothing).
 #include <chrono>
 #include <map>
 #include <vector>
@@ -68,6 +72,7 @@ class Petra : public Algorithm {
     WriteStateInt(archive, "backwards", backwards_);
     WriteStateInt(archive, "updates", updates_);
     WritePartialGrads(archive, ctx.model().parameters(), backwards_ % k_ != 0);
+    corrections_.Save(archive);  // predict_weights: w_prev
     return absl::OkStatus();
   }
 
@@ -81,7 +86,7 @@ class Petra : public Algorithm {
     ctx.Summarize("reversible_blocks", static_cast<double>(reversible));
     ctx.Summarize("peak_inputs", 0);
     ctx.Summarize("peak_input_bytes", 0);
-    ctx.Summarize("peak_stashed_parameter_bytes", 0);  // w_prev only (predict_weights)
+    ctx.Summarize("peak_stashed_parameter_bytes", 0);  // PETRA stashes no parameters
     backwards_ = ctx.first_step();
     updates_ = backwards_ / k_;
     corrections_.Start(ctx.last() ? 0.0 : static_cast<double>(depth_ - 1) / static_cast<double>(k_),
@@ -116,11 +121,6 @@ class Petra : public Algorithm {
       STAGEWISE_RETURN_IF_ERROR(corrections_.Step(ctx, t, ctx.LearningRate(backwards_ - k_)));
       ctx.optimizer().zero_grad();
       ++updates_;
-      const int64_t held = corrections_.held_bytes();
-      if (held > peak_stashed_bytes_) {
-        peak_stashed_bytes_ = held;
-        ctx.Summarize("peak_stashed_parameter_bytes", static_cast<double>(held));
-      }
     }
     ctx.ReportStep(backwards_, loss, samples);
     return absl::OkStatus();
@@ -250,7 +250,9 @@ class Petra : public Algorithm {
           " updates, the job resumes at step ", backwards_, " with accumulation ", k_));
     }
     std::vector<torch::Tensor> params = ctx.model().parameters();
-    return ReadPartialGrads(state, params, backwards_ % k_ != 0, ctx.device(), "petra");
+    STAGEWISE_RETURN_IF_ERROR(
+        ReadPartialGrads(state, params, backwards_ % k_ != 0, ctx.device(), "petra"));
+    return corrections_.Load(ctx, state, "petra");
   }
 
   // Block mode "store" (the planner): the reversible block keeps its input
@@ -284,7 +286,6 @@ class Petra : public Algorithm {
   int64_t updates_ = 0;    // optimizer steps done
   int64_t peak_inputs_ = 0;
   int64_t peak_input_bytes_ = 0;
-  int64_t peak_stashed_bytes_ = 0;
   int64_t max_staleness_ = 0;
   std::vector<std::shared_ptr<models::Block>> blocks_;
   std::map<int64_t, InFlight> inflight_;
