@@ -72,8 +72,7 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, const Delayed
     std::map<int64_t, std::pair<torch::Tensor, std::vector<torch::Tensor>>> stored;
     std::map<int64_t, std::pair<torch::Tensor, torch::Tensor>> fwd_in;  // x, labels
     std::map<int64_t, torch::Tensor> bwd_in;
-    std::vector<torch::Tensor> previous;  // predict_weights: before the last step
-    double s = 0, lr_scale = 1;
+    testing::SimulatedCorrections c;
   };
   std::vector<Sim> st(J);
   for (int j = 0; j < J; ++j) {
@@ -81,9 +80,10 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, const Delayed
     st[j].opt = training::MakeOptimizer(spec.optimizer, *st[j].model);
     st[j].params = st[j].model->parameters();
     st[j].depth = 2 * (J - 1 - j) + 1;
-    st[j].s = j == J - 1 ? 0 : static_cast<double>(st[j].depth - 1) / static_cast<double>(k);
-    if (o.lr_by_delay == DelayLr::kInverse) st[j].lr_scale = 1 / (1 + st[j].s);
-    if (o.lr_by_delay == DelayLr::kInverseSqrt) st[j].lr_scale = 1 / std::sqrt(1 + st[j].s);
+    const double delay =
+        j == J - 1 ? 0 : static_cast<double>(st[j].depth - 1) / static_cast<double>(k);
+    st[j].c =
+        testing::SimulatedCorrections(delay, o.lr_by_delay, o.momentum_by_delay, o.predict_weights);
   }
   auto step = [&](Sim& s) {
     if (++s.backwards % k != 0) return;  // the window stays open
@@ -93,21 +93,9 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, const Delayed
         if (p.grad().defined()) p.grad().div_(static_cast<double>(k));
       }
     }
-    if (o.predict_weights && s.s > 0) {
-      torch::NoGradGuard ng;
-      s.previous.clear();
-      for (auto& p : s.params) s.previous.push_back(p.detach().clone());
-    }
-    training::SetLearningRate(
-        *s.opt,
-        training::LearningRateAt(spec.schedule, base, s.backwards - k, per_epoch, S) * s.lr_scale);
-    const double m = spec.optimizer.momentum;
-    const bool compensate = o.momentum_by_delay == DelayMomentum::kCompensate && s.s > 0;
-    for (auto& group : s.opt->param_groups()) {
-      static_cast<torch::optim::SGDOptions&>(group.options())
-          .momentum(compensate ? std::max(0.0, m - s.s / (1 + s.s)) : m);
-    }
-    s.opt->step();
+    s.c.Step(*s.opt, s.params,
+             training::LearningRateAt(spec.schedule, base, s.backwards - k, per_epoch, S),
+             spec.optimizer.momentum);
     s.opt->zero_grad();
   };
   for (bool progress = true; progress;) {
@@ -126,14 +114,7 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, const Delayed
           if (j > 0) st[j - 1].bwd_in[t] = x.grad();
           ++s.next_b;
         } else {
-          std::vector<torch::Tensor> now;
-          if (!s.previous.empty()) {
-            torch::NoGradGuard ng;
-            for (size_t i = 0; i < s.params.size(); ++i) {
-              now.push_back(s.params[i].detach().clone());
-              s.params[i].add_(s.s * (s.params[i] - s.previous[i]));
-            }
-          }
+          const std::vector<torch::Tensor> now = s.c.Predict(s.params);
           torch::Tensor out;
           {
             torch::NoGradGuard g;
@@ -143,10 +124,7 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, const Delayed
           if (stash) {
             for (auto& p : s.params) copy.push_back(p.detach().clone());
           }
-          if (!now.empty()) {
-            torch::NoGradGuard ng;
-            for (size_t i = 0; i < s.params.size(); ++i) s.params[i].copy_(now[i]);
-          }
+          testing::SimulatedCorrections::Restore(s.params, now);
           s.stored[t] = {x, copy};
           st[j + 1].fwd_in[t] = {out, y};
         }
@@ -251,15 +229,6 @@ struct TrajectoryCase {
 
 class DelayedTrajectory : public ::testing::TestWithParam<TrajectoryCase> {};
 
-double MaxDifference(const std::map<std::string, torch::Tensor>& a,
-                     const std::map<std::string, torch::Tensor>& b) {
-  double max_diff = 0;
-  for (const auto& [name, w] : a) {
-    max_diff = std::max(max_diff, (b.at(name) - w).abs().max().item<double>());
-  }
-  return max_diff;
-}
-
 TEST_P(DelayedTrajectory, EqualsTheSingleProcessSimulation) {
   const TrajectoryCase& c = GetParam();
   const std::string yaml = JobYaml(3, c.weights, 10, c.corrections);
@@ -274,14 +243,14 @@ TEST_P(DelayedTrajectory, EqualsTheSingleProcessSimulation) {
   other.weights =
       other.weights == DelayedWeights::kStash ? DelayedWeights::kCurrent : DelayedWeights::kStash;
   other.predict_weights = false;
-  EXPECT_GT(MaxDifference(want, Simulate(*spec, other)), 1e-4);
+  EXPECT_GT(testing::MaxDifference(want, Simulate(*spec, other)), 1e-4);
   if (!c.corrections.empty()) {
     DelayedOptions plain = options;
     plain.predict_weights = false;
     plain.lr_by_delay = DelayLr::kConstant;
     plain.momentum_by_delay = DelayMomentum::kConstant;
     plain.accumulation = 1;
-    EXPECT_GT(MaxDifference(want, Simulate(*spec, plain)), 1e-4);
+    EXPECT_GT(testing::MaxDifference(want, Simulate(*spec, plain)), 1e-4);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -19,6 +20,7 @@
 
 #include "services/models/optimizer_state_key.h"
 #include "services/models/plan.h"
+#include "services/training/optimizer.h"
 #include "services/training/reference_trainer.h"
 #include "tests/integration/cluster.h"
 
@@ -70,6 +72,71 @@ inline void ExpectClose(const std::map<std::string, torch::Tensor>& got,
                               << scale << ", |got - want| " << diff;
   }
 }
+
+// The largest element-wise difference between two runs' tensors (by the
+// names of `a`): oracles use it to show that a variant's trajectory differs.
+inline double MaxDifference(const std::map<std::string, torch::Tensor>& a,
+                            const std::map<std::string, torch::Tensor>& b) {
+  double max_diff = 0;
+  for (const auto& [name, w] : a) {
+    max_diff = std::max(max_diff, (b.at(name) - w).abs().max().item<double>());
+  }
+  return max_diff;
+}
+
+// The staleness corrections of delayed and petra as
+// worker/algorithms/delay_corrections.h describes them, written out for the
+// oracles' simulations of one stage with delay s (in updates).
+struct SimulatedCorrections {
+  double s = 0;
+  double lr_scale = 1;  // lr_by_delay: 1, 1/(1+s) or 1/sqrt(1+s)
+  bool predict = false;
+  bool compensate = false;              // SGD at momentum max(0, m - s/(1+s))
+  std::vector<torch::Tensor> previous;  // predict: the parameters before the last step
+
+  SimulatedCorrections() = default;
+  SimulatedCorrections(double delay, DelayLr lr, DelayMomentum momentum, bool predict_weights)
+      : s(delay),
+        lr_scale(lr == DelayLr::kInverse       ? 1 / (1 + delay)
+                 : lr == DelayLr::kInverseSqrt ? 1 / std::sqrt(1 + delay)
+                                               : 1.0),
+        predict(predict_weights && delay > 0),
+        compensate(momentum == DelayMomentum::kCompensate && delay > 0) {}
+
+  // The step at `lr` x lr_scale (gradients already averaged), SGD's
+  // momentum `m` lowered when compensating; w_prev taken first.
+  void Step(torch::optim::Optimizer& opt, const std::vector<torch::Tensor>& params, double lr,
+            double m) {
+    if (predict) {
+      torch::NoGradGuard ng;
+      previous.clear();
+      for (const auto& p : params) previous.push_back(p.detach().clone());
+    }
+    training::SetLearningRate(opt, lr * lr_scale);
+    for (auto& group : opt.param_groups()) {
+      static_cast<torch::optim::SGDOptions&>(group.options())
+          .momentum(compensate ? std::max(0.0, m - s / (1 + s)) : m);
+    }
+    opt.step();
+  }
+  // predict: moves `params` to w + s (w - w_prev) and returns w (empty when
+  // nothing is predicted); Restore puts it back.
+  std::vector<torch::Tensor> Predict(const std::vector<torch::Tensor>& params) const {
+    std::vector<torch::Tensor> current;
+    if (previous.empty()) return current;
+    torch::NoGradGuard ng;
+    for (size_t i = 0; i < params.size(); ++i) {
+      current.push_back(params[i].detach().clone());
+      params[i].detach().add_(params[i].detach() - previous[i], s);
+    }
+    return current;
+  }
+  static void Restore(const std::vector<torch::Tensor>& params,
+                      const std::vector<torch::Tensor>& current) {
+    torch::NoGradGuard ng;
+    for (size_t i = 0; i < current.size(); ++i) params[i].detach().copy_(current[i]);
+  }
+};
 
 // The reference trainer's model after running `yaml` in one process.
 inline std::map<std::string, torch::Tensor> ReferenceTensors(const std::string& yaml) {

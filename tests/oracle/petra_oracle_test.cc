@@ -82,8 +82,7 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, const PetraOp
     std::map<int64_t, std::vector<torch::Tensor>> buffer;  // non-reversible block inputs
     std::map<int64_t, std::pair<torch::Tensor, torch::Tensor>> fwd_in;  // x, labels
     std::map<int64_t, std::pair<torch::Tensor, torch::Tensor>> bwd_in;  // x~, delta
-    std::vector<torch::Tensor> previous;  // predict_weights: before the last step
-    double s = 0, lr_scale = 1;
+    testing::SimulatedCorrections c;
   };
   std::vector<Sim> st(J);
   for (int j = 0; j < J; ++j) {
@@ -91,9 +90,10 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, const PetraOp
     st[j].opt = training::MakeOptimizer(spec.optimizer, *st[j].model);
     st[j].opt->zero_grad();
     st[j].depth = 2 * (J - 1 - j) + 1;
-    st[j].s = j == J - 1 ? 0 : static_cast<double>(st[j].depth - 1) / static_cast<double>(k);
-    if (o.lr_by_delay == DelayLr::kInverse) st[j].lr_scale = 1 / (1 + st[j].s);
-    if (o.lr_by_delay == DelayLr::kInverseSqrt) st[j].lr_scale = 1 / std::sqrt(1 + st[j].s);
+    const double delay =
+        j == J - 1 ? 0 : static_cast<double>(st[j].depth - 1) / static_cast<double>(k);
+    st[j].c =
+        testing::SimulatedCorrections(delay, o.lr_by_delay, o.momentum_by_delay, o.predict_weights);
   }
   // Algorithm 1, lines 19-22: Delta += grad / k; update every k-th pass.
   auto accumulate = [&](Sim& s) {
@@ -102,20 +102,9 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, const PetraOp
     for (auto& p : s.model->parameters()) {
       if (p.grad().defined()) p.grad().div_(static_cast<double>(k));
     }
-    if (o.predict_weights && s.s > 0) {
-      s.previous.clear();
-      for (auto& p : s.model->parameters()) s.previous.push_back(p.detach().clone());
-    }
-    training::SetLearningRate(
-        *s.opt,
-        training::LearningRateAt(spec.schedule, base, s.backwards - k, per_epoch, S) * s.lr_scale);
-    const double m = spec.optimizer.momentum;
-    const bool compensate = o.momentum_by_delay == DelayMomentum::kCompensate && s.s > 0;
-    for (auto& group : s.opt->param_groups()) {
-      static_cast<torch::optim::SGDOptions&>(group.options())
-          .momentum(compensate ? std::max(0.0, m - s.s / (1 + s.s)) : m);
-    }
-    s.opt->step();
+    s.c.Step(*s.opt, s.model->parameters(),
+             training::LearningRateAt(spec.schedule, base, s.backwards - k, per_epoch, S),
+             spec.optimizer.momentum);
     s.opt->zero_grad();
   };
   for (bool progress = true; progress;) {
@@ -137,20 +126,15 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, const PetraOp
         } else {
           torch::NoGradGuard g;
           models::FreezeRunningStats freeze;
-          std::vector<torch::Tensor> params = s.model->parameters(), current;
-          if (o.predict_weights && !s.previous.empty()) {
-            for (size_t i = 0; i < params.size(); ++i) {
-              current.push_back(params[i].clone());
-              params[i].add_(params[i] - s.previous[i], s.s);
-            }
-          }
+          const std::vector<torch::Tensor> params = s.model->parameters();
+          const std::vector<torch::Tensor> current = s.c.Predict(params);
           std::vector<torch::Tensor> stored(blocks.size());
           torch::Tensor h = x;
           for (size_t i = 0; i < blocks.size(); ++i) {
             if (!blocks[i]->reversible()) stored[i] = h;
             h = blocks[i]->forward(h);
           }
-          for (size_t i = 0; i < current.size(); ++i) params[i].copy_(current[i]);
+          testing::SimulatedCorrections::Restore(params, current);
           s.buffer[t] = stored;
           st[j + 1].fwd_in[t] = {h, y};
         }
@@ -236,15 +220,6 @@ TEST(PetraOracle, ZeroLearningRateRebuildsInputsAndGivesBackpropGradients) {
     }
   }
   EXPECT_EQ(checked, 6);
-}
-
-double MaxDifference(const std::map<std::string, torch::Tensor>& a,
-                     const std::map<std::string, torch::Tensor>& b) {
-  double max_diff = 0;
-  for (const auto& [name, w] : a) {
-    max_diff = std::max(max_diff, (b.at(name) - w).abs().max().item<double>());
-  }
-  return max_diff;
 }
 
 struct TrajectoryCase {
