@@ -39,7 +39,6 @@ class DelayCorrections {
   // At the start of a run: the stage's staleness in updates (0 on the last
   // stage) and its parameters; forgets w_prev.
   void Start(double staleness, std::vector<torch::Tensor> params);
-  double staleness() const { return staleness_; }
   // The scale lr_by_delay puts on the stage's learning rate.
   double lr_scale() const;
   // Bytes of w_prev (0 until the first step, or without predict_weights):
