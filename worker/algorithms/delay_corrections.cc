@@ -103,11 +103,14 @@ absl::Status DelayCorrections::Load(StageContext& ctx, torch::serialize::InputAr
     return absl::DataLossError(
         absl::StrCat("resume state: ", algorithm, " w_prev: ", what.substr(0, what.find('\n'))));
   }
-  if (!count.isInt() ||
-      (count.toInt() != 0 && count.toInt() != static_cast<int64_t>(params_.size()))) {
+  if (!count.isInt()) {
+    return absl::DataLossError(absl::StrCat(
+        "resume state: ", algorithm, " w_prev.count is not an integer but a ", count.tagKind()));
+  }
+  if (count.toInt() != 0 && count.toInt() != static_cast<int64_t>(params_.size())) {
     return absl::DataLossError(absl::StrCat("resume state: ", algorithm, " saved w_prev for ",
-                                            count.isInt() ? count.toInt() : -1,
-                                            " parameters, the stage has ", params_.size()));
+                                            count.toInt(), " parameters, the stage has ",
+                                            params_.size()));
   }
   std::vector<torch::Tensor> previous;
   for (int64_t i = 0; i < count.toInt(); ++i) {
