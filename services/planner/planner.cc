@@ -137,6 +137,16 @@ StageRole RoleOf(const PlanOptions& o, int j) {
   } else if (a == A::kFeaturesReplay) {
     r.inflight = J - j;
   }
+  if (!r.last) {
+    // delayed's stash: one per mini-batch in flight, and the current weights
+    // while a backward runs at its stashed ones; the look-ahead: w_prev, and
+    // the current weights while a forward runs at the predicted ones (the
+    // stash's copy when there is one: never both at once).
+    const bool stash = a == A::kDelayed && o.stash_weights;
+    const bool predict = (a == A::kDelayed || a == A::kPetra) && o.predict_weights;
+    if (stash) r.parameter_copies += r.inflight + 1;
+    if (predict) r.parameter_copies += stash ? 1 : 2;
+  }
   return r;
 }
 
@@ -173,7 +183,8 @@ StageEstimate EstimateStage(const ModelProfile& p, AlgorithmKind algorithm, int 
   const int n = end - begin;
   auto B = [&](int i) -> const BlockProfile& { return p.blocks[begin + i]; };
   for (int i = 0; i < n; ++i) {
-    s.static_bytes += 2 * B(i).parameter_bytes + B(i).buffer_bytes + B(i).optimizer_bytes;
+    s.static_bytes += (2 + role.parameter_copies) * B(i).parameter_bytes + B(i).buffer_bytes +
+                      B(i).optimizer_bytes;
     s.step_s += B(i).step_s;
   }
   const double msg_in = role.first ? 0.0 : p.blocks[begin - 1].message_s;
@@ -585,6 +596,11 @@ PlanOptions PlanOptionsForJob(const JobSpec& spec, const std::vector<std::pair<i
   } else if (const auto* nwise = a.get_if<NwiseOptions>()) {
     o.micro_batches = nwise->micro_batches;
     o.nwise_n = nwise->n;
+  } else if (const auto* delayed = a.get_if<DelayedOptions>()) {
+    o.stash_weights = delayed->weights == DelayedWeights::kStash;
+    o.predict_weights = delayed->predict_weights;
+  } else if (const auto* petra = a.get_if<PetraOptions>()) {
+    o.predict_weights = petra->predict_weights;
   }
   if (spec.stages.partition != Partition::kAuto) o.ranges = ranges;
   o.link_bytes_per_s = spec.placement.link_gbps * 1e9 / 8;
@@ -752,11 +768,12 @@ std::string PlanJson(const ModelProfile& p, const Plan& plan) {
                         "\"step_seconds\": %.6g, \"message_seconds\": %.6g, "
                         "\"aux_head_seconds\": %.6g, \"kept_bytes\": %d, \"peak_bytes\": %d, "
                         "\"static_bytes\": %d, \"cap_bytes\": %d, \"inflight\": %d, "
+                        "\"parameter_copies\": %d, "
                         "\"link_seconds\": %.6g, \"forward_wire\": \"%s\", "
                         "\"backward_wire\": \"%s\"}",
                         j, s.begin, s.end, modes, e.forward_s, e.backward_s, e.step_s, e.message_s,
                         e.aux_head_s, e.kept_bytes, e.peak_bytes, e.static_bytes, s.cap_bytes,
-                        s.role.inflight, e.link_s, NameOf(e.forward_wire),
+                        s.role.inflight, s.role.parameter_copies, e.link_s, NameOf(e.forward_wire),
                         NameOf(e.backward_wire)));
   }
   absl::StrAppend(&out, "], \"predictions\": [");

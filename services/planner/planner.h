@@ -31,6 +31,12 @@ struct StageRole {
   bool first = false;
   bool last = false;
   int inflight = 1;
+  // Copies of the stage's parameters held beside them, on stages with a
+  // delay (not the last): `delayed`'s stashed weights (one per mini-batch in
+  // flight, and the current ones while a backward runs at a stash) and the
+  // look-ahead's (`predict_weights`: w_prev, and the current weights while a
+  // forward runs at the predicted ones).
+  int parameter_copies = 0;
 };
 
 struct StageEstimate {
@@ -46,8 +52,10 @@ struct StageEstimate {
   // chose (ChooseWire); never kAuto.
   Compression forward_wire = Compression::kNone;
   Compression backward_wire = Compression::kNone;
-  int64_t static_bytes = 0;  // parameters, buffers, gradients, optimizer state
-  int64_t kept_bytes = 0;    // what one mini-batch keeps between forward and backward
+  // Parameters, buffers, gradients, optimizer state, and the role's
+  // parameter copies.
+  int64_t static_bytes = 0;
+  int64_t kept_bytes = 0;  // what one mini-batch keeps between forward and backward
   int64_t peak_bytes = 0;
   double time_s() const { return forward_s + backward_s + step_s + message_s + link_s; }
 };
@@ -74,6 +82,10 @@ struct PlanOptions {
   std::optional<PipelineSchedule> schedule = PipelineSchedule::kGpipe;
   int lookahead = 0;  // backprop 1F1B and ZB-H1: extra micro-batches in flight per stage
   int nwise_n = 0;    // 0: predicted for n = 1 and n = 2
+  // Their memory (StageRole::parameter_copies): delayed's `weights: stash`
+  // (the default) and the look-ahead of delayed and petra.
+  bool stash_weights = true;
+  bool predict_weights = false;
   // Knapsack units: at most this many per stage budget.
   int64_t max_units = 4096;
   // Interleaved (stages.chunks_per_worker): num_stages virtual stages on
