@@ -79,7 +79,11 @@ def parse_args(argv):
     p.add_argument("--table-only", action="store_true",
                    help="train nothing: the table from the runs under --out (implies --reuse); "
                         "rows without their runs say so")
+    p.add_argument("--check-only", action="store_true",
+                   help="only the model check at --check-stages: no training to the target")
     args = p.parse_args(argv)
+    if args.check_only and args.check_stages < 1:
+        p.error("--check-only: needs --check-stages >= 1")
     configs = []
     for c in args.config:
         name, sep, algorithm = c.partition("=")
@@ -289,7 +293,7 @@ def main(argv):
     os.makedirs(args.out, exist_ok=True)
     algorithms = dict(args.configs)
     rows, curves, target_lines, target_text = [], {}, {}, []
-    for stages in args.stages:
+    for stages in [] if args.check_only else args.stages:
         want = targets(args, stages, algorithms)
         known = [v for v in want.values() if v is not None]
         target_lines[stages] = statistics.mean(known) if known else float("nan")
@@ -348,11 +352,12 @@ def main(argv):
     what += (f" {args.target}" if args.target_from is None else
              f" the final one of {args.target_from} with the same seed and J "
              f"({'; '.join(target_text)})")
-    lines = [f"Target: {what}; budget {args.steps} steps, evaluated every {args.eval_every}; "
-             f"seeds {' '.join(map(str, args.seeds))} (median [min, max]).", "",
-             "| configuration | algorithm | J | steps to target | ms per step (predicted) "
-             "| time to target (s) | quality at the budget |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [] if args.check_only else [
+        f"Target: {what}; budget {args.steps} steps, evaluated every {args.eval_every}; "
+        f"seeds {' '.join(map(str, args.seeds))} (median [min, max]).", "",
+        "| configuration | algorithm | J | steps to target | ms per step (predicted) "
+        "| time to target (s) | quality at the budget |",
+        "|---|---|---|---|---|---|---|"]
     for name, algorithm, stages, reached, seconds, times, finals, shared in rows:
         if reached is None:
             lines.append(f"| {name} | `{algorithm}` | {stages} | not run: {shared} | - | - | - |")
@@ -368,8 +373,8 @@ def main(argv):
                      if seconds else
                      f"| {name} | `{algorithm}` | {stages} | {steps_text} | - | - | {spread(finals)} |")
     if check:
-        lines += ["", f"Model check at J = {args.check_stages} (real processes on this machine's "
-                  "shared cores):", "", "| configuration | predicted ms/step | measured ms/step "
+        lines += ["", f"Model check at J = {args.check_stages} ({args.check_steps or args.steps} "
+                  f"steps, seed {args.seeds[0]}; real processes on this machine's shared cores):", "", "| configuration | predicted ms/step | measured ms/step "
                   "| measured / predicted |", "|---|---|---|---|"]
         for name, predicted, measured in check:
             ratio = f"{measured / predicted:.2f}" if predicted and measured else "-"
@@ -378,7 +383,7 @@ def main(argv):
     if args.plot:
         lines += ["", "Curves: " + ", ".join(plot(args, stages, by_name, target_lines[stages])
                                              for stages, by_name in sorted(curves.items()))]
-    table = "\n".join(lines) + "\n"
+    table = "\n".join(lines).lstrip("\n") + "\n"
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(table)
     print(table)

@@ -4,8 +4,8 @@
 # its J = 2 run (--same), a decoupled one with its own budget, a configuration
 # the model cannot hold (more virtual stages than blocks), the real-process
 # check and the plot; the target is 1F1B's final accuracy per seed. Asserts the
-# table's rows, that --reuse trains nothing and that --table-only says which
-# runs are missing.
+# table's rows, that --reuse trains nothing, that --table-only says which
+# runs are missing and that --check-only runs the model check alone.
 #   BIN=build/bin bash tests/bench/time_to_target_smoke.sh
 set -euo pipefail
 BIN=${BIN:-build/bin}
@@ -47,4 +47,13 @@ run --table-only > "$out/third.txt" 2> "$out/third.err"
 ! grep -q '^\$ .* local ' "$out/third.err" || fail "--table-only trained"
 grep -q '^| delayed | .* | 3 | not run: no run yet for seed 2 ' "$out/third.txt" \
   || fail "--table-only does not name the missing run"
+# --check-only: the model check alone (the missing check run trains; no run
+# to the target does, and no target table is printed).
+rm "$out"/check_delayed_J2_s1.*
+run --check-only --reuse > "$out/fourth.txt" 2> "$out/fourth.err"
+grep -q '^\$ .* local .*check_delayed_J2_s1' "$out/fourth.err" || fail "--check-only did not check delayed"
+! grep -q '^\$ .* local .*run_' "$out/fourth.err" || fail "--check-only trained to the target"
+! grep -q '^Target:' "$out/fourth.txt" || fail "--check-only printed the target table"
+grep -q '^| delayed | [0-9.]* | [0-9.]* | [0-9.]* |$' "$out/fourth.txt" \
+  || fail "--check-only without the model check"
 echo "time_to_target smoke: ok"
