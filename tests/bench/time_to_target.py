@@ -140,10 +140,14 @@ def overrides(args, name, algorithm, stages, seed):
     return [x for s in sets for x in ("--set", s)]
 
 
+_WRITTEN = set()  # results this invocation wrote: never run twice (e.g. a --same run)
+
+
 def run_json(cmd, path, reuse, may_fail=False):
-    """Runs cmd (its stdout is one JSON document) unless path holds its result.
-    With may_fail, a failure returns {"error": its last line of stderr}."""
-    if reuse and os.path.exists(path):
+    """Runs cmd (its stdout is one JSON document) unless path holds its result
+    (with reuse, or written by this invocation). With may_fail, a failure
+    returns {"error": its last line of stderr}."""
+    if (reuse or path in _WRITTEN) and os.path.exists(path):
         with open(path) as f:
             return json.load(f)
     print("$ " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
@@ -162,6 +166,7 @@ def run_json(cmd, path, reuse, may_fail=False):
         f.write("\n")
     with open(path + ".cmd", "w") as f:
         f.write(" ".join(shlex.quote(c) for c in cmd) + "\n")
+    _WRITTEN.add(path)
     return result
 
 

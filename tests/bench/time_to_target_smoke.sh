@@ -37,6 +37,8 @@ grep -q '^| interleaved | .* | 2 | not run: .*chunks' "$table" || fail "interlea
 grep -q '^| delayed | [0-9.]* | [0-9.]* | [0-9.]* |$' "$table" || fail "no model check row for delayed"
 [ -s "$out/curves_J3.svg" ] || fail "no plot"
 [ ! -e "$out/run_1f1b_J3_s1.json" ] || fail "1f1b trained at J = 3 despite --same"
+# Its J = 2 run serves both rows, trained once.
+[ "$(grep -c '^\$ .* local .*run_1f1b_J2_s1' "$out/first.err")" = 1 ] || fail "1f1b J = 2 trained twice"
 [ -e "$out/run_delayed_J3_s2.json" ] || fail "delayed seed 2 did not run at J = 3"
 # Every step of the delayed budget was trained.
 grep -q '"step": *16' "$out/run_delayed_J3_s2.json" || fail "delayed did not run its budget of 16"
