@@ -379,13 +379,14 @@ def main(argv):
                      f"| {name} | `{algorithm}` | {stages} | {steps_text} | - | - | {spread(finals)} |")
     if check:
         lines += ["", f"Model check at J = {args.check_stages} ({args.check_steps or args.steps} "
-                  f"steps, seed {args.seeds[0]}; real processes on this machine's shared cores):", "", "| configuration | predicted ms/step | measured ms/step "
+                  f"steps, seed {args.seeds[0]}; real processes on this machine's shared cores):",
+                  "", "| configuration | predicted ms/step | measured ms/step "
                   "| measured / predicted |", "|---|---|---|---|"]
         for name, predicted, measured in check:
             ratio = f"{measured / predicted:.2f}" if predicted and measured else "-"
             lines.append(f"| {name} | {predicted * 1e3 if predicted else float('nan'):.1f} | "
                          f"{measured * 1e3 if measured else float('nan'):.1f} | {ratio} |")
-    if args.plot:
+    if args.plot and curves:  # none with --check-only
         lines += ["", "Curves: " + ", ".join(plot(args, stages, by_name, target_lines[stages])
                                              for stages, by_name in sorted(curves.items()))]
     table = "\n".join(lines).lstrip("\n") + "\n"
