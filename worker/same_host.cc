@@ -62,7 +62,7 @@ absl::Status SameHostLink::Resolve(v1::StageMessage* message) {
     absl::MutexLock lock(&mu_);
     view = view_;
   }
-  return ResolveSharedPayloads(message, view.get());
+  return ResolveSharedPayloads(message, view.get(), kDefaultMaxTensorBytes, widen_);
 }
 
 v1::StageMessage RingMessage(const std::string& job_id, int attempt, v1::SharedRingOffer offer) {

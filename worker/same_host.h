@@ -24,9 +24,10 @@ namespace stagewise::worker {
 
 class SameHostLink {
  public:
-  // `dir` empty: off (offers nothing, opens nothing).
-  SameHostLink(std::string dir, uint64_t ring_bytes)
-      : dir_(std::move(dir)), ring_bytes_(ring_bytes) {}
+  // `dir` empty: off (offers nothing, opens nothing). `widen`: fp16/bf16
+  // payloads come out of the peer's ring as float32 (a stage on the CPU).
+  SameHostLink(std::string dir, uint64_t ring_bytes, bool widen = false)
+      : dir_(std::move(dir)), ring_bytes_(ring_bytes), widen_(widen) {}
 
   // This side's ring for OPEN or RING (created on first use; an empty name
   // when off or when it could not be created), with `opened_peer`.
@@ -50,6 +51,7 @@ class SameHostLink {
  private:
   const std::string dir_;
   const uint64_t ring_bytes_;
+  const bool widen_;
   absl::Mutex mu_;
   bool tried_ ABSL_GUARDED_BY(mu_) = false;  // Offer made the ring (or failed to)
   std::unique_ptr<SharedRing> ring_;         // set under mu_ before PeerAnswered

@@ -1,5 +1,6 @@
 #include "worker/stage_context.h"
 
+#include "services/common/status_macros.h"
 #include "services/data/sizes.h"
 #include "services/planner/plan_proto.h"
 #include "services/training/optimizer.h"
@@ -31,6 +32,12 @@ EncodeOptions WireOptions(const JobSpec& spec, bool to_next) {
 }
 
 EncodeOptions StageContext::Wire(bool to_next) const { return WireOptions(spec(), to_next); }
+
+absl::Status StageContext::SendTensorsTo(Side side, v1::StageMessage message,
+                                         std::vector<OutgoingTensor> tensors) {
+  STAGEWISE_RETURN_IF_ERROR(EncodeInto(&message, tensors));
+  return SendTo(side, std::move(message));
+}
 
 data::Batch StageContext::TrainBatch(int64_t step) const {
   const PhaseWindow w = window();

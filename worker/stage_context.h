@@ -21,6 +21,7 @@
 #include "services/tensor/codec.h"
 #include "stagewise/v1/stage.pb.h"
 #include "worker/device_turns.h"
+#include "worker/send_pipe.h"
 #include "worker/trace.h"
 
 namespace stagewise::worker {
@@ -124,6 +125,12 @@ class StageContext {
   absl::Status SendToPrev(v1::StageMessage message) {
     return SendTo(Side::kPrev, std::move(message));
   }
+  // Sends `message` with `tensors` encoded into it. StageRuntime encodes them
+  // off the compute thread (worker/send_pipe.h: the send of micro-batch m
+  // overlaps the compute of m + 1), so the caller must not modify them in
+  // place afterwards; by default they are encoded here, then SendTo.
+  virtual absl::Status SendTensorsTo(Side side, v1::StageMessage message,
+                                     std::vector<OutgoingTensor> tensors);
   // How a float tensor goes to stage j+1 (`to_next`) or j-1: the job's
   // transport.compression, and the shared-memory ring when that neighbour is
   // on this host and opened it (docs/performance.md, "Neighbours on one host").

@@ -16,6 +16,13 @@
 #include "worker/stage_assignment.h"
 
 namespace stagewise::worker {
+namespace {
+
+// Sends a stage queues to a neighbour beyond the one being encoded (each
+// holds its tensors until then): enough to overlap the next micro-batch.
+constexpr size_t kQueuedSends = 2;
+
+}  // namespace
 
 StageRuntime::StageRuntime(RuntimeEnv env) : env_(std::move(env)) {}
 
@@ -23,7 +30,9 @@ StageRuntime::~StageRuntime() {
   Stop(absl::CancelledError("runtime destroyed"));
   Join();
   // The streams call back into their sinks until gRPC is done; Stop closed
-  // them, so soon (~StageStreams waits).
+  // them, so soon (~StageStreams waits). The send pipes first: they send to them.
+  to_next_pipe_.reset();
+  to_prev_pipe_.reset();
   streams_.reset();
 }
 
@@ -42,7 +51,8 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
                             rt->env_.inbox_capacity,
                             rt->env_.outbox_capacity,
                             rt->env_.shared_memory_dir,
-                            rt->env_.shared_ring_bytes};
+                            rt->env_.shared_ring_bytes,
+                            rt->env_.device.is_cpu()};
   StageStreams::Hooks hooks;
   StageRuntime* raw = rt.get();
   hooks.validate = [raw](const v1::StageMessage& m, bool from_prev) {
@@ -57,6 +67,18 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
   };
   hooks.fail = [raw](const absl::Status& s) { raw->Fail(s); };
   rt->streams_ = std::make_unique<StageStreams>(std::move(setup), std::move(hooks));
+  for (const bool next : {true, false}) {
+    auto deliver = [raw, next](v1::StageMessage m, int64_t step) {
+      return raw->SendStamped(std::move(m),
+                              next ? raw->streams_->to_next() : raw->streams_->to_prev(), step);
+    };
+    // A failed send fails the stage (unless it is stopping already).
+    auto failed = [raw](const absl::Status& s) {
+      if (raw->Interrupted().ok()) raw->Fail(s);
+    };
+    (next ? rt->to_next_pipe_ : rt->to_prev_pipe_) =
+        std::make_unique<SendPipe>(kQueuedSends, std::move(deliver), std::move(failed));
+  }
   STAGEWISE_ASSIGN_OR_RETURN(rt->spec_, ParseJobSpec(assignment.job_spec_yaml()));
   if (auto s = ResolveAutoWire(assignment, &rt->spec_.transport); !s.ok()) return s;
   StagePlace& place = rt->place_;
@@ -295,6 +317,7 @@ absl::Status StageRuntime::RunPhases() {
     // The trace window counts this phase's steps from where it starts.
     if (tracer_) tracer_->Advance(first_step_);
     STAGEWISE_RETURN_IF_ERROR(algorithm_->Run(*this));
+    STAGEWISE_RETURN_IF_ERROR(DrainSends());
   }
   return absl::OkStatus();
 }
@@ -371,7 +394,10 @@ void StageRuntime::Abort(const absl::Status& why) {
     RecordError(why);
   }
   if (env_.turns) env_.turns->Cancel(why);  // the worker's other chunks wake
-  if (replicas_) replicas_->Cancel(why);    // a wait for a lost replica's replacement ends
+  for (SendPipe* pipe : {to_next_pipe_.get(), to_prev_pipe_.get()}) {
+    if (pipe != nullptr) pipe->Close(why);  // a compute thread blocked in a send wakes
+  }
+  if (replicas_) replicas_->Cancel(why);  // a wait for a lost replica's replacement ends
   if (streams_) streams_->Close(why);
 }
 
@@ -504,33 +530,53 @@ void StageRuntime::PlanExtraCut(int64_t step) {
   reporter_->Emit(std::move(event));
 }
 
-absl::Status StageRuntime::SendTo(Side side, v1::StageMessage message) {
-  if (side == Side::kPrev) {
-    if (first()) return absl::FailedPreconditionError("stage 0 has no previous stage");
-    if (absl::Status s = Interrupted(); !s.ok()) return s;
-    return SendStamped(std::move(message), streams_->to_prev());
+absl::Status StageRuntime::SendTensorsTo(Side side, v1::StageMessage message,
+                                         std::vector<OutgoingTensor> tensors) {
+  const bool next = side == Side::kNext;
+  if (next ? last() : first()) {
+    return absl::FailedPreconditionError(next ? "the last stage has no next stage"
+                                              : "stage 0 has no previous stage");
   }
-  if (last()) return absl::FailedPreconditionError("the last stage has no next stage");
-  if (message.kind() == v1::StageMessage::FORWARD || message.kind() == v1::StageMessage::AUX) {
+  if (absl::Status s = Interrupted(); !s.ok() && !next) return s;
+  if (next &&
+      (message.kind() == v1::StageMessage::FORWARD || message.kind() == v1::StageMessage::AUX)) {
     // Stage 0, asked for a checkpoint: after the mini-batch it sends now.
-    const int64_t next = phase_offset_ + message.step() + 1;
-    if (first() && checkpoint_requested_.exchange(false)) PlanExtraCut(next);
-    if (extra_cuts_.count(next) > 0) message.set_checkpoint_step(next);
+    const int64_t cut = phase_offset_ + message.step() + 1;
+    if (first() && checkpoint_requested_.exchange(false)) PlanExtraCut(cut);
+    if (extra_cuts_.count(cut) > 0) message.set_checkpoint_step(cut);
   }
-  return SendStamped(std::move(message), streams_->to_next());
+  const int64_t step = phase_offset_ + message.step();
+  SendPipe& pipe = next ? *to_next_pipe_ : *to_prev_pipe_;
+  // A replacement notes when it caught up after each send, and error
+  // feedback's residuals are the compute thread's: both send from here.
+  if (!replaying() && !spec_.transport.error_feedback) {
+    return pipe.Push(std::move(message), std::move(tensors), step);
+  }
+  STAGEWISE_RETURN_IF_ERROR(pipe.Drain());
+  STAGEWISE_RETURN_IF_ERROR(EncodeInto(&message, tensors));
+  absl::Status s =
+      SendStamped(std::move(message), next ? streams_->to_next() : streams_->to_prev(), step);
+  if (s.ok() && replaying()) NoteCaughtUp(step);
+  return s;
 }
 
-absl::Status StageRuntime::SendStamped(v1::StageMessage message, NeighbourLink& link) {
+absl::Status StageRuntime::DrainSends() {
+  for (SendPipe* pipe : {to_next_pipe_.get(), to_prev_pipe_.get()}) {
+    if (pipe != nullptr) STAGEWISE_RETURN_IF_ERROR(pipe->Drain());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StageRuntime::SendStamped(v1::StageMessage message, NeighbourLink& link,
+                                       int64_t step) {
   message.set_job_id(job_id());
   message.set_attempt(assignment_.attempt());
   auto size = static_cast<int64_t>(message.ByteSizeLong());
   for (const auto& [name, t] : message.tensors()) size += static_cast<int64_t>(t.shared().length());
   const auto kind = message.kind();
-  const int64_t step = phase_offset_ + message.step();
   absl::Status s = link.Send(std::move(message), step);
   if (s.ok()) {
     reporter_->CountSent(kind, size);
-    if (replaying()) NoteCaughtUp(step);
     return s;
   }
   // The stream refused the message: this stage is stopping, or the stream is
@@ -646,6 +692,7 @@ absl::Status StageRuntime::WriteShard(int64_t phase_step, bool with_algorithm) {
   // Replicas of a stage are equal after every step: replica 0 writes the
   // stage's one shard (docs/replicas.md).
   if (replica() > 0) return absl::OkStatus();
+  STAGEWISE_RETURN_IF_ERROR(DrainSends());
   const auto t0 = std::chrono::steady_clock::now();
   checkpoint::ShardPosition at;
   at.step = phase_offset_ + phase_step;

@@ -149,7 +149,11 @@ class StageRuntime final : public StageContext {
     return split == Split::kTrain ? *train_ : *test_;
   }
   absl::StatusOr<v1::StageMessage> ReceiveFrom(Side side) override;
-  absl::Status SendTo(Side side, v1::StageMessage message) override;
+  absl::Status SendTo(Side side, v1::StageMessage message) override {
+    return SendTensorsTo(side, std::move(message), {});
+  }
+  absl::Status SendTensorsTo(Side side, v1::StageMessage message,
+                             std::vector<OutgoingTensor> tensors) override;
   EncodeOptions Wire(bool to_next) const override;
   absl::Status Interrupted() const override;
   void BeginStep(int64_t phase_step) override;
@@ -212,9 +216,12 @@ class StageRuntime final : public StageContext {
   void SetResumed(StageShards::Restored restored);
   // Records `why` (the first error stays) and closes the inboxes and streams.
   void Abort(const absl::Status& why);
-  // Stamps `message` with the job and attempt, sends it through `link` and
-  // counts it once sent.
-  absl::Status SendStamped(v1::StageMessage message, NeighbourLink& link);
+  // Stamps `message` (global step `step`) with the job and attempt, sends it
+  // through `link` and counts it once sent. Any thread (a send pipe's).
+  absl::Status SendStamped(v1::StageMessage message, NeighbourLink& link, int64_t step);
+  // Every queued send handed to its stream (before a checkpoint, at the end
+  // of a phase): OK, or the first send's error.
+  absl::Status DrainSends();
   // Sets up phase p (algorithm, optimizer, schedule, step window).
   absl::Status EnterPhase(int p);
   int64_t PhaseSteps(const PhaseSpec& phase) const;
@@ -270,6 +277,9 @@ class StageRuntime final : public StageContext {
   // The neighbours on the wire: streams, inboxes, rings, and with
   // recovery.replay what was sent since the last committed checkpoint.
   std::unique_ptr<StageStreams> streams_;
+  // Sends to stage j+1 and j-1, encoded off the compute thread (after
+  // streams_, which they send to: destroyed first).
+  std::unique_ptr<SendPipe> to_next_pipe_, to_prev_pipe_;
   // A replacing stage: its shard's counts, when it started, the bytes it
   // took while replaying, and whether it caught up.
   checkpoint::ShardPosition::Marks resumed_marks_;

@@ -12,8 +12,10 @@ StageStreams::StageStreams(Setup setup, Hooks hooks)
       hooks_(std::move(hooks)),
       from_prev_(setup_.inbox_capacity),
       from_next_(setup_.inbox_capacity),
-      prev_ring_(setup_.replay ? "" : setup_.shared_memory_dir, setup_.shared_ring_bytes),
-      next_ring_(setup_.replay ? "" : setup_.shared_memory_dir, setup_.shared_ring_bytes),
+      prev_ring_(setup_.replay ? "" : setup_.shared_memory_dir, setup_.shared_ring_bytes,
+                 setup_.widen_on_receipt),
+      next_ring_(setup_.replay ? "" : setup_.shared_memory_dir, setup_.shared_ring_bytes,
+                 setup_.widen_on_receipt),
       prev_identity_(setup_.prev_identity) {
   for (const bool next : {false, true}) {
     NeighbourLink::Options o;

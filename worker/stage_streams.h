@@ -48,6 +48,7 @@ class StageStreams {
     size_t outbox_capacity = 16;
     std::string shared_memory_dir;  // empty: no rings (always so with replay)
     uint64_t shared_ring_bytes = 0;
+    bool widen_on_receipt = false;  // the stage computes on the CPU (SameHostLink)
   };
   struct Hooks {
     // Validates a message from stage j-1 (`from_prev`) or j+1.

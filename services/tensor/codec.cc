@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -164,6 +165,9 @@ absl::Status EncodeImpl(const torch::Tensor& tensor, v1::TensorProto* out,
   // resolve_* materialise lazy neg/conj views, whose raw bytes would otherwise
   // be the un-negated storage even after contiguous().
   torch::Tensor wire = tensor.detach().resolve_conj().resolve_neg();
+  // Set when `wire` is a CPU float32 tensor still to be narrowed to this type:
+  // into the shared ring in one pass (no narrowed copy in between).
+  std::optional<c10::ScalarType> narrow_on_copy;
   v1::Compression compression = v1::COMPRESSION_NONE;
   out->Clear();
   if (info->wire == v1::DTYPE_FLOAT32 && options.compression != v1::COMPRESSION_NONE) {
@@ -196,24 +200,37 @@ absl::Status EncodeImpl(const torch::Tensor& tensor, v1::TensorProto* out,
     } else {
       // Out-of-range values saturate to inf under fp16; bf16 keeps float32's
       // exponent range. That trade-off is the caller's choice.
-      wire = value.to(compression == v1::COMPRESSION_FP16 ? torch::kHalf : torch::kBFloat16);
-      if (residual != nullptr) *residual = value - wire.to(torch::kFloat);
+      const c10::ScalarType narrow =
+          compression == v1::COMPRESSION_FP16 ? torch::kHalf : torch::kBFloat16;
+      if (residual == nullptr && options.ring != nullptr && value.is_cpu()) {
+        narrow_on_copy = narrow;
+      } else {
+        wire = value.to(narrow);
+        if (residual != nullptr) *residual = value - wire.to(torch::kFloat);
+      }
     }
   }
   out->set_dtype(info->wire);
   out->set_compression(compression);
   for (int64_t dim : tensor.sizes()) out->add_shape(dim);
-  const int64_t wire_bytes = wire.numel() * static_cast<int64_t>(wire.element_size());
+  const c10::ScalarType wire_type = narrow_on_copy.value_or(wire.scalar_type());
+  const int64_t wire_bytes = wire.numel() * static_cast<int64_t>(c10::elementSize(wire_type));
   if (options.ring != nullptr && wire_bytes >= options.min_shared_bytes) {
     if (auto region = options.ring->Allocate(static_cast<uint64_t>(wire_bytes))) {
-      // One pass straight into the shared pages (from the device, too).
-      torch::from_blob(region->data, wire.sizes(), torch::TensorOptions().dtype(wire.scalar_type()))
-          .copy_(wire);
+      // One pass straight into the shared pages (from the device, too;
+      // narrowing on the way from the CPU).
+      if (!narrow_on_copy && wire.is_cpu() && wire.is_contiguous()) {
+        std::memcpy(region->data, wire.data_ptr(), static_cast<size_t>(wire_bytes));
+      } else {
+        torch::from_blob(region->data, wire.sizes(), torch::TensorOptions().dtype(wire_type))
+            .copy_(wire);
+      }
       out->mutable_shared()->set_offset(region->offset);
       out->mutable_shared()->set_length(region->length);
       return absl::OkStatus();
     }
   }
+  if (narrow_on_copy) wire = wire.to(*narrow_on_copy);  // the ring was full: inline
   const torch::Tensor cpu = wire.to(torch::kCPU).contiguous();
   const size_t nbytes = static_cast<size_t>(cpu.numel()) * cpu.element_size();
   if (nbytes > 0) {

@@ -225,6 +225,13 @@ SharedRingView::~SharedRingView() {
 }
 
 absl::Status SharedRingView::Take(uint64_t offset, uint64_t length, std::string* out) {
+  return TakeWith(offset, length, [out, length](const uint8_t* bytes) {
+    out->assign(reinterpret_cast<const char*>(bytes), length);
+  });
+}
+
+absl::Status SharedRingView::TakeWith(uint64_t offset, uint64_t length,
+                                      const std::function<void(const uint8_t* bytes)>& read) {
   if (offset % SharedRing::kAlign != 0 || offset >= size_ || length > size_ ||
       RegionBytes(length) > size_ - offset) {
     return absl::InvalidArgumentError(absl::StrCat("tensor.shared: offset ", offset, " and length ",
@@ -238,7 +245,7 @@ absl::Status SharedRingView::Take(uint64_t offset, uint64_t length, std::string*
                                                    " bytes at offset ", offset,
                                                    " (stale or taken twice)"));
   }
-  out->assign(reinterpret_cast<const char*>(area_ + offset + SharedRing::kAlign), length);
+  read(area_ + offset + SharedRing::kAlign);
   h->state.store(kFree, std::memory_order_release);
   return absl::OkStatus();
 }

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -97,6 +98,10 @@ class SharedRingView {
   // point at a live region of that length (out of bounds, misaligned, taken
   // twice).
   absl::Status Take(uint64_t offset, uint64_t length, std::string* out);
+  // As Take, but hands the payload's bytes to `read` (which copies what it
+  // needs and keeps no pointer) before freeing the region.
+  absl::Status TakeWith(uint64_t offset, uint64_t length,
+                        const std::function<void(const uint8_t* bytes)>& read);
 
  private:
   SharedRingView() = default;

@@ -1,5 +1,7 @@
 #include "services/tensor/stage_message.h"
 
+#include <torch/torch.h>
+
 #include "absl/strings/str_cat.h"
 
 namespace stagewise {
@@ -24,6 +26,31 @@ absl::Status CheckName(const char* field, const std::string& name,
                                                    "' must have 1 to ", limits.max_name_bytes,
                                                    " bytes"));
   }
+  return absl::OkStatus();
+}
+
+// Takes `tensor`'s fp16/bf16 payload out of `ring` as float32 (same values
+// as decoding it), and marks it uncompressed.
+absl::Status TakeWidened(SharedRingView& ring, v1::TensorProto* tensor) {
+  const uint64_t length = tensor->shared().length();
+  const auto n = static_cast<int64_t>(length / 2);
+  std::string* data = tensor->mutable_data();
+  data->resize(static_cast<size_t>(n) * sizeof(float));
+  const c10::ScalarType narrow =
+      tensor->compression() == v1::COMPRESSION_FP16 ? torch::kHalf : torch::kBFloat16;
+  try {
+    absl::Status taken = ring.TakeWith(tensor->shared().offset(), length, [&](const uint8_t* b) {
+      torch::from_blob(data->data(), {n}, torch::kFloat)
+          .copy_(torch::from_blob(const_cast<uint8_t*>(b), {n}, narrow));
+    });
+    if (!taken.ok()) {
+      data->clear();
+      return taken;
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("widening: ", e.what_without_backtrace()));
+  }
+  tensor->set_compression(v1::COMPRESSION_NONE);
   return absl::OkStatus();
 }
 
@@ -107,7 +134,7 @@ absl::Status ValidateStageMessage(const v1::StageMessage& m, const StageMessageE
 }
 
 absl::Status ResolveSharedPayloads(v1::StageMessage* message, SharedRingView* ring,
-                                   int64_t max_tensor_bytes) {
+                                   int64_t max_tensor_bytes, bool widen) {
   for (auto& [name, tensor] : *message->mutable_tensors()) {
     if (!tensor.has_shared()) continue;
     const auto where = [&name = name](absl::string_view why) {
@@ -123,8 +150,16 @@ absl::Status ResolveSharedPayloads(v1::StageMessage* message, SharedRingView* ri
       return where(absl::StrCat("tensor.shared: ", tensor.shared().length(),
                                 " bytes exceed the limit of ", max_tensor_bytes));
     }
-    absl::Status taken =
-        ring->Take(tensor.shared().offset(), tensor.shared().length(), tensor.mutable_data());
+    const uint64_t length = tensor.shared().length();
+    const bool narrowed = tensor.compression() == v1::COMPRESSION_FP16 ||
+                          tensor.compression() == v1::COMPRESSION_BF16;
+    absl::Status taken;
+    if (widen && narrowed && tensor.dtype() == v1::DTYPE_FLOAT32 && length % 2 == 0 &&
+        2 * length <= static_cast<uint64_t>(max_tensor_bytes)) {
+      taken = TakeWidened(*ring, &tensor);
+    } else {
+      taken = ring->Take(tensor.shared().offset(), length, tensor.mutable_data());
+    }
     if (!taken.ok()) return where(taken.message());
     tensor.clear_shared();
   }

@@ -39,9 +39,14 @@ absl::Status ValidateStageMessage(const v1::StageMessage& message,
 // anything else reads the message: INVALID_ARGUMENT naming the tensor when a
 // payload has no ring to come from (`ring` null), is over max_tensor_bytes, or
 // is not a live region of the ring. Then ValidateStageMessage checks the
-// copies as it checks any payload.
+// copies as it checks any payload. `widen`: a float32 tensor narrowed to
+// fp16/bf16 for the wire is widened back on the way out of the ring (one pass,
+// on the calling thread; the tensor then reads as uncompressed float32), where
+// its widened size is within max_tensor_bytes: for receivers on the CPU, so
+// that their compute thread takes it over without a conversion.
 absl::Status ResolveSharedPayloads(v1::StageMessage* message, SharedRingView* ring,
-                                   int64_t max_tensor_bytes = kDefaultMaxTensorBytes);
+                                   int64_t max_tensor_bytes = kDefaultMaxTensorBytes,
+                                   bool widen = false);
 
 }  // namespace stagewise
 

@@ -148,5 +148,62 @@ TEST_F(SharedRingTest, ATensorThroughTheRingDecodesAsTheInlineOne) {
   EXPECT_EQ(small.data().size(), 16u);
 }
 
+TEST_F(SharedRingTest, ANarrowedPayloadComesOutWidenedForAReceiverOnTheCpu) {
+  auto ring = SharedRing::Create(dir_, 4 << 20);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  auto view = SharedRingView::Open(dir_, (*ring)->name(), (*ring)->size(), (*ring)->token());
+  ASSERT_TRUE(view.ok()) << view.status();
+  torch::manual_seed(5);
+  const torch::Tensor x = torch::randn({256, 384}) * 1000;  // 192 KiB narrowed
+  for (v1::Compression compression : {v1::COMPRESSION_BF16, v1::COMPRESSION_FP16}) {
+    SCOPED_TRACE(v1::Compression_Name(compression));
+    EncodeOptions options;
+    options.compression = compression;
+    v1::TensorProto inline_proto;
+    ASSERT_TRUE(EncodeTensor(x, &inline_proto, options).ok());
+    auto expected = DecodeTensor(inline_proto);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    options.ring = ring->get();
+    const uint64_t used = (*ring)->used();
+    v1::StageMessage widened, narrow;
+    ASSERT_TRUE(EncodeTensor(x, &(*widened.mutable_tensors())["x"], options).ok());
+    ASSERT_TRUE(EncodeTensor(x, &(*narrow.mutable_tensors())["x"], options).ok());
+    EXPECT_EQ(widened.tensors().at("x").shared().length(), x.numel() * 2u);
+    ASSERT_TRUE(ResolveSharedPayloads(&widened, view->get(), kDefaultMaxTensorBytes, true).ok());
+    // A widened size over the limit stays narrow (and is still taken).
+    ASSERT_TRUE(ResolveSharedPayloads(&narrow, view->get(), x.numel() * 3, true).ok());
+    EXPECT_EQ((*ring)->used(), used);
+    const v1::TensorProto& w = widened.tensors().at("x");
+    EXPECT_EQ(w.compression(), v1::COMPRESSION_NONE);
+    EXPECT_EQ(w.data().size(), x.numel() * 4u);
+    EXPECT_TRUE(ValidateTensorProto(w).ok());
+    EXPECT_EQ(narrow.tensors().at("x").compression(), compression);
+    EXPECT_EQ(narrow.tensors().at("x").data(), inline_proto.data());
+    for (const v1::StageMessage* m : {&widened, &narrow}) {
+      auto decoded = DecodeTensor(m->tensors().at("x"));
+      ASSERT_TRUE(decoded.ok()) << decoded.status();
+      EXPECT_EQ(decoded->scalar_type(), torch::kFloat);
+      EXPECT_TRUE(torch::equal(*decoded, *expected));
+    }
+  }
+}
+
+TEST_F(SharedRingTest, APayloadNarrowedForAFullRingGoesInlineAsBefore) {
+  auto ring = SharedRing::Create(dir_, 8192);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  const torch::Tensor x = torch::randn({256, 256});  // 128 KiB narrowed: does not fit
+  EncodeOptions options;
+  options.compression = v1::COMPRESSION_BF16;
+  v1::TensorProto inline_proto, full;
+  ASSERT_TRUE(EncodeTensor(x, &inline_proto, options).ok());
+  options.ring = ring->get();
+  const int64_t full_before = SharedRing::TotalFull();
+  ASSERT_TRUE(EncodeTensor(x, &full, options).ok());
+  EXPECT_EQ(SharedRing::TotalFull(), full_before + 1);
+  EXPECT_FALSE(full.has_shared());
+  EXPECT_EQ(full.compression(), v1::COMPRESSION_BF16);
+  EXPECT_EQ(full.data(), inline_proto.data());
+}
+
 }  // namespace
 }  // namespace stagewise

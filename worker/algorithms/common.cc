@@ -71,11 +71,12 @@ absl::Status SendGrad(StageContext& ctx, int64_t step, int micro_batch, const to
   const auto t0 = std::chrono::steady_clock::now();
   v1::StageMessage back = NewMessage(v1::StageMessage::BACKWARD, step, micro_batch);
   if (origin >= 0) back.set_origin_stage(static_cast<int32_t>(origin));
-  if (x.defined()) STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "x", x, ctx.Wire(false)));
+  std::vector<OutgoingTensor> tensors;
+  if (x.defined()) tensors.push_back({"x", x.detach(), ctx.Wire(false)});
   EncodeOptions wire = ctx.Wire(false);
   if (WireResiduals* residuals = ctx.wire_residuals()) wire.residual = residuals->Slot(micro_batch);
-  STAGEWISE_RETURN_IF_ERROR(PutTensor(&back, "grad", grad, wire));
-  absl::Status sent = ctx.SendToPrev(std::move(back));
+  tensors.push_back({"grad", grad.detach(), wire});
+  absl::Status sent = ctx.SendTensorsTo(Side::kPrev, std::move(back), std::move(tensors));
   TraceSpan(ctx, v1::SPAN_SEND, step, micro_batch, t0);
   return sent;
 }
@@ -244,13 +245,13 @@ absl::Status SendForward(StageContext& ctx, int64_t step, int micro_batch, const
                          const torch::Tensor& labels, v1::TensorProto labels_proto) {
   const auto t0 = std::chrono::steady_clock::now();
   v1::StageMessage fwd = NewMessage(v1::StageMessage::FORWARD, step, micro_batch);
-  STAGEWISE_RETURN_IF_ERROR(PutTensor(&fwd, "x", out, ctx.Wire(true)));
   if (ctx.first()) {
     STAGEWISE_RETURN_IF_ERROR(PutTensor(&fwd, "labels", labels));
   } else {
     (*fwd.mutable_tensors())["labels"] = std::move(labels_proto);
   }
-  absl::Status sent = ctx.SendToNext(std::move(fwd));
+  absl::Status sent =
+      ctx.SendTensorsTo(Side::kNext, std::move(fwd), {{"x", out.detach(), ctx.Wire(true)}});
   TraceSpan(ctx, v1::SPAN_SEND, step, micro_batch, t0);
   return sent;
 }
