@@ -7,6 +7,7 @@
 #include <memory>
 #include <thread>
 
+#include "services/models/emulated_kernels.h"
 #include "services/models/transformer.h"
 
 namespace stagewise::models {
@@ -99,8 +100,7 @@ struct EmulatedAffine : public torch::autograd::Function<EmulatedAffine> {
                                const torch::Tensor& scale, const torch::Tensor& shift,
                                bool residual, const BlockInfo* info) {
     const Clock::time_point start = Clock::now();
-    torch::Tensor y = torch::addcmul(shift, x, scale);
-    if (residual) y.add_(x);
+    torch::Tensor y = EmulatedAffineForward(x, scale, shift, residual);
     ctx->save_for_backward({x, scale});
     ctx->saved_data["residual"] = residual;
     WaitForward(ctx, x, *info, start);
@@ -113,13 +113,12 @@ struct EmulatedAffine : public torch::autograd::Function<EmulatedAffine> {
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor& x = saved[0];
     const torch::Tensor& scale = saved[1];
-    const torch::Tensor& g = grads[0];
-    torch::Tensor gx = g * scale;
-    if (ctx->saved_data["residual"].toBool()) gx.add_(g);
-    torch::Tensor gscale = (g * x).sum(0);
-    torch::Tensor gshift = g.sum(0);
+    const bool weights = ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
+    EmulatedGrads d =
+        EmulatedAffineBackward(grads[0], x, scale, ctx->saved_data["residual"].toBool(),
+                               ctx->needs_input_grad(0), weights);
     WaitBackward(ctx, start);
-    return {gx, gscale, gshift, torch::Tensor(), torch::Tensor()};
+    return {d.x, d.scale, d.shift, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -134,14 +133,8 @@ struct EmulatedCoupling : public torch::autograd::Function<EmulatedCoupling> {
                                const torch::Tensor& scale, const torch::Tensor& shift,
                                const BlockInfo* info) {
     const Clock::time_point start = Clock::now();
-    const int64_t c = x.size(1) / 2;
     torch::Tensor in = x.contiguous();
-    torch::Tensor x1 = in.narrow(1, 0, c);
-    torch::Tensor y = torch::empty_like(in);
-    torch::Tensor y1 = y.narrow(1, 0, c);
-    torch::addcmul_out(y1, shift, x1, scale);
-    y1.add_(in.narrow(1, c, c));
-    y.narrow(1, c, c).copy_(x1);
+    torch::Tensor y = EmulatedCouplingForward(in, scale, shift);
     ctx->save_for_backward({in, scale});
     WaitForward(ctx, x, *info, start);
     return y;
@@ -156,24 +149,11 @@ struct EmulatedCoupling : public torch::autograd::Function<EmulatedCoupling> {
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor& x = saved[0];
     const torch::Tensor& scale = saved[1];
-    const torch::Tensor g = grads[0].contiguous();
-    const int64_t c = g.size(1) / 2;
-    const torch::Tensor g1 = g.narrow(1, 0, c);
     const bool weights = ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
-    torch::Tensor gx, gscale, gshift;
-    if (ctx->needs_input_grad(0)) {
-      gx = torch::empty_like(g);
-      torch::Tensor gx1 = gx.narrow(1, 0, c);
-      torch::mul_out(gx1, g1, scale);
-      gx1.add_(g.narrow(1, c, c));
-      gx.narrow(1, c, c).copy_(g1);
-    }
-    if (weights) {
-      gscale = (g1 * x.narrow(1, 0, c)).sum(0);
-      gshift = g1.sum(0);
-    }
+    EmulatedGrads d =
+        EmulatedCouplingBackward(grads[0], x, scale, ctx->needs_input_grad(0), weights);
     WaitBackward(ctx, start);
-    return {gx, gscale, gshift, torch::Tensor()};
+    return {d.x, d.scale, d.shift, torch::Tensor()};
   }
 };
 

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "services/models/blocks.h"
+#include "services/models/emulated_kernels.h"
 #include "services/models/modal_pass.h"
 #include "services/models/model.h"
 
@@ -230,6 +231,79 @@ TEST(EmulatedModel, ARebuildTakesAtLeastAForwardAndABackward) {
   const auto t1 = std::chrono::steady_clock::now();
   // 4 samples of a batch of 8: 4 ms forward, 8 ms backward.
   EXPECT_GE(std::chrono::duration<double>(t1 - t0).count(), 12e-3);
+}
+
+// The fused loops (float32 on the CPU) and LibTorch's ops (anything else) give
+// the formulas' values: on two threads, with more values per sample than one
+// task takes (so the batch sums are split across tasks), on a strided input,
+// and in float64 (LibTorch's path).
+TEST(EmulatedKernels, AffineMatchesItsFormulaOnEveryPath) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  for (auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    for (bool strided : {false, true}) {
+      for (bool residual : {false, true}) {
+        const auto o = torch::TensorOptions().dtype(dtype);
+        // 3 samples of 8 x 64 x 64 values (32768 per sample).
+        torch::Tensor x = torch::randn({3, 64, 64, 8}, o).permute({0, 3, 1, 2});
+        if (!strided) x = x.contiguous();
+        torch::Tensor scale = torch::randn({8, 64, 64}, o), shift = torch::randn({8, 64, 64}, o);
+        torch::Tensor g = torch::randn({3, 8, 64, 64}, o);
+        torch::Tensor y = EmulatedAffineForward(x, scale, shift, residual);
+        torch::Tensor want = shift + scale * x + (residual ? x : torch::zeros_like(x));
+        EXPECT_TRUE(torch::allclose(y, want, 1e-5, 1e-6)) << dtype << strided << residual;
+        for (auto [input, weights] : {std::pair{true, true}, {true, false}, {false, true}}) {
+          EmulatedGrads d = EmulatedAffineBackward(g, x, scale, residual, input, weights);
+          ASSERT_EQ(d.x.defined(), input);
+          ASSERT_EQ(d.scale.defined(), weights);
+          ASSERT_EQ(d.shift.defined(), weights);
+          if (input) {
+            EXPECT_TRUE(torch::allclose(d.x, g * scale + (residual ? g : torch::zeros_like(g)),
+                                        1e-5, 1e-6));
+          }
+          if (weights) {
+            EXPECT_TRUE(torch::allclose(d.scale, (g * x).sum(0), 1e-5, 1e-5));
+            EXPECT_TRUE(torch::allclose(d.shift, g.sum(0), 1e-5, 1e-5));
+          }
+        }
+      }
+    }
+  }
+  at::set_num_threads(threads);
+}
+
+TEST(EmulatedKernels, CouplingMatchesItsFormulaOnEveryPath) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  for (auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    for (bool strided : {false, true}) {
+      const auto o = torch::TensorOptions().dtype(dtype);
+      torch::Tensor x = torch::randn({3, 64, 64, 16}, o).permute({0, 3, 1, 2});
+      if (!strided) x = x.contiguous();
+      torch::Tensor scale = torch::randn({8, 64, 64}, o), shift = torch::randn({8, 64, 64}, o);
+      torch::Tensor g = torch::randn({3, 16, 64, 64}, o);
+      auto xs = x.chunk(2, 1);
+      auto gs = g.chunk(2, 1);
+      torch::Tensor y = EmulatedCouplingForward(x, scale, shift);
+      EXPECT_TRUE(
+          torch::allclose(y, torch::cat({xs[1] + shift + scale * xs[0], xs[0]}, 1), 1e-5, 1e-6))
+          << dtype << strided;
+      for (auto [input, weights] : {std::pair{true, true}, {true, false}, {false, true}}) {
+        EmulatedGrads d = EmulatedCouplingBackward(g, x, scale, input, weights);
+        ASSERT_EQ(d.x.defined(), input);
+        ASSERT_EQ(d.scale.defined(), weights);
+        if (input) {
+          EXPECT_TRUE(
+              torch::allclose(d.x, torch::cat({gs[1] + scale * gs[0], gs[0]}, 1), 1e-5, 1e-6));
+        }
+        if (weights) {
+          EXPECT_TRUE(torch::allclose(d.scale, (gs[0] * xs[0]).sum(0), 1e-5, 1e-5));
+          EXPECT_TRUE(torch::allclose(d.shift, gs[0].sum(0), 1e-5, 1e-5));
+        }
+      }
+    }
+  }
+  at::set_num_threads(threads);
 }
 
 }  // namespace
