@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/common/log.h"
 #include "services/common/retry_policy.h"
+#include "services/tensor/stage_message.h"
 
 namespace stagewise::worker {
 
@@ -50,7 +51,7 @@ absl::StatusOr<bool> InboxSink::Deliver(v1::StageMessage message, std::function<
     return true;
   }
   if (!*take) return true;  // resent after a reconnection, held already
-  const auto bytes = static_cast<int64_t>(message.ByteSizeLong());
+  const auto bytes = static_cast<int64_t>(message.ByteSizeLong()) + LentBytes(message);
   if (!queue_->ForcePush(std::move(message))) {
     return absl::CancelledError("the stage is no longer running this job");
   }

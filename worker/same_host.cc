@@ -1,6 +1,9 @@
 #include "worker/same_host.h"
 
+#include <limits>
+
 #include "services/common/log.h"
+#include "services/tensor/ring_leases.h"
 #include "services/tensor/stage_message.h"
 
 namespace stagewise::worker {
@@ -62,8 +65,15 @@ absl::Status SameHostLink::Resolve(v1::StageMessage* message) {
     absl::MutexLock lock(&mu_);
     view = view_;
   }
-  return ResolveSharedPayloads(message, view.get(), kDefaultMaxTensorBytes, widen_);
+  ResolveOptions options;
+  options.widen = widen_;
+  options.lend_owner = this;
+  return ResolveSharedPayloads(message, view.get(), options);
 }
+
+void SameHostLink::Reap(int64_t below_seq) { RingLeases::Reap(this, below_seq); }
+
+SameHostLink::~SameHostLink() { Reap(std::numeric_limits<int64_t>::max()); }
 
 v1::StageMessage RingMessage(const std::string& job_id, int attempt, v1::SharedRingOffer offer) {
   v1::StageMessage m;

@@ -3,7 +3,9 @@
 // stage j+1 opens it if it can and answers with RING (its own ring, and
 // whether it opened j's); stage j opens that one and answers with RING. From
 // the answer on, a side puts large payloads in its ring (Wire) and the peer
-// copies them out as they arrive (Resolve). The stream still carries every
+// copies them out as they arrive (Resolve), or reads a large floating-point
+// one in place (services/tensor/ring_leases.h: lent to its message, returned
+// by Reap when nobody read it). The stream still carries every
 // message, in order, with every check it always had; a side that cannot open
 // its peer's ring (another host, another container's /dev/shm, the feature
 // off) says so and both keep sending inline.
@@ -28,6 +30,9 @@ class SameHostLink {
   // payloads come out of the peer's ring as float32 (a stage on the CPU).
   SameHostLink(std::string dir, uint64_t ring_bytes, bool widen = false)
       : dir_(std::move(dir)), ring_bytes_(ring_bytes), widen_(widen) {}
+  ~SameHostLink();  // returns the leases nobody took
+  SameHostLink(const SameHostLink&) = delete;
+  SameHostLink& operator=(const SameHostLink&) = delete;
 
   // This side's ring for OPEN or RING (created on first use; an empty name
   // when off or when it could not be created), with `opened_peer`.
@@ -44,9 +49,13 @@ class SameHostLink {
   SharedRing* ring() const {
     return peer_opened_.load(std::memory_order_acquire) ? ring_.get() : nullptr;
   }
-  // Copies a message's shared payloads out of the peer's ring
-  // (ResolveSharedPayloads): an error when it has some and no ring was agreed.
+  // Copies a message's shared payloads out of the peer's ring, or lends the
+  // large floating-point ones to it (ResolveSharedPayloads): an error when it
+  // has some and no ring was agreed.
   absl::Status Resolve(v1::StageMessage* message);
+  // Returns the leases of messages numbered below `seq` that nobody took
+  // (all of them: INT64_MAX), so that the peer can reuse their regions.
+  void Reap(int64_t below_seq);
 
  private:
   const std::string dir_;

@@ -7,6 +7,14 @@
 namespace stagewise::worker {
 
 absl::Status EncodeInto(v1::StageMessage* message, const std::vector<OutgoingTensor>& tensors) {
+  // A tensor passed on as it came (a FORWARD's labels) may still be read in
+  // place in the previous stage's ring: it goes on as a copy.
+  for (auto& [name, proto] : *message->mutable_tensors()) {
+    if (absl::Status s = InlineLentPayload(&proto); !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("StageMessage.tensors['", name, "']: ", s.message()));
+    }
+  }
   for (const OutgoingTensor& t : tensors) {
     absl::Status s =
         EncodeTensor(t.tensor.detach(), &(*message->mutable_tensors())[t.name], t.wire);

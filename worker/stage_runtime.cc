@@ -318,6 +318,7 @@ absl::Status StageRuntime::RunPhases() {
     if (tracer_) tracer_->Advance(first_step_);
     STAGEWISE_RETURN_IF_ERROR(algorithm_->Run(*this));
     STAGEWISE_RETURN_IF_ERROR(DrainSends());
+    streams_->ReapRead();  // payloads lent to messages the phase did not read
   }
   return absl::OkStatus();
 }
@@ -498,6 +499,7 @@ absl::StatusOr<v1::StageMessage> StageRuntime::Receive(BoundedQueue<v1::StageMes
   metrics_->SetInboxDepth(static_cast<int64_t>(queue.size()));
   if (m.has_value()) {
     link.Took(m->seq());
+    streams_->Popped(&queue == &streams_->from_prev(), m->seq());
     if (tracer_) tracer_->Record(wait, m->step(), m->micro_batch(), t0, t1);
     return std::move(*m);
   }

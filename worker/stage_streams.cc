@@ -174,6 +174,16 @@ absl::Status StageStreams::Replaced(const v1::NeighbourReplaced& replaced) {
                                                  " is no neighbour of stage ", setup_.stage));
 }
 
+void StageStreams::Popped(bool from_prev, int64_t seq) {
+  (from_prev ? popped_prev_ : popped_next_).store(seq, std::memory_order_relaxed);
+  (from_prev ? prev_ring_ : next_ring_).Reap(seq);
+}
+
+void StageStreams::ReapRead() {
+  prev_ring_.Reap(popped_prev_.load(std::memory_order_relaxed) + 1);
+  next_ring_.Reap(popped_next_.load(std::memory_order_relaxed) + 1);
+}
+
 void StageStreams::Trim(int64_t step) {
   to_prev_->Trim(step);
   to_next_->Trim(step);

@@ -15,6 +15,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -72,6 +74,11 @@ class StageStreams {
   const NeighbourLink& to_next() const { return *to_next_; }
   // The ring payloads to stage j+1 (`to_next`) or j-1 go to, or null.
   SharedRing* ring(bool to_next) const { return (to_next ? next_ring_ : prev_ring_).ring(); }
+  // The compute thread took message `seq` from a side: the payloads lent to
+  // older messages from it that nobody read are returned to the peer.
+  void Popped(bool from_prev, int64_t seq);
+  // Also those of the messages taken last (the end of a phase).
+  void ReapRead();
   // Makes the ring stage j-1 is offered (off a reaction).
   void PrepareRing();
 
@@ -110,6 +117,8 @@ class StageStreams {
   BoundedQueue<v1::StageMessage> from_next_;
   std::unique_ptr<NeighbourLink> to_prev_, to_next_;
   SameHostLink prev_ring_, next_ring_;
+  // The seq of the last message the compute thread took from each side.
+  std::atomic<int64_t> popped_prev_{0}, popped_next_{0};
   mutable absl::Mutex mu_;
   std::shared_ptr<UpstreamStream> upstream_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<DownstreamStream> downstream_ ABSL_GUARDED_BY(mu_);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "services/tensor/ring_leases.h"
 
 // The wire format is little-endian and we memcpy element bytes verbatim, which
 // is only correct on a little-endian host. Every platform we target (x86-64,
@@ -277,8 +278,36 @@ absl::StatusOr<torch::Tensor> DecodeImpl(const v1::TensorProto& proto, torch::De
   return FromWire(tensor, proto, *info, device);
 }
 
+// A lent payload's lease was taken or returned already.
+absl::Status LeaseGone() {
+  return absl::FailedPreconditionError(
+      "tensor.shared.lease: the payload was released before it was read (a message's tensors "
+      "are read before the next message from the same neighbour is received)");
+}
+
+// Takes a lent payload's lease over: the tensor reads the ring in place and
+// releases the region when it is freed.
+absl::StatusOr<torch::Tensor> AdoptLent(v1::TensorProto* proto, const DecodeOptions& options,
+                                        const DTypeInfo& info) {
+  std::optional<RingLease> lease = RingLeases::Take(proto->shared().lease());
+  if (!lease.has_value()) return LeaseGone();
+  proto->clear_shared();
+  std::function<void()> uncharge;
+  if (options.charge) uncharge = options.charge(static_cast<int64_t>(lease->length()));
+  auto owned = std::make_shared<RingLease>(std::move(*lease));
+  torch::Tensor tensor = torch::from_blob(
+      owned->bytes(), WireShape(*proto),
+      [owned, uncharge](void*) mutable {
+        owned.reset();
+        if (uncharge) uncharge();
+      },
+      torch::TensorOptions().dtype(WireType(*proto, info)));
+  return FromWire(tensor, *proto, info, options.device);
+}
+
 absl::StatusOr<torch::Tensor> AdoptImpl(v1::TensorProto* proto, const DecodeOptions& options) {
   const DTypeInfo* info = FindByWire(proto->dtype());
+  if (proto->has_shared()) return AdoptLent(proto, options, *info);
   const c10::ScalarType wire_type = WireType(*proto, *info);
   const auto item = static_cast<uintptr_t>(c10::elementSize(wire_type));
   if (reinterpret_cast<uintptr_t>(proto->data().data()) % item != 0) {
@@ -337,9 +366,18 @@ absl::Status ValidateTensorProto(const v1::TensorProto& proto, int64_t max_bytes
     return absl::InvalidArgumentError(absl::StrCat("tensor.compression: unknown compression ",
                                                    static_cast<int>(proto.compression())));
   }
-  if (proto.has_shared()) {
+  // Lent: the receiving stage kept the payload in the peer's ring
+  // (ring_leases.h); its size is checked like data's.
+  const bool lent = proto.has_shared() && proto.shared().lease() != 0;
+  if (proto.has_shared() && !lent) {
     return absl::InvalidArgumentError(
         "tensor.shared: a shared-memory payload on a stream that did not agree on a ring");
+  }
+  if (lent && (!proto.data().empty() || proto.compression() != v1::COMPRESSION_NONE ||
+               !c10::isFloatingType(info->torch))) {
+    return absl::InvalidArgumentError(
+        "tensor.shared.lease: only an uncompressed floating-point payload, without data, is "
+        "read in place");
   }
   if (proto.has_quantized() != IsQuantized(proto.compression())) {
     return absl::InvalidArgumentError(
@@ -399,7 +437,8 @@ absl::Status ValidateTensorProto(const v1::TensorProto& proto, int64_t max_bytes
   const int64_t expected_bytes = quantized ? QuantizedPayloadBytes(numel, FormatOf(proto))
                                  : halved  ? numel * kCompressedItemsize
                                            : decoded_bytes;
-  if (static_cast<uint64_t>(proto.data().size()) != static_cast<uint64_t>(expected_bytes)) {
+  const uint64_t payload_bytes = lent ? proto.shared().length() : proto.data().size();
+  if (payload_bytes != static_cast<uint64_t>(expected_bytes)) {
     std::string how;
     if (halved)
       how = absl::StrCat(" (", CompressionName(proto.compression()), ", 2 bytes per element)");
@@ -408,17 +447,37 @@ absl::Status ValidateTensorProto(const v1::TensorProto& proto, int64_t max_bytes
                          proto.quantized().block_size(),
                          proto.quantized().rotated() ? ", rotated" : "", ")");
     }
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor.data: ", proto.data().size(), " bytes, expected ", expected_bytes,
-                     " for shape ", ShapeString(proto), " ", info->name, how));
+    return absl::InvalidArgumentError(absl::StrCat(
+        lent ? "tensor.shared.length: " : "tensor.data: ", payload_bytes, " bytes, expected ",
+        expected_bytes, " for shape ", ShapeString(proto), " ", info->name, how));
   }
   if (info->wire == v1::DTYPE_BOOL) return CheckBoolBytes(proto.data());
+  return absl::OkStatus();
+}
+
+absl::Status InlineLentPayload(v1::TensorProto* proto) {
+  if (!proto->has_shared() || proto->shared().lease() == 0) return absl::OkStatus();
+  const uint64_t id = proto->shared().lease(), length = proto->shared().length();
+  std::string data;
+  if (!RingLeases::Read(id, [&data, length](const uint8_t* bytes) {
+        data.assign(reinterpret_cast<const char*>(bytes), length);
+      })) {
+    return LeaseGone();
+  }
+  proto->clear_shared();
+  proto->set_data(std::move(data));
   return absl::OkStatus();
 }
 
 absl::StatusOr<torch::Tensor> DecodeTensor(const v1::TensorProto& proto, int64_t max_bytes) {
   if (absl::Status status = ValidateTensorProto(proto, max_bytes); !status.ok()) {
     return status;
+  }
+  if (proto.has_shared()) {
+    // Lent (validated above): a copy of the bytes, the lease left to its reader.
+    v1::TensorProto copy = proto;
+    if (absl::Status s = InlineLentPayload(&copy); !s.ok()) return s;
+    return DecodeTensor(copy, max_bytes);
   }
   try {
     return DecodeImpl(proto, torch::kCPU);

@@ -74,6 +74,12 @@ struct DecodeOptions {
 absl::StatusOr<torch::Tensor> DecodeTensor(v1::TensorProto* proto,
                                            const DecodeOptions& options = {});
 
+// A payload lent in place (TensorProto.shared.lease, ring_leases.h) becomes
+// an inline copy in `data`, the lease left to whoever reads the original; a
+// proto that is not lent is left as it is. For a proto copied from a received
+// message to be passed on or kept.
+absl::Status InlineLentPayload(v1::TensorProto* proto);
+
 }  // namespace stagewise
 
 #endif  // STAGEWISE_SERVICES_TENSOR_CODEC_H_

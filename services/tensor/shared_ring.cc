@@ -28,7 +28,9 @@ struct FileHeader {
 };
 
 // Before every region's payload, kAlign bytes.
-enum RegionState : uint32_t { kBusy = 1, kFree = 2 };
+// kHeld: the reader reads the payload in place (SharedRingView::Hold); the
+// writer reclaims only kFree regions.
+enum RegionState : uint32_t { kBusy = 1, kFree = 2, kHeld = 3 };
 struct RegionHeader {
   uint64_t magic;   // kRegionMagic ^ offset
   uint64_t length;  // payload bytes
@@ -232,6 +234,27 @@ absl::Status SharedRingView::Take(uint64_t offset, uint64_t length, std::string*
 
 absl::Status SharedRingView::TakeWith(uint64_t offset, uint64_t length,
                                       const std::function<void(const uint8_t* bytes)>& read) {
+  absl::StatusOr<uint8_t*> bytes = Check(offset, length);
+  if (!bytes.ok()) return bytes.status();
+  read(*bytes);
+  At(area_, offset)->state.store(kFree, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint8_t*> SharedRingView::Hold(uint64_t offset, uint64_t length) {
+  absl::StatusOr<uint8_t*> bytes = Check(offset, length);
+  if (!bytes.ok()) return bytes;
+  At(area_, offset)->state.store(kHeld, std::memory_order_release);
+  held_.fetch_add(length, std::memory_order_relaxed);
+  return bytes;
+}
+
+void SharedRingView::Release(uint64_t offset, uint64_t length) {
+  At(area_, offset)->state.store(kFree, std::memory_order_release);
+  held_.fetch_sub(length, std::memory_order_relaxed);
+}
+
+absl::StatusOr<uint8_t*> SharedRingView::Check(uint64_t offset, uint64_t length) {
   if (offset % SharedRing::kAlign != 0 || offset >= size_ || length > size_ ||
       RegionBytes(length) > size_ - offset) {
     return absl::InvalidArgumentError(absl::StrCat("tensor.shared: offset ", offset, " and length ",
@@ -245,9 +268,7 @@ absl::Status SharedRingView::TakeWith(uint64_t offset, uint64_t length,
                                                    " bytes at offset ", offset,
                                                    " (stale or taken twice)"));
   }
-  read(area_ + offset + SharedRing::kAlign);
-  h->state.store(kFree, std::memory_order_release);
-  return absl::OkStatus();
+  return area_ + offset + SharedRing::kAlign;
 }
 
 }  // namespace stagewise

@@ -16,6 +16,7 @@
 #ifndef STAGEWISE_SERVICES_TENSOR_SHARED_RING_H_
 #define STAGEWISE_SERVICES_TENSOR_SHARED_RING_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -79,8 +80,9 @@ class SharedRing {
   std::deque<Outstanding> regions_ ABSL_GUARDED_BY(mu_);
 };
 
-// The reader's side: the peer's ring, mapped once. Thread-safe.
-class SharedRingView {
+// The reader's side: the peer's ring, mapped once. Thread-safe. Made only
+// by Open, as a shared_ptr (a held payload keeps its view mapped).
+class SharedRingView : public std::enable_shared_from_this<SharedRingView> {
  public:
   // Opens `name` in `dir` (a bare file name of letters, digits and '-'),
   // checks its size and token: NOT_FOUND / FAILED_PRECONDITION when it is
@@ -102,12 +104,25 @@ class SharedRingView {
   // needs and keeps no pointer) before freeing the region.
   absl::Status TakeWith(uint64_t offset, uint64_t length,
                         const std::function<void(const uint8_t* bytes)>& read);
+  // Checks the payload as Take does and leaves it in place: the region stays
+  // this reader's (the writer cannot reuse it, a second Take or Hold of it
+  // fails) until Release. Its bytes, valid until then.
+  absl::StatusOr<uint8_t*> Hold(uint64_t offset, uint64_t length);
+  // Frees a region Hold returned (once).
+  void Release(uint64_t offset, uint64_t length);
+  // Payload bytes held and not yet released.
+  uint64_t held_bytes() const { return held_.load(std::memory_order_relaxed); }
+  uint64_t size() const { return size_; }  // payload area
 
  private:
   SharedRingView() = default;
+  // The payload's bytes when the descriptor points at a live region of that
+  // length (kBusy), else INVALID_ARGUMENT.
+  absl::StatusOr<uint8_t*> Check(uint64_t offset, uint64_t length);
   uint8_t* base_ = nullptr;
   uint8_t* area_ = nullptr;
   uint64_t mapped_ = 0, size_ = 0;
+  std::atomic<uint64_t> held_{0};
 };
 
 }  // namespace stagewise

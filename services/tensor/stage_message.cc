@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "absl/strings/str_cat.h"
+#include "services/tensor/ring_leases.h"
 
 namespace stagewise {
 namespace {
@@ -52,6 +53,11 @@ absl::Status TakeWidened(SharedRingView& ring, v1::TensorProto* tensor) {
   }
   tensor->set_compression(v1::COMPRESSION_NONE);
   return absl::OkStatus();
+}
+
+bool IsFloatingWire(v1::DType dtype) {
+  return dtype == v1::DTYPE_FLOAT32 || dtype == v1::DTYPE_FLOAT64 || dtype == v1::DTYPE_FLOAT16 ||
+         dtype == v1::DTYPE_BFLOAT16;
 }
 
 }  // namespace
@@ -135,27 +141,50 @@ absl::Status ValidateStageMessage(const v1::StageMessage& m, const StageMessageE
 
 absl::Status ResolveSharedPayloads(v1::StageMessage* message, SharedRingView* ring,
                                    int64_t max_tensor_bytes, bool widen) {
+  ResolveOptions options;
+  options.max_tensor_bytes = max_tensor_bytes;
+  options.widen = widen;
+  return ResolveSharedPayloads(message, ring, options);
+}
+
+absl::Status ResolveSharedPayloads(v1::StageMessage* message, SharedRingView* ring,
+                                   const ResolveOptions& options) {
   for (auto& [name, tensor] : *message->mutable_tensors()) {
     if (!tensor.has_shared()) continue;
     const auto where = [&name = name](absl::string_view why) {
       return absl::InvalidArgumentError(
           absl::StrCat("StageMessage.tensors['", name.substr(0, 64), "']: ", why));
     };
+    if (tensor.shared().lease() != 0) {
+      return where("tensor.shared.lease: set by the sender (only the receiving stage sets it)");
+    }
     if (ring == nullptr) {
       return where(
           "tensor.shared: a shared-memory payload on a stream that did not agree on a ring");
     }
     if (!tensor.data().empty()) return where("tensor.shared: set together with data");
-    if (tensor.shared().length() > static_cast<uint64_t>(max_tensor_bytes)) {
+    if (tensor.shared().length() > static_cast<uint64_t>(options.max_tensor_bytes)) {
       return where(absl::StrCat("tensor.shared: ", tensor.shared().length(),
-                                " bytes exceed the limit of ", max_tensor_bytes));
+                                " bytes exceed the limit of ", options.max_tensor_bytes));
     }
     const uint64_t length = tensor.shared().length();
     const bool narrowed = tensor.compression() == v1::COMPRESSION_FP16 ||
                           tensor.compression() == v1::COMPRESSION_BF16;
+    if (options.lend_owner != nullptr && tensor.compression() == v1::COMPRESSION_NONE &&
+        IsFloatingWire(tensor.dtype()) && length >= options.lend_min_bytes &&
+        length <= ring->size() / 8 && ring->held_bytes() + length <= ring->size() / 4) {
+      // Read in place: the region stays held until the tensor is freed (or
+      // the lease is returned unread).
+      absl::StatusOr<uint8_t*> bytes = ring->Hold(tensor.shared().offset(), length);
+      if (!bytes.ok()) return where(bytes.status().message());
+      tensor.mutable_shared()->set_lease(RingLeases::Lend(
+          options.lend_owner, message->seq(),
+          RingLease(ring->shared_from_this(), tensor.shared().offset(), length, *bytes)));
+      continue;
+    }
     absl::Status taken;
-    if (widen && narrowed && tensor.dtype() == v1::DTYPE_FLOAT32 && length % 2 == 0 &&
-        2 * length <= static_cast<uint64_t>(max_tensor_bytes)) {
+    if (options.widen && narrowed && tensor.dtype() == v1::DTYPE_FLOAT32 && length % 2 == 0 &&
+        2 * length <= static_cast<uint64_t>(options.max_tensor_bytes)) {
       taken = TakeWidened(*ring, &tensor);
     } else {
       taken = ring->Take(tensor.shared().offset(), length, tensor.mutable_data());
@@ -164,6 +193,16 @@ absl::Status ResolveSharedPayloads(v1::StageMessage* message, SharedRingView* ri
     tensor.clear_shared();
   }
   return absl::OkStatus();
+}
+
+int64_t LentBytes(const v1::StageMessage& message) {
+  int64_t bytes = 0;
+  for (const auto& [name, tensor] : message.tensors()) {
+    if (tensor.has_shared() && tensor.shared().lease() != 0) {
+      bytes += static_cast<int64_t>(tensor.shared().length());
+    }
+  }
+  return bytes;
 }
 
 }  // namespace stagewise

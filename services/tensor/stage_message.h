@@ -48,6 +48,26 @@ absl::Status ResolveSharedPayloads(v1::StageMessage* message, SharedRingView* ri
                                    int64_t max_tensor_bytes = kDefaultMaxTensorBytes,
                                    bool widen = false);
 
+struct ResolveOptions {
+  int64_t max_tensor_bytes = kDefaultMaxTensorBytes;
+  bool widen = false;  // as above
+  // Not null: an uncompressed floating-point payload of at least
+  // lend_min_bytes stays in the ring and is lent to the message
+  // (ring_leases.h: TensorProto.shared.lease, under this owner and the
+  // message's seq) when it is at most an eighth of the ring and the payloads
+  // held in the ring stay within a quarter of it (the writer reclaims its
+  // regions oldest first, so a held region also holds back the ones after
+  // it); the others are copied out as above.
+  const void* lend_owner = nullptr;
+  uint64_t lend_min_bytes = uint64_t{1} << 20;
+};
+absl::Status ResolveSharedPayloads(v1::StageMessage* message, SharedRingView* ring,
+                                   const ResolveOptions& options);
+
+// The payload bytes of a message's tensors read in place (lent), which its
+// serialized size does not count.
+int64_t LentBytes(const v1::StageMessage& message);
+
 }  // namespace stagewise
 
 #endif  // STAGEWISE_SERVICES_TENSOR_STAGE_MESSAGE_H_

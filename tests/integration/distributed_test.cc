@@ -12,10 +12,12 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "clients/client/coordinator_client.h"
 #include "services/rpc/server.h"
+#include "services/tensor/ring_leases.h"
 #include "services/tensor/shared_ring.h"
 #include "tests/integration/cluster.h"
 
@@ -106,6 +108,8 @@ TEST(Distributed, MalformedFirstMessageIsRefusedAndTheJobTrainsOn) {
 // default) or inline on the stream: the same numbers either way, also with
 // activations and gradients narrowed to bf16 straight into the ring.
 TEST(Distributed, SameHostPayloadsThroughSharedMemoryTrainExactlyAsInline) {
+  // 16 samples of 16 x 32 x 32 per micro-batch: 1 MiB in float32, read in
+  // place by the receiver; 512 KiB in bf16, copied out (and widened).
   const std::string job = R"(name: same-host
 seed: 5
 model: {name: emulated, depth: 4, forward_ms: 0, backward_ms: 0, reversible: false}
@@ -115,37 +119,49 @@ algorithm: {name: backprop, micro_batches: 2}
 optimizer: {lr: 0.01}
 batch_size: 32
 steps: 12
-transport: {compression: bf16}
+transport: {compression: COMPRESSION}
 eval: {at_end: true}
 )";
-  std::vector<v1::JobStatus> results;
-  for (const bool shared : {true, false}) {
-    SCOPED_TRACE(shared ? "shared memory" : "inline");
-    testing::Cluster::Options options{.workers = 3};
-    if (!shared) options.shared_memory_dir.clear();
-    testing::Cluster cluster(options);
-    ASSERT_TRUE(cluster.WaitForWorkers(3));
-    const int64_t before = SharedRing::TotalPayloads();
-    auto id = cluster.manager().Submit(job);
-    ASSERT_TRUE(id.ok()) << id.status();
-    auto done = cluster.WaitForJob(*id);
-    ASSERT_TRUE(done.ok());
-    ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
-    // 12 steps x 2 micro-batches x 2 boundaries, forward and backward, 512 KiB
-    // each (bf16), and the evaluation's activations.
-    if (shared) {
-      EXPECT_GE(SharedRing::TotalPayloads() - before, 12 * 2 * 2 * 2);
-    } else {
-      EXPECT_EQ(SharedRing::TotalPayloads(), before);
+  for (const std::string compression : {"bf16", "none"}) {
+    std::vector<v1::JobStatus> results;
+    for (const bool shared : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(compression, shared ? ", shared memory" : ", inline"));
+      testing::Cluster::Options options{.workers = 3};
+      if (!shared) options.shared_memory_dir.clear();
+      testing::Cluster cluster(options);
+      ASSERT_TRUE(cluster.WaitForWorkers(3));
+      const int64_t before = SharedRing::TotalPayloads();
+      const int64_t lent_before = RingLeases::TotalLent();
+      auto id = cluster.manager().Submit(absl::StrReplaceAll(job, {{"COMPRESSION", compression}}));
+      ASSERT_TRUE(id.ok()) << id.status();
+      auto done = cluster.WaitForJob(*id);
+      ASSERT_TRUE(done.ok());
+      ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+      // 12 steps x 2 micro-batches x 2 boundaries, forward and backward, and
+      // the evaluation's activations.
+      const int64_t lent = RingLeases::TotalLent() - lent_before;
+      if (shared) {
+        EXPECT_GE(SharedRing::TotalPayloads() - before, 12 * 2 * 2 * 2);
+        if (compression == "none") {
+          EXPECT_GE(lent, 12 * 2 * 2 * 2);
+        } else {
+          EXPECT_EQ(lent, 0);
+        }
+      } else {
+        EXPECT_EQ(SharedRing::TotalPayloads(), before);
+        EXPECT_EQ(lent, 0);
+      }
+      // Every lease was taken or returned.
+      EXPECT_EQ(RingLeases::Outstanding(), 0);
+      results.push_back(*done);
     }
-    results.push_back(*done);
+    ASSERT_EQ(results.size(), 2u);
+    // The evaluation at the end sees the final parameters (train_loss is a
+    // mean over whichever steps a paced report covered).
+    EXPECT_GT(results[0].eval_loss(), 0);
+    EXPECT_EQ(results[0].eval_loss(), results[1].eval_loss());
+    EXPECT_EQ(results[0].eval_accuracy(), results[1].eval_accuracy());
   }
-  ASSERT_EQ(results.size(), 2u);
-  // The evaluation at the end sees the final parameters (train_loss is a
-  // mean over whichever steps a paced report covered).
-  EXPECT_GT(results[0].eval_loss(), 0);
-  EXPECT_EQ(results[0].eval_loss(), results[1].eval_loss());
-  EXPECT_EQ(results[0].eval_accuracy(), results[1].eval_accuracy());
 }
 
 TEST(Distributed, AFinishedJobsMetricHistoryComesBackInOrderAndThinned) {

@@ -5,10 +5,12 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "services/tensor/codec.h"
+#include "services/tensor/ring_leases.h"
 #include "services/tensor/stage_message.h"
 
 namespace stagewise {
@@ -203,6 +205,159 @@ TEST_F(SharedRingTest, APayloadNarrowedForAFullRingGoesInlineAsBefore) {
   EXPECT_FALSE(full.has_shared());
   EXPECT_EQ(full.compression(), v1::COMPRESSION_BF16);
   EXPECT_EQ(full.data(), inline_proto.data());
+}
+
+// A ring payload encoded from `x` into message `seq`.
+v1::StageMessage RingMessage(SharedRing* ring, const torch::Tensor& x, int64_t seq,
+                             v1::Compression compression = v1::COMPRESSION_NONE) {
+  EncodeOptions options;
+  options.ring = ring;
+  options.compression = compression;
+  options.min_shared_bytes = 1;
+  v1::StageMessage m;
+  m.set_seq(seq);
+  EXPECT_TRUE(EncodeTensor(x, &(*m.mutable_tensors())["x"], options).ok());
+  EXPECT_TRUE(m.tensors().at("x").has_shared());
+  return m;
+}
+
+ResolveOptions Lending(const void* owner) {
+  ResolveOptions options;
+  options.lend_owner = owner;
+  options.lend_min_bytes = 1;
+  return options;
+}
+
+TEST_F(SharedRingTest, AFloatPayloadIsReadInPlaceUntilItsTensorIsFreed) {
+  auto ring = SharedRing::Create(dir_, 1 << 20);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  auto view = SharedRingView::Open(dir_, (*ring)->name(), (*ring)->size(), (*ring)->token());
+  ASSERT_TRUE(view.ok()) << view.status();
+  const int owner = 0;
+  const torch::Tensor x = torch::randn({128, 256});  // 128 KiB, an eighth of the ring
+  v1::StageMessage m = RingMessage(ring->get(), x, 1);
+  const int64_t outstanding = RingLeases::Outstanding();
+  ASSERT_TRUE(ResolveSharedPayloads(&m, view->get(), Lending(&owner)).ok());
+  v1::TensorProto& proto = (*m.mutable_tensors())["x"];
+  ASSERT_TRUE(proto.has_shared());
+  EXPECT_NE(proto.shared().lease(), 0u);
+  EXPECT_TRUE(proto.data().empty());
+  EXPECT_TRUE(ValidateTensorProto(proto).ok());
+  EXPECT_EQ(LentBytes(m), 128 * 256 * 4);
+  EXPECT_EQ(RingLeases::Outstanding(), outstanding + 1);
+  EXPECT_EQ((*view)->held_bytes(), 128u * 256 * 4);
+
+  // A copy of the proto reads the same bytes and leaves the lease in place.
+  v1::TensorProto copy = proto;
+  ASSERT_TRUE(InlineLentPayload(&copy).ok());
+  EXPECT_FALSE(copy.has_shared());
+  auto from_copy = DecodeTensor(copy);
+  ASSERT_TRUE(from_copy.ok()) << from_copy.status();
+  EXPECT_TRUE(torch::equal(*from_copy, x));
+  auto const_decoded = DecodeTensor(static_cast<const v1::TensorProto&>(proto));
+  ASSERT_TRUE(const_decoded.ok()) << const_decoded.status();
+  EXPECT_TRUE(torch::equal(*const_decoded, x));
+  EXPECT_EQ(RingLeases::Outstanding(), outstanding + 1);
+
+  // Decoding takes the lease over: the tensor reads the ring's pages, and the
+  // writer gets the region back only when the tensor is freed.
+  int64_t charged = 0;
+  DecodeOptions options;
+  options.charge = [&charged](int64_t bytes) {
+    charged += bytes;
+    return [&charged, bytes] { charged -= bytes; };
+  };
+  auto decoded = DecodeTensor(&proto, options);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_TRUE(torch::equal(*decoded, x));
+  EXPECT_EQ(charged, 128 * 256 * 4);
+  EXPECT_EQ(RingLeases::Outstanding(), outstanding);
+  EXPECT_GT((*ring)->used(), 0u);
+  decoded = absl::InternalError("dropped");  // frees the tensor
+  EXPECT_EQ(charged, 0);
+  EXPECT_EQ((*view)->held_bytes(), 0u);
+  EXPECT_EQ((*ring)->used(), 0u);
+}
+
+TEST_F(SharedRingTest, ALeaseFromTheWireIsRefusedAndAnUnreadOneIsReturned) {
+  auto ring = SharedRing::Create(dir_, 1 << 20);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  auto view = SharedRingView::Open(dir_, (*ring)->name(), (*ring)->size(), (*ring)->token());
+  ASSERT_TRUE(view.ok()) << view.status();
+  const int owner = 0, other = 0;
+  const torch::Tensor x = torch::randn({64, 256});
+
+  // A peer cannot name a lease: only the receiver sets it.
+  v1::StageMessage forged = RingMessage(ring->get(), x, 1);
+  (*forged.mutable_tensors())["x"].mutable_shared()->set_lease(1);
+  absl::Status refused = ResolveSharedPayloads(&forged, view->get(), Lending(&owner));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("tensor.shared.lease"), std::string::npos) << refused;
+  ASSERT_TRUE(ResolveSharedPayloads(&forged, view->get(), Lending(nullptr)).code() ==
+              absl::StatusCode::kInvalidArgument);
+  // (Its region is the writer's again once a proper message took it.)
+  (*forged.mutable_tensors())["x"].mutable_shared()->set_lease(0);
+  ASSERT_TRUE(ResolveSharedPayloads(&forged, view->get()).ok());
+
+  v1::StageMessage unread = RingMessage(ring->get(), x, 5);
+  ASSERT_TRUE(ResolveSharedPayloads(&unread, view->get(), Lending(&owner)).ok());
+  ASSERT_GT((*ring)->used(), 0u);
+  // Not older than message 5, not this owner's: kept.
+  EXPECT_EQ(RingLeases::Reap(&owner, 5), 0);
+  EXPECT_EQ(RingLeases::Reap(&other, 100), 0);
+  // Message 6 was received: 5's lease goes back and the writer reuses it.
+  EXPECT_EQ(RingLeases::Reap(&owner, 6), 1);
+  EXPECT_EQ((*ring)->used(), 0u);
+  // Read after that, the message fails loudly instead of reading freed pages.
+  auto late = DecodeTensor(&(*unread.mutable_tensors())["x"]);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(late.status().message().find("released"), std::string::npos) << late.status();
+  v1::TensorProto late_copy = unread.tensors().at("x");
+  EXPECT_FALSE(InlineLentPayload(&late_copy).ok());
+}
+
+TEST_F(SharedRingTest, OnlyLargeFloatPayloadsWithinHalfTheRingAreLent) {
+  auto ring = SharedRing::Create(dir_, 1 << 20);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  auto view = SharedRingView::Open(dir_, (*ring)->name(), (*ring)->size(), (*ring)->token());
+  ASSERT_TRUE(view.ok()) << view.status();
+  const int owner = 0;
+  auto lent = [](const v1::StageMessage& m) { return m.tensors().at("x").has_shared(); };
+
+  // Integers (an index could change under the reader) and narrowed payloads
+  // are copied out.
+  v1::StageMessage ints = RingMessage(ring->get(), torch::arange(65536), 1);
+  v1::StageMessage narrow =
+      RingMessage(ring->get(), torch::randn({65536}), 2, v1::COMPRESSION_BF16);
+  for (v1::StageMessage* m : {&ints, &narrow}) {
+    ASSERT_TRUE(ResolveSharedPayloads(m, view->get(), Lending(&owner)).ok());
+    EXPECT_FALSE(lent(*m));
+    EXPECT_FALSE(m->tensors().at("x").data().empty());
+  }
+  // Below lend_min_bytes: copied.
+  v1::StageMessage small = RingMessage(ring->get(), torch::randn({1000}), 3);
+  ResolveOptions options = Lending(&owner);
+  options.lend_min_bytes = 8192;
+  ASSERT_TRUE(ResolveSharedPayloads(&small, view->get(), options).ok());
+  EXPECT_FALSE(lent(small));
+
+  // Over an eighth of the ring: copied.
+  v1::StageMessage large = RingMessage(ring->get(), torch::randn({40000}), 4);
+  ASSERT_TRUE(ResolveSharedPayloads(&large, view->get(), Lending(&owner)).ok());
+  EXPECT_FALSE(lent(large));
+
+  // 100 KiB payloads: two fit in a quarter of the ring's megabyte, the third
+  // is copied.
+  std::vector<v1::StageMessage> held;
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(RingMessage(ring->get(), torch::randn({25600}), 10 + i));
+    ASSERT_TRUE(ResolveSharedPayloads(&held.back(), view->get(), Lending(&owner)).ok());
+  }
+  EXPECT_TRUE(lent(held[0]));
+  EXPECT_TRUE(lent(held[1]));
+  EXPECT_FALSE(lent(held[2]));
+  EXPECT_EQ(RingLeases::Reap(&owner, std::numeric_limits<int64_t>::max()), 2);
+  EXPECT_EQ((*ring)->used(), 0u);
 }
 
 }  // namespace

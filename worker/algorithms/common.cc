@@ -235,6 +235,9 @@ absl::StatusOr<ForwardInput> ReceiveForward(StageContext& ctx, int64_t step, int
     return absl::InvalidArgumentError("StageMessage.tensors: FORWARD message without 'labels'");
   }
   in.labels_proto = it->second;
+  // Passed on later, after the next receive may have returned the original's
+  // lease: a copy of its own.
+  STAGEWISE_RETURN_IF_ERROR(InlineLentPayload(&in.labels_proto));
   if (ctx.last() || decode_labels) {
     STAGEWISE_ASSIGN_OR_RETURN(in.labels, GetTensor(msg, "labels", ctx.device()));
   }
