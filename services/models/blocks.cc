@@ -381,8 +381,29 @@ HeadBlock::HeadBlock(const BlockInfo& info) : Block(info) {
   fc_ = register_module("fc", torch::nn::Linear(info.in_channels, info.out_channels));
 }
 
+namespace {
+
+// Global average pooling over dimensions 2 and 3 whose backward hands on the
+// incoming gradient divided by H * W and expanded (a view: LibTorch's own
+// backward writes the quotient into a new tensor of the input's size, a pass
+// over the activations). The same values.
+struct AveragePool : public torch::autograd::Function<AveragePool> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x) {
+    ctx->saved_data["sizes"] = x.sizes().vec();
+    return x.mean({2, 3});
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const std::vector<int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
+    const torch::Tensor g = grads[0] / static_cast<double>(sizes[2] * sizes[3]);
+    return {g.unsqueeze(2).unsqueeze(3).expand(sizes)};
+  }
+};
+
+}  // namespace
+
 torch::Tensor HeadBlock::forward(const torch::Tensor& x) {
-  torch::Tensor h = x.dim() == 4 ? x.mean({2, 3}) : x.flatten(1);
+  torch::Tensor h = x.dim() == 4 ? AveragePool::apply(x) : x.flatten(1);
   return fc_->forward(h);
 }
 

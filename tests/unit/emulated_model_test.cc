@@ -306,5 +306,30 @@ TEST(EmulatedKernels, CouplingMatchesItsFormulaOnEveryPath) {
   at::set_num_threads(threads);
 }
 
+// The head's pooling hands its gradient on as an expanded view: the same
+// values as LibTorch's mean, forward and backward.
+TEST(HeadBlock, PoolingGradientsEqualThoseOfTheMean) {
+  BlockInfo info;
+  info.kind = "head";
+  info.in_channels = 6;
+  info.out_channels = 3;
+  HeadBlock head(info);
+  auto params = head.named_parameters();
+  torch::Tensor w = params["fc.weight"].detach().clone().requires_grad_(true);
+  torch::Tensor b = params["fc.bias"].detach().clone().requires_grad_(true);
+  torch::Tensor x = torch::randn({4, 6, 5, 7});
+  torch::Tensor g = torch::randn({4, 3});
+
+  torch::Tensor xa = x.clone().requires_grad_(true);
+  torch::Tensor ya = head.forward(xa);
+  ya.backward(g);
+  torch::Tensor xr = x.clone().requires_grad_(true);
+  torch::Tensor yr = torch::nn::functional::linear(xr.mean({2, 3}), w, b);
+  yr.backward(g);
+  EXPECT_TRUE(torch::equal(ya, yr));
+  EXPECT_TRUE(torch::equal(xa.grad(), xr.grad()));
+  EXPECT_TRUE(torch::equal(params["fc.weight"].grad(), w.grad()));
+}
+
 }  // namespace
 }  // namespace stagewise::models
