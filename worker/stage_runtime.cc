@@ -487,6 +487,9 @@ absl::Status StageRuntime::AttachUpstream(const v1::StageMessage& message,
 EncodeOptions StageRuntime::Wire(bool to_next) const {
   EncodeOptions options = StageContext::Wire(to_next);
   options.ring = streams_->ring(to_next);
+  // The stages of a job share a device kind: a CPU stage's neighbour on
+  // this host is on the CPU too, and takes rounded float32 over in place.
+  options.round_in_ring = device().is_cpu();
   return options;
 }
 

@@ -37,6 +37,12 @@ struct EncodeOptions {
   // (TensorProto.shared) when the ring has room, else inline.
   SharedRing* ring = nullptr;
   int64_t min_shared_bytes = 64 << 10;
+  // With a ring, for a receiver on the CPU: an fp16/bf16 payload from a CPU
+  // tensor goes into the ring as float32 values rounded through the narrow
+  // type (exactly what the receiver would widen them to), uncompressed, in
+  // one pass, so that the receiver reads them in place instead of widening
+  // them. Inline payloads (a full ring) are narrowed as always.
+  bool round_in_ring = false;
 };
 
 // Encodes a tensor (any device: narrowed or quantized there, then copied to

@@ -360,5 +360,66 @@ TEST_F(SharedRingTest, OnlyLargeFloatPayloadsWithinHalfTheRingAreLent) {
   EXPECT_EQ((*ring)->used(), 0u);
 }
 
+// For a receiver on the CPU, an fp16/bf16 payload goes into the ring as the
+// float32 values the receiver would widen it to, uncompressed, and is read in
+// place; a full ring sends it narrowed inline as always.
+TEST_F(SharedRingTest, ANarrowedPayloadForACpuReceiverGoesRoundedAndIsReadInPlace) {
+  auto ring = SharedRing::Create(dir_, 1 << 22);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  auto view = SharedRingView::Open(dir_, (*ring)->name(), (*ring)->size(), (*ring)->token());
+  ASSERT_TRUE(view.ok()) << view.status();
+  const int owner = 0;
+  // More values than one chunk of the rounding, and not a multiple of it.
+  torch::Tensor x = torch::randn({70001}) * 1000;
+  // Infinities, a value that rounds up to one, a denormal, ties.
+  x.narrow(0, 0, 6).copy_(torch::tensor({std::numeric_limits<float>::infinity(),
+                                         -std::numeric_limits<float>::infinity(), 3.3961e38f,
+                                         1e-40f, 1.00390625f, 1.01171875f}));
+  for (v1::Compression compression : {v1::COMPRESSION_BF16, v1::COMPRESSION_FP16}) {
+    SCOPED_TRACE(v1::Compression_Name(compression));
+    EncodeOptions narrow;
+    narrow.compression = compression;
+    v1::TensorProto inline_proto;
+    ASSERT_TRUE(EncodeTensor(x, &inline_proto, narrow).ok());
+    auto widened = DecodeTensor(inline_proto);
+    ASSERT_TRUE(widened.ok()) << widened.status();
+
+    EncodeOptions rounded = narrow;
+    rounded.ring = ring->get();
+    rounded.round_in_ring = true;
+    v1::StageMessage m;
+    m.set_seq(1);
+    ASSERT_TRUE(EncodeTensor(x, &(*m.mutable_tensors())["x"], rounded).ok());
+    const v1::TensorProto& sent = m.tensors().at("x");
+    ASSERT_TRUE(sent.has_shared());
+    EXPECT_EQ(sent.compression(), v1::COMPRESSION_NONE);
+    EXPECT_EQ(sent.shared().length(), 70001u * 4);
+    ASSERT_TRUE(ResolveSharedPayloads(&m, view->get(), Lending(&owner)).ok());
+    EXPECT_NE(m.tensors().at("x").shared().lease(), 0u);
+    auto decoded = DecodeTensor(&(*m.mutable_tensors())["x"]);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_TRUE(torch::equal(*decoded, *widened));
+    EXPECT_FALSE(torch::equal(*decoded, x));  // rounded, not the float32 values
+  }
+  // No room in the ring: narrowed inline.
+  std::vector<SharedRing::Region> taken;
+  for (uint64_t piece : {uint64_t{1} << 20, uint64_t{4096}, uint64_t{64}}) {
+    while (auto r = (*ring)->Allocate(piece)) taken.push_back(*r);
+  }
+  EncodeOptions rounded;
+  rounded.compression = v1::COMPRESSION_BF16;
+  rounded.ring = ring->get();
+  rounded.round_in_ring = true;
+  v1::TensorProto full;
+  ASSERT_TRUE(EncodeTensor(x, &full, rounded).ok());
+  EXPECT_FALSE(full.has_shared());
+  EXPECT_EQ(full.compression(), v1::COMPRESSION_BF16);
+  EXPECT_EQ(full.data().size(), 70001u * 2);
+  for (const auto& r : taken) {
+    std::string out;
+    ASSERT_TRUE((*view)->Take(r.offset, r.length, &out).ok());
+  }
+}
+
 }  // namespace
 }  // namespace stagewise
