@@ -70,7 +70,18 @@ void AffineBackwardRange(const float* g, const float* a, const float* scale, flo
   }
 }
 
-torch::Tensor ParamShaped(const torch::Tensor& like) { return torch::zeros_like(like); }
+// The fused backward's outputs: dx like g (when `input`), zeroed batch sums
+// like the scale (when `weights`).
+EmulatedGrads FusedOutputs(const torch::Tensor& g, const torch::Tensor& scale, bool input,
+                           bool weights) {
+  EmulatedGrads out;
+  if (input) out.x = torch::empty_like(g);
+  if (weights) {
+    out.scale = torch::zeros_like(scale);
+    out.shift = torch::zeros_like(scale);
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -111,11 +122,7 @@ EmulatedGrads EmulatedAffineBackward(const torch::Tensor& g, const torch::Tensor
     }
     return out;
   }
-  if (input) out.x = torch::empty_like(gc);
-  if (weights) {
-    out.scale = ParamShaped(s);
-    out.shift = ParamShaped(s);
-  }
+  out = FusedOutputs(gc, s, input, weights);
   float* ga = input ? out.x.data_ptr<float>() : nullptr;
   float* gs = weights ? out.scale.data_ptr<float>() : nullptr;
   float* gb = weights ? out.shift.data_ptr<float>() : nullptr;
@@ -186,11 +193,7 @@ EmulatedGrads EmulatedCouplingBackward(const torch::Tensor& g, const torch::Tens
     }
     return out;
   }
-  if (input) out.x = torch::empty_like(gc);
-  if (weights) {
-    out.scale = ParamShaped(s);
-    out.shift = ParamShaped(s);
-  }
+  out = FusedOutputs(gc, s, input, weights);
   const int64_t n = gc.size(0), values = s.numel();
   const float* gp = gc.data_ptr<float>();
   const float* sp = s.data_ptr<float>();
