@@ -316,7 +316,7 @@ TEST_F(SharedRingTest, ALeaseFromTheWireIsRefusedAndAnUnreadOneIsReturned) {
   EXPECT_FALSE(InlineLentPayload(&late_copy).ok());
 }
 
-TEST_F(SharedRingTest, OnlyLargeFloatPayloadsWithinHalfTheRingAreLent) {
+TEST_F(SharedRingTest, OnlyLargeFloatPayloadsWithinAQuarterOfTheRingAreLent) {
   auto ring = SharedRing::Create(dir_, 1 << 20);
   ASSERT_TRUE(ring.ok()) << ring.status();
   auto view = SharedRingView::Open(dir_, (*ring)->name(), (*ring)->size(), (*ring)->token());
