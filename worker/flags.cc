@@ -98,6 +98,13 @@ void AddDeviceFlags(CLI::App& app, RawFlags& raw) {
                  "a payload that does not fit goes inline")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
+  app.add_option("--host-cache-mib", o.host_cache_mib,
+                 "Freed CPU tensors of 1 MiB or more are kept and reused for the next tensor of "
+                 "their size, up to this many MiB held free, instead of going back to the system "
+                 "(whose fresh pages fault in zeroed on first write); 0: off "
+                 "(docs/performance.md, \"Host memory reuse\")")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("--profile-cache", o.profile_cache,
                  "Where block profiles are cached (default: $STAGEWISE_PROFILE_CACHE, else "
                  "~/.cache/stagewise/profiles)");

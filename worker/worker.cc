@@ -21,6 +21,7 @@
 #include "services/rpc/outbox.h"
 #include "services/rpc/status.h"
 #include "services/rpc/tls.h"
+#include "services/tensor/host_blocks.h"
 #include "worker/coordinator_store.h"
 #include "worker/stage_service.h"
 
@@ -101,6 +102,11 @@ absl::Status Worker::Start() {
   }
   if (device_.is_cuda() && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError("--device: CUDA requested but LibTorch sees no GPU");
+  }
+  if (options_.host_cache_mib > 0) {
+    HostBlockOptions cache;
+    cache.max_cached_bytes = static_cast<uint64_t>(options_.host_cache_mib) << 20;
+    InstallHostBlockCache(cache);
   }
   auto metrics = metrics::MetricsServer::Start(options_.metrics_listen);
   if (!metrics.ok()) return metrics.status();

@@ -62,6 +62,11 @@ struct WorkerOptions {
   // empty: off, every payload inline on the stream) and each ring's size.
   std::string shared_memory_dir = "/dev/shm";
   int64_t shared_memory_mib = 128;
+  // Freed host tensors of 1 MiB or more kept for reuse, up to this many MiB
+  // held free (--host-cache-mib; 0: off). Process-wide: the first worker of
+  // a process installs the cache, the last one started sets its limit
+  // (services/tensor/host_blocks.h).
+  int64_t host_cache_mib = 1024;
   // Registered with the worker (--label KEY=VALUE): placement.labels match them.
   std::map<std::string, std::string> labels;
   std::string profile_cache;  // "" = planner::DefaultProfileCacheDir()

@@ -312,14 +312,23 @@ std::pair<torch::Tensor, torch::Tensor> ReversibleBlock::RebuildBackward(const t
   auto dout = dy.chunk(2, 1);
   torch::Tensor a = out[1].detach().requires_grad_(input_grad);
   torch::Tensor fa = F(a);
-  torch::Tensor rebuilt;
+  // Each half written where it goes (one pass per half, no temporaries).
+  const int64_t c = out[0].size(1);
+  torch::Tensor rebuilt = torch::empty(y.sizes(), y.options());
   {
     torch::NoGradGuard no_grad;
-    rebuilt = torch::cat({out[1], out[0] - fa}, 1);
+    rebuilt.narrow(1, 0, c).copy_(out[1]);
+    torch::Tensor second = rebuilt.narrow(1, c, c);
+    torch::sub_out(second, out[0], fa);
   }
   fa.backward(dout[0]);
   torch::Tensor dx;
-  if (input_grad) dx = torch::cat({dout[1] + a.grad(), dout[0]}, 1);
+  if (input_grad) {
+    dx = torch::empty(dy.sizes(), dy.options());
+    torch::Tensor first = dx.narrow(1, 0, c);
+    torch::add_out(first, dout[1], a.grad());
+    dx.narrow(1, c, c).copy_(dout[0]);
+  }
   return {rebuilt, dx};
 }
 

@@ -10,30 +10,45 @@ namespace {
 // whole batch for its values, so that the batch sums need no merging).
 constexpr int64_t kGrain = 16384;
 
-// Whether the fused loops apply: float32 CPU tensors, contiguous (the caller
-// made them so), scale-like tensors of `values` elements, and activations of
-// `values * per_value` elements per sample.
+// Elements from one sample of `t` to the next when each sample's values are
+// contiguous (a contiguous tensor, or a slice of one along dimension 1, as a
+// reversible block's halves are), or -1.
+int64_t SampleStride(const torch::Tensor& t) {
+  int64_t per_sample = 1;
+  for (int64_t d = t.dim() - 1; d >= 1; --d) {
+    if (t.size(d) != 1 && t.stride(d) != per_sample) return -1;
+    per_sample *= t.size(d);
+  }
+  if (t.size(0) <= 1) return per_sample;
+  return t.stride(0) >= per_sample ? t.stride(0) : -1;
+}
+
+// Whether the fused loops apply: float32 CPU tensors, activations whose
+// samples are each contiguous (SampleStride) with `values * per_value`
+// elements, and contiguous scale-like tensors of `values` elements.
 bool Fusable(const torch::Tensor& act, std::initializer_list<const torch::Tensor*> params,
              int64_t per_value) {
   auto plain = [](const torch::Tensor& t) {
     return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat32 &&
-           t.is_contiguous() && !t.is_neg() && !t.is_conj();
+           !t.is_neg() && !t.is_conj();
   };
-  if (!plain(act) || act.dim() < 1) return false;
+  if (!plain(act) || act.dim() < 1 || SampleStride(act) < 0) return false;
   const int64_t n = act.size(0);
   const int64_t values = (*params.begin())->numel();
   for (const torch::Tensor* p : params) {
-    if (!plain(*p) || p->numel() != values) return false;
+    if (!plain(*p) || !p->is_contiguous() || p->numel() != values) return false;
   }
   return n > 0 && values > 0 && act.numel() == n * values * per_value;
 }
 
+// y = shift + scale * x (+ x) for n samples of `values`; x advances by
+// `stride` per sample, y by `values`.
 template <bool kResidual>
-void AffineForwardLoop(const float* x, const float* scale, const float* shift, float* y, int64_t n,
-                       int64_t values) {
+void AffineForwardLoop(const float* x, int64_t stride, const float* scale, const float* shift,
+                       float* y, int64_t n, int64_t values) {
   at::parallel_for(0, values, kGrain, [&](int64_t k0, int64_t k1) {
     for (int64_t i = 0; i < n; ++i) {
-      const float* xi = x + i * values;
+      const float* xi = x + i * stride;
       float* yi = y + i * values;
       for (int64_t k = k0; k < k1; ++k) {
         float v = shift[k] + xi[k] * scale[k];
@@ -44,16 +59,23 @@ void AffineForwardLoop(const float* x, const float* scale, const float* shift, f
   });
 }
 
+// Where one operand of a fused loop is: its first value, and the elements
+// from one sample to the next.
+struct Strided {
+  const float* data;
+  int64_t stride;
+};
+
 // The backward of shift + scale * a (+ a) for values [k0, k1) of every
-// sample: da (when `ga`), and the batch sums of g * a and g (when `gs`).
-// `g`, `a` and `ga` advance by `stride` per sample.
+// sample: da (when `ga`, advancing by `ga_stride` per sample), and the batch
+// sums of g * a and g (when `gs`).
 template <bool kResidual>
-void AffineBackwardRange(const float* g, const float* a, const float* scale, float* ga, float* gs,
-                         float* gb, int64_t n, int64_t stride, int64_t k0, int64_t k1) {
+void AffineBackwardRange(Strided g, Strided a, const float* scale, float* ga, int64_t ga_stride,
+                         float* gs, float* gb, int64_t n, int64_t k0, int64_t k1) {
   for (int64_t i = 0; i < n; ++i) {
-    const float* gi = g + i * stride;
+    const float* gi = g.data + i * g.stride;
     if (ga != nullptr) {
-      float* gai = ga + i * stride;
+      float* gai = ga + i * ga_stride;
       for (int64_t k = k0; k < k1; ++k) {
         float v = gi[k] * scale[k];
         if (kResidual) v += gi[k];
@@ -61,7 +83,7 @@ void AffineBackwardRange(const float* g, const float* a, const float* scale, flo
       }
     }
     if (gs != nullptr) {
-      const float* ai = a + i * stride;
+      const float* ai = a.data + i * a.stride;
       for (int64_t k = k0; k < k1; ++k) {
         gs[k] += gi[k] * ai[k];
         gb[k] += gi[k];
@@ -75,7 +97,7 @@ void AffineBackwardRange(const float* g, const float* a, const float* scale, flo
 EmulatedGrads FusedOutputs(const torch::Tensor& g, const torch::Tensor& scale, bool input,
                            bool weights) {
   EmulatedGrads out;
-  if (input) out.x = torch::empty_like(g);
+  if (input) out.x = torch::empty(g.sizes(), g.options());  // contiguous
   if (weights) {
     out.scale = torch::zeros_like(scale);
     out.shift = torch::zeros_like(scale);
@@ -87,20 +109,19 @@ EmulatedGrads FusedOutputs(const torch::Tensor& g, const torch::Tensor& scale, b
 
 torch::Tensor EmulatedAffineForward(const torch::Tensor& x, const torch::Tensor& scale,
                                     const torch::Tensor& shift, bool residual) {
-  const torch::Tensor in = x.contiguous();
   const torch::Tensor s = scale.contiguous(), b = shift.contiguous();
-  if (!Fusable(in, {&s, &b}, 1)) {
+  if (!Fusable(x, {&s, &b}, 1)) {
     torch::Tensor y = torch::addcmul(shift, x, scale);
     if (residual) y.add_(x);
     return y;
   }
-  torch::Tensor y = torch::empty_like(in);
-  const int64_t n = in.size(0), values = s.numel();
+  torch::Tensor y = torch::empty(x.sizes(), x.options());  // contiguous
+  const int64_t n = x.size(0), values = s.numel(), stride = SampleStride(x);
   if (residual) {
-    AffineForwardLoop<true>(in.data_ptr<float>(), s.data_ptr<float>(), b.data_ptr<float>(),
+    AffineForwardLoop<true>(x.data_ptr<float>(), stride, s.data_ptr<float>(), b.data_ptr<float>(),
                             y.data_ptr<float>(), n, values);
   } else {
-    AffineForwardLoop<false>(in.data_ptr<float>(), s.data_ptr<float>(), b.data_ptr<float>(),
+    AffineForwardLoop<false>(x.data_ptr<float>(), stride, s.data_ptr<float>(), b.data_ptr<float>(),
                              y.data_ptr<float>(), n, values);
   }
   return y;
@@ -110,8 +131,8 @@ EmulatedGrads EmulatedAffineBackward(const torch::Tensor& g, const torch::Tensor
                                      const torch::Tensor& scale, bool residual, bool input,
                                      bool weights) {
   EmulatedGrads out;
-  const torch::Tensor gc = g.contiguous(), xc = x.contiguous(), s = scale.contiguous();
-  if (!Fusable(gc, {&s}, 1) || !Fusable(xc, {&s}, 1) || gc.sizes() != xc.sizes()) {
+  const torch::Tensor s = scale.contiguous();
+  if (!Fusable(g, {&s}, 1) || !Fusable(x, {&s}, 1) || g.sizes() != x.sizes()) {
     if (input) {
       out.x = g * scale;
       if (residual) out.x.add_(g);
@@ -122,18 +143,17 @@ EmulatedGrads EmulatedAffineBackward(const torch::Tensor& g, const torch::Tensor
     }
     return out;
   }
-  out = FusedOutputs(gc, s, input, weights);
+  out = FusedOutputs(g, s, input, weights);
   float* ga = input ? out.x.data_ptr<float>() : nullptr;
   float* gs = weights ? out.scale.data_ptr<float>() : nullptr;
   float* gb = weights ? out.shift.data_ptr<float>() : nullptr;
-  const int64_t n = gc.size(0), values = s.numel();
+  const int64_t n = g.size(0), values = s.numel();
+  const Strided gp{g.data_ptr<float>(), SampleStride(g)}, xp{x.data_ptr<float>(), SampleStride(x)};
   at::parallel_for(0, values, kGrain, [&](int64_t k0, int64_t k1) {
     if (residual) {
-      AffineBackwardRange<true>(gc.data_ptr<float>(), xc.data_ptr<float>(), s.data_ptr<float>(), ga,
-                                gs, gb, n, values, k0, k1);
+      AffineBackwardRange<true>(gp, xp, s.data_ptr<float>(), ga, values, gs, gb, n, k0, k1);
     } else {
-      AffineBackwardRange<false>(gc.data_ptr<float>(), xc.data_ptr<float>(), s.data_ptr<float>(),
-                                 ga, gs, gb, n, values, k0, k1);
+      AffineBackwardRange<false>(gp, xp, s.data_ptr<float>(), ga, values, gs, gb, n, k0, k1);
     }
   });
   return out;
@@ -215,8 +235,8 @@ EmulatedGrads EmulatedCouplingBackward(const torch::Tensor& g, const torch::Tens
       }
     }
     if (gs != nullptr) {
-      AffineBackwardRange<false>(gp, xc.data_ptr<float>(), sp, nullptr, gs, gb, n, 2 * values, k0,
-                                 k1);
+      AffineBackwardRange<false>({gp, 2 * values}, {xc.data_ptr<float>(), 2 * values}, sp, nullptr,
+                                 0, gs, gb, n, k0, k1);
     }
   });
   return out;

@@ -70,7 +70,7 @@ class CountingAllocator final : public c10::Allocator {
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
     const c10::Device device = inner.device();
-    // The default CPU allocator's context is the data pointer and its deleter
+    // The base allocator's context is the data pointer and its deleter
     // the raw one; take ownership so that CountingDelete frees it.
     (void)inner.release_context();
     if (const std::shared_ptr<MemoryAccount>& account = current_account; account && data) {
@@ -97,8 +97,10 @@ void MemoryAccount::Add(int64_t bytes) {
 void InstallMemoryMeter() {
   static std::once_flag once;
   std::call_once(once, [] {
-    // Leaked on purpose: tensors may outlive every static destructor.
-    c10::Allocator* base = c10::GetDefaultCPUAllocator();
+    // Leaked on purpose: tensors may outlive every static destructor. The
+    // base is the allocator in place: LibTorch's own, or the host block cache
+    // (services/tensor/host_blocks.h), whose context is its data pointer too.
+    c10::Allocator* base = c10::GetCPUAllocator();
     base_deleter = base->raw_deleter();
     static auto* allocator = new CountingAllocator(base);
     c10::SetCPUAllocator(allocator, /*priority=*/1);

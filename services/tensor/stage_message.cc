@@ -172,7 +172,7 @@ absl::Status ResolveSharedPayloads(v1::StageMessage* message, SharedRingView* ri
                           tensor.compression() == v1::COMPRESSION_BF16;
     if (options.lend_owner != nullptr && tensor.compression() == v1::COMPRESSION_NONE &&
         IsFloatingWire(tensor.dtype()) && length >= options.lend_min_bytes &&
-        length <= ring->size() / 8 && ring->held_bytes() + length <= ring->size() / 4) {
+        length <= ring->size() / 4 && ring->held_bytes() + length <= ring->size() / 2) {
       // Read in place: the region stays held until the tensor is freed (or
       // the lease is returned unread).
       absl::StatusOr<uint8_t*> bytes = ring->Hold(tensor.shared().offset(), length);

@@ -54,10 +54,10 @@ struct ResolveOptions {
   // Not null: an uncompressed floating-point payload of at least
   // lend_min_bytes stays in the ring and is lent to the message
   // (ring_leases.h: TensorProto.shared.lease, under this owner and the
-  // message's seq) when it is at most an eighth of the ring and the payloads
-  // held in the ring stay within a quarter of it (the writer reclaims its
-  // regions oldest first, so a held region also holds back the ones after
-  // it); the others are copied out as above.
+  // message's seq) when it is at most a quarter of the ring and the payloads
+  // held in the ring stay within half of it (the writer reclaims its regions
+  // oldest first, so a held region also holds back the ones after it; a
+  // write that finds no room goes inline); the others are copied out as above.
   const void* lend_owner = nullptr;
   uint64_t lend_min_bytes = uint64_t{1} << 20;
 };

@@ -44,7 +44,9 @@
 //                            rings: docs/performance.md, "Neighbours on one host")
 //     --verbose              per run, each stage's idle time (waiting for a
 //                            message) per mini-batch, and how many payloads went
-//                            through shared rings or inline because one was full
+//                            through shared rings or inline because one was full,
+//                            and how many large host tensors reused a cached
+//                            block (docs/performance.md, "Host memory reuse")
 //     --peer                 also run tests/bench/gloo_pipeline_peer.py (a plain
 //                            PyTorch pipeline over gloo, one process per stage,
 //                            the same emulated blocks, 1F1B, M = 2J; needs
@@ -93,6 +95,7 @@
 #include "services/planner/pipeline_schedule.h"
 #include "services/planner/timing_model.h"
 #include "services/spec/job_spec.h"
+#include "services/tensor/host_blocks.h"
 #include "services/tensor/shared_ring.h"
 #include "tests/bench/bench_util.h"
 #include "tests/integration/cluster.h"
@@ -387,6 +390,7 @@ std::string JobYaml(const Options& o, const Config& c, int total_steps) {
 double Measure(stagewise::testing::Cluster& cluster, const Options& o, Config& c) {
   const int64_t payloads_before = stagewise::SharedRing::TotalPayloads();
   const int64_t full_before = stagewise::SharedRing::TotalFull();
+  const stagewise::HostBlockStats blocks_before = stagewise::GetHostBlockStats();
   const int warm = 2 * c.J + 2;
   const int total = warm + o.steps;
   std::mutex mu;
@@ -438,6 +442,9 @@ double Measure(stagewise::testing::Cluster& cluster, const Options& o, Config& c
         &line, "; payloads through shared rings: ",
         stagewise::SharedRing::TotalPayloads() - payloads_before,
         ", inline because a ring was full: ", stagewise::SharedRing::TotalFull() - full_before);
+    const stagewise::HostBlockStats blocks = stagewise::GetHostBlockStats();
+    absl::StrAppend(&line, "; large host tensors reused: ", blocks.reused - blocks_before.reused,
+                    ", fresh: ", blocks.fresh - blocks_before.fresh);
     std::cerr << line << "\n";
   }
   std::lock_guard<std::mutex> lock(mu);

@@ -316,7 +316,7 @@ TEST_F(SharedRingTest, ALeaseFromTheWireIsRefusedAndAnUnreadOneIsReturned) {
   EXPECT_FALSE(InlineLentPayload(&late_copy).ok());
 }
 
-TEST_F(SharedRingTest, OnlyLargeFloatPayloadsWithinAQuarterOfTheRingAreLent) {
+TEST_F(SharedRingTest, OnlyLargeFloatPayloadsWithinHalfTheRingAreLent) {
   auto ring = SharedRing::Create(dir_, 1 << 20);
   ASSERT_TRUE(ring.ok()) << ring.status();
   auto view = SharedRingView::Open(dir_, (*ring)->name(), (*ring)->size(), (*ring)->token());
@@ -341,16 +341,16 @@ TEST_F(SharedRingTest, OnlyLargeFloatPayloadsWithinAQuarterOfTheRingAreLent) {
   ASSERT_TRUE(ResolveSharedPayloads(&small, view->get(), options).ok());
   EXPECT_FALSE(lent(small));
 
-  // Over an eighth of the ring: copied.
-  v1::StageMessage large = RingMessage(ring->get(), torch::randn({40000}), 4);
+  // Over a quarter of the ring: copied.
+  v1::StageMessage large = RingMessage(ring->get(), torch::randn({70000}), 4);
   ASSERT_TRUE(ResolveSharedPayloads(&large, view->get(), Lending(&owner)).ok());
   EXPECT_FALSE(lent(large));
 
-  // 100 KiB payloads: two fit in a quarter of the ring's megabyte, the third
-  // is copied.
+  // 200 KiB payloads: two fit in half the ring's megabyte, the third is
+  // copied.
   std::vector<v1::StageMessage> held;
   for (int i = 0; i < 3; ++i) {
-    held.push_back(RingMessage(ring->get(), torch::randn({25600}), 10 + i));
+    held.push_back(RingMessage(ring->get(), torch::randn({51200}), 10 + i));
     ASSERT_TRUE(ResolveSharedPayloads(&held.back(), view->get(), Lending(&owner)).ok());
   }
   EXPECT_TRUE(lent(held[0]));
