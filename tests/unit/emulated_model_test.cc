@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <string>
 #include <thread>
 
 #include "services/models/blocks.h"
@@ -235,35 +236,43 @@ TEST(EmulatedModel, ARebuildTakesAtLeastAForwardAndABackward) {
 
 // The fused loops (float32 on the CPU) and LibTorch's ops (anything else) give
 // the formulas' values: on two threads, with more values per sample than one
-// task takes (so the batch sums are split across tasks), on a strided input,
-// and in float64 (LibTorch's path).
+// task takes (so the batch sums are split across tasks), on a strided input
+// (LibTorch's path), on half of the channels of a larger tensor (a reversible
+// block's stream: the fused loops read it where it is), and in float64.
 TEST(EmulatedKernels, AffineMatchesItsFormulaOnEveryPath) {
   const int threads = at::get_num_threads();
   at::set_num_threads(2);
   for (auto dtype : {torch::kFloat32, torch::kFloat64}) {
-    for (bool strided : {false, true}) {
+    for (std::string layout : {"contiguous", "permuted", "half"}) {
       for (bool residual : {false, true}) {
         const auto o = torch::TensorOptions().dtype(dtype);
         // 3 samples of 8 x 64 x 64 values (32768 per sample).
         torch::Tensor x = torch::randn({3, 64, 64, 8}, o).permute({0, 3, 1, 2});
-        if (!strided) x = x.contiguous();
-        torch::Tensor scale = torch::randn({8, 64, 64}, o), shift = torch::randn({8, 64, 64}, o);
         torch::Tensor g = torch::randn({3, 8, 64, 64}, o);
+        if (layout == "contiguous") x = x.contiguous();
+        if (layout == "half") {
+          x = torch::randn({3, 16, 64, 64}, o).narrow(1, 8, 8);
+          g = torch::randn({3, 16, 64, 64}, o).narrow(1, 0, 8);
+        }
+        torch::Tensor scale = torch::randn({8, 64, 64}, o), shift = torch::randn({8, 64, 64}, o);
         torch::Tensor y = EmulatedAffineForward(x, scale, shift, residual);
         torch::Tensor want = shift + scale * x + (residual ? x : torch::zeros_like(x));
-        EXPECT_TRUE(torch::allclose(y, want, 1e-5, 1e-6)) << dtype << strided << residual;
+        EXPECT_TRUE(torch::allclose(y, want, 1e-5, 1e-6)) << dtype << layout << residual;
         for (auto [input, weights] : {std::pair{true, true}, {true, false}, {false, true}}) {
           EmulatedGrads d = EmulatedAffineBackward(g, x, scale, residual, input, weights);
           ASSERT_EQ(d.x.defined(), input);
           ASSERT_EQ(d.scale.defined(), weights);
           ASSERT_EQ(d.shift.defined(), weights);
           if (input) {
-            EXPECT_TRUE(torch::allclose(d.x, g * scale + (residual ? g : torch::zeros_like(g)),
-                                        1e-5, 1e-6));
+            EXPECT_TRUE(
+                torch::allclose(d.x, g * scale + (residual ? g : torch::zeros_like(g)), 1e-5, 1e-6))
+                << dtype << layout << residual;
           }
           if (weights) {
-            EXPECT_TRUE(torch::allclose(d.scale, (g * x).sum(0), 1e-5, 1e-5));
-            EXPECT_TRUE(torch::allclose(d.shift, g.sum(0), 1e-5, 1e-5));
+            EXPECT_TRUE(torch::allclose(d.scale, (g * x).sum(0), 1e-5, 1e-5))
+                << dtype << layout << residual;
+            EXPECT_TRUE(torch::allclose(d.shift, g.sum(0), 1e-5, 1e-5))
+                << dtype << layout << residual;
           }
         }
       }
