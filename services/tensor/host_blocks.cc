@@ -28,12 +28,12 @@ struct Header {
 // keep it; data = block + kHeader.
 class HostBlockCache final : public c10::Allocator {
  public:
-  // LibTorch declares allocate const before 2.3 and non-const after: both
+  // LibTorch declared allocate const up to 1.13 and non-const later: both
   // are defined, and the one it declares is overridden.
   c10::DataPtr allocate(size_t n) const { return Allocate(n); }
   c10::DataPtr allocate(size_t n) { return Allocate(n); }
   c10::DeleterFnPtr raw_deleter() const { return &Delete; }
-  // Pure in newer LibTorch (a plain copy for CPU memory); unused before.
+  // Pure virtual in later LibTorch (a plain copy for CPU memory); unused in 1.13.
   void copy_data(void* dest, const void* src, std::size_t count) const {
     if (count > 0) std::memcpy(dest, src, count);
   }
