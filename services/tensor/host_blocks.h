@@ -32,7 +32,7 @@ struct HostBlockOptions {
 void InstallHostBlockCache(const HostBlockOptions& options);
 
 struct HostBlockStats {
-  bool installed = false;  // the cache serves LibTorch's CPU tensors
+  bool installed = false;     // the cache serves LibTorch's CPU tensors
   int64_t reused = 0;         // large allocations served from the cache
   int64_t fresh = 0;          // large allocations that went to malloc
   uint64_t cached_bytes = 0;  // held free now
