@@ -105,6 +105,14 @@ void AddDeviceFlags(CLI::App& app, RawFlags& raw) {
                  "(docs/performance.md, \"Host memory reuse\")")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--device-copies", o.device_copies,
+                 "A worker on a GPU: 'stream' page-locks the shared rings and copies messages "
+                 "between the GPU and the host on a copy stream of their own, so the compute "
+                 "stream never waits for them; 'sync' copies on the compute stream through "
+                 "pageable memory (docs/cuda.md, \"The device side of a message\")")
+      ->envname("STAGEWISE_DEVICE_COPIES")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"stream", "sync"}));
   app.add_option("--profile-cache", o.profile_cache,
                  "Where block profiles are cached (default: $STAGEWISE_PROFILE_CACHE, else "
                  "~/.cache/stagewise/profiles)");

@@ -68,6 +68,7 @@ absl::Status SameHostLink::Resolve(v1::StageMessage* message) {
   ResolveOptions options;
   options.widen = widen_;
   options.lend_owner = this;
+  options.lend_narrowed = !widen_;  // a GPU stage copies them up as they came
   return ResolveSharedPayloads(message, view.get(), options);
 }
 

@@ -22,6 +22,7 @@
 #include "services/rpc/status.h"
 #include "services/rpc/tls.h"
 #include "services/tensor/host_blocks.h"
+#include "services/tensor/host_pinning.h"
 #include "worker/coordinator_store.h"
 #include "worker/stage_service.h"
 
@@ -102,6 +103,13 @@ absl::Status Worker::Start() {
   }
   if (device_.is_cuda() && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError("--device: CUDA requested but LibTorch sees no GPU");
+  }
+  if (device_.is_cuda()) {
+    EnableDeviceCopies(options_.device_copies == "stream");
+    if (DeviceCopiesEnabled() && !HostPinningAvailable()) {
+      STAGEWISE_LOG(WARNING) << "--device-copies stream: the CUDA runtime's cudaHostRegister is "
+                                "not loaded in this process; the shared rings stay pageable";
+    }
   }
   if (options_.host_cache_mib > 0) {
     HostBlockOptions cache;

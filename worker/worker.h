@@ -67,6 +67,12 @@ struct WorkerOptions {
   // a process installs the cache, the last one started sets its limit
   // (services/tensor/host_blocks.h).
   int64_t host_cache_mib = 1024;
+  // A worker on a CUDA device (--device-copies; docs/cuda.md, "The device
+  // side of a message"): "stream" pins the shared rings and copies messages
+  // between the GPU and the host on a copy stream of their own; "sync" copies
+  // on the compute stream, through pageable memory (LibTorch's tensor.to).
+  // Process-wide, set by the last worker started on a GPU.
+  std::string device_copies = "stream";
   // Registered with the worker (--label KEY=VALUE): placement.labels match them.
   std::map<std::string, std::string> labels;
   std::string profile_cache;  // "" = planner::DefaultProfileCacheDir()

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "services/tensor/device_copy.h"
 #include "services/tensor/ring_leases.h"
 
 // The wire format is little-endian and we memcpy element bytes verbatim, which
@@ -264,6 +265,8 @@ absl::Status EncodeImpl(const torch::Tensor& tensor, v1::TensorProto* out,
       // narrowing on the way from the CPU).
       if (!narrow_on_copy && wire.is_cpu() && wire.is_contiguous()) {
         std::memcpy(region->data, wire.data_ptr(), static_cast<size_t>(wire_bytes));
+      } else if (!narrow_on_copy && wire.is_cuda() && DeviceCopiesEnabled()) {
+        CopyToHost(wire, region->data);  // into the pinned ring on the copy stream
       } else {
         torch::from_blob(region->data, wire.sizes(), torch::TensorOptions().dtype(wire_type))
             .copy_(wire);
@@ -293,7 +296,10 @@ c10::ScalarType WireType(const v1::TensorProto& proto, const DTypeInfo& info) {
 // quantized) moved to `device`, then widened or dequantized there.
 torch::Tensor FromWire(torch::Tensor wire, const v1::TensorProto& proto, const DTypeInfo& info,
                        torch::Device device) {
-  if (wire.device() != device) wire = wire.to(device);
+  if (wire.device() != device) {
+    wire = wire.is_cpu() && device.is_cuda() && DeviceCopiesEnabled() ? CopyToDevice(wire, device)
+                                                                      : wire.to(device);
+  }
   if (IsQuantized(proto.compression())) {
     const std::vector<int64_t> shape(proto.shape().begin(), proto.shape().end());
     return DequantizeBlocks(wire, NumelOf(proto), FormatOf(proto)).view(shape);
@@ -415,11 +421,14 @@ absl::Status ValidateTensorProto(const v1::TensorProto& proto, int64_t max_bytes
     return absl::InvalidArgumentError(
         "tensor.shared: a shared-memory payload on a stream that did not agree on a ring");
   }
-  if (lent && (!proto.data().empty() || proto.compression() != v1::COMPRESSION_NONE ||
-               !c10::isFloatingType(info->torch))) {
+  const bool narrowed =
+      proto.compression() == v1::COMPRESSION_FP16 || proto.compression() == v1::COMPRESSION_BF16;
+  if (lent &&
+      (!proto.data().empty() || (proto.compression() != v1::COMPRESSION_NONE && !narrowed) ||
+       !c10::isFloatingType(info->torch))) {
     return absl::InvalidArgumentError(
-        "tensor.shared.lease: only an uncompressed floating-point payload, without data, is "
-        "read in place");
+        "tensor.shared.lease: only a floating-point payload, uncompressed or fp16/bf16, without "
+        "data, is read in place");
   }
   if (proto.has_quantized() != IsQuantized(proto.compression())) {
     return absl::InvalidArgumentError(

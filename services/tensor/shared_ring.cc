@@ -12,6 +12,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "services/tensor/host_pinning.h"
 
 namespace stagewise {
 namespace {
@@ -109,10 +110,12 @@ absl::StatusOr<std::unique_ptr<SharedRing>> SharedRing::Create(const std::string
   std::memcpy(header->magic, kFileMagic, sizeof(kFileMagic));
   header->size = ring->size_;
   std::memcpy(header->token, ring->token_.data(), 16);
+  ring->pinned_ = PinHostRange(ring->base_, ring->mapped_);  // for a GPU stage's copies
   return ring;
 }
 
 SharedRing::~SharedRing() {
+  if (pinned_) UnpinHostRange(base_);
   if (base_ != nullptr) munmap(base_, mapped_);
   if (!path_.empty()) unlink(path_.c_str());
 }
@@ -219,10 +222,12 @@ absl::StatusOr<std::shared_ptr<SharedRingView>> SharedRingView::Open(const std::
   // Both sides have it mapped now: the name is no longer needed, and nothing
   // is left behind in the directory if either process dies.
   unlink(path.c_str());
+  view->pinned_ = PinHostRange(view->base_, view->mapped_);
   return view;
 }
 
 SharedRingView::~SharedRingView() {
+  if (pinned_) UnpinHostRange(base_);
   if (base_ != nullptr) munmap(base_, mapped_);
 }
 

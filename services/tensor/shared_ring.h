@@ -68,6 +68,7 @@ class SharedRing {
   uint8_t* base_ = nullptr;  // the whole mapping (header page + area)
   uint8_t* area_ = nullptr;
   uint64_t mapped_ = 0, size_ = 0;
+  bool pinned_ = false;  // page-locked for the GPUs (device_copy.h)
   absl::Mutex mu_;
   uint64_t head_ ABSL_GUARDED_BY(mu_) = 0;  // next region starts here
   uint64_t tail_ ABSL_GUARDED_BY(mu_) = 0;  // oldest region not reclaimed
@@ -122,6 +123,7 @@ class SharedRingView : public std::enable_shared_from_this<SharedRingView> {
   uint8_t* base_ = nullptr;
   uint8_t* area_ = nullptr;
   uint64_t mapped_ = 0, size_ = 0;
+  bool pinned_ = false;  // page-locked for the GPUs (device_copy.h)
   std::atomic<uint64_t> held_{0};
 };
 

@@ -170,7 +170,8 @@ absl::Status ResolveSharedPayloads(v1::StageMessage* message, SharedRingView* ri
     const uint64_t length = tensor.shared().length();
     const bool narrowed = tensor.compression() == v1::COMPRESSION_FP16 ||
                           tensor.compression() == v1::COMPRESSION_BF16;
-    if (options.lend_owner != nullptr && tensor.compression() == v1::COMPRESSION_NONE &&
+    if (options.lend_owner != nullptr &&
+        (tensor.compression() == v1::COMPRESSION_NONE || (options.lend_narrowed && narrowed)) &&
         IsFloatingWire(tensor.dtype()) && length >= options.lend_min_bytes &&
         length <= ring->size() / 4 && ring->held_bytes() + length <= ring->size() / 2) {
       // Read in place: the region stays held until the tensor is freed (or

@@ -60,6 +60,9 @@ struct ResolveOptions {
   // write that finds no room goes inline); the others are copied out as above.
   const void* lend_owner = nullptr;
   uint64_t lend_min_bytes = uint64_t{1} << 20;
+  // With lend_owner: fp16/bf16 payloads are lent too, as they came (for a
+  // receiver on a GPU, which copies them up and widens them there).
+  bool lend_narrowed = false;
 };
 absl::Status ResolveSharedPayloads(v1::StageMessage* message, SharedRingView* ring,
                                    const ResolveOptions& options);

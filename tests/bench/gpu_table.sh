@@ -3,7 +3,9 @@
 # byte-level GPT (tests/bench/gpt_twin.yaml at the sizes below) trained by
 #   - `stagewise train-local` and its plain PyTorch twin (pytorch_gpt_twin.py),
 #   - `stagewise local` with 2 stages on the device, backprop 1F1B over 4
-#     micro-batches, the wire in fp32 and in bf16,
+#     micro-batches, the wire in fp32 and in bf16, with the workers' device
+#     copies on the copy stream through pinned rings (the default) and as
+#     before (STAGEWISE_DEVICE_COPIES=sync: on the compute stream, pageable),
 #   - a plain PyTorch two-process pipeline of the same halves over gloo
 #     (pytorch_gpt_pipeline.py),
 #   - PETRA on the Reformer of the same size, 2 stages, and its train-local;
@@ -54,18 +56,8 @@ row() {  # NAME COMMAND...: runs it, appends its tokens/s to $out/NAME
   tokens "$out/last.line" >>"$out/$name"
   echo "  $name: $(tail -1 "$out/$name") tokens/s" >&2
 }
-S=$BIN_DIR/stagewise
-for r in $(seq "$ROUNDS"); do
-  echo "round $r" >&2
-  row train-local "$S" train-local tests/bench/gpt_twin.yaml "${size[@]}" --steps "$STEPS" --threads "$THREADS" -q -o json
-  row pytorch-twin "$PY" tests/bench/pytorch_gpt_twin.py "${pysize[@]}" --device "$DEVICE"
-  row local-fp32 "$S" local tests/bench/gpt_twin.yaml "${size[@]}" "${pipeline[@]}" --steps "$STEPS" --threads "$THREADS" --devices "$DEVICE,$DEVICE" -q -o json
-  row local-bf16 "$S" local tests/bench/gpt_twin.yaml "${size[@]}" "${pipeline[@]}" --set transport.compression=bf16 --steps "$STEPS" --threads "$THREADS" --devices "$DEVICE,$DEVICE" -q -o json
-  row gloo-pipeline "$PY" tests/bench/pytorch_gpt_pipeline.py "${pysize[@]}" --micro-batches 4 --device "$DEVICE"
-  row petra-local "$S" local tests/bench/gpt_twin.yaml "${size[@]}" "${reformer[@]}" --steps "$STEPS" --threads "$THREADS" --devices "$DEVICE,$DEVICE" -q -o json
-  row petra-train-local "$S" train-local tests/bench/gpt_twin.yaml "${size[@]}" --set model.name=reformer --steps "$STEPS" --threads "$THREADS" -q -o json
-done
-"$PY" - "$out" "$DEVICE" <<'EOF'
+summary() {  # the table so far (printed after every round: a cut-short run still shows one)
+  "$PY" - "$out" "$DEVICE" <<'EOF'
 import math, statistics, sys
 out, device = sys.argv[1], sys.argv[2]
 def values(name):
@@ -77,6 +69,8 @@ rows = [("train-local", "`train-local`, one process"),
         ("pytorch-twin", "plain PyTorch (pytorch_gpt_twin.py)"),
         ("local-fp32", "`local`, 2 stages on the device, 1F1B M = 4, fp32 wire"),
         ("local-bf16", "the same, `transport: {compression: bf16}`"),
+        ("local-fp32-sync", "the same, fp32, `--device-copies sync` (the copies before: on the compute stream, pageable)"),
+        ("local-bf16-sync", "the same, bf16, `--device-copies sync`"),
         ("gloo-pipeline", "plain PyTorch 2-process pipeline over gloo (pytorch_gpt_pipeline.py)"),
         ("petra-local", "PETRA on the Reformer, 2 stages"),
         ("petra-train-local", "`train-local` of that Reformer")]
@@ -89,8 +83,26 @@ for key, what in rows:
 print()
 for label, a, b in [("2 stages / train-local (fp32)", "local-fp32", "train-local"),
                     ("bf16 / fp32 (2 stages)", "local-bf16", "local-fp32"),
+                    ("bf16 / fp32 (2 stages, sync copies)", "local-bf16-sync", "local-fp32-sync"),
+                    ("stream / sync copies (fp32)", "local-fp32", "local-fp32-sync"),
+                    ("stream / sync copies (bf16)", "local-bf16", "local-bf16-sync"),
                     ("train-local / PyTorch twin", "train-local", "pytorch-twin"),
                     ("2 stages / gloo pipeline", "local-fp32", "gloo-pipeline"),
                     ("PETRA 2 stages / its train-local", "petra-local", "petra-train-local")]:
     print(f"- {label}: {med(a) / med(b):.3f}")
 EOF
+}
+S=$BIN_DIR/stagewise
+for r in $(seq "$ROUNDS"); do
+  echo "round $r" >&2
+  row train-local "$S" train-local tests/bench/gpt_twin.yaml "${size[@]}" --steps "$STEPS" --threads "$THREADS" -q -o json
+  row pytorch-twin "$PY" tests/bench/pytorch_gpt_twin.py "${pysize[@]}" --device "$DEVICE"
+  row local-fp32 "$S" local tests/bench/gpt_twin.yaml "${size[@]}" "${pipeline[@]}" --steps "$STEPS" --threads "$THREADS" --devices "$DEVICE,$DEVICE" -q -o json
+  row local-bf16 "$S" local tests/bench/gpt_twin.yaml "${size[@]}" "${pipeline[@]}" --set transport.compression=bf16 --steps "$STEPS" --threads "$THREADS" --devices "$DEVICE,$DEVICE" -q -o json
+  STAGEWISE_DEVICE_COPIES=sync row local-fp32-sync "$S" local tests/bench/gpt_twin.yaml "${size[@]}" "${pipeline[@]}" --steps "$STEPS" --threads "$THREADS" --devices "$DEVICE,$DEVICE" -q -o json
+  STAGEWISE_DEVICE_COPIES=sync row local-bf16-sync "$S" local tests/bench/gpt_twin.yaml "${size[@]}" "${pipeline[@]}" --set transport.compression=bf16 --steps "$STEPS" --threads "$THREADS" --devices "$DEVICE,$DEVICE" -q -o json
+  row gloo-pipeline "$PY" tests/bench/pytorch_gpt_pipeline.py "${pysize[@]}" --micro-batches 4 --device "$DEVICE"
+  row petra-local "$S" local tests/bench/gpt_twin.yaml "${size[@]}" "${reformer[@]}" --steps "$STEPS" --threads "$THREADS" --devices "$DEVICE,$DEVICE" -q -o json
+  row petra-train-local "$S" train-local tests/bench/gpt_twin.yaml "${size[@]}" --set model.name=reformer --steps "$STEPS" --threads "$THREADS" -q -o json
+  summary
+done

@@ -360,6 +360,43 @@ TEST_F(SharedRingTest, OnlyLargeFloatPayloadsWithinHalfTheRingAreLent) {
   EXPECT_EQ((*ring)->used(), 0u);
 }
 
+// For a receiver on a GPU (lend_narrowed), an fp16/bf16 payload is lent as it
+// came: the receiver copies half the bytes up and widens them there.
+TEST_F(SharedRingTest, ANarrowedPayloadIsLentAsItCameWhenAsked) {
+  auto ring = SharedRing::Create(dir_, 1 << 20);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  auto view = SharedRingView::Open(dir_, (*ring)->name(), (*ring)->size(), (*ring)->token());
+  ASSERT_TRUE(view.ok()) << view.status();
+  const int owner = 0;
+  const torch::Tensor x = torch::randn({65536});
+  ResolveOptions options = Lending(&owner);
+  options.lend_narrowed = true;
+  for (v1::Compression compression : {v1::COMPRESSION_BF16, v1::COMPRESSION_FP16}) {
+    SCOPED_TRACE(v1::Compression_Name(compression));
+    v1::StageMessage m = RingMessage(ring->get(), x, 1, compression);
+    ASSERT_TRUE(ResolveSharedPayloads(&m, view->get(), options).ok());
+    v1::TensorProto& proto = (*m.mutable_tensors())["x"];
+    ASSERT_TRUE(proto.has_shared());
+    EXPECT_NE(proto.shared().lease(), 0u);
+    EXPECT_EQ(proto.compression(), compression);
+    EXPECT_EQ(LentBytes(m), 65536 * 2);
+    EXPECT_TRUE(ValidateTensorProto(proto).ok());
+    {
+      auto decoded = DecodeTensor(&proto, DecodeOptions{});
+      ASSERT_TRUE(decoded.ok()) << decoded.status();
+      const c10::ScalarType narrow =
+          compression == v1::COMPRESSION_FP16 ? torch::kHalf : torch::kBFloat16;
+      EXPECT_TRUE(torch::equal(*decoded, x.to(narrow).to(torch::kFloat)));
+    }
+    EXPECT_EQ((*ring)->used(), 0u) << "widened into a tensor of its own: the region is free";
+  }
+  // Quantized payloads are never lent.
+  v1::StageMessage q = RingMessage(ring->get(), x, 2, v1::COMPRESSION_INT8);
+  ASSERT_TRUE(ResolveSharedPayloads(&q, view->get(), options).ok());
+  EXPECT_FALSE(q.tensors().at("x").has_shared());
+  EXPECT_EQ(RingLeases::Reap(&owner, std::numeric_limits<int64_t>::max()), 0);
+}
+
 // For a receiver on the CPU, an fp16/bf16 payload goes into the ring as the
 // float32 values the receiver would widen it to, uncompressed, and is read in
 // place; a full ring sends it narrowed inline as always.
