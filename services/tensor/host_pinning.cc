@@ -14,11 +14,15 @@ std::atomic<int64_t> pinned_ranges{0}, pin_failures{0};
 // cudaError_t, 0 on success.
 using RegisterFn = int (*)(void*, size_t, unsigned int);
 using UnregisterFn = int (*)(void*);
+using LastErrorFn = int (*)();
 constexpr unsigned int kHostRegisterPortable = 1;  // pinned for every context
 
 struct Runtime {
   RegisterFn pin = nullptr;
   UnregisterFn unpin = nullptr;
+  // cudaGetLastError: clears a failed call's error, which LibTorch would
+  // otherwise find at its next kernel launch and report as that kernel's.
+  LastErrorFn clear = nullptr;
 };
 
 const Runtime& CudaRuntime() {
@@ -37,7 +41,8 @@ const Runtime& CudaRuntime() {
     }
     r.pin = reinterpret_cast<RegisterFn>(dlsym(handle, "cudaHostRegister"));
     r.unpin = reinterpret_cast<UnregisterFn>(dlsym(handle, "cudaHostUnregister"));
-    if (r.pin == nullptr || r.unpin == nullptr) r = Runtime{};
+    r.clear = reinterpret_cast<LastErrorFn>(dlsym(handle, "cudaGetLastError"));
+    if (r.pin == nullptr || r.unpin == nullptr || r.clear == nullptr) r = Runtime{};
     return r;
   }();
   return runtime;
@@ -53,7 +58,12 @@ bool HostPinningAvailable() { return CudaRuntime().pin != nullptr; }
 bool PinHostRange(void* data, size_t bytes) {
   if (!DeviceCopiesEnabled() || data == nullptr || bytes == 0) return false;
   const Runtime& rt = CudaRuntime();
-  if (rt.pin == nullptr || rt.pin(data, bytes, kHostRegisterPortable) != 0) {
+  if (rt.pin == nullptr) {
+    pin_failures.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  if (rt.pin(data, bytes, kHostRegisterPortable) != 0) {
+    (void)rt.clear();
     pin_failures.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
@@ -63,7 +73,7 @@ bool PinHostRange(void* data, size_t bytes) {
 
 void UnpinHostRange(void* data) {
   const Runtime& rt = CudaRuntime();
-  if (rt.unpin != nullptr && data != nullptr) (void)rt.unpin(data);
+  if (rt.unpin != nullptr && data != nullptr && rt.unpin(data) != 0) (void)rt.clear();
 }
 
 HostPinningStats GetHostPinningStats() {
