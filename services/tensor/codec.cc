@@ -264,7 +264,7 @@ absl::Status EncodeImpl(const torch::Tensor& tensor, v1::TensorProto* out,
       // One pass straight into the shared pages (from the device, too;
       // narrowing on the way from the CPU).
       if (!narrow_on_copy && wire.is_cpu() && wire.is_contiguous()) {
-        std::memcpy(region->data, wire.data_ptr(), static_cast<size_t>(wire_bytes));
+        CopyToRing(region->data, wire.data_ptr(), static_cast<size_t>(wire_bytes));
       } else if (!narrow_on_copy && wire.is_cuda() && DeviceCopiesEnabled()) {
         CopyToHost(wire, region->data);  // into the pinned ring on the copy stream
       } else {

@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <string>
@@ -205,6 +207,26 @@ TEST_F(SharedRingTest, APayloadNarrowedForAFullRingGoesInlineAsBefore) {
   EXPECT_FALSE(full.has_shared());
   EXPECT_EQ(full.compression(), v1::COMPRESSION_BF16);
   EXPECT_EQ(full.data(), inline_proto.data());
+}
+
+TEST(CopyToRing, CopiesEveryByteWhateverTheSizeAndAlignment) {
+  std::vector<uint8_t> src((4 << 20) + 300);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + (i >> 9));
+  std::vector<uint8_t> dst(src.size() + 64);
+  // 64-byte aligned (a ring region), and off by one and by 16 bytes; the
+  // source 3 bytes off.
+  uint8_t* aligned = dst.data() + (64 - reinterpret_cast<uintptr_t>(dst.data()) % 64) % 64;
+  const uint8_t* from = src.data() + 3;
+  for (size_t offset : {size_t{0}, size_t{1}, size_t{16}}) {
+    for (size_t bytes : {size_t{0}, size_t{1}, size_t{127}, size_t{256} << 10,
+                         (size_t{256} << 10) + 77, size_t{4} << 20, (size_t{4} << 20) + 200}) {
+      SCOPED_TRACE(testing::Message() << bytes << " bytes at offset " << offset);
+      std::fill(dst.begin(), dst.end(), 0xAB);
+      CopyToRing(aligned + offset, from, bytes);
+      EXPECT_EQ(std::memcmp(aligned + offset, from, bytes), 0);
+      EXPECT_EQ(aligned[offset + bytes], 0xAB) << "wrote past the end";
+    }
+  }
 }
 
 // A ring payload encoded from `x` into message `seq`.
