@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "services/tensor/device_copy.h"
 #include "services/tensor/ring_leases.h"
+#include "services/tensor/stream_copy.h"
 
 // The wire format is little-endian and we memcpy element bytes verbatim, which
 // is only correct on a little-endian host. Every platform we target (x86-64,
@@ -139,17 +140,9 @@ void RoundThrough(const torch::Tensor& value, c10::ScalarType narrow, float* out
   const torch::Tensor flat = value.contiguous().view({-1});
   const int64_t n = flat.numel();
   if (narrow == torch::kBFloat16) {
-    // bf16 is float32's upper half: round to nearest even on the bits (as
-    // LibTorch's conversion does; a NaN becomes its quiet NaN), in a loop the
-    // compiler vectorizes, as fast as a copy.
-    const auto* in = static_cast<const uint32_t*>(flat.data_ptr());
-    auto* bits = reinterpret_cast<uint32_t*>(out);
-    for (int64_t i = 0; i < n; ++i) {
-      const uint32_t u = in[i];
-      const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-      const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-      bits[i] = nan ? 0x7fc00000u : rounded;
-    }
+    // bf16 is float32's upper half: rounded on the bits, as fast as a copy.
+    RoundBf16ToRing(reinterpret_cast<uint32_t*>(out), static_cast<const uint32_t*>(flat.data_ptr()),
+                    n);
     return;
   }
   torch::Tensor narrowed = torch::empty({std::min(n, kChunk)}, narrow);

@@ -1,9 +1,6 @@
 #include "services/tensor/shared_ring.h"
 
 #include <fcntl.h>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -277,50 +274,6 @@ absl::StatusOr<uint8_t*> SharedRingView::Check(uint64_t offset, uint64_t length)
                                                    " (stale or taken twice)"));
   }
   return area_ + offset + SharedRing::kAlign;
-}
-
-namespace {
-
-#if defined(__x86_64__)
-// 128-byte steps of unaligned loads and aligned streaming stores; `dst` is
-// 32-byte aligned (ring regions are kAlign-aligned) and `bytes` a multiple of
-// 128 (the caller copies the tail).
-__attribute__((target("avx2"))) void StreamAvx2(uint8_t* dst, const uint8_t* src, size_t bytes) {
-  auto* d = reinterpret_cast<__m256i*>(dst);
-  const auto* s = reinterpret_cast<const __m256i*>(src);
-  for (size_t i = 0; i < bytes / 32; i += 4) {
-    const __m256i a = _mm256_loadu_si256(s + i);
-    const __m256i b = _mm256_loadu_si256(s + i + 1);
-    const __m256i c = _mm256_loadu_si256(s + i + 2);
-    const __m256i e = _mm256_loadu_si256(s + i + 3);
-    _mm256_stream_si256(d + i, a);
-    _mm256_stream_si256(d + i + 1, b);
-    _mm256_stream_si256(d + i + 2, c);
-    _mm256_stream_si256(d + i + 3, e);
-  }
-  _mm_sfence();  // the stores are visible before the descriptor is sent
-}
-
-bool HaveAvx2() {
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  return avx2;
-}
-#endif
-
-}  // namespace
-
-void CopyToRing(void* dst, const void* src, size_t bytes) {
-#if defined(__x86_64__)
-  constexpr size_t kMinStreamed = 256 << 10;
-  if (bytes >= kMinStreamed && reinterpret_cast<uintptr_t>(dst) % 32 == 0 && HaveAvx2()) {
-    const size_t body = bytes / 128 * 128;
-    StreamAvx2(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), body);
-    std::memcpy(static_cast<uint8_t*>(dst) + body, static_cast<const uint8_t*>(src) + body,
-                bytes - body);
-    return;
-  }
-#endif
-  std::memcpy(dst, src, bytes);
 }
 
 }  // namespace stagewise

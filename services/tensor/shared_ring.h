@@ -81,16 +81,6 @@ class SharedRing {
   std::deque<Outstanding> regions_ ABSL_GUARDED_BY(mu_);
 };
 
-// Copies `bytes` from `src` into a region of a ring (`dst`) with
-// non-temporal stores where the processor has them (AVX2): the payload goes
-// to memory for the other process to read without first reading the
-// destination's old bytes into this core's cache (a plain memcpy's
-// read-for-ownership) and without evicting this stage's working set: a third
-// less time than memcpy for 4 MiB on the development machine (docs/
-// performance.md); memcpy below 256 KiB, to an unaligned `dst` and where AVX2
-// is missing.
-void CopyToRing(void* dst, const void* src, size_t bytes);
-
 // The reader's side: the peer's ring, mapped once. Thread-safe. Made only
 // by Open, as a shared_ptr (a held payload keeps its view mapped).
 class SharedRingView : public std::enable_shared_from_this<SharedRingView> {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "services/tensor/codec.h"
 #include "services/tensor/ring_leases.h"
 #include "services/tensor/stage_message.h"
+#include "services/tensor/stream_copy.h"
 
 namespace stagewise {
 namespace {
@@ -225,6 +227,40 @@ TEST(CopyToRing, CopiesEveryByteWhateverTheSizeAndAlignment) {
       CopyToRing(aligned + offset, from, bytes);
       EXPECT_EQ(std::memcmp(aligned + offset, from, bytes), 0);
       EXPECT_EQ(aligned[offset + bytes], 0xAB) << "wrote past the end";
+    }
+  }
+}
+
+// Every bit pattern class (NaNs of both signs, infinities, ties, denormals)
+// rounds as LibTorch's float -> bfloat16 -> float does, on the streamed path
+// (large, aligned) and the plain one; NaNs become the quiet NaN.
+TEST(CopyToRing, RoundsToBfloat16AsLibTorchDoes) {
+  const int64_t n = (300 << 10) / 4 + 5;
+  std::vector<uint32_t> bits(n);
+  uint64_t state = 88172645463325252ull;
+  for (int64_t i = 0; i < n; ++i) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    bits[i] = static_cast<uint32_t>(state);
+  }
+  const uint32_t special[] = {0x7f800000u, 0xff800000u, 0x7fc00001u, 0xffffffffu, 0x7f800001u,
+                              0x3f808000u, 0x3f818000u, 0x00000001u, 0x7f7fffffu, 0x80000000u};
+  std::copy(std::begin(special), std::end(special), bits.begin());
+  torch::Tensor values =
+      torch::from_blob(bits.data(), {n}, torch::kInt32).view(torch::kFloat).clone();
+  torch::Tensor want = values.to(torch::kBFloat16).to(torch::kFloat);
+  auto* want_bits = static_cast<const uint32_t*>(want.data_ptr());
+  std::vector<uint32_t> out(n + 16);
+  uint32_t* aligned = out.data() + (32 - reinterpret_cast<uintptr_t>(out.data()) % 32) % 32 / 4;
+  for (int64_t count : {int64_t{1}, int64_t{1000}, n}) {
+    for (uint32_t* dst : {aligned, aligned + 1}) {
+      RoundBf16ToRing(dst, bits.data(), count);
+      for (int64_t i = 0; i < count; ++i) {
+        const bool nan = (bits[i] & 0x7fffffffu) > 0x7f800000u;
+        ASSERT_EQ(dst[i], nan ? 0x7fc00000u : want_bits[i])
+            << "value " << i << " of " << count << ", bits " << bits[i];
+      }
     }
   }
 }
