@@ -2,7 +2,8 @@
 //
 // Copying a payload out of the ring costs a pass over it on the reader's
 // thread, on the way from one stage's compute to the next. A large
-// uncompressed floating-point payload can instead stay where it is
+// uncompressed floating-point payload (for a GPU receiver also an fp16/bf16
+// one: ResolveOptions::lend_narrowed) can instead stay where it is
 // (SharedRingView::Hold): ResolveSharedPayloads lends it to the message that
 // carries it (TensorProto.shared.lease names the lease), and DecodeTensor takes
 // the lease over, so the tensor reads the ring's pages and frees the region
