@@ -10,6 +10,7 @@
 #include "services/common/path_policy.h"
 #include "services/common/retry_policy.h"
 #include "services/common/status_macros.h"
+#include "services/models/blocks.h"
 #include "services/tensor/stage_message.h"
 #include "services/training/optimizer.h"
 #include "worker/algorithms/common.h"
@@ -327,6 +328,9 @@ void StageRuntime::ComputeLoop() {
   absl::Status status;
   {
     models::ScopedMemoryAccount charge(memory_);
+    // The emulated waits of each compute span count from its first emulated
+    // op and end with it (services/models/blocks.h).
+    models::EmulatedWaitWindow emulated_waits;
     // This worker's emulated device, as fast as it is now.
     std::optional<models::ScopedEmulatedSpeed> speed;
     if (env_.emulated_speed_source != nullptr) {
@@ -495,6 +499,7 @@ EncodeOptions StageRuntime::Wire(bool to_next) const {
 
 absl::StatusOr<v1::StageMessage> StageRuntime::Receive(BoundedQueue<v1::StageMessage>& queue,
                                                        NeighbourLink& link, v1::SpanKind wait) {
+  models::FlushEmulatedWaits();  // the emulated work before a wait is done first
   const auto t0 = std::chrono::steady_clock::now();
   std::optional<v1::StageMessage> m = queue.Pop();
   const auto t1 = std::chrono::steady_clock::now();
@@ -537,6 +542,7 @@ void StageRuntime::PlanExtraCut(int64_t step) {
 
 absl::Status StageRuntime::SendTensorsTo(Side side, v1::StageMessage message,
                                          std::vector<OutgoingTensor> tensors) {
+  models::FlushEmulatedWaits();  // what the message carries is computed by now
   const bool next = side == Side::kNext;
   if (next ? last() : first()) {
     return absl::FailedPreconditionError(next ? "the last stage has no next stage"

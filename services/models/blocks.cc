@@ -31,35 +31,72 @@ void WaitUntil(Clock::time_point start, double seconds) {
       start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
 }
 
+}  // namespace
+
 // While a DeferredWaits is alive on a thread, the emulated waits there add up
-// in it instead of sleeping, and it waits their sum from its own start when it
-// ends: a reversible block's rebuild and inverse then count their coupling's
-// arithmetic (a split, a subtraction, a concatenation) inside the block's time,
-// as an accelerator's block time would, not on top of it.
-thread_local double* deferred_seconds = nullptr;
+// in it instead of sleeping, and it waits their sum from the start of the
+// first of them when it ends (or is flushed): a reversible block's rebuild and
+// inverse then count their coupling's arithmetic (a split, a subtraction, a
+// concatenation) inside the block's time, and a stage's compute thread
+// (EmulatedWaitWindow) the CPU work around its blocks, as an accelerator's
+// time would, not on top of it. Nested, the inner one adds its waits to the
+// outer one.
+
+class DeferredWaits;
+namespace {
+thread_local DeferredWaits* deferred = nullptr;
+}  // namespace
 
 class DeferredWaits {
  public:
-  DeferredWaits() : start_(Clock::now()), previous_(deferred_seconds) {
-    deferred_seconds = &seconds_;
+  // `from_now`: the waits count from now (a reversible block's pass); else
+  // from the start of the first emulated op added (a compute thread's window,
+  // which also holds time spent blocked before it).
+  explicit DeferredWaits(bool from_now) : previous_(deferred) {
+    deferred = this;
+    if (from_now) {
+      start_ = Clock::now();
+      started_ = true;
+    }
   }
   ~DeferredWaits() {
-    deferred_seconds = previous_;
-    WaitUntil(start_, seconds_);
+    deferred = previous_;
+    if (previous_ != nullptr) {
+      if (seconds_ > 0) previous_->Add(start_, seconds_);
+    } else {
+      WaitUntil(start_, seconds_);
+    }
   }
   DeferredWaits(const DeferredWaits&) = delete;
   DeferredWaits& operator=(const DeferredWaits&) = delete;
 
+  void Add(Clock::time_point start, double seconds) {
+    if (!started_ || start < start_) start_ = start;
+    started_ = true;
+    seconds_ += seconds;
+  }
+  // Waits what was added, from its start; true when there was a wait.
+  bool Flush() {
+    const bool waited = seconds_ > 0;
+    if (waited) WaitUntil(start_, seconds_);
+    seconds_ = 0;
+    started_ = false;
+    return waited;
+  }
+
  private:
-  const Clock::time_point start_;
-  double* const previous_;
+  DeferredWaits* const previous_;
+  Clock::time_point start_{};
+  bool started_ = false;
   double seconds_ = 0;
 };
 
+namespace {
+
 // WaitUntil, or the wait added to the thread's DeferredWaits.
 void Wait(Clock::time_point start, double seconds) {
-  if (deferred_seconds != nullptr) {
-    *deferred_seconds += seconds;
+  if (deferred != nullptr) {
+    deferred->Add(start, seconds);
     return;
   }
   WaitUntil(start, seconds);
@@ -200,6 +237,13 @@ ScopedEmulatedSpeed::~ScopedEmulatedSpeed() {
   emulated_speed = previous_;
   emulated_source = previous_source_;
 }
+
+EmulatedWaitWindow::EmulatedWaitWindow()
+    : waits_(std::make_unique<DeferredWaits>(/*from_now=*/false)) {}
+
+EmulatedWaitWindow::~EmulatedWaitWindow() = default;
+
+bool FlushEmulatedWaits() { return deferred != nullptr && deferred->Flush(); }
 
 torch::Tensor Block::inverse(const torch::Tensor&) {
   TORCH_CHECK(false, "block ", info_.index, " (", info_.kind, ") is not reversible");
@@ -360,13 +404,13 @@ torch::Tensor EmulatedReversibleBlock::forward(const torch::Tensor& x) {
 }
 
 torch::Tensor EmulatedReversibleBlock::inverse(const torch::Tensor& y) {
-  DeferredWaits waits;
+  DeferredWaits waits(/*from_now=*/true);
   return ReversibleBlock::inverse(y);
 }
 
 std::pair<torch::Tensor, torch::Tensor> EmulatedReversibleBlock::RebuildBackward(
     const torch::Tensor& y, const torch::Tensor& dy, bool input_grad) {
-  DeferredWaits waits;
+  DeferredWaits waits(/*from_now=*/true);
   return ReversibleBlock::RebuildBackward(y, dy, input_grad);
 }
 

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <memory>
 #include <utility>
 
 #include "services/models/batch_norm.h"
@@ -155,6 +156,29 @@ class ScopedEmulatedSpeed {
 };
 
 // The reversible variant: the coupling (x, x~) -> (x~ + F(x), x) with
+// A stage's compute thread keeps one alive while it runs its stage: the
+// emulated waits of what it computes add up and are waited out at the next
+// FlushEmulatedWaits (each compute span's end, and before a message is sent
+// or waited for), counted from the start of the first emulated op since the
+// last flush. The CPU work around the emulated blocks in that time (the
+// autograd engine, adding a micro-batch's weight gradients to the ones
+// accumulated so far) then counts inside the emulated time, as it would
+// inside an accelerator's, not on top of it; work beyond the emulated time
+// still shows. One per thread at a time; not copyable.
+class DeferredWaits;
+class EmulatedWaitWindow {
+ public:
+  EmulatedWaitWindow();
+  ~EmulatedWaitWindow();  // waits out what is left
+  EmulatedWaitWindow(const EmulatedWaitWindow&) = delete;
+  EmulatedWaitWindow& operator=(const EmulatedWaitWindow&) = delete;
+
+ private:
+  std::unique_ptr<DeferredWaits> waits_;
+};
+// Waits out this thread's window (if any) so far; true when it waited.
+bool FlushEmulatedWaits();
+
 // F(x) = scale * x + shift, waiting like EmulatedBlock. Its rebuild therefore
 // costs one more forward, as a real reversible block's does. The coupling's own
 // split, sum and concatenation run inside the waits (forward, backward,

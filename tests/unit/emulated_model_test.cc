@@ -234,6 +234,37 @@ TEST(EmulatedModel, ARebuildTakesAtLeastAForwardAndABackward) {
   EXPECT_GE(std::chrono::duration<double>(t1 - t0).count(), 12e-3);
 }
 
+// A compute thread's window defers the waits to its flush, which waits at
+// least their sum from the first op (a lower bound only); a rebuild inside it
+// adds its waits to the window instead of sleeping them itself; with nothing
+// deferred, or no window, a flush has nothing to wait.
+TEST(EmulatedModel, AWaitWindowDefersTheWaitsToItsFlush) {
+  EXPECT_FALSE(FlushEmulatedWaits()) << "no window on this thread";
+  auto model = BuildModel(Emulated(1, false), 1, 0, 1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto rev_model = BuildModel(Emulated(1, true), 1, 0, 1);
+  ASSERT_TRUE(rev_model.ok()) << rev_model.status();
+  auto* rev = static_cast<ReversibleBlock*>((*rev_model)->blocks().front().get());
+  {
+    EmulatedWaitWindow window;
+    EXPECT_FALSE(FlushEmulatedWaits()) << "nothing computed yet";
+    torch::Tensor x = torch::randn({4, 4, 3, 3}, torch::requires_grad());
+    const auto t0 = std::chrono::steady_clock::now();
+    torch::Tensor y = (*model)->forward(x);
+    y.sum().backward();
+    EXPECT_TRUE(FlushEmulatedWaits());
+    const auto t1 = std::chrono::steady_clock::now();
+    // 4 samples: 4 ms forward and 8 ms backward, from the forward's start.
+    EXPECT_GE(std::chrono::duration<double>(t1 - t0).count(), 12e-3);
+    EXPECT_FALSE(FlushEmulatedWaits()) << "waited once";
+
+    torch::Tensor z = torch::randn({4, 4, 3, 3});
+    auto rebuilt = RebuildBackward(*rev, z, torch::ones_like(z), true);
+    EXPECT_TRUE(FlushEmulatedWaits()) << "the rebuild's waits went to the window";
+  }
+  EXPECT_FALSE(FlushEmulatedWaits()) << "the window is gone";
+}
+
 // The fused loops (float32 on the CPU) and LibTorch's ops (anything else) give
 // the formulas' values: on two threads, with more values per sample than one
 // task takes (so the batch sums are split across tasks), on a strided input
