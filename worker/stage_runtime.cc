@@ -10,7 +10,6 @@
 #include "services/common/path_policy.h"
 #include "services/common/retry_policy.h"
 #include "services/common/status_macros.h"
-#include "services/models/blocks.h"
 #include "services/tensor/stage_message.h"
 #include "services/training/optimizer.h"
 #include "worker/algorithms/common.h"
@@ -328,16 +327,12 @@ void StageRuntime::ComputeLoop() {
   absl::Status status;
   {
     models::ScopedMemoryAccount charge(memory_);
-    // The emulated waits of each compute span count from its first emulated
-    // op and end with it (services/models/blocks.h).
+    // This worker's emulated device, as fast as it is now, waiting once per
+    // compute span (services/models/blocks.h).
     models::EmulatedWaitWindow emulated_waits;
-    // This worker's emulated device, as fast as it is now.
     std::optional<models::ScopedEmulatedSpeed> speed;
-    if (env_.emulated_speed_source != nullptr) {
-      speed.emplace(env_.emulated_speed_source);
-    } else {
-      speed.emplace(env_.emulated_speed);
-    }
+    if (env_.emulated_speed_source != nullptr) speed.emplace(env_.emulated_speed_source);
+    if (env_.emulated_speed_source == nullptr) speed.emplace(env_.emulated_speed);
     try {
       status = num_replicas() > 1 ? JoinReplicas() : absl::OkStatus();
       if (status.ok()) status = RunPhases();
