@@ -7,6 +7,9 @@
 // free; the writer reuses freed regions in order. No syscall, no socket copy,
 // no HTTP/2 framing and no protobuf parse of the payload, and the ring's pages
 // stay mapped, so a payload costs two memory copies of warm pages.
+// A region is written until its writer publishes it (the writer may send the
+// descriptor first and copy while it travels); a reader that comes sooner
+// sleeps on the region's state word, a futex both processes share.
 //
 // The ring is a file in a tmpfs directory (/dev/shm), created 0600 with a
 // random name and a random token in its header; a peer that can open it and
