@@ -7,8 +7,7 @@
 
 namespace stagewise::worker {
 
-absl::Status EncodeInto(v1::StageMessage* message, const std::vector<OutgoingTensor>& tensors,
-                        std::vector<RingWrite>* later) {
+absl::Status EncodeInto(v1::StageMessage* message, const std::vector<OutgoingTensor>& tensors) {
   // A tensor passed on as it came (a FORWARD's labels) may still be read in
   // place in the previous stage's ring: it goes on as a copy.
   for (auto& [name, proto] : *message->mutable_tensors()) {
@@ -18,9 +17,8 @@ absl::Status EncodeInto(v1::StageMessage* message, const std::vector<OutgoingTen
     }
   }
   for (const OutgoingTensor& t : tensors) {
-    EncodeOptions wire = t.wire;
-    wire.later = later;
-    absl::Status s = EncodeTensor(t.tensor.detach(), &(*message->mutable_tensors())[t.name], wire);
+    absl::Status s =
+        EncodeTensor(t.tensor.detach(), &(*message->mutable_tensors())[t.name], t.wire);
     if (!s.ok()) {
       return absl::Status(s.code(),
                           absl::StrCat("StageMessage.tensors['", t.name, "']: ", s.message()));
@@ -37,18 +35,12 @@ SendPipe::SendPipe(size_t capacity, Deliver deliver,
 
 SendPipe::~SendPipe() {
   Close(absl::CancelledError("the send pipe is closed"));
-  std::thread thread, writer;
+  std::thread thread;
   {
     absl::MutexLock lock(&mu_);
     thread = std::move(thread_);
   }
   if (thread.joinable()) thread.join();
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;  // the writer finishes what it has first
-    writer = std::move(writer_);
-  }
-  if (writer.joinable()) writer.join();
 }
 
 absl::Status SendPipe::Push(v1::StageMessage message, std::vector<OutgoingTensor> tensors,
@@ -67,7 +59,7 @@ absl::Status SendPipe::Push(v1::StageMessage message, std::vector<OutgoingTensor
 absl::Status SendPipe::Drain() {
   absl::MutexLock lock(&mu_);
   auto drained = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return (queue_.empty() && !busy_ && writes_.empty() && !writing_) || !error_.ok();
+    return (queue_.empty() && !busy_) || !error_.ok();
   };
   mu_.Await(absl::Condition(&drained));
   return error_;
@@ -98,58 +90,21 @@ void SendPipe::Loop() {
       queue_.pop_front();
       busy_ = true;
     }
-    std::vector<RingWrite> later;
-    absl::Status s = EncodeInto(&item.message, item.tensors, &later);
-    item.tensors.clear();  // in the message, or held by their ring copies
-    if (!later.empty()) {
-      // The bytes go into the ring on the writer's thread while this one
-      // hands the descriptors on (also when that fails: a region is never
-      // left half-written).
-      absl::MutexLock lock(&mu_);
-      for (RingWrite& write : later) writes_.push_back(std::move(write));
-      if (!writer_.joinable()) writer_ = std::thread([this] { WriteLoop(); });
-    }
+    absl::Status s = EncodeInto(&item.message, item.tensors);
+    item.tensors.clear();  // the tensors are in the message (or the ring) now
     if (s.ok()) s = deliver_(std::move(item.message), item.step);
     bool first_failure = false;
     {
       absl::MutexLock lock(&mu_);
       busy_ = false;
-      first_failure = RecordLocked(s);
+      if (!s.ok() && error_.ok()) {
+        error_ = s;
+        queue_.clear();
+        first_failure = true;
+      }
     }
     if (first_failure && on_error_) on_error_(s);
   }
-}
-
-void SendPipe::WriteLoop() {
-  RequestThreadSlice();  // wakes onto a busy core at once (thread_slice.h)
-  for (;;) {
-    RingWrite write;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]()
-                       ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !writes_.empty() || stopping_; };
-      mu_.Await(absl::Condition(&ready));
-      if (writes_.empty()) return;
-      write = std::move(writes_.front());
-      writes_.pop_front();
-      writing_ = true;
-    }
-    const absl::Status s = write();
-    bool first_failure = false;
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      first_failure = RecordLocked(s);
-    }
-    if (first_failure && on_error_) on_error_(s);
-  }
-}
-
-bool SendPipe::RecordLocked(const absl::Status& s) {
-  if (s.ok() || !error_.ok()) return false;
-  error_ = s;
-  queue_.clear();
-  return true;
 }
 
 }  // namespace stagewise::worker

@@ -3,18 +3,13 @@
 // message with the tensors still to encode into it and goes on computing; the
 // pipe's own thread encodes them (narrowing to fp16/bf16, the copy into the
 // shared ring or into the message) and hands the message on, in queue order.
-// A payload bound for the shared ring is copied there by a second thread
-// (the writer) while the first hands its message on: the copy overlaps the
-// descriptor's trip, and the receiver waits for the region if it gets there
-// first (docs/performance.md, "The copy beside the descriptor"). Both threads
-// ask for a short scheduler slice (services/common/thread_slice.h).
+// Its thread asks for a short scheduler slice (services/common/thread_slice.h).
 // Bounded: Push blocks while `capacity` sends wait. The first failure is
 // sticky: later pushes and drains return it, and `on_error` hears it once
 // (the stage then fails, which wakes a compute thread blocked on a receive).
 //
 // The compute thread must not modify a queued tensor in place; the queue
-// holds a reference, so it stays alive until it is encoded (into the ring:
-// until the writer copied it).
+// holds a reference, so it stays alive until it is encoded.
 #ifndef STAGEWISE_WORKER_SEND_PIPE_H_
 #define STAGEWISE_WORKER_SEND_PIPE_H_
 
@@ -43,10 +38,8 @@ struct OutgoingTensor {
 };
 
 // Encodes each of `tensors` into `message` on the calling thread; an error
-// names the tensor. With `later`, copies into a shared ring are appended
-// there instead of made (EncodeOptions::later): run them after sending.
-absl::Status EncodeInto(v1::StageMessage* message, const std::vector<OutgoingTensor>& tensors,
-                        std::vector<RingWrite>* later = nullptr);
+// names the tensor.
+absl::Status EncodeInto(v1::StageMessage* message, const std::vector<OutgoingTensor>& tensors);
 
 class SendPipe {
  public:
@@ -62,8 +55,7 @@ class SendPipe {
   // Queues `message` with `tensors` to encode into it. The first error of an
   // earlier send, or Close's reason, instead.
   absl::Status Push(v1::StageMessage message, std::vector<OutgoingTensor> tensors, int64_t step);
-  // Blocks until every queued send was handed on and its ring payloads
-  // written: OK, or the first error.
+  // Blocks until every queued send was handed on: OK, or the first error.
   absl::Status Drain();
   // Drops what waits; later pushes and drains fail with `why` (not OK), unless
   // a send had failed before.
@@ -78,10 +70,6 @@ class SendPipe {
     int64_t step = 0;
   };
   void Loop();
-  void WriteLoop();
-  // Makes `s` (unless OK) the pipe's error when it is the first failure;
-  // true then (the caller reports it, outside the lock).
-  bool RecordLocked(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t capacity_;
   const Deliver deliver_;
@@ -91,12 +79,6 @@ class SendPipe {
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // the thread holds an item
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   std::thread thread_ ABSL_GUARDED_BY(mu_);  // started by the first Push
-  // Copies into the shared ring of messages handed on, run in order by
-  // writer_ (started by the first); never dropped, even after Close.
-  std::deque<RingWrite> writes_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;   // writer_ runs one
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // writer_ ends when it has none
-  std::thread writer_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace stagewise::worker

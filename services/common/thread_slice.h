@@ -5,10 +5,10 @@
 // one (sched_setattr's sched_runtime for SCHED_OTHER), and a thread with a
 // shorter slice has an earlier deadline, so when it wakes on busy cores it
 // preempts a thread running on the default slice instead of queueing behind
-// it. A stage's send pipe asks for one (worker/send_pipe.h): its threads run
-// for tens of microseconds per message, and when they wait for a core the
-// whole pipeline waits with them (docs/performance.md, "A short slice for the
-// send threads").
+// it. A stage's send pipe asks for one (worker/send_pipe.h): its thread runs
+// for tens of microseconds per message, and when it waits for a core the
+// whole pipeline waits with it (docs/performance.md, "A short slice for the
+// send thread").
 #ifndef STAGEWISE_SERVICES_COMMON_THREAD_SLICE_H_
 #define STAGEWISE_SERVICES_COMMON_THREAD_SLICE_H_
 

@@ -154,27 +154,6 @@ void RoundThrough(const torch::Tensor& value, c10::ScalarType narrow, float* out
   }
 }
 
-// Runs `fill` (which writes `region`'s bytes) and publishes the region: now,
-// or later when the caller asked (EncodeOptions::later).
-absl::Status FillRegion(const EncodeOptions& options, const SharedRing::Region& region,
-                        std::function<void()> fill) {
-  SharedRing* ring = options.ring;
-  RingWrite write = [ring, region, fill = std::move(fill)]() -> absl::Status {
-    try {
-      fill();
-    } catch (const c10::Error& e) {
-      ring->Abandon(region);
-      return absl::InternalError(absl::StrCat("tensor: writing the payload into the shared ring: ",
-                                              e.what_without_backtrace()));
-    }
-    ring->Publish(region);
-    return absl::OkStatus();
-  };
-  if (options.later == nullptr) return write();
-  options.later->push_back(std::move(write));
-  return absl::OkStatus();
-}
-
 absl::Status EncodeImpl(const torch::Tensor& tensor, v1::TensorProto* out,
                         const EncodeOptions& options) {
   if (!tensor.defined()) {
@@ -264,33 +243,30 @@ absl::Status EncodeImpl(const torch::Tensor& tensor, v1::TensorProto* out,
       wire.numel() * static_cast<int64_t>(sizeof(float)) >= options.min_shared_bytes) {
     const auto bytes = static_cast<uint64_t>(wire.numel()) * sizeof(float);
     if (auto region = options.ring->Allocate(bytes)) {
+      RoundThrough(wire, *narrow_on_copy, reinterpret_cast<float*>(region->data));
       out->set_compression(v1::COMPRESSION_NONE);
       out->mutable_shared()->set_offset(region->offset);
       out->mutable_shared()->set_length(region->length);
-      const c10::ScalarType narrow = *narrow_on_copy;
-      return FillRegion(options, *region, [wire, narrow, data = region->data] {
-        RoundThrough(wire, narrow, reinterpret_cast<float*>(data));
-      });
+      return absl::OkStatus();
     }
   }
   const c10::ScalarType wire_type = narrow_on_copy.value_or(wire.scalar_type());
   const int64_t wire_bytes = wire.numel() * static_cast<int64_t>(c10::elementSize(wire_type));
   if (options.ring != nullptr && wire_bytes >= options.min_shared_bytes) {
     if (auto region = options.ring->Allocate(static_cast<uint64_t>(wire_bytes))) {
-      out->mutable_shared()->set_offset(region->offset);
-      out->mutable_shared()->set_length(region->length);
       // One pass straight into the shared pages (from the device, too;
       // narrowing on the way from the CPU).
-      const bool narrowing = narrow_on_copy.has_value();
-      return FillRegion(options, *region, [wire, wire_type, narrowing, data = region->data] {
-        if (!narrowing && wire.is_cpu() && wire.is_contiguous()) {
-          CopyToRing(data, wire.data_ptr(), static_cast<size_t>(wire.nbytes()));
-        } else if (!narrowing && wire.is_cuda() && DeviceCopiesEnabled()) {
-          CopyToHost(wire, data);  // into the pinned ring on the copy stream
-        } else {
-          torch::from_blob(data, wire.sizes(), torch::TensorOptions().dtype(wire_type)).copy_(wire);
-        }
-      });
+      if (!narrow_on_copy && wire.is_cpu() && wire.is_contiguous()) {
+        CopyToRing(region->data, wire.data_ptr(), static_cast<size_t>(wire_bytes));
+      } else if (!narrow_on_copy && wire.is_cuda() && DeviceCopiesEnabled()) {
+        CopyToHost(wire, region->data);  // into the pinned ring on the copy stream
+      } else {
+        torch::from_blob(region->data, wire.sizes(), torch::TensorOptions().dtype(wire_type))
+            .copy_(wire);
+      }
+      out->mutable_shared()->set_offset(region->offset);
+      out->mutable_shared()->set_length(region->length);
+      return absl::OkStatus();
     }
   }
   if (narrow_on_copy) wire = wire.to(*narrow_on_copy);  // the ring was full: inline

@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "services/tensor/quantize.h"
@@ -14,10 +13,6 @@
 #include "stagewise/v1/tensor.pb.h"
 
 namespace stagewise {
-
-// A payload's deferred copy into the shared ring (EncodeOptions::later):
-// writes the region and publishes it, or abandons it and says why.
-using RingWrite = std::function<absl::Status()>;
 
 // Default cap on the decoded payload of one tensor (1 GiB).
 inline constexpr int64_t kDefaultMaxTensorBytes = int64_t{1} << 30;
@@ -48,11 +43,6 @@ struct EncodeOptions {
   // one pass, so that the receiver reads them in place instead of widening
   // them. Inline payloads (a full ring) are narrowed as always.
   bool round_in_ring = false;
-  // With a ring: when set, a payload's copy into its region is not made
-  // here but appended to *later (the region stays unreadable until it runs);
-  // the caller sends the message first and then runs them, in order, so the
-  // copy overlaps the descriptor's trip. Each keeps what it copies alive.
-  std::vector<RingWrite>* later = nullptr;
 };
 
 // Encodes a tensor (any device: narrowed or quantized there, then copied to

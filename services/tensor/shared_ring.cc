@@ -1,17 +1,13 @@
 #include "services/tensor/shared_ring.h"
 
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
-#include <chrono>
-#include <climits>
 #include <cstring>
 
 #include "absl/strings/escaping.h"
@@ -33,12 +29,9 @@ struct FileHeader {
 };
 
 // Before every region's payload, kAlign bytes.
-// kWriting: allocated, its bytes not yet written (kAwaited: and a reader
-// sleeps on the state word until Publish, a futex shared by both processes);
-// kBusy: published, for the reader to take; kHeld: the reader reads the
-// payload in place (SharedRingView::Hold); the writer reclaims only kFree
-// regions.
-enum RegionState : uint32_t { kBusy = 1, kFree = 2, kHeld = 3, kWriting = 4, kAwaited = 5 };
+// kHeld: the reader reads the payload in place (SharedRingView::Hold); the
+// writer reclaims only kFree regions.
+enum RegionState : uint32_t { kBusy = 1, kFree = 2, kHeld = 3 };
 struct RegionHeader {
   uint64_t magic;   // kRegionMagic ^ offset
   uint64_t length;  // payload bytes
@@ -49,7 +42,6 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 std::atomic<int64_t> total_payloads{0};
 std::atomic<int64_t> total_full{0};
-std::atomic<int64_t> total_awaited{0};
 
 uint64_t RegionBytes(uint64_t length) {
   return SharedRing::kAlign +
@@ -72,47 +64,6 @@ bool ValidName(const std::string& name) {
 
 std::string Errno(const std::string& what) {
   return absl::StrCat(what, ": ", std::strerror(errno));
-}
-
-absl::Status Stale(uint64_t offset, uint64_t length) {
-  return absl::InvalidArgumentError(absl::StrCat("tensor.shared: no payload of ", length,
-                                                 " bytes at offset ", offset,
-                                                 " (stale, abandoned or taken twice)"));
-}
-
-// The state word as a futex between processes (not FUTEX_PRIVATE: the two
-// sides map the same file).
-uint32_t* Word(std::atomic<uint32_t>* state) { return reinterpret_cast<uint32_t*>(state); }
-
-// Sets the region's final state and wakes a reader waiting for it.
-void Settle(std::atomic<uint32_t>* state, RegionState to) {
-  if (state->exchange(to, std::memory_order_acq_rel) == kAwaited) {
-    syscall(SYS_futex, Word(state), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-  }
-}
-
-// The region's state once its writer is done with it, or kWriting when that
-// takes longer than `wait_ms`.
-uint32_t AwaitWritten(std::atomic<uint32_t>* state, int64_t wait_ms) {
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
-  total_awaited.fetch_add(1, std::memory_order_relaxed);
-  for (;;) {
-    uint32_t s = state->load(std::memory_order_acquire);
-    if (s != kWriting && s != kAwaited) return s;
-    if (s == kWriting && !state->compare_exchange_weak(s, kAwaited, std::memory_order_acq_rel)) {
-      continue;
-    }
-    const Clock::duration left = deadline - Clock::now();
-    if (left <= Clock::duration::zero()) return kWriting;
-    // In slices: a wake lost to a writer that died mid-write is not waited
-    // for past the deadline.
-    const auto slice = std::min<Clock::duration>(left, std::chrono::milliseconds(100));
-    timespec timeout{};
-    timeout.tv_nsec = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
-    syscall(SYS_futex, Word(state), FUTEX_WAIT, static_cast<uint32_t>(kAwaited), &timeout, nullptr,
-            0);
-  }
 }
 
 }  // namespace
@@ -211,7 +162,7 @@ std::optional<SharedRing::Region> SharedRing::Allocate(uint64_t length) {
   RegionHeader* h = At(area_, at);
   h->magic = kRegionMagic ^ at;
   h->length = length;
-  h->state.store(kWriting, std::memory_order_release);
+  h->state.store(kBusy, std::memory_order_release);
   regions_.push_back({at, need, false});
   total_payloads.fetch_add(1, std::memory_order_relaxed);
   used_ += need;
@@ -219,13 +170,8 @@ std::optional<SharedRing::Region> SharedRing::Allocate(uint64_t length) {
   return Region{at, area_ + at + kAlign, length};
 }
 
-void SharedRing::Publish(const Region& region) { Settle(&At(area_, region.offset)->state, kBusy); }
-
-void SharedRing::Abandon(const Region& region) { Settle(&At(area_, region.offset)->state, kFree); }
-
 int64_t SharedRing::TotalPayloads() { return total_payloads.load(std::memory_order_relaxed); }
 int64_t SharedRing::TotalFull() { return total_full.load(std::memory_order_relaxed); }
-int64_t SharedRing::TotalAwaited() { return total_awaited.load(std::memory_order_relaxed); }
 
 uint64_t SharedRing::used() {
   absl::MutexLock lock(&mu_);
@@ -321,16 +267,12 @@ absl::StatusOr<uint8_t*> SharedRingView::Check(uint64_t offset, uint64_t length)
                                                    " bytes"));
   }
   RegionHeader* h = At(area_, offset);
-  if (h->magic != (kRegionMagic ^ offset) || h->length != length) return Stale(offset, length);
-  uint32_t state = h->state.load(std::memory_order_acquire);
-  const int64_t wait_ms = publish_wait_ms_.load(std::memory_order_relaxed);
-  if (state == kWriting || state == kAwaited) state = AwaitWritten(&h->state, wait_ms);
-  if (state == kWriting) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("tensor.shared: the payload of ", length, " bytes at offset ", offset,
-                     " was not written by its sender within ", wait_ms, " ms"));
+  if (h->magic != (kRegionMagic ^ offset) || h->length != length ||
+      h->state.load(std::memory_order_acquire) != kBusy) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor.shared: no payload of ", length,
+                                                   " bytes at offset ", offset,
+                                                   " (stale or taken twice)"));
   }
-  if (state != kBusy) return Stale(offset, length);
   return area_ + offset + SharedRing::kAlign;
 }
 

@@ -7,9 +7,6 @@
 // free; the writer reuses freed regions in order. No syscall, no socket copy,
 // no HTTP/2 framing and no protobuf parse of the payload, and the ring's pages
 // stay mapped, so a payload costs two memory copies of warm pages.
-// A region is written until its writer publishes it (the writer may send the
-// descriptor first and copy while it travels); a reader that comes sooner
-// sleeps on the region's state word, a futex both processes share.
 //
 // The ring is a file in a tmpfs directory (/dev/shm), created 0600 with a
 // random name and a random token in its header; a peer that can open it and
@@ -51,17 +48,8 @@ class SharedRing {
     uint64_t length = 0;
   };
   // Room for `length` payload bytes now, or nullopt (the caller then sends
-  // the bytes inline: a full ring never blocks a stage). The region is being
-  // written until Publish: a reader that gets its descriptor sooner waits
-  // for it (so the writer may send the descriptor first and copy the bytes
-  // while it travels).
+  // the bytes inline: a full ring never blocks a stage).
   std::optional<Region> Allocate(uint64_t length);
-  // The region's bytes are written: readers may take it (once, after an
-  // Allocate). Wakes a reader waiting for it.
-  void Publish(const Region& region);
-  // The region will never be written (its write failed): a reader waiting
-  // for it, or coming later, fails, and the writer reclaims it.
-  void Abandon(const Region& region);
 
   const std::string& name() const { return name_; }    // file name within dir
   const std::string& token() const { return token_; }  // 16 random bytes
@@ -72,9 +60,6 @@ class SharedRing {
   static int64_t TotalPayloads();
   // Payloads that found their ring full (and went inline) so far.
   static int64_t TotalFull();
-  // Payloads a reader of this process found still being written, and waited
-  // for (tests, diagnostics).
-  static int64_t TotalAwaited();
 
  private:
   SharedRing() = default;
@@ -100,9 +85,6 @@ class SharedRing {
 // by Open, as a shared_ptr (a held payload keeps its view mapped).
 class SharedRingView : public std::enable_shared_from_this<SharedRingView> {
  public:
-  // How long a reader waits for a payload its writer has not finished
-  // (by default; set_publish_wait_ms before the first read changes it).
-  static constexpr int64_t kPublishWaitMs = 5000;
   // Opens `name` in `dir` (a bare file name of letters, digits and '-'),
   // checks its size and token: NOT_FOUND / FAILED_PRECONDITION when it is
   // not the ring the peer described (e.g. another host's).
@@ -117,8 +99,7 @@ class SharedRingView : public std::enable_shared_from_this<SharedRingView> {
   // Copies the payload at `offset` of `length` bytes into `out` and frees its
   // region. INVALID_ARGUMENT naming the field when the descriptor does not
   // point at a live region of that length (out of bounds, misaligned, taken
-  // twice, abandoned). A region still being written is waited for, up to
-  // publish_wait_ms (then DEADLINE_EXCEEDED).
+  // twice).
   absl::Status Take(uint64_t offset, uint64_t length, std::string* out);
   // As Take, but hands the payload's bytes to `read` (which copies what it
   // needs and keeps no pointer) before freeing the region.
@@ -133,20 +114,17 @@ class SharedRingView : public std::enable_shared_from_this<SharedRingView> {
   // Payload bytes held and not yet released.
   uint64_t held_bytes() const { return held_.load(std::memory_order_relaxed); }
   uint64_t size() const { return size_; }  // payload area
-  void set_publish_wait_ms(int64_t ms) { publish_wait_ms_.store(ms, std::memory_order_relaxed); }
 
  private:
   SharedRingView() = default;
   // The payload's bytes when the descriptor points at a live region of that
-  // length (published, or once its writer publishes it), else
-  // INVALID_ARGUMENT (DEADLINE_EXCEEDED when the writer did not finish).
+  // length (kBusy), else INVALID_ARGUMENT.
   absl::StatusOr<uint8_t*> Check(uint64_t offset, uint64_t length);
   uint8_t* base_ = nullptr;
   uint8_t* area_ = nullptr;
   uint64_t mapped_ = 0, size_ = 0;
   bool pinned_ = false;  // page-locked for the GPUs (device_copy.h)
   std::atomic<uint64_t> held_{0};
-  std::atomic<int64_t> publish_wait_ms_{kPublishWaitMs};
 };
 
 }  // namespace stagewise

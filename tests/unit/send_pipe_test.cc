@@ -1,14 +1,11 @@
 // SendPipe (worker/send_pipe.h): sends encoded off the caller's thread, in
 // order; the queue bounded; the first failure sticky and reported once; Close
-// wakes a blocked Push; Drain waits for the last send; a payload bound for
-// the shared ring is copied there after its message was handed on.
+// wakes a blocked Push; Drain waits for the last send.
 #include "worker/send_pipe.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <atomic>
-#include <filesystem>
 #include <thread>
 #include <vector>
 
@@ -166,62 +163,6 @@ TEST(SendPipe, CloseWakesABlockedPushAndDropsWhatWaits) {
   EXPECT_EQ(pipe.Drain().code(), absl::StatusCode::kCancelled);
   r.Release();  // the send in delivery finishes; nothing after it goes
   EXPECT_LE(r.steps().size(), 1u);
-}
-
-TEST(SendPipe, ARingPayloadIsCopiedAfterItsMessageWasHandedOn) {
-  char tmpl[] = "/tmp/send_pipe_test_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  {
-    auto ring = SharedRing::Create(dir, 4 << 20);
-    ASSERT_TRUE(ring.ok()) << ring.status();
-    auto view = SharedRingView::Open(dir, (*ring)->name(), (*ring)->size(), (*ring)->token());
-    ASSERT_TRUE(view.ok()) << view.status();
-    std::vector<v1::TensorProto> sent;
-    absl::Mutex mu;
-    SendPipe pipe(
-        2,
-        [&](v1::StageMessage m, int64_t) {
-          const v1::TensorProto& t = m.tensors().at("x");
-          EXPECT_TRUE(t.has_shared());
-          // Handed on before its bytes: the region is not readable yet.
-          (*view)->set_publish_wait_ms(0);
-          std::string early;
-          absl::Status s = (*view)->Take(t.shared().offset(), t.shared().length(), &early);
-          EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
-          absl::MutexLock lock(&mu);
-          sent.push_back(t);
-          return absl::OkStatus();
-        },
-        nullptr);
-    const torch::Tensor x = torch::randn({300, 100});
-    for (int64_t step = 0; step < 6; ++step) {
-      EncodeOptions wire;
-      wire.ring = ring->get();
-      if (step % 2 == 1) {  // bf16, rounded into the ring
-        wire.compression = v1::COMPRESSION_BF16;
-        wire.round_in_ring = true;
-      }
-      ASSERT_TRUE(pipe.Push(Numbered(step), {{"x", x + step, wire}}, step).ok());
-    }
-    ASSERT_TRUE(pipe.Drain().ok());
-    (*view)->set_publish_wait_ms(SharedRingView::kPublishWaitMs);
-    absl::MutexLock lock(&mu);
-    ASSERT_EQ(sent.size(), 6u);
-    for (int64_t step = 0; step < 6; ++step) {
-      v1::TensorProto& t = sent[step];
-      std::string bytes;
-      ASSERT_TRUE((*view)->Take(t.shared().offset(), t.shared().length(), &bytes).ok()) << step;
-      t.clear_shared();
-      *t.mutable_data() = bytes;
-      auto decoded = DecodeTensor(t);
-      ASSERT_TRUE(decoded.ok()) << decoded.status();
-      const torch::Tensor want =
-          step % 2 == 1 ? (x + step).to(torch::kBFloat16).to(torch::kFloat) : x + step;
-      EXPECT_TRUE(torch::equal(*decoded, want)) << step;
-    }
-  }
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

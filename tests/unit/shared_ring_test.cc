@@ -10,10 +10,8 @@
 #include <iterator>
 #include <limits>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "absl/time/clock.h"
 #include "services/tensor/codec.h"
 #include "services/tensor/ring_leases.h"
 #include "services/tensor/stage_message.h"
@@ -48,7 +46,6 @@ TEST_F(SharedRingTest, APayloadGoesAcrossOnceAndItsRegionIsReused) {
     ASSERT_TRUE(region.has_value()) << round;
     EXPECT_EQ(reinterpret_cast<uintptr_t>(region->data) % SharedRing::kAlign, 0u);
     std::memset(region->data, 'a' + round % 26, region->length);
-    (*ring)->Publish(*region);
     std::string out;
     ASSERT_TRUE((*view)->Take(region->offset, region->length, &out).ok());
     EXPECT_EQ(out, std::string(10000, static_cast<char>('a' + round % 26)));
@@ -67,7 +64,6 @@ TEST_F(SharedRingTest, AFullRingSaysSoUntilTheOldestIsTakenAndWrapsAround) {
   std::vector<SharedRing::Region> held;
   while (auto r = (*ring)->Allocate(1000)) held.push_back(*r);
   ASSERT_EQ(held.size(), 3u);
-  for (const auto& r : held) (*ring)->Publish(r);
   EXPECT_FALSE((*ring)->Allocate(1000).has_value());
   std::string out;
   // Freed out of order: the middle one does not make room before the oldest.
@@ -81,58 +77,6 @@ TEST_F(SharedRingTest, AFullRingSaysSoUntilTheOldestIsTakenAndWrapsAround) {
   EXPECT_FALSE((*ring)->Allocate(1 << 20).has_value());  // larger than the ring
 }
 
-TEST_F(SharedRingTest, AReaderWaitsForARegionItsWriterIsStillWriting) {
-  auto ring = SharedRing::Create(dir_, 1 << 16);
-  ASSERT_TRUE(ring.ok()) << ring.status();
-  auto view = SharedRingView::Open(dir_, (*ring)->name(), (*ring)->size(), (*ring)->token());
-  ASSERT_TRUE(view.ok()) << view.status();
-  for (int round = 0; round < 20; ++round) {
-    auto region = (*ring)->Allocate(10000);
-    ASSERT_TRUE(region.has_value());
-    const int64_t awaited = SharedRing::TotalAwaited();
-    // The descriptor is there before the bytes: the reader waits for them
-    // (on the state word, woken by Publish through its own mapping).
-    std::string out;
-    absl::Status taken;
-    std::thread reader([&] { taken = (*view)->Take(region->offset, region->length, &out); });
-    while (SharedRing::TotalAwaited() == awaited) std::this_thread::yield();
-    if (round % 2 == 0) absl::SleepFor(absl::Milliseconds(2));
-    std::memset(region->data, 'a' + round, region->length);
-    (*ring)->Publish(*region);
-    reader.join();
-    ASSERT_TRUE(taken.ok()) << taken;
-    EXPECT_EQ(out, std::string(10000, static_cast<char>('a' + round)));
-  }
-  EXPECT_EQ((*ring)->used(), 0u);
-}
-
-TEST_F(SharedRingTest, AnAbandonedRegionFailsItsReaderAndIsReclaimed) {
-  auto ring = SharedRing::Create(dir_, 1 << 16);
-  ASSERT_TRUE(ring.ok()) << ring.status();
-  auto view = SharedRingView::Open(dir_, (*ring)->name(), (*ring)->size(), (*ring)->token());
-  ASSERT_TRUE(view.ok()) << view.status();
-  auto region = (*ring)->Allocate(1000);
-  ASSERT_TRUE(region.has_value());
-  const int64_t awaited = SharedRing::TotalAwaited();
-  absl::StatusOr<uint8_t*> held;
-  std::thread reader([&] { held = (*view)->Hold(region->offset, region->length); });
-  while (SharedRing::TotalAwaited() == awaited) std::this_thread::yield();
-  (*ring)->Abandon(*region);
-  reader.join();
-  EXPECT_EQ(held.status().code(), absl::StatusCode::kInvalidArgument) << held.status();
-  EXPECT_NE(held.status().message().find("abandoned"), std::string::npos) << held.status();
-  EXPECT_EQ((*ring)->used(), 0u);
-
-  // A writer that never finishes: the reader gives up at the deadline.
-  (*view)->set_publish_wait_ms(50);
-  auto stuck = (*ring)->Allocate(1000);
-  ASSERT_TRUE(stuck.has_value());
-  std::string out;
-  absl::Status late = (*view)->Take(stuck->offset, stuck->length, &out);
-  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
-  EXPECT_NE(late.message().find("not written by its sender"), std::string::npos) << late;
-}
-
 TEST_F(SharedRingTest, DescriptorsOutsideTheRingOrOfTheWrongLengthAreRefused) {
   auto ring = SharedRing::Create(dir_, 8192);
   ASSERT_TRUE(ring.ok()) << ring.status();
@@ -140,7 +84,6 @@ TEST_F(SharedRingTest, DescriptorsOutsideTheRingOrOfTheWrongLengthAreRefused) {
   ASSERT_TRUE(view.ok()) << view.status();
   auto region = (*ring)->Allocate(100);
   ASSERT_TRUE(region.has_value());
-  (*ring)->Publish(*region);
   std::string out;
   EXPECT_FALSE((*view)->Take(region->offset, 101, &out).ok());       // wrong length
   EXPECT_FALSE((*view)->Take(region->offset + 64, 100, &out).ok());  // not a region
@@ -558,7 +501,6 @@ TEST_F(SharedRingTest, ANarrowedPayloadForACpuReceiverGoesRoundedAndIsReadInPlac
   for (uint64_t piece : {uint64_t{1} << 20, uint64_t{4096}, uint64_t{64}}) {
     while (auto r = (*ring)->Allocate(piece)) taken.push_back(*r);
   }
-  for (const auto& r : taken) (*ring)->Publish(r);
   EncodeOptions rounded;
   rounded.compression = v1::COMPRESSION_BF16;
   rounded.ring = ring->get();
