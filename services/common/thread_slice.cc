@@ -25,11 +25,7 @@ struct SchedAttr {
 
 bool GetAttr(SchedAttr* attr) {
   std::memset(attr, 0, sizeof(*attr));
-#ifdef SYS_sched_getattr
   return syscall(SYS_sched_getattr, 0, attr, sizeof(*attr), 0) == 0;
-#else
-  return false;
-#endif
 }
 
 }  // namespace
@@ -44,11 +40,7 @@ bool RequestThreadSlice(int64_t micros) {
   attr.size = sizeof(attr);
   attr.sched_flags = 0;
   attr.sched_runtime = static_cast<uint64_t>(micros) * 1000;
-#ifdef SYS_sched_setattr
   return syscall(SYS_sched_setattr, 0, &attr, 0) == 0;
-#else
-  return false;
-#endif
 }
 
 int64_t ThreadSliceMicros() {

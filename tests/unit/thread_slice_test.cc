@@ -28,8 +28,8 @@ TEST(ThreadSlice, AThreadGetsTheSliceItAsksForAndKeepsItsNiceValue) {
     const bool taken = RequestThreadSlice(250);
     EXPECT_EQ(NiceOfThisThread(), nice + 1);
     // Kernels before 6.12 take the call and report no slice.
-    if (taken && ThreadSliceMicros() != 0) EXPECT_EQ(ThreadSliceMicros(), 250);
     if (taken && ThreadSliceMicros() != 0) {
+      EXPECT_EQ(ThreadSliceMicros(), 250);
       EXPECT_TRUE(RequestThreadSlice());
       EXPECT_EQ(ThreadSliceMicros(), kShortSliceMicros);
     }
