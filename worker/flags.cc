@@ -98,6 +98,12 @@ void AddDeviceFlags(CLI::App& app, RawFlags& raw) {
                  "a payload that does not fit goes inline")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
+  app.add_option("--place-outputs", o.place_outputs,
+                 "A CPU stage makes the large tensors it sends to a neighbour on this host (its "
+                 "activations, its gradients) in their shared ring as it computes them, so that "
+                 "they go with no copy; false: they are copied into the ring when sent "
+                 "(docs/performance.md, \"Outputs made in the ring\")")
+      ->capture_default_str();
   app.add_option("--host-cache-mib", o.host_cache_mib,
                  "Freed CPU tensors of 1 MiB or more are kept and reused for the next tensor of "
                  "their size, up to this many MiB held free, instead of going back to the system "

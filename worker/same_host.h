@@ -63,7 +63,7 @@ class SameHostLink {
   const bool widen_;
   absl::Mutex mu_;
   bool tried_ ABSL_GUARDED_BY(mu_) = false;  // Offer made the ring (or failed to)
-  std::unique_ptr<SharedRing> ring_;         // set under mu_ before PeerAnswered
+  std::shared_ptr<SharedRing> ring_;  // set under mu_ before PeerAnswered (shared: placement)
   bool answered_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> peer_opened_{false};
   std::shared_ptr<SharedRingView> view_ ABSL_GUARDED_BY(mu_);

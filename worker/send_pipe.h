@@ -46,6 +46,9 @@ class SendPipe {
   // Hands one encoded message on (blocks while the stream's outbox is full).
   // `step` is what Push was given with it.
   using Deliver = std::function<absl::Status(v1::StageMessage message, int64_t step)>;
+  // A stage's capacity: sends queued beyond the one being encoded (each
+  // holds its tensors until then), enough to overlap the next micro-batch.
+  static constexpr size_t kStageCapacity = 2;
   SendPipe(size_t capacity, Deliver deliver, std::function<void(const absl::Status&)> on_error);
   // Close, then waits for the thread (a send being handed on finishes).
   ~SendPipe();

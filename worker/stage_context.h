@@ -135,6 +135,16 @@ class StageContext {
   // transport.compression, and the shared-memory ring when that neighbour is
   // on this host and opened it (docs/performance.md, "Neighbours on one host").
   virtual EncodeOptions Wire(bool to_next) const;
+  // Called before the compute span that made `tensor` ends (TimeCompute),
+  // for a tensor the stage sends to `side` next: the device's part of
+  // sending it happens now, within the span, and the tensor to send instead
+  // comes back (StageRuntime: an fp16/bf16 send to a CPU neighbour on this
+  // host rounded into their ring, worker/output_placement.h). By default
+  // `tensor` itself.
+  virtual torch::Tensor PrepareSend(Side side, const torch::Tensor& tensor) {
+    (void)side;
+    return tensor;
+  }
   // transport.error_feedback: the residuals of the gradients sent to stage
   // j-1, per micro-batch slot (null when off).
   virtual WireResiduals* wire_residuals() { return nullptr; }

@@ -16,13 +16,6 @@
 #include "worker/stage_assignment.h"
 
 namespace stagewise::worker {
-namespace {
-
-// Sends a stage queues to a neighbour beyond the one being encoded (each
-// holds its tensors until then): enough to overlap the next micro-batch.
-constexpr size_t kQueuedSends = 2;
-
-}  // namespace
 
 StageRuntime::StageRuntime(RuntimeEnv env) : env_(std::move(env)) {}
 
@@ -77,7 +70,7 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
       if (raw->Interrupted().ok()) raw->Fail(s);
     };
     (next ? rt->to_next_pipe_ : rt->to_prev_pipe_) =
-        std::make_unique<SendPipe>(kQueuedSends, std::move(deliver), std::move(failed));
+        std::make_unique<SendPipe>(SendPipe::kStageCapacity, std::move(deliver), std::move(failed));
   }
   STAGEWISE_ASSIGN_OR_RETURN(rt->spec_, ParseJobSpec(assignment.job_spec_yaml()));
   if (auto s = ResolveAutoWire(assignment, &rt->spec_.transport); !s.ok()) return s;
@@ -330,6 +323,10 @@ void StageRuntime::ComputeLoop() {
     // This worker's emulated device, as fast as it is now, waiting once per
     // compute span (services/models/blocks.h).
     models::EmulatedWaitWindow emulated_waits;
+    // A CPU stage makes its outputs in the same-host rings (output_placement.h).
+    if (device().is_cpu() && env_.place_outputs) {
+      placement_.emplace(first(), last(), [this](bool next) { return Wire(next); });
+    }
     std::optional<models::ScopedEmulatedSpeed> speed;
     if (env_.emulated_speed_source != nullptr) speed.emplace(env_.emulated_speed_source);
     if (env_.emulated_speed_source == nullptr) speed.emplace(env_.emulated_speed);
@@ -339,6 +336,7 @@ void StageRuntime::ComputeLoop() {
     } catch (const std::exception& e) {
       status = absl::InternalError(absl::StrCat("stage ", stage(), ": ", e.what()));
     }
+    placement_.reset();
   }
   Summarize("peak_memory_bytes", static_cast<double>(memory_->peak()));
   metrics_->SetMemory("tensors_peak", memory_->peak());
@@ -502,7 +500,9 @@ absl::StatusOr<v1::StageMessage> StageRuntime::Receive(BoundedQueue<v1::StageMes
   metrics_->SetInboxDepth(static_cast<int64_t>(queue.size()));
   if (m.has_value()) {
     link.Took(m->seq());
-    streams_->Popped(&queue == &streams_->from_prev(), m->seq());
+    const bool from_prev = &queue == &streams_->from_prev();
+    streams_->Popped(from_prev, m->seq());
+    if (placement_) placement_->Received(from_prev ? Side::kPrev : Side::kNext);
     if (tracer_) tracer_->Record(wait, m->step(), m->micro_batch(), t0, t1);
     return std::move(*m);
   }
@@ -537,6 +537,7 @@ void StageRuntime::PlanExtraCut(int64_t step) {
 
 absl::Status StageRuntime::SendTensorsTo(Side side, v1::StageMessage message,
                                          std::vector<OutgoingTensor> tensors) {
+  if (placement_) placement_->Sending(side, &tensors);  // before: the rounding is the device's
   models::FlushEmulatedWaits();  // what the message carries is computed by now
   const bool next = side == Side::kNext;
   if (next ? last() : first()) {

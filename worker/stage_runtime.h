@@ -30,6 +30,7 @@
 #include "worker/collective.h"
 #include "worker/device_turns.h"
 #include "worker/neighbour_link.h"
+#include "worker/output_placement.h"
 #include "worker/peer_stream.h"
 #include "worker/replica_copy.h"
 #include "worker/same_host.h"
@@ -54,6 +55,8 @@ struct RuntimeEnv {
   // (--shared-memory-dir), and each ring's size (--shared-memory-mib).
   std::string shared_memory_dir;
   uint64_t shared_ring_bytes = uint64_t{128} << 20;
+  // A CPU stage makes its outputs in the rings (worker/output_placement.h).
+  bool place_outputs = true;
   // Where data.path and checkpoint.dir may point (--data-root,
   // --checkpoint-root); a job naming a path elsewhere fails to configure.
   PathRoots data_roots;
@@ -155,6 +158,11 @@ class StageRuntime final : public StageContext {
   absl::Status SendTensorsTo(Side side, v1::StageMessage message,
                              std::vector<OutgoingTensor> tensors) override;
   EncodeOptions Wire(bool to_next) const override;
+  torch::Tensor PrepareSend(Side side, const torch::Tensor& tensor) override {
+    // Error feedback narrows on the compute thread when it sends (its residual).
+    const bool narrow_now = placement_ && !spec_.transport.error_feedback;
+    return narrow_now ? placement_->Prepare(side, tensor) : tensor;
+  }
   absl::Status Interrupted() const override;
   void BeginStep(int64_t phase_step) override;
   bool CheckpointDue(int64_t steps_done) const override;
@@ -280,6 +288,7 @@ class StageRuntime final : public StageContext {
   // Sends to stage j+1 and j-1, encoded off the compute thread (after
   // streams_, which they send to: destroyed first).
   std::unique_ptr<SendPipe> to_next_pipe_, to_prev_pipe_;
+  std::optional<OutputPlacement> placement_;  // the compute thread's, while it runs (CPU)
   // A replacing stage: its shard's counts, when it started, the bytes it
   // took while replaying, and whether it caught up.
   checkpoint::ShardPosition::Marks resumed_marks_;

@@ -494,6 +494,7 @@ void Worker::RunStageCommand(const v1::Command& command) {
       env.emulated_speed = options_.emulated_speed;
       env.shared_memory_dir = options_.shared_memory_dir;
       env.shared_ring_bytes = static_cast<uint64_t>(options_.shared_memory_mib) << 20;
+      env.place_outputs = options_.place_outputs;
       env.emulated_speed_source = &emulated_speed_;
       env.collective_store = [this](const v1::StageAssignment& assignment) {
         CoordinatorStore::Scope scope;

@@ -62,6 +62,10 @@ struct WorkerOptions {
   // empty: off, every payload inline on the stream) and each ring's size.
   std::string shared_memory_dir = "/dev/shm";
   int64_t shared_memory_mib = 128;
+  // A CPU stage makes the tensors it sends to a neighbour on this host in
+  // their ring, with no copy afterwards (--place-outputs; docs/performance.md,
+  // "Outputs made in the ring").
+  bool place_outputs = true;
   // Freed host tensors of 1 MiB or more kept for reuse, up to this many MiB
   // held free (--host-cache-mib; 0: off). Process-wide: the first worker of
   // a process installs the cache, the last one started sets its limit

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "services/tensor/device_copy.h"
+#include "services/tensor/host_blocks.h"
 #include "services/tensor/ring_leases.h"
 #include "services/tensor/stream_copy.h"
 
@@ -252,6 +253,15 @@ absl::Status EncodeImpl(const torch::Tensor& tensor, v1::TensorProto* out,
   }
   const c10::ScalarType wire_type = narrow_on_copy.value_or(wire.scalar_type());
   const int64_t wire_bytes = wire.numel() * static_cast<int64_t>(c10::elementSize(wire_type));
+  if (options.ring != nullptr && !narrow_on_copy && wire.is_cpu() && wire.is_contiguous() &&
+      wire_bytes > 0) {
+    // Made in the ring already (host_blocks.h, placement): handed over as it is.
+    if (auto offset = options.ring->Publish(wire.data_ptr(), static_cast<uint64_t>(wire_bytes))) {
+      out->mutable_shared()->set_offset(*offset);
+      out->mutable_shared()->set_length(static_cast<uint64_t>(wire_bytes));
+      return absl::OkStatus();
+    }
+  }
   if (options.ring != nullptr && wire_bytes >= options.min_shared_bytes) {
     if (auto region = options.ring->Allocate(static_cast<uint64_t>(wire_bytes))) {
       // One pass straight into the shared pages (from the device, too;
@@ -376,6 +386,28 @@ absl::StatusOr<torch::Tensor> AdoptImpl(v1::TensorProto* proto, const DecodeOpti
 }
 
 }  // namespace
+
+torch::Tensor NarrowIntoRing(const torch::Tensor& tensor, EncodeOptions* options) {
+  const v1::Compression c = options->compression;
+  if ((c != v1::COMPRESSION_FP16 && c != v1::COMPRESSION_BF16) || options->ring == nullptr ||
+      !options->round_in_ring || options->residual != nullptr || !tensor.defined() ||
+      !tensor.is_cpu() || tensor.layout() != c10::kStrided ||
+      tensor.scalar_type() != torch::kFloat) {
+    return tensor;
+  }
+  const int64_t bytes = tensor.numel() * static_cast<int64_t>(sizeof(float));
+  if (bytes < options->min_shared_bytes || bytes == 0) return tensor;
+  torch::Tensor out;
+  {
+    ScopedHostPlacement place(options->ring, static_cast<size_t>(bytes));
+    out = torch::empty(tensor.sizes(), torch::kFloat);
+  }
+  if (!options->ring->Contains(out.data_ptr())) return tensor;  // no room: narrowed when sent
+  RoundThrough(tensor.detach().resolve_conj().resolve_neg(),
+               c == v1::COMPRESSION_FP16 ? torch::kHalf : torch::kBFloat16, out.data_ptr<float>());
+  options->compression = v1::COMPRESSION_NONE;
+  return out;
+}
 
 absl::Status EncodeTensor(const torch::Tensor& tensor, v1::TensorProto* out,
                           const EncodeOptions& options) {

@@ -51,6 +51,15 @@ struct EncodeOptions {
 absl::Status EncodeTensor(const torch::Tensor& tensor, v1::TensorProto* out,
                           const EncodeOptions& options = {});
 
+// Before a send to a CPU receiver behind options->ring (round_in_ring), on
+// the thread that computed `tensor`: a CPU float32 tensor of at least
+// min_shared_bytes that goes as fp16/bf16 (without error feedback) is
+// rounded through the narrow type into a tensor made in the ring
+// (host_blocks.h, placement), which is returned, and options->compression
+// becomes COMPRESSION_NONE: the encoder hands it over as it is. Otherwise
+// (no room, another case) `tensor` itself, options unchanged.
+torch::Tensor NarrowIntoRing(const torch::Tensor& tensor, EncodeOptions* options);
+
 // Checks a proto without decoding it: known dtype and compression, rank <= 8,
 // non-negative dims, numel * itemsize == data.size(), size <= max_bytes.
 absl::Status ValidateTensorProto(const v1::TensorProto& proto,

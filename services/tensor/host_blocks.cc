@@ -23,6 +23,34 @@ struct Header {
   uint64_t bytes;  // the whole block, header included
 };
 
+// Arenas that placed memory may come from: a fixed table read without a
+// lock by every free (only while one is registered), written under arena_mu.
+constexpr int kMaxArenas = 32;
+struct ArenaSlot {
+  std::atomic<uintptr_t> begin{0}, end{0};
+  std::atomic<HostArena*> arena{nullptr};
+};
+ArenaSlot arenas[kMaxArenas];
+std::atomic<int> arena_count{0};
+absl::Mutex arena_mu;
+std::atomic<int64_t> placed_total{0};
+
+thread_local HostArena* placement_arena = nullptr;
+thread_local size_t placement_bytes = 0;
+
+// The arena `data` was placed by, or null.
+HostArena* ArenaOf(void* data) {
+  if (arena_count.load(std::memory_order_acquire) == 0) return nullptr;
+  const auto at = reinterpret_cast<uintptr_t>(data);
+  for (ArenaSlot& slot : arenas) {
+    if (at >= slot.begin.load(std::memory_order_acquire) &&
+        at < slot.end.load(std::memory_order_acquire)) {
+      return slot.arena.load(std::memory_order_acquire);
+    }
+  }
+  return nullptr;
+}
+
 // The allocator. Every block carries a header with its size, so that the
 // deleter (one function, as LibTorch's raw interface needs) knows whether to
 // keep it; data = block + kHeader.
@@ -68,6 +96,12 @@ class HostBlockCache final : public c10::Allocator {
 
   c10::DataPtr AllocateBlock(size_t n) {
     if (n == 0) return c10::DataPtr(nullptr, nullptr, &Delete, c10::Device(c10::DeviceType::CPU));
+    if (n == placement_bytes && placement_arena != nullptr) {
+      if (void* placed = placement_arena->Place(n)) {
+        placed_total.fetch_add(1, std::memory_order_relaxed);
+        return c10::DataPtr(placed, placed, &Delete, c10::Device(c10::DeviceType::CPU));
+      }
+    }
     size_t bytes = n + kHeader;
     void* block = nullptr;
     if (n >= min_block_bytes_.load(std::memory_order_relaxed)) {
@@ -97,6 +131,10 @@ class HostBlockCache final : public c10::Allocator {
 
   static void Delete(void* data) {
     if (data == nullptr) return;
+    if (HostArena* arena = ArenaOf(data)) {
+      arena->Unplace(data);
+      return;
+    }
     void* block = static_cast<char*>(data) - kHeader;
     Get().Release(block);
   }
@@ -152,6 +190,44 @@ void InstallHostBlockCache(const HostBlockOptions& options) {
     is_installed.store(true);
   });
 }
+
+bool RegisterHostArena(HostArena* arena, const void* begin, size_t size) {
+  absl::MutexLock lock(&arena_mu);
+  for (ArenaSlot& slot : arenas) {
+    if (slot.arena.load() != nullptr) continue;
+    // The range last: a free sees it only with its arena set.
+    slot.arena.store(arena, std::memory_order_release);
+    slot.begin.store(reinterpret_cast<uintptr_t>(begin), std::memory_order_release);
+    slot.end.store(reinterpret_cast<uintptr_t>(begin) + size, std::memory_order_release);
+    arena_count.fetch_add(1, std::memory_order_acq_rel);
+    return true;
+  }
+  return false;
+}
+
+void UnregisterHostArena(HostArena* arena) {
+  absl::MutexLock lock(&arena_mu);
+  for (ArenaSlot& slot : arenas) {
+    if (slot.arena.load() != arena) continue;
+    slot.begin.store(0, std::memory_order_release);
+    slot.end.store(0, std::memory_order_release);
+    slot.arena.store(nullptr, std::memory_order_release);
+    arena_count.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+ScopedHostPlacement::ScopedHostPlacement(HostArena* arena, size_t bytes)
+    : previous_arena_(placement_arena), previous_bytes_(placement_bytes) {
+  placement_arena = bytes > 0 ? arena : nullptr;
+  placement_bytes = arena != nullptr ? bytes : 0;
+}
+
+ScopedHostPlacement::~ScopedHostPlacement() {
+  placement_arena = previous_arena_;
+  placement_bytes = previous_bytes_;
+}
+
+int64_t HostPlacedAllocations() { return placed_total.load(std::memory_order_relaxed); }
 
 HostBlockStats GetHostBlockStats() {
   if (!is_installed.load()) return HostBlockStats{};  // never installed, or refused

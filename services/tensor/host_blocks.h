@@ -15,6 +15,7 @@
 #ifndef STAGEWISE_SERVICES_TENSOR_HOST_BLOCKS_H_
 #define STAGEWISE_SERVICES_TENSOR_HOST_BLOCKS_H_
 
+#include <cstddef>
 #include <cstdint>
 
 namespace stagewise {
@@ -38,6 +39,44 @@ struct HostBlockStats {
   uint64_t cached_bytes = 0;  // held free now
 };
 HostBlockStats GetHostBlockStats();
+
+// Placement (docs/performance.md, "Outputs made in the ring"): a thread can
+// have its allocations of one exact size served by another arena first, so
+// that a tensor it is about to compute (a stage's output for a neighbour on
+// this host) is made where it will be read, with no copy afterwards. Only
+// with the cache installed; elsewhere nothing is placed.
+class HostArena {
+ public:
+  virtual ~HostArena() = default;
+  // `bytes` bytes, 64-byte aligned, inside a range registered for this
+  // arena, or null (the cache serves the allocation as usual).
+  virtual void* Place(size_t bytes) = 0;
+  // Frees what Place returned (any thread, once). The arena stays alive
+  // while it has placed memory (the caller of Place sees to it).
+  virtual void Unplace(void* data) = 0;
+};
+// The cache frees memory inside [begin, begin + size) through `arena`.
+// False when 32 arenas are registered already (then do not Place).
+bool RegisterHostArena(HostArena* arena, const void* begin, size_t size);
+// Before the arena goes; it must have no placed memory left.
+void UnregisterHostArena(HostArena* arena);
+
+// While alive, this thread's allocations of exactly `bytes` bytes (through
+// the cache) go to `arena` first; a null arena or 0 bytes: none. Nested:
+// the inner one holds until it ends.
+class ScopedHostPlacement {
+ public:
+  ScopedHostPlacement(HostArena* arena, size_t bytes);
+  ~ScopedHostPlacement();
+  ScopedHostPlacement(const ScopedHostPlacement&) = delete;
+  ScopedHostPlacement& operator=(const ScopedHostPlacement&) = delete;
+
+ private:
+  HostArena* previous_arena_;
+  size_t previous_bytes_;
+};
+// Allocations placed so far in this process (tests, diagnostics).
+int64_t HostPlacedAllocations();
 
 }  // namespace stagewise
 

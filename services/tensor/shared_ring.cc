@@ -30,8 +30,10 @@ struct FileHeader {
 
 // Before every region's payload, kAlign bytes.
 // kHeld: the reader reads the payload in place (SharedRingView::Hold); the
-// writer reclaims only kFree regions.
-enum RegionState : uint32_t { kBusy = 1, kFree = 2, kHeld = 3 };
+// writer reclaims only kFree regions (and placed ones never published).
+// kPlaced: a tensor is being made there (SharedRing::Place); not the
+// reader's until Publish makes it kBusy.
+enum RegionState : uint32_t { kBusy = 1, kFree = 2, kHeld = 3, kPlaced = 4 };
 struct RegionHeader {
   uint64_t magic;   // kRegionMagic ^ offset
   uint64_t length;  // payload bytes
@@ -42,6 +44,7 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 std::atomic<int64_t> total_payloads{0};
 std::atomic<int64_t> total_full{0};
+std::atomic<int64_t> total_in_place{0};
 
 uint64_t RegionBytes(uint64_t length) {
   return SharedRing::kAlign +
@@ -111,67 +114,147 @@ absl::StatusOr<std::unique_ptr<SharedRing>> SharedRing::Create(const std::string
   header->size = ring->size_;
   std::memcpy(header->token, ring->token_.data(), 16);
   ring->pinned_ = PinHostRange(ring->base_, ring->mapped_);  // for a GPU stage's copies
+  absl::MutexLock lock(&ring->mu_);
+  ring->free_[0] = ring->size_;
   return ring;
 }
 
 SharedRing::~SharedRing() {
+  bool registered = false;
+  {
+    absl::MutexLock lock(&mu_);
+    registered = registered_;
+  }
+  if (registered) UnregisterHostArena(this);
   if (pinned_) UnpinHostRange(base_);
   if (base_ != nullptr) munmap(base_, mapped_);
   if (!path_.empty()) unlink(path_.c_str());
 }
 
-void SharedRing::ReclaimLocked() {
-  // Only the state word is read from the shared pages: offsets and sizes come
-  // from this side's own list, whatever the reader writes there.
-  while (!regions_.empty()) {
-    const Outstanding& r = regions_.front();
-    if (!r.skip && At(area_, r.offset)->state.load(std::memory_order_acquire) != kFree) return;
-    used_ -= r.bytes;
-    tail_ = (r.offset + r.bytes) % size_;
-    regions_.pop_front();
+void SharedRing::FreeLocked(uint64_t offset, uint64_t bytes) {
+  used_ -= bytes;
+  auto next = free_.lower_bound(offset);
+  if (next != free_.end() && offset + bytes == next->first) {
+    bytes += next->second;
+    next = free_.erase(next);
   }
-  head_ = tail_ = 0;  // empty: start over at the beginning (fewest wraps)
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == offset) {
+      prev->second += bytes;
+      return;
+    }
+  }
+  free_.emplace(offset, bytes);
 }
 
-std::optional<SharedRing::Region> SharedRing::Allocate(uint64_t length) {
-  const uint64_t need = RegionBytes(length);
-  absl::MutexLock lock(&mu_);
-  const auto full = [] {
-    total_full.fetch_add(1, std::memory_order_relaxed);
-    return std::nullopt;
-  };
-  if (need > size_) return full();
-  ReclaimLocked();
-  uint64_t at = 0;  // empty: from the beginning
-  if (used_ > 0 && head_ > tail_) {
-    // Free: [head_, size_) and [0, tail_).
-    if (size_ - head_ >= need) {
-      at = head_;
-    } else if (tail_ >= need) {
-      // Skip the end; the skipped bytes come back with the regions before them.
-      regions_.push_back({head_, size_ - head_, true});
-      used_ += size_ - head_;
-    } else {
-      return full();
+void SharedRing::ReclaimLocked() {
+  for (auto it = regions_.begin(); it != regions_.end();) {
+    const Outstanding& r = it->second;
+    const bool done =
+        !r.writer_held &&
+        (!r.published || At(area_, it->first)->state.load(std::memory_order_acquire) == kFree);
+    if (!done) {
+      ++it;
+      continue;
     }
-  } else if (used_ > 0) {
-    // Free: [head_, tail_) (nothing when head_ == tail_: full).
-    if (tail_ - head_ < need) return full();
-    at = head_;
+    FreeLocked(it->first, r.bytes);
+    it = regions_.erase(it);
   }
+}
+
+std::optional<SharedRing::Region> SharedRing::AllocateLocked(uint64_t length, bool placed) {
+  const uint64_t need = RegionBytes(length);
+  if (need > size_) return std::nullopt;
+  ReclaimLocked();
+  auto it = free_.begin();
+  while (it != free_.end() && it->second < need) ++it;
+  if (it == free_.end()) return std::nullopt;
+  const uint64_t at = it->first;
+  if (it->second > need) free_.emplace(at + need, it->second - need);
+  free_.erase(it);
   RegionHeader* h = At(area_, at);
   h->magic = kRegionMagic ^ at;
   h->length = length;
-  h->state.store(kBusy, std::memory_order_release);
-  regions_.push_back({at, need, false});
-  total_payloads.fetch_add(1, std::memory_order_relaxed);
+  h->state.store(placed ? kPlaced : kBusy, std::memory_order_release);
+  regions_[at] = Outstanding{need, length, placed, placed, !placed};
   used_ += need;
-  head_ = (at + need) % size_;
   return Region{at, area_ + at + kAlign, length};
+}
+
+std::optional<SharedRing::Region> SharedRing::Allocate(uint64_t length) {
+  absl::MutexLock lock(&mu_);
+  std::optional<Region> region = AllocateLocked(length, false);
+  if (!region) {
+    total_full.fetch_add(1, std::memory_order_relaxed);
+    return std::nullopt;
+  }
+  total_payloads.fetch_add(1, std::memory_order_relaxed);
+  return region;
+}
+
+void* SharedRing::Place(size_t bytes) {
+  std::shared_ptr<SharedRing> self = weak_from_this().lock();
+  if (self == nullptr) return nullptr;  // not owned by a shared_ptr: cannot keep itself alive
+  absl::MutexLock lock(&mu_);
+  // At most half the ring in use with it: the other half stays for copies.
+  ReclaimLocked();
+  if (used_ + RegionBytes(bytes) > size_ / 2) return nullptr;
+  if (!registered_) {
+    if (!RegisterHostArena(this, area_, size_)) return nullptr;
+    registered_ = true;
+  }
+  std::optional<Region> region = AllocateLocked(bytes, true);
+  if (!region) return nullptr;
+  placed_bytes_ += regions_[region->offset].bytes;
+  if (keep_ == nullptr) keep_ = std::move(self);
+  return region->data;
+}
+
+void SharedRing::Unplace(void* data) {
+  std::shared_ptr<SharedRing> last;  // dropped after the lock: may end the ring
+  absl::MutexLock lock(&mu_);
+  const uint64_t offset = static_cast<uint64_t>(static_cast<uint8_t*>(data) - area_) - kAlign;
+  auto it = regions_.find(offset);
+  if (it == regions_.end() || !it->second.writer_held) return;  // not ours: never happens
+  it->second.writer_held = false;
+  placed_bytes_ -= it->second.bytes;
+  if (!it->second.published) {
+    At(area_, offset)->state.store(kFree, std::memory_order_release);
+  }
+  if (placed_bytes_ == 0) last = std::move(keep_);
+}
+
+std::optional<uint64_t> SharedRing::Publish(const void* data, uint64_t length) {
+  if (!Contains(data)) return std::nullopt;
+  const auto at = static_cast<uint64_t>(static_cast<const uint8_t*>(data) - area_);
+  if (at < kAlign) return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  auto it = regions_.find(at - kAlign);
+  if (it == regions_.end() || !it->second.writer_held || it->second.published ||
+      length != it->second.length) {
+    return std::nullopt;
+  }
+  RegionHeader* h = At(area_, it->first);
+  h->magic = kRegionMagic ^ it->first;  // rewritten: the reader can write these pages
+  h->length = length;
+  it->second.published = true;
+  h->state.store(kBusy, std::memory_order_release);
+  total_payloads.fetch_add(1, std::memory_order_relaxed);
+  total_in_place.fetch_add(1, std::memory_order_relaxed);
+  return it->first;
+}
+
+bool SharedRing::Contains(const void* data) const {
+  const auto* p = static_cast<const uint8_t*>(data);
+  return p >= area_ && p < area_ + size_;
 }
 
 int64_t SharedRing::TotalPayloads() { return total_payloads.load(std::memory_order_relaxed); }
 int64_t SharedRing::TotalFull() { return total_full.load(std::memory_order_relaxed); }
+int64_t SharedRing::TotalPublishedInPlace() {
+  return total_in_place.load(std::memory_order_relaxed);
+}
 
 uint64_t SharedRing::used() {
   absl::MutexLock lock(&mu_);

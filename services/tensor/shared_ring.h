@@ -18,8 +18,8 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,18 +27,28 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "services/tensor/host_blocks.h"
 
 namespace stagewise {
 
 // The writer's side. Allocate is thread-safe; regions are freed by the
-// reader (SharedRingView::Take), in any order, and reused oldest first.
-class SharedRing {
+// reader (SharedRingView::Take), in any order, and reused first-fit from
+// the start of the ring.
+//
+// It is also a host arena (host_blocks.h): a tensor computed on a thread
+// placing into this ring is made in a region of its own, which the writer
+// holds until the tensor is freed; Publish then hands the reader that
+// region as it is (docs/performance.md, "Outputs made in the ring"). A
+// region is reused once its writer no longer holds it and its reader freed
+// it (or it was never published). Placement needs the ring owned by a
+// shared_ptr (it keeps itself alive while it has placed memory).
+class SharedRing : public HostArena, public std::enable_shared_from_this<SharedRing> {
  public:
   static constexpr uint64_t kAlign = 64;  // region and payload alignment
   // A ring of `bytes` (rounded up to a page) in `dir`; FAILED_PRECONDITION
   // naming the directory when it cannot be created there.
   static absl::StatusOr<std::unique_ptr<SharedRing>> Create(const std::string& dir, uint64_t bytes);
-  ~SharedRing();  // unmaps and unlinks the file
+  ~SharedRing() override;  // unmaps and unlinks the file
   SharedRing(const SharedRing&) = delete;
   SharedRing& operator=(const SharedRing&) = delete;
 
@@ -51,6 +61,19 @@ class SharedRing {
   // the bytes inline: a full ring never blocks a stage).
   std::optional<Region> Allocate(uint64_t length);
 
+  // HostArena: a region for a tensor of `bytes` bytes (its payload) while
+  // the ring, with it, is at most half in use (the rest stays for copies);
+  // null otherwise.
+  void* Place(size_t bytes) override;
+  void Unplace(void* data) override;
+  // The offset (TensorProto.shared.offset) of the placed region whose
+  // payload starts at `data` and is `length` bytes long, handed to the
+  // reader now (once); nullopt when there is none (not placed here, another
+  // length, published already).
+  std::optional<uint64_t> Publish(const void* data, uint64_t length);
+  // Whether `data` lies in this ring's payload area.
+  bool Contains(const void* data) const;
+
   const std::string& name() const { return name_; }    // file name within dir
   const std::string& token() const { return token_; }  // 16 random bytes
   uint64_t size() const { return size_; }              // payload area
@@ -60,25 +83,38 @@ class SharedRing {
   static int64_t TotalPayloads();
   // Payloads that found their ring full (and went inline) so far.
   static int64_t TotalFull();
+  // Placed tensors published as they were (no copy) so far.
+  static int64_t TotalPublishedInPlace();
 
  private:
   SharedRing() = default;
   void ReclaimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeLocked(uint64_t offset, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A region of `length` payload bytes (state kBusy, or kPlaced when
+  // `placed`), or nullopt.
+  std::optional<Region> AllocateLocked(uint64_t length, bool placed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string path_, name_, token_;
   uint8_t* base_ = nullptr;  // the whole mapping (header page + area)
   uint8_t* area_ = nullptr;
   uint64_t mapped_ = 0, size_ = 0;
   bool pinned_ = false;  // page-locked for the GPUs (device_copy.h)
   absl::Mutex mu_;
-  uint64_t head_ ABSL_GUARDED_BY(mu_) = 0;  // next region starts here
-  uint64_t tail_ ABSL_GUARDED_BY(mu_) = 0;  // oldest region not reclaimed
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
-  // Regions (and skipped ends) not yet reclaimed, oldest first.
+  // Regions not yet reclaimed, by offset. Only this side's lists say where
+  // regions are; of the shared pages only the state word is read.
   struct Outstanding {
-    uint64_t offset, bytes;
-    bool skip;
+    uint64_t bytes;   // the region's, header included
+    uint64_t length;  // the payload's
+    bool placed;       // made by Place
+    bool writer_held;  // placed and its tensor not yet freed
+    bool published;    // handed to the reader (Allocate's always are)
   };
-  std::deque<Outstanding> regions_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Outstanding> regions_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // offset -> bytes, coalesced
+  uint64_t placed_bytes_ ABSL_GUARDED_BY(mu_) = 0;          // regions writer_held
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;            // as a host arena
+  std::shared_ptr<SharedRing> keep_ ABSL_GUARDED_BY(mu_);   // while placed_bytes_ > 0
 };
 
 // The reader's side: the peer's ring, mapped once. Thread-safe. Made only

@@ -42,6 +42,10 @@
 //                            --shared-memory-dir ''; by default neighbours, all
 //                            on this host, pass large tensors through shared
 //                            rings: docs/performance.md, "Neighbours on one host")
+//     --no-place-outputs     the stages' outputs copied into the rings when sent
+//                            (the workers' --place-outputs false; by default
+//                            made there: docs/performance.md, "Outputs made in
+//                            the ring")
 //     --verbose              per run, each stage's idle time (waiting for a
 //                            message) per mini-batch, and how many payloads went
 //                            through shared rings or inline because one was full,
@@ -122,6 +126,7 @@ struct Options {
   bool verbose = false;                              // per-stage idle time of every run
   bool peer = false;                                 // the gloo pipeline peer at every J (R = 1)
   bool shared_memory = true;                         // same-host payloads through shared rings
+  bool place_outputs = true;                         // outputs made in the rings
   std::vector<std::string> compressions = {"none"};  // transport.compression per config
 };
 
@@ -170,6 +175,10 @@ Options ParseOptions(int argc, char** argv) {
     }
     if (flag == "--peer") {
       o.peer = true;
+      continue;
+    }
+    if (flag == "--no-place-outputs") {
+      o.place_outputs = false;
       continue;
     }
     if (flag == "--no-shared-memory") {
@@ -390,6 +399,7 @@ std::string JobYaml(const Options& o, const Config& c, int total_steps) {
 double Measure(stagewise::testing::Cluster& cluster, const Options& o, Config& c) {
   const int64_t payloads_before = stagewise::SharedRing::TotalPayloads();
   const int64_t full_before = stagewise::SharedRing::TotalFull();
+  const int64_t in_place_before = stagewise::SharedRing::TotalPublishedInPlace();
   const stagewise::HostBlockStats blocks_before = stagewise::GetHostBlockStats();
   const int warm = 2 * c.J + 2;
   const int total = warm + o.steps;
@@ -441,7 +451,8 @@ double Measure(stagewise::testing::Cluster& cluster, const Options& o, Config& c
     absl::StrAppend(
         &line, "; payloads through shared rings: ",
         stagewise::SharedRing::TotalPayloads() - payloads_before,
-        ", inline because a ring was full: ", stagewise::SharedRing::TotalFull() - full_before);
+        " (made there, no copy: ", stagewise::SharedRing::TotalPublishedInPlace() - in_place_before,
+        "), inline because a ring was full: ", stagewise::SharedRing::TotalFull() - full_before);
     const stagewise::HostBlockStats blocks = stagewise::GetHostBlockStats();
     absl::StrAppend(&line, "; large host tensors reused: ", blocks.reused - blocks_before.reused,
                     ", fresh: ", blocks.fresh - blocks_before.fresh);
@@ -478,6 +489,7 @@ int main(int argc, char** argv) {
   co.workers = max_j * max_r;
   co.emulated_speeds = o.speeds;
   if (!o.shared_memory) co.shared_memory_dir.clear();
+  co.place_outputs = o.place_outputs;
   stagewise::testing::Cluster cluster(co);
   if (!cluster.WaitForWorkers(co.workers, absl::Seconds(60))) {
     std::cerr << "workers did not come up\n";

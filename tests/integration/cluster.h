@@ -44,6 +44,7 @@ class Cluster {
     // Every worker's WorkerOptions::shared_memory_dir (empty: same-host
     // payloads off, every payload inline on the stream).
     std::string shared_memory_dir = "/dev/shm";
+    bool place_outputs = true;  // WorkerOptions::place_outputs
     // The coordinator's --scheduling-config (none: FIFO with backfill).
     std::optional<SharingConfig> sharing = std::nullopt;
   };

@@ -4,11 +4,18 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
 #include <thread>
 #include <vector>
 
 #include "services/models/memory_meter.h"
+#include "services/tensor/codec.h"
+#include "services/tensor/shared_ring.h"
+#include "services/tensor/stage_message.h"
 
 namespace stagewise {
 namespace {
@@ -113,6 +120,122 @@ TEST_F(HostBlocksTest, BlocksAreAlignedAsLibTorchsOwn) {
     torch::Tensor t = torch::empty({n}, torch::kUInt8);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data_ptr()) % 64, 0u) << n;
   }
+}
+
+// An arena of one 1 MiB buffer (placement, host_blocks.h).
+class OneBufferArena final : public HostArena {
+ public:
+  OneBufferArena() {
+    EXPECT_EQ(posix_memalign(&buffer_, 64, kMiB), 0);
+    EXPECT_TRUE(RegisterHostArena(this, buffer_, kMiB));
+  }
+  ~OneBufferArena() override {
+    UnregisterHostArena(this);
+    std::free(buffer_);
+  }
+  void* Place(size_t bytes) override {
+    if (used_ || bytes > static_cast<size_t>(kMiB)) return nullptr;
+    used_ = true;
+    return buffer_;
+  }
+  void Unplace(void* data) override {
+    EXPECT_EQ(data, buffer_);
+    used_ = false;
+    ++unplaced_;
+  }
+  void* buffer() const { return buffer_; }
+  int unplaced() const { return unplaced_; }
+
+ private:
+  void* buffer_ = nullptr;
+  bool used_ = false;
+  int unplaced_ = 0;
+};
+
+TEST_F(HostBlocksTest, AllocationsOfThePlacedSizeComeFromTheArenaAndGoBackToIt) {
+  OneBufferArena arena;
+  const int64_t placed = HostPlacedAllocations();
+  torch::Tensor made;
+  {
+    ScopedHostPlacement place(&arena, 64 * 1024 * 4);
+    torch::Tensor other_size = torch::ones({64 * 1024 + 1});
+    EXPECT_NE(other_size.data_ptr(), arena.buffer());
+    made = torch::full({256, 256}, 2.0f);
+    EXPECT_EQ(made.data_ptr(), arena.buffer());
+    torch::Tensor arena_full = torch::ones({256, 256});  // its one buffer is taken
+    EXPECT_NE(arena_full.data_ptr(), arena.buffer());
+    {
+      ScopedHostPlacement none(nullptr, 0);  // nested: nothing placed inside
+      torch::Tensor inner = torch::ones({256, 256});
+      EXPECT_NE(inner.data_ptr(), arena.buffer());
+    }
+  }
+  EXPECT_EQ(HostPlacedAllocations(), placed + 1);
+  EXPECT_EQ(made.sum().item<float>(), 2.0f * 256 * 256);
+  torch::Tensor after = torch::ones({256, 256});  // the placement ended
+  EXPECT_NE(after.data_ptr(), arena.buffer());
+  EXPECT_EQ(arena.unplaced(), 0);
+  made = torch::Tensor();
+  EXPECT_EQ(arena.unplaced(), 1);
+}
+
+TEST_F(HostBlocksTest, AnOutputMadeInARingGoesWithoutACopyAndDecodesTheSame) {
+  char tmpl[] = "/tmp/host_blocks_test_XXXXXX";
+  const char* dir = mkdtemp(tmpl);
+  ASSERT_NE(dir, nullptr);
+  {
+    auto created = SharedRing::Create(dir, 8 << 20);
+    ASSERT_TRUE(created.ok()) << created.status();
+    std::shared_ptr<SharedRing> ring = std::move(*created);
+    auto view = SharedRingView::Open(dir, ring->name(), ring->size(), ring->token());
+    ASSERT_TRUE(view.ok()) << view.status();
+    const torch::Tensor x = torch::randn({512, 512});
+    torch::Tensor y;
+    {
+      ScopedHostPlacement place(ring.get(), 512 * 512 * 4);
+      y = x * 3;  // the stage's output, made in the ring
+    }
+    ASSERT_TRUE(ring->Contains(y.data_ptr()));
+    EncodeOptions wire;
+    wire.ring = ring.get();
+    const int64_t in_place = SharedRing::TotalPublishedInPlace();
+    v1::StageMessage m;
+    ASSERT_TRUE(EncodeTensor(y, &(*m.mutable_tensors())["y"], wire).ok());
+    EXPECT_EQ(SharedRing::TotalPublishedInPlace(), in_place + 1);
+    EXPECT_TRUE(m.tensors().at("y").has_shared());
+    // Sent again (a second message): a copy this time, in a region of its own.
+    v1::StageMessage again;
+    ASSERT_TRUE(EncodeTensor(y, &(*again.mutable_tensors())["y"], wire).ok());
+    EXPECT_EQ(SharedRing::TotalPublishedInPlace(), in_place + 1);
+    EXPECT_NE(again.tensors().at("y").shared().offset(), m.tensors().at("y").shared().offset());
+    for (v1::StageMessage* message : {&m, &again}) {
+      ASSERT_TRUE(ResolveSharedPayloads(message, view->get()).ok());
+      auto decoded = DecodeTensor(message->tensors().at("y"));
+      ASSERT_TRUE(decoded.ok()) << decoded.status();
+      EXPECT_TRUE(torch::equal(*decoded, x * 3));
+    }
+    EXPECT_GT(ring->used(), 0u);  // y still reads its region
+    y = torch::Tensor();
+    EXPECT_EQ(ring->used(), 0u);
+
+    // fp16/bf16 to a CPU receiver: rounded into a tensor made in the ring.
+    for (const v1::Compression c : {v1::COMPRESSION_BF16, v1::COMPRESSION_FP16}) {
+      EncodeOptions narrow = wire;
+      narrow.compression = c;
+      narrow.round_in_ring = true;
+      const torch::Tensor rounded = NarrowIntoRing(x, &narrow);
+      EXPECT_TRUE(ring->Contains(rounded.data_ptr()));
+      EXPECT_EQ(narrow.compression, v1::COMPRESSION_NONE);
+      const auto type = c == v1::COMPRESSION_BF16 ? torch::kBFloat16 : torch::kHalf;
+      EXPECT_TRUE(torch::equal(rounded, x.to(type).to(torch::kFloat)));
+      EncodeOptions not_cpu_receiver = wire;  // round_in_ring off: narrowed when sent
+      not_cpu_receiver.compression = c;
+      EXPECT_EQ(NarrowIntoRing(x, &not_cpu_receiver).data_ptr(), x.data_ptr());
+      EXPECT_EQ(not_cpu_receiver.compression, c);
+    }
+    EXPECT_EQ(ring->used(), 0u);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

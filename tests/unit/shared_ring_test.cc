@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <iterator>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,7 +58,7 @@ TEST_F(SharedRingTest, APayloadGoesAcrossOnceAndItsRegionIsReused) {
   EXPECT_EQ((*ring)->used(), 0u);
 }
 
-TEST_F(SharedRingTest, AFullRingSaysSoUntilTheOldestIsTakenAndWrapsAround) {
+TEST_F(SharedRingTest, AFullRingSaysSoUntilARegionIsTakenWhichIsReusedWhereItLies) {
   auto ring = SharedRing::Create(dir_, 4096);  // 4096 bytes: three 1000-byte regions fit
   ASSERT_TRUE(ring.ok()) << ring.status();
   auto view = SharedRingView::Open(dir_, (*ring)->name(), (*ring)->size(), (*ring)->token());
@@ -66,15 +68,98 @@ TEST_F(SharedRingTest, AFullRingSaysSoUntilTheOldestIsTakenAndWrapsAround) {
   ASSERT_EQ(held.size(), 3u);
   EXPECT_FALSE((*ring)->Allocate(1000).has_value());
   std::string out;
-  // Freed out of order: the middle one does not make room before the oldest.
+  // Freed out of order: the middle one makes room where it was, no more.
   ASSERT_TRUE((*view)->Take(held[1].offset, held[1].length, &out).ok());
-  EXPECT_FALSE((*ring)->Allocate(1000).has_value());
+  EXPECT_FALSE((*ring)->Allocate(1500).has_value());
+  auto middle = (*ring)->Allocate(1000);
+  ASSERT_TRUE(middle.has_value());
+  EXPECT_EQ(middle->offset, held[1].offset);
+  // Two neighbouring free regions join: room for a larger one at the start.
   ASSERT_TRUE((*view)->Take(held[0].offset, held[0].length, &out).ok());
-  auto wrapped = (*ring)->Allocate(1500);  // does not fit at the end: from the start
-  ASSERT_TRUE(wrapped.has_value());
-  EXPECT_EQ(wrapped->offset, 0u);
+  ASSERT_TRUE((*view)->Take(middle->offset, middle->length, &out).ok());
+  auto joined = (*ring)->Allocate(2000);
+  ASSERT_TRUE(joined.has_value());
+  EXPECT_EQ(joined->offset, 0u);
   EXPECT_FALSE((*ring)->Allocate(2000).has_value());     // larger than the ring has free
   EXPECT_FALSE((*ring)->Allocate(1 << 20).has_value());  // larger than the ring
+}
+
+TEST_F(SharedRingTest, APlacedRegionGoesAsItIsAndComesBackOnlyWhenBothSidesAreDone) {
+  auto created = SharedRing::Create(dir_, 1 << 16);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::shared_ptr<SharedRing> ring = std::move(*created);  // placement keeps it alive
+  auto view = SharedRingView::Open(dir_, ring->name(), ring->size(), ring->token());
+  ASSERT_TRUE(view.ok()) << view.status();
+  const int64_t in_place = SharedRing::TotalPublishedInPlace();
+
+  void* placed = ring->Place(1000);
+  ASSERT_NE(placed, nullptr);
+  EXPECT_TRUE(ring->Contains(placed));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(placed) % SharedRing::kAlign, 0u);
+  std::memset(placed, 7, 1000);
+  EXPECT_FALSE(ring->Publish(placed, 999).has_value());  // not the placed length
+  const std::optional<uint64_t> offset = ring->Publish(placed, 1000);
+  ASSERT_TRUE(offset.has_value());
+  EXPECT_FALSE(ring->Publish(placed, 1000).has_value());  // once
+  EXPECT_EQ(SharedRing::TotalPublishedInPlace(), in_place + 1);
+  std::string out;
+  ASSERT_TRUE((*view)->Take(*offset, 1000, &out).ok());
+  EXPECT_EQ(out, std::string(1000, '\7'));
+  EXPECT_GT(ring->used(), 0u);  // the writer's tensor still reads it
+  ring->Unplace(placed);
+  EXPECT_EQ(ring->used(), 0u);
+
+  // Placed, never published: the writer's free is enough, and the reader
+  // cannot take it.
+  void* unsent = ring->Place(1000);
+  ASSERT_NE(unsent, nullptr);
+  const uint64_t unsent_offset =
+      static_cast<uint64_t>(static_cast<uint8_t*>(unsent) - static_cast<uint8_t*>(placed)) +
+      *offset;
+  EXPECT_FALSE((*view)->Take(unsent_offset, 1000, &out).ok());
+  ring->Unplace(unsent);
+  EXPECT_EQ(ring->used(), 0u);
+
+  // Published, the reader is the last: the region comes back after it.
+  void* second = ring->Place(1000);
+  ASSERT_NE(second, nullptr);
+  const std::optional<uint64_t> second_offset = ring->Publish(second, 1000);
+  ASSERT_TRUE(second_offset.has_value());
+  ring->Unplace(second);
+  EXPECT_GT(ring->used(), 0u);
+  ASSERT_TRUE((*view)->Take(*second_offset, 1000, &out).ok());
+  EXPECT_EQ(ring->used(), 0u);
+
+  // A region allocated for a copy is not placed; placing stops at half the
+  // ring in use, copies included.
+  auto region = ring->Allocate(1000);
+  ASSERT_TRUE(region.has_value());
+  EXPECT_FALSE(ring->Publish(region->data, 1000).has_value());
+  EXPECT_EQ(ring->Place(ring->size() / 2), nullptr);
+  void* most = ring->Place(ring->size() / 2 - 2048);
+  ASSERT_NE(most, nullptr);
+  EXPECT_EQ(ring->Place(1000), nullptr);
+  EXPECT_TRUE(ring->Allocate(1000).has_value());  // copies still find room
+  ring->Unplace(most);
+}
+
+TEST_F(SharedRingTest, PlacedMemoryKeepsItsRingAliveAndAnUnsharedRingPlacesNothing) {
+  auto unshared = SharedRing::Create(dir_, 1 << 16);
+  ASSERT_TRUE(unshared.ok()) << unshared.status();
+  EXPECT_EQ((*unshared)->Place(1000), nullptr);  // a unique_ptr cannot keep itself alive
+
+  auto created = SharedRing::Create(dir_, 1 << 16);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::shared_ptr<SharedRing> ring = std::move(*created);
+  std::weak_ptr<SharedRing> alive = ring;
+  SharedRing* raw = ring.get();
+  void* placed = raw->Place(4096);
+  ASSERT_NE(placed, nullptr);
+  ring.reset();
+  EXPECT_FALSE(alive.expired());
+  std::memset(placed, 1, 4096);  // still mapped
+  raw->Unplace(placed);
+  EXPECT_TRUE(alive.expired());
 }
 
 TEST_F(SharedRingTest, DescriptorsOutsideTheRingOrOfTheWrongLengthAreRefused) {

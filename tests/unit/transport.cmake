@@ -10,3 +10,6 @@ stagewise_add_test(NAME peer_stream_test SOURCES peer_stream_test.cc neighbour_l
   LIBS stagewise_worker LABELS unit TORCH)
 stagewise_add_test(NAME security_test SOURCES security_test.cc token_file_test.cc
   LIBS stagewise_security LABELS unit)
+# Its own binary: the host block cache becomes the process's CPU allocator.
+stagewise_add_test(NAME output_placement_test SOURCES output_placement_test.cc
+  LIBS stagewise_worker LABELS unit TORCH)

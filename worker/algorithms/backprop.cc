@@ -201,6 +201,7 @@ class Backprop : public Algorithm {
       TimeCompute(ctx, "forward", step, m, t0);
       return absl::OkStatus();
     }
+    const torch::Tensor sent = ctx.PrepareSend(Side::kNext, out.detach());
     TimeCompute(ctx, "forward", step, m, t0);
     const int64_t held = HeldBytes();
     ctx.stage_metrics().SetMemory("activations", held);
@@ -208,7 +209,7 @@ class Backprop : public Algorithm {
       peak_held_ = held;
       ctx.Summarize("peak_input_bytes", static_cast<double>(held));  // boundary tensors only
     }
-    return SendForward(ctx, step, m, out, labels, std::move(labels_proto));
+    return SendForward(ctx, step, m, sent, labels, std::move(labels_proto));
   }
 
   // The fused backward of micro-batch m: input and weight gradients at once.
@@ -219,6 +220,7 @@ class Backprop : public Algorithm {
       ArmBeforeLastBackward(ctx, m);
       f.loss.backward();
       torch::Tensor grad_in = f.pass ? f.pass->Backward(f.logits.grad()) : f.input.grad();
+      grad_in = ctx.PrepareSend(Side::kPrev, grad_in);
       TimeCompute(ctx, "backward", step, m, t0);
       f = InFlight{};
       return SendGrad(ctx, step, m, grad_in);
@@ -227,7 +229,7 @@ class Backprop : public Algorithm {
     if (f.pass) {
       const auto t0 = std::chrono::steady_clock::now();
       ArmBeforeLastBackward(ctx, m);
-      torch::Tensor grad_in = f.pass->Backward(grad);
+      torch::Tensor grad_in = ctx.PrepareSend(Side::kPrev, f.pass->Backward(grad));
       TimeCompute(ctx, "backward", step, m, t0);
       f = InFlight{};
       return SendGrad(ctx, step, m, grad_in);
@@ -242,8 +244,9 @@ class Backprop : public Algorithm {
     const auto t0 = std::chrono::steady_clock::now();
     ArmBeforeLastBackward(ctx, m);
     out.backward(grad);
+    const torch::Tensor grad_in = ctx.PrepareSend(Side::kPrev, f.input.grad());
     TimeCompute(ctx, "backward", step, m, t0);
-    STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, step, m, f.input.grad()));
+    STAGEWISE_RETURN_IF_ERROR(SendGrad(ctx, step, m, grad_in));
     f = InFlight{};
     ctx.stage_metrics().SetMemory("activations", HeldBytes());
     return absl::OkStatus();
@@ -266,7 +269,7 @@ class Backprop : public Algorithm {
       STAGEWISE_RETURN_IF_ERROR(CheckOutputShape("grad", root_grad.sizes(), root.sizes()));
     }
     const auto t0 = std::chrono::steady_clock::now();
-    torch::Tensor grad_in = f.split.BackwardInput(root, root_grad);
+    torch::Tensor grad_in = ctx.PrepareSend(Side::kPrev, f.split.BackwardInput(root, root_grad));
     TimeCompute(ctx, "backward", step, m, t0);
     f.loss = torch::Tensor();
     return SendGrad(ctx, step, m, grad_in);
@@ -293,10 +296,12 @@ class Backprop : public Algorithm {
                                models::ModalPass::Forward(ctx.model().blocks(), ctx.block_modes(),
                                                           input.detach(), !ctx.first()));
     f.pass = std::make_shared<models::ModalPass>(std::move(pass));
-    TimeCompute(ctx, "forward", step, m, t0);
     if (!ctx.last()) {
-      return SendForward(ctx, step, m, f.pass->output(), labels, std::move(labels_proto));
+      const torch::Tensor sent = ctx.PrepareSend(Side::kNext, f.pass->output().detach());
+      TimeCompute(ctx, "forward", step, m, t0);
+      return SendForward(ctx, step, m, sent, labels, std::move(labels_proto));
     }
+    TimeCompute(ctx, "forward", step, m, t0);
     // The backward follows at once in the order; until then the stage input
     // stays with the micro-batch, as in one fused forward and backward (the
     // planner's memory model of the last stage).

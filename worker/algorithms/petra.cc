@@ -152,9 +152,12 @@ class Petra : public Algorithm {
       // Algorithm 1, lines 26-32: forward, loss and backward at once; running
       // statistics move in this (only) pass.
       const double loss = LossBackward(ctx, t, in);
+      // Narrowed for the wire before the step ends the emulated device's span.
+      const torch::Tensor grad = ctx.PrepareSend(Side::kPrev, in.x.grad());
+      const torch::Tensor x = ctx.PrepareSend(Side::kPrev, in.x.detach());
       ctx.stage_metrics().SetStaleness(0);
       STAGEWISE_RETURN_IF_ERROR(Accumulate(ctx, t, loss, in.labels.size(0)));
-      return SendGrad(ctx, t, 0, in.x.grad(), in.x.detach());
+      return SendGrad(ctx, t, 0, grad, x);
     }
     const auto t0 = std::chrono::steady_clock::now();
     torch::Tensor x = in.x;
@@ -177,6 +180,7 @@ class Petra : public Algorithm {
     corrections_.Restore(current);
     if (verify_) verify_inputs_[t] = std::move(seen);
     f.out_shape = h.sizes().vec();
+    h = ctx.PrepareSend(Side::kNext, h);
     TimeCompute(ctx, "forward", t, 0, t0);
     ReportBuffers(ctx);
     return SendForward(ctx, t, 0, h, in.labels, std::move(in.labels_proto));
@@ -233,6 +237,8 @@ class Petra : public Algorithm {
     ctx.stage_metrics().ObserveCompute("backward", backward_time);
     // One span for the pass: rebuilds and VJPs alternate block by block.
     TraceSpan(ctx, v1::SPAN_BACKWARD, t, 0, start);
+    g = ctx.PrepareSend(Side::kPrev, g);
+    h = ctx.PrepareSend(Side::kPrev, h);
     ReportStaleness(ctx, updates_ - f.updates_at_forward, &max_staleness_);
     STAGEWISE_RETURN_IF_ERROR(Accumulate(ctx, t, 0.0, samples));
     ReportBuffers(ctx);
