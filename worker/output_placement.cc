@@ -12,9 +12,17 @@ void OutputPlacement::Aim(bool to_next) {
   if (first_ && last_) return;  // one stage: no neighbour
   const EncodeOptions wire = wire_(to_next);
   const uint64_t bytes = bytes_[to_next ? 1 : 0];
-  // Only an output that goes as it is: a narrowed one is made anew.
-  if (wire.ring == nullptr || wire.compression != v1::COMPRESSION_NONE || bytes == 0) return;
+  if (wire.ring == nullptr || bytes == 0 || !InPlace(wire, to_next)) return;
   scope_.emplace(wire.ring, static_cast<size_t>(bytes));
+}
+
+bool OutputPlacement::InPlace(const EncodeOptions& wire, bool to_next) {
+  if (wire.compression == v1::COMPRESSION_NONE) return true;
+  // A gradient is not read again once sent: rounded where it was made.
+  // An output is (its backward), so a narrowed one is made anew.
+  const bool narrow =
+      wire.compression == v1::COMPRESSION_FP16 || wire.compression == v1::COMPRESSION_BF16;
+  return !to_next && narrow && wire.round_in_ring && wire.residual == nullptr;
 }
 
 void OutputPlacement::Received(Side from) { Aim(from == Side::kPrev); }
@@ -22,8 +30,9 @@ void OutputPlacement::Received(Side from) { Aim(from == Side::kPrev); }
 torch::Tensor OutputPlacement::Prepare(Side to, const torch::Tensor& tensor) {
   const bool to_next = to == Side::kNext;
   EncodeOptions wire = wire_(to_next);
-  torch::Tensor rounded = NarrowIntoRing(tensor, &wire);
-  if (wire.compression == v1::COMPRESSION_NONE && rounded.defined() && !rounded.is_same(tensor)) {
+  const v1::Compression asked = wire.compression;
+  torch::Tensor rounded = NarrowIntoRing(tensor, &wire, /*given_up=*/!to_next);
+  if (asked != v1::COMPRESSION_NONE && wire.compression == v1::COMPRESSION_NONE) {
     prepared_[to_next ? 1 : 0].push_back(rounded);
   }
   return rounded;
@@ -38,6 +47,10 @@ void OutputPlacement::Sending(Side to, std::vector<OutgoingTensor>* tensors) {
     if (t.wire.ring == nullptr || !x.defined() || !x.is_cpu() || x.scalar_type() != torch::kFloat) {
       continue;
     }
+    const auto bytes = static_cast<uint64_t>(x.numel()) * sizeof(float);
+    if (InPlace(t.wire, to_next) && static_cast<int64_t>(bytes) >= t.wire.min_shared_bytes) {
+      bytes_[to_next ? 1 : 0] = bytes;
+    }
     const bool rounded =
         std::any_of(prepared.begin(), prepared.end(), [&x](const torch::Tensor& p) {
           return p.data_ptr() == x.data_ptr() && p.numel() == x.numel();
@@ -45,11 +58,6 @@ void OutputPlacement::Sending(Side to, std::vector<OutgoingTensor>* tensors) {
     if (rounded && t.wire.residual == nullptr) {
       t.wire.compression = v1::COMPRESSION_NONE;  // rounded in the ring already: as it is
       continue;
-    }
-    const auto bytes = static_cast<uint64_t>(x.numel()) * sizeof(float);
-    if (t.wire.compression == v1::COMPRESSION_NONE &&
-        static_cast<int64_t>(bytes) >= t.wire.min_shared_bytes) {
-      bytes_[to_next ? 1 : 0] = bytes;
     }
     t.tensor = NarrowIntoRing(x, &t.wire);
   }

@@ -11,11 +11,12 @@
 // after a message from stage j-1 it computes a forward (its output goes to
 // j+1), after one from j+1 a backward (to j-1); stage 0 always aims at j+1,
 // the last stage at j-1. A tensor placed that is not sent (an intermediate
-// of the same size) is freed as any other; placed memory takes at most half
-// a ring, and a tensor that missed the ring is copied as before. An fp16 or
-// bf16 send to a CPU neighbour is rounded into a placed tensor here, on the
-// compute thread (codec.h, NarrowIntoRing), instead of into a region by
-// the send pipe.
+// of the same size) is freed as any other; placing stops at half a ring in
+// use, and a tensor that missed the ring is copied as before. An fp16 or
+// bf16 send to a CPU neighbour is rounded into the ring by the compute
+// thread before its compute span ends (Prepare; codec.h, NarrowIntoRing):
+// a gradient where it was made (nothing reads it after its send), an output
+// into a region of its own (its backward still reads it).
 #ifndef STAGEWISE_WORKER_OUTPUT_PLACEMENT_H_
 #define STAGEWISE_WORKER_OUTPUT_PLACEMENT_H_
 
@@ -55,6 +56,9 @@ class OutputPlacement {
 
  private:
   void Aim(bool to_next);
+  // Whether a tensor sent with `wire` can be made in the ring: it goes as
+  // it is, or it is a gradient rounded where it lies.
+  static bool InPlace(const EncodeOptions& wire, bool to_next);
 
   const bool first_, last_;
   const std::function<EncodeOptions(bool)> wire_;

@@ -139,8 +139,9 @@ class StageContext {
   // for a tensor the stage sends to `side` next: the device's part of
   // sending it happens now, within the span, and the tensor to send instead
   // comes back (StageRuntime: an fp16/bf16 send to a CPU neighbour on this
-  // host rounded into their ring, worker/output_placement.h). By default
-  // `tensor` itself.
+  // host rounded into their ring, worker/output_placement.h). A gradient
+  // (`side` kPrev) is given up to the send: the caller does not read it
+  // again, and it may be rounded in place. By default `tensor` itself.
   virtual torch::Tensor PrepareSend(Side side, const torch::Tensor& tensor) {
     (void)side;
     return tensor;

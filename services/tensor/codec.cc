@@ -15,7 +15,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "services/tensor/device_copy.h"
-#include "services/tensor/host_blocks.h"
 #include "services/tensor/ring_leases.h"
 #include "services/tensor/stream_copy.h"
 
@@ -387,7 +386,7 @@ absl::StatusOr<torch::Tensor> AdoptImpl(v1::TensorProto* proto, const DecodeOpti
 
 }  // namespace
 
-torch::Tensor NarrowIntoRing(const torch::Tensor& tensor, EncodeOptions* options) {
+torch::Tensor NarrowIntoRing(const torch::Tensor& tensor, EncodeOptions* options, bool given_up) {
   const v1::Compression c = options->compression;
   if ((c != v1::COMPRESSION_FP16 && c != v1::COMPRESSION_BF16) || options->ring == nullptr ||
       !options->round_in_ring || options->residual != nullptr || !tensor.defined() ||
@@ -397,14 +396,19 @@ torch::Tensor NarrowIntoRing(const torch::Tensor& tensor, EncodeOptions* options
   }
   const int64_t bytes = tensor.numel() * static_cast<int64_t>(sizeof(float));
   if (bytes < options->min_shared_bytes || bytes == 0) return tensor;
-  torch::Tensor out;
-  {
-    ScopedHostPlacement place(options->ring, static_cast<size_t>(bytes));
-    out = torch::empty(tensor.sizes(), torch::kFloat);
+  SharedRing* ring = options->ring;
+  const c10::ScalarType narrow = c == v1::COMPRESSION_FP16 ? torch::kHalf : torch::kBFloat16;
+  if (given_up && tensor.is_contiguous() && !tensor.is_conj() && !tensor.is_neg() &&
+      ring->IsPlaced(tensor.data_ptr(), static_cast<uint64_t>(bytes))) {
+    RoundThrough(tensor, narrow, tensor.data_ptr<float>());  // made in the ring: rounded there
+    options->compression = v1::COMPRESSION_NONE;
+    return tensor;
   }
-  if (!options->ring->Contains(out.data_ptr())) return tensor;  // no room: narrowed when sent
-  RoundThrough(tensor.detach().resolve_conj().resolve_neg(),
-               c == v1::COMPRESSION_FP16 ? torch::kHalf : torch::kBFloat16, out.data_ptr<float>());
+  void* placed = ring->PlaceForSend(static_cast<size_t>(bytes));
+  if (placed == nullptr) return tensor;  // no room: narrowed when sent
+  torch::Tensor out = torch::from_blob(
+      placed, tensor.sizes(), [ring](void* data) { ring->Unplace(data); }, torch::kFloat);
+  RoundThrough(tensor.detach().resolve_conj().resolve_neg(), narrow, out.data_ptr<float>());
   options->compression = v1::COMPRESSION_NONE;
   return out;
 }

@@ -55,10 +55,15 @@ absl::Status EncodeTensor(const torch::Tensor& tensor, v1::TensorProto* out,
 // the thread that computed `tensor`: a CPU float32 tensor of at least
 // min_shared_bytes that goes as fp16/bf16 (without error feedback) is
 // rounded through the narrow type into a tensor made in the ring
-// (host_blocks.h, placement), which is returned, and options->compression
+// (SharedRing::PlaceForSend; the ring must be owned by a shared_ptr), which
+// is returned, and options->compression
 // becomes COMPRESSION_NONE: the encoder hands it over as it is. Otherwise
-// (no room, another case) `tensor` itself, options unchanged.
-torch::Tensor NarrowIntoRing(const torch::Tensor& tensor, EncodeOptions* options);
+// (no room, another case) `tensor` itself, options unchanged. `given_up`:
+// the caller will not read `tensor` again, so one already made in the ring
+// (a placed region of its size, not yet sent) is rounded where it lies and
+// returned, with no second region.
+torch::Tensor NarrowIntoRing(const torch::Tensor& tensor, EncodeOptions* options,
+                             bool given_up = false);
 
 // Checks a proto without decoding it: known dtype and compression, rank <= 8,
 // non-negative dims, numel * itemsize == data.size(), size <= max_bytes.

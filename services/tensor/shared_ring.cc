@@ -193,13 +193,16 @@ std::optional<SharedRing::Region> SharedRing::Allocate(uint64_t length) {
   return region;
 }
 
-void* SharedRing::Place(size_t bytes) {
+void* SharedRing::Place(size_t bytes) { return PlaceWithin(bytes, size_ / 2); }
+
+void* SharedRing::PlaceForSend(size_t bytes) { return PlaceWithin(bytes, size_); }
+
+void* SharedRing::PlaceWithin(size_t bytes, uint64_t limit) {
   std::shared_ptr<SharedRing> self = weak_from_this().lock();
   if (self == nullptr) return nullptr;  // not owned by a shared_ptr: cannot keep itself alive
   absl::MutexLock lock(&mu_);
-  // At most half the ring in use with it: the other half stays for copies.
   ReclaimLocked();
-  if (used_ + RegionBytes(bytes) > size_ / 2) return nullptr;
+  if (used_ + RegionBytes(bytes) > limit) return nullptr;
   if (!registered_) {
     if (!RegisterHostArena(this, area_, size_)) return nullptr;
     registered_ = true;
@@ -243,6 +246,16 @@ std::optional<uint64_t> SharedRing::Publish(const void* data, uint64_t length) {
   total_payloads.fetch_add(1, std::memory_order_relaxed);
   total_in_place.fetch_add(1, std::memory_order_relaxed);
   return it->first;
+}
+
+bool SharedRing::IsPlaced(const void* data, uint64_t length) {
+  if (!Contains(data)) return false;
+  const auto at = static_cast<uint64_t>(static_cast<const uint8_t*>(data) - area_);
+  if (at < kAlign) return false;
+  absl::MutexLock lock(&mu_);
+  auto it = regions_.find(at - kAlign);
+  return it != regions_.end() && it->second.writer_held && !it->second.published &&
+         it->second.length == length;
 }
 
 bool SharedRing::Contains(const void* data) const {

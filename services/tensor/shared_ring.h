@@ -1,12 +1,13 @@
-// Same-host payloads between two neighbouring stages (docs/transport.md,
+// Same-host payloads between two neighbouring stages (docs/performance.md,
 // "Neighbours on one host"): the sending stage writes a large tensor's bytes
-// into a ring of shared memory it owns, and the gRPC stream carries only
-// where they are (TensorProto.shared). The receiving stage maps the ring once,
-// copies each payload out as its message arrives (so everything it checks is
-// its own copy, which the writer can no longer change) and marks the region
-// free; the writer reuses freed regions in order. No syscall, no socket copy,
-// no HTTP/2 framing and no protobuf parse of the payload, and the ring's pages
-// stay mapped, so a payload costs two memory copies of warm pages.
+// into a ring of shared memory it owns (or makes the tensor there in the
+// first place: placement, below), and the gRPC stream carries only where they
+// are (TensorProto.shared). The receiving stage maps the ring once, copies
+// each payload out as its message arrives (so everything it checks is its own
+// copy, which the writer can no longer change) or reads a large float one in
+// place (ring_leases.h), and marks the region free; the writer reuses freed
+// regions. No syscall, no socket copy, no HTTP/2 framing and no protobuf
+// parse of the payload, and the ring's pages stay mapped.
 //
 // The ring is a file in a tmpfs directory (/dev/shm), created 0600 with a
 // random name and a random token in its header; a peer that can open it and
@@ -66,11 +67,17 @@ class SharedRing : public HostArena, public std::enable_shared_from_this<SharedR
   // null otherwise.
   void* Place(size_t bytes) override;
   void Unplace(void* data) override;
+  // As Place, for a tensor made to be sent at once (NarrowIntoRing): any
+  // room, as Allocate. Unplace frees it.
+  void* PlaceForSend(size_t bytes);
   // The offset (TensorProto.shared.offset) of the placed region whose
   // payload starts at `data` and is `length` bytes long, handed to the
   // reader now (once); nullopt when there is none (not placed here, another
   // length, published already).
   std::optional<uint64_t> Publish(const void* data, uint64_t length);
+  // Whether `data` starts a placed region of `length` payload bytes that its
+  // tensor still holds and that was not published.
+  bool IsPlaced(const void* data, uint64_t length);
   // Whether `data` lies in this ring's payload area.
   bool Contains(const void* data) const;
 
@@ -90,6 +97,8 @@ class SharedRing : public HostArena, public std::enable_shared_from_this<SharedR
   SharedRing() = default;
   void ReclaimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeLocked(uint64_t offset, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A placed region while the ring, with it, has at most `limit` bytes in use.
+  void* PlaceWithin(size_t bytes, uint64_t limit);
   // A region of `length` payload bytes (state kBusy, or kPlaced when
   // `placed`), or nullopt.
   std::optional<Region> AllocateLocked(uint64_t length, bool placed)
@@ -104,8 +113,8 @@ class SharedRing : public HostArena, public std::enable_shared_from_this<SharedR
   // Regions not yet reclaimed, by offset. Only this side's lists say where
   // regions are; of the shared pages only the state word is read.
   struct Outstanding {
-    uint64_t bytes;   // the region's, header included
-    uint64_t length;  // the payload's
+    uint64_t bytes;    // the region's, header included
+    uint64_t length;   // the payload's
     bool placed;       // made by Place
     bool writer_held;  // placed and its tensor not yet freed
     bool published;    // handed to the reader (Allocate's always are)

@@ -55,9 +55,9 @@ struct ResolveOptions {
   // lend_min_bytes stays in the ring and is lent to the message
   // (ring_leases.h: TensorProto.shared.lease, under this owner and the
   // message's seq) when it is at most a quarter of the ring and the payloads
-  // held in the ring stay within half of it (the writer reclaims its regions
-  // oldest first, so a held region also holds back the ones after it; a
-  // write that finds no room goes inline); the others are copied out as above.
+  // held in the ring stay within half of it (a held region is room the
+  // writer cannot use; a write that finds no room goes inline); the others
+  // are copied out as above.
   const void* lend_owner = nullptr;
   uint64_t lend_min_bytes = uint64_t{1} << 20;
   // With lend_owner: fp16/bf16 payloads are lent too, as they came (for a

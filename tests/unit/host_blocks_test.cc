@@ -228,6 +228,22 @@ TEST_F(HostBlocksTest, AnOutputMadeInARingGoesWithoutACopyAndDecodesTheSame) {
       EXPECT_EQ(narrow.compression, v1::COMPRESSION_NONE);
       const auto type = c == v1::COMPRESSION_BF16 ? torch::kBFloat16 : torch::kHalf;
       EXPECT_TRUE(torch::equal(rounded, x.to(type).to(torch::kFloat)));
+      // Given up (a gradient) and made in the ring: rounded where it lies.
+      torch::Tensor grad;
+      {
+        ScopedHostPlacement place(ring.get(), 512 * 512 * 4);
+        grad = x * 2;
+      }
+      EncodeOptions in_place = narrow;
+      in_place.compression = c;
+      const torch::Tensor kept = NarrowIntoRing(grad, &in_place, /*given_up=*/false);
+      EXPECT_NE(kept.data_ptr(), grad.data_ptr());  // still read: rounded into a region of its own
+      EXPECT_TRUE(torch::equal(grad, x * 2));
+      in_place.compression = c;
+      const torch::Tensor same = NarrowIntoRing(grad, &in_place, /*given_up=*/true);
+      EXPECT_EQ(same.data_ptr(), grad.data_ptr());
+      EXPECT_EQ(in_place.compression, v1::COMPRESSION_NONE);
+      EXPECT_TRUE(torch::equal(same, (x * 2).to(type).to(torch::kFloat)));
       EncodeOptions not_cpu_receiver = wire;  // round_in_ring off: narrowed when sent
       not_cpu_receiver.compression = c;
       EXPECT_EQ(NarrowIntoRing(x, &not_cpu_receiver).data_ptr(), x.data_ptr());

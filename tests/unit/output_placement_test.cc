@@ -43,7 +43,7 @@ class OutputPlacementTest : public ::testing::Test {
     EncodeOptions options;
     options.ring = (to_next ? next_ : prev_).get();
     options.round_in_ring = true;
-    if (to_next) options.compression = next_compression_;
+    options.compression = to_next ? next_compression_ : prev_compression_;
     return options;
   }
   OutputPlacement Placement(bool first, bool last) {
@@ -63,6 +63,7 @@ class OutputPlacementTest : public ::testing::Test {
   std::string dir_;
   std::shared_ptr<SharedRing> prev_, next_;
   v1::Compression next_compression_ = v1::COMPRESSION_NONE;
+  v1::Compression prev_compression_ = v1::COMPRESSION_NONE;
 };
 
 TEST_F(OutputPlacementTest, AMiddleStageMakesTensorsOfTheOutputsSizeInTheRingItWillSendTo) {
@@ -119,6 +120,25 @@ TEST_F(OutputPlacementTest, ANarrowedSendIsRoundedIntoTheRingAndItsOutputIsNotPl
   EXPECT_TRUE(torch::equal(forward[0].tensor, x.to(torch::kBFloat16).to(torch::kFloat)));
   placement.Received(Side::kPrev);
   EXPECT_EQ(MadeIn({256, 256}), "heap");  // the output is narrowed anew: not made in the ring
+}
+
+TEST_F(OutputPlacementTest, ANarrowedGradientIsMadeInTheRingAndRoundedWhereItLies) {
+  prev_compression_ = v1::COMPRESSION_BF16;
+  OutputPlacement placement = Placement(false, false);
+  std::vector<OutgoingTensor> first = Outgoing(torch::randn({256, 256}), false);
+  placement.Sending(Side::kPrev, &first);  // learns the gradient's size
+  placement.Received(Side::kNext);         // a backward follows
+  const torch::Tensor value = torch::randn({256, 256});
+  const torch::Tensor grad = value * 1;  // made in the ring, as the backward's would be
+  ASSERT_TRUE(prev_->Contains(grad.data_ptr()));
+  const torch::Tensor sent = placement.Prepare(Side::kPrev, grad);
+  EXPECT_EQ(sent.data_ptr(), grad.data_ptr());
+  EXPECT_TRUE(torch::equal(sent, value.to(torch::kBFloat16).to(torch::kFloat)));
+  std::vector<OutgoingTensor> backward = Outgoing(sent, false);
+  EXPECT_EQ(backward[0].wire.compression, v1::COMPRESSION_BF16);
+  placement.Sending(Side::kPrev, &backward);
+  EXPECT_EQ(backward[0].wire.compression, v1::COMPRESSION_NONE);  // as it is
+  EXPECT_EQ(backward[0].tensor.data_ptr(), grad.data_ptr());
 }
 
 }  // namespace

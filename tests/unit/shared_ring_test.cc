@@ -140,6 +140,10 @@ TEST_F(SharedRingTest, APlacedRegionGoesAsItIsAndComesBackOnlyWhenBothSidesAreDo
   ASSERT_NE(most, nullptr);
   EXPECT_EQ(ring->Place(1000), nullptr);
   EXPECT_TRUE(ring->Allocate(1000).has_value());  // copies still find room
+  void* for_send = ring->PlaceForSend(1000);      // and so does a tensor made to be sent
+  ASSERT_NE(for_send, nullptr);
+  EXPECT_TRUE(ring->Publish(for_send, 1000).has_value());
+  ring->Unplace(for_send);
   ring->Unplace(most);
 }
 
