@@ -119,6 +119,15 @@ void AddDeviceFlags(CLI::App& app, RawFlags& raw) {
       ->envname("STAGEWISE_DEVICE_COPIES")
       ->capture_default_str()
       ->check(CLI::IsMember({"stream", "sync"}));
+  app.add_option("--emulate-link-delay-ms", o.rpc.emulated_link_delay_ms,
+                 "Emulated one-way latency of this worker's incoming links (benchmarks, tests): "
+                 "every data message from a neighbouring stage reaches its stage this many ms "
+                 "after it arrived, in order; messages in flight overlap, so bandwidth is "
+                 "unchanged. Set it on every worker for a round trip of twice this "
+                 "(docs/performance.md, \"Links with latency\"); 0: off")
+      ->envname("STAGEWISE_EMULATE_LINK_DELAY_MS")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 60000.0));
   app.add_option("--profile-cache", o.profile_cache,
                  "Where block profiles are cached (default: $STAGEWISE_PROFILE_CACHE, else "
                  "~/.cache/stagewise/profiles)");

@@ -10,9 +10,10 @@
 namespace stagewise::worker {
 
 InboxSink::InboxSink(BoundedQueue<v1::StageMessage>* queue, NeighbourLink* link, bool from_prev,
-                     std::string peer, Hooks hooks)
+                     std::string peer, Hooks hooks, LinkDelay* delay)
     : queue_(queue),
       link_(link),
+      delay_(delay),
       from_prev_(from_prev),
       peer_(std::move(peer)),
       hooks_(std::move(hooks)) {}
@@ -51,6 +52,8 @@ absl::StatusOr<bool> InboxSink::Deliver(v1::StageMessage message, std::function<
     return true;
   }
   if (!*take) return true;  // resent after a reconnection, held already
+  // Emulated latency: the line queues it when due (and counts it then).
+  if (delay_ != nullptr) return delay_->Hold(std::move(message), std::move(resume));
   const auto bytes = static_cast<int64_t>(message.ByteSizeLong()) + LentBytes(message);
   if (!queue_->ForcePush(std::move(message))) {
     return absl::CancelledError("the stage is no longer running this job");

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
+#include "services/tensor/stage_message.h"
 
 namespace stagewise::worker {
 
@@ -25,10 +26,26 @@ StageStreams::StageStreams(Setup setup, Hooks hooks)
     o.on_error = hooks_.fail;
     (next ? to_next_ : to_prev_) = std::make_unique<NeighbourLink>(std::move(o));
   }
+  if (setup_.rpc.emulated_link_delay_ms > 0) {
+    const absl::Duration delay = absl::Milliseconds(setup_.rpc.emulated_link_delay_ms);
+    for (const bool from_prev : {true, false}) {
+      BoundedQueue<v1::StageMessage>* inbox = from_prev ? &from_prev_ : &from_next_;
+      auto pass = [this, inbox, from_prev](v1::StageMessage m) {
+        const auto bytes = static_cast<int64_t>(m.ByteSizeLong()) + LentBytes(m);
+        if (!inbox->Push(std::move(m))) return false;  // blocks while the inbox is full
+        hooks_.received(bytes, from_prev);
+        return true;
+      };
+      (from_prev ? prev_delay_ : next_delay_) =
+          std::make_unique<LinkDelay>(delay, setup_.inbox_capacity, std::move(pass));
+    }
+  }
 }
 
 StageStreams::~StageStreams() {
   Close(absl::CancelledError("the stage is gone"));
+  prev_delay_.reset();  // joins the lines' threads (they call hooks_)
+  next_delay_.reset();
   to_next_->WaitDone();
   to_prev_->WaitDone();
 }
@@ -72,7 +89,8 @@ std::unique_ptr<InboxSink> StageStreams::MakeSink(bool from_prev) {
   hooks.fail = hooks_.fail;
   return std::make_unique<InboxSink>(
       from_prev ? &from_prev_ : &from_next_, from_prev ? to_prev_.get() : to_next_.get(), from_prev,
-      absl::StrCat("stage ", setup_.stage + (from_prev ? -1 : 1)), std::move(hooks));
+      absl::StrCat("stage ", setup_.stage + (from_prev ? -1 : 1)), std::move(hooks),
+      from_prev ? prev_delay_.get() : next_delay_.get());
 }
 
 absl::Status StageStreams::Dial(const std::string& address, bool resume) {
@@ -206,6 +224,8 @@ void StageStreams::Finish() {
 void StageStreams::Close(const absl::Status& why) {
   from_prev_.Close();
   from_next_.Close();
+  if (prev_delay_) prev_delay_->Close();
+  if (next_delay_) next_delay_->Close();
   to_next_->Close(why);
   to_prev_->Close(why);
 }

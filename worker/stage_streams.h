@@ -30,6 +30,7 @@
 #include "stagewise/v1/coordinator.pb.h"
 #include "stagewise/v1/stage.grpc.pb.h"
 #include "worker/inbox_sink.h"
+#include "worker/link_delay.h"
 #include "worker/neighbour_link.h"
 #include "worker/peer_stream.h"
 #include "worker/same_host.h"
@@ -115,6 +116,9 @@ class StageStreams {
   const Hooks hooks_;
   BoundedQueue<v1::StageMessage> from_prev_;
   BoundedQueue<v1::StageMessage> from_next_;
+  // Emulated link latency (setup_.rpc.emulated_link_delay_ms > 0): what
+  // each side's sinks hand on waits here first; null without.
+  std::unique_ptr<LinkDelay> prev_delay_, next_delay_;
   std::unique_ptr<NeighbourLink> to_prev_, to_next_;
   SameHostLink prev_ring_, next_ring_;
   // The seq of the last message the compute thread took from each side.

@@ -132,8 +132,12 @@ StageRole RoleOf(const PlanOptions& o, int j) {
     r.inflight = pipeline::MaxInFlight(MemoryScheduleOf(o.schedule), so, j);
   } else if (a == A::kNwise) {
     r.inflight = r.last ? 1 : std::max(1, o.micro_batches);
-  } else if (a == A::kPetra || a == A::kDelayed) {
+  } else if (a == A::kPetra) {
     r.inflight = r.last ? 1 : 2 * (J - 1 - j) + 1;
+  } else if (a == A::kDelayed) {
+    r.inflight = r.last ? 1 : 2 * (J - 1 - j) + 1;
+    if (o.max_in_flight > 0) r.inflight = std::min(r.inflight, o.max_in_flight);
+    r.keeps_graphs = o.forward_once && !r.last;
   } else if (a == A::kFeaturesReplay) {
     r.inflight = J - j;
   }
@@ -142,9 +146,10 @@ StageRole RoleOf(const PlanOptions& o, int j) {
     // while a backward runs at its stashed ones; the look-ahead: w_prev, and
     // the current weights while a forward runs at the predicted ones (the
     // stash's copy when there is one: never both at once).
+    // (forward: once: a graph runs at its stash in place, no copy back.)
     const bool stash = a == A::kDelayed && o.stash_weights;
     const bool predict = (a == A::kDelayed || a == A::kPetra) && o.predict_weights;
-    if (stash) r.parameter_copies += r.inflight + 1;
+    if (stash) r.parameter_copies += r.inflight + (r.keeps_graphs ? 0 : 1);
     if (predict) r.parameter_copies += stash ? 1 : 2;
   }
   return r;
@@ -190,8 +195,9 @@ StageEstimate EstimateStage(const ModelProfile& p, AlgorithmKind algorithm, int 
   const double msg_in = role.first ? 0.0 : p.blocks[begin - 1].message_s;
   const double msg_out = role.last ? 0.0 : B(n - 1).message_s;
   s.message_s = msg_in + msg_out;
-  const bool graph_free = !role.last && (algorithm == A::kPetra || algorithm == A::kDelayed ||
-                                         algorithm == A::kFeaturesReplay);
+  const bool graph_free =
+      !role.last && (algorithm == A::kPetra || (algorithm == A::kDelayed && !role.keeps_graphs) ||
+                     algorithm == A::kFeaturesReplay);
   for (int i = 0; i < n; ++i) {
     const BlockProfile& b = B(i);
     if (graph_free) {
@@ -255,8 +261,21 @@ absl::StatusOr<StagePlan> PlanStage(const ModelProfile& p, const PlanOptions& o,
   if (!modal) {
     sp.store = DefaultStore(p, a, begin, end);
     sp.estimate = estimate(sp.store);
-    if (!fits(sp.estimate)) return exhausted(sp.estimate);
-    return sp;
+    if (fits(sp.estimate)) return sp;
+    if (role.keeps_graphs) {
+      // Name the key that would make it fit, if one does.
+      StageRole recompute = role;
+      recompute.keeps_graphs = false;
+      if (o.stash_weights) recompute.parameter_copies += 1;
+      const StageEstimate r = EstimateStage(p, a, begin, end, sp.store, recompute);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "algorithm.forward: once keeps a graph per mini-batch in flight (", role.inflight,
+          " here): blocks [", begin, ", ", end, ") need ", HumanBytes(sp.estimate.peak_bytes),
+          ", over the ", HumanBytes(cap), " memory cap; forward: recompute needs ",
+          HumanBytes(r.peak_bytes), fits(r) ? " and fits" : ", over it too",
+          " (or lower algorithm.max_in_flight)"));
+    }
+    return exhausted(sp.estimate);
   }
   if (o.modes != BlockModes::kAuto || cap <= 0) {
     sp.store = o.modes == BlockModes::kRebuild ? lowest
@@ -534,7 +553,9 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
     }
   }
   out.push_back({PredictionKey{.algorithm = A::kDelayed}, slowest(estimates(A::kDelayed), false), 0,
-                 "slowest stage: graph-free forward + recompute + backward + step"});
+                 o.forward_once
+                     ? "slowest stage: forward keeping its graph + backward + step (forward: once)"
+                     : "slowest stage: graph-free forward + recompute + backward + step"});
   out.push_back({PredictionKey{.algorithm = A::kPetra}, slowest(estimates(A::kPetra), false), 0,
                  "slowest stage: graph-free forward + rebuild/recompute backward + step"});
   out.push_back({PredictionKey{.algorithm = A::kFeaturesReplay},
@@ -599,6 +620,8 @@ PlanOptions PlanOptionsForJob(const JobSpec& spec, const std::vector<std::pair<i
   } else if (const auto* delayed = a.get_if<DelayedOptions>()) {
     o.stash_weights = delayed->weights == DelayedWeights::kStash;
     o.predict_weights = delayed->predict_weights;
+    o.forward_once = delayed->forward_once();
+    o.max_in_flight = delayed->max_in_flight;
   } else if (const auto* petra = a.get_if<PetraOptions>()) {
     o.predict_weights = petra->predict_weights;
   }

@@ -37,6 +37,9 @@ struct StageRole {
   // look-ahead's (`predict_weights`: w_prev, and the current weights while a
   // forward runs at the predicted ones).
   int parameter_copies = 0;
+  // `delayed` with `forward: once`: each mini-batch in flight keeps its graph
+  // (estimated as backprop's at this depth) and nothing is recomputed.
+  bool keeps_graphs = false;
 };
 
 struct StageEstimate {
@@ -86,6 +89,11 @@ struct PlanOptions {
   // (the default) and the look-ahead of delayed and petra.
   bool stash_weights = true;
   bool predict_weights = false;
+  // delayed: `forward` resolved (once, the default with stash: a graph per
+  // mini-batch in flight; false: recompute) and `max_in_flight` (0: the
+  // natural depth 2(J-1-j)+1).
+  bool forward_once = true;
+  int max_in_flight = 0;
   // Knapsack units: at most this many per stage budget.
   int64_t max_units = 4096;
   // Interleaved (stages.chunks_per_worker): num_stages virtual stages on

@@ -43,6 +43,11 @@ struct RpcOptions {
   // Clients of the coordinator: the version sent as x-stagewise-version
   // ("" = this build's, services/common/version.h; tests set another).
   std::string client_version;
+  // Emulated one-way link latency (benchmarks and tests; worker
+  // --emulate-link-delay-ms): the data messages a worker's stages receive
+  // from their neighbours reach them this long after they arrived
+  // (worker/link_delay.h). 0: none.
+  double emulated_link_delay_ms = 0;
 };
 
 // The server credentials of `options` (plaintext when none were set).

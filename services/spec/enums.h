@@ -39,6 +39,11 @@ inline constexpr absl::string_view kAutoScheduleName = "auto";
 
 // delayed's `weights`: which parameters a late backward uses.
 enum class DelayedWeights { kStash, kCurrent };
+// delayed's `forward`: once keeps each forward's graph (and the weights it
+// used) until the gradient returns; recompute runs the forward graph-free and
+// again when the gradient returns; auto is once with `weights: stash`, else
+// recompute.
+enum class DelayedForward { kAuto, kOnce, kRecompute };
 // delayed's and petra's `lr_by_delay`: stage j's learning rate scaled by its staleness
 // s_j (constant: not; inverse: 1/(1+s_j); inverse_sqrt: 1/sqrt(1+s_j)).
 enum class DelayLr { kConstant, kInverse, kInverseSqrt };
@@ -111,6 +116,10 @@ struct EnumSpellings<PipelineSchedule> {
 template <>
 struct EnumSpellings<DelayedWeights> {
   static constexpr std::array<absl::string_view, 2> kNames = {"stash", "current"};
+};
+template <>
+struct EnumSpellings<DelayedForward> {
+  static constexpr std::array<absl::string_view, 3> kNames = {"auto", "once", "recompute"};
 };
 template <>
 struct EnumSpellings<DelayLr> {

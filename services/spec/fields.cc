@@ -519,6 +519,13 @@ const std::vector<AlgorithmSchema>& AlgorithmSchemas() {
                     "latency)")}),
       Schema<D>(AlgorithmKind::kDelayed,
                 {EnumParam("weights", &D::weights, ""),
+                 EnumParam("forward", &D::forward,
+                           "`once`: each forward keeps its graph, taken at a copy of the weights "
+                           "it used, until the gradient returns (one forward per mini-batch, a "
+                           "graph per mini-batch in flight); `recompute`: a graph-free forward "
+                           "keeping the stage's input, run again with a graph when the gradient "
+                           "returns (one more forward, least memory); `auto`: `once` with "
+                           "`weights: stash`, else `recompute`"),
                  BoolParam("predict_weights", &D::predict_weights,
                            "`weights: stash` only: each forward (and its stash) uses the weights "
                            "extrapolated along the last update by the stage's staleness s, "

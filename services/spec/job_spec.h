@@ -127,6 +127,14 @@ struct BackpropOptions {
 
 struct DelayedOptions {
   DelayedWeights weights = DelayedWeights::kStash;
+  // One forward per mini-batch (its graph kept until the gradient returns) or
+  // a graph-free forward and a recomputation; auto: once with stash.
+  DelayedForward forward = DelayedForward::kAuto;
+  // `forward` resolved: true for once (and auto with stash).
+  bool forward_once() const {
+    return forward == DelayedForward::kOnce ||
+           (forward == DelayedForward::kAuto && weights == DelayedWeights::kStash);
+  }
   // Staleness corrections (docs/algorithms.md, delayed): the forward at the
   // weights extrapolated along the last update by the stage's delay (stash
   // only), and a learning rate scaled by the delay.

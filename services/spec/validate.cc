@@ -326,6 +326,11 @@ absl::Status ValidateAlgorithm(const AlgorithmSpec& algorithm, const OptimizerSp
                       "needs algorithm.weights: stash (the gradient is taken at the predicted "
                       "weights the forward used)");
     }
+    if (delayed->forward == DelayedForward::kOnce && delayed->weights != DelayedWeights::kStash) {
+      return KeyError("algorithm.forward",
+                      "once needs algorithm.weights: stash (a kept graph holds the weights its "
+                      "forward used); use forward: recompute with weights: current");
+    }
     return CheckMomentumByDelay(delayed->momentum_by_delay, optimizer);
   }
   if (const auto* petra = algorithm.get_if<PetraOptions>()) {

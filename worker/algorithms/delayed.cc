@@ -3,14 +3,20 @@
 //
 // Stage j keeps up to d_j = 2(J-1-j)+1 mini-batches in flight (capped by
 // max_in_flight) and runs them in 1F1B order: d_j forwards, then one backward
-// and one forward in turn, so its gradients are 2(J-1-j) steps stale. A
-// forward runs without a graph and stores its input (and, with `stash`, the
-// parameters it used); when the gradient returns the stage recomputes the
-// forward from that input with the stashed (or current) parameters,
-// backpropagates, applies the gradient to the current parameters and sends
-// the input gradient down. The last stage does forward, loss, backward and
-// step at once. BatchNorm running statistics are updated in the forward pass;
-// the recomputation leaves them alone. The pipeline drains where an
+// and one forward in turn, so its gradients are 2(J-1-j) steps stale.
+// With `forward: once` (the default with `weights: stash`, as the paper and
+// PipeDream run it) a forward runs with a graph at a copy of the parameters
+// (the stash, worker/algorithms/weight_version.h) and keeps the graph; when
+// the gradient returns the stage backpropagates through it, applies the
+// gradient to the current parameters and sends the input gradient down. With
+// `forward: recompute` a forward runs without a graph and stores its input
+// (and, with `stash`, the parameters it used); when the gradient returns the
+// stage recomputes the forward from that input with the stashed (or current)
+// parameters and backpropagates: one more forward per mini-batch, and only
+// the input kept. Both give the same trajectory (the oracle). The last stage
+// does forward, loss, backward and step at once. BatchNorm running
+// statistics are updated in the forward pass; the recomputation leaves them
+// alone. The pipeline drains where an
 // evaluation or a checkpoint is due, so evaluation sees settled parameters.
 //
 // Staleness corrections (options; worker/algorithms/delay_corrections.h):
@@ -45,6 +51,7 @@
 #include "worker/algorithms/common.h"
 #include "worker/algorithms/delay_corrections.h"
 #include "worker/algorithms/schedule.h"
+#include "worker/algorithms/weight_version.h"
 
 namespace stagewise::worker {
 namespace {
@@ -53,6 +60,7 @@ class Delayed : public Algorithm {
  public:
   explicit Delayed(const DelayedOptions& options)
       : stash_(options.weights == DelayedWeights::kStash),
+        once_(options.forward_once()),
         max_in_flight_(options.max_in_flight),
         corrections_({.lr_by_delay = options.lr_by_delay,
                       .momentum_by_delay = options.momentum_by_delay,
@@ -113,7 +121,9 @@ class Delayed : public Algorithm {
  private:
   struct InFlight {
     torch::Tensor input;
-    std::vector<torch::Tensor> stash;  // parameters the forward used
+    std::vector<torch::Tensor> stash;  // recompute: parameters the forward used
+    torch::Tensor output;              // once: the forward's output, its graph kept
+    WeightVersion version;             // once: the parameters that graph holds
     int64_t forward_update = 0;        // optimizer steps done at the forward
   };
 
@@ -137,7 +147,7 @@ class Delayed : public Algorithm {
     int64_t inputs = 0, stashed = 0;
     for (const auto& [t, f] : inflight_) {
       inputs += TensorBytes(f.input);
-      stashed += TensorBytes(f.stash);
+      stashed += TensorBytes(f.stash) + f.version.bytes();
     }
     ctx.stage_metrics().SetMemory("stashed_parameters", stashed);
     const auto held = static_cast<int64_t>(inflight_.size());
@@ -156,6 +166,7 @@ class Delayed : public Algorithm {
       STAGEWISE_RETURN_IF_ERROR(Accumulate(ctx, t, loss, in.labels.size(0)));
       return SendGrad(ctx, t, 0, in.x.grad());
     }
+    if (once_) return ForwardOnce(ctx, t, std::move(in));
     const auto t0 = std::chrono::steady_clock::now();
     // predict_weights: w + s (w - w_prev) for this forward and its stash; w
     // comes back after.
@@ -177,6 +188,27 @@ class Delayed : public Algorithm {
     return SendForward(ctx, t, 0, out, in.labels, std::move(in.labels_proto));
   }
 
+  // forward: once. The forward runs with a graph at a copy of the weights
+  // (predicted, with predict_weights), which the graph then holds.
+  absl::Status ForwardOnce(StageContext& ctx, int64_t t, ForwardInput in) {
+    const auto t0 = std::chrono::steady_clock::now();
+    InFlight& f = inflight_[t];
+    {
+      const std::vector<torch::Tensor> current = corrections_.Predict();
+      f.version = WeightVersion::Take(params_);
+      corrections_.Restore(current);
+    }
+    f.input = ctx.first() ? in.x : in.x.requires_grad_(true);
+    f.forward_update = updates_;
+    {
+      WeightVersion::Scope at(f.version, params_);
+      f.output = ctx.model().forward(f.input);  // running statistics are updated here, once
+    }
+    TimeCompute(ctx, "forward", t, 0, t0);
+    ReportBuffers(ctx);
+    return SendForward(ctx, t, 0, f.output, in.labels, std::move(in.labels_proto));
+  }
+
   absl::Status Backward(StageContext& ctx, int64_t t) {
     STAGEWISE_ASSIGN_OR_RETURN(torch::Tensor grad, ReceiveGrad(ctx, t, 0));
     auto it = inflight_.find(t);
@@ -185,6 +217,22 @@ class Delayed : public Algorithm {
     }
     InFlight f = std::move(it->second);
     inflight_.erase(it);
+    if (once_) {
+      STAGEWISE_RETURN_IF_ERROR(CheckOutputShape("grad", grad.sizes(), f.output.sizes()));
+      const auto t0 = std::chrono::steady_clock::now();
+      {
+        // The gradient is taken at the weights the forward used (its
+        // graph's) and applied to the current ones below.
+        WeightVersion::Scope at(f.version, params_);
+        f.output.backward(grad);
+      }
+      TimeCompute(ctx, "backward", t, 0, t0);
+      f.output = torch::Tensor();  // the graph goes
+      ReportStaleness(ctx, updates_ - f.forward_update, &max_staleness_);
+      STAGEWISE_RETURN_IF_ERROR(Accumulate(ctx, t, 0.0, grad.size(0)));
+      ReportBuffers(ctx);
+      return SendGrad(ctx, t, 0, f.input.grad());  // nothing on the first stage
+    }
     torch::Tensor x = ctx.first() ? f.input : f.input.requires_grad_(true);
     std::vector<torch::Tensor> current;
     if (stash_) {
@@ -208,6 +256,7 @@ class Delayed : public Algorithm {
   }
 
   const bool stash_;
+  const bool once_;  // forward: once (resolved)
   const int64_t max_in_flight_;
   // In updates: s = (d_j - 1) / k (0 on the last stage).
   DelayCorrections corrections_;
