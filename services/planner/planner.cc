@@ -137,7 +137,7 @@ StageRole RoleOf(const PlanOptions& o, int j) {
   } else if (a == A::kDelayed) {
     r.inflight = r.last ? 1 : 2 * (J - 1 - j) + 1;
     if (o.max_in_flight > 0) r.inflight = std::min(r.inflight, o.max_in_flight);
-    r.keeps_graphs = o.forward_once && !r.last;
+    r.keeps_graphs = o.forward_once && o.stash_weights && !r.last;  // once needs the stash
   } else if (a == A::kFeaturesReplay) {
     r.inflight = J - j;
   }

@@ -3,7 +3,9 @@
 // written here: every stage runs d_j = 2(J-1-j)+1 mini-batches in flight in
 // 1F1B order, stores inputs (and stashes parameters), recomputes with them
 // when the gradient returns and applies it to the current parameters (with
-// `accumulation: k`, the mean of every k such gradients).
+// `accumulation: k`, the mean of every k such gradients). The job runs both
+// forms, `forward: once` (the graph kept at a stash, the default with
+// stash) and `forward: recompute`, against that one simulation.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -244,7 +246,10 @@ TEST_P(DelayedTrajectory, EqualsTheSingleProcessSimulation) {
       other.weights == DelayedWeights::kStash ? DelayedWeights::kCurrent : DelayedWeights::kStash;
   other.predict_weights = false;
   EXPECT_GT(testing::MaxDifference(want, Simulate(*spec, other)), 1e-4);
-  if (!c.corrections.empty()) {
+  const bool corrected = options.predict_weights || options.lr_by_delay != DelayLr::kConstant ||
+                         options.momentum_by_delay != DelayMomentum::kConstant ||
+                         options.accumulation != 1;
+  if (corrected) {
     DelayedOptions plain = options;
     plain.predict_weights = false;
     plain.lr_by_delay = DelayLr::kConstant;
@@ -256,7 +261,12 @@ TEST_P(DelayedTrajectory, EqualsTheSingleProcessSimulation) {
 
 INSTANTIATE_TEST_SUITE_P(
     Weights, DelayedTrajectory,
-    ::testing::Values(TrajectoryCase{"stash", "", "stash"},
+    ::testing::Values(TrajectoryCase{"stash", "", "stash"},  // forward: auto = once
+                      // the two forms of a stashing forward: one trajectory
+                      TrajectoryCase{"stash", ", forward: once", "stash_once"},
+                      TrajectoryCase{"stash", ", forward: recompute", "stash_recompute"},
+                      TrajectoryCase{"stash", ", forward: recompute, predict_weights: true",
+                                     "predicted_recompute"},
                       TrajectoryCase{"current", "", "current"},
                       // the staleness corrections, alone and together
                       TrajectoryCase{"stash", ", predict_weights: true", "predicted"},

@@ -1,6 +1,6 @@
 # Unit tests of the algorithms area (included from CMakeLists.txt).
 stagewise_add_test(NAME algorithms_test SOURCES algorithms_test.cc fake_stage_context.cc trace_test.cc
-  delay_corrections_test.cc
+  delay_corrections_test.cc weight_version_test.cc
   stage_shards_test.cc
   wire_formats_test.cc
   LIBS stagewise_worker stagewise_training LABELS unit TORCH)

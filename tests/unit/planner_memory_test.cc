@@ -4,7 +4,10 @@
 // during a backward, predict_weights w_prev plus the current weights during
 // a forward; none on the last stage (no delay), none for `weights: current`
 // without the look-ahead; a job's algorithm options set them; and a cap that
-// the copies push a stage over is refused, naming the bytes.
+// the copies push a stage over is refused, naming the bytes. `delayed` with
+// `forward: once` keeps a graph per mini-batch in flight instead of
+// recomputing: more memory, less time, and a cap only the recomputing form
+// fits is refused naming algorithm.forward.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -40,6 +43,13 @@ ModelProfile FourBlocks() {
   return p;
 }
 
+// The same with graphs (1 MiB a block) far larger than a parameter copy.
+ModelProfile FourBlocksWithLargeGraphs() {
+  ModelProfile p = FourBlocks();
+  for (BlockProfile& b : p.blocks) b.graph_bytes = 1 << 20;
+  return p;
+}
+
 PlanOptions TwoStages(AlgorithmKind algorithm) {
   PlanOptions o;
   o.num_stages = 2;
@@ -61,15 +71,64 @@ std::vector<int64_t> StaticBytes(const PlanOptions& o) {
 TEST(PlannerMemory, StashedWeightsCostACopyPerMiniBatchInFlight) {
   PlanOptions current = TwoStages(AlgorithmKind::kDelayed);
   current.stash_weights = false;
+  current.forward_once = false;
   PlanOptions stash = TwoStages(AlgorithmKind::kDelayed);
+  stash.forward_once = false;
   const std::vector<int64_t> without = StaticBytes(current);
   const std::vector<int64_t> with = StaticBytes(stash);
   ASSERT_EQ(without.size(), 2u);
   ASSERT_EQ(with.size(), 2u);
   // Stage 0 of 2: 2(J-1-j)+1 = 3 mini-batches in flight, so 3 stashes and
-  // the current weights during a backward, of its two blocks.
+  // the current weights during a recomputation, of its two blocks.
   EXPECT_EQ(with[0] - without[0], (3 + 1) * 2 * kParameterBytes);
   EXPECT_EQ(with[1], without[1]);  // the last stage has no delay
+  // forward: once runs each graph at its stash in place: no copy back.
+  PlanOptions once = TwoStages(AlgorithmKind::kDelayed);
+  EXPECT_EQ(StaticBytes(once)[0] - without[0], 3 * 2 * kParameterBytes);
+}
+
+TEST(PlannerMemory, OneForwardKeepsAGraphPerMiniBatchInFlightAndSkipsTheRecomputation) {
+  PlanOptions recompute = TwoStages(AlgorithmKind::kDelayed);
+  recompute.forward_once = false;
+  PlanOptions once = TwoStages(AlgorithmKind::kDelayed);
+  auto r = MakePlan(FourBlocksWithLargeGraphs(), recompute);
+  auto o = MakePlan(FourBlocksWithLargeGraphs(), once);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(o.ok()) << o.status();
+  const StageEstimate& er = r->stages[0].estimate;
+  const StageEstimate& eo = o->stages[0].estimate;
+  // Three graphs of 2 MiB against three stored inputs and one copy less.
+  EXPECT_GT(eo.peak_bytes, er.peak_bytes);
+  // One forward instead of a graph-free one and a recomputation.
+  EXPECT_DOUBLE_EQ(er.forward_s + er.backward_s, 2 * 3e-3);
+  EXPECT_DOUBLE_EQ(eo.forward_s + eo.backward_s, 2 * 2e-3);
+  // The last stage runs alike either way.
+  EXPECT_EQ(r->stages[1].estimate.peak_bytes, o->stages[1].estimate.peak_bytes);
+  // max_in_flight caps the graphs kept.
+  PlanOptions capped = once;
+  capped.max_in_flight = 1;
+  auto c = MakePlan(FourBlocksWithLargeGraphs(), capped);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_LT(c->stages[0].estimate.peak_bytes, eo.peak_bytes);
+}
+
+TEST(PlannerMemory, ACapOnlyTheRecomputingFormFitsIsRefusedNamingTheKey) {
+  PlanOptions recompute = TwoStages(AlgorithmKind::kDelayed);
+  recompute.forward_once = false;
+  auto fits = MakePlan(FourBlocksWithLargeGraphs(), recompute);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  PlanOptions once = TwoStages(AlgorithmKind::kDelayed);
+  once.memory_caps = {fits->stages[0].estimate.peak_bytes};
+  recompute.memory_caps = once.memory_caps;
+  EXPECT_TRUE(MakePlan(FourBlocksWithLargeGraphs(), recompute).ok());
+  auto refused = MakePlan(FourBlocksWithLargeGraphs(), once);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("algorithm.forward"), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("recompute needs"), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("and fits"), std::string::npos) << refused.status();
 }
 
 TEST(PlannerMemory, TheLookAheadCostsTwoCopiesWithoutAStash) {
@@ -104,9 +163,14 @@ TEST(PlannerMemory, TheJobsAlgorithmOptionsSetTheCopies) {
   PlanOptions o = PlanOptionsForJob(*stash, {{0, 1}, {1, 2}});
   EXPECT_TRUE(o.stash_weights);
   EXPECT_FALSE(o.predict_weights);
+  EXPECT_TRUE(o.forward_once);  // forward: auto with stash
+  auto recompute = ParseJobSpec(base + "algorithm: {name: delayed, forward: recompute}\n");
+  ASSERT_TRUE(recompute.ok()) << recompute.status();
+  EXPECT_FALSE(PlanOptionsForJob(*recompute, {{0, 1}, {1, 2}}).forward_once);
   auto current = ParseJobSpec(base + "algorithm: {name: delayed, weights: current}\n");
   ASSERT_TRUE(current.ok()) << current.status();
   EXPECT_FALSE(PlanOptionsForJob(*current, {{0, 1}, {1, 2}}).stash_weights);
+  EXPECT_FALSE(PlanOptionsForJob(*current, {{0, 1}, {1, 2}}).forward_once);
   auto petra = ParseJobSpec(base + "algorithm: {name: petra, predict_weights: true}\n");
   ASSERT_TRUE(petra.ok()) << petra.status();
   EXPECT_TRUE(PlanOptionsForJob(*petra, {{0, 1}, {1, 2}}).predict_weights);
