@@ -6,10 +6,11 @@
 
 namespace stagewise::worker {
 
-LinkDelay::LinkDelay(absl::Duration delay, size_t capacity,
+LinkDelay::LinkDelay(absl::Duration delay, size_t max_messages, int64_t max_bytes,
                      std::function<bool(v1::StageMessage)> pass)
     : delay_(delay),
-      capacity_(capacity == 0 ? 1 : capacity),
+      max_messages_(max_messages == 0 ? 1 : max_messages),
+      max_bytes_(max_bytes < 1 ? 1 : max_bytes),
       pass_(std::move(pass)),
       thread_([this] { Run(); }) {}
 
@@ -21,8 +22,10 @@ LinkDelay::~LinkDelay() {
 absl::StatusOr<bool> LinkDelay::Hold(v1::StageMessage message, std::function<void()> resume) {
   absl::MutexLock lock(&mu_);
   if (closed_) return absl::CancelledError("the stage is no longer running this job");
-  held_.push_back({absl::Now() + delay_, std::move(message)});
-  if (held_.size() < capacity_) return true;
+  const auto bytes = static_cast<int64_t>(message.ByteSizeLong());
+  held_.push_back({absl::Now() + delay_, bytes, std::move(message)});
+  held_bytes_ += bytes;
+  if (held_.size() < max_messages_ && held_bytes_ < max_bytes_) return true;
   resume_ = std::move(resume);  // full: the stream pauses until one leaves
   return false;
 }
@@ -31,6 +34,7 @@ void LinkDelay::Close() {
   absl::MutexLock lock(&mu_);
   closed_ = true;
   held_.clear();
+  held_bytes_ = 0;
   resume_ = nullptr;
 }
 
@@ -52,6 +56,7 @@ void LinkDelay::Run() {
       }
       if (closed_) return;
       next = std::move(held_.front().message);
+      held_bytes_ -= held_.front().bytes;
       held_.pop_front();
     }
     // A full inbox blocks here, and so the stream stays paused.

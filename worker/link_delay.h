@@ -4,9 +4,10 @@
 // pipelined, as on a long link: a message that arrives while others are held
 // waits only its own delay, so a link's bandwidth is unchanged and a
 // sequence of n back-to-back messages costs one delay, not n. At most
-// `capacity` messages are held; then the stream stops reading until one
-// leaves (flow control, as the inbox's own), and a full inbox holds the line
-// up in turn.
+// `max_messages` messages or `max_bytes` of them are held (the emulated
+// link's window: its bandwidth is at most max_bytes per delay); then the
+// stream stops reading until one leaves (flow control, as the inbox's own),
+// and a full inbox holds the line up in turn.
 //
 // One line per side of a stage (worker/stage_streams.h). Handshakes (RING,
 // RESUME) are not held: the delay is on the data path only.
@@ -34,7 +35,8 @@ class LinkDelay {
   // `pass` hands a message on once its delay is over; it may block (a full
   // inbox) and returns false when the receiver is gone (the line closes and
   // drops what it holds).
-  LinkDelay(absl::Duration delay, size_t capacity, std::function<bool(v1::StageMessage)> pass);
+  LinkDelay(absl::Duration delay, size_t max_messages, int64_t max_bytes,
+            std::function<bool(v1::StageMessage)> pass);
   ~LinkDelay();
   LinkDelay(const LinkDelay&) = delete;
   LinkDelay& operator=(const LinkDelay&) = delete;
@@ -53,6 +55,7 @@ class LinkDelay {
  private:
   struct Held {
     absl::Time due;
+    int64_t bytes = 0;
     v1::StageMessage message;
   };
   void Run();
@@ -61,10 +64,12 @@ class LinkDelay {
   }
 
   const absl::Duration delay_;
-  const size_t capacity_;
+  const size_t max_messages_;
+  const int64_t max_bytes_;
   const std::function<bool(v1::StageMessage)> pass_;
   mutable absl::Mutex mu_;
   std::deque<Held> held_ ABSL_GUARDED_BY(mu_);
+  int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // The stream's resume while the line is full.
   std::function<void()> resume_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

@@ -7,6 +7,14 @@
 #include "services/tensor/stage_message.h"
 
 namespace stagewise::worker {
+namespace {
+
+// An emulated latency's window (worker/link_delay.h): what may be held at
+// once, so at most 256 MiB per delay (10 GB/s at 25 ms) crosses the link.
+constexpr size_t kDelayLineMessages = 4096;
+constexpr int64_t kDelayLineBytes = int64_t{256} << 20;
+
+}  // namespace
 
 StageStreams::StageStreams(Setup setup, Hooks hooks)
     : setup_(std::move(setup)),
@@ -37,7 +45,7 @@ StageStreams::StageStreams(Setup setup, Hooks hooks)
         return true;
       };
       (from_prev ? prev_delay_ : next_delay_) =
-          std::make_unique<LinkDelay>(delay, setup_.inbox_capacity, std::move(pass));
+          std::make_unique<LinkDelay>(delay, kDelayLineMessages, kDelayLineBytes, std::move(pass));
     }
   }
 }

@@ -180,6 +180,48 @@ void AddLinkTime(const ModelProfile& p, const PlanOptions& o, int begin, int end
   s.link_s += LinkSeconds(sends, wire, o);
 }
 
+// One message across the link after stage s (its output forward; the
+// gradient back has the same size): the link's latency plus the message's
+// bytes at the link's rate, `per` of a mini-batch's (a micro-batch's share).
+double HopSeconds(const ModelProfile& p, const PlanOptions& o, const StagePlan& s, double per) {
+  double t = o.link_latency_s;
+  if (o.link_bytes_per_s > 0) {
+    t += per * static_cast<double>(p.blocks[s.end - 1].output_bytes) *
+         WireBytesRatio(o.forward_wire) / o.link_bytes_per_s;
+  }
+  return t;
+}
+
+// A decoupled pipeline's time per mini-batch (delayed, petra, features
+// replay). Stage j keeps d_j mini-batches in flight; one comes back to it
+// after crossing every later stage and link and back: its round trip R_j is
+// the later stages' work plus two hops per link on the way. In steady state
+// stage j starts d_j mini-batches per R_j + c_j (its own work c_j), so a step
+// takes the longest of every stage's work, every link's busy time and
+// (R_j + c_j) / d_j: latency is paid once per round trip, not per step, and
+// a deep enough pipeline hides it.
+double DecoupledSeconds(const std::vector<StageEstimate>& e, const std::vector<StageRole>& roles,
+                        const std::vector<double>& hop, const PlanOptions& o,
+                        int backward_tensors) {
+  const int J = static_cast<int>(e.size());
+  std::vector<double> c(J);
+  double t = 0;
+  for (int j = 0; j < J; ++j) {
+    c[j] = e[j].time_s() - e[j].link_s + e[j].aux_head_s;
+    // The link carries the stage's messages while it computes: its busy
+    // time is the bytes at the rate, the latency overlapping.
+    const int messages = (roles[j].last ? 0 : 1) + (roles[j].first ? 0 : backward_tensors);
+    t = std::max({t, c[j], e[j].link_s - messages * o.link_latency_s});
+  }
+  double later = 0, links = 0;
+  for (int j = J - 2; j >= 0; --j) {
+    later += c[j + 1];
+    links += 2 * hop[j];
+    t = std::max(t, (later + links + c[j]) / std::max(1, roles[j].inflight));
+  }
+  return t;
+}
+
 }  // namespace
 
 StageEstimate EstimateStage(const ModelProfile& p, AlgorithmKind algorithm, int begin, int end,
@@ -495,18 +537,35 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
     return t;
   };
   std::vector<Prediction> out;
+  // The exact schedules at the job's micro-batches; for a job of another
+  // algorithm at 2J (as far as the batch allows), what a user of 1F1B or
+  // ZB-H1 would pick, so that the two kinds are compared on one link.
+  const int M = o.algorithm == A::kBackprop || o.algorithm == A::kNwise
+                    ? std::max(1, o.micro_batches)
+                    : static_cast<int>(std::max<int64_t>(
+                          1, std::min<int64_t>(2 * J, p.batch_size > 0 ? p.batch_size : 2 * J)));
+  // Each link's message of a whole mini-batch (hop) and the largest of a
+  // micro-batch's (what the schedules' simulation charges every message).
+  std::vector<double> hop;
+  double micro_hop = 0;
+  for (int j = 0; j + 1 < J; ++j) {
+    hop.push_back(HopSeconds(ProfileOfStage(p, o, j), o, plan.stages[j], 1.0));
+    micro_hop =
+        std::max(micro_hop, HopSeconds(ProfileOfStage(p, o, j), o, plan.stages[j], 1.0 / M));
+  }
   const auto bp = estimates(A::kBackprop);
   double t_bp = bp[0].step_s;
   for (const auto& s : bp) t_bp += s.forward_s + s.backward_s + s.message_s;
+  for (const double h : hop) t_bp += 2 * h;  // forward and back across every link
   out.push_back(
       {PredictionKey{}, t_bp, 1.0, "sum of stage forward+backward+messages, + stage 0's step"});
-  if (o.micro_batches > 1) {
+  if (M > 1) {
     // Each schedule's own orders played out with the stages' estimated
     // costs per micro-batch (messages with the forward; the backward split
     // half and half into input and weight gradients, the zero-bubble
     // paper's B ~ W), then stage 0's step.
-    const int M = o.micro_batches;
-    pipeline::ScheduleOptions so{.stages = J, .micro_batches = M, .lookahead = o.lookahead};
+    pipeline::ScheduleOptions so{
+        .stages = J, .micro_batches = M, .lookahead = o.lookahead, .link_seconds = micro_hop};
     for (const StageEstimate& s : bp) {
       so.costs.push_back(
           {(s.forward_s + s.message_s) / M, s.backward_s / (2.0 * M), s.backward_s / (2.0 * M)});
@@ -529,7 +588,8 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
       // are its chunks' (one chunk's operation costs 1/v of them), and each
       // worker's step is its chunks' steps.
       const int W = J / o.chunks;
-      pipeline::ScheduleOptions io{.stages = W, .micro_batches = M, .chunks = o.chunks};
+      pipeline::ScheduleOptions io{
+          .stages = W, .micro_batches = M, .chunks = o.chunks, .link_seconds = micro_hop};
       io.costs.assign(W, {0, 0, 0});
       double step = 0;
       for (int s = 0; s < J; ++s) {
@@ -552,15 +612,23 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
       }
     }
   }
-  out.push_back({PredictionKey{.algorithm = A::kDelayed}, slowest(estimates(A::kDelayed), false), 0,
-                 o.forward_once
-                     ? "slowest stage: forward keeping its graph + backward + step (forward: once)"
-                     : "slowest stage: graph-free forward + recompute + backward + step"});
-  out.push_back({PredictionKey{.algorithm = A::kPetra}, slowest(estimates(A::kPetra), false), 0,
-                 "slowest stage: graph-free forward + rebuild/recompute backward + step"});
-  out.push_back({PredictionKey{.algorithm = A::kFeaturesReplay},
-                 slowest(estimates(A::kFeaturesReplay), false), 0,
-                 "slowest stage: forward + replay forward + backward + step"});
+  // Decoupled: the slowest stage, or a round trip over the in-flight depth
+  // where the links' latency does not fit in it (DecoupledSeconds).
+  const std::string round_trip =
+      o.link_latency_s > 0 || o.link_bytes_per_s > 0 ? ", or round trip / in-flight depth" : "";
+  for (const auto& [a, how] : std::vector<std::pair<AlgorithmKind, std::string>>{
+           {A::kDelayed, o.forward_once ? "slowest stage: forward keeping its graph + backward + "
+                                          "step (forward: once)"
+                                        : "slowest stage: graph-free forward + recompute + "
+                                          "backward + step"},
+           {A::kPetra, "slowest stage: graph-free forward + rebuild/recompute backward + step"},
+           {A::kFeaturesReplay, "slowest stage: forward + replay forward + backward + step"}}) {
+    const std::vector<StageRole> r = roles(a);
+    const double t = DecoupledSeconds(estimates(a), r, hop, o, a == A::kPetra ? 2 : 1);
+    Prediction pr{PredictionKey{.algorithm = a}, t, 0, how + round_trip};
+    pr.staleness = J > 1 ? std::max(0, r[0].inflight - 1) : 0;
+    out.push_back(std::move(pr));
+  }
   const auto nw = estimates(A::kNwise);
   std::vector<int> ns;
   if (o.nwise_n > 0) {
@@ -759,11 +827,33 @@ std::string PlanText(const ModelProfile& p, const Plan& plan) {
   }
   if (!any) absl::StrAppend(&out, "  (none)\n");
   absl::StrAppend(&out, "predicted time per mini-batch on this partition:\n");
-  absl::StrAppend(
-      &out, absl::StrFormat("  %-16s %10s %9s  %s\n", "algorithm", "time", "speed-up", "model"));
+  absl::StrAppend(&out, absl::StrFormat("  %-22s %10s %9s %9s  %s\n", "algorithm", "time",
+                                        "speed-up", "staleness", "model"));
+  const Prediction* exact = nullptr;      // the fastest exact schedule
+  const Prediction* decoupled = nullptr;  // the fastest decoupled algorithm
   for (const auto& pr : plan.predictions) {
-    absl::StrAppend(&out, absl::StrFormat("  %-16s %10s %8.2fx  %s\n", pr.label(),
-                                          Ms(pr.seconds_per_batch), pr.speedup, pr.model));
+    absl::StrAppend(
+        &out, absl::StrFormat("  %-22s %10s %8.2fx %9d  %s\n", pr.label(), Ms(pr.seconds_per_batch),
+                              pr.speedup, pr.staleness, pr.model));
+    if (pr.seconds_per_batch <= 0) continue;
+    // (nwise's and auxnet's models know no link latency yet: not compared.)
+    const AlgorithmKind a = pr.key.algorithm;
+    const bool modelled = a == AlgorithmKind::kDelayed || a == AlgorithmKind::kPetra ||
+                          a == AlgorithmKind::kFeaturesReplay;
+    if (a != AlgorithmKind::kBackprop && !modelled) continue;
+    const Prediction*& best = a == AlgorithmKind::kBackprop ? exact : decoupled;
+    if (best == nullptr || pr.seconds_per_batch < best->seconds_per_batch) best = &pr;
+  }
+  if (exact != nullptr && decoupled != nullptr) {
+    const double ratio = exact->seconds_per_batch / decoupled->seconds_per_batch;
+    absl::StrAppend(
+        &out, absl::StrFormat("fastest exact: %s (%s); fastest decoupled: %s (%s, %d steps "
+                              "stale); %s %.2fx faster per mini-batch%s\n",
+                              exact->label(), Ms(exact->seconds_per_batch), decoupled->label(),
+                              Ms(decoupled->seconds_per_batch), decoupled->staleness,
+                              ratio >= 1 ? decoupled->label() : exact->label(),
+                              ratio >= 1 ? ratio : 1 / ratio,
+                              ratio >= 1 ? " (staleness may cost quality: docs/results.md)" : ""));
   }
   return out;
 }
@@ -804,8 +894,8 @@ std::string PlanJson(const ModelProfile& p, const Plan& plan) {
     const Prediction& pr = plan.predictions[i];
     absl::StrAppend(&out, i ? ", " : "",
                     absl::StrFormat("{\"algorithm\": \"%s\", \"seconds_per_batch\": %.6g, "
-                                    "\"speedup\": %.4f}",
-                                    pr.label(), pr.seconds_per_batch, pr.speedup));
+                                    "\"speedup\": %.4f, \"staleness_steps\": %d}",
+                                    pr.label(), pr.seconds_per_batch, pr.speedup, pr.staleness));
   }
   absl::StrAppend(&out, "]}\n");
   return out;

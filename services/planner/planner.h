@@ -182,6 +182,9 @@ struct Prediction {
   double seconds_per_batch = 0;
   double speedup = 0;  // backprop's time / this one
   std::string model;   // how it was computed
+  // Steps between a mini-batch's forward and its gradient's update on the
+  // most delayed stage (stage 0): 0 for the exact schedules.
+  int staleness = 0;
   std::string label() const { return LabelOf(key); }
 };
 

@@ -16,8 +16,10 @@
 //     --replicas 1           replicas R of every stage (e.g. 1,2,4)
 //     --algorithms LIST      from: backprop (M=1), gpipe, 1f1b, 1f1b1 (1F1B with
 //                            lookahead 1), zb-h1 (zero bubble), interleaved
-//                            (1F1B over 2 chunks per worker, M = 2J), delayed, petra,
-//                            features_replay, nwise, auxnet (default: all)
+//                            (1F1B over 2 chunks per worker, M = 2J), delayed
+//                            (forward: once), delayed-recompute (forward:
+//                            recompute), petra, features_replay, nwise, auxnet
+//                            (default: all)
 //     --speeds 1,1,0.5,1     worker i's emulated speed (stagewise-worker
 //                            --emulated-speed; 1 where not given): with
 //                            --algorithms planned,planned-blind, 1F1B on a
@@ -35,6 +37,17 @@
 //     --shape 2,16,16        per-sample activation [C, H, W] (C even)
 //     --steps 40             steady-state steps measured per run, after a
 //                            warm-up of 2J + 2 steps (pipeline fill)
+//     --link-delay-ms 0      emulated one-way latency of every link, in ms
+//                            (stagewise-worker --emulate-link-delay-ms; a list
+//                            gives a row per value, each on workers of its own,
+//                            interleaved with the others in every round); the
+//                            job says placement.link_rtt_ms = twice it, so the
+//                            plan's prediction ("planned ms") counts it
+//     --predict              every job is profiled and planned on its fixed cut
+//                            (the jobs say transport.compression auto, which
+//                            stays none where no link rate is set), so that
+//                            "planned ms" shows the planner's prediction for
+//                            every row, link latency included
 //     --compression none     the wire format of activations and gradients
 //                            (transport.compression), a row per entry of the
 //                            list: none, fp16, bf16 (e.g. none,bf16)
@@ -70,9 +83,9 @@
 //   interleaved, v = 2 chunks of K/2 blocks per worker, M = 2J: the worker's
 //     order simulated likewise, (M + (J - 1) / v) / M * (F + B) for equal
 //     costs; its bubble cut as zb-h1's.
-//   delayed: its forward keeps no graph, so the backward recomputes the
-//     forward from the stored input (weight stashing would otherwise need a
-//     graph per in-flight mini-batch):                         2F + B
+//   delayed (forward: once, the graph kept at the stashed weights):  F + B
+//   delayed-recompute: its forward keeps no graph, so the backward
+//     recomputes the forward from the stored input:            2F + B
 //   petra (the rebuild is one more forward):                   2F + B
 //   features_replay (forward, then replay + backward):         2F + B
 //   nwise n, M: T(A=J, M, N=n) with a slot c(M) = (F + B) / (2M)
@@ -87,10 +100,13 @@
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -128,6 +144,8 @@ struct Options {
   bool shared_memory = true;                         // same-host payloads through shared rings
   bool place_outputs = true;                         // outputs made in the rings
   std::vector<std::string> compressions = {"none"};  // transport.compression per config
+  std::vector<double> link_delays = {0};             // emulated one-way latency, ms
+  bool predict = false;  // every job profiled and planned: the plan's prediction beside
 };
 
 // One configuration: an algorithm at J stages, with its ideal.
@@ -136,6 +154,8 @@ struct Config {
   std::string label;                 // as printed
   std::string yaml;                  // the algorithm: line
   std::string compression = "none";  // transport.compression
+  double link_delay_ms = 0;          // the workers' emulated one-way latency
+  double planned_s = 0;              // the plan's prediction, when the job had one
   int J = 1;
   int R = 1;           // replicas of every stage
   double ideal_s = 0;  // per mini-batch
@@ -173,6 +193,10 @@ Options ParseOptions(int argc, char** argv) {
       o.verbose = true;
       continue;
     }
+    if (flag == "--predict") {
+      o.predict = true;
+      continue;
+    }
     if (flag == "--peer") {
       o.peer = true;
       continue;
@@ -195,6 +219,16 @@ Options ParseOptions(int argc, char** argv) {
       if (!absl::SimpleAtoi(value, out) || *out < 1)
         Usage(absl::StrCat(flag, ": bad '", value, "'"));
     };
+    if (flag == "--link-delay-ms") {
+      o.link_delays.clear();
+      for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+        double v = 0;
+        if (!absl::SimpleAtod(part, &v) || v < 0) Usage(absl::StrCat(flag, ": bad '", part, "'"));
+        o.link_delays.push_back(v);
+      }
+      if (o.link_delays.empty()) Usage(absl::StrCat(flag, ": empty list"));
+      continue;
+    }
     if (flag == "--speeds") {
       for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
         double v = 0;
@@ -304,11 +338,17 @@ std::vector<Config> Configs(const Options& o, int J, int R) {
           absl::StrCat("{name: backprop, micro_batches: ", M,
                        ", schedule: ", gpipe ? "gpipe" : "1f1b", ", lookahead: ", lookahead, "}");
       c.ideal_s = (M + J - 1.0) / M * (F + B);
-    } else if (a == "delayed" || a == "petra" || a == "features_replay") {
+    } else if (a == "delayed") {
+      // One forward keeping its graph, then the backward through it.
+      c.label = "delayed";
+      c.yaml = "{name: delayed, forward: once}";
+      c.ideal_s = F + B;
+    } else if (a == "delayed-recompute" || a == "petra" || a == "features_replay") {
       // One forward that keeps no graph, then a recomputation, rebuild or
       // replay (one more forward) and the backward, per stage and step.
       c.label = a;
-      c.yaml = absl::StrCat("{name: ", a, "}");
+      c.yaml = a == "delayed-recompute" ? "{name: delayed, forward: recompute}"
+                                        : absl::StrCat("{name: ", a, "}");
       c.ideal_s = 2 * F + B;
     } else if (a == "nwise") {
       c.label = "nwise n=2 M=2";
@@ -389,10 +429,14 @@ std::string JobYaml(const Options& o, const Config& c, int total_steps) {
       "stages: {count: ", c.J, ", replicas: ", c.R, ", chunks_per_worker: ", c.chunks,
       ", partition: ", c.planned ? "auto" : absl::StrCat("[", absl::StrJoin(ranges, ", "), "]"),
       "}\n",
-      c.planned ? absl::StrCat("placement: {per_worker_profiles: ",
-                               c.per_worker_profiles ? "true" : "false", "}\n")
-                : "",
-      "algorithm: ", c.yaml, "\n", "transport: {compression: ", c.compression, "}\n");
+      c.planned || c.link_delay_ms > 0 || o.predict
+          ? absl::StrCat(
+                "placement: {per_worker_profiles: ", c.per_worker_profiles ? "true" : "false",
+                ", link_rtt_ms: ", 2 * c.link_delay_ms, "}\n")
+          : "",
+      "algorithm: ", c.yaml, "\n",
+      "transport: {compression: ", o.predict && c.compression == "none" ? "auto" : c.compression,
+      "}\n");
 }
 
 // Seconds per mini-batch in steady state, or a negative number on failure.
@@ -424,6 +468,30 @@ double Measure(stagewise::testing::Cluster& cluster, const Options& o, Config& c
     std::cerr << c.label << " J=" << c.J << " R=" << c.R
               << " failed: " << (st.ok() ? st->reason() : st.status().ToString()) << "\n";
     return -1;
+  }
+  // The plan's prediction for this configuration's algorithm, when the job
+  // had a plan (services/planner/planner.h, PlanSummary's keys).
+  const int M = 2 * c.J;
+  const std::map<std::string, std::string> predicted_key = {
+      {"1f1b", absl::StrCat("backprop_1f1b_M", M)},
+      {"1f1b1", absl::StrCat("backprop_1f1b_M", M)},
+      {"gpipe", absl::StrCat("backprop_gpipe_M", M)},
+      {"zb-h1", absl::StrCat("backprop_zb_h1_M", M)},
+      {"delayed", "delayed"},
+      {"delayed-recompute", "delayed"},
+      {"petra", "petra"},
+      {"features_replay", "features_replay"}};
+  if (const auto key = predicted_key.find(c.algorithm); key != predicted_key.end()) {
+    const auto it = st->summary().find("plan.predicted." + key->second);
+    if (it != st->summary().end()) c.planned_s = it->second;
+  }
+  if (o.verbose) {
+    std::string keys;
+    for (const auto& [k, v] : st->summary()) {
+      if (absl::StartsWith(k, "plan.predicted."))
+        absl::StrAppendFormat(&keys, " %s=%.2fms", k, 1e3 * v);
+    }
+    std::cerr << c.label << " J=" << c.J << " predictions:" << keys << "\n";
   }
   if (c.planned) {
     // The plan's predicted time per mini-batch under the job's schedule, and its cut.
@@ -485,15 +553,21 @@ int main(int argc, char** argv) {
       "interleaved\n",
       o.blocks_per_stage, o.forward_ms, o.backward_ms, o.batch, absl::StrJoin(o.shape, ","),
       o.steps, o.rounds);
-  stagewise::testing::Cluster::Options co;
-  co.workers = max_j * max_r;
-  co.emulated_speeds = o.speeds;
-  if (!o.shared_memory) co.shared_memory_dir.clear();
-  co.place_outputs = o.place_outputs;
-  stagewise::testing::Cluster cluster(co);
-  if (!cluster.WaitForWorkers(co.workers, absl::Seconds(60))) {
-    std::cerr << "workers did not come up\n";
-    return 1;
+  // Workers of their own for every emulated link latency.
+  std::map<double, std::unique_ptr<stagewise::testing::Cluster>> clusters;
+  for (const double delay : o.link_delays) {
+    stagewise::testing::Cluster::Options co;
+    co.workers = max_j * max_r;
+    co.emulated_speeds = o.speeds;
+    if (!o.shared_memory) co.shared_memory_dir.clear();
+    co.place_outputs = o.place_outputs;
+    co.link_delay_ms = delay;
+    auto cluster = std::make_unique<stagewise::testing::Cluster>(co);
+    if (!cluster->WaitForWorkers(co.workers, absl::Seconds(60))) {
+      std::cerr << "workers did not come up\n";
+      return 1;
+    }
+    clusters[delay] = std::move(cluster);
   }
   std::vector<Config> configs;
   for (int R : o.replicas) {
@@ -503,10 +577,15 @@ int main(int argc, char** argv) {
         // peer has one).
         for (const std::string& w :
              c.algorithm == "peer" ? std::vector<std::string>{"none"} : o.compressions) {
-          Config with = c;
-          with.compression = w;
-          if (w != "none") absl::StrAppend(&with.label, " ", w);
-          configs.push_back(with);
+          for (const double delay :
+               c.algorithm == "peer" ? std::vector<double>{0} : o.link_delays) {
+            Config with = c;
+            with.compression = w;
+            with.link_delay_ms = delay;
+            if (w != "none") absl::StrAppend(&with.label, " ", w);
+            if (delay > 0) absl::StrAppend(&with.label, absl::StrFormat(" +%gms", delay));
+            configs.push_back(with);
+          }
         }
       }
     }
@@ -515,14 +594,15 @@ int main(int argc, char** argv) {
   bool failed = false;
   for (int r = 0; r < o.rounds; ++r) {
     for (size_t i = 0; i < configs.size(); ++i) {
-      const double s = configs[i].algorithm == "peer" ? MeasurePeer(o, configs[i])
-                                                      : Measure(cluster, o, configs[i]);
+      const double s = configs[i].algorithm == "peer"
+                           ? MeasurePeer(o, configs[i])
+                           : Measure(*clusters.at(configs[i].link_delay_ms), o, configs[i]);
       if (s < 0) {
         failed = true;
         continue;
       }
       measured[i].push_back(s);
-      std::cerr << absl::StrFormat("round %d: %-22s J=%-2d R=%-2d %8.2f ms/batch (ideal %.2f)\n",
+      std::cerr << absl::StrFormat("round %d: %-28s J=%-2d R=%-2d %8.2f ms/batch (ideal %.2f)\n",
                                    r + 1, configs[i].label, configs[i].J, configs[i].R, 1e3 * s,
                                    1e3 * configs[i].ideal_s);
     }
@@ -535,11 +615,12 @@ int main(int argc, char** argv) {
     single[{configs[i].label, configs[i].J}] = o.batch / Median(it->second);
   }
   // 1F1B's ideal and median at the same J and R, for the bubble-cut column.
-  std::map<std::pair<int, int>, std::pair<double, double>> one_f_one_b;
+  std::map<std::tuple<int, int, double>, std::pair<double, double>> one_f_one_b;
   for (size_t i = 0; i < configs.size(); ++i) {
     const auto it = measured.find(i);
     if (it == measured.end() || configs[i].algorithm != "1f1b") continue;
-    one_f_one_b[{configs[i].J, configs[i].R}] = {configs[i].ideal_s, Median(it->second)};
+    one_f_one_b[{configs[i].J, configs[i].R, configs[i].link_delay_ms}] = {configs[i].ideal_s,
+                                                                           Median(it->second)};
   }
   std::map<int, double> peer;  // J -> the gloo peer's median
   for (size_t i = 0; i < configs.size(); ++i) {
@@ -548,10 +629,10 @@ int main(int argc, char** argv) {
       peer[configs[i].J] = Median(it->second);
     }
   }
-  std::cout << absl::StrFormat("%-22s %3s %3s %10s %10s %16s %11s %9s %10s %8s %11s %8s\n",
+  std::cout << absl::StrFormat("%-28s %3s %3s %10s %10s %16s %11s %9s %10s %8s %11s %8s %11s\n",
                                "algorithm", "J", "R", "ideal ms", "median ms", "min-max ms",
                                "efficiency", "spread", "samples/s", "scaling", "bubble cut",
-                               "vs peer");
+                               "vs peer", "planned ms");
   for (size_t i = 0; i < configs.size(); ++i) {
     const auto it = measured.find(i);
     if (it == measured.end()) continue;
@@ -569,7 +650,7 @@ int main(int argc, char** argv) {
             : absl::StrFormat("%.1f%%", 100 * samples / (configs[i].R * one->second));
     // Measured saving against 1F1B over the saving its ideal predicts.
     std::string cut = "-";
-    const auto base = one_f_one_b.find({configs[i].J, configs[i].R});
+    const auto base = one_f_one_b.find({configs[i].J, configs[i].R, configs[i].link_delay_ms});
     if ((configs[i].algorithm == "zb-h1" || configs[i].algorithm == "interleaved") &&
         base != one_f_one_b.end()) {
       const double predicted = base->second.first - configs[i].ideal_s;
@@ -580,11 +661,16 @@ int main(int argc, char** argv) {
     std::string vs_peer = "-";
     const auto p = peer.find(configs[i].J);
     if (p != peer.end() && configs[i].R == 1) vs_peer = absl::StrFormat("%.2fx", med / p->second);
+    // The plan's prediction (link latency included) and its error.
+    const std::string planned = configs[i].planned_s > 0
+                                    ? absl::StrFormat("%.1f (%+.0f%%)", 1e3 * configs[i].planned_s,
+                                                      100 * (configs[i].planned_s - med) / med)
+                                    : "-";
     std::cout << absl::StrFormat(
-        "%-22s %3d %3d %10.2f %10.2f %7.2f-%-8.2f %10.1f%% %8.1f%% %10.0f %8s %11s %8s\n",
+        "%-28s %3d %3d %10.2f %10.2f %7.2f-%-8.2f %10.1f%% %8.1f%% %10.0f %8s %11s %8s %11s\n",
         configs[i].label, configs[i].J, configs[i].R, 1e3 * configs[i].ideal_s, 1e3 * med,
         1e3 * *lo, 1e3 * *hi, 100 * configs[i].ideal_s / med, 100 * spread, samples, scaling, cut,
-        vs_peer);
+        vs_peer, planned);
   }
   return failed ? 1 : 0;
 }

@@ -42,6 +42,11 @@
 # two floors: the stages' compute (the algorithm's ideal schedule) and the
 # busiest link (bytes a middle host sends per mini-batch / rate).
 #
+# Link latency (netem is missing on these machines): the workers inherit
+# STAGEWISE_EMULATE_LINK_DELAY_MS, their emulated one-way delay per incoming
+# data message (stagewise-worker --emulate-link-delay-ms), e.g.
+#   STAGEWISE_EMULATE_LINK_DELAY_MS=25 tests/bench/link_bench.sh
+#
 # Needs root (ip netns, veth, tc) and iproute2; without them it prints why and
 # exits 77 (ctest's skip code). Everything it creates (namespaces, links,
 # processes, the temporary directory) is removed on exit.

@@ -11,6 +11,12 @@
 //   adopt      the same, decoding by taking the parsed buffer over
 //              (DecodeTensor(TensorProto*), what workers do now)
 // and the round trip of one message with an empty reply (grpc and adopt).
+// With --link-delay-ms D also, interleaved:
+//   delayed    adopt through the emulated link latency (worker/link_delay.h:
+//              every message held D ms before the sink takes it), its MB/s
+//              counted without the one delay the last message waits
+//              (n x size / (time - D)); "delayed/adopt" ~ 1 says the
+//              emulation keeps the link's bandwidth.
 // Medians over rounds; ratios are taken within a round, then their median and
 // spread (max - min over the median) printed. Never a test.
 //
@@ -21,6 +27,7 @@
 //                                4 and at most 5000 messages)
 //     --pings 20                 round trips per latency measurement
 //     --iperf3 iperf3            the iperf3 binary ("" or missing: no column)
+//     --link-delay-ms 0          the delayed column's one-way latency (0: none)
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -46,6 +53,7 @@
 #include "services/tensor/codec.h"
 #include "tests/bench/bench_util.h"
 #include "tests/integration/free_port.h"
+#include "worker/link_delay.h"
 #include "worker/peer_stream.h"
 
 namespace {
@@ -62,12 +70,13 @@ struct Options {
   int64_t bytes = int64_t{512} << 20;
   int pings = 20;
   std::string iperf3 = "iperf3";
+  double link_delay_ms = 0;
 };
 
 [[noreturn]] void Usage(const std::string& why) {
   std::cerr << "stagewise_transport_bench: " << why
             << "\nusage: stagewise_transport_bench [--sizes 1K,64K,1M,8M,64M] [--rounds 3]"
-               " [--bytes 512M] [--pings 20] [--iperf3 PATH]\n";
+               " [--bytes 512M] [--pings 20] [--iperf3 PATH] [--link-delay-ms 0]\n";
   std::exit(why == "help" ? 0 : 2);
 }
 
@@ -105,6 +114,11 @@ Options ParseOptions(int argc, char** argv) {
       if (!absl::SimpleAtoi(value, &o.pings) || o.pings < 1) Usage("--pings: bad value");
     } else if (flag == "--iperf3") {
       o.iperf3 = value;
+    } else if (flag == "--link-delay-ms") {
+      if (!absl::SimpleAtod(value, &o.link_delay_ms) || o.link_delay_ms < 0 ||
+          o.link_delay_ms > 60000) {
+        Usage("--link-delay-ms: bad value");
+      }
     } else {
       Usage(absl::StrCat("unknown option ", flag));
     }
@@ -135,7 +149,24 @@ class BenchSink : public MessageSink {
  public:
   enum class Decode { kCopy, kAdopt };
 
-  absl::StatusOr<bool> Deliver(v1::StageMessage message, std::function<void()>) override {
+  // The delayed column: messages go through an emulated link latency first.
+  void SetDelay(absl::Duration delay) {
+    line_ = std::make_unique<stagewise::worker::LinkDelay>(
+        delay, 4096, int64_t{256} << 20,
+        [this](v1::StageMessage m) { return Take(std::move(m)).ok(); });
+  }
+
+  absl::StatusOr<bool> Deliver(v1::StageMessage message, std::function<void()> resume) override {
+    bool delayed;
+    {
+      absl::MutexLock lock(&mu_);
+      delayed = delayed_;
+    }
+    if (delayed && line_ != nullptr) return line_->Hold(std::move(message), std::move(resume));
+    return Take(std::move(message));
+  }
+
+  absl::StatusOr<bool> Take(v1::StageMessage message) {
     Decode decode;
     {
       absl::MutexLock lock(&mu_);
@@ -164,9 +195,10 @@ class BenchSink : public MessageSink {
   }
   void StreamClosed(const absl::Status&) override {}
 
-  void Reset(Decode decode) {
+  void Reset(Decode decode, bool delayed = false) {
     absl::MutexLock lock(&mu_);
     decode_ = decode;
+    delayed_ = delayed;
     received_ = 0;
   }
   void WaitReceived(int64_t n) {
@@ -186,6 +218,8 @@ class BenchSink : public MessageSink {
  private:
   absl::Mutex mu_;
   Decode decode_ ABSL_GUARDED_BY(mu_) = Decode::kAdopt;
+  bool delayed_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<stagewise::worker::LinkDelay> line_;  // set before the stream opens
   int64_t received_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<UpstreamStream> upstream_ ABSL_GUARDED_BY(mu_);
 };
@@ -323,14 +357,17 @@ struct Stage {
 };
 
 // MB/s of n messages of the tensor `t` over the stage stream.
-double StageMBps(Stage& s, const at::Tensor& t, int64_t n, BenchSink::Decode decode) {
-  s.server_sink.Reset(decode);
+// `delay`: through the sink's link delay, whose one wait at the end is not
+// counted (the bandwidth, not the latency).
+double StageMBps(Stage& s, const at::Tensor& t, int64_t n, BenchSink::Decode decode,
+                 double delay = 0) {
+  s.server_sink.Reset(decode, delay > 0);
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < n; ++i) {
     if (!s.client->Send(TensorMessage(t, i)).ok()) std::abort();
   }
   s.server_sink.WaitReceived(n);
-  return static_cast<double>(n) * static_cast<double>(t.nbytes()) / Seconds(t0) / 1e6;
+  return static_cast<double>(n) * static_cast<double>(t.nbytes()) / (Seconds(t0) - delay) / 1e6;
 }
 
 // Median round trip (seconds) of a message carrying `t`, empty reply.
@@ -384,6 +421,8 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
 
   Stage stage;
+  const double delay_s = o.link_delay_ms / 1e3;
+  if (delay_s > 0) stage.server_sink.SetDelay(absl::Milliseconds(o.link_delay_ms));
   int stage_port = 0;
   stage.server = Serve(&stage.service, &stage_port);
   stage.stub = v1::StageService::NewStub(
@@ -413,13 +452,18 @@ int main(int argc, char** argv) {
       const v1::StageMessage prebuilt = TensorMessage(t, 0);
       auto& r = results[size];
       // Interleaved, in an order that changes per round.
-      const int k = round % 3;
-      for (int step = 0; step < 3; ++step) {
-        const int which = (step + k) % 3;
+      const int kinds = delay_s > 0 ? 4 : 3;
+      const int k = round % kinds;
+      for (int step = 0; step < kinds; ++step) {
+        const int which = (step + k) % kinds;
         if (which == 0) r["grpc"].push_back(PlainMBps(plain_stub.get(), prebuilt, t.nbytes(), n));
         if (which == 1) r["copy"].push_back(StageMBps(stage, t, n, BenchSink::Decode::kCopy));
         if (which == 2) r["adopt"].push_back(StageMBps(stage, t, n, BenchSink::Decode::kAdopt));
+        if (which == 3) {
+          r["delayed"].push_back(StageMBps(stage, t, n, BenchSink::Decode::kAdopt, delay_s));
+        }
       }
+      if (delay_s > 0) r["delayed/adopt"].push_back(r["delayed"].back() / r["adopt"].back());
       const int pings = size >= (16 << 20) ? std::max(3, o.pings / 4) : o.pings;
       r["grpc_rtt"].push_back(PlainPing(plain_stub.get(), prebuilt, pings));
       stage.server_sink.Reset(BenchSink::Decode::kAdopt);
@@ -463,6 +507,20 @@ int main(int argc, char** argv) {
                                  Median(r["adopt"]), Median(r["messages/s"]), ratio("adopt/grpc"),
                                  ratio("copy/grpc"), ratio("adopt/iperf3"), ratio("copy/iperf3"),
                                  1e3 * Median(r["grpc_rtt"]), 1e3 * Median(r["adopt_rtt"]));
+  }
+
+  if (delay_s > 0) {
+    std::cout << absl::StrFormat(
+        "\nthrough an emulated link latency of %g ms (MB/s without the last message's wait):\n",
+        o.link_delay_ms);
+    std::cout << absl::StrFormat("%-8s %9s %9s %15s\n", "tensor", "adopt", "delayed",
+                                 "delayed/adopt");
+    for (int64_t size : o.sizes) {
+      auto& r = results[size];
+      std::cout << absl::StrFormat("%-8s %9.0f %9.0f %8.2f (%2.0f%%)\n", SizeName(size),
+                                   Median(r["adopt"]), Median(r["delayed"]),
+                                   Median(r["delayed/adopt"]), 100 * spread(r["delayed/adopt"]));
+    }
   }
 
   stage.client->Close(absl::OkStatus());

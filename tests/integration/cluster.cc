@@ -75,6 +75,7 @@ void Cluster::AddWorker() {
   wo.before_stage_build = options_.before_stage_build;
   wo.shared_memory_dir = options_.shared_memory_dir;
   wo.place_outputs = options_.place_outputs;
+  wo.rpc.emulated_link_delay_ms = options_.link_delay_ms;
   if (workers_.size() < options_.labels.size()) wo.labels = options_.labels[workers_.size()];
   if (workers_.size() < options_.emulated_speeds.size()) {
     wo.emulated_speed = options_.emulated_speeds[workers_.size()];

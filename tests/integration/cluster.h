@@ -45,6 +45,9 @@ class Cluster {
     // payloads off, every payload inline on the stream).
     std::string shared_memory_dir = "/dev/shm";
     bool place_outputs = true;  // WorkerOptions::place_outputs
+    // Every worker's emulated one-way link latency (worker
+    // --emulate-link-delay-ms; 0: none).
+    double link_delay_ms = 0;
     // The coordinator's --scheduling-config (none: FIFO with backfill).
     std::optional<SharingConfig> sharing = std::nullopt;
   };

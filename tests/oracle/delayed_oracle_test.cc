@@ -41,8 +41,9 @@ steps: )",
                       steps, "\neval: {every_epochs: 0, at_end: false}\n");
 }
 
-std::map<std::string, torch::Tensor> RunJob(const std::string& yaml, int stages) {
-  testing::Cluster cluster({.workers = stages});
+std::map<std::string, torch::Tensor> RunJob(const std::string& yaml, int stages,
+                                            double link_delay_ms = 0) {
+  testing::Cluster cluster({.workers = stages, .link_delay_ms = link_delay_ms});
   EXPECT_TRUE(cluster.WaitForWorkers(stages));
   auto id = cluster.manager().Submit(yaml);
   EXPECT_TRUE(id.ok()) << id.status();
@@ -261,25 +262,40 @@ TEST_P(DelayedTrajectory, EqualsTheSingleProcessSimulation) {
 
 INSTANTIATE_TEST_SUITE_P(
     Weights, DelayedTrajectory,
-    ::testing::Values(TrajectoryCase{"stash", "", "stash"},  // forward: auto = once
-                      // the two forms of a stashing forward: one trajectory
-                      TrajectoryCase{"stash", ", forward: once", "stash_once"},
-                      TrajectoryCase{"stash", ", forward: recompute", "stash_recompute"},
-                      TrajectoryCase{"stash", ", forward: recompute, predict_weights: true",
-                                     "predicted_recompute"},
-                      TrajectoryCase{"current", "", "current"},
-                      // the staleness corrections, alone and together
-                      TrajectoryCase{"stash", ", predict_weights: true", "predicted"},
-                      TrajectoryCase{"current", ", lr_by_delay: inverse", "current_lr_inverse"},
-                      TrajectoryCase{"stash", ", momentum_by_delay: compensate", "compensated"},
-                      TrajectoryCase{"stash", ", predict_weights: true, lr_by_delay: inverse_sqrt",
-                                     "predicted_lr_inverse_sqrt"},
-                      // bounded accumulation (PACI): current weights, a step every 2 (the
-                      // last window of 10 steps closes); stashed, every 3 (it stays open)
-                      TrajectoryCase{"current", ", accumulation: 2", "accumulated"},
-                      TrajectoryCase{"stash", ", accumulation: 3, momentum_by_delay: compensate",
-                                     "accumulated_compensated"}),
+    ::testing::Values(
+        TrajectoryCase{"stash", "",
+                       "stash"},  // forward: auto = once
+                                  // the two forms of a stashing forward: one trajectory
+        TrajectoryCase{"stash", ", forward: once", "stash_once"},
+        TrajectoryCase{"stash", ", forward: recompute", "stash_recompute"},
+        TrajectoryCase{"stash", ", forward: recompute, predict_weights: true",
+                       "predicted_recompute"},
+        TrajectoryCase{"current", "", "current"},
+        // the staleness corrections, alone and together
+        TrajectoryCase{"stash", ", predict_weights: true", "predicted"},
+        TrajectoryCase{"current", ", lr_by_delay: inverse", "current_lr_inverse"},
+        TrajectoryCase{"stash", ", momentum_by_delay: compensate", "compensated"},
+        TrajectoryCase{"stash", ", predict_weights: true, lr_by_delay: inverse_sqrt",
+                       "predicted_lr_inverse_sqrt"},
+        // bounded accumulation (PACI): current weights, a step every 2 (the
+        // last window of 10 steps closes); stashed, every 3 (it stays open)
+        TrajectoryCase{"current", ", accumulation: 2", "accumulated"},
+        TrajectoryCase{"stash", ", accumulation: 3, momentum_by_delay: compensate",
+                       "accumulated_compensated"}),
     [](const ::testing::TestParamInfo<TrajectoryCase>& info) { return info.param.name; });
+
+// An emulated link latency (worker --emulate-link-delay-ms) delays every
+// message and changes nothing else: order and flow control are kept, so the
+// trajectory is the simulation's, for both forms of the forward.
+TEST(DelayedOracle, ALinkLatencyChangesNothingButTime) {
+  for (const std::string forward : {"once", "recompute"}) {
+    const std::string yaml = JobYaml(3, "stash", 8, ", forward: " + forward);
+    auto spec = ParseJobSpec(yaml);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    const DelayedOptions options = std::get<DelayedOptions>(spec->algorithm.options);
+    ExpectClose(RunJob(yaml, 3, /*link_delay_ms=*/15), Simulate(*spec, options));
+  }
+}
 
 // The same on the byte-level GPT: with lr = 0 the delayed pipeline computes
 // backprop's gradients for sequences of bytes too.

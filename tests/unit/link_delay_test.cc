@@ -42,7 +42,7 @@ TEST(LinkDelay, AMessageArrivesNoSoonerThanItsDelayAndInOrder) {
   Received got;
   const absl::Duration delay = absl::Milliseconds(60);
   std::vector<absl::Time> held_at;
-  LinkDelay line(delay, 16, [&](v1::StageMessage m) {
+  LinkDelay line(delay, 16, 1 << 20, [&](v1::StageMessage m) {
     absl::MutexLock lock(&got.mu);
     got.seqs.push_back(m.seq());
     got.times.push_back(absl::Now());
@@ -66,7 +66,7 @@ TEST(LinkDelay, MessagesHeldTogetherWaitTogether) {
   // delay. When the first leaves, the four others were held beside it.
   Received got;
   LinkDelay* line_ptr = nullptr;
-  LinkDelay line(absl::Milliseconds(400), 16, [&](v1::StageMessage m) {
+  LinkDelay line(absl::Milliseconds(400), 16, 1 << 20, [&](v1::StageMessage m) {
     absl::MutexLock lock(&got.mu);
     got.seqs.push_back(m.seq());
     got.held_then.push_back(line_ptr->held());
@@ -82,7 +82,7 @@ TEST(LinkDelay, MessagesHeldTogetherWaitTogether) {
 TEST(LinkDelay, AFullLinePausesTheStreamAndResumesItOnce) {
   absl::Notification open_inbox;
   Received got;
-  LinkDelay line(absl::Milliseconds(1), 2, [&](v1::StageMessage m) {
+  LinkDelay line(absl::Milliseconds(1), 2, 1 << 20, [&](v1::StageMessage m) {
     open_inbox.WaitForNotification();  // a full inbox
     absl::MutexLock lock(&got.mu);
     got.seqs.push_back(m.seq());
@@ -113,9 +113,35 @@ TEST(LinkDelay, AFullLinePausesTheStreamAndResumesItOnce) {
   EXPECT_EQ(resumed, 1);
 }
 
+TEST(LinkDelay, TheByteWindowPausesTheStreamToo) {
+  absl::Notification open_inbox;
+  LinkDelay line(absl::Milliseconds(1), 100, 3000, [&](v1::StageMessage) {
+    open_inbox.WaitForNotification();
+    return true;
+  });
+  v1::StageMessage big = Numbered(1);
+  big.set_job_id(std::string(1000, 'x'));  // about 1 KB each
+  int resumed = 0;
+  absl::Mutex mu;
+  auto resume = [&] {
+    absl::MutexLock lock(&mu);
+    ++resumed;
+  };
+  EXPECT_TRUE(*line.Hold(big, resume));  // taken by the thread, blocked
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_TRUE(*line.Hold(big, resume));
+  EXPECT_TRUE(*line.Hold(big, resume));
+  EXPECT_FALSE(*line.Hold(big, resume));  // 3 KB held: the window is full
+  open_inbox.Notify();
+  for (int i = 0; i < 3000 && line.held() > 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(line.held(), 0u);
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(resumed, 1);
+}
+
 TEST(LinkDelay, CloseDropsWhatIsHeldAndRefusesMore) {
   Received got;
-  LinkDelay line(absl::Seconds(30), 8, [&](v1::StageMessage m) {
+  LinkDelay line(absl::Seconds(30), 8, 1 << 20, [&](v1::StageMessage m) {
     absl::MutexLock lock(&got.mu);
     got.seqs.push_back(m.seq());
     return true;
@@ -130,7 +156,7 @@ TEST(LinkDelay, CloseDropsWhatIsHeldAndRefusesMore) {
 }
 
 TEST(LinkDelay, AReceiverThatIsGoneClosesTheLine) {
-  LinkDelay line(absl::Milliseconds(1), 8, [](v1::StageMessage) { return false; });
+  LinkDelay line(absl::Milliseconds(1), 8, 1 << 20, [](v1::StageMessage) { return false; });
   ASSERT_TRUE(*line.Hold(Numbered(1), [] {}));
   absl::StatusOr<bool> held = true;
   for (int i = 0; i < 3000 && held.ok(); ++i) {

@@ -416,6 +416,56 @@ TEST(Planner, ASlowLinkMovesTheCutOffALargeActivation) {
   EXPECT_NE(PlanText(p, *aware).find("sending over the links"), std::string::npos);
 }
 
+// placement.link_rtt_ms: a flushing schedule pays the links' latency in its
+// fill and drain (and in every round trip its in-flight micro-batches do not
+// cover), a decoupled pipeline once per round trip over its in-flight depth.
+// The prediction is the formula of DecoupledSeconds, computed here from the
+// stages' times; and the text names the faster of the two kinds.
+TEST(Planner, LinkLatencyIsPaidPerRoundTripNotPerStepByADecoupledPipeline) {
+  const ModelProfile p = ChainProfile(8, 1 << 10);  // 1 ms forward, 2 ms backward a block
+  PlanOptions o;
+  o.num_stages = 4;
+  o.algorithm = AlgorithmKind::kBackprop;
+  o.micro_batches = 8;
+  o.schedule = PipelineSchedule::kOneFOneB;
+  o.ranges = {{0, 2}, {2, 4}, {4, 6}, {6, 8}};
+  auto near = MakePlan(p, o);
+  ASSERT_TRUE(near.ok()) << near.status();
+  const PredictionKey one_f_one_b{.schedule = PipelineSchedule::kOneFOneB, .micro_batches = 8};
+  const PredictionKey delayed{.algorithm = AlgorithmKind::kDelayed};
+  ASSERT_NE(near->Find(one_f_one_b), nullptr);
+  ASSERT_NE(near->Find(delayed), nullptr);
+  // No latency: 1F1B's bubble, and delayed at its slowest stage (forward: once).
+  EXPECT_NEAR(near->Find(one_f_one_b)->seconds_per_batch, (8 + 3) / 8.0 * 6e-3, 1e-9);
+  EXPECT_NEAR(near->Find(delayed)->seconds_per_batch, 6e-3, 1e-9);
+  EXPECT_EQ(near->Find(delayed)->staleness, 6);
+  EXPECT_EQ(near->Find(one_f_one_b)->staleness, 0);
+
+  const double L = 0.025;
+  o.link_latency_s = L;  // link_rtt_ms: 50
+  auto far = MakePlan(p, o);
+  ASSERT_TRUE(far.ok()) << far.status();
+  const double exact = far->Find(one_f_one_b)->seconds_per_batch;
+  EXPECT_GE(exact, (8 + 3) / 8.0 * 6e-3 + 2 * 3 * L) << "fill and drain: 2(J-1) latencies";
+  // Stage j holds d_j = 2(J-1-j)+1 mini-batches per round trip of the later
+  // stages' work (6 ms each) and two latencies per link on the way.
+  double want = 6e-3;
+  for (int j = 0; j < 3; ++j) {
+    const double round_trip = (3 - j) * 6e-3 + 2 * (3 - j) * L;
+    want = std::max(want, (round_trip + 6e-3) / (2 * (3 - j) + 1));
+  }
+  EXPECT_NEAR(far->Find(delayed)->seconds_per_batch, want, 1e-9);
+  EXPECT_LT(far->Find(delayed)->seconds_per_batch * 4, exact);
+  const std::string text = PlanText(p, *far);
+  EXPECT_NE(text.find("fastest exact: backprop"), std::string::npos) << text;
+  EXPECT_NE(text.find("fastest decoupled: "), std::string::npos) << text;
+  EXPECT_NE(text.find("faster per mini-batch (staleness may cost quality"), std::string::npos)
+      << text;
+  // Plain backprop pays two latencies per link on every mini-batch.
+  const double plain = far->Find(PredictionKey{})->seconds_per_batch;
+  EXPECT_NEAR(plain - near->Find(PredictionKey{})->seconds_per_batch, 2 * 3 * L, 1e-9);
+}
+
 // transport's formats shrink what crosses the links: a stage's link time is
 // its messages' bytes times the format's ratio (PETRA's backward carries two
 // tensors), and PlanText says which ratios it used.

@@ -59,7 +59,8 @@ TEST(WeightVersion, AKeptGraphGivesTheGradientsAtItsVersionAfterInPlaceSteps) {
     for (auto& p : params) p.mul_(1.5);
   }
   for (size_t i = 0; i < params.size(); ++i) {
-    EXPECT_TRUE(params[i].allclose((before[i] + 0.5) * 1.5)) << "the step lands on the live weights";
+    EXPECT_TRUE(params[i].allclose((before[i] + 0.5) * 1.5))
+        << "the step lands on the live weights";
   }
   {
     WeightVersion::Scope at(v, params);
