@@ -1,7 +1,7 @@
-// WeightVersion (worker/algorithms/weight_version.h): a graph made inside a
-// version's Scope survives in-place steps of the parameters made outside it,
-// and its backward (inside the Scope again) gives the gradients at the
-// version's weights, into the parameters' own .grad; outside a Scope the
+// WeightVersion (worker/algorithms/weight_version.h): a graph made while a
+// version is in use (InUse) survives in-place steps of the parameters made in
+// between, and its backward (the version in use again) gives the gradients at
+// the version's weights, into the parameters' own .grad; otherwise the
 // parameters hold their current values. Without it the same backward fails
 // autograd's version check (what the helper is for).
 #include "worker/algorithms/weight_version.h"
@@ -49,7 +49,7 @@ TEST(WeightVersion, AKeptGraphGivesTheGradientsAtItsVersionAfterInPlaceSteps) {
   torch::Tensor xi = x.clone().requires_grad_(true);
   torch::Tensor out;
   {
-    WeightVersion::Scope at(v, params);
+    WeightVersion::InUse at(v, params);
     out = net.forward(xi);
   }
   // Two optimizer-like steps in place while the graph waits.
@@ -63,8 +63,8 @@ TEST(WeightVersion, AKeptGraphGivesTheGradientsAtItsVersionAfterInPlaceSteps) {
         << "the step lands on the live weights";
   }
   {
-    WeightVersion::Scope at(v, params);
-    EXPECT_TRUE(params[0].equal(before[0])) << "inside the Scope: the version's values";
+    WeightVersion::InUse at(v, params);
+    EXPECT_TRUE(params[0].equal(before[0])) << "in use: the version's values";
     out.backward(g);
   }
   for (size_t i = 0; i < params.size(); ++i) {
@@ -74,7 +74,7 @@ TEST(WeightVersion, AKeptGraphGivesTheGradientsAtItsVersionAfterInPlaceSteps) {
   }
   EXPECT_TRUE(xi.grad().allclose(want.back(), 1e-5, 1e-6));
   EXPECT_EQ(v.bytes(), static_cast<int64_t>((4 * 5 + 5 + 5 * 3 + 3) * sizeof(float)));
-  // A step after the Scope still moves the live weights, not the version.
+  // A step afterwards still moves the live weights, not the version.
   {
     torch::NoGradGuard no_grad;
     params[0].add_(1.0);

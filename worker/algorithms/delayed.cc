@@ -201,7 +201,7 @@ class Delayed : public Algorithm {
     f.input = ctx.first() ? in.x : in.x.requires_grad_(true);
     f.forward_update = updates_;
     {
-      WeightVersion::Scope at(f.version, params_);
+      WeightVersion::InUse at(f.version, params_);
       f.output = ctx.model().forward(f.input);  // running statistics are updated here, once
     }
     TimeCompute(ctx, "forward", t, 0, t0);
@@ -223,7 +223,7 @@ class Delayed : public Algorithm {
       {
         // The gradient is taken at the weights the forward used (its
         // graph's) and applied to the current ones below.
-        WeightVersion::Scope at(f.version, params_);
+        WeightVersion::InUse at(f.version, params_);
         f.output.backward(grad);
       }
       TimeCompute(ctx, "backward", t, 0, t0);

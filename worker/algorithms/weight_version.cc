@@ -20,7 +20,7 @@ int64_t WeightVersion::bytes() const {
   return n;
 }
 
-WeightVersion::Scope::Scope(WeightVersion& version, std::vector<torch::Tensor>& params)
+WeightVersion::InUse::InUse(WeightVersion& version, std::vector<torch::Tensor>& params)
     : params_(params) {
   TORCH_CHECK(version.values_.size() == params.size(),
               "WeightVersion: taken of another parameter list");
@@ -36,7 +36,7 @@ WeightVersion::Scope::Scope(WeightVersion& version, std::vector<torch::Tensor>& 
   }
 }
 
-WeightVersion::Scope::~Scope() {
+WeightVersion::InUse::~InUse() {
   for (size_t i = 0; i < params_.size(); ++i) {
     params_[i].set_data(live_[i]);
     params_[i].unsafeGetTensorImpl()->set_version_counter(counters_[i]);

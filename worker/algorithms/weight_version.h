@@ -7,11 +7,12 @@
 // and views of it such as a Linear's transposed weight). Steps in between
 // change those tensors in place, which autograd detects (a version mismatch)
 // and which would anyway give gradients at the current weights, not the
-// forward's. So the forward and its backward run inside a Scope that points
-// every parameter at this version's own copy (Tensor::set_data: the same
-// tensor object, other storage) with a version counter of the version's own;
-// the optimizer's in-place steps outside a Scope touch neither. The graph then
-// holds exactly the stash, and no second copy is made for the backward.
+// forward's. So the forward and its backward each run while the version is
+// in use (InUse): every parameter points at the version's own copy
+// (Tensor::set_data: the same tensor object, other storage) and carries the
+// version's own version counter. The optimizer's in-place steps in between
+// touch neither. The graph then holds exactly the stash, and no second copy
+// is made for the backward.
 //
 // Threading: the compute thread (as the model).
 #ifndef STAGEWISE_WORKER_ALGORITHMS_WEIGHT_VERSION_H_
@@ -32,13 +33,13 @@ class WeightVersion {
 
   // While alive, each of `params` (the same list Take copied) holds this
   // version's values and version counter; then its own storage and counter
-  // come back. Scopes do not nest.
-  class Scope {
+  // come back. They do not nest.
+  class InUse {
    public:
-    Scope(WeightVersion& version, std::vector<torch::Tensor>& params);
-    ~Scope();
-    Scope(const Scope&) = delete;
-    Scope& operator=(const Scope&) = delete;
+    InUse(WeightVersion& version, std::vector<torch::Tensor>& params);
+    ~InUse();
+    InUse(const InUse&) = delete;
+    InUse& operator=(const InUse&) = delete;
 
    private:
     std::vector<torch::Tensor>& params_;
