@@ -263,9 +263,9 @@ TEST_P(DelayedTrajectory, EqualsTheSingleProcessSimulation) {
 INSTANTIATE_TEST_SUITE_P(
     Weights, DelayedTrajectory,
     ::testing::Values(
-        TrajectoryCase{"stash", "",
-                       "stash"},  // forward: auto = once
-                                  // the two forms of a stashing forward: one trajectory
+        // forward: auto, which is once with stash
+        TrajectoryCase{"stash", "", "stash"},
+        // the two forms of a stashing forward: one trajectory
         TrajectoryCase{"stash", ", forward: once", "stash_once"},
         TrajectoryCase{"stash", ", forward: recompute", "stash_recompute"},
         TrajectoryCase{"stash", ", forward: recompute, predict_weights: true",
