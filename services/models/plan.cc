@@ -235,6 +235,13 @@ absl::StatusOr<std::vector<BlockInfo>> PlanEmulated(const ModelSpec& spec) {
         "must be even, got ",
         spec.input_shape[0]));
   }
+  for (const auto* list : {&spec.block_forward_ms, &spec.block_backward_ms}) {
+    if (!list->empty() && static_cast<int>(list->size()) != spec.depth) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.block_", list == &spec.block_forward_ms ? "forward" : "backward",
+          "_ms: needs one entry per block (model.depth ", spec.depth, "), got ", list->size()));
+    }
+  }
   Planner p(spec.input_shape);
   const double batch = static_cast<double>(spec.batch_size);
   for (int i = 0; i < spec.depth; ++i) {
@@ -243,8 +250,12 @@ absl::StatusOr<std::vector<BlockInfo>> PlanEmulated(const ModelSpec& spec) {
     b.reversible = spec.reversible;
     b.in_channels = spec.input_shape[0];
     b.out_channels = spec.reversible ? spec.input_shape[0] / 2 : spec.input_shape[0];
-    b.forward_seconds_per_sample = spec.forward_ms / 1e3 / batch;
-    b.backward_seconds_per_sample = spec.backward_ms / 1e3 / batch;
+    const double forward_ms =
+        spec.block_forward_ms.empty() ? spec.forward_ms : spec.block_forward_ms[i];
+    const double backward_ms =
+        spec.block_backward_ms.empty() ? spec.backward_ms : spec.block_backward_ms[i];
+    b.forward_seconds_per_sample = forward_ms / 1e3 / batch;
+    b.backward_seconds_per_sample = backward_ms / 1e3 / batch;
     b.backward_weight_share = spec.backward_weight_share;
     p.Add(b, spec.input_shape);
   }

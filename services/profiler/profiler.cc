@@ -124,7 +124,9 @@ std::string ProfileKey(const JobSpec& spec, int64_t batch_size, const torch::Dev
   // worker whose emulated device runs at another speed measures other times.
   if (spec.model.name == ModelKind::kEmulated) {
     absl::StrAppend(&text, "|emulated ", spec.model.forward_ms, "/", spec.model.backward_ms, "/",
-                    spec.model.backward_weight_share);
+                    spec.model.backward_weight_share, "|",
+                    absl::StrJoin(spec.model.block_forward_ms, ","), "/",
+                    absl::StrJoin(spec.model.block_backward_ms, ","));
     if (models::EmulatedSpeed() != 1.0) {
       absl::StrAppend(&text, "|emulated speed ", models::EmulatedSpeed());
     }

@@ -116,6 +116,11 @@ const std::vector<Field<ModelSpec>>& ModelFields() {
           "emulated: milliseconds each block waits in its forward per mini-batch of `batch_size` "
           "samples (a micro-batch waits its share), 0..3.6e6"),
       Key("backward_ms", &S::backward_ms, "emulated: the same for the backward"),
+      Key("block_forward_ms", &S::block_forward_ms,
+          "emulated: one `forward_ms` per block (`depth` entries), instead of `forward_ms`; e.g. "
+          "a real job's profiled stage times (tests/bench/emulate_job.py)"),
+      Key("block_backward_ms", &S::block_backward_ms,
+          "emulated: one `backward_ms` per block, instead of `backward_ms`"),
       Key("backward_weight_share", &S::backward_weight_share,
           "emulated: [0, 1]; the part of `backward_ms` that is weight gradients (W, which "
           "`schedule: zb-h1` defers), the rest being the input gradient (B)"),

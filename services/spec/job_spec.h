@@ -45,6 +45,9 @@ struct ModelSpec {
   // samples (scaled to the micro-batch), waiting instead of computing.
   double forward_ms = 1;
   double backward_ms = 2;
+  // emulated: per-block times (one entry per block) instead of the two above,
+  // e.g. a real job's profiled stage times (tests/bench/emulate_job.py).
+  std::vector<double> block_forward_ms, block_backward_ms;
   bool reversible = true;  // emulated: reversible couplings (PETRA, rebuild)
   // torchscript only (docs/torchscript.md): the file, and how closely a
   // block's exported `inverse` must rebuild its input (max |x - x'| over a

@@ -126,13 +126,24 @@ absl::Status ValidateModel(const ModelSpec& model) {
       check(KeyError("model.depth",
                      absl::StrCat("at most ", kMaxBlocks, " emulated blocks, got ", model.depth)));
     }
-    for (const auto& [key, value] :
-         {std::pair<const char*, double>{"model.forward_ms", model.forward_ms},
-          {"model.backward_ms", model.backward_ms}}) {
+    auto time = [&](const std::string& key, double value) {
       if (!std::isfinite(value) || value < 0 || value > kMaxMs) {
         check(KeyError(
             key, absl::StrCat("must be a time in milliseconds in [0, ", kMaxMs, "], got ", value)));
       }
+    };
+    time("model.forward_ms", model.forward_ms);
+    time("model.backward_ms", model.backward_ms);
+    for (const auto& [key, list] : {std::pair<const char*, const std::vector<double>*>{
+                                        "model.block_forward_ms", &model.block_forward_ms},
+                                    {"model.block_backward_ms", &model.block_backward_ms}}) {
+      if (list->empty()) continue;
+      if (static_cast<int>(list->size()) != model.depth) {
+        check(KeyError(key, absl::StrCat("needs one entry per block (model.depth ", model.depth,
+                                         "), got ", list->size())));
+        continue;
+      }
+      for (size_t i = 0; i < list->size(); ++i) time(absl::StrCat(key, "[", i, "]"), (*list)[i]);
     }
     check(InUnitInterval("model.backward_weight_share", model.backward_weight_share));
     return check.status();
@@ -271,13 +282,15 @@ absl::Status CheckMicroBatches(int micro_batches, const JobSpec& spec) {
   return absl::OkStatus();
 }
 
-// delayed's and petra's momentum_by_delay: compensate lowers SGD's momentum.
-// `optimizer`: the one the algorithm steps with (the job's, or a phase's).
+// delayed's and petra's momentum_by_delay: compensate lowers SGD's momentum
+// or Adam's beta1. `optimizer`: the one the algorithm steps with (the job's,
+// or a phase's).
 absl::Status CheckMomentumByDelay(DelayMomentum momentum, const OptimizerSpec& optimizer) {
-  if (momentum == DelayMomentum::kCompensate && optimizer.name != OptimizerKind::kSgd) {
-    return KeyError(
-        "algorithm.momentum_by_delay",
-        absl::StrCat("compensate applies to optimizer.name sgd, not ", NameOf(optimizer.name)));
+  if (momentum == DelayMomentum::kCompensate && optimizer.name != OptimizerKind::kSgd &&
+      optimizer.name != OptimizerKind::kAdam) {
+    return KeyError("algorithm.momentum_by_delay",
+                    absl::StrCat("compensate applies to optimizer.name sgd or adam, not ",
+                                 NameOf(optimizer.name)));
   }
   return absl::OkStatus();
 }

@@ -33,6 +33,14 @@
 //     --weight-share 0.5     the part of the backward that is weight gradients
 //                            (W, which zb-h1 defers; model.backward_weight_share)
 //     --blocks-per-stage 2   K: stage j holds blocks [jK, (j+1)K) (+ the head)
+//     --stage-ms F0/B0,F1/B1,...
+//                            stage j's forward and backward ms per mini-batch
+//                            instead of K x --forward-ms and K x --backward-ms,
+//                            split evenly over its K blocks (model.
+//                            block_forward_ms): e.g. a real job's profiled
+//                            stage times (tests/bench/emulate_job.py prints
+//                            them); one entry per stage, so --stages is one J;
+//                            the ideal takes the slowest stage's F and B
 //     --batch 32             samples per mini-batch (per replica)
 //     --shape 2,16,16        per-sample activation [C, H, W] (C even)
 //     --steps 40             steady-state steps measured per run, after a
@@ -136,6 +144,7 @@ struct Options {
   double backward_ms = 10;
   double weight_share = 0.5;
   int blocks_per_stage = 2;
+  std::vector<std::pair<double, double>> stage_ms;  // --stage-ms: (F, B) per stage
   int batch = 32;
   std::vector<int64_t> shape = {2, 16, 16};
   int steps = 40;
@@ -260,6 +269,16 @@ Options ParseOptions(int argc, char** argv) {
       if (o.weight_share > 1) Usage("--weight-share: at most 1");
     } else if (flag == "--blocks-per-stage") {
       integer(&o.blocks_per_stage);
+    } else if (flag == "--stage-ms") {
+      for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+        std::pair<std::string, std::string> fb = absl::StrSplit(part, '/');
+        double f = -1, b = -1;
+        if (!absl::SimpleAtod(fb.first, &f) || !absl::SimpleAtod(fb.second, &b) || f < 0 || b < 0) {
+          Usage(absl::StrCat(flag, ": bad '", part, "' (expected FORWARD/BACKWARD in ms)"));
+        }
+        o.stage_ms.emplace_back(f, b);
+      }
+      if (o.stage_ms.empty()) Usage(absl::StrCat(flag, ": empty list"));
     } else if (flag == "--batch") {
       integer(&o.batch);
     } else if (flag == "--shape") {
@@ -271,12 +290,50 @@ Options ParseOptions(int argc, char** argv) {
       Usage(absl::StrCat("unknown option ", flag));
     }
   }
+  if (!o.stage_ms.empty() &&
+      (o.stages.size() != 1 || o.stages[0] != static_cast<int>(o.stage_ms.size()))) {
+    Usage(absl::StrCat("--stage-ms: ", o.stage_ms.size(),
+                       " stages given; --stages must be that one J"));
+  }
   return o;
 }
 
+// The slowest stage's forward and backward seconds per mini-batch.
+std::pair<double, double> StageWork(const Options& o) {
+  if (o.stage_ms.empty()) {
+    return {o.blocks_per_stage * o.forward_ms / 1e3, o.blocks_per_stage * o.backward_ms / 1e3};
+  }
+  double F = 0, B = 0;
+  for (const auto& [f, b] : o.stage_ms) {
+    F = std::max(F, f / 1e3);
+    B = std::max(B, b / 1e3);
+  }
+  return {F, B};
+}
+
+// The model line: K blocks per stage at --forward-ms/--backward-ms, or each
+// stage's --stage-ms split over its blocks; x R (see JobYaml).
+std::string ModelYaml(const Options& o, int depth, int R) {
+  if (o.stage_ms.empty()) {
+    return absl::StrFormat(
+        "model: {name: emulated, depth: %d, forward_ms: %g, backward_ms: %g, "
+        "backward_weight_share: %g}\n",
+        depth, o.forward_ms * R, o.backward_ms * R, o.weight_share);
+  }
+  std::vector<std::string> f, b;
+  for (int i = 0; i < depth; ++i) {
+    const auto& [sf, sb] = o.stage_ms[i / o.blocks_per_stage];
+    f.push_back(absl::StrFormat("%g", sf * R / o.blocks_per_stage));
+    b.push_back(absl::StrFormat("%g", sb * R / o.blocks_per_stage));
+  }
+  return absl::StrFormat(
+      "model: {name: emulated, depth: %d, block_forward_ms: [%s], block_backward_ms: [%s], "
+      "backward_weight_share: %g}\n",
+      depth, absl::StrJoin(f, ", "), absl::StrJoin(b, ", "), o.weight_share);
+}
+
 std::vector<Config> Configs(const Options& o, int J, int R) {
-  const double F = o.blocks_per_stage * o.forward_ms / 1e3;
-  const double B = o.blocks_per_stage * o.backward_ms / 1e3;
+  const auto [F, B] = StageWork(o);
   const int M = 2 * J;
   std::vector<Config> out;
   for (const std::string& a : o.algorithms) {
@@ -381,6 +438,10 @@ std::vector<Config> Configs(const Options& o, int J, int R) {
 // The gloo pipeline peer (tests/bench/gloo_pipeline_peer.py) at c.J: its
 // median seconds per mini-batch, or a negative number on failure.
 double MeasurePeer(const Options& o, const Config& c) {
+  if (!o.stage_ms.empty()) {
+    std::cerr << "--peer: not with --stage-ms (the peer's blocks take one time)\n";
+    return -1;
+  }
   const std::string command = absl::StrCat(
       "/usr/bin/python3 ", STAGEWISE_SOURCE_DIR, "/tests/bench/gloo_pipeline_peer.py --stages ",
       c.J, " --micro-batches ", 2 * c.J, " --forward-ms ", o.forward_ms, " --backward-ms ",
@@ -419,11 +480,8 @@ std::string JobYaml(const Options& o, const Config& c, int total_steps) {
       // samples it sees: R x the time per global batch of R x --batch keeps
       // each replica's share of --batch at forward_ms (weak scaling: every
       // replica is a device as fast as the R = 1 one).
-      absl::StrFormat("model: {name: emulated, depth: %d, forward_ms: %g, backward_ms: %g, "
-                      "backward_weight_share: %g}\n",
-                      depth, o.forward_ms * c.R, o.backward_ms * c.R, o.weight_share),
-      "data: {dataset: synthetic, train_size: ", 64 * o.batch * c.R, ", test_size: ", o.batch,
-      ", shape: [", absl::StrJoin(o.shape, ", "), "], classes: 10}\n",
+      ModelYaml(o, depth, c.R), "data: {dataset: synthetic, train_size: ", 64 * o.batch * c.R,
+      ", test_size: ", o.batch, ", shape: [", absl::StrJoin(o.shape, ", "), "], classes: 10}\n",
       "optimizer: {name: sgd, lr: 0.01}\n", "batch_size: ", o.batch * c.R, "\n",
       "steps: ", total_steps, "\n", "eval: {every_epochs: 0, at_end: false}\n",
       "stages: {count: ", c.J, ", replicas: ", c.R, ", chunks_per_worker: ", c.chunks,
@@ -553,6 +611,12 @@ int main(int argc, char** argv) {
       "interleaved\n",
       o.blocks_per_stage, o.forward_ms, o.backward_ms, o.batch, absl::StrJoin(o.shape, ","),
       o.steps, o.rounds);
+  if (!o.stage_ms.empty()) {
+    std::vector<std::string> per;
+    for (const auto& [f, b] : o.stage_ms) per.push_back(absl::StrFormat("%g/%g", f, b));
+    std::cout << "  instead, each stage's forward/backward ms (--stage-ms): "
+              << absl::StrJoin(per, ", ") << "\n";
+  }
   // Workers of their own for every emulated link latency.
   std::map<double, std::unique_ptr<stagewise::testing::Cluster>> clusters;
   for (const double delay : o.link_delays) {

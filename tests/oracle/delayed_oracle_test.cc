@@ -13,6 +13,7 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <utility>
 #include <variant>
 
 #include "absl/strings/str_cat.h"
@@ -98,7 +99,8 @@ std::map<std::string, torch::Tensor> Simulate(const JobSpec& spec, const Delayed
     }
     s.c.Step(*s.opt, s.params,
              training::LearningRateAt(spec.schedule, base, s.backwards - k, per_epoch, S),
-             spec.optimizer.momentum);
+             spec.optimizer.name == OptimizerKind::kAdam ? spec.optimizer.beta1
+                                                         : spec.optimizer.momentum);
     s.opt->zero_grad();
   };
   for (bool progress = true; progress;) {
@@ -225,16 +227,23 @@ TEST(DelayedOracle, ZeroLearningRateGivesBackpropGradients) {
 }
 
 struct TrajectoryCase {
+  TrajectoryCase(std::string w, std::string c, std::string n, std::string o = "")
+      : weights(std::move(w)), corrections(std::move(c)), name(std::move(n)), optimizer(o) {}
   std::string weights;
   std::string corrections;  // more keys of the algorithm map
   std::string name;
+  std::string optimizer;  // instead of the job's SGD, e.g. "{name: adam, lr: 0.01}"
 };
 
 class DelayedTrajectory : public ::testing::TestWithParam<TrajectoryCase> {};
 
 TEST_P(DelayedTrajectory, EqualsTheSingleProcessSimulation) {
   const TrajectoryCase& c = GetParam();
-  const std::string yaml = JobYaml(3, c.weights, 10, c.corrections);
+  std::string yaml = JobYaml(3, c.weights, 10, c.corrections);
+  if (!c.optimizer.empty()) {
+    const std::string sgd = "{name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 1.0e-4}";
+    yaml.replace(yaml.find(sgd), sgd.size(), c.optimizer);
+  }
   auto spec = ParseJobSpec(yaml);
   ASSERT_TRUE(spec.ok()) << spec.status();
   const DelayedOptions options = std::get<DelayedOptions>(spec->algorithm.options);
@@ -275,6 +284,9 @@ INSTANTIATE_TEST_SUITE_P(
         TrajectoryCase{"stash", ", predict_weights: true", "predicted"},
         TrajectoryCase{"current", ", lr_by_delay: inverse", "current_lr_inverse"},
         TrajectoryCase{"stash", ", momentum_by_delay: compensate", "compensated"},
+        // Adam: compensate lowers beta1
+        TrajectoryCase{"stash", ", momentum_by_delay: compensate", "adam_compensated",
+                       "{name: adam, lr: 0.01}"},
         TrajectoryCase{"stash", ", predict_weights: true, lr_by_delay: inverse_sqrt",
                        "predicted_lr_inverse_sqrt"},
         // bounded accumulation (PACI): current weights, a step every 2 (the

@@ -91,7 +91,7 @@ struct SimulatedCorrections {
   double s = 0;
   double lr_scale = 1;  // lr_by_delay: 1, 1/(1+s) or 1/sqrt(1+s)
   bool predict = false;
-  bool compensate = false;              // SGD at momentum max(0, m - s/(1+s))
+  bool compensate = false;              // at momentum (SGD's, Adam's beta1) max(0, m - s/(1+s))
   std::vector<torch::Tensor> previous;  // predict: the parameters before the last step
 
   SimulatedCorrections() = default;
@@ -103,8 +103,9 @@ struct SimulatedCorrections {
         predict(predict_weights && delay > 0),
         compensate(momentum == DelayMomentum::kCompensate && delay > 0) {}
 
-  // The step at `lr` x lr_scale (gradients already averaged), SGD's
-  // momentum `m` lowered when compensating; w_prev taken first.
+  // The step at `lr` x lr_scale (gradients already averaged), the momentum
+  // `m` (SGD's, or Adam's beta1) lowered when compensating; w_prev taken
+  // first.
   void Step(torch::optim::Optimizer& opt, const std::vector<torch::Tensor>& params, double lr,
             double m) {
     if (predict) {
@@ -113,9 +114,13 @@ struct SimulatedCorrections {
       for (const auto& p : params) previous.push_back(p.detach().clone());
     }
     training::SetLearningRate(opt, lr * lr_scale);
+    const double momentum = compensate ? std::max(0.0, m - s / (1 + s)) : m;
     for (auto& group : opt.param_groups()) {
-      static_cast<torch::optim::SGDOptions&>(group.options())
-          .momentum(compensate ? std::max(0.0, m - s / (1 + s)) : m);
+      if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&group.options())) {
+        adam->betas({momentum, std::get<1>(adam->betas())});
+      } else {
+        static_cast<torch::optim::SGDOptions&>(group.options()).momentum(momentum);
+      }
     }
     opt.step();
   }

@@ -46,6 +46,28 @@ TEST(EmulatedModel, PlanHasDepthBlocksAndAHead) {
   EXPECT_EQ(plan->back().out_shape, (std::vector<int64_t>{5}));
 }
 
+// Per-block times (model.block_forward_ms / block_backward_ms) replace the
+// scalars block by block; a list whose length is not the depth is refused,
+// naming the key.
+TEST(EmulatedModel, PerBlockTimesReplaceTheScalars) {
+  ModelSpec s = Emulated(3, false);
+  s.block_forward_ms = {8, 16, 0};
+  s.block_backward_ms = {24, 8, 4};
+  auto plan = PlanModel(s);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->size(), 4u);
+  const double forward[] = {1e-3, 2e-3, 0}, backward[] = {3e-3, 1e-3, 0.5e-3};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_DOUBLE_EQ((*plan)[i].forward_seconds_per_sample, forward[i]) << i;
+    EXPECT_DOUBLE_EQ((*plan)[i].backward_seconds_per_sample, backward[i]) << i;
+  }
+  s.block_backward_ms = {1, 2};
+  auto bad = PlanModel(s);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("model.block_backward_ms"), std::string::npos)
+      << bad.status();
+}
+
 // --emulated-speed: a thread's emulated waits are its speed's share of the
 // configured time; scopes nest and restore, other threads keep theirs, and
 // a speed that is not positive changes nothing.

@@ -400,7 +400,8 @@ TEST(JobSpecTest, ModelVariantsThatAreValid) {
         "{name: resnet, style: imagenet, depth: 50}", "{name: revnet, depth: 18}",
         "{name: resnet, blocks: [2, 2, 2]}", "{name: revnet, blocks: [1, 1, 1, 1]}",
         "{name: mlp, hidden: []}", "{name: emulated, depth: 4}",
-        "{name: emulated, depth: 2, forward_ms: 0.5, backward_ms: 0, reversible: false}"}) {
+        "{name: emulated, depth: 2, forward_ms: 0.5, backward_ms: 0, reversible: false}",
+        "{name: emulated, depth: 2, block_forward_ms: [1, 2], block_backward_ms: [0, 4]}"}) {
     SCOPED_TRACE(model);
     ParseOk(SpecYaml({{"model", model}}));
   }
@@ -443,6 +444,14 @@ std::vector<BadCase> BadCases() {
       {"emulated backward cap",
        {{"model", "{name: emulated, depth: 2, backward_ms: 1e9}"}},
        "model.backward_ms",
+       "milliseconds"},
+      {"emulated block times count",
+       {{"model", "{name: emulated, depth: 2, block_forward_ms: [1, 2, 3]}"}},
+       "model.block_forward_ms",
+       "one entry per block"},
+      {"emulated block time",
+       {{"model", "{name: emulated, depth: 2, block_backward_ms: [1, -2]}"}},
+       "model.block_backward_ms[1]",
        "milliseconds"},
       {"model style", {{"model", "{name: resnet, depth: 20, style: tiny}"}}, "model.style", ""},
       {"blocks count",
@@ -508,16 +517,16 @@ std::vector<BadCase> BadCases() {
        {{"algorithm", "{name: delayed, weights: current, predict_weights: true}"}},
        "algorithm.predict_weights",
        "needs algorithm.weights: stash"},
-      {"delayed momentum rule with adam",
+      {"delayed momentum rule with muon",
        {{"algorithm", "{name: delayed, momentum_by_delay: compensate}"},
-        {"optimizer", "{name: adam}"}},
+        {"optimizer", "{name: muon}"}},
        "algorithm.momentum_by_delay",
-       "compensate applies to optimizer.name sgd, not adam"},
-      {"petra momentum rule with adam",
+       "compensate applies to optimizer.name sgd or adam, not muon"},
+      {"petra momentum rule with muon",
        {{"algorithm", "{name: petra, momentum_by_delay: compensate}"},
-        {"optimizer", "{name: adam}"}},
+        {"optimizer", "{name: muon}"}},
        "algorithm.momentum_by_delay",
-       "compensate applies to optimizer.name sgd, not adam"},
+       "compensate applies to optimizer.name sgd or adam, not muon"},
       {"petra lr rule",
        {{"algorithm", "{name: petra, lr_by_delay: 2}"}},
        "algorithm.lr_by_delay",
@@ -1006,15 +1015,15 @@ TEST(JobSpecPhases, ErrorsNameThePhaseAndTheKey) {
 // momentum_by_delay: compensate is checked against the optimizer the phase
 // steps with, not the job's.
 TEST(JobSpecPhases, TheMomentumRuleFollowsThePhasesOptimizer) {
-  const std::string adam_phase =
-      "[{epochs: 1, algorithm: backprop}, {epochs: 1, optimizer: {name: adam}, "
+  const std::string muon_phase =
+      "[{epochs: 1, algorithm: backprop}, {epochs: 1, optimizer: {name: muon}, "
       "algorithm: {name: petra, momentum_by_delay: compensate}}]";
-  EXPECT_THAT(ParseError(SpecYaml({{"epochs", ""}, {"phases", adam_phase}})),
+  EXPECT_THAT(ParseError(SpecYaml({{"epochs", ""}, {"phases", muon_phase}})),
               StartsWith("phases[1].algorithm.momentum_by_delay: compensate applies to "
-                         "optimizer.name sgd, not adam"));
+                         "optimizer.name sgd or adam, not muon"));
   const JobSpec sgd_phase = ParseOk(SpecYaml(
       {{"epochs", ""},
-       {"optimizer", "{name: adam}"},
+       {"optimizer", "{name: muon}"},
        {"phases",
         "[{epochs: 1, algorithm: backprop}, {epochs: 1, optimizer: {name: sgd, momentum: 0.9}, "
         "algorithm: {name: delayed, momentum_by_delay: compensate}}]"}}));

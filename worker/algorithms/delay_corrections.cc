@@ -46,24 +46,40 @@ absl::Status DelayCorrections::Step(StageContext& ctx, int64_t t, double lr) {
       for (size_t i = 0; i < params_.size(); ++i) previous_[i].copy_(params_[i]);
     }
   }
-  std::vector<double> momenta;  // compensate: the groups' own, put back after the step
-  if (options_.momentum_by_delay == DelayMomentum::kCompensate && staleness_ > 0) {
+  // compensate: each group's momentum (SGD's, Adam's beta1) lowered by the
+  // delay's own for the step, and put back after it.
+  std::vector<double> momenta;
+  const bool compensate =
+      options_.momentum_by_delay == DelayMomentum::kCompensate && staleness_ > 0;
+  if (compensate) {
     for (auto& group : ctx.optimizer().param_groups()) {
-      auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&group.options());
-      if (sgd == nullptr) continue;
-      momenta.push_back(sgd->momentum());
-      sgd->momentum(std::max(0.0, sgd->momentum() - staleness_ / (1 + staleness_)));
+      const double m = Momentum(group.options());
+      momenta.push_back(m);
+      SetMomentum(group.options(), std::max(0.0, m - staleness_ / (1 + staleness_)));
     }
   }
   absl::Status stepped = StepOptimizer(ctx, t, lr * lr_scale());
-  if (!momenta.empty()) {
+  if (compensate) {
     size_t i = 0;
-    for (auto& group : ctx.optimizer().param_groups()) {
-      auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&group.options());
-      if (sgd != nullptr) sgd->momentum(momenta[i++]);
-    }
+    for (auto& group : ctx.optimizer().param_groups()) SetMomentum(group.options(), momenta[i++]);
   }
   return stepped;
+}
+
+double DelayCorrections::Momentum(torch::optim::OptimizerOptions& options) {
+  if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&options)) return sgd->momentum();
+  if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&options)) {
+    return std::get<0>(adam->betas());
+  }
+  return 0;  // another optimizer: nothing to lower (the spec refuses the option there)
+}
+
+void DelayCorrections::SetMomentum(torch::optim::OptimizerOptions& options, double momentum) {
+  if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&options)) {
+    sgd->momentum(momentum);
+  } else if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&options)) {
+    adam->betas({momentum, std::get<1>(adam->betas())});
+  }
 }
 
 std::vector<torch::Tensor> DelayCorrections::Predict() {

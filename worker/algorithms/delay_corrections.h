@@ -2,9 +2,10 @@
 // "Staleness corrections"). A stage whose gradients arrive s updates after
 // its forward can
 //   - step at a learning rate scaled by 1/(1+s) or 1/sqrt(1+s) (lr_by_delay);
-//   - step SGD at momentum max(0, m - s/(1+s)), the delay acting as momentum
-//     of its own (momentum_by_delay: compensate); m is set for the step and
-//     put back after it, so the optimizer's saved options keep the job's m;
+//   - step at momentum max(0, m - s/(1+s)), the delay acting as momentum of
+//     its own (momentum_by_delay: compensate; m is SGD's momentum or Adam's
+//     beta1); m is set for the step and put back after it, so the
+//     optimizer's saved options keep the job's m;
 //   - run its forward at the weights extrapolated along the last update,
 //     w + s (w - w_prev) (predict_weights): the weights its gradient will meet.
 //     w_prev is one copy of the parameters, taken before each step; it is
@@ -66,6 +67,9 @@ class DelayCorrections {
 
  private:
   void ReportHeld(StageContext& ctx) const;
+  // SGD's momentum or Adam's beta1 (0 for another optimizer), and its setter.
+  static double Momentum(torch::optim::OptimizerOptions& options);
+  static void SetMomentum(torch::optim::OptimizerOptions& options, double momentum);
 
   const Options options_;
   double staleness_ = 0;
