@@ -211,11 +211,11 @@ std::string PlanJson(const ModelProfile& p, const Plan& plan) {
                         "\"static_bytes\": %d, \"cap_bytes\": %d, \"inflight\": %d, "
                         "\"parameter_copies\": %d, "
                         "\"link_seconds\": %.6g, \"forward_wire\": \"%s\", "
-                        "\"backward_wire\": \"%s\"}",
+                        "\"backward_wire\": \"%s\", \"output_bytes\": %d}",
                         j, s.begin, s.end, modes, e.forward_s, e.backward_s, e.step_s, e.message_s,
                         e.aux_head_s, e.kept_bytes, e.peak_bytes, e.static_bytes, s.cap_bytes,
                         s.role.inflight, s.role.parameter_copies, e.link_s, NameOf(e.forward_wire),
-                        NameOf(e.backward_wire)));
+                        NameOf(e.backward_wire), p.blocks[s.end - 1].output_bytes));
   }
   absl::StrAppend(&out, "], \"predictions\": [");
   for (size_t i = 0; i < plan.predictions.size(); ++i) {

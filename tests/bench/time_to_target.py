@@ -47,6 +47,13 @@ def parse_args(argv):
                              "of configuration NAME's run of the same seed and J")
     target.add_argument("--target-bpb", metavar="VALUE|final:NAME",
                         help="validation bits per byte to reach (text); final:NAME as above")
+    p.add_argument("--slack", type=float, default=0.0, metavar="X",
+                   help="with final:NAME, a target X looser than that final quality, for every "
+                        "configuration: bits per byte x (1 + X) (0.01: within 1%%), accuracy - X")
+    p.add_argument("--step-ms", action="append", default=[], metavar="NAME=MS",
+                   help="a configuration's time per step measured elsewhere (e.g. by "
+                        "tests/bench/emulate_job.py at the link's latency), instead of the "
+                        "planner's prediction; the table marks it (repeatable)")
     p.add_argument("--config", action="append", required=True, metavar="NAME=ALGORITHM",
                    help="a row: its name and the algorithm map's inside, e.g. "
                         "'petra2=petra, accumulation: 2' (repeatable)")
@@ -105,6 +112,18 @@ def parse_args(argv):
         if not sep or name not in names or "=" not in kv:
             p.error(f"--config-set {c!r}: expected NAME:KEY=VALUE with NAME a --config")
         args.config_sets.setdefault(name, []).append(kv)
+    given, args.step_ms = args.step_ms, {}
+    for m in given:
+        name, sep, ms = m.partition("=")
+        try:
+            value = float(ms)
+        except ValueError:
+            value = -1
+        if not sep or name not in names or not value > 0:
+            p.error(f"--step-ms {m!r}: expected NAME=MS with NAME a --config and MS > 0")
+        args.step_ms[name] = value / 1e3
+    if args.slack < 0:
+        p.error("--slack: must be >= 0")
     args.same_as = {}
     for s in args.same:
         name, sep, rest = s.partition("=")
@@ -231,7 +250,10 @@ def targets(args, stages, algorithms):
     out = {}
     for seed in args.seeds:
         _, evals = train(args, source, algorithms[source], source_stages, seed)
-        out[seed] = quality(args, evals[-1])[0] if evals else None
+        final = quality(args, evals[-1])[0] if evals else None
+        if final is not None and args.slack:
+            final = final - args.slack if args.metric == "accuracy" else final * (1 + args.slack)
+        out[seed] = final
     return out
 
 
@@ -314,7 +336,7 @@ def main(argv):
             if "error" in plan:  # e.g. more virtual stages than the model has blocks
                 rows.append((name, algorithm, stages, None, None, None, None, plan["error"]))
                 continue
-            seconds = predicted_seconds(plan, algorithm)
+            seconds = args.step_ms.get(name) or predicted_seconds(plan, algorithm)
             source, source_stages = args.same_as.get(name, (name, stages))
             reached, finals = [], []
             missing = [seed for seed in args.seeds if args.table_only and not os.path.exists(
@@ -354,13 +376,18 @@ def main(argv):
             check.append((name, predicted_seconds(plan, algorithm), measured))
 
     what = ("test accuracy >=" if args.metric == "accuracy" else "validation bits per byte <=")
+    slack = "" if not args.slack else (
+        f" - {args.slack}" if args.metric == "accuracy" else f" x {1 + args.slack:g}")
     what += (f" {args.target}" if args.target_from is None else
-             f" the final one of {args.target_from} with the same seed and J "
+             f" the final one of {args.target_from} with the same seed and J{slack} "
              f"({'; '.join(target_text)})")
+    measured_text = "" if not args.step_ms else (
+        "; ms per step measured (--step-ms) for " + ", ".join(sorted(args.step_ms)) +
+        ", predicted for the others")
     lines = [] if args.check_only else [
         f"Target: {what}; budget {args.steps} steps, evaluated every {args.eval_every}; "
-        f"seeds {' '.join(map(str, args.seeds))} (median [min, max]).", "",
-        "| configuration | algorithm | J | steps to target | ms per step (predicted) "
+        f"seeds {' '.join(map(str, args.seeds))} (median [min, max]){measured_text}.", "",
+        "| configuration | algorithm | J | steps to target | ms per step "
         "| time to target (s) | quality at the budget |",
         "|---|---|---|---|---|---|---|"]
     for name, algorithm, stages, reached, seconds, times, finals, shared in rows:
