@@ -52,8 +52,9 @@
 //                            job says placement.link_rtt_ms = twice it, so the
 //                            plan's prediction ("planned ms") counts it
 //     --predict              every job is profiled and planned on its fixed cut
-//                            (the jobs say transport.compression auto, which
-//                            stays none where no link rate is set), so that
+//                            (the jobs say transport.compression auto on links
+//                            of placement.link_gbps 1000, where it picks none
+//                            and the bytes cost microseconds), so that
 //                            "planned ms" shows the planner's prediction for
 //                            every row, link latency included
 //     --compression none     the wire format of activations and gradients
@@ -490,7 +491,8 @@ std::string JobYaml(const Options& o, const Config& c, int total_steps) {
       c.planned || c.link_delay_ms > 0 || o.predict
           ? absl::StrCat(
                 "placement: {per_worker_profiles: ", c.per_worker_profiles ? "true" : "false",
-                ", link_rtt_ms: ", 2 * c.link_delay_ms, "}\n")
+                ", link_rtt_ms: ", 2 * c.link_delay_ms,
+                o.predict && c.compression == "none" ? ", link_gbps: 1000" : "", "}\n")
           : "",
       "algorithm: ", c.yaml, "\n",
       "transport: {compression: ", o.predict && c.compression == "none" ? "auto" : c.compression,
