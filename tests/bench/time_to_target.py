@@ -305,7 +305,8 @@ def plot(args, stages, by_name, target):
         "set terminal svg size 720,420 dynamic font 'sans,12'", f"set output '{svg}'",
         f"set title 'J = {stages}: {ylabel} against modelled time (mean of seeds "
         f"{' '.join(map(str, args.seeds))})'",
-        "set xlabel 'modelled wall-clock time (s, log scale): steps x predicted seconds per step'",
+        "set xlabel 'modelled wall-clock time (s, log scale): steps x "
+        f"{'measured' if args.step_ms else 'predicted'} seconds per step'",
         "set logscale x",
         f"set ylabel '{ylabel}'", "set key outside right", "set grid",
         f"plot {target} with lines dashtype 2 lc rgb 'gray' title 'target', \\",
