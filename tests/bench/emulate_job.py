@@ -5,9 +5,11 @@ emulated accelerators.
 The job is profiled and planned on this machine (`stagewise plan -o json`,
 exact backpropagation on the job's cut at J stages); each stage's forward and
 backward time per mini-batch (its optimizer step counted with the backward)
-and the size of the activations it sends become an emulated job: J emulated
-blocks that wait those times (`model.block_forward_ms`, docs/models.md) and
-pass activations of the same size. `stagewise_emulated_bench --stage-ms`
+become an emulated job: J emulated blocks that wait those times
+(`model.block_forward_ms`, docs/models.md) and pass, on every link, the
+largest activation any stage of the job sends (emulated blocks keep their
+shape: where a job's activations shrink along the pipeline, its later links
+carry fewer bytes than here). `stagewise_emulated_bench --stage-ms`
 then runs every algorithm on it with J worker processes, real messages and,
 with --link-delay-ms, emulated link latency, interleaved over rounds, and
 prints the median time per mini-batch of each (and, with --predict, the
