@@ -58,4 +58,12 @@ grep -q '^\$ .* local .*check_delayed_J2_s1' "$out/fourth.err" || fail "--check-
 ! grep -q '^Target:' "$out/fourth.txt" || fail "--check-only printed the target table"
 grep -q '^| delayed | [0-9.]* | [0-9.]* | [0-9.]* |$' "$out/fourth.txt" \
   || fail "--check-only without the model check"
+# --step-ms prices a row with a measured time instead of the plan's, and
+# --slack loosens every seed's target (accuracy: minus the slack).
+run --table-only --step-ms '1f1b=1000' --slack 0.5 > "$out/fifth.txt" 2> "$out/fifth.err"
+grep -q '^Target: .*the final one of 1f1b with the same seed and J - 0\.5 ' "$out/fifth.txt" \
+  || fail "--slack not in the target"
+grep -q 'ms per step measured (--step-ms) for 1f1b' "$out/fifth.txt" || fail "--step-ms not said"
+grep -q '^| 1f1b | .* | 2 | [0-9.]* .*| 1000\.0 | ' "$out/fifth.txt" || fail "1f1b not priced at 1000 ms"
+! grep -q '^| delayed | .* | 2 | .*| 1000\.0 | ' "$out/fifth.txt" || fail "--step-ms priced another row"
 echo "time_to_target smoke: ok"
