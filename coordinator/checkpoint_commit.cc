@@ -25,17 +25,17 @@ void CheckpointCommitter::OnShardSaved(const std::string& job_id, LiveJob& job, 
   }
   // Uncommitted checkpoints are few (a stage lags its peers by a step or two):
   // keep the newest 16 so no sender can grow the map.
-  while (job.run.shards.size() >= 16 && job.run.shards.count(saved.step()) == 0) {
-    job.run.shards.erase(job.run.shards.begin());
+  while (job.attempt.shards.size() >= 16 && job.attempt.shards.count(saved.step()) == 0) {
+    job.attempt.shards.erase(job.attempt.shards.begin());
   }
-  std::map<int, v1::CheckpointSaved>& stages = job.run.shards[saved.step()];
+  std::map<int, v1::CheckpointSaved>& stages = job.attempt.shards[saved.step()];
   stages[stage] = saved;
   if (static_cast<int>(stages.size()) == NumStages(job)) Commit(job_id, job, saved.step());
 }
 
 void CheckpointCommitter::Commit(const std::string& job_id, LiveJob& job, int64_t step) {
-  const std::map<int, v1::CheckpointSaved> stages = std::move(job.run.shards[step]);
-  job.run.shards.erase(job.run.shards.begin(), job.run.shards.upper_bound(step));
+  const std::map<int, v1::CheckpointSaved> stages = std::move(job.attempt.shards[step]);
+  job.attempt.shards.erase(job.attempt.shards.begin(), job.attempt.shards.upper_bound(step));
   const std::string& root = job.spec.checkpoint.dir;
   const std::string dir = checkpoint::StepDir(root, job_id, step);
   v1::CheckpointManifest m;
@@ -46,7 +46,7 @@ void CheckpointCommitter::Commit(const std::string& job_id, LiveJob& job, int64_
   m.set_phase_step(stages.begin()->second.phase_step());
   m.set_total_steps(job.status.total_steps());
   m.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
-  m.set_attempt(job.attempt);
+  m.set_attempt(job.attempt_number);
   m.set_job_spec_yaml(job.yaml);
   absl::Status problem;
   for (const auto& [stage, saved] : stages) {
@@ -55,10 +55,10 @@ void CheckpointCommitter::Commit(const std::string& job_id, LiveJob& job, int64_
     shard->set_file(checkpoint::ShardFileName(stage));
     shard->set_bytes(saved.bytes());
     shard->set_crc32(saved.crc32());
-    shard->set_block_begin(job.ranges.at(stage).first);
-    shard->set_block_end(job.ranges.at(stage).second);
-    if (static_cast<size_t>(stage) < job.modes.size()) {
-      checkpoint::SetShardModes(job.modes[stage], shard);
+    shard->set_block_begin(job.cut.ranges.at(stage).first);
+    shard->set_block_end(job.cut.ranges.at(stage).second);
+    if (static_cast<size_t>(stage) < job.cut.modes.size()) {
+      checkpoint::SetShardModes(job.cut.modes[stage], shard);
     }
     if (saved.phase() != m.phase() || saved.phase_step() != m.phase_step()) {
       problem = absl::InternalError(absl::StrCat("stage ", stage, " saved phase ", saved.phase(),
@@ -97,7 +97,7 @@ void CheckpointCommitter::Commit(const std::string& job_id, LiveJob& job, int64_
       v1::Command command;
       v1::CheckpointCommitted* c = command.mutable_checkpoint_committed();
       c->set_job_id(job_id);
-      c->set_attempt(job.attempt);
+      c->set_attempt(job.attempt_number);
       c->set_step(step);
       host_->Send(worker, std::move(command));
     }

@@ -82,7 +82,7 @@ bool EndedOnABrokenStream(const LiveJob& job, int attempt) {
 // job: while it recovers, or later when the attempt ended only on a broken
 // stream (the cause came after the report of its consequence).
 Admission Stale(const v1::WorkerEvent& event, const LiveJob& job) {
-  if (event.has_error() && event.attempt() == job.attempt - 1 &&
+  if (event.has_error() && event.attempt() == job.attempt_number - 1 &&
       (job.status.state() == v1::RECOVERING || EndedOnABrokenStream(job, event.attempt())) &&
       !IsRetryable(event.error()) &&
       event.error().code() != static_cast<int>(absl::StatusCode::kCancelled) &&
@@ -116,8 +116,8 @@ Admission CheckRanges(const v1::WorkerEvent& event, const LiveJob& job) {
       }
       // Once per (stage, replica) and phase: a repeat moves nothing (and
       // must not pass for progress with the stall watchdog).
-      if (const auto done = job.run.phase_done.find(event.phase_done().phase());
-          done != job.run.phase_done.end() &&
+      if (const auto done = job.attempt.phase_done.find(event.phase_done().phase());
+          done != job.attempt.phase_done.end() &&
           done->second.count(SlotOf(job, event.stage(), event.replica())) > 0) {
         return Refuse("repeated", absl::StrCat("stage ", event.stage(), " already finished phase ",
                                                event.phase_done().phase()));
@@ -178,7 +178,7 @@ Admission AdmitEvent(const v1::WorkerEvent& event, const LiveJob* job) {
   if (event.has_ack() || event.has_heartbeat()) return Take();
   const std::string& sender = event.worker_id();
   if (job == nullptr) return Refuse("unknown_job", "no such live job");  // also a just-ended job's
-  if (const int attempt = EventAttempt(event); attempt >= 0 && attempt != job->attempt) {
+  if (const int attempt = EventAttempt(event); attempt >= 0 && attempt != job->attempt_number) {
     // Only the worker that ran the error's stage in that attempt is heard.
     for (const v1::JobAttempt& a : job->status.attempts()) {
       const int slot = SlotOf(*job, event.stage(), event.replica());
@@ -191,7 +191,7 @@ Admission AdmitEvent(const v1::WorkerEvent& event, const LiveJob* job) {
     return Refuse("stale_attempt",
                   absl::StrCat("attempt ", attempt, " of job ", event.job_id(), " is over"));
   }
-  const auto& workers = job->run.workers;
+  const auto& workers = job->attempt.workers;
   if (std::find(workers.begin(), workers.end(), sender) == workers.end()) {
     return Refuse("not_assigned", absl::StrCat("the sender runs no stage of job ", event.job_id()));
   }

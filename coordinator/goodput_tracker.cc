@@ -18,7 +18,7 @@ double ReplacementSeconds(const LiveJob& job) {
 
 // What the running attempt has used so far, or up to its end.
 WorkerSecondsByUse AttemptSoFar(const LiveJob& job, absl::Time now, double redone_seconds) {
-  return job.run.use.Close(now, NumReplicas(job), ReplacementSeconds(job), redone_seconds);
+  return job.attempt.use.Close(now, NumReplicas(job), ReplacementSeconds(job), redone_seconds);
 }
 
 // The demand of a job still waiting: the workers it asks for x its wait.
@@ -39,7 +39,7 @@ void GoodputTracker::Queued(LiveJob& job, absl::Time now) {
 
 void GoodputTracker::Placed(LiveJob& job, int workers, absl::Time now) {
   Dequeued(job, now);  // the wait ends: it counts as demand
-  job.run.use.Placed(workers, now);
+  job.attempt.use.Placed(workers, now);
   WriteUse(job.used, job.status.mutable_summary());
 }
 
@@ -52,7 +52,7 @@ void GoodputTracker::Dequeued(LiveJob& job, absl::Time now) {
 }
 
 void GoodputTracker::AttemptEnded(LiveJob& job, absl::Time now, bool redo) {
-  if (!job.run.use.placed()) return;
+  if (!job.attempt.use.placed()) return;
   double redone = 0;
   if (redo) {
     const int64_t past =
@@ -62,13 +62,13 @@ void GoodputTracker::AttemptEnded(LiveJob& job, absl::Time now, bool redo) {
   const WorkerSecondsByUse ended = AttemptSoFar(job, now, redone);
   job.used += ended;
   cluster_.AddEnded(ended);
-  job.run.use = AttemptUse{};
+  job.attempt.use = AttemptUse{};
   WriteUse(job.used, job.status.mutable_summary());
 }
 
 WorkerSecondsByUse GoodputTracker::JobUse(const LiveJob& job, absl::Time now) const {
   WorkerSecondsByUse use = job.used;
-  if (job.run.use.placed()) use += AttemptSoFar(job, now, 0);
+  if (job.attempt.use.placed()) use += AttemptSoFar(job, now, 0);
   use += WaitingSoFar(job, now);
   return use;
 }
@@ -76,7 +76,7 @@ WorkerSecondsByUse GoodputTracker::JobUse(const LiveJob& job, absl::Time now) co
 v1::Goodput GoodputTracker::Cluster(const std::vector<const LiveJob*>& live, absl::Time now) const {
   WorkerSecondsByUse use = cluster_.Ended();
   for (const LiveJob* job : live) {
-    if (job->run.use.placed()) use += AttemptSoFar(*job, now, 0);
+    if (job->attempt.use.placed()) use += AttemptSoFar(*job, now, 0);
     use += WaitingSoFar(*job, now);
   }
   use += cluster_.Idle();

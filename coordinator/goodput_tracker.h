@@ -23,7 +23,7 @@ class GoodputTracker {
   // Placed on `workers`: its wait ends (as demand: the workers it asked for
   // x the time), its attempt's count begins.
   void Placed(LiveJob& job, int workers, absl::Time now);
-  void Running(LiveJob& job, absl::Time now) { job.run.use.Running(now); }
+  void Running(LiveJob& job, absl::Time now) { job.attempt.use.Running(now); }
   // The job leaves the queue without a placement (cancelled, failed): its
   // wait still counts as demand.
   void Dequeued(LiveJob& job, absl::Time now);

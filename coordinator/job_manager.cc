@@ -125,8 +125,8 @@ absl::Time JobManager::NextDeadline() const {
   deadline = std::min(deadline, flush_due_);
   if (!metrics_expiry_.empty()) deadline = std::min(deadline, metrics_expiry_.front().first);
   for (const auto& [id, job] : jobs_) {
-    deadline =
-        std::min({deadline, job.recovery_deadline, job.run.configure_deadline, StallDeadline(job)});
+    deadline = std::min(
+        {deadline, job.recovery_deadline, job.attempt.configure_deadline, StallDeadline(job)});
   }
   // A settling recovery becomes placeable (Housekeeping schedules then).
   return std::min(deadline, scheduler_.NextDue());
@@ -193,7 +193,7 @@ absl::StatusOr<std::string> JobManager::Submit(const std::string& yaml, const st
   // The one durable write of a submission, on the caller's thread, no lock held.
   STAGEWISE_RETURN_IF_ERROR(store_->CreateJob(record));
   view_.Publish(st, "");  // visible to GetJob / WatchJob before the id is returned
-  Job job = MakeLiveJob(st, submission.spec, yaml, submission.blocks, submission.ranges);
+  Job job = MakeLiveJob(st, submission, yaml);
   if (!loop_.Post([this, job = std::move(job)]() mutable { Admit(std::move(job)); })) {
     // Stopping: the job stays PENDING in the store; the next Start queues it.
     STAGEWISE_LOG(WARNING) << "job " << st.job_id() << " submitted while stopping; kept PENDING";
@@ -383,8 +383,8 @@ void JobManager::HandleEvent(const v1::WorkerEvent& event) {
   switch (event.event_case()) {
     case v1::WorkerEvent::kCheckpointSaved:
       if (!first_replica) return;
-      jobs_.at(job_id).run.use.CheckpointWrite(event.checkpoint_saved().step(), event.stage(),
-                                               event.checkpoint_saved().seconds());
+      jobs_.at(job_id).attempt.use.CheckpointWrite(event.checkpoint_saved().step(), event.stage(),
+                                                   event.checkpoint_saved().seconds());
       committer_.OnShardSaved(job_id, jobs_.at(job_id), event.stage(), event.checkpoint_saved());
       return planned_.OnCommitted(job_id, jobs_.at(job_id));
     case v1::WorkerEvent::kReplayDone:
@@ -421,24 +421,25 @@ void JobManager::OnAck(const v1::Ack& ack, const std::string& sender) {
   STAGEWISE_BUG(OnLoop());
   if (replacer_.OnAck(ack.command_id(), sender)) return;
   for (auto& [id, job] : jobs_) {
-    auto pending = job.run.pending_acks.find(ack.command_id());
-    if (pending == job.run.pending_acks.end()) continue;
+    auto pending = job.attempt.pending_acks.find(ack.command_id());
+    if (pending == job.attempt.pending_acks.end()) continue;
     if (pending->second != sender) return;  // not the worker the command went to
-    job.run.pending_acks.erase(pending);
-    if (!job.run.pending_acks.empty() || job.status.state() != v1::CONFIGURING) return;
+    job.attempt.pending_acks.erase(pending);
+    if (!job.attempt.pending_acks.empty() || job.status.state() != v1::CONFIGURING) return;
     const std::string job_id = id;  // `id` dies if the transition ends the job
     if (!Transition(job_id, v1::RUNNING, "").ok()) return;
     Job& running = jobs_.at(job_id);
-    running.run.started = absl::Now();
-    goodput_.Running(running, running.run.started);
-    running.run.progressed = running.run.started;
-    running.run.progressed_step = running.resume ? running.resume->manifest.step() : 0;
-    running.run.evaluated_step = -1;
-    running.run.configure_deadline = absl::InfiniteFuture();
+    running.attempt.started = absl::Now();
+    goodput_.Running(running, running.attempt.started);
+    running.attempt.progressed = running.attempt.started;
+    running.attempt.progressed_step = running.resume ? running.resume->manifest.step() : 0;
+    running.attempt.evaluated_step = -1;
+    running.attempt.configure_deadline = absl::InfiniteFuture();
     const int phase = running.resume ? running.resume->manifest.phase() : 0;
     const int64_t from = running.resume ? running.resume->manifest.step() : 0;
     if (running.attempt_ended != absl::InfinitePast()) {
-      metrics_->ObserveRecovery(absl::ToDoubleSeconds(running.run.started - running.attempt_ended));
+      metrics_->ObserveRecovery(
+          absl::ToDoubleSeconds(running.attempt.started - running.attempt_ended));
       running.attempt_ended = absl::InfinitePast();
     }
     for (const std::string& worker : DistinctWorkers(running)) {
@@ -477,7 +478,7 @@ void JobManager::OnMetrics(const std::string& job_id, int stage, const v1::Metri
   Job& job = jobs_.at(job_id);
   if (const auto it = m.values().find("compute_seconds"); it != m.values().end()) {
     rebalancer_.OnComputeTime(job_id, job, stage, m.step(), it->second, absl::Now());
-    job.run.use.Compute(stage, it->second);
+    job.attempt.use.Compute(stage, it->second);
   }
   std::vector<MetricPoint> points = ApplyMetrics(job, stage, m, absl::Now());
   replacer_.OnProgress(job);
@@ -501,9 +502,9 @@ void JobManager::OnResult(const std::string& job_id, int stage, int replica,
                           const v1::StageResult& result) {
   STAGEWISE_BUG(OnLoop());
   Job& job = jobs_.at(job_id);
-  job.run.finished_stages.insert(SlotOf(job, stage, replica));
+  job.attempt.finished_stages.insert(SlotOf(job, stage, replica));
   if (replica == 0) UpdateProgress(job, "", ApplyResult(job, stage, result, absl::Now()));
-  if (job.run.finished_stages.size() == job.run.workers.size()) {
+  if (job.attempt.finished_stages.size() == job.attempt.workers.size()) {
     if (job.status.attempts_size() > 0) {
       v1::JobAttempt* a = job.status.mutable_attempts(job.status.attempts_size() - 1);
       a->set_ended_unix_ms(NowMs());
@@ -519,11 +520,11 @@ void JobManager::OnPhaseDone(const std::string& job_id, int slot, const v1::Phas
   // Every stage (of every replica) finished phase p: record it and let them
   // all start p + 1.
   Job& job = jobs_.at(job_id);
-  std::set<int>& done = job.run.phase_done[d.phase()];
+  std::set<int>& done = job.attempt.phase_done[d.phase()];
   done.insert(slot);
   // Only the phase's end is progress for the stall watchdog: one stage's
   // PhaseDone moves nothing (AdmitEvent refuses repeats and other phases).
-  if (done.size() < job.run.workers.size()) return;
+  if (done.size() < job.attempt.workers.size()) return;
   NoteProgress(job, -1, absl::Now());
   const std::vector<PhaseSpec> phases = Phases(job.spec);
   const int next = d.phase() + 1;
@@ -553,7 +554,8 @@ void JobManager::OnPreempting(const std::string& worker_id, const v1::Preempting
   LiveJob* job = job_id->empty() ? nullptr : FindJob(*job_id);
   if (job == nullptr) return;
   const std::string reason = absl::StrCat("worker ", worker_id, " is being preempted");
-  if (!planned_.Begin(*job_id, *job, reason, v1::END_CAUSE_PREEMPTED) && !job->run.planned_stop) {
+  if (!planned_.Begin(*job_id, *job, reason, v1::END_CAUSE_PREEMPTED) &&
+      !job->attempt.planned_stop) {
     // No checkpoint to take first (none kept, or not running yet): the
     // worker is as good as lost; stopping its stages now lets it go at once.
     recovery_.Recover(*job_id, absl::StrCat(reason, " (no checkpoint could be taken first)"),
@@ -667,11 +669,11 @@ absl::Status JobManager::CollectiveStore(const v1::CollectiveStoreRequest& reque
     if (it == jobs_.end()) {
       member =
           absl::FailedPreconditionError(absl::StrCat("job ", request.job_id(), " is not running"));
-    } else if (it->second.attempt != request.attempt()) {
+    } else if (it->second.attempt_number != request.attempt()) {
       member = absl::FailedPreconditionError(absl::StrCat(
           "attempt ", request.attempt(), " of job ", request.job_id(), " is not the current one"));
-    } else if (std::find(it->second.run.workers.begin(), it->second.run.workers.end(),
-                         request.worker_id()) == it->second.run.workers.end()) {
+    } else if (std::find(it->second.attempt.workers.begin(), it->second.attempt.workers.end(),
+                         request.worker_id()) == it->second.attempt.workers.end()) {
       member = absl::PermissionDeniedError(
           absl::StrCat("worker ", request.worker_id(), " runs no stage of job ", request.job_id()));
     } else {

@@ -76,7 +76,7 @@ void JobPlacer::Place(const Scheduler::Placement& p) {
     placed->status.set_queue_position(0);
     host_->UpdateProgress(*placed, "", {});  // stored with the transition's flush
   }
-  placed->run.workers = SlotWorkers(*placed, p.workers);
+  placed->attempt.workers = SlotWorkers(*placed, p.workers);
   int gpu_workers = 0;
   for (const std::string& w : p.workers) {
     const std::optional<v1::WorkerInfo> info = parts_.registry->Info(w);
@@ -111,25 +111,26 @@ void JobPlacer::MaybeGrow() {
   for (const std::string& id : host_->LiveJobIds()) {
     LiveJob& job = *host_->FindJob(id);
     if (job.spec.recovery.min_stages == 0 || job.status.state() != v1::RUNNING ||
-        job.run.planned_stop) {
+        job.attempt.planned_stop) {
       continue;
     }
     const int have = NumStages(job);
     const int to = std::min(job.spec.stages.count,
                             have + parts_.registry->IdleWith(PlacementLabels(job.spec)));
     if (to <= have) {
-      job.run.grow_possible_since = absl::InfiniteFuture();
+      job.attempt.grow_possible_since = absl::InfiniteFuture();
       continue;
     }
     // All the stages at once; fewer once they stayed that few for
     // recovery.wait_seconds (workers that restart together come one by one).
     const absl::Time now = absl::Now();
-    if (job.run.grow_possible_since == absl::InfiniteFuture()) job.run.grow_possible_since = now;
+    if (job.attempt.grow_possible_since == absl::InfiniteFuture())
+      job.attempt.grow_possible_since = now;
     if (to < job.spec.stages.count &&
-        now - job.run.grow_possible_since < absl::Seconds(job.spec.recovery.wait_seconds)) {
+        now - job.attempt.grow_possible_since < absl::Seconds(job.spec.recovery.wait_seconds)) {
       continue;
     }
-    job.run.grow_possible_since = absl::InfiniteFuture();
+    job.attempt.grow_possible_since = absl::InfiniteFuture();
     Handover handover;
     handover.grow_to = to;
     (void)parts_.planned->Begin(
@@ -141,28 +142,28 @@ void JobPlacer::MaybeGrow() {
 
 void JobPlacer::Configure(const std::string& job_id, LiveJob& job) {
   std::vector<v1::Command> commands = parts_.scheduler->StageAssignments(
-      job_id, job.yaml, job.run.workers, job.ranges, job.modes, NumReplicas(job));
-  for (v1::Command& c : commands) SetPlanned(job, c.mutable_configure());
+      job_id, job.yaml, job.attempt.workers, job.cut, NumReplicas(job));
+  for (v1::Command& c : commands) c.mutable_configure()->set_replay(job.spec.recovery.replay);
   job.recovery_deadline = absl::InfiniteFuture();
-  job.run.configure_deadline = absl::Now() + parts_.configure_timeout;
+  job.attempt.configure_deadline = absl::Now() + parts_.configure_timeout;
   parts_.recovery->BeginAttempt(job, &commands);
   host_->UpdateProgress(job, "", {});
   // A claimed worker whose control stream ended since it was claimed has left
   // the registry (its stage would get no next_address and fail as a bad
   // assignment, which would fail the job). The lost-worker task already
   // queued ends this attempt and recovers the job; send nothing meanwhile.
-  for (const std::string& worker : job.run.workers) {
+  for (const std::string& worker : job.attempt.workers) {
     if (!parts_.registry->Info(worker).has_value()) {
-      STAGEWISE_LOG(WARNING) << "job " << job_id << " attempt " << job.attempt << ": worker "
+      STAGEWISE_LOG(WARNING) << "job " << job_id << " attempt " << job.attempt_number << ": worker "
                              << worker << " left before its stage was configured";
       return;
     }
   }
   for (size_t j = 0; j < commands.size(); ++j) {
-    commands[j].mutable_configure()->set_attempt(job.attempt);
+    commands[j].mutable_configure()->set_attempt(job.attempt_number);
     commands[j].set_command_id(host_->NewCommandId());
-    job.run.pending_acks.emplace(commands[j].command_id(), job.run.workers[j]);
-    host_->Send(job.run.workers[j], std::move(commands[j]));
+    job.attempt.pending_acks.emplace(commands[j].command_id(), job.attempt.workers[j]);
+    host_->Send(job.attempt.workers[j], std::move(commands[j]));
   }
 }
 
@@ -184,29 +185,27 @@ void JobPlacer::OnProfile(const std::string& job_id, const v1::ProfileResult& re
     }
   }
   auto planned = parts_.scheduler->PlanFromProfile(
-      job.spec, job.ranges, result, job.run.workers,
+      job.spec, job.cut.ranges, result, job.attempt.workers,
       job.spec.placement.per_worker_profiles ? &job.profiles : nullptr);
   if (!planned.ok()) {
     host_->EndJob(job_id, v1::FAILED, std::string(planned.status().message()));
     return;
   }
   job.planned = true;
-  job.ranges = std::move(planned->ranges);
-  job.modes = std::move(planned->modes);
-  job.schedule = planned->schedule;
-  job.wire = std::move(planned->wire);
+  job.cut = std::move(planned->cut);
   auto& summary = *job.status.mutable_summary();
   for (const auto& [key, value] : planned->summary) summary[key] = value;
   summary["plan.profile_cached"] = result.cached() ? 1 : 0;
   if (job.spec.placement.per_worker_profiles) {
     summary["plan.worker_profiles"] = static_cast<double>(job.profiles.size());
   }
-  host_->UpdateProgress(job,
-                        absl::StrCat(job.schedule.has_value()
-                                         ? absl::StrCat("planned: schedule ", NameOf(*job.schedule))
-                                         : "planned",
-                                     AutoWireText(job)),
-                        {});
+  host_->UpdateProgress(
+      job,
+      absl::StrCat(job.cut.schedule.has_value()
+                       ? absl::StrCat("planned: schedule ", NameOf(*job.cut.schedule))
+                       : "planned",
+                   AutoWireText(job)),
+      {});
   // Transition writes the plan first, then the state.
   if (!host_->Transition(job_id, v1::CONFIGURING, "").ok()) return;
   if (LiveJob* configured = host_->FindJob(job_id)) Configure(job_id, *configured);
@@ -270,7 +269,7 @@ absl::StatusOr<v1::JobStatus> JobPlacer::SetPriority(const std::string& job_id, 
                                                 : std::string(rank.status().message()));
   }
   STAGEWISE_RETURN_IF_ERROR(sharing.CheckOpenTo(*rank, job.status.owner()));
-  if (!job.run.workers.empty() ||
+  if (!job.attempt.workers.empty() ||
       (job.status.state() != v1::PENDING && job.status.state() != v1::RECOVERING)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "priority: job ", job_id, " is ", v1::JobState_Name(job.status.state()),

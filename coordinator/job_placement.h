@@ -79,7 +79,7 @@ class JobPlacer {
                                             const std::string& priority);
 
  private:
-  // Sends every stage its StageAssignment (job.run.workers already chosen).
+  // Sends every stage its StageAssignment (job.attempt.workers already chosen).
   void Configure(const std::string& job_id, LiveJob& job);
   // The placement `p` of the pass: the job's workers, its state.
   void Place(const Scheduler::Placement& p);

@@ -31,10 +31,11 @@ void JobRecovery::Recover(const std::string& job_id, const std::string& why, v1:
     }
     return;
   }
-  STAGEWISE_LOG(WARNING) << "job " << job_id << " attempt " << job.attempt << " ended: " << why;
+  STAGEWISE_LOG(WARNING) << "job " << job_id << " attempt " << job.attempt_number
+                         << " ended: " << why;
   // End the attempt: its stages stop, its workers are free again.
-  host_->StopStages(job_id, absl::StrCat("attempt ", job.attempt, " ended: ", why));
-  job.run = Attempt{};  // the attempt ends: all of it at once
+  host_->StopStages(job_id, absl::StrCat("attempt ", job.attempt_number, " ended: ", why));
+  job.attempt = Attempt{};  // the attempt ends: all of it at once
   job.attempt_ended = absl::Now();
   job.max_step = std::max(job.max_step, job.status.step());
   if (state == v1::PROFILING) {
@@ -66,8 +67,8 @@ void JobRecovery::Recover(const std::string& job_id, const std::string& why, v1:
                                job.spec.recovery.max_restarts, "); the last one ended: ", why));
     return;
   }
-  job.attempt++;
-  job.status.set_attempt(job.attempt);
+  job.attempt_number++;
+  job.status.set_attempt(job.attempt_number);
   host_->UpdateProgress(job, "", {});  // the new attempt number is written with the transition
   if (!host_->Transition(job_id, v1::RECOVERING, why).ok()) return;
   if (LiveJob* recovering = host_->FindJob(job_id)) QueueRecovery(job_id, *recovering, why);
@@ -90,11 +91,11 @@ bool JobRecovery::QueueRecovery(const std::string& job_id, LiveJob& job, const s
     }
     for (checkpoint::Committed& c : committed) {
       // recovery.min_stages: any cut will do (the attempt reshards it).
-      if (c.manifest.shards_size() != static_cast<int>(job.ranges.size()) && !job.needs_plan &&
+      if (c.manifest.shards_size() != static_cast<int>(job.cut.ranges.size()) && !job.needs_plan &&
           job.spec.recovery.min_stages == 0) {
         STAGEWISE_LOG(WARNING) << "job " << job_id << ": skipping checkpoint " << c.dir << ": "
-                               << c.manifest.shards_size() << " shards for " << job.ranges.size()
-                               << " stages";
+                               << c.manifest.shards_size() << " shards for "
+                               << job.cut.ranges.size() << " stages";
         continue;
       }
       job.resume = std::move(c);
@@ -103,24 +104,22 @@ bool JobRecovery::QueueRecovery(const std::string& job_id, LiveJob& job, const s
   }
   if (job.resume) {
     // The stages must be cut as in the checkpoint (a planned partition, too).
-    job.ranges.clear();
-    job.modes.clear();
+    job.cut.ranges.clear();
+    job.cut.modes.clear();
     bool any_modes = false;
     for (const v1::CheckpointShard& shard : job.resume->manifest.shards()) {
-      job.ranges.emplace_back(shard.block_begin(), shard.block_end());
-      std::vector<BlockMode>& modes = job.modes.emplace_back();
+      job.cut.ranges.emplace_back(shard.block_begin(), shard.block_end());
+      std::vector<BlockMode>& modes = job.cut.modes.emplace_back();
       // ReadManifest checked every shard's modes.
       modes = checkpoint::ShardModes(shard).value_or(std::vector<BlockMode>{});
       any_modes = any_modes || !modes.empty();
     }
-    if (!any_modes) job.modes.clear();
+    if (!any_modes) job.cut.modes.clear();
     job.status.set_num_stages(NumStages(job));
     job.planned = true;
     if (next.recut) {
       // Rebalancing: the new plan's cut, the checkpoint resharded onto it.
-      job.ranges = next.recut->ranges;
-      job.modes = next.recut->modes;
-      job.wire = next.recut->wire;
+      job.cut = next.recut->cut;
       for (const auto& [key, value] : next.recut->summary) {
         (*job.status.mutable_summary())[key] = value;
       }
@@ -138,7 +137,7 @@ bool JobRecovery::QueueRecovery(const std::string& job_id, LiveJob& job, const s
     }
     host_->UpdateProgress(
         job,
-        absl::StrCat("attempt ", job.attempt, " will resume from the checkpoint at step ",
+        absl::StrCat("attempt ", job.attempt_number, " will resume from the checkpoint at step ",
                      job.resume->manifest.step(), " (", job.resume->dir, ")"),
         {});
   } else if (!job.spec.recovery.from_scratch) {
@@ -149,10 +148,10 @@ bool JobRecovery::QueueRecovery(const std::string& job_id, LiveJob& job, const s
                      why));
     return false;
   } else {
-    host_->UpdateProgress(
-        job,
-        absl::StrCat("attempt ", job.attempt, " will start from step 0 (no committed checkpoint)"),
-        {});
+    host_->UpdateProgress(job,
+                          absl::StrCat("attempt ", job.attempt_number,
+                                       " will start from step 0 (no committed checkpoint)"),
+                          {});
   }
   job.recovery_deadline = next.wait_unbounded
                               ? absl::InfiniteFuture()
@@ -196,13 +195,13 @@ void JobRecovery::CheckDeadlines(absl::Time now) {
     if (found == nullptr) continue;
     const absl::Duration limit = StallLimit(*found);
     Recover(id,
-            absl::StrCat(
-                "stalled: no progress past step ", found->run.progressed_step, " for ",
-                absl::FormatDuration(absl::Trunc(now - found->run.progressed, absl::Seconds(1))),
-                " (limit ", absl::FormatDuration(limit),
-                found->spec.recovery.stall_seconds > 0 ? ", recovery.stall_seconds"
-                                                       : ", 20x the median step time",
-                "); a stage stopped sending"),
+            absl::StrCat("stalled: no progress past step ", found->attempt.progressed_step, " for ",
+                         absl::FormatDuration(
+                             absl::Trunc(now - found->attempt.progressed, absl::Seconds(1))),
+                         " (limit ", absl::FormatDuration(limit),
+                         found->spec.recovery.stall_seconds > 0 ? ", recovery.stall_seconds"
+                                                                : ", 20x the median step time",
+                         "); a stage stopped sending"),
             v1::END_CAUSE_STALLED);
   }
   std::vector<std::pair<std::string, bool>> due;  // (job, recovering)
@@ -210,7 +209,7 @@ void JobRecovery::CheckDeadlines(absl::Time now) {
     const LiveJob& job = *host_->FindJob(id);
     if (job.status.state() == v1::RECOVERING && now >= job.recovery_deadline) {
       due.emplace_back(id, true);
-    } else if (job.status.state() == v1::CONFIGURING && now >= job.run.configure_deadline) {
+    } else if (job.status.state() == v1::CONFIGURING && now >= job.attempt.configure_deadline) {
       due.emplace_back(id, false);
     }
   }
@@ -248,10 +247,10 @@ void JobRecovery::CheckDeadlines(absl::Time now) {
                   ? absl::StrCat(" (recovery.min_stages: ", job.spec.recovery.min_stages, ")")
                   : "",
               " idle workers within recovery.wait_seconds (", job.spec.recovery.wait_seconds,
-              " s) after attempt ", job.attempt - 1, " ended: ", last));
+              " s) after attempt ", job.attempt_number - 1, " ended: ", last));
     } else {
       std::vector<std::string> silent;
-      for (const auto& [command, worker] : job.run.pending_acks) silent.push_back(worker);
+      for (const auto& [command, worker] : job.attempt.pending_acks) silent.push_back(worker);
       Recover(id,
               absl::StrCat("the stages did not acknowledge their assignment within ",
                            absl::FormatDuration(configure_timeout_), " (no answer from ",
@@ -277,10 +276,10 @@ void JobRecovery::OnStageError(const std::string& job_id, LiveJob& job, int stag
     return;
   }
   if (stage >= 0 && IsRetryable(e)) {
-    const int ended = job.attempt;
+    const int ended = job.attempt_number;
     Recover(job_id, e.message(), v1::END_CAUSE_STAGE_ERROR);
     // This error ended the attempt (not one that had ended already).
-    if (e.neighbour_stream() && job.attempt == ended + 1 && job.status.attempts_size() > 0) {
+    if (e.neighbour_stream() && job.attempt_number == ended + 1 && job.status.attempts_size() > 0) {
       v1::JobAttempt* a = job.status.mutable_attempts(job.status.attempts_size() - 1);
       if (a->attempt() == ended) a->set_end_reason_secondary(true);
     }
@@ -307,9 +306,9 @@ void JobRecovery::NoteLateError(LiveJob& job, int attempt, const v1::StageError&
 void JobRecovery::BeginAttempt(LiveJob& job, std::vector<v1::Command>* commands) {
   // A new attempt: its record, and where it starts.
   v1::JobAttempt* a = job.status.add_attempts();
-  a->set_attempt(job.attempt);
+  a->set_attempt(job.attempt_number);
   a->set_started_unix_ms(absl::ToUnixMillis(absl::Now()));
-  for (const std::string& w : job.run.workers) a->add_workers(w);
+  for (const std::string& w : job.attempt.workers) a->add_workers(w);
   if (job.resume) {
     const v1::CheckpointManifest& m = job.resume->manifest;
     a->set_from_step(m.step());
@@ -328,7 +327,7 @@ void JobRecovery::BeginAttempt(LiveJob& job, std::vector<v1::Command>* commands)
       *(*commands)[slot].mutable_configure()->mutable_resume() =
           ResumeFor(job, *job.resume, static_cast<int>(slot));
     }
-  } else if (job.attempt > 0) {
+  } else if (job.attempt_number > 0) {
     job.status.set_steps_redone(job.status.steps_redone() + job.max_step);
     metrics_->AddStepsRedone(job.max_step);
     job.status.set_step(0);

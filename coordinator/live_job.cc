@@ -19,7 +19,20 @@ absl::StatusOr<Submission> PrepareSubmission(JobSpec parsed, const PathRoots& ch
   // ParseJobSpec accepts only the algorithms of AlgorithmOptions
   // (services/spec/job_spec.h), each of which every worker constructs.
   STAGEWISE_ASSIGN_OR_RETURN(out.blocks, models::PlanModel(spec.model));
-  STAGEWISE_ASSIGN_OR_RETURN(out.ranges, models::ResolvePartition(spec.stages, out.blocks));
+  STAGEWISE_ASSIGN_OR_RETURN(out.cut.ranges, models::ResolvePartition(spec.stages, out.blocks));
+  const bool reversible = std::any_of(out.blocks.begin(), out.blocks.end(),
+                                      [](const models::BlockInfo& b) { return b.reversible; });
+  // Modes the spec fixes (with `modes: auto` under a budget the plan picks).
+  if (reversible && spec.stages.modes != BlockModes::kAuto) {
+    for (const auto& [b, e] : out.cut.ranges) {
+      std::vector<BlockMode>& modes = out.cut.modes.emplace_back();
+      for (int i = b; i < e; ++i) {
+        modes.push_back(out.blocks[i].reversible && spec.stages.modes == BlockModes::kRebuild
+                            ? BlockMode::kRebuild
+                            : BlockMode::kStore);
+      }
+    }
+  }
   STAGEWISE_ASSIGN_OR_RETURN(out.steps_per_epoch, data::StepsPerEpoch(spec));
   if (!spec.checkpoint.dir.empty()) {
     if (auto dir = ConfinePath("checkpoint.dir", spec.checkpoint.dir, checkpoint_roots);
@@ -55,7 +68,7 @@ v1::JobStatus InitialStatus(const Submission& submission, const std::string& own
   st.set_num_phases(static_cast<int>(phases.size()));
   st.set_phase(0);
   st.set_phase_name(phases.front().name);
-  st.set_num_stages(static_cast<int>(submission.ranges.size()));
+  st.set_num_stages(submission.cut.num_stages());
   st.set_num_replicas(spec.stages.replicas);
   if (spec.stages.chunks_per_worker > 1) st.set_chunks_per_worker(spec.stages.chunks_per_worker);
   st.set_total_steps(data::TotalSteps(spec, submission.steps_per_epoch));
@@ -65,51 +78,47 @@ v1::JobStatus InitialStatus(const Submission& submission, const std::string& own
   return st;
 }
 
-LiveJob MakeLiveJob(const v1::JobStatus& status, const JobSpec& spec, const std::string& yaml,
-                    const std::vector<models::BlockInfo>& blocks,
-                    const std::vector<std::pair<int, int>>& ranges) {
+LiveJob MakeLiveJob(const v1::JobStatus& status, const Submission& submission,
+                    const std::string& yaml) {
   LiveJob job;
   job.status = status;
-  job.spec = spec;
+  job.spec = submission.spec;
   job.yaml = yaml;
-  job.ranges = ranges;
-  const bool reversible = std::any_of(blocks.begin(), blocks.end(),
+  job.cut = submission.cut;
+  const JobSpec& spec = job.spec;
+  const bool reversible = std::any_of(submission.blocks.begin(), submission.blocks.end(),
                                       [](const models::BlockInfo& b) { return b.reversible; });
   // An auto partition, auto modes under a budget, backprop's schedule: auto,
-  // or transport's compression: auto need a profile first.
+  // delayed's max_in_flight: auto on links with latency, or transport's
+  // compression: auto need a profile first.
   const std::vector<PhaseSpec> phases = Phases(spec);  // a copy: Phases returns a temporary
   const auto* backprop = phases.front().algorithm.get_if<BackpropOptions>();
+  const auto* delayed = phases.front().algorithm.get_if<DelayedOptions>();
   job.needs_plan =
       spec.stages.partition == Partition::kAuto ||
       (reversible && spec.stages.modes == BlockModes::kAuto && spec.stages.memory_budget > 0) ||
       (backprop != nullptr && !backprop->schedule.has_value()) ||
+      (delayed != nullptr && delayed->max_in_flight == kAutoInFlight &&
+       spec.placement.link_rtt_ms > 0) ||
       spec.transport.forward.compression == Compression::kAuto ||
       spec.transport.backward.compression == Compression::kAuto;
-  if (!job.needs_plan && reversible && spec.stages.modes != BlockModes::kAuto) {
-    for (const auto& [b, e] : ranges) {
-      std::vector<BlockMode> modes;
-      for (int i = b; i < e; ++i) {
-        modes.push_back(blocks[i].reversible && spec.stages.modes == BlockModes::kRebuild
-                            ? BlockMode::kRebuild
-                            : BlockMode::kStore);
-      }
-      job.modes.push_back(std::move(modes));
-    }
-  }
+  // The plan chooses the modes: none fixed before it.
+  if (job.needs_plan) job.cut.modes.clear();
   return job;
 }
 
 std::string AutoWireText(const LiveJob& job) {
   const bool forward = job.spec.transport.forward.compression == Compression::kAuto;
   const bool backward = job.spec.transport.backward.compression == Compression::kAuto;
-  if ((!forward && !backward) || job.wire.empty()) return "";
+  if ((!forward && !backward) || job.cut.wire.empty()) return "";
   std::string out;
-  const int J = static_cast<int>(job.wire.size());
+  const int J = static_cast<int>(job.cut.wire.size());
   for (int j = 0; j < J; ++j) {
     std::string sends;
-    if (backward && j > 0) absl::StrAppend(&sends, "backward ", NameOf(job.wire[j].backward));
+    if (backward && j > 0) absl::StrAppend(&sends, "backward ", NameOf(job.cut.wire[j].backward));
     if (forward && j + 1 < J) {
-      absl::StrAppend(&sends, sends.empty() ? "" : ", ", "forward ", NameOf(job.wire[j].forward));
+      absl::StrAppend(&sends, sends.empty() ? "" : ", ", "forward ",
+                      NameOf(job.cut.wire[j].forward));
     }
     if (!sends.empty()) absl::StrAppend(&out, out.empty() ? "" : "; ", "stage ", j, " ", sends);
   }
@@ -125,27 +134,10 @@ absl::StatusOr<std::string> CutStages(LiveJob& job, int count) {
   stages.ranges.clear();
   using Ranges = std::vector<std::pair<int, int>>;
   STAGEWISE_ASSIGN_OR_RETURN(Ranges ranges, models::ResolvePartition(stages, blocks));
-  if (!job.modes.empty()) {
-    std::vector<BlockMode> by_block(blocks.size(), BlockMode::kStore);
-    for (size_t j = 0; j < job.ranges.size() && j < job.modes.size(); ++j) {
-      for (int b = job.ranges[j].first; b < job.ranges[j].second; ++b) {
-        const size_t i = static_cast<size_t>(b - job.ranges[j].first);
-        if (i < job.modes[j].size()) by_block[static_cast<size_t>(b)] = job.modes[j][i];
-      }
-    }
-    job.modes.clear();
-    for (const auto& [b, e] : ranges) {
-      job.modes.emplace_back(by_block.begin() + b, by_block.begin() + e);
-    }
-  }
-  job.ranges = std::move(ranges);
-  job.wire.clear();  // compression: auto was chosen for the old cut
+  // compression: auto and the in-flight depths were chosen for the old cut.
+  job.cut = job.cut.Recut(std::move(ranges));
   job.status.set_num_stages(count);
-  std::string cut;
-  for (const auto& [b, e] : job.ranges) {
-    absl::StrAppend(&cut, cut.empty() ? "" : " ", "[", b, ",", e, ")");
-  }
-  return cut;
+  return job.cut.Text();
 }
 
 absl::StatusOr<std::string> CutFewerStages(LiveJob& job, int count) {
@@ -173,7 +165,7 @@ v1::ResumePoint ResumeFor(const LiveJob& job, const checkpoint::Committed& from,
   // stage j's blocks.
   const v1::CheckpointManifest& m = from.manifest;
   const int j = slot % NumStages(job);
-  const auto [begin, end] = job.ranges[static_cast<size_t>(j)];
+  const auto [begin, end] = job.cut.ranges[static_cast<size_t>(j)];
   v1::ResumePoint r;
   r.set_step(m.step());
   r.set_phase(m.phase());
@@ -199,16 +191,6 @@ v1::ResumePoint ResumeFor(const LiveJob& job, const checkpoint::Committed& from,
   return r;
 }
 
-void SetPlanned(const LiveJob& job, v1::StageAssignment* a) {
-  a->set_schedule(planner::ToProto(job.schedule));
-  // The plan's choice for this cut (a cut made without a plan has none).
-  if (static_cast<int>(job.wire.size()) == NumStages(job) && a->stage() < NumStages(job)) {
-    a->set_forward_compression(planner::ToProto(job.wire[a->stage()].forward));
-    a->set_backward_compression(planner::ToProto(job.wire[a->stage()].backward));
-  }
-  a->set_replay(job.spec.recovery.replay);
-}
-
 std::vector<std::string> SlotWorkers(const LiveJob& job, const std::vector<std::string>& claimed) {
   const size_t v = static_cast<size_t>(ChunksPerWorker(job));
   if (v == 1) return claimed;
@@ -225,7 +207,7 @@ std::vector<std::string> SlotWorkers(const LiveJob& job, const std::vector<std::
 
 std::vector<std::string> DistinctWorkers(const LiveJob& job) {
   std::vector<std::string> out;
-  for (const std::string& w : job.run.workers) {
+  for (const std::string& w : job.attempt.workers) {
     if (std::find(out.begin(), out.end(), w) == out.end()) out.push_back(w);
   }
   return out;
@@ -237,32 +219,32 @@ absl::Duration StallLimit(const LiveJob& job) {
 }
 
 absl::Time StallDeadline(const LiveJob& job) {
-  if (job.status.state() != v1::RUNNING || job.run.progressed == absl::InfiniteFuture()) {
+  if (job.status.state() != v1::RUNNING || job.attempt.progressed == absl::InfiniteFuture()) {
     return absl::InfiniteFuture();
   }
-  return job.run.progressed + StallLimit(job);
+  return job.attempt.progressed + StallLimit(job);
 }
 
 void NoteProgress(LiveJob& job, int64_t step, absl::Time now) {
-  if (job.run.progressed == absl::InfiniteFuture()) return;  // not running
+  if (job.attempt.progressed == absl::InfiniteFuture()) return;  // not running
   if (step >= 0) {
-    if (step <= job.run.progressed_step) return;  // not a new step
-    const double seconds = absl::ToDoubleSeconds(now - job.run.progressed) /
-                           static_cast<double>(step - job.run.progressed_step);
+    if (step <= job.attempt.progressed_step) return;  // not a new step
+    const double seconds = absl::ToDoubleSeconds(now - job.attempt.progressed) /
+                           static_cast<double>(step - job.attempt.progressed_step);
     job.step_seconds.push_back(seconds);
     if (job.step_seconds.size() > LiveJob::kStepSamples) job.step_seconds.pop_front();
     std::vector<double> sorted(job.step_seconds.begin(), job.step_seconds.end());
     std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
     job.median_step_seconds = sorted[sorted.size() / 2];
-    job.run.progressed_step = step;
+    job.attempt.progressed_step = step;
   }
-  job.run.progressed = now;
+  job.attempt.progressed = now;
 }
 
 std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::MetricsReport& m,
                                       absl::Time now) {
   std::vector<MetricPoint> points;
-  if (job.run.workers.empty()) return points;
+  if (job.attempt.workers.empty()) return points;
   v1::JobStatus& st = job.status;
   const int64_t now_ms = absl::ToUnixMillis(now);
   const bool last_stage = stage == NumStages(job) - 1;
@@ -275,7 +257,7 @@ std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::Metrics
     }
     st.set_epoch(static_cast<int>(m.step() / data::StepsPerEpoch(job.spec).value_or(1)));
     st.set_train_loss(m.values().at("train_loss"));
-    const double seconds = absl::ToDoubleSeconds(now - job.run.started);
+    const double seconds = absl::ToDoubleSeconds(now - job.attempt.started);
     if (seconds > 0) {
       const int64_t from = job.resume ? job.resume->manifest.step() : 0;
       st.set_samples_per_second(static_cast<double>((m.step() - from) * job.spec.batch_size) /
@@ -287,9 +269,9 @@ std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::Metrics
   }
   if (last_stage && m.values().count("eval_accuracy")) {
     // One evaluation per step is progress: a repeated report is not.
-    if (m.step() > job.run.evaluated_step) {
+    if (m.step() > job.attempt.evaluated_step) {
       NoteProgress(job, -1, now);
-      job.run.evaluated_step = m.step();
+      job.attempt.evaluated_step = m.step();
     }
     st.set_eval_loss(m.values().count("eval_loss") ? m.values().at("eval_loss") : 0.0);
     st.set_eval_accuracy(m.values().at("eval_accuracy"));
@@ -301,14 +283,14 @@ std::vector<MetricPoint> ApplyMetrics(LiveJob& job, int stage, const v1::Metrics
 
 std::string SetPlacedReplicas(LiveJob& job) {
   const int J = std::max(1, NumStages(job));
-  job.run.replicas = std::max(1, static_cast<int>(job.run.workers.size()) / J);
-  job.status.set_num_replicas(job.run.replicas);
+  job.attempt.replicas = std::max(1, static_cast<int>(job.attempt.workers.size()) / J);
+  job.status.set_num_replicas(job.attempt.replicas);
   job.status.clear_replica_samples_per_second();
-  if (job.run.replicas >= SpecReplicas(job)) return "";
-  return absl::StrCat("recovery.elastic: this attempt runs ", job.run.replicas, " of ",
-                      SpecReplicas(job), " replicas of every stage (", job.run.workers.size(),
+  if (job.attempt.replicas >= SpecReplicas(job)) return "";
+  return absl::StrCat("recovery.elastic: this attempt runs ", job.attempt.replicas, " of ",
+                      SpecReplicas(job), " replicas of every stage (", job.attempt.workers.size(),
                       " workers were idle); the global batch stays ", job.spec.batch_size, ", ",
-                      job.spec.batch_size / job.run.replicas, " per replica");
+                      job.spec.batch_size / job.attempt.replicas, " per replica");
 }
 
 void ApplyReplicaMetrics(LiveJob& job, int stage, int replica, const v1::MetricsReport& m,
@@ -318,7 +300,7 @@ void ApplyReplicaMetrics(LiveJob& job, int stage, int replica, const v1::Metrics
       !m.values().count("train_loss")) {
     return;
   }
-  const double seconds = absl::ToDoubleSeconds(now - job.run.started);
+  const double seconds = absl::ToDoubleSeconds(now - job.attempt.started);
   if (seconds <= 0) return;
   const int64_t from = job.resume ? job.resume->manifest.step() : 0;
   auto* rates = job.status.mutable_replica_samples_per_second();
@@ -339,11 +321,14 @@ std::vector<MetricPoint> ApplyResult(LiveJob& job, int stage, const v1::StageRes
 
 absl::StatusOr<LiveJob> RestoreLiveJob(const JobRecord& record) {
   STAGEWISE_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(record.spec_yaml));
-  STAGEWISE_ASSIGN_OR_RETURN(std::vector<models::BlockInfo> blocks, models::PlanModel(spec.model));
-  STAGEWISE_ASSIGN_OR_RETURN(auto ranges, models::ResolvePartition(spec.stages, blocks));
-  LiveJob job = MakeLiveJob(record.status, spec, record.spec_yaml, blocks, ranges);
+  Submission submission;
+  submission.spec = std::move(spec);
+  STAGEWISE_ASSIGN_OR_RETURN(submission.blocks, models::PlanModel(submission.spec.model));
+  STAGEWISE_ASSIGN_OR_RETURN(submission.cut.ranges,
+                             models::ResolvePartition(submission.spec.stages, submission.blocks));
+  LiveJob job = MakeLiveJob(record.status, submission, record.spec_yaml);
   job.used = ReadUse(record.status.summary());
-  job.attempt = record.status.attempt();
+  job.attempt_number = record.status.attempt();
   for (const v1::JobAttempt& a : record.status.attempts()) {
     job.max_step = std::max(job.max_step, a.reached_step());
   }

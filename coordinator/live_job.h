@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/cut.h"
 #include "coordinator/goodput.h"
 #include "coordinator/store.h"
 #include "services/checkpoint/checkpoint.h"
@@ -43,9 +44,7 @@ struct Handover {
   bool wait_unbounded = false;
   // Rebalancing (coordinator/rebalancer.h): the cut the next attempt takes.
   struct Recut {
-    std::vector<std::pair<int, int>> ranges;
-    std::vector<std::vector<BlockMode>> modes;
-    std::vector<WireChoice> wire;
+    Cut cut;
     std::vector<std::pair<std::string, double>> summary;  // the new plan's plan.* entries
   };
   std::optional<Recut> recut;
@@ -53,7 +52,7 @@ struct Handover {
 
 // Everything that lives and dies with one attempt of a job: from its
 // placement (the workers) to its end. Ending an attempt drops it
-// (`job.run = {}`); nothing of it is reset field by field.
+// (`job.attempt = {}`); nothing of it is reset field by field.
 struct Attempt {
   std::vector<std::string> workers;  // by slot, once placed
   // Replicas of every stage: stages.replicas, or fewer when
@@ -113,30 +112,24 @@ struct Attempt {
 };
 
 // A live job: its record (status, spec, the cut and plan the next attempt
-// takes, what outlives every attempt) plus its running attempt (`run`).
+// takes, what outlives every attempt) plus its running attempt (`attempt`).
 struct LiveJob {
   v1::JobStatus status;  // the latest status (the store has it once flushed)
   JobSpec spec;
   std::string yaml;
-  std::vector<std::pair<int, int>> ranges;  // the cut: the running or next attempt's
-  // The planner (PROFILING): a worker profiles the model, then ranges and
-  // block modes come from the plan.
+  // The cut the running or next attempt takes (ranges, modes, and what the
+  // plan chose: schedule, wire formats, in-flight depths).
+  Cut cut;
+  // The planner (PROFILING): a worker profiles the model, then the cut
+  // comes from the plan.
   bool needs_plan = false;
   bool planned = false;
-  std::vector<std::vector<BlockMode>> modes;  // per stage, per block; empty = default
-  // backprop's schedule: auto as planned (StageAssignment.schedule); empty
-  // when nothing was chosen.
-  std::optional<PipelineSchedule> schedule;
-  // transport's `compression: auto`: per stage, the formats the plan chose
-  // (StageAssignment.forward_compression / backward_compression); empty
-  // when nothing was chosen, or the cut changed without a plan.
-  std::vector<WireChoice> wire;
   // placement.per_worker_profiles, while PROFILING: each worker's profile
   // so far (worker id -> ProfileResult); the plan waits for all of them.
   // They outlive attempts: rebalancing re-plans on them.
   std::map<std::string, v1::ProfileResult> profiles;
   // Fault tolerance (docs/fault_tolerance.md).
-  int attempt = 0;  // mirrors status.attempt; events of other attempts are dropped
+  int attempt_number = 0;  // mirrors status.attempt; events of other attempts are dropped
   absl::Time recovery_deadline = absl::InfiniteFuture();  // RECOVERING: fail after
   absl::Time attempt_ended = absl::InfinitePast();        // for the recovery time
   int64_t max_step = 0;                                   // the furthest step any attempt reached
@@ -159,16 +152,16 @@ struct LiveJob {
   WorkerSecondsByUse used;
   absl::Time queued_since = absl::InfiniteFuture();
   // The running attempt (empty while PENDING or RECOVERING).
-  Attempt run;
+  Attempt attempt;
 };
 
 // Replicated stages (stages.replicas, docs/replicas.md): `workers` holds
 // J x R workers by slot, replica r's stage j at r * J + j, so that replica 0
 // is the first J (R = 1: by stage, as before).
-inline int NumStages(const LiveJob& job) { return static_cast<int>(job.ranges.size()); }
+inline int NumStages(const LiveJob& job) { return job.cut.num_stages(); }
 inline int SpecReplicas(const LiveJob& job) { return std::max(1, job.spec.stages.replicas); }
 inline int NumReplicas(const LiveJob& job) {
-  return job.run.replicas > 0 ? job.run.replicas : SpecReplicas(job);
+  return job.attempt.replicas > 0 ? job.attempt.replicas : SpecReplicas(job);
 }
 // recovery.elastic: the replica counts below the spec's a recovering job may
 // run with, most first; each divides batch_size so every replica keeps an
@@ -187,7 +180,7 @@ inline std::vector<int> ElasticReplicaCounts(const LiveJob& job) {
 inline std::vector<int> FewerStageCounts(const LiveJob& job) {
   std::vector<int> counts;
   if (!job.fewer_stages) return counts;
-  for (int s = static_cast<int>(job.ranges.size()) - 1; s >= job.spec.recovery.min_stages; --s) {
+  for (int s = NumStages(job) - 1; s >= job.spec.recovery.min_stages; --s) {
     if (s >= 1) counts.push_back(s);
   }
   return counts;
@@ -221,13 +214,10 @@ std::vector<std::string> PlacementLabels(const JobSpec& spec);
 // Where stage slot `slot` resumes from the committed checkpoint `from`: its
 // own shard, or on another cut every shard holding some of its blocks.
 v1::ResumePoint ResumeFor(const LiveJob& job, const checkpoint::Committed& from, int slot);
-// What the plan chose for the assignment's stage (schedule, wire formats),
-// and recovery.replay.
-void SetPlanned(const LiveJob& job, v1::StageAssignment* a);
 // The claimed workers (J x R distinct ones, replica r's j-th at r * J + j)
 // spread over the slots: slot r * S + s is claimed[r * J + s % J].
 std::vector<std::string> SlotWorkers(const LiveJob& job, const std::vector<std::string>& claimed);
-// Every worker of `job.run.workers` once, in slot order: where a command goes to
+// Every worker of `job.attempt.workers` once, in slot order: where a command goes to
 // a worker rather than to a stage (start, stop).
 std::vector<std::string> DistinctWorkers(const LiveJob& job);
 
@@ -247,7 +237,9 @@ void NoteProgress(LiveJob& job, int64_t step, absl::Time now);
 struct Submission {
   JobSpec spec;
   std::vector<models::BlockInfo> blocks;
-  std::vector<std::pair<int, int>> ranges;
+  // The spec's partition resolved, with the block modes it fixes (none
+  // while the plan is to choose them).
+  Cut cut;
   int64_t steps_per_epoch = 0;
 };
 absl::StatusOr<Submission> PrepareSubmission(JobSpec spec, const PathRoots& checkpoint_roots);
@@ -255,10 +247,9 @@ absl::StatusOr<Submission> PrepareSubmission(JobSpec spec, const PathRoots& chec
 // The PENDING status a prepared submission starts with (no id yet).
 v1::JobStatus InitialStatus(const Submission& submission, const std::string& owner);
 
-// A new live job; needs_plan and the fixed block modes follow from the spec.
-LiveJob MakeLiveJob(const v1::JobStatus& status, const JobSpec& spec, const std::string& yaml,
-                    const std::vector<models::BlockInfo>& blocks,
-                    const std::vector<std::pair<int, int>>& ranges);
+// A new live job on the submission's cut; needs_plan follows from the spec.
+LiveJob MakeLiveJob(const v1::JobStatus& status, const Submission& submission,
+                    const std::string& yaml);
 
 // A stage's MetricsReport applied to the job's status: the last stage's
 // training loss moves the step, epoch, reached step and throughput, any

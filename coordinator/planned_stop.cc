@@ -13,36 +13,37 @@ namespace stagewise::coordinator {
 bool PlannedStops::Begin(const std::string& job_id, LiveJob& job, const std::string& reason,
                          v1::EndCause cause, Handover handover, std::string for_job) {
   if (job.status.state() != v1::RUNNING || job.spec.checkpoint.dir.empty() ||
-      job.run.planned_stop || job.run.workers.empty()) {
+      job.attempt.planned_stop || job.attempt.workers.empty()) {
     return false;
   }
-  job.run.planned_stop = Attempt::PlannedStop{
+  job.attempt.planned_stop = Attempt::PlannedStop{
       reason, cause, std::move(handover), -1, absl::Now() + kTimeout, std::move(for_job)};
   v1::Command command;
   v1::CheckpointCommand* c = command.mutable_checkpoint_soon();
   c->set_job_id(job_id);
-  c->set_attempt(job.attempt);
+  c->set_attempt(job.attempt_number);
   c->set_reason(reason);
-  host_->Send(job.run.workers.front(), std::move(command));  // slot 0: stage 0, replica 0
+  host_->Send(job.attempt.workers.front(), std::move(command));  // slot 0: stage 0, replica 0
   host_->UpdateProgress(
       job, absl::StrCat(reason, ": checkpointing at the next step boundary, then resuming"), {});
   return true;
 }
 
 void PlannedStops::OnPlanned(LiveJob& job, int64_t step) {
-  if (!job.run.planned_stop || job.run.planned_stop->step >= 0) return;
-  job.run.planned_stop->step = step;
+  if (!job.attempt.planned_stop || job.attempt.planned_stop->step >= 0) return;
+  job.attempt.planned_stop->step = step;
   host_->UpdateProgress(
-      job, absl::StrCat(job.run.planned_stop->reason, ": the job checkpoints at step ", step), {});
+      job, absl::StrCat(job.attempt.planned_stop->reason, ": the job checkpoints at step ", step),
+      {});
 }
 
 void PlannedStops::OnCommitted(const std::string& job_id, LiveJob& job) {
-  if (!job.run.planned_stop || job.run.planned_stop->step < 0 ||
-      job.status.last_checkpoint_step() < job.run.planned_stop->step) {
+  if (!job.attempt.planned_stop || job.attempt.planned_stop->step < 0 ||
+      job.status.last_checkpoint_step() < job.attempt.planned_stop->step) {
     return;
   }
-  const Attempt::PlannedStop stop = std::move(*job.run.planned_stop);
-  job.run.planned_stop.reset();
+  const Attempt::PlannedStop stop = std::move(*job.attempt.planned_stop);
+  job.attempt.planned_stop.reset();
   job.next = stop.handover;
   // The steps the job reached past the checkpoint are redone: its cost.
   const int64_t past = std::max<int64_t>(0, job.status.step() - job.status.last_checkpoint_step());
@@ -62,12 +63,12 @@ void PlannedStops::OnCommitted(const std::string& job_id, LiveJob& job) {
 void PlannedStops::CheckDeadlines(absl::Time now) {
   for (const std::string& id : host_->LiveJobIds()) {
     LiveJob& job = *host_->FindJob(id);
-    if (!job.run.planned_stop || now < job.run.planned_stop->deadline) continue;
+    if (!job.attempt.planned_stop || now < job.attempt.planned_stop->deadline) continue;
     STAGEWISE_LOG(WARNING) << "job " << id << ": the checkpoint planned for \""
-                           << job.run.planned_stop->reason << "\" was not committed within "
+                           << job.attempt.planned_stop->reason << "\" was not committed within "
                            << kTimeout << "; going on without it";
-    const std::string reason = job.run.planned_stop->reason;
-    job.run.planned_stop.reset();
+    const std::string reason = job.attempt.planned_stop->reason;
+    job.attempt.planned_stop.reset();
     host_->UpdateProgress(
         job, absl::StrCat(reason, ": no checkpoint within ", absl::FormatDuration(kTimeout)), {});
   }

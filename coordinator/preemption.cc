@@ -46,8 +46,8 @@ std::vector<Preemptor::Victim> Preemptor::Candidates(int rank,
   for (const std::string& id : host_->LiveJobIds()) {
     const LiveJob& job = *host_->FindJob(id);
     const int job_rank = RankOfJob(*config_, job);
-    if (job_rank <= rank || job.status.state() != v1::RUNNING || job.run.planned_stop ||
-        job.spec.checkpoint.dir.empty() || job.run.replacement) {
+    if (job_rank <= rank || job.status.state() != v1::RUNNING || job.attempt.planned_stop ||
+        job.spec.checkpoint.dir.empty() || job.attempt.replacement) {
       continue;
     }
     const std::vector<std::string> workers = DistinctWorkers(job);
@@ -57,7 +57,7 @@ std::vector<Preemptor::Victim> Preemptor::Candidates(int rank,
       if (info && HasLabels(*info, labels)) ++matching;
     }
     const int frees = Frees(job, matching);
-    if (frees > 0) victims.push_back({id, job_rank, job.run.started, frees});
+    if (frees > 0) victims.push_back({id, job_rank, job.attempt.started, frees});
   }
   std::sort(victims.begin(), victims.end(), [](const Victim& a, const Victim& b) {
     if (a.rank != b.rank) return a.rank > b.rank;
@@ -71,7 +71,7 @@ int Preemptor::Freeing(const std::string& job_id) {
   int freeing = 0;
   for (const std::string& id : host_->LiveJobIds()) {
     const LiveJob& job = *host_->FindJob(id);
-    if (job.run.planned_stop && job.run.planned_stop->for_job == job_id) {
+    if (job.attempt.planned_stop && job.attempt.planned_stop->for_job == job_id) {
       freeing += Frees(job, static_cast<int>(DistinctWorkers(job).size()));
     }
   }

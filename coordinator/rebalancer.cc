@@ -22,13 +22,6 @@ double Planned(const LiveJob& job, int j) {
   return it == summary.end() ? 0 : it->second;
 }
 
-std::string CutText(const std::vector<std::pair<int, int>>& ranges) {
-  std::string cut;
-  for (const auto& [b, e] : ranges)
-    absl::StrAppend(&cut, cut.empty() ? "" : " ", "[", b, ",", e, ")");
-  return cut;
-}
-
 }  // namespace
 
 void Rebalancer::OnComputeTime(const std::string& job_id, LiveJob& job, int stage, int64_t step,
@@ -37,15 +30,16 @@ void Rebalancer::OnComputeTime(const std::string& job_id, LiveJob& job, int stag
   if (r.threshold <= 0 || job.status.state() != v1::RUNNING) return;
   const int J = NumStages(job);
   if (stage < 0 || stage >= J) return;
-  if (static_cast<int>(job.run.stage_compute.size()) != J) job.run.stage_compute.assign(J, {});
-  auto& samples = job.run.stage_compute[stage];
+  if (static_cast<int>(job.attempt.stage_compute.size()) != J)
+    job.attempt.stage_compute.assign(J, {});
+  auto& samples = job.attempt.stage_compute[stage];
   if (!samples.empty() && step <= samples.back().first) return;  // no step since
   samples.emplace_back(step, compute_seconds);
   while (samples.size() > kSamples) samples.pop_front();
   // Each stage's pace (compute seconds per mini-batch) over its plan.
   std::vector<double> over(J, 0);
   for (int j = 0; j < J; ++j) {
-    const auto& s = job.run.stage_compute[j];
+    const auto& s = job.attempt.stage_compute[j];
     const double planned = Planned(job, j);
     if (s.size() < 2 || planned <= 0) return;
     const double pace = (s.back().second - s.front().second) /
@@ -60,11 +54,11 @@ void Rebalancer::OnComputeTime(const std::string& job_id, LiveJob& job, int stag
   const double worst = sorted.back();
   const int64_t at = job.status.step();
   if (median <= 0 || worst < (1 + r.threshold) * median) {
-    job.run.imbalanced_since = -1;
+    job.attempt.imbalanced_since = -1;
     return;
   }
-  if (job.run.imbalanced_since < 0) job.run.imbalanced_since = at;
-  if (at - job.run.imbalanced_since < r.window_steps || job.run.planned_stop) return;
+  if (job.attempt.imbalanced_since < 0) job.attempt.imbalanced_since = at;
+  if (at - job.attempt.imbalanced_since < r.window_steps || job.attempt.planned_stop) return;
   while (!job.rebalanced_at.empty() && now - job.rebalanced_at.front() > absl::Hours(1)) {
     job.rebalanced_at.pop_front();
   }
@@ -80,14 +74,14 @@ void Rebalancer::Replan(const std::string& job_id, LiveJob& job,
   const double threshold = job.spec.rebalance.threshold;
   auto give_up = [&](const std::string& why) {
     // Not now: look again after another window.
-    job.run.imbalanced_since = job.status.step();
+    job.attempt.imbalanced_since = job.status.step();
     STAGEWISE_LOG(WARNING) << "job " << job_id << ": not rebalancing: " << why;
     host_->UpdateProgress(job, absl::StrCat("not rebalancing: ", why), {});
   };
   // Each worker's profile, its times scaled by how much slower it measures.
   std::map<std::string, v1::ProfileResult> scaled;
-  for (int j = 0; j < J && j < static_cast<int>(job.run.workers.size()); ++j) {
-    const std::string& worker = job.run.workers[j];
+  for (int j = 0; j < J && j < static_cast<int>(job.attempt.workers.size()); ++j) {
+    const std::string& worker = job.attempt.workers[j];
     const auto it = job.profiles.find(worker);
     if (it == job.profiles.end()) return give_up(absl::StrCat("no profile of worker ", worker));
     absl::StatusOr<planner::ModelProfile> p = planner::ProfileFromProto(it->second.profile());
@@ -104,7 +98,7 @@ void Rebalancer::Replan(const std::string& job_id, LiveJob& job,
   }
   if (scaled.empty()) return give_up("the job has no workers");
   absl::StatusOr<Scheduler::PlannedStages> plan = scheduler_->PlanFromProfile(
-      job.spec, job.ranges, scaled.begin()->second, job.run.workers, &scaled);
+      job.spec, job.cut.ranges, scaled.begin()->second, job.attempt.workers, &scaled);
   if (!plan.ok()) return give_up(std::string(plan.status().message()));
   // The slowest stage of the current cut at the measured speeds, against the
   // new cut's (the plan's units).
@@ -122,22 +116,23 @@ void Rebalancer::Replan(const std::string& job_id, LiveJob& job,
       planned = std::max(planned, value);
     }
   }
-  if (plan->ranges == job.ranges || planned <= 0 || planned * (1 + threshold / 2) > current) {
+  if (plan->cut.ranges == job.cut.ranges || planned <= 0 ||
+      planned * (1 + threshold / 2) > current) {
     return give_up(absl::StrFormat("no cut is %.0f%% faster at the measured speeds (%s: %.2fx)",
-                                   threshold * 50, CutText(plan->ranges),
+                                   threshold * 50, plan->cut.Text(),
                                    planned > 0 ? current / planned : 0.0));
   }
   const std::string reason = absl::StrFormat(
       "rebalance: stage %d (worker %s) runs %.2fx its plan against the other stages; the cut %s "
       "predicts %.2fx the speed",
-      slowest, job.run.workers[slowest], slowdown[slowest], CutText(plan->ranges),
+      slowest, job.attempt.workers[slowest], slowdown[slowest], plan->cut.Text(),
       current / planned);
   Handover handover;
-  handover.recut = Handover::Recut{plan->ranges, plan->modes, plan->wire, plan->summary};
+  handover.recut = Handover::Recut{plan->cut, plan->summary};
   if (!planned_->Begin(job_id, job, reason, v1::END_CAUSE_REBALANCE, std::move(handover))) return;
   STAGEWISE_LOG(INFO) << "job " << job_id << ": " << reason;
   job.rebalanced_at.push_back(now);
-  job.run.imbalanced_since = -1;
+  job.attempt.imbalanced_since = -1;
 }
 
 }  // namespace stagewise::coordinator

@@ -313,7 +313,7 @@ absl::StatusOr<Scheduler::PlannedStages> Scheduler::PlanFromProfile(
   if (options.algorithm == AlgorithmKind::kBackprop && !options.schedule.has_value()) {
     auto choice = planner::ChooseSchedule(*profile, options);
     if (choice.ok()) {
-      out.schedule = choice->schedule;
+      out.cut.schedule = choice->schedule;
       for (const auto& [s, seconds] : choice->tried) {
         // plan.schedule.zb_h1 = its predicted seconds per mini-batch (-1: did not fit)
         out.summary.emplace_back(
@@ -330,22 +330,27 @@ absl::StatusOr<Scheduler::PlannedStages> Scheduler::PlanFromProfile(
     return absl::Status(plan.status().code(), absl::StrCat("plan: ", plan.status().message()));
   }
   for (const planner::StagePlan& s : plan->stages) {
-    out.ranges.emplace_back(s.begin, s.end);
+    out.cut.ranges.emplace_back(s.begin, s.end);
     std::vector<BlockMode> modes;
     for (int i = s.begin; i < s.end; ++i) {
       modes.push_back(s.store[i - s.begin] ? BlockMode::kStore : BlockMode::kRebuild);
     }
-    out.modes.push_back(std::move(modes));
-    out.wire.push_back({s.estimate.forward_wire, s.estimate.backward_wire});
+    out.cut.modes.push_back(std::move(modes));
+    out.cut.wire.push_back({s.estimate.forward_wire, s.estimate.backward_wire});
+    if (options.algorithm == AlgorithmKind::kDelayed && options.max_in_flight == kAutoInFlight) {
+      out.cut.max_in_flight.push_back(s.role.inflight);
+    }
   }
   for (auto& entry : planner::PlanSummary(*plan)) out.summary.push_back(std::move(entry));
   return out;
 }
 
-std::vector<v1::Command> Scheduler::StageAssignments(
-    const std::string& job_id, const std::string& job_spec_yaml,
-    const std::vector<std::string>& workers, const std::vector<std::pair<int, int>>& ranges,
-    const std::vector<std::vector<BlockMode>>& modes, int replicas) const {
+std::vector<v1::Command> Scheduler::StageAssignments(const std::string& job_id,
+                                                     const std::string& job_spec_yaml,
+                                                     const std::vector<std::string>& workers,
+                                                     const Cut& cut, int replicas) const {
+  const std::vector<std::pair<int, int>>& ranges = cut.ranges;
+  const std::vector<std::vector<BlockMode>>& modes = cut.modes;
   std::vector<v1::Command> out;
   // Workers by slot: replica r's stage j at r * J + j.
   const size_t R = static_cast<size_t>(std::max(1, replicas));
@@ -377,6 +382,13 @@ std::vector<v1::Command> Scheduler::StageAssignments(
     if (j < modes.size()) {
       for (BlockMode m : modes[j]) a->add_block_modes(planner::ToProto(m));
     }
+    a->set_schedule(planner::ToProto(cut.schedule));
+    // The plan's choices for this cut (a cut made without a plan has none).
+    if (cut.wire.size() == J) {
+      a->set_forward_compression(planner::ToProto(cut.wire[j].forward));
+      a->set_backward_compression(planner::ToProto(cut.wire[j].backward));
+    }
+    if (cut.max_in_flight.size() == J) a->set_max_in_flight(cut.max_in_flight[j]);
     out.push_back(std::move(c));
   }
   return out;

@@ -33,6 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/cut.h"
 #include "coordinator/owner_usage.h"
 #include "coordinator/worker_registry.h"
 #include "services/spec/job_spec.h"
@@ -123,14 +124,11 @@ class Scheduler {
   // Stage ranges and block modes from a worker's profile, and the plan as
   // JobStatus.summary entries (planner::PlanSummary).
   struct PlannedStages {
-    std::vector<std::pair<int, int>> ranges;
-    std::vector<std::vector<BlockMode>> modes;  // per stage, per block
+    // Ranges and modes per stage; backprop's schedule: auto: the planner's
+    // pick; per stage the formats it sends with (transport's `compression:
+    // auto` resolved by the plan; fixed directions as the spec says).
+    Cut cut;
     std::vector<std::pair<std::string, double>> summary;
-    // backprop's schedule: auto: the planner's pick, else empty.
-    std::optional<PipelineSchedule> schedule = {};
-    // Per stage, the formats it sends with (transport's `compression: auto`
-    // resolved by the plan; fixed directions as the spec says).
-    std::vector<WireChoice> wire = {};
   };
   // Caps: stages.memory_budget, else every worker's --memory-bytes when all
   // of them report one. `ranges`: the job's resolved partition, kept unless
@@ -145,12 +143,11 @@ class Scheduler {
   // Every stage's StageAssignment (command ids unset), one per worker: with
   // `replicas` R, workers by slot (replica r's stage j at r * J + j, J =
   // workers / R), each pointing at the next stage of its own replica and
-  // naming the certificate identities of its neighbours.
+  // naming the certificate identities of its neighbours; each carries its
+  // stage's part of `cut` (blocks, modes, and what the plan chose).
   std::vector<v1::Command> StageAssignments(const std::string& job_id,
                                             const std::string& job_spec_yaml,
-                                            const std::vector<std::string>& workers,
-                                            const std::vector<std::pair<int, int>>& ranges,
-                                            const std::vector<std::vector<BlockMode>>& modes,
+                                            const std::vector<std::string>& workers, const Cut& cut,
                                             int replicas = 1) const;
 
  private:

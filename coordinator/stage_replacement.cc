@@ -21,8 +21,8 @@ std::optional<v1::ResumePoint> StageReplacer::ResumeFrom(const std::string& job_
     // The attempt's own cut: the survivors kept what they sent since.
     bool same_cut = c.manifest.shards_size() == NumStages(job);
     for (int j = 0; same_cut && j < NumStages(job); ++j) {
-      same_cut = c.manifest.shards(j).block_begin() == job.ranges[j].first &&
-                 c.manifest.shards(j).block_end() == job.ranges[j].second;
+      same_cut = c.manifest.shards(j).block_begin() == job.cut.ranges[j].first &&
+                 c.manifest.shards(j).block_end() == job.cut.ranges[j].second;
     }
     if (same_cut) {
       from = ResumeFor(job, c, slot);
@@ -31,7 +31,7 @@ std::optional<v1::ResumePoint> StageReplacer::ResumeFrom(const std::string& job_
   }
   // A newer shard of its own whose checkpoint waits for the other stages':
   // the survivors kept everything since the committed one.
-  for (auto it = job.run.shards.rbegin(); it != job.run.shards.rend(); ++it) {
+  for (auto it = job.attempt.shards.rbegin(); it != job.attempt.shards.rend(); ++it) {
     const auto own = it->second.find(slot);
     if (own == it->second.end() || (from && it->first <= from->step())) continue;
     const v1::CheckpointSaved& saved = own->second;
@@ -50,13 +50,13 @@ std::optional<v1::ResumePoint> StageReplacer::ResumeFrom(const std::string& job_
 
 bool StageReplacer::TryReplace(const std::string& job_id, LiveJob& job,
                                const std::string& lost_worker, const std::string& why) {
-  if (!job.spec.recovery.replay || job.status.state() != v1::RUNNING || job.run.replacement ||
+  if (!job.spec.recovery.replay || job.status.state() != v1::RUNNING || job.attempt.replacement ||
       ChunksPerWorker(job) != 1 || job.status.attempts_size() == 0) {
     return false;
   }
   int slot = -1;
-  for (int s = 0; s < static_cast<int>(job.run.workers.size()); ++s) {
-    if (job.run.workers[s] == lost_worker) slot = s;
+  for (int s = 0; s < static_cast<int>(job.attempt.workers.size()); ++s) {
+    if (job.attempt.workers[s] == lost_worker) slot = s;
   }
   if (slot < 0) return false;
   const int stages = NumStages(job), stage = slot % stages, replica = slot / stages;
@@ -72,7 +72,7 @@ bool StageReplacer::TryReplace(const std::string& job_id, LiveJob& job,
   }
   std::set<std::string> taken;
   if (job.spec.placement.distinct_identities) {
-    for (const std::string& w : job.run.workers) {
+    for (const std::string& w : job.attempt.workers) {
       if (w != lost_worker) taken.insert(registry_->Identity(w));
     }
     taken.erase("");
@@ -87,22 +87,22 @@ bool StageReplacer::TryReplace(const std::string& job_id, LiveJob& job,
         {});
     return false;
   }
-  job.run.workers[slot] = spare;
+  job.attempt.workers[slot] = spare;
   std::vector<v1::Command> commands = scheduler_->StageAssignments(
-      job_id, job.yaml, job.run.workers, job.ranges, job.modes, NumReplicas(job));
+      job_id, job.yaml, job.attempt.workers, job.cut, NumReplicas(job));
   v1::Command configure = std::move(commands[slot]);
   v1::StageAssignment& a = *configure.mutable_configure();
-  SetPlanned(job, &a);
-  a.set_attempt(job.attempt);
+  a.set_replay(job.spec.recovery.replay);
+  a.set_attempt(job.attempt_number);
   a.set_replacing(true);
   if (from) *a.mutable_resume() = *from;
   configure.set_command_id(host_->NewCommandId());
   std::vector<v1::Command> regroups;
   if (source >= 0) {
-    const int generation = ++job.run.replica_generations[stage];
+    const int generation = ++job.attempt.replica_generations[stage];
     const std::string token = absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(bitgen_),
                                               absl::Uniform<uint64_t>(bitgen_));
-    const std::string& from_worker = job.run.workers[SlotOf(job, stage, source)];
+    const std::string& from_worker = job.attempt.workers[SlotOf(job, stage, source)];
     const std::optional<v1::WorkerInfo> info = registry_->Info(from_worker);
     v1::ReplicaSource* rs = a.mutable_replica_source();
     rs->set_address(info ? info->address() : "");
@@ -116,7 +116,7 @@ bool StageReplacer::TryReplace(const std::string& job_id, LiveJob& job,
       command.set_command_id(host_->NewCommandId());
       v1::ReplicaRegroup* g = command.mutable_replica_regroup();
       g->set_job_id(job_id);
-      g->set_attempt(job.attempt);
+      g->set_attempt(job.attempt_number);
       g->set_stage(stage);
       g->set_generation(generation);
       g->set_source_replica(source);
@@ -130,7 +130,7 @@ bool StageReplacer::TryReplace(const std::string& job_id, LiveJob& job,
   r.configure_id = configure.command_id();
   r.lost = absl::Now();
   r.job_step = job.status.step();
-  job.run.replacement = r;
+  job.attempt.replacement = r;
   v1::JobAttempt* attempt = job.status.mutable_attempts(job.status.attempts_size() - 1);
   if (slot < attempt->workers_size()) attempt->set_workers(slot, spare);
   v1::StageReplacement* entry = attempt->add_replacements();
@@ -159,7 +159,7 @@ bool StageReplacer::TryReplace(const std::string& job_id, LiveJob& job,
   host_->Send(spare, std::move(configure));
   for (int other = 0, i = 0; other < NumReplicas(job); ++other) {
     if (other == replica) continue;
-    host_->Send(job.run.workers[SlotOf(job, stage, other)], std::move(regroups[i++]));
+    host_->Send(job.attempt.workers[SlotOf(job, stage, other)], std::move(regroups[i++]));
   }
   return true;
 }
@@ -167,8 +167,8 @@ bool StageReplacer::TryReplace(const std::string& job_id, LiveJob& job,
 bool StageReplacer::OnAck(int64_t command_id, const std::string& sender) {
   for (const std::string& id : host_->LiveJobIds()) {
     LiveJob& job = *host_->FindJob(id);
-    if (!job.run.replacement) continue;
-    Attempt::Replacement& r = *job.run.replacement;
+    if (!job.attempt.replacement) continue;
+    Attempt::Replacement& r = *job.attempt.replacement;
     if (command_id == r.configure_id && sender == r.worker) {
       // The spare holds the stage: its neighbours reconnect to it.
       const std::optional<v1::WorkerInfo> info = registry_->Info(r.worker);
@@ -180,12 +180,12 @@ bool StageReplacer::OnAck(int64_t command_id, const std::string& sender) {
         command.set_command_id(host_->NewCommandId());
         v1::NeighbourReplaced* n = command.mutable_neighbour_replaced();
         n->set_job_id(id);
-        n->set_attempt(job.attempt);
+        n->set_attempt(job.attempt_number);
         n->set_stage(stage);
         n->set_address(info ? info->address() : "");
         n->set_identity(registry_->Identity(r.worker));
         r.neighbour_acks.insert(command.command_id());
-        host_->Send(job.run.workers[r.slot - stage + neighbour], std::move(command));
+        host_->Send(job.attempt.workers[r.slot - stage + neighbour], std::move(command));
       }
     } else if (r.neighbour_acks.erase(command_id) == 0) {
       continue;
@@ -233,12 +233,12 @@ void StageReplacer::OnReplayDone(LiveJob& job, int stage, const v1::ReplayDone& 
 }
 
 void StageReplacer::OnProgress(LiveJob& job) {
-  if (!job.run.replacement || !job.run.replacement->started ||
-      job.status.step() <= job.run.replacement->job_step) {
+  if (!job.attempt.replacement || !job.attempt.replacement->started ||
+      job.status.step() <= job.attempt.replacement->job_step) {
     return;
   }
-  const Attempt::Replacement r = *job.run.replacement;
-  job.run.replacement.reset();
+  const Attempt::Replacement r = *job.attempt.replacement;
+  job.attempt.replacement.reset();
   const double seconds = absl::ToDoubleSeconds(absl::Now() - r.lost);
   const int stage = r.slot % NumStages(job);
   if (v1::StageReplacement* entry = Entry(job, stage)) entry->set_full_speed_seconds(seconds);

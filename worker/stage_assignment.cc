@@ -45,20 +45,41 @@ absl::StatusOr<std::optional<PipelineSchedule>> ScheduleOf(const v1::StageAssign
   return planner::ScheduleFromProto(assignment.schedule(), "StageAssignment.schedule");
 }
 
-absl::Status ResolveAutoWire(const v1::StageAssignment& assignment, TransportSpec* transport) {
+EncodeOptions WireOptions(const TransportSpec& transport, int64_t seed, bool to_next) {
+  const WireFormatSpec& format = to_next ? transport.forward : transport.backward;
+  EncodeOptions options;
+  options.compression = planner::ToProto(format.compression);  // auto: none
+  options.block_size = format.block;
+  options.rotate = format.rotate;
+  // Each job draws its own signs (the receiver reads the seed from the message).
+  options.rotation_seed = kDefaultRotationSeed ^ static_cast<uint64_t>(seed);
+  return options;
+}
+
+absl::StatusOr<ResolvedStage> ResolveStage(const v1::StageAssignment& assignment,
+                                           const JobSpec& spec) {
   STAGEWISE_ASSIGN_OR_RETURN(const Compression forward,
                              planner::CompressionFromProto(assignment.forward_compression(),
                                                            "StageAssignment.forward_compression"));
   STAGEWISE_ASSIGN_OR_RETURN(const Compression backward,
                              planner::CompressionFromProto(assignment.backward_compression(),
                                                            "StageAssignment.backward_compression"));
-  if (transport->forward.compression == Compression::kAuto) {
-    transport->forward.compression = forward;
+  if (assignment.max_in_flight() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "StageAssignment.max_in_flight: ", assignment.max_in_flight(), " is negative"));
   }
-  if (transport->backward.compression == Compression::kAuto) {
-    transport->backward.compression = backward;
+  ResolvedStage out;
+  TransportSpec transport = spec.transport;
+  if (transport.forward.compression == Compression::kAuto) transport.forward.compression = forward;
+  if (transport.backward.compression == Compression::kAuto) {
+    transport.backward.compression = backward;
   }
-  return absl::OkStatus();
+  out.to_next = WireOptions(transport, spec.seed, /*to_next=*/true);
+  out.to_prev = WireOptions(transport, spec.seed, /*to_next=*/false);
+  out.in_flight = assignment.max_in_flight();
+  STAGEWISE_ASSIGN_OR_RETURN(out.schedule, ScheduleOf(assignment));
+  STAGEWISE_ASSIGN_OR_RETURN(out.block_modes, BlockModesOf(assignment));
+  return out;
 }
 
 }  // namespace stagewise::worker

@@ -4,6 +4,7 @@
 #include "services/data/sizes.h"
 #include "services/planner/plan_proto.h"
 #include "services/training/optimizer.h"
+#include "worker/stage_assignment.h"
 #include "worker/stage_replicas.h"
 
 namespace stagewise::worker {
@@ -17,18 +18,6 @@ double StageContext::LearningRate(int64_t step) const {
 bool StageContext::EvalDue(int64_t steps_done) const {
   const PhaseWindow w = window();
   return data::EvalDue(spec().eval, w.offset, w.total_steps, steps_done, w.steps_per_epoch);
-}
-
-EncodeOptions WireOptions(const JobSpec& spec, bool to_next) {
-  const WireFormatSpec& format = to_next ? spec.transport.forward : spec.transport.backward;
-  EncodeOptions options;
-  // auto that no plan resolved (ResolveAutoWire): none.
-  options.compression = planner::ToProto(format.compression);
-  options.block_size = format.block;
-  options.rotate = format.rotate;
-  // Each job draws its own signs (the receiver reads the seed from the message).
-  options.rotation_seed = kDefaultRotationSeed ^ static_cast<uint64_t>(spec.seed);
-  return options;
 }
 
 EncodeOptions StageContext::Wire(bool to_next) const { return WireOptions(spec(), to_next); }

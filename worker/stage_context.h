@@ -37,6 +37,10 @@ struct StagePlace {
   // batch_size, or its share batch_size / R on replicated stages.
   int64_t batch_size = 0;
   torch::Device device{torch::kCPU};
+  // delayed's `max_in_flight: auto`: the mini-batches this stage keeps in
+  // flight, as the plan chose them to cover the links' round trip
+  // (StageAssignment.max_in_flight; 0: none chosen).
+  int planned_in_flight = 0;
 };
 
 // The current phase as the stage trains it (the same numbers on every
@@ -58,10 +62,6 @@ struct PhaseWindow {
 
 class StageReplicas;  // worker/stage_replicas.h
 class WireResiduals;  // worker/wire_residuals.h
-
-// How a job's float32 tensors are encoded towards stage j+1 (`to_next`:
-// activations, evaluations) or j-1 (gradients): transport.forward/backward.
-EncodeOptions WireOptions(const JobSpec& spec, bool to_next);
 
 // A stage's two neighbours on the pipeline: stage j-1 and stage j+1.
 enum class Side { kPrev, kNext };

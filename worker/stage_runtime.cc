@@ -73,7 +73,7 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
         std::make_unique<SendPipe>(SendPipe::kStageCapacity, std::move(deliver), std::move(failed));
   }
   STAGEWISE_ASSIGN_OR_RETURN(rt->spec_, ParseJobSpec(assignment.job_spec_yaml()));
-  if (auto s = ResolveAutoWire(assignment, &rt->spec_.transport); !s.ok()) return s;
+  STAGEWISE_ASSIGN_OR_RETURN(rt->resolved_, ResolveStage(assignment, rt->spec_));
   StagePlace& place = rt->place_;
   place.job_id = assignment.job_id();
   place.stage = assignment.stage();
@@ -82,6 +82,7 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
   place.num_replicas = std::max(1, assignment.num_replicas());
   place.batch_size = rt->spec_.batch_size / place.num_replicas;
   place.device = rt->env_.device;
+  place.planned_in_flight = rt->resolved_.in_flight;
   // The job spec is the submitter's: its paths stay inside the operator's roots.
   if (auto data = ConfinePath("data.path", rt->spec_.data.path, rt->env_.data_roots); !data.ok()) {
     return data.status();
@@ -115,8 +116,7 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
                                   .release = [raw] { raw->replica_copy_.Release(); }});
   }
   rt->phases_ = Phases(rt->spec_);  // backprop's schedule: auto as the planner chose
-  STAGEWISE_ASSIGN_OR_RETURN(const std::optional<PipelineSchedule> chosen, ScheduleOf(assignment));
-  if (auto s = ResolveAutoSchedule(chosen, rt->phases_); !s.ok()) return s;
+  if (auto s = ResolveAutoSchedule(rt->resolved_.schedule, rt->phases_); !s.ok()) return s;
   rt->metrics_ = std::make_unique<metrics::StageMetrics>(
       *rt->env_.registry, rt->env_.job_labels.Of(assignment.job_id()), assignment.stage(),
       rt->spec_.algorithm.name(), assignment.num_replicas() > 1 ? assignment.replica() : -1);
@@ -152,15 +152,14 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
         rt->data_.test, data::TestSamplerOptions(rt->spec_, rt->data_));
   }
 
-  STAGEWISE_ASSIGN_OR_RETURN(rt->block_modes_, BlockModesOf(assignment));
   // Parameters and optimizer state count towards the stage's memory.
   models::ScopedMemoryAccount charge(rt->memory_);
   auto model = models::BuildModel(rt->spec_.model, static_cast<uint64_t>(rt->spec_.seed),
                                   assignment.block_begin(), assignment.block_end());
   if (!model.ok()) return model.status();
   rt->model_ = *model;
-  for (int i = 0; i < static_cast<int>(rt->block_modes_.size()); ++i) {
-    if (rt->block_modes_[i] == models::BlockMode::kRebuild &&
+  for (int i = 0; i < static_cast<int>(rt->resolved_.block_modes.size()); ++i) {
+    if (rt->resolved_.block_modes[i] == models::BlockMode::kRebuild &&
         !rt->model_->blocks()[i]->reversible()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "StageAssignment.block_modes[", i, "]: block ", rt->model_->blocks()[i]->info().index,
@@ -482,7 +481,7 @@ absl::Status StageRuntime::AttachUpstream(const v1::StageMessage& message,
 }
 
 EncodeOptions StageRuntime::Wire(bool to_next) const {
-  EncodeOptions options = StageContext::Wire(to_next);
+  EncodeOptions options = resolved_.wire(to_next);
   options.ring = streams_->ring(to_next);
   // The stages of a job share a device kind: a CPU stage's neighbour on
   // this host is on the CPU too, and takes rounded float32 over in place.

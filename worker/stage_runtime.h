@@ -34,6 +34,7 @@
 #include "worker/peer_stream.h"
 #include "worker/replica_copy.h"
 #include "worker/same_host.h"
+#include "worker/stage_assignment.h"
 #include "worker/stage_context.h"
 #include "worker/stage_replicas.h"
 #include "worker/stage_reporter.h"
@@ -146,7 +147,9 @@ class StageRuntime final : public StageContext {
   int attempt() const { return assignment_.attempt(); }
   models::Model& model() override { return *model_; }
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
-  const std::vector<models::BlockMode>& block_modes() const override { return block_modes_; }
+  const std::vector<models::BlockMode>& block_modes() const override {
+    return resolved_.block_modes;
+  }
   PhaseWindow window() const override;
   const data::BatchSampler& batches(Split split) const override {
     return split == Split::kTrain ? *train_ : *test_;
@@ -240,9 +243,13 @@ class StageRuntime final : public StageContext {
   RuntimeEnv env_;
   v1::StageAssignment assignment_;
   StagePlace place_;
+  // The job's spec as submitted (its model file confined), with the current
+  // phase's algorithm, optimizer and schedule (EnterPhase).
   JobSpec spec_;
+  // What the plan chose for this stage (wire formats, depth, schedule,
+  // block modes), resolved once from the assignment.
+  ResolvedStage resolved_;
   std::shared_ptr<models::Model> model_;
-  std::vector<models::BlockMode> block_modes_;
   // Its checkpoint shards: written, resumed from, copied from a replica.
   std::unique_ptr<StageShards> shards_;
   // CPU tensors of this stage (model build and compute thread), for

@@ -70,6 +70,8 @@ std::vector<std::pair<std::string, double>> PlanSummary(const Plan& plan) {
     out.emplace_back(prefix + "seconds_per_batch", s.estimate.time_s() + s.estimate.aux_head_s);
     if (s.estimate.link_s > 0) out.emplace_back(prefix + "link_seconds", s.estimate.link_s);
     out.emplace_back(prefix + "rebuild_blocks", rebuilt);
+    if (plan.algorithm == AlgorithmKind::kDelayed)
+      out.emplace_back(prefix + "in_flight", s.role.inflight);
   }
   for (const Prediction& p : plan.predictions) {
     out.emplace_back(
@@ -139,6 +141,15 @@ std::string PlanText(const ModelProfile& p, const Plan& plan) {
     absl::StrAppend(&out, "sending over the links (placement.link_gbps, in time): ", links, "\n");
   }
   absl::StrAppend(&out, WireText(plan));
+  if (plan.algorithm == AlgorithmKind::kDelayed && plan.stages.size() > 1) {
+    std::string depths;
+    for (size_t j = 0; j < plan.stages.size(); ++j) {
+      absl::StrAppend(&depths, j == 0 ? "" : ", ", "stage ", j, " ", plan.stages[j].role.inflight);
+    }
+    absl::StrAppend(&out,
+                    "mini-batches in flight (algorithm.max_in_flight; staleness = in flight - 1): ",
+                    depths, "\n");
+  }
   absl::StrAppend(&out, "reversible blocks (store = compute-centric, rebuild = memory-centric):\n");
   bool any = false;
   for (size_t j = 0; j < plan.stages.size(); ++j) {

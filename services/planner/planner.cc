@@ -136,7 +136,11 @@ StageRole RoleOf(const PlanOptions& o, int j) {
     r.inflight = r.last ? 1 : 2 * (J - 1 - j) + 1;
   } else if (a == A::kDelayed) {
     r.inflight = r.last ? 1 : 2 * (J - 1 - j) + 1;
-    if (o.max_in_flight > 0) r.inflight = std::min(r.inflight, o.max_in_flight);
+    if (!o.in_flight.empty()) {
+      r.inflight = r.last ? 1 : o.in_flight[j];
+    } else if (o.max_in_flight > 0) {
+      r.inflight = std::min(r.inflight, o.max_in_flight);
+    }
     r.keeps_graphs = o.forward_once && o.stash_weights && !r.last;  // once needs the stash
   } else if (a == A::kFeaturesReplay) {
     r.inflight = J - j;
@@ -190,34 +194,61 @@ double HopSeconds(const ModelProfile& p, const PlanOptions& o, const StagePlan& 
   return t;
 }
 
-// A decoupled pipeline's time per mini-batch (delayed, petra, features
-// replay). Stage j keeps d_j mini-batches in flight; one comes back to it
-// after crossing every later stage and link and back: its round trip R_j is
-// the later stages' work plus two hops per link on the way. In steady state
-// stage j starts d_j mini-batches per R_j + c_j (its own work c_j), so a step
-// takes the longest of every stage's work, every link's busy time and
-// (R_j + c_j) / d_j: latency is paid once per round trip, not per step, and
-// a deep enough pipeline hides it.
-double DecoupledSeconds(const std::vector<StageEstimate>& e, const std::vector<StageRole>& roles,
-                        const std::vector<double>& hop, const PlanOptions& o,
-                        int backward_tensors) {
+// A decoupled pipeline in steady state (delayed, petra, features replay).
+// Stage j keeps d_j mini-batches in flight; one comes back to it after
+// crossing every later stage and link and back: its round trip R_j is the
+// later stages' work plus two hops per link on the way. Stage j starts d_j
+// mini-batches per R_j + c_j (its own work c_j), so a step takes the longest
+// of every stage's work, every link's busy time (the floor no depth beats)
+// and (R_j + c_j) / d_j: latency is paid once per round trip, not per step,
+// and a deep enough pipeline hides it.
+struct RoundTrips {
+  double floor_s = 0;
+  std::vector<double> cycle_s;  // R_j + c_j, by stage (the last stage's: c)
+};
+RoundTrips DecoupledRoundTrips(const std::vector<StageEstimate>& e,
+                               const std::vector<StageRole>& roles, const std::vector<double>& hop,
+                               const PlanOptions& o, int backward_tensors) {
   const int J = static_cast<int>(e.size());
+  RoundTrips out;
+  out.cycle_s.assign(J, 0);
   std::vector<double> c(J);
-  double t = 0;
   for (int j = 0; j < J; ++j) {
     c[j] = e[j].time_s() - e[j].link_s + e[j].aux_head_s;
     // The link carries the stage's messages while it computes: its busy
     // time is the bytes at the rate, the latency overlapping.
     const int messages = (roles[j].last ? 0 : 1) + (roles[j].first ? 0 : backward_tensors);
-    t = std::max({t, c[j], e[j].link_s - messages * o.link_latency_s});
+    out.floor_s = std::max({out.floor_s, c[j], e[j].link_s - messages * o.link_latency_s});
   }
+  if (J > 0) out.cycle_s[J - 1] = c[J - 1];
   double later = 0, links = 0;
   for (int j = J - 2; j >= 0; --j) {
     later += c[j + 1];
     links += 2 * hop[j];
-    t = std::max(t, (later + links + c[j]) / std::max(1, roles[j].inflight));
+    out.cycle_s[j] = later + links + c[j];
+  }
+  return out;
+}
+
+// The time per mini-batch at the roles' depths.
+double DecoupledSeconds(const std::vector<StageEstimate>& e, const std::vector<StageRole>& roles,
+                        const std::vector<double>& hop, const PlanOptions& o,
+                        int backward_tensors) {
+  const RoundTrips r = DecoupledRoundTrips(e, roles, hop, o, backward_tensors);
+  double t = r.floor_s;
+  for (int j = 0; j + 1 < static_cast<int>(e.size()); ++j) {
+    t = std::max(t, r.cycle_s[j] / std::max(1, roles[j].inflight));
   }
   return t;
+}
+
+// Each link's message of a whole mini-batch.
+std::vector<double> Hops(const ModelProfile& p, const PlanOptions& o, const Plan& plan) {
+  std::vector<double> hop;
+  for (int j = 0; j + 1 < static_cast<int>(plan.stages.size()); ++j) {
+    hop.push_back(HopSeconds(ProfileOfStage(p, o, j), o, plan.stages[j], 1.0));
+  }
+  return hop;
 }
 
 }  // namespace
@@ -461,7 +492,43 @@ absl::StatusOr<Plan> MakePlan(const ModelProfile& p, const PlanOptions& o) {
     plan.bottleneck_s = std::max(plan.bottleneck_s, s->estimate.time_s() + s->estimate.aux_head_s);
   }
   plan.predictions = PredictAlgorithms(p, plan, o);
+  if (o.algorithm == A::kDelayed && o.max_in_flight == kAutoInFlight && o.in_flight.empty() &&
+      J > 1) {
+    // max_in_flight: auto: planned again at the depths that cover the round
+    // trip at this plan's times (the times do not change with the depth;
+    // the memory does).
+    PlanOptions deeper = o;
+    deeper.ranges = ranges;
+    deeper.in_flight = CoveringDepths(p, plan, o);
+    absl::StatusOr<Plan> again = MakePlan(p, deeper);
+    if (!again.ok()) {
+      return absl::Status(again.status().code(), absl::StrCat("algorithm.max_in_flight: auto: ",
+                                                              again.status().message()));
+    }
+    return again;
+  }
   return plan;
+}
+
+std::vector<int> CoveringDepths(const ModelProfile& p, const Plan& plan, const PlanOptions& o) {
+  const int J = static_cast<int>(plan.stages.size());
+  std::vector<StageEstimate> e;
+  std::vector<StageRole> roles;
+  for (const StagePlan& s : plan.stages) {
+    e.push_back(s.estimate);
+    roles.push_back(s.role);
+  }
+  const RoundTrips r =
+      DecoupledRoundTrips(e, roles, Hops(p, o, plan), o, plan.algorithm == A::kPetra ? 2 : 1);
+  std::vector<int> depth(J, 1);
+  for (int j = J - 2; j >= 0; --j) {
+    // At least two more than the next stage (the natural depth, which keeps
+    // every stage busy on links without latency), and enough that the round
+    // trip takes no longer than d_j steps at the floor.
+    const double steps = r.floor_s > 0 ? std::ceil(r.cycle_s[j] / r.floor_s - 1e-9) : 0;
+    depth[j] = std::max(depth[j + 1] + 2, static_cast<int>(std::min(steps, 1e6)));
+  }
+  return depth;
 }
 
 absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelProfile& p, PlanOptions o) {
@@ -544,10 +611,9 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& p, const Plan& pla
                           1, std::min<int64_t>(2 * J, p.batch_size > 0 ? p.batch_size : 2 * J)));
   // Each link's message of a whole mini-batch (hop) and the largest of a
   // micro-batch's (what the schedules' simulation charges every message).
-  std::vector<double> hop;
+  const std::vector<double> hop = Hops(p, o, plan);
   double micro_hop = 0;
   for (int j = 0; j + 1 < J; ++j) {
-    hop.push_back(HopSeconds(ProfileOfStage(p, o, j), o, plan.stages[j], 1.0));
     micro_hop =
         std::max(micro_hop, HopSeconds(ProfileOfStage(p, o, j), o, plan.stages[j], 1.0 / M));
   }

@@ -91,9 +91,14 @@ struct PlanOptions {
   bool predict_weights = false;
   // delayed: `forward` resolved (once, the default with stash: a graph per
   // mini-batch in flight; false: recompute) and `max_in_flight` (0: the
-  // natural depth 2(J-1-j)+1).
+  // natural depth 2(J-1-j)+1; n: at most n; kAutoInFlight: the depth that
+  // covers the links' round trip, CoveringDepths).
   bool forward_once = true;
   int max_in_flight = 0;
+  // delayed: each stage's depth in flight, whatever max_in_flight says
+  // (MakePlan sets it for max_in_flight: auto and plans the memory at it);
+  // empty: from max_in_flight.
+  std::vector<int> in_flight;
   // Knapsack units: at most this many per stage budget.
   int64_t max_units = 4096;
   // Interleaved (stages.chunks_per_worker): num_stages virtual stages on
@@ -213,7 +218,19 @@ absl::StatusOr<StagePlan> PlanStage(const ModelProfile& profile, const PlanOptio
 
 // The whole plan: the partition (DP over ranges, each costed by PlanStage),
 // modes and predictions. RESOURCE_EXHAUSTED names the cap nothing fits under.
+// delayed with max_in_flight: auto: planned at the natural depths, then
+// again at CoveringDepths (each stage's StagePlan::role.inflight).
 absl::StatusOr<Plan> MakePlan(const ModelProfile& profile, const PlanOptions& options);
+
+// A decoupled plan's depths in flight that cover the links' round trip:
+// stage j keeps d_j >= (R_j + c_j) / T mini-batches, T the slowest stage's
+// work or link busy time and R_j + c_j its round trip (a mini-batch's work
+// on every later stage, two hops per link and its own work), and at least
+// d_{j+1} + 2 (the natural depth 2(J-1-j)+1 on links without latency); the
+// last stage 1. Then the pipeline runs at T whatever the latency, at a
+// staleness of d_j - 1 mini-batches.
+std::vector<int> CoveringDepths(const ModelProfile& profile, const Plan& plan,
+                                const PlanOptions& options);
 
 // backprop's `schedule: auto`: MakePlan under each of 1f1b, zb-h1 and gpipe
 // (not zb-h1 with stages.modes rebuild: a rebuild block cannot split its
@@ -235,6 +252,7 @@ std::vector<Prediction> PredictAlgorithms(const ModelProfile& profile, const Pla
 
 // The plan as JobStatus.summary entries, in stage order then predictions:
 //   plan.stageJ.{block_begin,block_end,peak_bytes,seconds_per_batch,rebuild_blocks}
+//   plan.stageJ.in_flight (delayed: mini-batches in flight, the staleness + 1)
 //   plan.predicted.<algorithm> (seconds per mini-batch; "nwise n=1" -> nwise_n1:
 //   summary keys carry no spaces and no '=').
 std::vector<std::pair<std::string, double>> PlanSummary(const Plan& plan);

@@ -413,6 +413,25 @@ ParamField IntParam(std::string key, int O::*member, Range range, std::string do
   return p;
 }
 
+// An integer key that also takes the word `auto`, stored as `auto_value`
+// (outside `range`).
+template <typename O>
+ParamField IntOrAutoParam(std::string key, int O::*member, int auto_value, Range range,
+                          std::string doc) {
+  ParamField p = IntParam(std::move(key), member, range, std::move(doc));
+  p.auto_word = "auto";
+  p.set = [member, auto_value](AlgorithmOptions* o, absl::string_view text) {
+    int64_t value = auto_value;
+    if (text != "auto") ParseIntText(text, &value);
+    Of<O>(o).*member = static_cast<int>(value);
+  };
+  p.get = [member, auto_value](const AlgorithmOptions& o) {
+    const int value = std::get<O>(o).*member;
+    return value == auto_value ? std::string("auto") : absl::StrCat(value);
+  };
+  return p;
+}
+
 template <typename O>
 ParamField DoubleParam(std::string key, double O::*member, Range range, std::string doc) {
   ParamField p;
@@ -540,12 +559,15 @@ const std::vector<AlgorithmSchema>& AlgorithmSchemas() {
                            "stage j's learning rate x 1, 1/(1+s_j) or 1/sqrt(1+s_j), s_j its "
                            "staleness in steps"),
                  EnumParam("momentum_by_delay", &D::momentum_by_delay,
-                           "`optimizer.name: sgd` only: `compensate` runs stage j at momentum "
-                           "max(0, momentum - s_j / (1 + s_j)), the delay acting as momentum of "
-                           "its own"),
-                 IntParam("max_in_flight", &D::max_in_flight, AtLeast(0),
-                          "cap on mini-batches in flight per stage; `0` = the natural depth "
-                          "2(J-1-j)+1 at stage j"),
+                           "`optimizer.name: sgd` or `adam`: `compensate` runs stage j at "
+                           "momentum (Adam: beta1) max(0, m - s_j / (1 + s_j)), the delay acting "
+                           "as momentum of its own"),
+                 IntOrAutoParam("max_in_flight", &D::max_in_flight, kAutoInFlight, AtLeast(0),
+                                "cap on mini-batches in flight per stage; `0` = the natural depth "
+                                "2(J-1-j)+1 at stage j; `auto`: the depth that covers the round "
+                                "trip of `placement.link_rtt_ms` at the planned time per step "
+                                "(the plan's `plan.stage<j>.in_flight`; the natural one on links "
+                                "without latency)"),
                  IntParam("accumulation", &D::accumulation, AtLeast(1),
                           "k: every stage steps once per k backward passes with their mean "
                           "gradient (bounded accumulation, as PACI), so a mini-batch's forward "
@@ -567,8 +589,8 @@ const std::vector<AlgorithmSchema>& AlgorithmSchemas() {
                            "stage j's learning rate x 1, 1/(1+s_j) or 1/sqrt(1+s_j), s_j its "
                            "staleness in updates"),
                  EnumParam("momentum_by_delay", &P::momentum_by_delay,
-                           "`optimizer.name: sgd` only: `compensate` runs stage j at momentum "
-                           "max(0, momentum - s_j / (1 + s_j))")}),
+                           "`optimizer.name: sgd` or `adam`: `compensate` runs stage j at "
+                           "momentum (Adam: beta1) max(0, m - s_j / (1 + s_j))")}),
       Schema<N>(AlgorithmKind::kNwise,
                 {IntParam("n", &N::n, AtLeast(1), "`<= stages.count`"),
                  BoolParam("mix_local", &N::mix_local, ""),
@@ -672,8 +694,13 @@ absl::StatusOr<std::string> CanonicalParam(const ParamField& param, absl::string
   };
   switch (param.type) {
     case ParamType::kInt: {
+      if (!param.auto_word.empty() && text == param.auto_word) return std::string(text);
       int64_t value = 0;
-      if (!ParseIntText(text, &value)) return type_error();
+      if (!ParseIntText(text, &value)) {
+        if (param.auto_word.empty()) return type_error();
+        return KeyError(path, absl::StrCat("expected an integer or ", param.auto_word, ", got '",
+                                           Clip(text), "'"));
+      }
       if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max()) {
         return KeyError(
             path, absl::StrCat("expected an integer that fits in 32 bits, got '", Clip(text), "'"));
@@ -718,6 +745,7 @@ std::string AlgorithmTable() {
       std::string allowed;
       if (p.type == ParamType::kInt || p.type == ParamType::kDouble) {
         allowed = absl::StrCat("`", p.range.Text(), "`");
+        if (!p.auto_word.empty()) absl::StrAppend(&allowed, " or `", p.auto_word, "`");
       } else if (p.type == ParamType::kEnum) {
         std::vector<std::string> quoted;
         for (const std::string& c : p.choices) quoted.push_back(absl::StrCat("`", c, "`"));

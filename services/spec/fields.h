@@ -215,6 +215,7 @@ struct ParamField {
   std::string key;
   ParamType type = ParamType::kInt;
   Range range;                       // kInt and kDouble: the allowed values (docs and check)
+  std::string auto_word;             // kInt: a word allowed beside the numbers ("auto")
   std::vector<std::string> choices;  // kEnum
   std::string doc;                   // after the range or the choices in the docs
   // Stores an already checked canonical value.

@@ -128,6 +128,9 @@ struct BackpropOptions {
   int lookahead = 0;       // 1F1B: extra micro-batches in flight per stage
 };
 
+// delayed's `max_in_flight: auto`.
+inline constexpr int kAutoInFlight = -1;
+
 struct DelayedOptions {
   DelayedWeights weights = DelayedWeights::kStash;
   // One forward per mini-batch (its graph kept until the gradient returns) or
@@ -145,7 +148,9 @@ struct DelayedOptions {
   DelayLr lr_by_delay = DelayLr::kConstant;
   DelayMomentum momentum_by_delay = DelayMomentum::kConstant;
   // 0 stands for the pipeline's natural depth at stage j, 2(J-1-j)+1
-  // mini-batches (worker/algorithms/delayed.cc).
+  // mini-batches (worker/algorithms/delayed.cc); n > 0 caps it at n;
+  // kAutoInFlight (`auto`): each stage keeps the depth the plan chose to
+  // cover the links' round trip (StageAssignment.max_in_flight).
   int max_in_flight = 0;
   // k: every stage steps once per k backward passes with their mean gradient
   // (bounded accumulation, as PACI).

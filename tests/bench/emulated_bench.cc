@@ -17,7 +17,9 @@
 //     --algorithms LIST      from: backprop (M=1), gpipe, 1f1b, 1f1b1 (1F1B with
 //                            lookahead 1), zb-h1 (zero bubble), interleaved
 //                            (1F1B over 2 chunks per worker, M = 2J), delayed
-//                            (forward: once), delayed-recompute (forward:
+//                            (forward: once), delayed-auto (delayed with
+//                            max_in_flight: auto: as deep as the plan says
+//                            covers --link-delay-ms), delayed-recompute (forward:
 //                            recompute), petra, features_replay, nwise, auxnet
 //                            (default: all)
 //     --speeds 1,1,0.5,1     worker i's emulated speed (stagewise-worker
@@ -396,10 +398,12 @@ std::vector<Config> Configs(const Options& o, int J, int R) {
           absl::StrCat("{name: backprop, micro_batches: ", M,
                        ", schedule: ", gpipe ? "gpipe" : "1f1b", ", lookahead: ", lookahead, "}");
       c.ideal_s = (M + J - 1.0) / M * (F + B);
-    } else if (a == "delayed") {
-      // One forward keeping its graph, then the backward through it.
-      c.label = "delayed";
-      c.yaml = "{name: delayed, forward: once}";
+    } else if (a == "delayed" || a == "delayed-auto") {
+      // One forward keeping its graph, then the backward through it; auto:
+      // each stage as deep as the plan says covers the links' round trip.
+      c.label = a;
+      c.yaml = a == "delayed" ? "{name: delayed, forward: once}"
+                              : "{name: delayed, forward: once, max_in_flight: auto}";
       c.ideal_s = F + B;
     } else if (a == "delayed-recompute" || a == "petra" || a == "features_replay") {
       // One forward that keeps no graph, then a recomputation, rebuild or
@@ -538,6 +542,7 @@ double Measure(stagewise::testing::Cluster& cluster, const Options& o, Config& c
       {"gpipe", absl::StrCat("backprop_gpipe_M", M)},
       {"zb-h1", absl::StrCat("backprop_zb_h1_M", M)},
       {"delayed", "delayed"},
+      {"delayed-auto", "delayed"},
       {"delayed-recompute", "delayed"},
       {"petra", "petra"},
       {"features_replay", "features_replay"}};
@@ -550,6 +555,8 @@ double Measure(stagewise::testing::Cluster& cluster, const Options& o, Config& c
     for (const auto& [k, v] : st->summary()) {
       if (absl::StartsWith(k, "plan.predicted."))
         absl::StrAppendFormat(&keys, " %s=%.2fms", k, 1e3 * v);
+      if (absl::StartsWith(k, "plan.stage") && absl::EndsWith(k, ".in_flight"))
+        absl::StrAppendFormat(&keys, " %s=%.0f", k, v);
     }
     std::cerr << c.label << " J=" << c.J << " predictions:" << keys << "\n";
   }

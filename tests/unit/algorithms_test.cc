@@ -31,6 +31,7 @@
 #include "services/training/reference_trainer.h"
 #include "tests/unit/fake_stage_context.h"
 #include "worker/algorithms/common.h"
+#include "worker/stage_assignment.h"
 #include "worker/stage_context.h"
 
 namespace stagewise {
@@ -181,6 +182,51 @@ TEST(TransportTest, HalfPrecisionWireHalvesTheBytesAndStaysNearExact) {
   }
 }
 
+// A stage's assignment resolved once (worker/stage_assignment.h): each side's
+// encoding takes the plan's format where the job says compression: auto and
+// keeps the job's where it fixes one, and carries the job's block size and
+// rotation seed; the parsed spec is left as submitted; the planned depth, the
+// schedule and the block modes come along; an unknown format or a negative
+// depth names its field.
+TEST(TransportTest, AnAssignmentIsResolvedOnceWithoutPatchingTheSpec) {
+  auto spec = ParseJobSpec(JobYaml("{name: backprop}", 2) +
+                           "transport: {forward: {compression: auto, block: 32}, backward: "
+                           "{compression: fp16}}\nplacement: {link_gbps: 1}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  v1::StageAssignment a;
+  a.set_stage(0);
+  a.set_num_stages(2);
+  a.set_block_begin(0);
+  a.set_block_end(2);
+  a.set_forward_compression(v1::COMPRESSION_INT8);
+  a.set_backward_compression(v1::COMPRESSION_INT4);  // the job fixes fp16: ignored
+  a.set_max_in_flight(7);
+  a.set_schedule(v1::PIPELINE_SCHEDULE_ZB_H1);
+  absl::StatusOr<worker::ResolvedStage> r = worker::ResolveStage(a, *spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->to_next.compression, v1::COMPRESSION_INT8);
+  EXPECT_EQ(r->to_next.block_size, 32);
+  EXPECT_EQ(r->to_prev.compression, v1::COMPRESSION_FP16);
+  EXPECT_EQ(r->to_next.rotation_seed, r->to_prev.rotation_seed);
+  EXPECT_EQ(&r->wire(true), &r->to_next);
+  EXPECT_EQ(r->in_flight, 7);
+  EXPECT_EQ(r->schedule, PipelineSchedule::kZbH1);
+  EXPECT_TRUE(r->block_modes.empty());
+  EXPECT_EQ(spec->transport.forward.compression, Compression::kAuto);  // not patched
+  // No plan: auto sends float32.
+  v1::StageAssignment none = a;
+  none.clear_forward_compression();
+  EXPECT_EQ(worker::ResolveStage(none, *spec)->to_next.compression, v1::COMPRESSION_NONE);
+  v1::StageAssignment bad = a;
+  bad.set_forward_compression(static_cast<v1::Compression>(42));
+  EXPECT_THAT(std::string(worker::ResolveStage(bad, *spec).status().message()),
+              ::testing::HasSubstr("StageAssignment.forward_compression"));
+  bad = a;
+  bad.set_max_in_flight(-3);
+  EXPECT_THAT(std::string(worker::ResolveStage(bad, *spec).status().message()),
+              ::testing::HasSubstr("StageAssignment.max_in_flight"));
+}
+
 TEST(BackpropTest, MicroBatchSchedulesAgree) {
   // GPipe, 1F1B and ZB-H1 over two stages accumulate the same micro-batch gradients.
   auto gpipe = MakeJob("{name: backprop, micro_batches: 3, schedule: gpipe}", 2);
@@ -302,6 +348,27 @@ TEST(DelayedTest, MaxInFlightCapsTheDepth) {
   EXPECT_EQ(SummaryValue(job->stage(0), "peak_inputs"), 2.0);
   EXPECT_EQ(SummaryValue(job->stage(0), "staleness_steps"), 1.0);
   EXPECT_EQ(SummaryValue(job->stage(0), "peak_stashed_versions"), 0.0);
+}
+
+// max_in_flight: auto: a stage keeps the depth its assignment carries (the
+// plan's, deeper than the natural one to cover a round trip), and its
+// gradients are that depth - 1 steps stale; the last stage keeps 1, and
+// without a planned depth the natural one stays.
+TEST(DelayedTest, MaxInFlightAutoKeepsThePlannedDepth) {
+  auto job = MakeJob("{name: delayed, max_in_flight: auto, weights: current}", 2, 8);
+  ASSERT_NE(job, nullptr);
+  job->stage(0).set_planned_in_flight(5);
+  job->stage(1).set_planned_in_flight(1);
+  RunAll(*job);
+  EXPECT_EQ(SummaryValue(job->stage(0), "peak_inputs"), 5.0);
+  EXPECT_EQ(SummaryValue(job->stage(0), "staleness_steps"), 4.0);
+  EXPECT_LE(SummaryValue(job->stage(1), "staleness_steps"), 0.0);
+  EXPECT_EQ(job->stage(0).steps().size(), 8u);
+
+  auto natural = MakeJob("{name: delayed, max_in_flight: auto, weights: current}", 2, 8);
+  ASSERT_NE(natural, nullptr);
+  RunAll(*natural);
+  EXPECT_EQ(SummaryValue(natural->stage(0), "peak_inputs"), 3.0);
 }
 
 // Stage 0 of a two-stage job, with stage 1 played by the test: a BACKWARD

@@ -49,9 +49,9 @@ LiveJob RunningJob(const std::string& extra_yaml = "") {
   job.status.set_total_steps(40);
   job.status.set_num_phases(1);
   job.status.set_attempt(1);
-  job.attempt = 1;
-  job.run.workers = {"w0", "w1"};
-  job.ranges = {{0, 2}, {2, 4}};
+  job.attempt_number = 1;
+  job.attempt.workers = {"w0", "w1"};
+  job.cut.ranges = {{0, 2}, {2, 4}};
   v1::JobAttempt* old = job.status.add_attempts();
   old->set_attempt(0);
   old->add_workers("w2");
@@ -67,6 +67,30 @@ LiveJob RunningJob(const std::string& extra_yaml = "") {
 v1::WorkerEvent WithAttempt(v1::WorkerEvent e, int attempt) {
   e.set_attempt(attempt);
   return e;
+}
+
+// A cut moved onto other ranges keeps each block's mode and the job's
+// schedule, and drops what the plan chose for the old stages.
+TEST(CutTest, RecutKeepsEachBlocksModeAndDropsTheOldStagesChoices) {
+  const BlockMode S = BlockMode::kStore, R = BlockMode::kRebuild;
+  Cut cut{
+      .ranges = {{0, 2}, {2, 5}},
+      .modes = {{R, S}, {S, R, R}},
+      .schedule = PipelineSchedule::kZbH1,
+      .wire = {{Compression::kBf16, Compression::kNone}, {Compression::kNone, Compression::kInt8}},
+      .max_in_flight = {5, 1}};
+  const Cut moved = cut.Recut({{0, 3}, {3, 4}, {4, 5}});
+  EXPECT_EQ(moved.num_stages(), 3);
+  EXPECT_EQ(moved.modes, (std::vector<std::vector<BlockMode>>{{R, S, S}, {R}, {R}}));
+  EXPECT_EQ(moved.schedule, PipelineSchedule::kZbH1);
+  EXPECT_TRUE(moved.wire.empty());
+  EXPECT_TRUE(moved.max_in_flight.empty());
+  EXPECT_EQ(moved.Text(), "[0,3) [3,4) [4,5)");
+  EXPECT_FALSE(moved == cut);
+  EXPECT_TRUE(cut.Recut(cut.ranges).modes == cut.modes);
+  // No modes stay no modes (every block's default).
+  cut.modes.clear();
+  EXPECT_TRUE(cut.Recut({{0, 5}}).modes.empty());
 }
 
 TEST(EventAdmission, TakesTheCurrentAttemptsEventsFromTheStagesOwnWorker) {
@@ -152,7 +176,7 @@ TEST(EventAdmission, ARepeatedPhaseDoneIsRefused) {
   LiveJob job = RunningJob();
   const v1::WorkerEvent first = WithAttempt(testing::PhaseDoneEvent("w0", "job-1", 0, 0), 1);
   EXPECT_EQ(AdmitEvent(first, &job).verdict, Verdict::kTake);
-  job.run.phase_done[0].insert(SlotOf(job, 0, 0));
+  job.attempt.phase_done[0].insert(SlotOf(job, 0, 0));
   const Admission again = AdmitEvent(first, &job);
   EXPECT_EQ(again.verdict, Verdict::kRefuse);
   EXPECT_EQ(again.label, "repeated") << again.why;
@@ -223,7 +247,7 @@ TEST(EventAdmission, RetryableAndNonFiniteValues) {
 
 TEST(LiveJob, MetricsMoveTheStatusOnlyFromTheRightStage) {
   LiveJob job = RunningJob();
-  job.run.started = absl::Now() - absl::Seconds(2);
+  job.attempt.started = absl::Now() - absl::Seconds(2);
   v1::MetricsReport m;
   m.set_step(8);
   (*m.mutable_values())["train_loss"] = 0.5;
@@ -265,9 +289,9 @@ TEST_F(JobRecoveryTest, ALostWorkerEndsTheAttemptAndQueuesTheNext) {
   ASSERT_EQ(host_.stopped.size(), 1u);
   EXPECT_THAT(host_.stopped[0].second, HasSubstr("attempt 1 ended: lost worker w1"));
   const LiveJob& job = host_.jobs.at("job-1");
-  EXPECT_EQ(job.attempt, 2);
+  EXPECT_EQ(job.attempt_number, 2);
   EXPECT_EQ(job.status.attempt(), 2);
-  EXPECT_TRUE(job.run.workers.empty());
+  EXPECT_TRUE(job.attempt.workers.empty());
   EXPECT_EQ(job.status.state(), v1::RECOVERING);
   EXPECT_EQ(job.status.attempts(1).end_reason(), "lost worker w1");
   ASSERT_EQ(host_.requeued.size(), 1u);
@@ -292,7 +316,7 @@ TEST_F(JobRecoveryTest, TheCauseReplacesABrokenStreamThatWasReportedFirst) {
   echo.set_neighbour_stream(true);
   echo.set_message("stage 1: the stream from stage 0 broke: cancelled");
   recovery_.OnStageError("job-1", job, 1, echo);
-  ASSERT_EQ(job.attempt, 2);
+  ASSERT_EQ(job.attempt_number, 2);
   EXPECT_TRUE(job.status.attempts(1).end_reason_secondary());
   recovery_.NoteLateError(job, 1, echo);  // another echo: still the first
   EXPECT_EQ(job.status.attempts(1).end_reason(), echo.message());
@@ -344,7 +368,7 @@ TEST_F(JobRecoveryTest, AProfilingJobGoesBackToTheQueue) {
   ASSERT_EQ(host_.requeued.size(), 1u);
   EXPECT_FALSE(host_.requeued[0].second);
   EXPECT_EQ(host_.jobs.at("job-1").status.state(), v1::PENDING);
-  EXPECT_EQ(host_.jobs.at("job-1").attempt, 1);  // no attempt was spent
+  EXPECT_EQ(host_.jobs.at("job-1").attempt_number, 1);  // no attempt was spent
 }
 
 TEST_F(JobRecoveryTest, DeadlinesFailWaitingJobsAndRecoverSilentStages) {
@@ -355,8 +379,8 @@ TEST_F(JobRecoveryTest, DeadlinesFailWaitingJobsAndRecoverSilentStages) {
   LiveJob configuring = RunningJob("recovery: {max_restarts: 5}\n");
   configuring.status.set_job_id("job-2");
   configuring.status.set_state(v1::CONFIGURING);
-  configuring.run.configure_deadline = absl::Now() - absl::Seconds(1);
-  configuring.run.pending_acks = {{7, "w1"}};
+  configuring.attempt.configure_deadline = absl::Now() - absl::Seconds(1);
+  configuring.attempt.pending_acks = {{7, "w1"}};
   host_.jobs["job-2"] = configuring;
   recovery_.CheckDeadlines(absl::Now());
   ASSERT_EQ(host_.ended.size(), 1u);
@@ -408,8 +432,8 @@ TEST(LiveJob, AnAttemptOnFewerStagesIsCutAnewAndLoadsEveryOverlappingShard) {
   ASSERT_TRUE(said.ok()) << said.status();
   EXPECT_THAT(*said, HasSubstr("this attempt runs 1 of 2 stages"));
   EXPECT_THAT(*said, HasSubstr("the checkpoint at step 20 resharded"));
-  ASSERT_EQ(job.ranges.size(), 1u);
-  EXPECT_EQ(job.ranges[0], std::make_pair(0, 4));
+  ASSERT_EQ(job.cut.ranges.size(), 1u);
+  EXPECT_EQ(job.cut.ranges[0], std::make_pair(0, 4));
   EXPECT_EQ(job.status.num_stages(), 1);
   EXPECT_FALSE(job.fewer_stages);
 
@@ -456,7 +480,7 @@ TEST_F(JobRecoveryTest, APlannedStopCheckpointsFirstAndIsNoRestart) {
   EXPECT_EQ(after.status.attempts(1).cause(), v1::END_CAUSE_PREEMPTED);
   EXPECT_THAT(after.status.attempts(1).end_reason(),
               HasSubstr("worker w1 is being preempted (checkpoint at step 17 committed; "));
-  EXPECT_FALSE(after.run.planned_stop.has_value());
+  EXPECT_FALSE(after.attempt.planned_stop.has_value());
   // The lost worker's stream closing afterwards does not rename the cause.
   recovery_.NoteLostWorker("w1", "lost worker w1: its control stream closed");
   EXPECT_EQ(host_.jobs.at("job-1").status.attempts(1).cause(), v1::END_CAUSE_PREEMPTED);
@@ -470,9 +494,9 @@ TEST_F(JobRecoveryTest, APlannedStopNeedsARunningJobWithCheckpointsAndExpires) {
   LiveJob& job = host_.jobs.at("job-1");
   ASSERT_TRUE(planned.Begin("job-1", job, "why", v1::END_CAUSE_PREEMPTED));
   planned.CheckDeadlines(absl::Now());
-  EXPECT_TRUE(job.run.planned_stop.has_value());
+  EXPECT_TRUE(job.attempt.planned_stop.has_value());
   planned.CheckDeadlines(absl::Now() + PlannedStops::kTimeout + absl::Seconds(1));
-  EXPECT_FALSE(job.run.planned_stop.has_value());
+  EXPECT_FALSE(job.attempt.planned_stop.has_value());
   EXPECT_THAT(host_.progress.back(), HasSubstr("why: no checkpoint within"));
   EXPECT_TRUE(host_.stopped.empty());
 }
@@ -502,7 +526,7 @@ TEST_F(JobRecoveryTest, OneStageOverItsPlanForAWindowHasTheJobReplanned) {
   }
   EXPECT_NEAR(job.status.summary().at("stage0.pace_over_plan"), 1.3, 1e-9);
   EXPECT_NEAR(job.status.summary().at("stage1.pace_over_plan"), 1.3, 1e-9);
-  EXPECT_EQ(job.run.imbalanced_since, -1);
+  EXPECT_EQ(job.attempt.imbalanced_since, -1);
   // From step 45 on stage 0 runs at twice its plan, stage 1 at its plan.
   double c0 = 0.013 * 40, c1 = 0.026 * 40;
   for (int64_t step = 45; step <= 100; step += 5) {
@@ -519,7 +543,7 @@ TEST_F(JobRecoveryTest, OneStageOverItsPlanForAWindowHasTheJobReplanned) {
   ASSERT_FALSE(host_.progress.empty());
   EXPECT_THAT(host_.progress.back(), HasSubstr("not rebalancing: no profile of worker w0"));
   EXPECT_GE(job.status.step() - 45, 20);  // not before a whole window
-  EXPECT_FALSE(job.run.planned_stop.has_value());
+  EXPECT_FALSE(job.attempt.planned_stop.has_value());
 }
 
 TEST_F(JobRecoveryTest, StageErrorsRecoverOnlyWhenTransient) {
@@ -549,7 +573,7 @@ TEST(LiveJob, TheStallLimitFollowsTheMeasuredStepTime) {
   LiveJob job = RunningJob();
   EXPECT_EQ(StallDeadline(job), absl::InfiniteFuture());  // the attempt has not started
   const absl::Time t0 = absl::Now();
-  job.run.progressed = t0;
+  job.attempt.progressed = t0;
   EXPECT_EQ(StallLimit(job), absl::Seconds(300));  // nothing measured: the floor
   for (int i = 1; i <= 100; ++i) NoteProgress(job, i, t0 + absl::Seconds(30 * i));
   EXPECT_EQ(StallLimit(job), absl::Seconds(600));  // 20 x 30 s
@@ -578,7 +602,7 @@ TEST(LiveJob, TheStallLimitFollowsTheMeasuredStepTime) {
 TEST_F(JobRecoveryTest, AJobThatStopsAdvancingIsRecoveredAsStalled) {
   LiveJob job = RunningJob("recovery: {max_restarts: 3, stall_seconds: 60}\n");
   const absl::Time t0 = absl::Now();
-  job.run.progressed = t0;
+  job.attempt.progressed = t0;
   host_.jobs["job-1"] = job;
   recovery_.CheckDeadlines(t0 + absl::Seconds(59));
   EXPECT_EQ(host_.jobs.at("job-1").status.state(), v1::RUNNING);
@@ -664,7 +688,7 @@ TEST_F(CheckpointCommitTest, CommitsOnceEveryStagesShardIsIn) {
   EXPECT_EQ(committed[0].manifest.attempt(), 1);
   EXPECT_EQ(committed[0].manifest.shards(1).block_begin(), 2);
   EXPECT_THAT(host_.progress.back(), HasSubstr("checkpoint at step 10 committed"));
-  EXPECT_TRUE(job.run.shards.empty());
+  EXPECT_TRUE(job.attempt.shards.empty());
 }
 
 TEST_F(CheckpointCommitTest, AShardTheCoordinatorCannotSeeIsNotCommitted) {
@@ -681,10 +705,10 @@ TEST_F(CheckpointCommitTest, AShardTheCoordinatorCannotSeeIsNotCommitted) {
 TEST_F(CheckpointCommitTest, JobsWithoutACheckpointDirAndBadStagesAreIgnored) {
   host_.jobs["job-1"] = RunningJob();
   committer_.OnShardSaved("job-1", host_.jobs.at("job-1"), 0, Shard(0, 10));
-  EXPECT_TRUE(host_.jobs.at("job-1").run.shards.empty());
+  EXPECT_TRUE(host_.jobs.at("job-1").attempt.shards.empty());
   host_.jobs["job-2"] = RunningJob("checkpoint: {dir: " + root_ + ", every_steps: 10}\n");
   committer_.OnShardSaved("job-2", host_.jobs.at("job-2"), 5, Shard(0, 10));
-  EXPECT_TRUE(host_.jobs.at("job-2").run.shards.empty());
+  EXPECT_TRUE(host_.jobs.at("job-2").attempt.shards.empty());
 }
 
 TEST(JobStatusView, PublishesToWatchersAndForgetsEndedJobs) {

@@ -91,13 +91,13 @@ class AttemptEndTest : public ::testing::Test {
     job.status.set_total_steps(40);
     job.status.set_num_phases(1);
     job.status.add_attempts()->set_attempt(0);
-    job.ranges = {{0, 2}, {2, 4}};
-    job.run.workers = {"w0", "w1"};
-    job.run.started = absl::Now();
-    job.run.progressed = absl::Now();
-    job.run.pending_acks = {{3, "w1"}};
-    job.run.phase_done[0] = {0};
-    job.run.imbalanced_since = 5;
+    job.cut.ranges = {{0, 2}, {2, 4}};
+    job.attempt.workers = {"w0", "w1"};
+    job.attempt.started = absl::Now();
+    job.attempt.progressed = absl::Now();
+    job.attempt.pending_acks = {{3, "w1"}};
+    job.attempt.phase_done[0] = {0};
+    job.attempt.imbalanced_since = 5;
     host_.jobs["job-1"] = std::move(job);
   }
   ~AttemptEndTest() override { std::filesystem::remove_all(root_); }
@@ -124,7 +124,7 @@ class AttemptEndTest : public ::testing::Test {
 
   static Handover Recut() {
     Handover h;
-    h.recut = Handover::Recut{{{0, 1}, {1, 4}}, {}, {}, {{"plan.note", 1.0}}};
+    h.recut = Handover::Recut{{.ranges = {{0, 1}, {1, 4}}}, {{"plan.note", 1.0}}};
     return h;
   }
 
@@ -142,14 +142,14 @@ TEST_F(AttemptEndTest, EndingAnAttemptDropsAllOfIt) {
   recovery_.Recover("job-1", "lost worker w1", v1::END_CAUSE_WORKER_LOST);
   const LiveJob& job = Job();
   EXPECT_EQ(job.status.state(), v1::RECOVERING);
-  EXPECT_EQ(job.attempt, 1);
-  EXPECT_TRUE(job.run.workers.empty());
-  EXPECT_TRUE(job.run.pending_acks.empty());
-  EXPECT_TRUE(job.run.phase_done.empty());
-  EXPECT_TRUE(job.run.shards.empty());
-  EXPECT_EQ(job.run.imbalanced_since, -1);
-  EXPECT_EQ(job.run.progressed, absl::InfiniteFuture());
-  EXPECT_EQ(job.run.replicas, 0);
+  EXPECT_EQ(job.attempt_number, 1);
+  EXPECT_TRUE(job.attempt.workers.empty());
+  EXPECT_TRUE(job.attempt.pending_acks.empty());
+  EXPECT_TRUE(job.attempt.phase_done.empty());
+  EXPECT_TRUE(job.attempt.shards.empty());
+  EXPECT_EQ(job.attempt.imbalanced_since, -1);
+  EXPECT_EQ(job.attempt.progressed, absl::InfiniteFuture());
+  EXPECT_EQ(job.attempt.replicas, 0);
   ASSERT_TRUE(job.resume.has_value());
   EXPECT_EQ(job.resume->manifest.step(), 10);
   EXPECT_EQ(job.status.attempts(0).cause(), v1::END_CAUSE_WORKER_LOST);
@@ -163,10 +163,10 @@ TEST_F(AttemptEndTest, APlannedStopHandsItsCutToTheNextAttempt) {
   const LiveJob& job = Job();
   EXPECT_EQ(job.status.state(), v1::RECOVERING);
   EXPECT_EQ(job.status.attempts(0).cause(), v1::END_CAUSE_REBALANCE);
-  EXPECT_EQ(job.ranges, (std::vector<std::pair<int, int>>{{0, 1}, {1, 4}}));
+  EXPECT_EQ(job.cut.ranges, (std::vector<std::pair<int, int>>{{0, 1}, {1, 4}}));
   EXPECT_EQ(job.status.summary().at("plan.note"), 1.0);
   EXPECT_FALSE(job.next.recut.has_value());  // taken once
-  EXPECT_FALSE(job.run.planned_stop.has_value());
+  EXPECT_FALSE(job.attempt.planned_stop.has_value());
 }
 
 TEST_F(AttemptEndTest, AFaultBeforeThePlannedCheckpointDropsTheHandover) {
@@ -177,7 +177,8 @@ TEST_F(AttemptEndTest, AFaultBeforeThePlannedCheckpointDropsTheHandover) {
   const LiveJob& job = Job();
   EXPECT_EQ(job.status.state(), v1::RECOVERING);
   EXPECT_EQ(job.status.attempts(0).cause(), v1::END_CAUSE_WORKER_LOST);
-  EXPECT_EQ(job.ranges, (std::vector<std::pair<int, int>>{{0, 2}, {2, 4}}));  // the checkpoint's
+  EXPECT_EQ(job.cut.ranges,
+            (std::vector<std::pair<int, int>>{{0, 2}, {2, 4}}));  // the checkpoint's
   EXPECT_FALSE(job.next.recut.has_value());
   EXPECT_EQ(job.status.summary().count("plan.note"), 0u);
 }

@@ -96,6 +96,8 @@ class FakeStageContext : public worker::StageContext {
   std::vector<StepReport> steps() const;
   std::vector<EvalReport> evals() const;
   void set_block_modes(std::vector<models::BlockMode> modes) { block_modes_ = std::move(modes); }
+  // StageAssignment.max_in_flight, as the runtime puts it in its place.
+  void set_planned_in_flight(int depth) { place_.planned_in_flight = depth; }
 
  private:
   friend class FakeJob;

@@ -651,6 +651,48 @@ TEST_F(JobManagerTest, CompressionAutoIsPlannedAndEachStageGetsItsFormats) {
             v1::COMPRESSION_NONE);
 }
 
+// delayed's max_in_flight: auto on links with latency is planned: the job
+// profiles first (its partition is fixed) and each stage's assignment carries
+// the depth the plan chose to cover the round trip, at least the natural one
+// and decreasing along the pipeline; the plan's depths are in the summary.
+// On links without latency the job needs no plan and carries none.
+TEST_F(JobManagerTest, MaxInFlightAutoIsPlannedAndEachStageGetsItsDepth) {
+  StartManager();
+  for (const char* w : {"w0", "w1", "w2"}) AddWorker(w);
+  // A 1 s round trip against stages of milliseconds: far more than 2J - 1.
+  const std::string yaml = JobYaml(
+      3, 4, "algorithm: {name: delayed, max_in_flight: auto}\nplacement: {link_rtt_ms: 1000}\n");
+  const std::string id = Submit(yaml);
+  ASSERT_EQ(Status(id).state(), v1::PROFILING) << Status(id).reason();
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto blocks = models::PlanModel(spec->model);
+  ASSERT_TRUE(blocks.ok());
+  manager_->OnEvent(ProfileEvent("w0", id, planner::ToProto(EqualBlocks(blocks->size()))));
+  Sync();
+  const v1::JobStatus st = Status(id);
+  ASSERT_EQ(st.state(), v1::CONFIGURING) << st.reason();
+  std::vector<int> depth(3, -1);
+  for (const char* w : {"w0", "w1", "w2"}) {
+    const v1::StageAssignment a = Sink(w).Of(v1::Command::kConfigure).at(0).configure();
+    depth.at(a.stage()) = a.max_in_flight();
+  }
+  EXPECT_GT(depth[0], 5);  // more than the natural 2(J-1)+1
+  EXPECT_GE(depth[0], depth[1] + 2);
+  EXPECT_EQ(depth[2], 1);  // the last stage has nothing in flight
+  EXPECT_EQ(st.summary().at("plan.stage0.in_flight"), depth[0]);
+  EXPECT_EQ(st.summary().at("plan.stage1.in_flight"), depth[1]);
+
+  // No latency: nothing to cover, no profile, no depth.
+  for (const char* w : {"w3", "w4", "w5"}) AddWorker(w);
+  const std::string flat =
+      Submit(JobYaml(3, 4, "algorithm: {name: delayed, max_in_flight: auto}\n"));
+  ASSERT_EQ(Status(flat).state(), v1::CONFIGURING) << Status(flat).reason();
+  for (const char* w : {"w3", "w4", "w5"}) {
+    EXPECT_EQ(Sink(w).Of(v1::Command::kConfigure).at(0).configure().max_in_flight(), 0);
+  }
+}
+
 TEST_F(JobManagerTest, BadProfileFailsTheJob) {
   StartManager();
   AddWorker("w0");

@@ -59,7 +59,7 @@ steps: 4
     job.status.set_owner(owner);
     job.status.set_priority("research");
     job.status.set_suspended(suspended);
-    job.ranges = {{0, 2}, {2, 4}};
+    job.cut.ranges = {{0, 2}, {2, 4}};
     return job;
   }
 
@@ -129,7 +129,7 @@ TEST_F(JobPlacerTest, APriorityChangeIsCheckedThenWrittenBeforeTheQueueMoves) {
   EXPECT_THAT(host_.progress.back(), HasSubstr("research -> production"));
 
   // A placed job keeps its class.
-  job.run.workers = {"w0", "w1"};
+  job.attempt.workers = {"w0", "w1"};
   absl::StatusOr<v1::JobStatus> placed = placer_.SetPriority("job-1", job, "research");
   EXPECT_EQ(placed.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(placed.status().message(), HasSubstr("does not change under it"));

@@ -313,6 +313,15 @@ TEST(JobSpecTest, MakeAlgorithmSpecForHandBuiltSpecs) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(AlgorithmParams(*again), AlgorithmParams(*spec));
 
+  // max_in_flight takes a number or auto, and writes back what it read.
+  absl::StatusOr<AlgorithmSpec> deep = MakeAlgorithmSpec("delayed", {{"max_in_flight", "auto"}});
+  ASSERT_TRUE(deep.ok()) << deep.status();
+  EXPECT_EQ(deep->get_if<DelayedOptions>()->max_in_flight, kAutoInFlight);
+  EXPECT_EQ(AlgorithmParams(*deep).at("max_in_flight"), "auto");
+  absl::Status word = MakeAlgorithmSpec("delayed", {{"max_in_flight", "deep"}}).status();
+  EXPECT_THAT(std::string(word.message()),
+              HasSubstr("algorithm.max_in_flight: expected an integer or auto, got 'deep'"));
+
   absl::Status status = MakeAlgorithmSpec("petra", {{"accumulation", "0"}}).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(status.message()), StartsWith("algorithm.accumulation: must be >= 1"));

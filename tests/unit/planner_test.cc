@@ -466,6 +466,75 @@ TEST(Planner, LinkLatencyIsPaidPerRoundTripNotPerStepByADecoupledPipeline) {
   EXPECT_NEAR(plain - near->Find(PredictionKey{})->seconds_per_batch, 2 * 3 * L, 1e-9);
 }
 
+// delayed's max_in_flight: auto: each stage keeps enough mini-batches in
+// flight that its round trip takes no longer than that many steps at the
+// slowest stage's time, never fewer than the natural depth; the pipeline then
+// runs at its slowest stage whatever the latency, the memory is planned at
+// those depths (a cap that does not hold them names the key), and the plan
+// shows the depths.
+TEST(Planner, MaxInFlightAutoCoversTheRoundTrip) {
+  ModelProfile p = ChainProfile(8, 1 << 10);  // 6 ms of work per stage of two blocks
+  for (BlockProfile& b : p.blocks) {
+    b.graph_bytes = 1 << 20;  // what each mini-batch in flight keeps
+    b.parameter_bytes = 1 << 16;
+  }
+  PlanOptions o;
+  o.num_stages = 4;
+  o.algorithm = AlgorithmKind::kDelayed;
+  o.ranges = {{0, 2}, {2, 4}, {4, 6}, {6, 8}};
+  o.max_in_flight = kAutoInFlight;
+  const PredictionKey delayed{.algorithm = AlgorithmKind::kDelayed};
+  // No latency: the natural depths, 7 5 3 1.
+  auto near = MakePlan(p, o);
+  ASSERT_TRUE(near.ok()) << near.status();
+  std::vector<int> depth;
+  for (const StagePlan& s : near->stages) depth.push_back(s.role.inflight);
+  EXPECT_EQ(depth, (std::vector<int>{7, 5, 3, 1}));
+
+  const double L = 0.025;
+  o.link_latency_s = L;
+  auto far = MakePlan(p, o);
+  ASSERT_TRUE(far.ok()) << far.status();
+  depth.clear();
+  for (const StagePlan& s : far->stages) depth.push_back(s.role.inflight);
+  for (int j = 0; j < 3; ++j) {
+    // (R_j + c_j) / T: the later stages' work, two latencies per link, its own.
+    const double cycle = (3 - j) * 6e-3 + 2 * (3 - j) * L + 6e-3;
+    EXPECT_EQ(depth[j],
+              std::max(depth[j + 1] + 2, static_cast<int>(std::ceil(cycle / 6e-3 - 1e-9))))
+        << "stage " << j;
+  }
+  EXPECT_EQ(depth[0], 29);  // (3 x 6 + 6 x 25 + 6) / 6
+  EXPECT_EQ(depth[3], 1);
+  EXPECT_NEAR(far->Find(delayed)->seconds_per_batch, 6e-3, 1e-9);
+  EXPECT_EQ(far->Find(delayed)->staleness, depth[0] - 1);
+  // The natural depth pays the latency.
+  o.max_in_flight = 0;
+  auto natural = MakePlan(p, o);
+  ASSERT_TRUE(natural.ok()) << natural.status();
+  EXPECT_GT(natural->Find(delayed)->seconds_per_batch, 2 * 6e-3);
+  // The deeper pipeline keeps a graph per mini-batch in flight: its memory.
+  EXPECT_GT(far->stages[0].estimate.peak_bytes, natural->stages[0].estimate.peak_bytes);
+  o.max_in_flight = kAutoInFlight;
+  o.memory_caps = {(natural->stages[0].estimate.peak_bytes + far->stages[0].estimate.peak_bytes) /
+                   2};
+  auto capped = MakePlan(p, o);
+  ASSERT_FALSE(capped.ok());
+  EXPECT_NE(capped.status().message().find("algorithm.max_in_flight: auto"), std::string::npos)
+      << capped.status();
+  o.memory_caps.clear();
+  const std::string text = PlanText(p, *far);
+  EXPECT_NE(text.find("mini-batches in flight (algorithm.max_in_flight; staleness = in flight - "
+                      "1): stage 0 29, "),
+            std::string::npos)
+      << text;
+  bool summarized = false;
+  for (const auto& [key, value] : PlanSummary(*far)) {
+    if (key == "plan.stage0.in_flight") summarized = value == 29;
+  }
+  EXPECT_TRUE(summarized);
+}
+
 // transport's formats shrink what crosses the links: a stage's link time is
 // its messages' bytes times the format's ratio (PETRA's backward carries two
 // tensors), and PlanText says which ratios it used.

@@ -91,9 +91,10 @@ TEST_F(SchedulerTest, FifoWithBackfill) {
 TEST_F(SchedulerTest, StageAssignmentsChainTheStages) {
   AddWorker("w0");
   AddWorker("w1");
-  const std::vector<v1::Command> commands =
-      scheduler_.StageAssignments("job-1", "yaml", {"w1", "w0"}, {{0, 3}, {3, 5}},
-                                  {{BlockMode::kStore, BlockMode::kRebuild, BlockMode::kStore}});
+  const std::vector<v1::Command> commands = scheduler_.StageAssignments(
+      "job-1", "yaml", {"w1", "w0"},
+      {.ranges = {{0, 3}, {3, 5}},
+       .modes = {{BlockMode::kStore, BlockMode::kRebuild, BlockMode::kStore}}});
   ASSERT_EQ(commands.size(), 2u);
   const v1::StageAssignment& a0 = commands[0].configure();
   const v1::StageAssignment& a1 = commands[1].configure();
@@ -153,7 +154,7 @@ TEST_F(SchedulerTest, StagesGoToDistinctCertificateIdentities) {
   EXPECT_THAT(round.placed[0].workers, ElementsAre("w1", "w3"));
   // The assignments name the neighbours' identities.
   const std::vector<v1::Command> commands =
-      scheduler_.StageAssignments("job-1", "yaml", {"w0", "w2", "w1"}, {}, {});
+      scheduler_.StageAssignments("job-1", "yaml", {"w0", "w2", "w1"}, Cut{});
   ASSERT_EQ(commands.size(), 3u);
   EXPECT_EQ(commands[0].configure().prev_identity(), "");
   EXPECT_EQ(commands[0].configure().next_identity(), "worker-b");
@@ -275,16 +276,16 @@ TEST_F(SchedulerTest, PlanFromProfilePartitionsAndSummarises) {
   *result.mutable_profile() = planner::ToProto(FourBlocks());
   auto planned = scheduler_.PlanFromProfile(*spec, {}, result, {"w0", "w1"});
   ASSERT_TRUE(planned.ok()) << planned.status();
-  ASSERT_EQ(planned->ranges.size(), 2u);
-  EXPECT_EQ(planned->ranges[0].first, 0);
-  EXPECT_EQ(planned->ranges[0].second, planned->ranges[1].first);
-  EXPECT_EQ(planned->ranges[1].second, 4);
-  ASSERT_EQ(planned->modes.size(), 2u);
-  EXPECT_EQ(planned->modes[0].size(),
-            static_cast<size_t>(planned->ranges[0].second - planned->ranges[0].first));
+  ASSERT_EQ(planned->cut.ranges.size(), 2u);
+  EXPECT_EQ(planned->cut.ranges[0].first, 0);
+  EXPECT_EQ(planned->cut.ranges[0].second, planned->cut.ranges[1].first);
+  EXPECT_EQ(planned->cut.ranges[1].second, 4);
+  ASSERT_EQ(planned->cut.modes.size(), 2u);
+  EXPECT_EQ(planned->cut.modes[0].size(),
+            static_cast<size_t>(planned->cut.ranges[0].second - planned->cut.ranges[0].first));
   bool has_cut = false;
   for (const auto& [key, value] : planned->summary) {
-    if (key == "plan.stage1.block_begin") has_cut = value == planned->ranges[1].first;
+    if (key == "plan.stage1.block_begin") has_cut = value == planned->cut.ranges[1].first;
   }
   EXPECT_TRUE(has_cut);
 

@@ -53,9 +53,9 @@ class StageReplacementTest : public ::testing::Test {
     job.status.set_step(30);
     v1::JobAttempt* a = job.status.add_attempts();
     for (const std::string w : {"w0", "w1", "w2"}) a->add_workers(w);
-    job.ranges = {{0, 2}, {2, 3}, {3, 4}};
-    job.run.workers = registry_.Claim("job-1", 3);
-    EXPECT_EQ(job.run.workers, (std::vector<std::string>{"w0", "w1", "w2"}));
+    job.cut.ranges = {{0, 2}, {2, 3}, {3, 4}};
+    job.attempt.workers = registry_.Claim("job-1", 3);
+    EXPECT_EQ(job.attempt.workers, (std::vector<std::string>{"w0", "w1", "w2"}));
     host_.jobs["job-1"] = std::move(job);
     return host_.jobs.at("job-1");
   }
@@ -98,7 +98,7 @@ TEST_F(StageReplacementTest, TheLostStageGoesToASpareAndStartsOnceItsNeighboursK
   LiveJob& job = Running("{replay: true}");
   Commit(20);
   ASSERT_TRUE(replacer_.TryReplace("job-1", job, "w1", "lost worker w1"));
-  EXPECT_EQ(job.run.workers[1], "w3");
+  EXPECT_EQ(job.attempt.workers[1], "w3");
   EXPECT_EQ(job.status.attempts(0).workers(1), "w3");
   ASSERT_EQ(host_.sent.size(), 1u);
   EXPECT_EQ(host_.sent[0].first, "w3");
@@ -136,10 +136,10 @@ TEST_F(StageReplacementTest, TheLostStageGoesToASpareAndStartsOnceItsNeighboursK
   done.set_seconds(0.5);
   replacer_.OnReplayDone(job, 1, done);
   replacer_.OnProgress(job);
-  EXPECT_TRUE(job.run.replacement.has_value());  // step 30: not passed yet
+  EXPECT_TRUE(job.attempt.replacement.has_value());  // step 30: not passed yet
   job.status.set_step(32);
   replacer_.OnProgress(job);
-  EXPECT_FALSE(job.run.replacement.has_value());
+  EXPECT_FALSE(job.attempt.replacement.has_value());
   const v1::StageReplacement& r = job.status.attempts(0).replacements(0);
   EXPECT_EQ(r.stage(), 1);
   EXPECT_EQ(r.lost_worker(), "w1");
@@ -170,17 +170,17 @@ TEST_F(StageReplacementTest, ALostReplicaCopiesASurvivorAndItsStageRegroups) {
   job.status.set_job_id("job-1");
   job.status.set_state(v1::RUNNING);
   job.status.set_step(30);
-  job.ranges = {{0, 2}, {2, 4}};
-  job.run.workers = registry_.Claim("job-1", 4);
-  ASSERT_EQ(job.run.workers, (std::vector<std::string>{"w0", "w1", "w2", "w3"}));
+  job.cut.ranges = {{0, 2}, {2, 4}};
+  job.attempt.workers = registry_.Claim("job-1", 4);
+  ASSERT_EQ(job.attempt.workers, (std::vector<std::string>{"w0", "w1", "w2", "w3"}));
   v1::JobAttempt* attempt = job.status.add_attempts();
-  for (const std::string& w : job.run.workers) attempt->add_workers(w);
+  for (const std::string& w : job.attempt.workers) attempt->add_workers(w);
   host_.jobs["job-1"] = std::move(job);
   LiveJob& live = host_.jobs.at("job-1");
 
   // w2 holds stage 0 of replica 1: w0 (stage 0, replica 0) is the source.
   ASSERT_TRUE(replacer_.TryReplace("job-1", live, "w2", "lost worker w2"));
-  EXPECT_EQ(live.run.workers[2], "w4");
+  EXPECT_EQ(live.attempt.workers[2], "w4");
   ASSERT_EQ(host_.sent.size(), 2u);
   EXPECT_EQ(host_.sent[0].first, "w4");
   const v1::StageAssignment& a = host_.sent[0].second.configure();
@@ -221,7 +221,7 @@ TEST_F(StageReplacementTest, ALostReplicaCopiesASurvivorAndItsStageRegroups) {
   EXPECT_EQ(r.copied_bytes(), 4096);
   live.status.set_step(31);
   replacer_.OnProgress(live);
-  EXPECT_FALSE(live.run.replacement.has_value());
+  EXPECT_FALSE(live.attempt.replacement.has_value());
   // The next loss of that stage's replica regroups as generation 2.
   AddWorker("w5");
   ASSERT_TRUE(replacer_.TryReplace("job-1", live, "w0", "lost worker w0"));
@@ -239,7 +239,7 @@ TEST_F(StageReplacementTest, ANewerShardOfItsOwnBeatsTheCommittedCheckpoint) {
   saved.set_path("/somewhere/step-30/stage-2.pt");
   saved.set_bytes(77);
   saved.set_crc32(5);
-  job.run.shards[30][2] = saved;
+  job.attempt.shards[30][2] = saved;
   ASSERT_TRUE(replacer_.TryReplace("job-1", job, "w2", "lost worker w2"));
   const v1::ResumePoint& r = host_.sent[0].second.configure().resume();
   EXPECT_EQ(r.step(), 30);
@@ -250,7 +250,7 @@ TEST_F(StageReplacementTest, ANewerShardOfItsOwnBeatsTheCommittedCheckpoint) {
   host_.jobs.erase("job-1");
   registry_.Release("job-1");
   LiveJob& again = Running("{replay: true}");
-  again.run.shards[30][2] = saved;
+  again.attempt.shards[30][2] = saved;
   host_.sent.clear();
   ASSERT_TRUE(replacer_.TryReplace("job-1", again, "w1", "lost worker w1"));
   EXPECT_EQ(host_.sent[0].second.configure().resume().step(), 20);
@@ -264,9 +264,9 @@ TEST_F(StageReplacementTest, ItDeclinesWithoutReplayOrASpare) {
   LiveJob& replay = Running("{replay: true}");
   ASSERT_EQ(registry_.Claim("other", 1), (std::vector<std::string>{"w3"}));  // no idle worker
   EXPECT_FALSE(replacer_.TryReplace("job-1", replay, "w1", "lost"));
-  EXPECT_EQ(replay.run.workers[1], "w1");
+  EXPECT_EQ(replay.attempt.workers[1], "w1");
   EXPECT_TRUE(host_.sent.empty());
-  EXPECT_FALSE(replay.run.replacement.has_value());
+  EXPECT_FALSE(replay.attempt.replacement.has_value());
 }
 
 TEST_F(StageReplacementTest, WithoutACommittedCheckpointTheSpareStartsFromTheStart) {

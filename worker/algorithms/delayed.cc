@@ -2,8 +2,10 @@
 // stashing as in PipeDream). docs/algorithms.md, "delayed".
 //
 // Stage j keeps up to d_j = 2(J-1-j)+1 mini-batches in flight (capped by
-// max_in_flight) and runs them in 1F1B order: d_j forwards, then one backward
-// and one forward in turn, so its gradients are 2(J-1-j) steps stale.
+// max_in_flight; with max_in_flight: auto as many as the plan chose to cover
+// the links' round trip, StagePlace::planned_in_flight) and runs them in
+// 1F1B order: d_j forwards, then one backward and one forward in turn, so its
+// gradients are d_j - 1 steps stale.
 // With `forward: once` (the default with `weights: stash`, as the paper and
 // PipeDream run it) a forward runs with a graph at a copy of the parameters
 // (the stash, worker/algorithms/weight_version.h) and keeps the graph; when
@@ -86,6 +88,11 @@ class Delayed : public Algorithm {
     const int64_t J = ctx.num_stages(), j = ctx.stage();
     depth_ = 2 * (J - 1 - j) + 1;
     if (max_in_flight_ > 0) depth_ = std::min(depth_, max_in_flight_);
+    // max_in_flight: auto: the plan's depth, deep enough to cover the links'
+    // round trip (never below the natural one; the last stage keeps 1).
+    if (max_in_flight_ == kAutoInFlight && ctx.place().planned_in_flight > 0 && !ctx.last()) {
+      depth_ = std::max(depth_, static_cast<int64_t>(ctx.place().planned_in_flight));
+    }
     params_ = ctx.model().parameters();
     backwards_ = ctx.first_step();
     updates_ = backwards_ / k_;
