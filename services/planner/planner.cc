@@ -205,6 +205,7 @@ double HopSeconds(const ModelProfile& p, const PlanOptions& o, const StagePlan& 
 struct RoundTrips {
   double floor_s = 0;
   std::vector<double> cycle_s;  // R_j + c_j, by stage (the last stage's: c)
+  std::vector<double> later_s;  // the later stages' work in R_j
 };
 RoundTrips DecoupledRoundTrips(const std::vector<StageEstimate>& e,
                                const std::vector<StageRole>& roles, const std::vector<double>& hop,
@@ -212,6 +213,7 @@ RoundTrips DecoupledRoundTrips(const std::vector<StageEstimate>& e,
   const int J = static_cast<int>(e.size());
   RoundTrips out;
   out.cycle_s.assign(J, 0);
+  out.later_s.assign(J, 0);
   std::vector<double> c(J);
   for (int j = 0; j < J; ++j) {
     c[j] = e[j].time_s() - e[j].link_s + e[j].aux_head_s;
@@ -226,6 +228,7 @@ RoundTrips DecoupledRoundTrips(const std::vector<StageEstimate>& e,
     later += c[j + 1];
     links += 2 * hop[j];
     out.cycle_s[j] = later + links + c[j];
+    out.later_s[j] = later;
   }
   return out;
 }
@@ -522,10 +525,13 @@ std::vector<int> CoveringDepths(const ModelProfile& p, const Plan& plan, const P
       DecoupledRoundTrips(e, roles, Hops(p, o, plan), o, plan.algorithm == A::kPetra ? 2 : 1);
   std::vector<int> depth(J, 1);
   for (int j = J - 2; j >= 0; --j) {
-    // At least two more than the next stage (the natural depth, which keeps
-    // every stage busy on links without latency), and enough that the round
-    // trip takes no longer than d_j steps at the floor.
-    const double steps = r.floor_s > 0 ? std::ceil(r.cycle_s[j] / r.floor_s - 1e-9) : 0;
+    // At least two more than the next stage, and the round trip in steps at
+    // the floor with every later stage's work counted twice: in the 1F1B
+    // order a mini-batch waits up to one operation at each stage it crosses,
+    // which is what the natural depth 2(J-1-j)+1 covers on equal stages
+    // without latency; the links' latency adds its own steps.
+    const double cycle = r.cycle_s[j] + r.later_s[j];
+    const double steps = r.floor_s > 0 ? std::ceil(cycle / r.floor_s - 1e-9) : 0;
     depth[j] = std::max(depth[j + 1] + 2, static_cast<int>(std::min(steps, 1e6)));
   }
   return depth;

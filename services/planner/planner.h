@@ -223,12 +223,13 @@ absl::StatusOr<StagePlan> PlanStage(const ModelProfile& profile, const PlanOptio
 absl::StatusOr<Plan> MakePlan(const ModelProfile& profile, const PlanOptions& options);
 
 // A decoupled plan's depths in flight that cover the links' round trip:
-// stage j keeps d_j >= (R_j + c_j) / T mini-batches, T the slowest stage's
-// work or link busy time and R_j + c_j its round trip (a mini-batch's work
-// on every later stage, two hops per link and its own work), and at least
-// d_{j+1} + 2 (the natural depth 2(J-1-j)+1 on links without latency); the
-// last stage 1. Then the pipeline runs at T whatever the latency, at a
-// staleness of d_j - 1 mini-batches.
+// stage j keeps d_j >= (2 W_j + H_j + c_j) / T mini-batches, T the slowest
+// stage's work or link busy time, W_j a mini-batch's work on every later
+// stage (counted twice: in the 1F1B order it waits up to one operation at
+// each), H_j two hops per link on the way and c_j its own work, and at least
+// d_{j+1} + 2; the last stage 1. On equal stages without latency that is the
+// natural depth 2(J-1-j)+1; with it the pipeline runs at T whatever the
+// latency, at a staleness of d_j - 1 mini-batches.
 std::vector<int> CoveringDepths(const ModelProfile& profile, const Plan& plan,
                                 const PlanOptions& options);
 

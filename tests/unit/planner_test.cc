@@ -498,13 +498,14 @@ TEST(Planner, MaxInFlightAutoCoversTheRoundTrip) {
   depth.clear();
   for (const StagePlan& s : far->stages) depth.push_back(s.role.inflight);
   for (int j = 0; j < 3; ++j) {
-    // (R_j + c_j) / T: the later stages' work, two latencies per link, its own.
-    const double cycle = (3 - j) * 6e-3 + 2 * (3 - j) * L + 6e-3;
+    // (2 W_j + H_j + c_j) / T: the later stages' work twice, two latencies
+    // per link, its own.
+    const double cycle = 2 * (3 - j) * 6e-3 + 2 * (3 - j) * L + 6e-3;
     EXPECT_EQ(depth[j],
               std::max(depth[j + 1] + 2, static_cast<int>(std::ceil(cycle / 6e-3 - 1e-9))))
         << "stage " << j;
   }
-  EXPECT_EQ(depth[0], 29);  // (3 x 6 + 6 x 25 + 6) / 6
+  EXPECT_EQ(depth[0], 32);  // (2 x 3 x 6 + 6 x 25 + 6) / 6
   EXPECT_EQ(depth[3], 1);
   EXPECT_NEAR(far->Find(delayed)->seconds_per_batch, 6e-3, 1e-9);
   EXPECT_EQ(far->Find(delayed)->staleness, depth[0] - 1);
@@ -525,12 +526,12 @@ TEST(Planner, MaxInFlightAutoCoversTheRoundTrip) {
   o.memory_caps.clear();
   const std::string text = PlanText(p, *far);
   EXPECT_NE(text.find("mini-batches in flight (algorithm.max_in_flight; staleness = in flight - "
-                      "1): stage 0 29, "),
+                      "1): stage 0 32, "),
             std::string::npos)
       << text;
   bool summarized = false;
   for (const auto& [key, value] : PlanSummary(*far)) {
-    if (key == "plan.stage0.in_flight") summarized = value == 29;
+    if (key == "plan.stage0.in_flight") summarized = value == 32;
   }
   EXPECT_TRUE(summarized);
 }
