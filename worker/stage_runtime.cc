@@ -72,29 +72,15 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
     (next ? rt->to_next_pipe_ : rt->to_prev_pipe_) =
         std::make_unique<SendPipe>(SendPipe::kStageCapacity, std::move(deliver), std::move(failed));
   }
-  STAGEWISE_ASSIGN_OR_RETURN(rt->spec_, ParseJobSpec(assignment.job_spec_yaml()));
-  STAGEWISE_ASSIGN_OR_RETURN(rt->resolved_, ResolveStage(assignment, rt->spec_));
-  StagePlace& place = rt->place_;
-  place.job_id = assignment.job_id();
-  place.stage = assignment.stage();
-  place.num_stages = assignment.num_stages();
-  place.replica = assignment.replica();
-  place.num_replicas = std::max(1, assignment.num_replicas());
-  place.batch_size = rt->spec_.batch_size / place.num_replicas;
-  place.device = rt->env_.device;
-  place.planned_in_flight = rt->resolved_.in_flight;
-  // The job spec is the submitter's: its paths stay inside the operator's roots.
-  if (auto data = ConfinePath("data.path", rt->spec_.data.path, rt->env_.data_roots); !data.ok()) {
-    return data.status();
-  }
-  if (auto dir = ConfinePath("checkpoint.dir", rt->spec_.checkpoint.dir, rt->env_.checkpoint_roots);
-      !dir.ok()) {
-    return dir.status();
-  }
-  if (absl::Status s = ConfineModelFile(&rt->spec_.model, rt->env_.model_roots); !s.ok()) return s;
-  if (absl::Status s = CheckAssignment(assignment, rt->env_.collective_store != nullptr); !s.ok()) {
-    return s;
-  }
+  STAGEWISE_ASSIGN_OR_RETURN(StageParts parts, BuildStageParts(assignment, rt->env_, rt->memory_));
+  rt->spec_ = std::move(parts.spec);
+  rt->resolved_ = std::move(parts.resolved);
+  rt->place_ = std::move(parts.place);
+  rt->phases_ = std::move(parts.phases);
+  rt->model_ = std::move(parts.model);
+  rt->data_ = std::move(parts.data);
+  rt->train_ = std::move(parts.train);
+  rt->test_ = std::move(parts.test);
   rt->replicas_ = std::make_unique<StageReplicas>(
       rt->spec_.sync,
       [raw = rt.get()](const std::string& key, double value) { raw->Summarize(key, value); });
@@ -105,18 +91,16 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
     rt->replicas_->EnableRegroup({.publish =
                                       [raw](int generation, const std::string& token) {
                                         checkpoint::ShardPosition at;
-                                        at.phase = raw->phase_;
+                                        at.phase = raw->phases_->current();
                                         at.stage = raw->stage();
                                         at.block_begin = raw->assignment_.block_begin();
                                         at.block_end = raw->assignment_.block_end();
                                         return raw->replica_copy_.Publish(
-                                            generation, token, at, raw->phase_offset_, *raw->model_,
-                                            *raw->optimizer_);
+                                            generation, token, at, raw->phases_->offset(),
+                                            *raw->model_, *raw->optimizer_);
                                       },
                                   .release = [raw] { raw->replica_copy_.Release(); }});
   }
-  rt->phases_ = Phases(rt->spec_);  // backprop's schedule: auto as the planner chose
-  if (auto s = ResolveAutoSchedule(rt->resolved_.schedule, rt->phases_); !s.ok()) return s;
   rt->metrics_ = std::make_unique<metrics::StageMetrics>(
       *rt->env_.registry, rt->env_.job_labels.Of(assignment.job_id()), assignment.stage(),
       rt->spec_.algorithm.name(), assignment.num_replicas() > 1 ? assignment.replica() : -1);
@@ -132,43 +116,9 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> StageRuntime::Create(
     rt->tracer_ = std::make_unique<Tracer>(rt->spec_.trace.from, rt->spec_.trace.to,
                                            rt->spec_.trace.max_spans);
   }
-  const int64_t batch = rt->spec_.batch_size;
-  STAGEWISE_ASSIGN_OR_RETURN(rt->steps_per_epoch_, data::StepsPerEpoch(rt->spec_));
-  rt->total_steps_ = 0;
-  for (const PhaseSpec& phase : rt->phases_) rt->total_steps_ += rt->PhaseSteps(phase);
-
-  if (assignment.stage() == 0) {
-    auto data = data::LoadDatasets(rt->spec_.data, static_cast<uint64_t>(rt->spec_.seed));
-    if (!data.ok()) return data.status();
-    rt->data_ = std::move(*data);
-    if (rt->data_.train.size() / batch != rt->steps_per_epoch_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data.path: expected ", data::NominalTrainSize(rt->spec_.data), " training samples for ",
-          NameOf(rt->spec_.data.dataset), ", found ", rt->data_.train.size()));
-    }
-    rt->train_ = std::make_unique<data::BatchSampler>(
-        rt->data_.train, data::TrainSamplerOptions(rt->spec_, rt->data_));
-    rt->test_ = std::make_unique<data::BatchSampler>(
-        rt->data_.test, data::TestSamplerOptions(rt->spec_, rt->data_));
-  }
-
-  // Parameters and optimizer state count towards the stage's memory.
+  // Optimizer state counts towards the stage's memory too.
   models::ScopedMemoryAccount charge(rt->memory_);
-  auto model = models::BuildModel(rt->spec_.model, static_cast<uint64_t>(rt->spec_.seed),
-                                  assignment.block_begin(), assignment.block_end());
-  if (!model.ok()) return model.status();
-  rt->model_ = *model;
-  for (int i = 0; i < static_cast<int>(rt->resolved_.block_modes.size()); ++i) {
-    if (rt->resolved_.block_modes[i] == models::BlockMode::kRebuild &&
-        !rt->model_->blocks()[i]->reversible()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "StageAssignment.block_modes[", i, "]: block ", rt->model_->blocks()[i]->info().index,
-          " (", rt->model_->blocks()[i]->info().kind, ") is not reversible"));
-    }
-  }
   try {
-    rt->model_->to(rt->env_.device);
-    rt->model_->train();
     if (absl::Status s = rt->EnterPhase(0); !s.ok()) return s;
   } catch (const std::exception& e) {
     return absl::InternalError(
@@ -224,90 +174,49 @@ absl::Status StageRuntime::Start() {
   return absl::OkStatus();
 }
 
-int64_t StageRuntime::PhaseSteps(const PhaseSpec& phase) const {
-  return data::PhaseSteps(phase, steps_per_epoch_);
-}
-
 absl::Status StageRuntime::EnterPhase(int p) {
-  const PhaseSpec& phase = phases_[p];
-  std::unique_ptr<Algorithm> algorithm = MakeAlgorithm(phase.algorithm);
-  if (p > 0) phase_offset_ += phase_steps_;
-  phase_ = p;
-  phase_steps_ = PhaseSteps(phase);
+  const PhaseSpec& phase = phases_->Enter(p);
   // Algorithms read the phase's settings through spec().
   spec_.algorithm = phase.algorithm;
   spec_.optimizer = phase.optimizer;
   spec_.schedule = phase.schedule;
-  algorithm_ = std::move(algorithm);  // the previous phase's state (aux heads, ...) goes
+  algorithm_ = MakeAlgorithm(phase.algorithm);  // the previous phase's state (aux heads, ...) goes
   if (p == 0 || phase.reset_optimizer) {
     optimizer_ = training::MakeOptimizer(phase.optimizer, *model_);
   }
-  base_lr_ = training::BaseLearningRate(phase.optimizer, spec_.batch_size,
-                                        AccumulationFactor(phase.algorithm));
   return absl::OkStatus();
 }
 
-absl::Status StageRuntime::BeginPhase(int phase) {
-  absl::MutexLock lock(&mu_);
-  if (phase != released_phase_ + 1 || phase >= static_cast<int>(phases_.size())) {
-    return absl::FailedPreconditionError(absl::StrCat("StartCommand.phase: ", phase,
-                                                      " does not follow phase ", released_phase_,
-                                                      " of ", phases_.size()));
-  }
-  released_phase_ = phase;
-  return absl::OkStatus();
-}
-
-void StageRuntime::ReleaseThrough(int phase) {
-  absl::MutexLock lock(&mu_);
-  released_phase_ =
-      std::max(released_phase_, std::min(phase, static_cast<int>(phases_.size()) - 1));
-}
-
-absl::Status StageRuntime::AwaitPhase(int p) {
-  absl::MutexLock lock(&mu_);
-  auto ready = [this, p]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return released_phase_ >= p || lifecycle_ == Lifecycle::kStopping || !first_error_.ok();
-  };
-  mu_.Await(absl::Condition(&ready));
-  if (!first_error_.ok()) return first_error_;
-  if (lifecycle_ == Lifecycle::kStopping) return absl::CancelledError("stopped");
-  return absl::OkStatus();
+absl::Status StageRuntime::ReleasePhase(int phase, bool strict) {
+  return phases_->Release(phase, strict);
 }
 
 absl::Status StageRuntime::RunPhases() {
-  if (resumed_at_end_) return absl::OkStatus();  // nothing left to train
-  for (int p = start_phase_; p < static_cast<int>(phases_.size()); ++p) {
-    if (p > start_phase_) {
+  if (resume_.at_end()) return absl::OkStatus();  // nothing left to train
+  for (int p = resume_.start_phase(); p < phases_->count(); ++p) {
+    if (p > resume_.start_phase()) {
       // Every message of phase p-1 was consumed; phase p traffic cannot exist
       // yet (no stage starts it before every stage reported PhaseDone).
       if (streams_->from_prev().size() != 0 || streams_->from_next().size() != 0) {
         return absl::InternalError(absl::StrCat("messages left over at the end of phase ", p - 1));
       }
-      bool released = false;
-      {
-        absl::MutexLock lock(&mu_);
-        released = released_phase_ >= p;  // a replacing stage's replay
-      }
+      const bool released = phases_->Released(p);  // a replacing stage's replay
       if (!released && reporter_->connected()) {
         v1::WorkerEvent event = reporter_->NewEvent();
         event.mutable_phase_done()->set_phase(p - 1);
         reporter_->Emit(std::move(event));
       } else if (!released) {
-        STAGEWISE_RETURN_IF_ERROR(BeginPhase(p));  // no coordinator: go on
+        STAGEWISE_RETURN_IF_ERROR(phases_->Release(p, /*strict=*/true));  // no coordinator: go on
       }
-      STAGEWISE_RETURN_IF_ERROR(AwaitPhase(p));
+      STAGEWISE_RETURN_IF_ERROR(phases_->Await(p));
       STAGEWISE_RETURN_IF_ERROR(EnterPhase(p));
-      first_step_ = 0;
-      resharded_ = false;
-      resume_state_.reset();
-      resume_archive_.reset();
+      resume_.NextPhase();
       // A checkpoint that falls on a phase boundary is taken at the start of
       // the next phase (its optimizer reset done, no algorithm state yet).
-      if (CheckpointScheduled(phase_offset_)) STAGEWISE_RETURN_IF_ERROR(WriteShard(0, false));
+      if (CheckpointScheduled(phases_->offset())) STAGEWISE_RETURN_IF_ERROR(WriteShard(0, false));
     }
     // The trace window counts this phase's steps from where it starts.
-    if (tracer_) tracer_->Advance(first_step_);
+    if (tracer_) tracer_->Advance(resume_.first_step());
     STAGEWISE_RETURN_IF_ERROR(algorithm_->Run(*this));
     STAGEWISE_RETURN_IF_ERROR(DrainSends());
     streams_->ReapRead();  // payloads lent to messages the phase did not read
@@ -345,8 +254,8 @@ void StageRuntime::ComputeLoop() {
     // The final state is the last committed checkpoint (the model
     // `stagewise export` writes): one layout for checkpoint.dir
     // (services/checkpoint/checkpoint.h). Not again when the job resumed from it.
-    if (!spec_.checkpoint.dir.empty() && !resumed_at_end_) {
-      status = WriteShard(phase_steps_, false);
+    if (!spec_.checkpoint.dir.empty() && !resume_.at_end()) {
+      status = WriteShard(phases_->steps(), false);
     }
   }
   // The run is over: close the replica group now, not when the runtime is
@@ -367,7 +276,7 @@ void StageRuntime::ComputeLoop() {
   if (report) EmitTrace();
   // The stage is over: its series leave /metrics now, not at the next job.
   metrics_->Retire();
-  if (report) reporter_->Finish(status, total_steps_, stage());
+  if (report) reporter_->Finish(status, phases_->total_steps(), stage());
 }
 
 void StageRuntime::EmitTrace() {
@@ -376,7 +285,7 @@ void StageRuntime::EmitTrace() {
   v1::TraceChunk* chunk = event.mutable_trace();
   *chunk = tracer_->TakeChunk();
   if (chunk->spans().empty() && chunk->dropped() == 0) return;
-  chunk->set_phase(phase_);
+  chunk->set_phase(phases_->current());
   // One offset for every chunk of the stage: a newer one would move later spans.
   if (!trace_clock_.has_value())
     trace_clock_ = env_.clock ? env_.clock->Get() : ClockSync::Estimate{};
@@ -391,6 +300,7 @@ void StageRuntime::Abort(const absl::Status& why) {
     RecordError(why);
   }
   if (env_.turns) env_.turns->Cancel(why);  // the worker's other chunks wake
+  if (phases_) phases_->Cancel(why);        // a wait for the next phase ends
   for (SendPipe* pipe : {to_next_pipe_.get(), to_prev_pipe_.get()}) {
     if (pipe != nullptr) pipe->Close(why);  // a compute thread blocked in a send wakes
   }
@@ -518,7 +428,7 @@ absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFrom(Side side) {
   absl::StatusOr<v1::StageMessage> m =
       Receive(streams_->from_prev(), streams_->to_prev(), v1::SPAN_WAIT_PREV);
   // A planned checkpoint (CheckpointCommand) reaches every stage this way.
-  if (m.ok() && m->checkpoint_step() > 0 && m->checkpoint_step() <= total_steps_) {
+  if (m.ok() && m->checkpoint_step() > 0 && m->checkpoint_step() <= phases_->total_steps()) {
     extra_cuts_.insert(m->checkpoint_step());
   }
   return m;
@@ -527,7 +437,7 @@ absl::StatusOr<v1::StageMessage> StageRuntime::ReceiveFrom(Side side) {
 void StageRuntime::RequestCheckpoint() { checkpoint_requested_.store(true); }
 
 void StageRuntime::PlanExtraCut(int64_t step) {
-  if (step <= phase_offset_ + first_step_ || step > total_steps_) return;
+  if (step <= phases_->offset() + resume_.first_step() || step > phases_->total_steps()) return;
   extra_cuts_.insert(step);
   v1::WorkerEvent event = reporter_->NewEvent();
   event.mutable_checkpoint_planned()->set_step(step);
@@ -547,11 +457,11 @@ absl::Status StageRuntime::SendTensorsTo(Side side, v1::StageMessage message,
   if (next &&
       (message.kind() == v1::StageMessage::FORWARD || message.kind() == v1::StageMessage::AUX)) {
     // Stage 0, asked for a checkpoint: after the mini-batch it sends now.
-    const int64_t cut = phase_offset_ + message.step() + 1;
+    const int64_t cut = phases_->offset() + message.step() + 1;
     if (first() && checkpoint_requested_.exchange(false)) PlanExtraCut(cut);
     if (extra_cuts_.count(cut) > 0) message.set_checkpoint_step(cut);
   }
-  const int64_t step = phase_offset_ + message.step();
+  const int64_t step = phases_->offset() + message.step();
   SendPipe& pipe = next ? *to_next_pipe_ : *to_prev_pipe_;
   // A replacement notes when it caught up after each send, and error
   // feedback's residuals are the compute thread's: both send from here.
@@ -601,19 +511,20 @@ absl::Status StageRuntime::Interrupted() const {
 }
 
 bool StageRuntime::CheckpointScheduled(int64_t step) const {
-  return data::CheckpointScheduled(spec_.checkpoint, step, total_steps_, steps_per_epoch_) ||
+  return data::CheckpointScheduled(spec_.checkpoint, step, phases_->total_steps(),
+                                   phases_->steps_per_epoch()) ||
          extra_cuts_.count(step) > 0;
 }
 
 bool StageRuntime::CheckpointDue(int64_t steps_done) const {
-  return steps_done > 0 && steps_done < phase_steps_ &&
-         CheckpointScheduled(phase_offset_ + steps_done);
+  return steps_done > 0 && steps_done < phases_->steps() &&
+         CheckpointScheduled(phases_->offset() + steps_done);
 }
 
 absl::Status StageRuntime::Checkpoint(int64_t steps_done) {
   if (!CheckpointDue(steps_done)) {
-    return absl::InternalError(
-        absl::StrCat("no checkpoint is due after step ", steps_done, " of phase ", phase_));
+    return absl::InternalError(absl::StrCat("no checkpoint is due after step ", steps_done,
+                                            " of phase ", phases_->current()));
   }
   return WriteShard(steps_done, true);  // SerializeShard turns exceptions into errors
 }
@@ -622,7 +533,7 @@ void StageRuntime::ReportStep(int64_t phase_steps_done, double train_loss, int64
   if (tracer_) tracer_->Advance(phase_steps_done);
   metrics_->SetMemory("tensors", memory_->current());
   metrics_->SetMemory("tensors_peak", memory_->peak());
-  const int64_t steps_done = phase_offset_ + phase_steps_done;
+  const int64_t steps_done = phases_->offset() + phase_steps_done;
   // A single stage asked for a checkpoint: right after this step.
   if (first() && last() && checkpoint_requested_.exchange(false)) PlanExtraCut(steps_done);
   if (last() && !std::isfinite(train_loss)) {
@@ -634,7 +545,7 @@ void StageRuntime::ReportStep(int64_t phase_steps_done, double train_loss, int64
   }
   if (tracer_ && tracer_->ChunkReady()) EmitTrace();
   // A replacement replays steps the job reported already.
-  if (!replaying()) reporter_->Step(steps_done, total_steps_, train_loss, samples);
+  if (!replaying()) reporter_->Step(steps_done, phases_->total_steps(), train_loss, samples);
 }
 
 void StageRuntime::NoteCaughtUp(int64_t step) {
@@ -646,10 +557,10 @@ void StageRuntime::NoteCaughtUp(int64_t step) {
     if (!link.attached() || link.CatchingUp()) return;
   }
   replay_done_ = true;
-  const auto marks = resumed_marks_.known() ? resumed_marks_ : checkpoint::ShardPosition::Marks{};
+  const auto marks = resume_.marks().known() ? resume_.marks() : checkpoint::ShardPosition::Marks{};
   v1::WorkerEvent event = reporter_->NewEvent();
   v1::ReplayDone* done = event.mutable_replay_done();
-  done->set_from_step(resumed_step_);
+  done->set_from_step(resume_.step());
   done->set_to_step(step);
   const checkpoint::ShardPosition::Marks now = streams_->marks();
   done->set_messages(now.taken_prev - std::max<int64_t>(0, marks.taken_prev) + now.taken_next -
@@ -677,19 +588,19 @@ absl::Status StageRuntime::JoinReplicas() {
 
 PhaseWindow StageRuntime::window() const {
   PhaseWindow w;
-  w.steps_per_epoch = steps_per_epoch_;
-  w.total_steps = phase_steps_;
-  w.offset = phase_offset_;
-  w.first_step = first_step_;
-  w.resharded = resharded_;
-  w.base_lr = base_lr_;
+  w.steps_per_epoch = phases_->steps_per_epoch();
+  w.total_steps = phases_->steps();
+  w.offset = phases_->offset();
+  w.first_step = resume_.first_step();
+  w.resharded = resume_.resharded();
+  w.base_lr = phases_->base_lr();
   return w;
 }
 
 void StageRuntime::ReportEval(int64_t phase_steps_done, double loss, double accuracy,
                               int64_t samples) {
   if (replaying()) return;  // reported when the lost stage ran it
-  reporter_->Eval(phase_offset_ + phase_steps_done, loss, accuracy, samples);
+  reporter_->Eval(phases_->offset() + phase_steps_done, loss, accuracy, samples);
 }
 
 // --- Checkpoints (StageShards) and a replacing replica's copy ---------------
@@ -701,8 +612,8 @@ absl::Status StageRuntime::WriteShard(int64_t phase_step, bool with_algorithm) {
   STAGEWISE_RETURN_IF_ERROR(DrainSends());
   const auto t0 = std::chrono::steady_clock::now();
   checkpoint::ShardPosition at;
-  at.step = phase_offset_ + phase_step;
-  at.phase = phase_;
+  at.step = phases_->offset() + phase_step;
+  at.phase = phases_->current();
   at.phase_step = phase_step;
   at.stage = stage();
   at.block_begin = assignment_.block_begin();
@@ -719,7 +630,7 @@ absl::Status StageRuntime::WriteShard(int64_t phase_step, bool with_algorithm) {
   v1::WorkerEvent event = reporter_->NewEvent();
   auto* saved = event.mutable_checkpoint_saved();
   saved->set_step(at.step);
-  saved->set_phase(phase_);
+  saved->set_phase(phases_->current());
   saved->set_phase_step(phase_step);
   saved->set_path(written.path);
   saved->set_bytes(written.bytes);
@@ -735,7 +646,6 @@ absl::Status StageRuntime::LoadResume(const v1::ResumePoint& resume) {
       shards_->Load(resume, [this](const auto& at, const std::string& where) {
         return EnterResumedPhase(at, where);
       }));
-  resharded_ = restored.resharded && restored.phase_step > 0;
   SetResumed(std::move(restored));
   return absl::OkStatus();
 }
@@ -758,13 +668,13 @@ absl::Status StageRuntime::LoadReplicaCopy() {
 
 absl::Status StageRuntime::EnterResumedPhase(const checkpoint::ShardPosition& at,
                                              const std::string& where) {
-  if (at.phase < 0 || at.phase >= static_cast<int64_t>(phases_.size())) {
-    return absl::DataLossError(
-        absl::StrCat(where, ": phase ", at.phase, " of a job with ", phases_.size(), " phase(s)"));
+  if (at.phase < 0 || at.phase >= phases_->count()) {
+    return absl::DataLossError(absl::StrCat(where, ": phase ", at.phase, " of a job with ",
+                                            phases_->count(), " phase(s)"));
   }
   for (int p = 1; p <= at.phase; ++p) STAGEWISE_RETURN_IF_ERROR(EnterPhase(p));
-  if (at.phase_step < 0 || at.phase_step > phase_steps_ ||
-      phase_offset_ + at.phase_step != at.step) {
+  if (at.phase_step < 0 || at.phase_step > phases_->steps() ||
+      phases_->offset() + at.phase_step != at.step) {
     return absl::DataLossError(absl::StrCat(where, ": step ", at.phase_step, " of phase ", at.phase,
                                             " does not fit this job"));
   }
@@ -772,18 +682,9 @@ absl::Status StageRuntime::EnterResumedPhase(const checkpoint::ShardPosition& at
 }
 
 void StageRuntime::SetResumed(StageShards::Restored restored) {
-  if (restored.marks.known()) {
-    streams_->Resume(restored.marks);
-    resumed_marks_ = restored.marks;
-  }
-  resume_state_ = std::move(restored.algorithm);
-  resume_archive_ = std::move(restored.archive);
-  resumed_step_ = restored.step;
-  start_phase_ = phase_;
-  first_step_ = restored.phase_step;
-  resumed_at_end_ = restored.step == total_steps_;
-  absl::MutexLock lock(&mu_);
-  released_phase_ = start_phase_;
+  if (restored.marks.known()) streams_->Resume(restored.marks);
+  resume_.Take(std::move(restored), phases_->current(), phases_->total_steps());
+  (void)phases_->Release(resume_.start_phase(), /*strict=*/false);
 }
 
 void StageRuntime::BeginStep(int64_t phase_step) {

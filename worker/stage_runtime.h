@@ -33,59 +33,20 @@
 #include "worker/output_placement.h"
 #include "worker/peer_stream.h"
 #include "worker/replica_copy.h"
+#include "worker/runtime_env.h"
 #include "worker/same_host.h"
 #include "worker/stage_assignment.h"
+#include "worker/stage_builder.h"
 #include "worker/stage_context.h"
+#include "worker/stage_phases.h"
 #include "worker/stage_replicas.h"
 #include "worker/stage_reporter.h"
+#include "worker/stage_resume.h"
 #include "worker/stage_shards.h"
 #include "worker/stage_streams.h"
 #include "worker/wire_residuals.h"
 
 namespace stagewise::worker {
-
-struct RuntimeEnv {
-  torch::Device device{torch::kCPU};
-  prometheus::Registry* registry = nullptr;   // required
-  std::function<void(v1::WorkerEvent)> emit;  // to the coordinator
-  rpc::RpcOptions rpc;
-  size_t inbox_capacity = 64;  // messages per direction
-  size_t outbox_capacity = 16;
-  // Same-host payloads (docs/performance.md, "Neighbours on one host"): the
-  // tmpfs directory of this stage's shared-memory rings, empty for off
-  // (--shared-memory-dir), and each ring's size (--shared-memory-mib).
-  std::string shared_memory_dir;
-  uint64_t shared_ring_bytes = uint64_t{128} << 20;
-  // A CPU stage makes its outputs in the rings (worker/output_placement.h).
-  bool place_outputs = true;
-  // Where data.path and checkpoint.dir may point (--data-root,
-  // --checkpoint-root); a job naming a path elsewhere fails to configure.
-  PathRoots data_roots;
-  PathRoots checkpoint_roots;
-  PathRoots model_roots;  // a torchscript job's file (--model-root)
-  // This host's clock offset to the coordinator's (the worker's control
-  // stream estimates it); traces carry it. Null: offset 0.
-  std::shared_ptr<const ClockSync> clock;
-  // The job label of this stage's /metrics series (--metrics-job-ids).
-  metrics::JobLabels job_labels;
-  // Replicated stages (StageAssignment.num_replicas > 1, docs/replicas.md):
-  // the store this stage's replicas meet through (the worker's is
-  // Coordinator.CollectiveStore; tests may pass a c10d HashStore). Required
-  // then; a stage with one replica never calls it.
-  std::function<c10::intrusive_ptr<c10d::Store>(const v1::StageAssignment&)> collective_store;
-  // Any rendezvous or gradient all-reduce slower than this fails the stage.
-  absl::Duration collective_timeout = absl::Seconds(300);
-  // Interleaved 1F1B: the turns the worker's stages of this job take on its
-  // device (shared by them; null with one chunk per worker). A stage that
-  // stops or fails cancels them.
-  std::shared_ptr<DeviceTurns> turns;
-  // Emulated blocks run this many times as fast on the stage's compute
-  // thread (--emulated-speed; models::ScopedEmulatedSpeed).
-  double emulated_speed = 1.0;
-  // When set, the speed as it is at each wait instead (the worker's, which
-  // --emulated-speed-file changes); it outlives the stage.
-  const std::atomic<double>* emulated_speed_source = nullptr;
-};
 
 class StageRuntime final : public StageContext {
  public:
@@ -96,11 +57,10 @@ class StageRuntime final : public StageContext {
   // Dials stage j+1 (if any) and starts the compute thread.
   absl::Status Start();
   // Multi-phase jobs: the coordinator's go-ahead for `phase` (every stage
-  // finished the one before). FAILED_PRECONDITION if it is not the next one.
-  absl::Status BeginPhase(int phase);
-  // Phases up to `phase` need no go-ahead (a replacing stage's, which the
-  // job has begun already).
-  void ReleaseThrough(int phase);
+  // finished the one before; `strict`: FAILED_PRECONDITION if it is not the
+  // next one), or with `strict` false for every phase up to it (a replacing
+  // stage's, which the job has begun already). StagePhases::Release.
+  absl::Status ReleasePhase(int phase, bool strict);
   // Aborts the job on this stage (coordinator's Stop, or shutdown).
   void Stop(const absl::Status& why);
   // Fails the job: reported to the coordinator once, then everything stops.
@@ -170,7 +130,7 @@ class StageRuntime final : public StageContext {
   void BeginStep(int64_t phase_step) override;
   bool CheckpointDue(int64_t steps_done) const override;
   absl::Status Checkpoint(int64_t steps_done) override;
-  torch::serialize::InputArchive* resume_state() override { return resume_state_.get(); }
+  torch::serialize::InputArchive* resume_state() override { return resume_.state(); }
   void ReportStep(int64_t steps_done, double train_loss, int64_t samples) override;
   void ReportEval(int64_t steps_done, double loss, double accuracy, int64_t samples) override;
   metrics::StageMetrics& stage_metrics() override { return *metrics_; }
@@ -233,12 +193,9 @@ class StageRuntime final : public StageContext {
   // Every queued send handed to its stream (before a checkpoint, at the end
   // of a phase): OK, or the first send's error.
   absl::Status DrainSends();
-  // Sets up phase p (algorithm, optimizer, schedule, step window).
+  // Sets up phase p (its step window, algorithm, optimizer, schedule).
   absl::Status EnterPhase(int p);
-  int64_t PhaseSteps(const PhaseSpec& phase) const;
   absl::Status RunPhases();
-  // Blocks until BeginPhase(p) or the job stops.
-  absl::Status AwaitPhase(int p);
 
   RuntimeEnv env_;
   v1::StageAssignment assignment_;
@@ -261,33 +218,19 @@ class StageRuntime final : public StageContext {
   WireResiduals wire_residuals_;             // transport.error_feedback
   data::Datasets data_;
   std::unique_ptr<data::BatchSampler> train_, test_;
-  int64_t steps_per_epoch_ = 0;
-  int64_t total_steps_ = 0;  // the whole job
-  std::vector<PhaseSpec> phases_;
-  int phase_ = 0;
-  int64_t phase_offset_ = 0;  // steps of the phases before this one
-  int64_t phase_steps_ = 0;
-  int released_phase_ ABSL_GUARDED_BY(mu_) = 0;  // highest phase the coordinator let start
-  double base_lr_ = 0;
+  // The job's phases: the current one's window and the go-ahead for the next.
+  std::unique_ptr<StagePhases> phases_;
   std::unique_ptr<metrics::StageMetrics> metrics_;
   std::unique_ptr<StageReporter> reporter_;         // after metrics_: destroyed before it
   std::unique_ptr<Tracer> tracer_;                  // with the spec's trace: section
   std::optional<ClockSync::Estimate> trace_clock_;  // taken at the first chunk
-  // Resume (StageAssignment.resume): the step of the current phase the run
-  // starts from, and the algorithm state saved there.
-  int64_t first_step_ = 0;
-  // The shard resume_state_ was read from: a nested archive may rely on its
-  // parent's compilation unit, so the parent is declared first (destroyed
-  // last).
-  std::unique_ptr<checkpoint::ShardReader> resume_archive_;
-  std::unique_ptr<torch::serialize::InputArchive> resume_state_;
-  int start_phase_ = 0;     // the phase the compute thread begins with
-  bool resharded_ = false;  // resumed inside a phase on another cut (no algorithm state)
+  // Where the run starts when not at the job's beginning (a shard or a
+  // replica's copy): the phase and step, the algorithm state saved there.
+  StageResume resume_;
   // Planned checkpoints (CheckpointCommand): asked for (any thread), and the
   // global steps planned (compute thread only).
   std::atomic<bool> checkpoint_requested_{false};
   std::set<int64_t> extra_cuts_;
-  bool resumed_at_end_ = false;  // resumed from the checkpoint at the last step
 
   // The neighbours on the wire: streams, inboxes, rings, and with
   // recovery.replay what was sent since the last committed checkpoint.
@@ -296,10 +239,8 @@ class StageRuntime final : public StageContext {
   // streams_, which they send to: destroyed first).
   std::unique_ptr<SendPipe> to_next_pipe_, to_prev_pipe_;
   std::optional<OutputPlacement> placement_;  // the compute thread's, while it runs (CPU)
-  // A replacing stage: its shard's counts, when it started, the bytes it
-  // took while replaying, and whether it caught up.
-  checkpoint::ShardPosition::Marks resumed_marks_;
-  int64_t resumed_step_ = 0;
+  // A replacing stage: when it started, the bytes it took while replaying,
+  // and whether it caught up (where it resumed: resume_).
   std::chrono::steady_clock::time_point started_at_;
   std::atomic<int64_t> replay_bytes_{0};
   std::atomic<bool> replay_done_{false};

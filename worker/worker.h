@@ -154,6 +154,10 @@ class Worker {
   void Dispatch(const v1::Command& command);
   // The stage thread: configures, starts or stops the stage.
   void RunStageCommand(const v1::Command& command);
+  // The stage thread: builds the assigned stage (ConfigureCommand).
+  void Configure(const v1::StageAssignment& assignment, int64_t command_id);
+  // What a stage built here runs with (the device turns aside).
+  RuntimeEnv StageEnv();
   void Ack(int64_t command_id);
   // --emulated-speed-file: reads the file every 250 ms until shutdown.
   void FollowSpeedFile();

@@ -12,6 +12,7 @@ stagewise_add_test(NAME reshard_test SOURCES reshard_test.cc
   LIBS stagewise_worker stagewise_training LABELS unit TORCH)
 # The stage runtime's lifecycle (start, stop, failure racing) without gRPC.
 stagewise_add_test(NAME stage_runtime_test SOURCES stage_runtime_test.cc same_host_test.cc
+  stage_phases_test.cc
   LIBS stagewise_worker LABELS unit TORCH)
 # What a stage reports to the coordinator (pacing, mean loss, result, errors).
 stagewise_add_test(NAME stage_reporter_test SOURCES stage_reporter_test.cc
