@@ -46,10 +46,15 @@ WireChoice ChooseWire(const StageSends& sends, double compute_s, const PlanOptio
                       backward == Compression::kAuto ? c : backward};
   };
   if (o.link_bytes_per_s <= 0) return with(Compression::kNone);
+  // Only the bytes' time decides: a message's latency is paid whatever its
+  // format, and overlaps the compute (a link of 25 ms each way does not make
+  // int4 of a fast link).
+  PlanOptions bytes_only = o;
+  bytes_only.link_latency_s = 0;
   constexpr Compression kLightestFirst[] = {Compression::kNone, Compression::kBf16,
                                             Compression::kInt8, Compression::kInt4};
   for (Compression c : kLightestFirst) {
-    if (LinkSeconds(sends, with(c), o) <= compute_s) return with(c);
+    if (LinkSeconds(sends, with(c), bytes_only) <= compute_s) return with(c);
   }
   return with(Compression::kInt4);
 }

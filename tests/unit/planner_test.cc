@@ -655,6 +655,13 @@ TEST(Planner, CompressionAutoPicksTheLeastLossyFormatThatFitsUnderTheCompute) {
   plan = MakePlan(p, o);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->stages[0].estimate.forward_wire, C::kNone);
+  // A link's latency is paid whatever the format: a fast link 25 ms away
+  // (far over the compute) stays float32, a slow one narrows as without it.
+  o.algorithm = AlgorithmKind::kBackprop;
+  o.link_latency_s = 0.025;
+  EXPECT_EQ(at(0.9 * compute0), std::make_pair(C::kNone, C::kNone));
+  EXPECT_EQ(at(1.5 * compute0), std::make_pair(C::kBf16, C::kNone));
+  EXPECT_EQ(at(100 * compute0), std::make_pair(C::kInt4, C::kInt4));
 }
 
 // A middle stage sends both ways through its one link: each message alone
