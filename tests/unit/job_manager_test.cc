@@ -42,6 +42,17 @@ using testing::PhaseDoneEvent;
 using testing::ProfileEvent;
 using testing::ResultEvent;
 
+// A job waiting for its profile (PROFILING) gets one from `worker`: equal
+// blocks of the job's model; the plan follows.
+void ProfileEqualBlocks(JobManager& manager, const std::string& worker, const std::string& id,
+                        const std::string& yaml) {
+  auto spec = ParseJobSpec(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto blocks = models::PlanModel(spec->model);
+  ASSERT_TRUE(blocks.ok()) << blocks.status();
+  manager.OnEvent(ProfileEvent(worker, id, planner::ToProto(EqualBlocks(blocks->size()))));
+}
+
 TEST_F(JobManagerTest, JobRunsFromPendingToSucceeded) {
   StartManager();
   AddWorker("w0");
@@ -590,15 +601,13 @@ TEST_F(JobManagerTest, ProfilingPlansThenConfiguresTheStages) {
   EXPECT_EQ(profile[0].profile().job_spec_yaml(), yaml);
   EXPECT_TRUE(Sink("w1").commands().empty());
 
-  auto spec = ParseJobSpec(yaml);
-  ASSERT_TRUE(spec.ok());
-  auto blocks = models::PlanModel(spec->model);
-  ASSERT_TRUE(blocks.ok());
-  manager_->OnEvent(ProfileEvent("w0", id, planner::ToProto(EqualBlocks(blocks->size()))));
+  ProfileEqualBlocks(*manager_, "w0", id, yaml);
   Sync();
   const v1::JobStatus st = Status(id);
   ASSERT_EQ(st.state(), v1::CONFIGURING) << st.reason();
   const auto& summary = st.summary();
+  auto blocks = models::PlanModel(ParseJobSpec(yaml)->model);
+  ASSERT_TRUE(blocks.ok());
   ASSERT_TRUE(summary.count("plan.stage1.block_begin"));
   EXPECT_EQ(summary.at("plan.profile_cached"), 0);
   const auto c0 = Sink("w0").Of(v1::Command::kConfigure);
@@ -625,11 +634,7 @@ TEST_F(JobManagerTest, CompressionAutoIsPlannedAndEachStageGetsItsFormats) {
       JobYaml(2, 4, "placement: {link_gbps: 0.000008}\ntransport: {compression: auto}\n");
   const std::string id = Submit(yaml);
   ASSERT_EQ(Status(id).state(), v1::PROFILING) << Status(id).reason();
-  auto spec = ParseJobSpec(yaml);
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  auto blocks = models::PlanModel(spec->model);
-  ASSERT_TRUE(blocks.ok());
-  manager_->OnEvent(ProfileEvent("w0", id, planner::ToProto(EqualBlocks(blocks->size()))));
+  ProfileEqualBlocks(*manager_, "w0", id, yaml);
   Sync();
   ASSERT_EQ(Status(id).state(), v1::CONFIGURING) << Status(id).reason();
   const v1::StageAssignment a0 = Sink("w0").Of(v1::Command::kConfigure).at(0).configure();
@@ -642,9 +647,10 @@ TEST_F(JobManagerTest, CompressionAutoIsPlannedAndEachStageGetsItsFormats) {
   // A fast link: plain float32 fits under the compute.
   AddWorker("w2");
   AddWorker("w3");
-  const std::string fast =
-      Submit(JobYaml(2, 4, "placement: {link_gbps: 100}\ntransport: {compression: auto}\n"));
-  manager_->OnEvent(ProfileEvent("w2", fast, planner::ToProto(EqualBlocks(blocks->size()))));
+  const std::string fast_yaml =
+      JobYaml(2, 4, "placement: {link_gbps: 100}\ntransport: {compression: auto}\n");
+  const std::string fast = Submit(fast_yaml);
+  ProfileEqualBlocks(*manager_, "w2", fast, fast_yaml);
   Sync();
   ASSERT_EQ(Status(fast).state(), v1::CONFIGURING) << Status(fast).reason();
   EXPECT_EQ(Sink("w2").Of(v1::Command::kConfigure).at(0).configure().forward_compression(),
@@ -664,11 +670,7 @@ TEST_F(JobManagerTest, MaxInFlightAutoIsPlannedAndEachStageGetsItsDepth) {
       3, 4, "algorithm: {name: delayed, max_in_flight: auto}\nplacement: {link_rtt_ms: 1000}\n");
   const std::string id = Submit(yaml);
   ASSERT_EQ(Status(id).state(), v1::PROFILING) << Status(id).reason();
-  auto spec = ParseJobSpec(yaml);
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  auto blocks = models::PlanModel(spec->model);
-  ASSERT_TRUE(blocks.ok());
-  manager_->OnEvent(ProfileEvent("w0", id, planner::ToProto(EqualBlocks(blocks->size()))));
+  ProfileEqualBlocks(*manager_, "w0", id, yaml);
   Sync();
   const v1::JobStatus st = Status(id);
   ASSERT_EQ(st.state(), v1::CONFIGURING) << st.reason();
